@@ -1,0 +1,164 @@
+"""Helpers for tests and examples: a tiny local GPT-2-style model, built offline.
+
+``build_tiny_model(path)`` trains a byte-level BPE tokenizer with ``tokenizers``
+on a small built-in text, creates a randomly initialised 2-layer GPT-2, and
+saves both with ``save_pretrained``, so that everything loads it through the
+ordinary ``from_pretrained(path)`` code path. Its outputs are gibberish; the
+machinery around it is real. torch and transformers are imported only when a
+model is built.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+__all__ = ["build_tiny_model", "default_tiny_model_path", "tiny_model_is_complete"]
+
+#: Written last into a finished folder; its presence means "complete".
+MARKER = "outlines-tiny-model.json"
+VERSION = 1
+
+_WORDS = (
+    "the answer is step by step think first then so we get because and of to in a "
+    "number sum product difference twice half more less apples oranges books each "
+    "has total how many what is plus minus times divided equals question result"
+).split()
+
+
+def _corpus() -> list[str]:
+    """A small deterministic text: arithmetic Q&A plus word soup."""
+    lines = []
+    for a in range(2, 40):
+        for b in (3, 7, 12):
+            lines.append(f"Q: What is {a} * {b}? A: Let's think step by step. {a} * {b} = {a * b}. The answer is {a * b}.")
+            lines.append(f"Q: What is {a} + {b}? A: {a} plus {b} equals {a + b}. The answer is {a + b}.")
+    for i in range(400):
+        lines.append(" ".join(_WORDS[(i * 7 + j * 3) % len(_WORDS)] for j in range(12)) + ".")
+    return lines
+
+
+def _train_tokenizer(vocab_size: int):  # type: ignore[no-untyped-def]
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tokenizer = Tokenizer(models.BPE())
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=["<|endoftext|>"],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tokenizer.train_from_iterator(_corpus(), trainer=trainer)
+    # Like GPT-2: bos = eos = <|endoftext|>, and deliberately no pad token.
+    return PreTrainedTokenizerFast(
+        tokenizer_object=tokenizer,
+        bos_token="<|endoftext|>",
+        eos_token="<|endoftext|>",
+        unk_token="<|endoftext|>",
+        model_max_length=512,
+    )
+
+
+def _write_model(folder: Path, seed: int, vocab_size: int) -> None:
+    import torch
+    from transformers import GPT2Config, GPT2LMHeadModel
+    from transformers.utils import logging as hf_logging
+
+    bars = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()
+    try:
+        _save(folder, seed, vocab_size, torch, GPT2Config, GPT2LMHeadModel)
+    finally:
+        if bars:
+            hf_logging.enable_progress_bar()
+
+
+def _save(folder: Path, seed: int, vocab_size: int, torch, GPT2Config, GPT2LMHeadModel) -> None:  # type: ignore[no-untyped-def]
+
+    tokenizer = _train_tokenizer(vocab_size)
+    eos = tokenizer.convert_tokens_to_ids("<|endoftext|>")
+    config = GPT2Config(
+        vocab_size=len(tokenizer),
+        n_positions=512,
+        n_embd=64,
+        n_layer=2,
+        n_head=2,
+        bos_token_id=eos,
+        eos_token_id=eos,
+    )
+    torch.manual_seed(seed)
+    model = GPT2LMHeadModel(config)
+    model.generation_config.pad_token_id = None
+    model.save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    (folder / MARKER).write_text(json.dumps({"version": VERSION, "seed": seed, "vocab_size": len(tokenizer)}))
+
+
+def tiny_model_is_complete(path: str | os.PathLike[str]) -> bool:
+    """Whether ``path`` holds a finished tiny model."""
+    return (Path(path) / MARKER).is_file()
+
+
+def default_tiny_model_path() -> str:
+    """Where the examples keep the tiny model: ``$OUTLINES_CACHE_DIR/tiny-gpt2``.
+
+    ``OUTLINES_CACHE_DIR`` defaults to ``~/.cache/outlines``.
+    """
+    root = os.environ.get("OUTLINES_CACHE_DIR") or os.path.join(os.path.expanduser("~"), ".cache", "outlines")
+    return os.path.join(root, "tiny-gpt2")
+
+
+def build_tiny_model(path: str | os.PathLike[str] | None = None, *, seed: int = 0, vocab_size: int = 1024) -> str:
+    """Build a tiny random GPT-2 and its BPE tokenizer into ``path``, once.
+
+    Parameters
+    ----------
+    path
+        Target folder (default ``default_tiny_model_path()``). A folder that
+        already holds a complete model is reused as it is.
+    seed
+        Seed of the random weights.
+    vocab_size
+        Upper bound on the tokenizer's vocabulary.
+
+    Returns
+    -------
+    str
+        The folder, loadable with ``AutoModelForCausalLM.from_pretrained``.
+
+    Raises
+    ------
+    FileExistsError
+        When ``path`` is a non-empty folder that holds no tiny model.
+
+    Examples
+    --------
+    >>> path = build_tiny_model("/tmp/tiny-gpt2")  # doctest: +SKIP
+    """
+    target = Path(path if path is not None else default_tiny_model_path()).expanduser().absolute()
+    if tiny_model_is_complete(target):
+        return str(target)
+    if target.exists() and any(target.iterdir()):
+        raise FileExistsError(f"{target} is not empty and holds no tiny model; pick another folder")
+    target.parent.mkdir(parents=True, exist_ok=True)
+    # Build in a sibling folder and rename it into place: a crash never leaves
+    # a half-written model, and concurrent builders race harmlessly.
+    scratch = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
+    os.chmod(scratch, 0o755)
+    try:
+        _write_model(scratch, seed, vocab_size)
+        try:
+            if target.exists():
+                target.rmdir()  # empty folder: replace it
+            os.rename(scratch, target)
+        except OSError:
+            if not tiny_model_is_complete(target):  # someone else won the race, or not
+                raise
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+    return str(target)

@@ -1,0 +1,12 @@
+"""Shared pytest fixtures: the tiny local model, built once per session."""
+from __future__ import annotations
+
+import pytest
+
+
+@pytest.fixture(scope="session")
+def tiny_model_path(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """A folder holding a tiny random GPT-2 and its BPE tokenizer (see outlines.testing)."""
+    from outlines.testing import build_tiny_model
+
+    return build_tiny_model(tmp_path_factory.mktemp("tiny-gpt2"))
