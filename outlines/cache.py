@@ -1,0 +1,368 @@
+"""Content-addressed cache of model draws: keys, the ``Cache`` and its controls.
+
+The key of one draw is a SHA-256 over canonical JSON of the format version,
+the backend identity (never a secret), the generation parameters, the prompt
+text and the draw number, so it is the same in every process and Python
+version. A ``Cache`` keeps a least-recently-used map in memory in front of a
+SQLite file (``outlines.cache_store``). The scheduler looks a whole batch up
+with one ``get_many`` and stores each backend response with ``put_many`` as it
+arrives. Nothing here raises on a damaged or locked file: it warns and misses.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import sqlite3
+import threading
+import warnings
+import weakref
+from collections import OrderedDict
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+from outlines.backends.base import Request
+from outlines.cache_store import FORMAT, CacheWarning, FormatMismatch, SQLiteStore, encode
+
+__all__ = ["Cache", "CacheWarning", "clear", "default_directory", "disable", "draw_key", "enable", "resolve", "stats"]
+
+
+# -- keys -----------------------------------------------------------------------
+def _normalize(value: Any) -> Any:
+    """A JSON value whose text depends only on content (1.0 and 1 are one number)."""
+    if value is None or isinstance(value, (str, bool)):
+        return value
+    if isinstance(value, int):
+        return int(value)
+    if isinstance(value, float):
+        return int(value) if value.is_integer() else value
+    if isinstance(value, Mapping):
+        return {str(k): _normalize(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_normalize(v) for v in value]
+    item = getattr(value, "item", None)  # NumPy scalars
+    if callable(item) and not isinstance(value, (bytes, bytearray)):
+        return _normalize(item())
+    raise TypeError(f"cache keys need JSON values; got {type(value).__name__} {value!r:.60}")
+
+
+def _canonical(value: Any) -> bytes:
+    text = json.dumps(_normalize(value), sort_keys=True, ensure_ascii=True, separators=(",", ":"))
+    return text.encode("ascii")
+
+
+_prefixes: dict[int, tuple[Any, Any, Any]] = {}
+
+
+def draw_key(identity: Sequence[Any], request: Request) -> str:
+    """The content hash of one draw.
+
+    Parameters
+    ----------
+    identity
+        The backend's identity (kind, model, base URL...; never a secret).
+    request
+        The draw: prompt, params (seed included) and draw number. Greedy
+        requests arrive with ``draw=0``.
+
+    Returns
+    -------
+    str
+        64 hex digits, equal across processes, Python versions, hash seeds and
+        dict orderings.
+
+    Examples
+    --------
+    >>> from outlines.backends.base import GenerationParams
+    >>> key = draw_key(("function", "f"), Request("hi", GenerationParams(), 0))
+    >>> len(key)
+    64
+    """
+    params = request.params
+    # Requests of one node share one params object: hash its part once.
+    entry = _prefixes.get(id(params))
+    if entry is None or entry[0] is not params or entry[1] is not identity:
+        prefix = hashlib.sha256(_canonical(["outlines.draw", FORMAT, list(identity), params.to_dict()]))
+        if len(_prefixes) >= 1024:
+            _prefixes.clear()
+        entry = _prefixes[id(params)] = (params, identity, prefix)
+    digest = entry[2].copy()
+    prompt, draw = request.prompt, request.draw
+    if type(prompt) is str and type(draw) is int:
+        digest.update(b"\0[%s,%d]" % (json.dumps(prompt).encode("ascii"), draw))
+    else:
+        digest.update(b"\0" + _canonical([prompt, draw]))
+    return digest.hexdigest()
+
+
+# -- the cache ------------------------------------------------------------------
+_MISSING = object()
+_live: weakref.WeakSet[Cache] = weakref.WeakSet()
+
+
+class Cache:
+    """Draws stored by key: an in-memory LRU in front of a SQLite file.
+
+    Parameters
+    ----------
+    path
+        A directory (created with mode 0700) holding ``draws-v<FORMAT>.sqlite3``,
+        or an existing ``.sqlite3``/``.db`` file. ``None``: the default directory
+        (``OUTLINES_CACHE_DIR``, else ``~/.cache/outlines``).
+    max_bytes
+        Keep at most this many bytes of entries on disk, evicting the least
+        recently used. ``None``: unlimited.
+    memory_entries
+        Size of the in-memory LRU.
+    timeout
+        Seconds to wait for another process's write lock before giving up on
+        one write (with a warning).
+
+    Examples
+    --------
+    >>> cache = Cache("/tmp/outlines-doc-cache")  # doctest: +SKIP
+    >>> cache.put_many({"k": "v"}); cache.get_many(["k", "other"])  # doctest: +SKIP
+    {'k': 'v'}
+    """
+
+    def __init__(
+        self,
+        path: str | os.PathLike[str] | None = None,
+        max_bytes: int | None = None,
+        *,
+        memory_entries: int = 100_000,
+        timeout: float = 30.0,
+    ) -> None:
+        if max_bytes is not None and max_bytes < 0:
+            raise ValueError(f"max_bytes must be >= 0, got {max_bytes}")
+        location = Path(path).expanduser() if path is not None else default_directory()
+        if location.suffix in (".sqlite3", ".sqlite", ".db") or location.is_file():
+            self.file = location.absolute()
+        else:
+            self.file = location.absolute() / f"draws-v{FORMAT}.sqlite3"
+        self.max_bytes = max_bytes
+        self.memory_entries = memory_entries
+        self.hits = 0
+        self.misses = 0
+        self._memory: OrderedDict[str, Any] = OrderedDict()
+        self._touched: dict[str, None] = {}
+        self._lock = threading.RLock()
+        self._store: SQLiteStore | None = SQLiteStore(self.file, timeout)
+        _live.add(self)
+
+    @property
+    def path(self) -> Path:
+        """The SQLite file."""
+        return self.file
+
+    def __repr__(self) -> str:
+        return f"Cache({str(self.file)!r}, max_bytes={self.max_bytes})"
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (Cache, (str(self.file), self.max_bytes))
+
+    def get_many(self, keys: Sequence[str]) -> dict[str, Any]:
+        """Values of the ``keys`` that are stored; misses are absent. One query."""
+        found: dict[str, Any] = {}
+        with self._lock:
+            memory, missing = self._memory, []
+            for key in keys:
+                value = memory.get(key, _MISSING)
+                if value is _MISSING:
+                    missing.append(key)
+                else:
+                    memory.move_to_end(key)
+                    found[key] = value
+            if missing and self._store is not None:
+                stored = self._disk_get(missing)
+                for key, value in stored.items():
+                    self._remember(key, value)
+                found.update(stored)
+            if self.max_bytes is not None:
+                self._touched.update(dict.fromkeys(found))
+            self.hits += len(found)
+            self.misses += len(keys) - len(found)
+        return found
+
+    def put_many(self, items: Mapping[str, Any]) -> None:
+        """Store ``items`` (key -> JSON value) atomically: all of them or none."""
+        rows: list[tuple[str, bytes]] = []
+        for key, value in items.items():
+            try:
+                rows.append((key, encode(value)))
+            except (TypeError, ValueError) as exc:
+                warnings.warn(f"outlines cache: not storing a non-JSON value ({exc})", CacheWarning, stacklevel=2)
+        if not rows:
+            return
+        with self._lock:
+            for key, blob in rows:
+                self._remember(key, items[key])
+            if self._store is not None:
+                touched, self._touched = list(self._touched), {}
+                self._guard("write", self._store.put_many, rows, touched, self.max_bytes)
+
+    def clear(self) -> None:
+        """Remove every entry (memory and disk); counters are kept."""
+        with self._lock:
+            self._memory.clear()
+            self._touched.clear()
+            if self._store is not None:
+                self._guard("clear", self._store.clear)
+
+    def stats(self) -> dict[str, Any]:
+        """``entries`` and ``bytes`` on disk, this process's ``hits`` and ``misses``."""
+        with self._lock:
+            entries, size = (len(self._memory), 0)
+            if self._store is not None:
+                entries, size = self._guard("stats", self._store.totals, default=(entries, size))
+            return {"entries": entries, "bytes": size, "hits": self.hits, "misses": self.misses,
+                    "path": str(self.file)}
+
+    def close(self) -> None:
+        """Close the file (it reopens on next use)."""
+        with self._lock:
+            if self._store is not None:
+                self._store.close()
+
+    # -- internals --------------------------------------------------------------
+    def _remember(self, key: str, value: Any) -> None:
+        if not isinstance(value, (str, int, float, bool, type(None))):
+            return  # mutable values are always read fresh from disk
+        self._memory[key] = value
+        self._memory.move_to_end(key)
+        while len(self._memory) > self.memory_entries:
+            self._memory.popitem(last=False)
+
+    def _disk_get(self, keys: list[str]) -> dict[str, Any]:
+        assert self._store is not None
+        found, damaged = self._guard("read", self._store.get_many, keys, default=({}, []))
+        if damaged:
+            warnings.warn(
+                f"outlines cache: {len(damaged)} damaged entr{'y' if len(damaged) == 1 else 'ies'} in "
+                f"{self.file} (e.g. key {damaged[0][0][:16]}...) treated as misses; they will be recomputed",
+                CacheWarning,
+                stacklevel=3,
+            )
+            self._guard("repair", self._store.put_many, (), (), None, damaged)
+        return found
+
+    def _guard(self, what: str, fn: Any, *args: Any, default: Any = None) -> Any:
+        """Run a store call; on failure warn, and quarantine a damaged file."""
+        try:
+            return fn(*args)
+        except FormatMismatch as exc:
+            self._give_up(f"{self.file} has another cache format {exc}; using memory only")
+        except sqlite3.OperationalError as exc:
+            warnings.warn(f"outlines cache: {what} skipped ({exc}) in {self.file}", CacheWarning, stacklevel=3)
+        except sqlite3.DatabaseError as exc:
+            self._recover(what, exc)
+        except OSError as exc:
+            self._give_up(f"cannot use {self.file} ({exc}); using memory only")
+        return default
+
+    def _recover(self, what: str, exc: BaseException) -> None:
+        assert self._store is not None
+        try:
+            moved = self._store.quarantine()
+            self._store.connection()
+        except (OSError, sqlite3.Error) as again:
+            self._give_up(f"{self.file} is damaged ({exc}) and cannot be replaced ({again}); using memory only")
+            return
+        warnings.warn(
+            f"outlines cache: {self.file} is damaged ({exc}) during {what}; moved it to {moved} "
+            "and started a fresh one",
+            CacheWarning,
+            stacklevel=4,
+        )
+
+    def _give_up(self, message: str) -> None:
+        warnings.warn(f"outlines cache: {message}", CacheWarning, stacklevel=4)
+        if self._store is not None:
+            self._store.close()
+        self._store = None
+
+
+def _after_fork() -> None:
+    for cache in list(_live):
+        cache._lock = threading.RLock()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork)
+
+
+# -- the process default and its controls ---------------------------------------
+_enabled: bool | None = None  # None: follow OUTLINES_CACHE
+_path: str | None = None
+_defaults: dict[str, Cache] = {}
+_defaults_lock = threading.Lock()
+
+
+def default_directory() -> Path:
+    """``OUTLINES_CACHE_DIR``, else ``~/.cache/outlines`` (read at each call)."""
+    return Path(os.environ.get("OUTLINES_CACHE_DIR") or Path.home() / ".cache" / "outlines").expanduser()
+
+
+def _configured() -> Cache:
+    location = str(Path(_path).expanduser() if _path is not None else default_directory())
+    with _defaults_lock:
+        cache = _defaults.get(location)
+        if cache is None:
+            cache = _defaults[location] = Cache(location)
+        return cache
+
+
+def _env_disabled() -> bool:
+    return os.environ.get("OUTLINES_CACHE", "1").strip().lower() in ("0", "false", "no", "off")
+
+
+def resolve(option: Any) -> Cache | None:
+    """The cache an ``eval(cache=...)`` option means.
+
+    ``True``: the process default (``None`` after ``disable()`` or with
+    ``OUTLINES_CACHE=0``); ``False``/``None``: no cache; a ``Cache``: itself; a
+    path: a ``Cache`` there (one per path per process).
+
+    Raises
+    ------
+    TypeError
+        For any other value.
+    """
+    if option is True:
+        if _enabled is False or (_enabled is None and _env_disabled()):
+            return None
+        return _configured()
+    if option is False or option is None:
+        return None
+    if isinstance(option, Cache):
+        return option
+    if isinstance(option, (str, os.PathLike)):
+        location = str(Path(option).expanduser().absolute())
+        with _defaults_lock:
+            return _defaults.setdefault(location, Cache(location))
+    raise TypeError(f"cache must be True, False, a Cache or a path, got {type(option).__name__}")
+
+
+def disable() -> None:
+    """Turn the default cache off for this process (``eval(cache=True)`` then uses none)."""
+    global _enabled
+    _enabled = False
+
+
+def enable(path: str | os.PathLike[str] | None = None) -> None:
+    """Turn the default cache on (even if ``OUTLINES_CACHE=0``), optionally at ``path``."""
+    global _enabled, _path
+    _enabled, _path = True, (os.fspath(path) if path is not None else None)
+
+
+def clear() -> None:
+    """Remove every entry of the default cache (memory and disk)."""
+    _configured().clear()
+
+
+def stats() -> dict[str, Any]:
+    """Entries, bytes, hits and misses of the default cache (zeros when disabled)."""
+    cache = resolve(True)
+    if cache is None:
+        return {"entries": 0, "bytes": 0, "hits": 0, "misses": 0, "path": None}
+    return cache.stats()

@@ -1,0 +1,230 @@
+"""The on-disk half of the draw cache: one SQLite file in WAL mode.
+
+Each row holds a draw's key, its value as JSON bytes, a checksum over key and
+value, its size and a last-use stamp (for least-recently-used eviction). Every
+write is one transaction, so a crash or a kill leaves each entry absent or
+whole, and several processes may read and write at once. Values are only ever
+decoded with ``json.loads`` after their checksum verifies: nothing in the file
+can run code, and a damaged row is reported as corrupt, never raised.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import sqlite3
+import time
+from pathlib import Path
+from typing import Any, Iterable, Sequence
+
+__all__ = ["FORMAT", "CacheWarning", "FormatMismatch", "SQLiteStore", "decode", "encode"]
+
+#: Bumped on any change to keys or rows; the file name carries it, so a new
+#: format never reads an old file (and never returns a wrong value).
+FORMAT = 1
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS meta (name TEXT PRIMARY KEY, value TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS entries (
+    key TEXT PRIMARY KEY NOT NULL,
+    value BLOB NOT NULL,
+    checksum BLOB NOT NULL,
+    size INTEGER NOT NULL,
+    used INTEGER NOT NULL
+);
+CREATE INDEX IF NOT EXISTS entries_used ON entries(used);
+CREATE TABLE IF NOT EXISTS totals (
+    id INTEGER PRIMARY KEY CHECK (id = 0), entries INTEGER NOT NULL, bytes INTEGER NOT NULL
+);
+INSERT OR IGNORE INTO totals VALUES (0, 0, 0);
+CREATE TRIGGER IF NOT EXISTS entries_insert AFTER INSERT ON entries BEGIN
+    UPDATE totals SET entries = entries + 1, bytes = bytes + new.size WHERE id = 0;
+END;
+CREATE TRIGGER IF NOT EXISTS entries_delete AFTER DELETE ON entries BEGIN
+    UPDATE totals SET entries = entries - 1, bytes = bytes - old.size WHERE id = 0;
+END;
+CREATE TRIGGER IF NOT EXISTS entries_update AFTER UPDATE OF size ON entries BEGIN
+    UPDATE totals SET bytes = bytes + new.size - old.size WHERE id = 0;
+END;
+"""
+
+_UPSERT = (
+    "INSERT INTO entries (key, value, checksum, size, used) VALUES (?, ?, ?, ?, ?) "
+    "ON CONFLICT(key) DO UPDATE SET value = excluded.value, checksum = excluded.checksum, "
+    "size = excluded.size, used = excluded.used"
+)
+#: Keys per SELECT; batches are padded to a power of two so few statements exist.
+_CHUNK = 512
+
+
+class CacheWarning(UserWarning):
+    """The cache skipped something (a damaged entry, a locked file...); work goes on."""
+
+
+class FormatMismatch(RuntimeError):
+    """The file was written by another cache format."""
+
+
+def checksum(key: str, blob: bytes) -> bytes:
+    """A checksum binding ``blob`` to ``key`` (a moved row fails it too)."""
+    return hashlib.blake2b(key.encode("utf-8", "surrogatepass") + b"\0" + blob, digest_size=16).digest()
+
+
+def encode(value: Any) -> bytes:
+    """``value`` as JSON bytes; raises ``TypeError``/``ValueError`` when it is not JSON."""
+    text = json.dumps(value, ensure_ascii=False, allow_nan=False, separators=(",", ":"))
+    return text.encode("utf-8", "surrogatepass")
+
+
+_INVALID = object()
+
+
+def decode(key: str, blob: Any, check: Any) -> Any:
+    """The value of a row, or ``_INVALID`` when it does not verify."""
+    if not isinstance(blob, bytes) or not isinstance(check, bytes) or checksum(key, blob) != check:
+        return _INVALID
+    try:
+        return json.loads(blob.decode("utf-8", "surrogatepass"))
+    except ValueError:
+        return _INVALID
+
+
+def _padded(keys: Sequence[str]) -> list[str]:
+    size = 1
+    while size < len(keys):
+        size *= 2
+    return list(keys) + [keys[-1]] * (size - len(keys))
+
+
+class SQLiteStore:
+    """One SQLite file; not thread-safe on its own (the ``Cache`` holds a lock).
+
+    Methods raise ``sqlite3.Error``; the caller decides how to degrade.
+    """
+
+    def __init__(self, file: Path, timeout: float = 30.0) -> None:
+        self.file = file
+        self.timeout = timeout
+        self._connection: sqlite3.Connection | None = None
+        self._pid = os.getpid()
+
+    def connection(self) -> sqlite3.Connection:
+        if self._connection is not None and self._pid == os.getpid():
+            return self._connection
+        # A connection inherited through fork must not be used (nor closed) here.
+        self._pid = os.getpid()
+        self._connection = None
+        self._connection = self._open()
+        return self._connection
+
+    def _open(self) -> sqlite3.Connection:
+        self.file.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        created = not self.file.exists()
+        connection = sqlite3.connect(
+            str(self.file), timeout=self.timeout, isolation_level=None, check_same_thread=False
+        )
+        try:
+            if created:
+                os.chmod(self.file, 0o600)
+            connection.execute("PRAGMA journal_mode=WAL")
+            connection.execute("PRAGMA synchronous=NORMAL")
+            connection.executescript(f"BEGIN IMMEDIATE;{_SCHEMA}COMMIT;")
+            self._check_format(connection)
+        except BaseException:
+            connection.close()
+            raise
+        return connection
+
+    @staticmethod
+    def _check_format(connection: sqlite3.Connection) -> None:
+        connection.execute("INSERT OR IGNORE INTO meta VALUES ('format', ?)", (str(FORMAT),))
+        (found,) = connection.execute("SELECT value FROM meta WHERE name = 'format'").fetchone()
+        if found != str(FORMAT):
+            raise FormatMismatch(f"{found!r} (this version reads format {FORMAT})")
+
+    def get_many(self, keys: Sequence[str]) -> tuple[dict[str, Any], list[tuple[str, bytes]]]:
+        """Verified values of ``keys`` found, and the ``(key, checksum)`` of damaged rows."""
+        connection = self.connection()
+        found: dict[str, Any] = {}
+        damaged: list[tuple[str, bytes]] = []
+        for start in range(0, len(keys), _CHUNK):
+            chunk = _padded(keys[start : start + _CHUNK])
+            sql = f"SELECT key, value, checksum FROM entries WHERE key IN ({','.join('?' * len(chunk))})"
+            for key, blob, check in connection.execute(sql, chunk):
+                value = decode(key, blob, check)
+                if value is _INVALID:
+                    damaged.append((key, check))
+                else:
+                    found[key] = value
+        return found, damaged
+
+    def put_many(
+        self,
+        rows: Iterable[tuple[str, bytes]],
+        touched: Iterable[str] = (),
+        max_bytes: int | None = None,
+        damaged: Iterable[tuple[str, Any]] = (),
+    ) -> None:
+        """Write ``(key, blob)`` rows, refresh ``touched`` stamps, evict: one transaction."""
+        now = time.time_ns()
+        records = [(key, blob, checksum(key, blob), len(key) + len(blob) + 16, now) for key, blob in rows]
+        connection = self.connection()
+        connection.execute("BEGIN IMMEDIATE")
+        try:
+            connection.executemany("DELETE FROM entries WHERE key = ? AND checksum IS ?", damaged)
+            connection.executemany(_UPSERT, records)
+            connection.executemany("UPDATE entries SET used = ? WHERE key = ?", ((now, k) for k in touched))
+            if max_bytes is not None:
+                self._evict(connection, max_bytes)
+            connection.execute("COMMIT")
+        except BaseException:
+            if connection.in_transaction:
+                connection.execute("ROLLBACK")
+            raise
+
+    @staticmethod
+    def _evict(connection: sqlite3.Connection, max_bytes: int) -> None:
+        (total,) = connection.execute("SELECT bytes FROM totals WHERE id = 0").fetchone()
+        if total <= max_bytes:
+            return
+        # Free down to 90% of the limit so that eviction runs rarely.
+        excess, victims = total - int(max_bytes * 0.9), []
+        for key, size in connection.execute("SELECT key, size FROM entries ORDER BY used"):
+            victims.append((key,))
+            excess -= size
+            if excess <= 0:
+                break
+        connection.executemany("DELETE FROM entries WHERE key = ?", victims)
+
+    def totals(self) -> tuple[int, int]:
+        row = self.connection().execute("SELECT entries, bytes FROM totals WHERE id = 0").fetchone()
+        return (int(row[0]), int(row[1])) if row else (0, 0)
+
+    def clear(self) -> None:
+        connection = self.connection()
+        connection.execute("BEGIN IMMEDIATE")
+        try:
+            connection.execute("DELETE FROM entries")
+            connection.execute("UPDATE totals SET entries = 0, bytes = 0 WHERE id = 0")
+            connection.execute("COMMIT")
+        except BaseException:
+            if connection.in_transaction:
+                connection.execute("ROLLBACK")
+            raise
+
+    def close(self) -> None:
+        if self._connection is not None and self._pid == os.getpid():
+            self._connection.close()
+        self._connection = None
+
+    def quarantine(self) -> Path:
+        """Move a damaged file aside (kept for inspection) so a fresh one can start."""
+        self.close()
+        target = self.file.with_name(f"{self.file.name}.corrupt-{os.getpid()}-{time.time_ns()}")
+        os.replace(self.file, target)
+        for suffix in ("-wal", "-shm"):
+            try:
+                os.replace(f"{self.file}{suffix}", f"{target}{suffix}")
+            except FileNotFoundError:
+                pass
+        return target
