@@ -1,0 +1,303 @@
+"""A small JSON-over-HTTP client for backends: sessions, retries, limits, secrets.
+
+``HTTPClient`` keeps one aiohttp ``ClientSession`` per event loop, created
+lazily on the running loop and closed by ``aclose``; its connector's limit is
+the backend's ``max_concurrency``, and an ``AIMDLimiter`` per loop lowers the
+requests in flight when the server answers 429. ``post_json`` retries what
+``retry.should_retry`` allows, honours Retry-After up to a cap, spends the
+optional requests/tokens-per-minute budgets, reports token usage, and turns
+every failure into a ``BackendError`` that never contains the API key.
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import threading
+import weakref
+from dataclasses import dataclass
+from typing import Any, Awaitable, Iterable, Mapping, TypeVar
+
+import aiohttp
+
+from outlines.backends import retry
+from outlines.backends.base import BackendError, report_usage
+from outlines.backends.ratelimit import AIMDLimiter, TokenBucket
+
+__all__ = ["HTTPClient", "Secret", "gather_or_cancel"]
+
+logger = logging.getLogger("outlines.backends.http")
+T = TypeVar("T")
+
+#: The sleep used between retries and for rate limits (patched in tests).
+sleep = asyncio.sleep
+
+#: Failures of the transport, worth another try: refused or dropped
+#: connections, read/connect timeouts, truncated bodies.
+TRANSIENT_ERRORS = (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError, asyncio.TimeoutError)
+
+
+class Secret:
+    """A string that does not show itself: repr and str print ``'***'``."""
+
+    __slots__ = ("_value",)
+
+    def __init__(self, value: str) -> None:
+        self._value = value
+
+    def reveal(self) -> str:
+        """The secret itself, for the one place that sends it."""
+        return self._value
+
+    def __repr__(self) -> str:
+        return "Secret('***')"
+
+    __str__ = __repr__
+
+    def __getstate__(self) -> str:
+        return self._value
+
+    def __setstate__(self, state: str) -> None:
+        self._value = state
+
+
+@dataclass
+class _LoopState:
+    session: aiohttp.ClientSession
+    limiter: AIMDLimiter
+
+
+class HTTPClient:
+    """JSON POSTs to one base URL, with retries, limits and one session per loop.
+
+    Parameters
+    ----------
+    base_url
+        API root, e.g. ``"https://api.openai.com/v1"``; paths are appended.
+    api_key
+        Sent as ``Authorization: Bearer ...``; never shown, logged or raised.
+    max_concurrency
+        Connections and requests in flight per event loop.
+    max_retries
+        Retries after the first attempt.
+    timeout, connect_timeout
+        Seconds allowed between bytes read, and to connect.
+    rpm, tpm
+        Optional requests-per-minute and tokens-per-minute budgets.
+    max_retry_after
+        Longest Retry-After honoured; a longer one fails at once.
+    headers
+        Extra headers sent with every request.
+    """
+
+    def __init__(
+        self,
+        base_url: str,
+        *,
+        api_key: str | None = None,
+        max_concurrency: int = 32,
+        max_retries: int = 3,
+        timeout: float = 600.0,
+        connect_timeout: float = 10.0,
+        rpm: float | None = None,
+        tpm: float | None = None,
+        max_retry_after: float = retry.MAX_RETRY_AFTER,
+        headers: Mapping[str, str] | None = None,
+    ) -> None:
+        if max_concurrency < 1 or max_retries < 0:
+            raise ValueError(f"need max_concurrency >= 1 and max_retries >= 0, got {max_concurrency}, {max_retries}")
+        self.base_url = base_url.rstrip("/")
+        self.max_concurrency = int(max_concurrency)
+        self.max_retries = int(max_retries)
+        self.timeout = float(timeout)
+        self.connect_timeout = float(connect_timeout)
+        self.max_retry_after = float(max_retry_after)
+        self.headers = dict(headers or {})
+        self._api_key = Secret(api_key) if api_key else None
+        self.rpm = TokenBucket(rpm) if rpm else None
+        self.tpm = TokenBucket(tpm) if tpm else None
+        self._init_runtime()
+
+    def _init_runtime(self) -> None:
+        self._states: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _LoopState] = weakref.WeakKeyDictionary()
+        self._lock = threading.Lock()
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = self.__dict__.copy()
+        del state["_states"], state["_lock"]
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._init_runtime()
+
+    def state(self) -> _LoopState:
+        """The session and limiter of the running loop, created on first use."""
+        loop = asyncio.get_running_loop()
+        with self._lock:
+            state = self._states.get(loop)
+            if state is None or state.session.closed:
+                connector = aiohttp.TCPConnector(limit=self.max_concurrency, limit_per_host=self.max_concurrency)
+                timeout = aiohttp.ClientTimeout(total=None, sock_connect=self.connect_timeout, sock_read=self.timeout)
+                session = aiohttp.ClientSession(connector=connector, timeout=timeout, trust_env=False)
+                state = self._states[loop] = _LoopState(session, AIMDLimiter(self.max_concurrency))
+            return state
+
+    async def aclose(self) -> None:
+        """Close the running loop's session (a no-op when there is none)."""
+        with self._lock:
+            state = self._states.pop(asyncio.get_running_loop(), None)
+        if state is not None and not state.session.closed:
+            await state.session.close()
+
+    def redact(self, text: str) -> str:
+        """``text`` with every occurrence of the API key replaced by ``***``."""
+        if self._api_key is not None and self._api_key.reveal() in text:
+            text = text.replace(self._api_key.reveal(), "***")
+        return text
+
+    async def post_json(self, path: str, payload: Mapping[str, Any], *, tokens: float = 0.0) -> dict[str, Any]:
+        """POST ``payload`` to ``base_url + path`` and return the decoded JSON object.
+
+        Parameters
+        ----------
+        path
+            Endpoint path, e.g. ``"/completions"``.
+        payload
+            JSON body; its ``"model"`` names the model in errors.
+        tokens
+            Estimated tokens the request spends, for the ``tpm`` budget.
+
+        Returns
+        -------
+        dict
+            The response body.
+
+        Raises
+        ------
+        BackendError
+            On a non-retryable status, when retries run out, when the server
+            asks to wait longer than ``max_retry_after``, or on a body that is
+            not a JSON object.
+        """
+        state = self.state()
+        model = str(payload.get("model", "")) or None
+        for attempt in range(self.max_retries + 1):
+            await self._throttle(tokens)
+            try:
+                async with state.limiter:
+                    status, headers, body = await self._send(state.session, path, payload)
+            except TRANSIENT_ERRORS as exc:
+                reason = f"{type(exc).__name__}: {exc}".rstrip(": ")
+                error = self._error(reason, path, model, retryable=True)
+                retry_after = None
+            except aiohttp.ClientError as exc:
+                raise self._error(f"{type(exc).__name__}: {exc}", path, model) from None
+            else:
+                if 200 <= status < 300:
+                    state.limiter.on_success()
+                    return self._decode(body, path, model, tokens)
+                if status == 429:
+                    state.limiter.on_overload()
+                retryable = retry.should_retry(status, headers)
+                reason = f"HTTP {status}"
+                error = self._error(reason, path, model, status=status, body=body, retryable=retryable)
+                if not retryable:
+                    raise error
+                retry_after = retry.parse_retry_after(headers)
+            if attempt == self.max_retries:
+                message = f"gave up after {attempt + 1} attempts; last: {reason}"
+                raise self._error(message, path, model, status=error.status, body=error.body, retryable=True)
+            delay = retry.retry_delay(attempt, retry_after, max_retry_after=self.max_retry_after)
+            if delay is None:
+                raise self._error(
+                    f"server asked to retry after {retry_after:.3g}s, more than max_retry_after="
+                    f"{self.max_retry_after:g}s; not waiting",
+                    path, model, status=error.status, body=error.body,
+                )
+            logger.debug("retrying %s%s in %.2fs (attempt %d): %s", self.base_url, path, delay, attempt + 1, error)
+            await sleep(delay)
+        raise AssertionError("unreachable")
+
+    async def _send(
+        self, session: aiohttp.ClientSession, path: str, payload: Mapping[str, Any]
+    ) -> tuple[int, Mapping[str, str], bytes]:
+        headers = dict(self.headers)
+        if self._api_key is not None:
+            headers["Authorization"] = f"Bearer {self._api_key.reveal()}"
+        async with session.post(self.base_url + path, json=payload, headers=headers, max_redirects=3) as response:
+            return response.status, response.headers, await response.read()
+
+    async def _throttle(self, tokens: float) -> None:
+        if self.rpm is not None:
+            await self.rpm.acquire(1, sleep=sleep)
+        if self.tpm is not None and tokens > 0:
+            await self.tpm.acquire(tokens, sleep=sleep)
+
+    def _decode(self, body: bytes, path: str, model: str | None, tokens: float) -> dict[str, Any]:
+        try:
+            data = json.loads(body)
+        except (ValueError, UnicodeDecodeError):
+            raise self._error("malformed JSON in response", path, model, status=200, body=body) from None
+        if not isinstance(data, dict):
+            raise self._error("response is not a JSON object", path, model, status=200, body=body)
+        usage = data.get("usage")
+        if isinstance(usage, dict):
+            prompt_tokens, completion_tokens = usage.get("prompt_tokens"), usage.get("completion_tokens")
+            if isinstance(prompt_tokens, int) and isinstance(completion_tokens, int):
+                report_usage(prompt_tokens, completion_tokens)
+                if self.tpm is not None:
+                    self.tpm.refund(min(tokens, self.tpm.capacity) - prompt_tokens - completion_tokens)
+        return data
+
+    def _error(
+        self,
+        message: str,
+        path: str,
+        model: str | None,
+        *,
+        status: int | None = None,
+        body: bytes | str | None = None,
+        retryable: bool = False,
+    ) -> BackendError:
+        text = body.decode("utf-8", "replace") if isinstance(body, bytes) else body
+        return BackendError(
+            self.redact(message),
+            status=status,
+            body=self.redact(text[:400]) if text else None,
+            endpoint=self.base_url + path,
+            model=model,
+            retryable=retryable,
+        )
+
+
+async def gather_or_cancel(awaitables: Iterable[Awaitable[T]]) -> list[T]:
+    """Like ``asyncio.gather``, but the first failure cancels the others.
+
+    Raises
+    ------
+    Exception
+        The first exception raised by any of ``awaitables``.
+    """
+    tasks = [asyncio.ensure_future(a) for a in awaitables]
+    if not tasks:
+        return []
+    try:
+        done, pending = await asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)
+    except asyncio.CancelledError:
+        await _cancel(tasks)
+        raise
+    await _cancel(pending)
+    errors = [t.exception() for t in tasks if t.done() and not t.cancelled()]
+    first = next((e for e in errors if e is not None), None)
+    if first is not None:
+        raise first
+    return [task.result() for task in tasks]
+
+
+async def _cancel(tasks: Iterable[asyncio.Future[Any]]) -> None:
+    tasks = [t for t in tasks if not t.done()]
+    for task in tasks:
+        task.cancel()
+    if tasks:
+        await asyncio.wait(tasks)

@@ -1,0 +1,320 @@
+"""OpenAI-compatible backends: chat completions and legacy completions.
+
+Both speak JSON through ``http.HTTPClient`` (sessions, retries, rate limits,
+secrets). The scheduler hands ``generate`` a batch of draws that share
+parameters; draws of the same prompt are grouped and sampled with ``n``.
+``OpenAICompletionBackend`` sends many prompts in one request (``prompt`` as a
+list; choice ``i`` belongs to prompt ``i // n``). Servers that refuse lists
+(``transformers serve`` answers 400 "prompt must be a string") or ignore ``n``
+are remembered per base URL, said once in a log line, and served with one
+prompt, or one sample, per request from then on.
+
+Seeds: a group of draws of one prompt whose first draw number is ``d`` is sent
+with ``seed + d`` (and sample ``j`` of a split group with a further ``+ j``),
+so that draws fetched later, or separately, are fresh samples rather than
+replays of the draws already made with the same seed.
+"""
+from __future__ import annotations
+
+import logging
+import os
+from typing import Any, Mapping, Sequence
+
+import yarl
+
+from outlines.backends.base import Backend, BackendError, GenerationParams, Request
+from outlines.backends.http import HTTPClient, gather_or_cancel
+
+__all__ = ["OpenAIChatBackend", "OpenAICompletionBackend"]
+
+logger = logging.getLogger("outlines.backends.openai")
+
+DEFAULT_BASE_URL = "https://api.openai.com/v1"
+#: Base URLs whose completions endpoint refuses a list of prompts / ignores ``n``.
+LISTS_REFUSED: set[str] = set()
+N_IGNORED: set[str] = set()
+
+Groups = dict[tuple[GenerationParams, str], list[int]]
+
+
+class _NIgnored(Exception):
+    """The server answered one choice per prompt although ``n > 1`` was asked."""
+
+
+class _OpenAIBackend(Backend):
+    """What both OpenAI backends share: options, identity, the client."""
+
+    path = ""
+
+    def __init__(
+        self,
+        model: str,
+        *,
+        base_url: str | None = None,
+        api_key: str | None = None,
+        max_batch: int | None = None,
+        max_concurrency: int = 32,
+        max_retries: int = 3,
+        timeout: float = 600.0,
+        connect_timeout: float = 10.0,
+        rpm: float | None = None,
+        tpm: float | None = None,
+        max_retry_after: float = 60.0,
+        headers: Mapping[str, str] | None = None,
+    ) -> None:
+        if not isinstance(model, str) or not model:
+            raise ValueError(f"model must be a non-empty string, got {model!r}")
+        base_url = (base_url or os.environ.get("OPENAI_BASE_URL") or DEFAULT_BASE_URL).rstrip("/")
+        url = yarl.URL(base_url)
+        if url.scheme not in ("http", "https") or not url.host:
+            raise ValueError(f"base_url must be an http(s) URL, got {base_url!r}")
+        if url.user or url.password:
+            raise ValueError("base_url must not hold credentials; pass api_key= instead")
+        if max_batch is not None and max_batch < 1:
+            raise ValueError(f"max_batch must be >= 1, got {max_batch}")
+        if api_key is None:
+            api_key = os.environ.get("OPENAI_API_KEY")
+        self.model = model
+        self.base_url = base_url
+        self.max_batch = max_batch
+        self.max_concurrency = int(max_concurrency)
+        self.max_retries = int(max_retries)
+        self.client = HTTPClient(
+            base_url,
+            api_key=api_key,
+            max_concurrency=max_concurrency,
+            max_retries=max_retries,
+            timeout=timeout,
+            connect_timeout=connect_timeout,
+            rpm=rpm,
+            tpm=tpm,
+            max_retry_after=max_retry_after,
+            headers=headers,
+        )
+
+    @property
+    def identity(self) -> tuple[Any, ...]:
+        return (self.kind, self.model, self.base_url)
+
+    async def aclose(self) -> None:
+        await self.client.aclose()
+
+    async def generate(self, requests: Sequence[Request]) -> list[str]:
+        by_prompt: dict[tuple[GenerationParams, str], list[int]] = {}
+        for index, request in enumerate(requests):
+            by_prompt.setdefault((request.params, request.prompt), []).append(index)
+        groups: Groups = {}
+        for (params, prompt), indices in by_prompt.items():
+            first_draw = min(requests[i].draw for i in indices)
+            groups[(_offset_seed(params, first_draw), prompt)] = indices
+        texts = await self._sample_groups(groups)
+        out: list[str] = [""] * len(requests)
+        for indices, samples in zip(groups.values(), texts):
+            for index, text in zip(indices, samples):
+                out[index] = text
+        return out
+
+    async def _sample_groups(self, groups: Groups) -> list[list[str]]:
+        """One list of ``len(indices)`` samples per group, in group order."""
+        raise NotImplementedError
+
+    def _payload(self, params: GenerationParams, n: int, **fields: Any) -> dict[str, Any]:
+        payload: dict[str, Any] = {"model": self.model, **fields, **params.to_dict()}
+        if n > 1:
+            payload["n"] = n
+        return payload
+
+    def _tokens(self, prompts: Sequence[str], params: GenerationParams, n: int) -> float:
+        """A rough token estimate for the ``tpm`` budget (4 characters a token)."""
+        return sum(len(p) for p in prompts) / 4 + (params.max_tokens or 256) * n * len(prompts)
+
+    def _malformed(self, message: str, data: Any) -> BackendError:
+        return BackendError(
+            message,
+            status=200,
+            body=self.client.redact(repr(data)[:400]),
+            endpoint=self.base_url + self.path,
+            model=self.model,
+        )
+
+    def _choices(self, data: Mapping[str, Any], expected: int, n: int) -> list[Any]:
+        """The choices ordered by index, checked for count; ``_NIgnored`` when ``n`` was dropped."""
+        choices = data.get("choices")
+        if not isinstance(choices, list) or not all(isinstance(c, dict) for c in choices):
+            raise self._malformed("response has no list of 'choices'", data)
+        if n > 1 and len(choices) == expected // n:
+            raise _NIgnored()
+        if len(choices) != expected:
+            raise self._malformed(f"expected {expected} choices, got {len(choices)}", data)
+        indices = [c.get("index") for c in choices]
+        if sorted(i if type(i) is int else -1 for i in indices) == list(range(expected)):
+            return sorted(choices, key=lambda c: c["index"])
+        return choices
+
+    def _note_once(self, registry: set[str], message: str) -> None:
+        if self.base_url not in registry:
+            registry.add(self.base_url)
+            logger.warning("%s %s", self.base_url, message)
+
+
+class OpenAICompletionBackend(_OpenAIBackend):
+    """Legacy ``/completions``: many prompts per request, ``n`` samples each.
+
+    Parameters
+    ----------
+    model
+        Model name sent to the server.
+    base_url
+        API root (default ``OPENAI_BASE_URL``, else the OpenAI API).
+    api_key
+        Secret key (default ``OPENAI_API_KEY``); never shown, logged or cached.
+    max_batch
+        Prompts per request (default 128).
+    max_concurrency
+        Requests in flight (default 32); lowered for a while after a 429.
+    max_retries
+        Retries of a failed request (default 3).
+    timeout, connect_timeout
+        Seconds allowed between bytes read (default 600) and to connect (10).
+    rpm, tpm
+        Optional requests- and tokens-per-minute budgets.
+    max_retry_after
+        Longest Retry-After honoured (default 60 s); longer fails at once.
+    headers
+        Extra headers sent with every request.
+
+    Examples
+    --------
+    >>> backend = OpenAICompletionBackend("tiny", base_url="http://127.0.0.1:8000/v1", api_key="sk-x")
+    >>> backend
+    OpenAICompletionBackend('tiny', 'http://127.0.0.1:8000/v1')
+    """
+
+    kind = "openai_completion"
+    path = "/completions"
+
+    def __init__(self, model: str, *, max_batch: int | None = 128, **options: Any) -> None:
+        super().__init__(model, max_batch=max_batch, **options)
+
+    async def _sample_groups(self, groups: Groups) -> list[list[str]]:
+        # Prompts that need the same number of samples share one request.
+        buckets: dict[tuple[GenerationParams, int], list[int]] = {}
+        keys = list(groups)
+        for position, ((params, _prompt), indices) in enumerate(groups.items()):
+            buckets.setdefault((params, len(indices)), []).append(position)
+        jobs = [
+            self._complete([keys[p][1] for p in positions], params, n)
+            for (params, n), positions in buckets.items()
+        ]
+        results: list[list[str]] = [[] for _ in keys]
+        for positions, samples in zip(buckets.values(), await gather_or_cancel(jobs)):
+            for position, sample in zip(positions, samples):
+                results[position] = sample
+        return results
+
+    async def _complete(self, prompts: list[str], params: GenerationParams, n: int) -> list[list[str]]:
+        if len(prompts) > 1 and self.base_url not in LISTS_REFUSED:
+            try:
+                return await self._request(prompts, params, n)
+            except BackendError as error:
+                if not _refuses_lists(error):
+                    raise
+                self._note_once(LISTS_REFUSED, "refuses a list of prompts; sending one prompt per request")
+        rows = await gather_or_cancel(self._request([p], params, n) for p in prompts)
+        return [row[0] for row in rows]
+
+    async def _request(self, prompts: list[str], params: GenerationParams, n: int) -> list[list[str]]:
+        """``n`` samples of each prompt, in as few requests as the server allows."""
+        if n > 1 and self.base_url in N_IGNORED:
+            columns = await gather_or_cancel(self._request(prompts, _offset_seed(params, j), 1) for j in range(n))
+            return [[column[i][0] for column in columns] for i in range(len(prompts))]
+        prompt: str | list[str] = prompts[0] if len(prompts) == 1 else prompts
+        payload = self._payload(params, n, prompt=prompt)
+        data = await self.client.post_json(self.path, payload, tokens=self._tokens(prompts, params, n))
+        try:
+            choices = self._choices(data, len(prompts) * n, n)
+        except _NIgnored:
+            self._note_once(N_IGNORED, "ignores n; sending one request per sample")
+            return await self._request(prompts, params, n)
+        texts = [self._text(choice, data) for choice in choices]
+        return [texts[i * n : (i + 1) * n] for i in range(len(prompts))]
+
+    def _text(self, choice: Mapping[str, Any], data: Any) -> str:
+        text = choice.get("text")
+        if not isinstance(text, str):
+            raise self._malformed("a choice has no 'text' string", data)
+        return text
+
+
+class OpenAIChatBackend(_OpenAIBackend):
+    """Chat ``/chat/completions``: one request per prompt, ``n`` samples each.
+
+    Takes the options of ``OpenAICompletionBackend`` (``max_batch`` default
+    16 draws per ``generate`` call) and ``system_prompt``, a system message
+    sent before each prompt (part of the identity: it changes the outputs).
+
+    Examples
+    --------
+    >>> OpenAIChatBackend("gpt-4o-mini", api_key="sk-x", system_prompt="Be brief.").identity
+    ('openai', 'gpt-4o-mini', 'https://api.openai.com/v1', 'Be brief.')
+    """
+
+    kind = "openai"
+    path = "/chat/completions"
+
+    def __init__(
+        self, model: str, *, system_prompt: str | None = None, max_batch: int | None = 16, **options: Any
+    ) -> None:
+        super().__init__(model, max_batch=max_batch, **options)
+        if system_prompt is not None and not isinstance(system_prompt, str):
+            raise ValueError(f"system_prompt must be a string, got {type(system_prompt).__name__}")
+        self.system_prompt = system_prompt
+
+    @property
+    def identity(self) -> tuple[Any, ...]:
+        return (self.kind, self.model, self.base_url, self.system_prompt)
+
+    async def _sample_groups(self, groups: Groups) -> list[list[str]]:
+        return await gather_or_cancel(
+            self._chat(prompt, params, len(indices)) for (params, prompt), indices in groups.items()
+        )
+
+    async def _chat(self, prompt: str, params: GenerationParams, n: int) -> list[str]:
+        if n > 1 and self.base_url in N_IGNORED:
+            rows = await gather_or_cancel(self._chat(prompt, _offset_seed(params, j), 1) for j in range(n))
+            return [row[0] for row in rows]
+        messages = [{"role": "user", "content": prompt}]
+        if self.system_prompt is not None:
+            messages.insert(0, {"role": "system", "content": self.system_prompt})
+        payload = self._payload(params, n, messages=messages)
+        data = await self.client.post_json(self.path, payload, tokens=self._tokens([prompt], params, n))
+        try:
+            choices = self._choices(data, n, n)
+        except _NIgnored:
+            self._note_once(N_IGNORED, "ignores n; sending one request per sample")
+            return await self._chat(prompt, params, n)
+        return [self._content(choice, data) for choice in choices]
+
+    def _content(self, choice: Mapping[str, Any], data: Any) -> str:
+        message = choice.get("message")
+        content = message.get("content") if isinstance(message, dict) else None
+        if not isinstance(content, str):
+            refusal = message.get("refusal") if isinstance(message, dict) else None
+            reason = f"the model refused: {refusal!r:.200}" if isinstance(refusal, str) else "no message content"
+            raise self._malformed(f"a choice has {reason}", data)
+        return content
+
+
+def _offset_seed(params: GenerationParams, offset: int) -> GenerationParams:
+    """Shift a set seed so that draws sent in separate requests stay independent."""
+    if params.seed is None or offset == 0:
+        return params
+    return params.merged(seed=params.seed + offset)
+
+
+def _refuses_lists(error: BackendError) -> bool:
+    """A 4xx that complains about the prompt's type: the server wants a string."""
+    if error.status not in (400, 422) or not error.body:
+        return False
+    body = error.body.lower()
+    return "prompt" in body and any(word in body for word in ("string", "str", "list", "array", "type"))
