@@ -1,0 +1,62 @@
+"""outlines: programs that call language models, as lazy dataflow graphs.
+
+Calling a model, a prompt or an ``outlines.fn`` on symbolic values builds
+nodes; ``eval`` schedules them with batching, concurrency and caching.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+from outlines import cache, models, text
+from outlines.compile import Program, compile
+from outlines.errors import Failure, GraphBuildError, NodeError, UnboundInputError
+from outlines.evaluate import aeval, eval
+from outlines.fn import fn
+from outlines.graph.basic import Constant, Variable
+from outlines.text import constant, prompt, string
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "Constant",
+    "Failure",
+    "GraphBuildError",
+    "NodeError",
+    "Program",
+    "UnboundInputError",
+    "Variable",
+    "aeval",
+    "cache",
+    "compile",
+    "constant",
+    "eval",
+    "explain",
+    "fn",
+    "models",
+    "prompt",
+    "string",
+    "text",
+    "trace",
+    "visualize",
+]
+
+
+def explain(*variables: Variable, givens: Any = None, **options: Any) -> Any:
+    """A dry-run plan of evaluating ``variables``; sends nothing. See ``outlines.explain``."""
+    from outlines.explain import explain as _explain
+
+    return _explain(*variables, givens=givens, **options)
+
+
+def trace() -> Any:
+    """Record what the evaluations inside a ``with`` block did; returns a ``Trace``."""
+    from outlines.trace import trace as _trace
+
+    return _trace()
+
+
+def visualize(*variables: Any, filename: str | None = None, format: str | None = None, trace: Any = None) -> Any:  # noqa: A002
+    """Draw the graph of ``variables`` (svg/png/pdf/dot/mermaid/ascii)."""
+    from outlines.graph.visualize import visualize as _visualize
+
+    return _visualize(*variables, filename=filename, format=format, trace=trace)

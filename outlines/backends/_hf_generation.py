@@ -1,0 +1,210 @@
+"""The torch side of the transformers backend: loading a model and running one chunk.
+
+Imported only inside the backend's worker thread, so ``import outlines`` and
+building graphs never import torch or transformers.
+
+Sampling draws each token from a counter-based stream: row ``r`` at step ``t``
+uses the uniform number ``hash(key_r, t)``, where ``key_r`` hashes the seed,
+the prompt and the draw number. A draw's text therefore depends on its own
+(seed, prompt, draw) only, not on which other prompts shared its batch.
+"""
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from typing import Any, Sequence
+
+import numpy as np
+import torch
+from transformers import (
+    AutoModelForCausalLM,
+    AutoTokenizer,
+    GenerationConfig,
+    LogitsProcessor,
+    LogitsProcessorList,
+    StoppingCriteriaList,
+    StopStringCriteria,
+)
+from transformers.utils import logging as hf_logging
+
+logger = logging.getLogger("outlines")
+
+_MASK = (1 << 64) - 1
+_GOLDEN = 0x9E3779B97F4A7C15
+
+
+@dataclass
+class Loaded:
+    """A model and tokenizer ready to generate, shared by every backend naming them."""
+
+    model: Any
+    tokenizer: Any
+    device: str
+    context_length: int | None
+    eos_token_ids: list[int]
+    stop_criteria: dict[tuple[str, ...], Any] = field(default_factory=dict)
+
+
+def resolve_device(device: str | None) -> str:
+    if device not in (None, "auto"):
+        return str(device)
+    if torch.cuda.is_available():
+        return "cuda"
+    if getattr(torch.backends, "mps", None) is not None and torch.backends.mps.is_available():
+        return "mps"
+    return "cpu"
+
+
+def _dtype(dtype: str | None) -> Any:
+    if dtype in (None, "auto"):
+        return "auto"
+    value = getattr(torch, str(dtype).replace("torch.", ""), None)
+    if not isinstance(value, torch.dtype):
+        raise ValueError(f"unknown dtype {dtype!r}; use e.g. 'float32', 'float16' or 'bfloat16'")
+    return value
+
+
+def load(path: str, device: str | None, dtype: str | None) -> Loaded:
+    """Load ``path`` with ``from_pretrained``, left-padding, with a pad token."""
+    bars = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(path)
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=_dtype(dtype))
+    finally:
+        if bars:
+            hf_logging.enable_progress_bar()
+    resolved = resolve_device(device)
+    model.to(resolved).eval()
+    tokenizer.padding_side = "left"
+    if tokenizer.pad_token_id is None:
+        if tokenizer.eos_token_id is None:
+            raise ValueError(f"the tokenizer of {path} has neither a pad nor an eos token; set tokenizer.pad_token")
+        tokenizer.pad_token = tokenizer.eos_token
+        logger.warning("transformers model %s: the tokenizer has no pad token; padding with eos %r", path,
+                       tokenizer.eos_token)
+    eos = model.generation_config.eos_token_id
+    eos_ids = [eos] if isinstance(eos, int) else list(eos or [])
+    if not eos_ids and tokenizer.eos_token_id is not None:
+        eos_ids = [tokenizer.eos_token_id]
+    return Loaded(model, tokenizer, resolved, _context_length(model, tokenizer), eos_ids)
+
+
+def _context_length(model: Any, tokenizer: Any) -> int | None:
+    config = model.config
+    for name in ("max_position_embeddings", "n_positions", "max_sequence_length", "seq_length"):
+        value = getattr(config, name, None)
+        if isinstance(value, int) and value > 0:
+            return value
+    limit = getattr(tokenizer, "model_max_length", None)
+    return limit if isinstance(limit, int) and limit < 10**8 else None
+
+
+def uniforms(keys: np.ndarray, step: int) -> np.ndarray:
+    """One uniform number in [0, 1) per row key: splitmix64 of (key, step)."""
+    z = keys + np.uint64(((step + 1) * _GOLDEN) & _MASK)
+    z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+    z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+    z = z ^ (z >> np.uint64(31))
+    return (z >> np.uint64(11)).astype(np.float64) * 2.0**-53
+
+
+class DrawSampler(LogitsProcessor):
+    """Sample each row from its own stream, then force greedy search to pick it."""
+
+    def __init__(self, keys: np.ndarray, prompt_length: int, temperature: float, top_p: float | None,
+                 top_k: int | None) -> None:
+        self.keys = keys
+        self.prompt_length = prompt_length
+        self.temperature = temperature
+        self.top_p = top_p
+        self.top_k = top_k
+
+    def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
+        logits = scores.float() / self.temperature
+        if self.top_k:
+            kth = torch.topk(logits, min(self.top_k, logits.shape[-1]), dim=-1).values[:, -1:]
+            logits = logits.masked_fill(logits < kth, float("-inf"))
+        if self.top_p is not None and self.top_p < 1.0:
+            ordered, order = torch.sort(logits, descending=True, dim=-1)
+            probs = torch.softmax(ordered, dim=-1)
+            drop = (probs.cumsum(dim=-1) - probs) >= self.top_p  # the first token always stays
+            logits = logits.scatter(-1, order, ordered.masked_fill(drop, float("-inf")))
+        cdf = torch.softmax(logits, dim=-1).double().cumsum(dim=-1)
+        u = torch.from_numpy(uniforms(self.keys, input_ids.shape[1] - self.prompt_length)).to(cdf.device)
+        targets = (u * cdf[:, -1]).unsqueeze(-1)
+        picked = torch.searchsorted(cdf, targets, right=True).clamp_(max=cdf.shape[-1] - 1)
+        forced = torch.full_like(scores, float("-inf"))
+        return forced.scatter_(-1, picked, 0.0)
+
+
+def _stopping(loaded: Loaded, stop: Sequence[str]) -> StoppingCriteriaList | None:
+    if not stop:
+        return None
+    key = tuple(stop)
+    criteria = loaded.stop_criteria.get(key)
+    if criteria is None:
+        criteria = loaded.stop_criteria[key] = StopStringCriteria(loaded.tokenizer, list(key))
+    return StoppingCriteriaList([criteria])
+
+
+def run_chunk(
+    loaded: Loaded,
+    prompt_ids: Sequence[Sequence[int]],
+    num_sequences: int,
+    keys: np.ndarray | None,
+    max_new_tokens: int,
+    params: dict[str, Any],
+) -> tuple[list[str], int, int]:
+    """Generate ``num_sequences`` rows per prompt; return texts (prompt-major) and token counts.
+
+    ``keys`` (one uint64 per output row) selects sampling; ``None`` is greedy.
+    """
+    tokenizer, model = loaded.tokenizer, loaded.model
+    # Repeat each prompt for its rows (what ``num_return_sequences`` does inside
+    # ``generate``, which refuses it for the greedy search our sampler steers).
+    rows = [list(ids) for ids in prompt_ids for _ in range(num_sequences)]
+    batch = tokenizer.pad({"input_ids": rows}, padding=True, return_tensors="pt")
+    batch = {name: tensor.to(loaded.device) for name, tensor in batch.items()}
+    width = batch["input_ids"].shape[1]
+    config = GenerationConfig(
+        max_new_tokens=max_new_tokens,
+        do_sample=False,
+        pad_token_id=tokenizer.pad_token_id,
+        eos_token_id=loaded.eos_token_ids or None,
+    )
+    processors = LogitsProcessorList()
+    if keys is not None:
+        processors.append(DrawSampler(keys, width, params["temperature"], params.get("top_p"), params.get("top_k")))
+    for name in ("repetition_penalty", "no_repeat_ngram_size"):
+        if params.get(name) is not None:
+            setattr(config, name, params[name])
+    with torch.inference_mode():
+        output = model.generate(
+            **batch,
+            generation_config=config,
+            logits_processor=processors,
+            stopping_criteria=_stopping(loaded, params.get("stop") or ()),
+        )
+    new = output[:, width:].cpu()
+    texts = tokenizer.batch_decode(new, skip_special_tokens=True)
+    return texts, int(batch["attention_mask"].sum()), _count_generated(new, loaded)
+
+
+def _count_generated(new: torch.Tensor, loaded: Loaded) -> int:
+    """Tokens up to and including each row's first end token."""
+    ends = torch.zeros_like(new, dtype=torch.bool)
+    for token in set(loaded.eos_token_ids) | {loaded.tokenizer.pad_token_id}:
+        ends |= new == token
+    after_end = (ends.long().cumsum(dim=-1) - ends.long()) > 0
+    return int((~after_end).sum())
+
+
+def is_out_of_memory(exc: BaseException) -> bool:
+    oom = getattr(torch.cuda, "OutOfMemoryError", ())
+    return (bool(oom) and isinstance(exc, oom)) or (isinstance(exc, RuntimeError) and "out of memory" in str(exc))
+
+
+def free_memory(device: str) -> None:
+    if device.startswith("cuda"):
+        torch.cuda.empty_cache()

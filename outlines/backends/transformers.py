@@ -1,0 +1,286 @@
+"""HuggingFace causal language models, generating in batches with left padding.
+
+A model is loaded once per process (the registry below, keyed by path, device
+and dtype) and shared by every backend that names it. Each loaded model has one
+worker thread: generation runs there, off the event loop, one batch at a time.
+A thread rather than a process: torch releases the GIL inside its kernels, so
+the loop keeps serving HTTP branches and Python ops while a batch runs (see
+benchmarks/bench_transformers.py), and nothing is copied or pickled per call.
+
+Batches: requests are grouped by prompt (draws of one prompt become
+``num_return_sequences``), sorted by prompt length to cut padding, and split
+so that rows x (longest prompt + new tokens) stays under ``max_batch_tokens``.
+A CUDA out-of-memory error retries the chunk in halves, down to one prompt.
+
+Seeds: every sampled token comes from a counter-based stream keyed by
+(seed, prompt, draw number), so a draw's text does not depend on the other
+prompts of its batch. With ``seed=None`` a fresh random salt is used per
+call (samples differ between uncached runs); with an integer seed, the same
+(seed, prompt, draw, params) always gives the same text on the same model,
+device and dtype. ``temperature=0`` is greedy search.
+"""
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import os
+import secrets
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+import numpy as np
+
+from outlines.backends.base import Backend, BackendError, GenerationParams, Request, report_usage
+
+__all__ = ["TransformersBackend", "plan_chunks", "trim_at_stop"]
+
+DEFAULT_MAX_TOKENS = 256
+#: ``extra`` parameters the backend understands; OpenAI-only ones are refused.
+SUPPORTED_EXTRA = ("top_k", "repetition_penalty", "no_repeat_ngram_size")
+
+
+@dataclass
+class _Slot:
+    """One registry entry: a worker thread and, once loaded, the model."""
+
+    executor: ThreadPoolExecutor
+    loaded: Any = None
+
+
+_registry: dict[tuple[str, str, str], _Slot] = {}
+_registry_lock = threading.Lock()
+
+
+def _slot(key: tuple[str, str, str]) -> _Slot:
+    with _registry_lock:
+        slot = _registry.get(key)
+        if slot is None:
+            executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="outlines-transformers")
+            slot = _registry[key] = _Slot(executor)
+        return slot
+
+
+def clear_registry() -> None:
+    """Forget every loaded model (tests; frees memory once nothing else holds them)."""
+    with _registry_lock:
+        slots = list(_registry.values())
+        _registry.clear()
+    for slot in slots:
+        slot.executor.shutdown(wait=True)
+
+
+def plan_chunks(
+    lengths: Sequence[int], rows_per_prompt: int, max_rows: int, max_tokens: int | None, new_tokens: int
+) -> list[list[int]]:
+    """Split prompt indices, shortest first, into chunks that fit the limits.
+
+    A chunk holds at most ``max_rows`` rows (prompts x ``rows_per_prompt``)
+    and at most ``max_tokens`` tokens (rows x (longest prompt + new tokens));
+    a single prompt always makes a chunk.
+    """
+    order = sorted(range(len(lengths)), key=lambda i: (lengths[i], i))
+    chunks: list[list[int]] = []
+    current: list[int] = []
+    for index in order:
+        rows = (len(current) + 1) * rows_per_prompt
+        cost = rows * (lengths[index] + new_tokens)
+        if current and (rows > max_rows or (max_tokens is not None and cost > max_tokens)):
+            chunks.append(current)
+            current = []
+        current.append(index)
+    if current:
+        chunks.append(current)
+    return chunks
+
+
+def trim_at_stop(text: str, stop: Sequence[str]) -> str:
+    """Cut ``text`` at the earliest stop string (the stop string is dropped)."""
+    cut = min((i for i in (text.find(s) for s in stop) if i >= 0), default=-1)
+    return text if cut < 0 else text[:cut]
+
+
+def _row_key(salt: str, prompt: str, draw: int) -> int:
+    digest = hashlib.sha256(json.dumps([salt, prompt, draw]).encode()).digest()
+    return int.from_bytes(digest[:8], "little")
+
+
+class TransformersBackend(Backend):
+    """A HuggingFace causal LM behind the backend protocol.
+
+    Parameters
+    ----------
+    model_id_or_path
+        Hub id or local folder, loaded with ``from_pretrained`` on first use.
+    device
+        ``"cuda"``, ``"mps"``, ``"cpu"`` or ``None`` (the first available).
+    dtype
+        Torch dtype name, or ``None`` for the checkpoint's.
+    max_batch
+        Prompts per ``generate`` call (the scheduler's batches), default 32.
+    max_batch_tokens
+        Token budget of one forward batch (rows x (prompt + new tokens)).
+    truncation
+        When a prompt does not fit the context with ``max_tokens`` new tokens:
+        ``False`` raises, ``True`` keeps the end of the prompt.
+    """
+
+    kind = "transformers"
+    local_compute = True
+
+    def __init__(
+        self,
+        model_id_or_path: str,
+        *,
+        device: str | None = None,
+        dtype: str | None = None,
+        max_batch: int | None = 32,
+        max_concurrency: int | None = 1,
+        max_batch_tokens: int | None = 1 << 16,
+        truncation: bool = False,
+    ) -> None:
+        path = os.fspath(model_id_or_path)
+        expanded = os.path.expanduser(path)
+        if os.path.isdir(expanded) or path.startswith((".", "/", "~")):
+            path = os.path.abspath(expanded)
+        self.path = path
+        self.device = device
+        self.dtype = None if dtype is None else str(dtype).replace("torch.", "")
+        self.max_batch = max_batch
+        self.max_concurrency = max_concurrency
+        self.max_batch_tokens = max_batch_tokens
+        self.truncation = truncation
+
+    @property
+    def identity(self) -> tuple[Any, ...]:
+        return ("transformers", self.path, self.device or "auto", self.dtype or "auto")
+
+    @property
+    def model_name(self) -> str:
+        return os.path.basename(self.path.rstrip("/")) if os.path.isabs(self.path) else self.path
+
+    def _key(self) -> tuple[str, str, str]:
+        return (self.path, self.device or "auto", self.dtype or "auto")
+
+    async def generate(self, requests: Sequence[Request]) -> list[str]:
+        if not requests:
+            return []
+        slot = _slot(self._key())
+        loop = asyncio.get_running_loop()
+        salt = secrets.token_hex(8)
+        texts, prompt_tokens, completion_tokens = await loop.run_in_executor(
+            slot.executor, self._generate_blocking, slot, list(requests), salt
+        )
+        report_usage(prompt_tokens, completion_tokens)
+        return texts
+
+    def load(self) -> Any:
+        """Load the model now (normally done on the first batch); returns it."""
+        slot = _slot(self._key())
+        return slot.executor.submit(self._loaded, slot).result()
+
+    def _loaded(self, slot: _Slot) -> Any:
+        if slot.loaded is None:
+            if os.path.isabs(self.path) and not os.path.isdir(self.path):
+                raise BackendError(f"no model folder at {self.path}", model=self.path)
+            from outlines.backends import _hf_generation
+
+            try:
+                slot.loaded = _hf_generation.load(self.path, self.device, self.dtype)
+            except (OSError, ValueError) as exc:
+                raise BackendError(f"cannot load a model from {self.path!r}: {exc}", model=self.path) from exc
+        return slot.loaded
+
+    def _generate_blocking(self, slot: _Slot, requests: list[Request], salt: str) -> tuple[list[str], int, int]:
+        loaded = self._loaded(slot)
+        texts: list[str] = [""] * len(requests)
+        usage = [0, 0]
+        groups: dict[GenerationParams, list[int]] = {}
+        for index, request in enumerate(requests):
+            groups.setdefault(request.params, []).append(index)
+        for params, indices in groups.items():
+            self._generate_group(loaded, params, [requests[i] for i in indices], salt, texts, indices, usage)
+        return texts, usage[0], usage[1]
+
+    def _generate_group(
+        self, loaded: Any, params: GenerationParams, requests: list[Request], salt: str,
+        texts: list[str], positions: list[int], usage: list[int],
+    ) -> None:
+        options = self._options(params)
+        draws_of: dict[str, list[int]] = {}  # prompt -> positions in ``requests``
+        for index, request in enumerate(requests):
+            draws_of.setdefault(request.prompt, []).append(index)
+        by_count: dict[int, list[str]] = {}
+        for prompt, members in draws_of.items():
+            by_count.setdefault(len(members), []).append(prompt)
+        seed = str(params.seed) if params.seed is not None else "salt:" + salt
+        for count, prompts in by_count.items():
+            ids, new_tokens = self._encode(loaded, prompts, params.max_tokens)
+            lengths = [len(x) for x in ids]
+            rows = self.max_batch or len(prompts) * count
+            for chunk in plan_chunks(lengths, count, max(rows, count), self.max_batch_tokens, new_tokens):
+                members = [draws_of[prompts[i]] for i in chunk]
+                keys = None
+                if not params.deterministic:
+                    keys = [_row_key(seed, requests[m].prompt, requests[m].draw) for group in members for m in group]
+                outputs = self._run(loaded, [ids[i] for i in chunk], count, keys, new_tokens, options, usage)
+                for row, member in enumerate(m for group in members for m in group):
+                    texts[positions[member]] = trim_at_stop(outputs[row], params.stop)
+
+    def _options(self, params: GenerationParams) -> dict[str, Any]:
+        extra = dict(params.extra)
+        unknown = sorted(set(extra) - set(SUPPORTED_EXTRA))
+        if unknown:
+            raise BackendError(
+                f"transformers backend does not support {', '.join(unknown)} (supported extras: "
+                f"{', '.join(SUPPORTED_EXTRA)})", model=self.path,
+            )
+        temperature = 1.0 if params.temperature is None else float(params.temperature)
+        return {**extra, "temperature": temperature, "top_p": params.top_p, "stop": list(params.stop)}
+
+    def _encode(self, loaded: Any, prompts: list[str], max_tokens: int | None) -> tuple[list[list[int]], int]:
+        ids = [list(x) for x in loaded.tokenizer(prompts)["input_ids"]]
+        context = loaded.context_length
+        longest = max(len(x) for x in ids)
+        if max_tokens is None:
+            budget = context - longest if context else DEFAULT_MAX_TOKENS
+            return ids, max(1, min(DEFAULT_MAX_TOKENS, budget))
+        if context is None or longest + max_tokens <= context:
+            return ids, max_tokens
+        room = context - max_tokens
+        if not self.truncation or room < 1:
+            prompt = prompts[max(range(len(ids)), key=lambda i: len(ids[i]))]
+            raise BackendError(
+                f"prompt of {longest} tokens + max_tokens {max_tokens} exceeds the context of {context} tokens "
+                f"(prompt starts {prompt[:40]!r}); shorten it, lower max_tokens or pass truncation=True",
+                model=self.path,
+            )
+        return [x[-room:] for x in ids], max_tokens
+
+    def _run(
+        self, loaded: Any, ids: list[list[int]], count: int, keys: list[int] | None, new_tokens: int,
+        options: dict[str, Any], usage: list[int],
+    ) -> list[str]:
+        from outlines.backends import _hf_generation as hf
+
+        try:
+            row_keys = None if keys is None else np.array(keys, dtype=np.uint64)
+            texts, prompt_tokens, completion_tokens = hf.run_chunk(loaded, ids, count, row_keys, new_tokens, options)
+        except Exception as exc:
+            if not hf.is_out_of_memory(exc):
+                raise
+            hf.free_memory(loaded.device)
+            if len(ids) == 1:
+                raise BackendError(
+                    f"out of memory generating {count} sequence(s) of {len(ids[0])}+{new_tokens} tokens on "
+                    f"{loaded.device}; lower max_tokens or num_samples", model=self.path,
+                ) from exc
+            half = len(ids) // 2
+            split = half * count
+            return self._run(loaded, ids[:half], count, keys and keys[:split], new_tokens, options, usage) + \
+                self._run(loaded, ids[half:], count, keys and keys[split:], new_tokens, options, usage)
+        usage[0] += prompt_tokens
+        usage[1] += completion_tokens
+        return texts

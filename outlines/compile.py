@@ -1,0 +1,151 @@
+"""``outlines.compile``: trace a function once into a reusable ``Program``.
+
+Tracing is JAX-style but needs no interception: each parameter becomes a free
+input Variable named after it, the function is called once on those, and the
+Variables it returns are frozen with their plan (rewritten and ordered once).
+Calling the Program binds the inputs and runs one schedule; an array argument
+flows through as one node per op, so all its elements batch together.
+"""
+from __future__ import annotations
+
+import inspect
+from typing import Any, Callable, Sequence
+
+from outlines.errors import GraphBuildError, UnboundInputError
+from outlines.evaluate import _check_options, run_plan, run_sync
+from outlines.graph.basic import Variable, as_variable
+from outlines.plan import Plan
+from outlines.text import string
+
+__all__ = ["Program", "compile"]
+
+
+class Program:
+    """A traced graph with named inputs; call it like the function it came from.
+
+    Attributes
+    ----------
+    inputs
+        The free input Variables, in parameter order.
+    outputs
+        The output Variables (one, or a tuple).
+    """
+
+    def __init__(
+        self,
+        inputs: Sequence[Variable],
+        outputs: Variable | Sequence[Variable],
+        *,
+        name: str = "program",
+        options: dict[str, Any] | None = None,
+        _plan: Plan | None = None,
+    ) -> None:
+        self.inputs = tuple(inputs)
+        for variable in self.inputs:
+            if not isinstance(variable, Variable) or variable.owner is not None:
+                raise GraphBuildError(f"compile: inputs must be free input Variables, got {variable!r}")
+        self._single = not isinstance(outputs, (list, tuple))
+        outs = [outputs] if self._single else list(outputs)  # type: ignore[list-item]
+        self.outputs = outs[0] if self._single else tuple(outs)
+        self.name = name
+        self.options = _check_options(options or {})
+        self.plan = _plan or Plan([as_variable(o) for o in outs])
+        self._positions = {v.name or f"arg{i}": v for i, v in enumerate(self.inputs)}
+
+    def _givens(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[Variable, Any]:
+        if len(args) > len(self.inputs):
+            raise TypeError(f"{self.name}() takes {len(self.inputs)} argument(s) but {len(args)} were given")
+        givens: dict[Variable, Any] = dict(zip(self.inputs, args))
+        for key, value in kwargs.items():
+            variable = self._positions.get(key)
+            if variable is None:
+                raise TypeError(f"{self.name}() got an unexpected argument {key!r}; inputs: {', '.join(self._positions)}")
+            if variable in givens:
+                raise TypeError(f"{self.name}() got multiple values for argument {key!r}")
+            givens[variable] = value
+        missing = [name for name, v in self._positions.items() if v not in givens]
+        if missing:
+            raise UnboundInputError(missing)
+        return givens
+
+    async def acall(self, *args: Any, **kwargs: Any) -> Any:
+        """Evaluate on the running event loop."""
+        results = await run_plan(self.plan, self._givens(args, kwargs), **self.options)
+        return results[0] if self._single else tuple(results)
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        """Evaluate; a scalar for str arguments, arrays for list/array arguments."""
+        givens = self._givens(args, kwargs)
+        return run_sync(lambda: self._run(givens))
+
+    async def _run(self, givens: dict[Variable, Any]) -> Any:
+        results = await run_plan(self.plan, givens, **self.options)
+        return results[0] if self._single else tuple(results)
+
+    def with_options(self, **options: Any) -> Program:
+        """The same program evaluated with other options (``cache``, ``errors``...)."""
+        merged = {**self.options, **options}
+        return Program(self.inputs, self.outputs, name=self.name, options=merged, _plan=self.plan)
+
+    def visualize(self, filename: str | None = None, format: str | None = None, **kwargs: Any) -> Any:  # noqa: A002
+        """Draw the program's graph; see ``outlines.visualize``."""
+        from outlines.graph.visualize import visualize
+
+        outputs = [self.outputs] if self._single else list(self.outputs)  # type: ignore[arg-type]
+        return visualize(*outputs, filename=filename, format=format, **kwargs)
+
+    def _repr_mimebundle_(self, include: Any = None, exclude: Any = None) -> dict[str, str]:
+        from outlines.graph.display import mimebundle
+
+        outputs = [self.outputs] if self._single else list(self.outputs)  # type: ignore[arg-type]
+        return mimebundle(*outputs)
+
+    def __repr__(self) -> str:
+        names = ", ".join(self._positions)
+        return f"Program({self.name}({names}), {len(self.plan.nodes)} nodes)"
+
+
+def compile(  # noqa: A001
+    fn_or_inputs: Callable[..., Any] | Sequence[Variable],
+    outputs: Variable | Sequence[Variable] | None = None,
+    **options: Any,
+) -> Program:
+    """Trace a function (or take inputs and outputs) into a ``Program``.
+
+    Parameters
+    ----------
+    fn_or_inputs
+        A function of free text inputs, traced once with one input Variable per
+        parameter (named after it); or a list of input Variables.
+    outputs
+        With a list of inputs: the output Variable(s).
+    **options
+        Evaluation options used by every call (``cache``, ``errors``...).
+
+    Returns
+    -------
+    Program
+
+    Examples
+    --------
+    >>> shout = compile(lambda text: text + "!")
+    >>> shout("hi")
+    'hi!'
+    >>> list(shout(["a", "b"]))
+    ['a!', 'b!']
+    """
+    if outputs is not None:
+        return Program(list(fn_or_inputs), outputs, options=options)  # type: ignore[arg-type]
+    fn = fn_or_inputs
+    if not callable(fn):
+        raise TypeError("compile takes a function, or a list of inputs and the outputs")
+    parameters = inspect.signature(fn).parameters.values()
+    for parameter in parameters:
+        if parameter.kind in (parameter.VAR_POSITIONAL, parameter.VAR_KEYWORD):
+            raise GraphBuildError(f"compile: {fn.__name__} cannot take *{parameter.name}; name each input")
+    inputs = [string(p.name) for p in parameters]
+    traced = fn(*inputs)
+    if isinstance(traced, list):
+        traced = tuple(traced)
+    name = getattr(fn, "__name__", "program")
+    return Program(inputs, traced, name=name if name != "<lambda>" else "program", options=options)

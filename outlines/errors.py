@@ -1,0 +1,84 @@
+"""Errors raised while building or evaluating graphs, and the ``Failure`` value.
+
+``Failure`` stands in for an element whose computation failed when a graph is
+evaluated with ``errors="return"``: it says which node failed and why, and
+nodes computed from it carry a Failure naming the upstream cause.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Iterable
+
+__all__ = ["Failure", "GraphBuildError", "NodeError", "UnboundInputError"]
+
+
+class GraphBuildError(TypeError):
+    """A graph cannot be built as written (wrong arity, bad argument...)."""
+
+
+class UnboundInputError(KeyError):
+    """Evaluation needs free inputs that ``givens`` does not bind."""
+
+    def __init__(self, names: Iterable[str]) -> None:
+        self.names = list(names)
+        super().__init__(
+            "no value given for input(s): "
+            + ", ".join(repr(n) for n in self.names)
+            + "; pass them in givens={...} (by Variable or by name)"
+        )
+
+    def __str__(self) -> str:
+        return str(self.args[0])
+
+
+class NodeError(RuntimeError):
+    """A node failed during evaluation; the original exception is chained."""
+
+    def __init__(self, node: str, op: str, cause: BaseException) -> None:
+        self.node = node
+        self.op = op
+        self.cause = cause
+        super().__init__(f"node {node} ({op}) failed: {type(cause).__name__}: {cause}")
+
+
+@dataclass(frozen=True)
+class Failure:
+    """The value of an element whose computation failed.
+
+    Attributes
+    ----------
+    node
+        Label of the node that failed.
+    op
+        The op of that node, as text.
+    error_type, message
+        The exception's type name and message.
+    upstream
+        For values that were not computed because an input failed: the
+        Failure that caused it (``None`` for the original failure).
+    """
+
+    node: str
+    op: str
+    error_type: str
+    message: str
+    upstream: Failure | None = None
+
+    @classmethod
+    def from_exception(cls, node: str, op: str, exc: BaseException) -> Failure:
+        return cls(node, op, type(exc).__name__, str(exc))
+
+    def skipped(self, node: str, op: str) -> Failure:
+        """The Failure of a node that could not run because of this one."""
+        root = self.root
+        return Failure(node, op, "UpstreamFailure", f"input failed at {root.node}: {root.error_type}: {root.message}", root)
+
+    @property
+    def root(self) -> Failure:
+        return self.upstream if self.upstream is not None else self
+
+    def __bool__(self) -> bool:
+        return False
+
+    def __str__(self) -> str:
+        return f"Failure at {self.node} ({self.op}): {self.error_type}: {self.message}"

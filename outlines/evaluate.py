@@ -1,0 +1,148 @@
+"""``outlines.eval`` and ``outlines.aeval``: plan a graph and run its schedule.
+
+Evaluation is asynchronous inside. The sync ``eval`` runs the schedule with
+``asyncio.run`` in a plain script, and on a private event loop in a helper
+thread when the caller's thread already runs a loop (Jupyter), so it never
+needs nest_asyncio.
+"""
+from __future__ import annotations
+
+import asyncio
+import threading
+from typing import Any, Awaitable, Callable, Mapping, TypeVar
+
+from outlines.graph.basic import Variable
+from outlines.plan import Plan, bind_givens
+from outlines.scheduler import Scheduler
+from outlines.trace import active_recorder
+
+__all__ = ["aeval", "eval", "run_plan", "run_sync"]
+
+T = TypeVar("T")
+
+#: Options accepted by eval/aeval/Program calls, with their defaults.
+EVAL_OPTIONS = {
+    "cache": True,
+    "max_concurrency": None,
+    "errors": "raise",
+    "progress": None,
+    "executor": None,
+    "batch_window": 0.005,
+}
+
+
+def _check_options(options: Mapping[str, Any]) -> dict[str, Any]:
+    unknown = sorted(set(options) - set(EVAL_OPTIONS))
+    if unknown:
+        raise TypeError(f"unknown evaluation option(s): {', '.join(unknown)}; expected {', '.join(EVAL_OPTIONS)}")
+    return {**EVAL_OPTIONS, **options}
+
+
+async def run_plan(plan: Plan, givens: Mapping[Any, Any] | None, **options: Any) -> list[Any]:
+    """Evaluate ``plan`` on the running loop; returns the output values in order."""
+    options = _check_options(options)
+    values = bind_givens(plan, givens)
+    executor = options["executor"]
+    if executor is None:
+        from outlines.config import default_executor
+
+        executor = default_executor()
+    if executor is not None and not hasattr(executor, "generate"):
+        from outlines.backends.dask import as_executor
+
+        executor = as_executor(executor)
+    scheduler = Scheduler(
+        plan,
+        values,
+        cache=options["cache"],
+        errors=options["errors"],
+        max_concurrency=options["max_concurrency"],
+        recorder=active_recorder(),
+        executor=executor,
+        batch_window=options["batch_window"],
+    )
+    from outlines.progress import progress_for
+
+    async with progress_for(scheduler, options["progress"]):
+        return await scheduler.run()
+
+
+def run_sync(factory: Callable[[], Awaitable[T]]) -> T:
+    """Run a coroutine to completion from sync code, even inside a running loop."""
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return asyncio.run(factory())  # type: ignore[arg-type]
+    outcome: dict[str, Any] = {}
+    import contextvars
+
+    context = contextvars.copy_context()
+
+    def target() -> None:
+        try:
+            outcome["value"] = context.run(asyncio.run, factory())
+        except BaseException as exc:  # noqa: BLE001 - re-raised in the caller's thread
+            outcome["error"] = exc
+
+    thread = threading.Thread(target=target, name="outlines-eval", daemon=True)
+    thread.start()
+    thread.join()
+    if "error" in outcome:
+        raise outcome["error"]
+    return outcome["value"]  # type: ignore[no-any-return]
+
+
+async def aeval(*variables: Variable, givens: Mapping[Any, Any] | None = None, **options: Any) -> Any:
+    """Evaluate Variables on the running event loop; see ``eval``."""
+    if not variables:
+        raise TypeError("aeval needs at least one Variable")
+    results = await run_plan(Plan(variables), givens, **options)
+    return results[0] if len(variables) == 1 else tuple(results)
+
+
+def eval(*variables: Variable, givens: Mapping[Any, Any] | None = None, **options: Any) -> Any:  # noqa: A001
+    """Evaluate one or several Variables in ONE schedule.
+
+    Parameters
+    ----------
+    *variables
+        The Variables to compute. Work they share is done once.
+    givens
+        Values of the free inputs, keyed by Variable or by name. Lists and
+        tuples of strings are arrays.
+    cache
+        ``True`` (the default store), ``False``, or a ``outlines.cache.Cache``.
+    max_concurrency
+        Bound on backend calls in flight across all backends.
+    errors
+        ``"raise"`` (default): the first failure cancels the rest and raises a
+        ``NodeError``. ``"return"``: failed elements hold ``outlines.Failure``.
+    progress
+        ``True``/``False`` to force the progress bar on/off; ``None`` shows it
+        for evaluations that run longer than about two seconds.
+    executor
+        A Dask ``distributed.Client`` to run model batches and blocking Python
+        ops on its workers.
+
+    Returns
+    -------
+    The value (a ``str``, a Python value or a NumPy object array) for one
+    Variable, or a tuple of values for several.
+
+    Raises
+    ------
+    UnboundInputError
+        When ``givens`` misses free inputs (all are listed).
+    NodeError
+        When a node fails (with ``errors="raise"``), naming the node and op.
+
+    Examples
+    --------
+    >>> import outlines
+    >>> q = outlines.string("q")
+    >>> outlines.eval(q + "!", givens={"q": "hi"})
+    'hi!'
+    """
+    if not variables:
+        raise TypeError("eval needs at least one Variable")
+    return run_sync(lambda: aeval(*variables, givens=givens, **options))

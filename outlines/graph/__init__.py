@@ -1,0 +1,23 @@
+"""The symbolic graph: Variables, Apply nodes, Ops, traversal and hashing."""
+from outlines.graph.basic import Apply, Constant, Op, SymbolicValueError, Variable, as_variable
+from outlines.graph.traversal import ancestors, applies, graph_inputs, toposort
+
+__all__ = [
+    "Apply",
+    "Constant",
+    "Op",
+    "SymbolicValueError",
+    "Variable",
+    "ancestors",
+    "applies",
+    "as_variable",
+    "graph_inputs",
+    "to_networkx",
+    "toposort",
+]
+
+
+def to_networkx(*variables):  # noqa: ANN001, ANN201 - re-exported with its own docs
+    from outlines.graph.nx import to_networkx as _to_networkx
+
+    return _to_networkx(*variables)

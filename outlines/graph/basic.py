@@ -1,0 +1,248 @@
+"""The three nouns of a graph: ``Variable``, ``Apply`` and ``Op``.
+
+A ``Variable`` is a symbolic value: a free input (no owner), a ``Constant``, or
+output ``index`` of an ``Apply``. An ``Apply`` is one use of an ``Op`` on input
+Variables. An ``Op``'s equality and hash come from its parameters
+(``__props__``), so two uses of equal Ops on the same inputs compute the same
+thing. Apply nodes are numbered in creation order; every traversal is
+deterministic.
+"""
+from __future__ import annotations
+
+import itertools
+from typing import TYPE_CHECKING, Any, Sequence
+
+import numpy as np
+
+if TYPE_CHECKING:
+    from outlines.graph.ops import Concat
+
+__all__ = ["Apply", "Constant", "Op", "SymbolicValueError", "Variable", "as_variable"]
+
+_creation_order = itertools.count()
+
+_SYMBOLIC_HINT = (
+    "is symbolic: it has no value until it is evaluated. Call .eval() (or "
+    "outlines.eval) to get its value, or use outlines.fn to run Python on it."
+)
+
+
+class SymbolicValueError(TypeError):
+    """A symbolic Variable was used where a concrete value is needed."""
+
+
+class Variable:
+    """A symbolic value in an outlines graph.
+
+    Parameters
+    ----------
+    owner
+        The ``Apply`` that computes this Variable, or ``None`` for an input.
+    index
+        Which output of ``owner`` this is.
+    name
+        A human name; for free inputs, the name ``givens`` may use.
+    """
+
+    __slots__ = ("owner", "index", "name", "__weakref__")
+
+    def __init__(self, owner: Apply | None = None, index: int = 0, name: str | None = None) -> None:
+        self.owner = owner
+        self.index = index
+        self.name = name
+
+    # -- symbolic guards (Dask-style): fail loudly instead of guessing --------
+    def __bool__(self) -> bool:
+        raise SymbolicValueError(f"The truth value of {self!r} {_SYMBOLIC_HINT}")
+
+    def __iter__(self) -> Any:
+        raise SymbolicValueError(f"Iterating over {self!r} is not possible: it {_SYMBOLIC_HINT}")
+
+    def __len__(self) -> int:
+        raise SymbolicValueError(f"len() of {self!r} is unknown: it {_SYMBOLIC_HINT}")
+
+    def __index__(self) -> int:
+        raise SymbolicValueError(f"{self!r} cannot be used as an index: it {_SYMBOLIC_HINT}")
+
+    # -- string building ------------------------------------------------------
+    def __add__(self, other: Any) -> Variable:
+        return _concat()(self, other)
+
+    def __radd__(self, other: Any) -> Variable:
+        return _concat()(other, self)
+
+    # -- evaluation -------------------------------------------------------------
+    def eval(self, givens: Any = None, **options: Any) -> Any:
+        """Evaluate this Variable; see ``outlines.eval``."""
+        from outlines.evaluate import eval as _eval
+
+        return _eval(self, givens=givens, **options)
+
+    async def aeval(self, givens: Any = None, **options: Any) -> Any:
+        """Evaluate this Variable on the running event loop; see ``outlines.aeval``."""
+        from outlines.evaluate import aeval as _aeval
+
+        return await _aeval(self, givens=givens, **options)
+
+    @property
+    def label(self) -> str:
+        """A short human label: the name, or the op's name with its number."""
+        if self.name:
+            return self.name
+        if self.owner is not None:
+            suffix = f".{self.index}" if len(self.owner.outputs) > 1 else ""
+            return self.owner.label + suffix
+        return f"input_{id(self) & 0xFFFF:x}"
+
+    def __repr__(self) -> str:
+        if self.owner is None:
+            return f"Variable({self.label!r})"
+        return f"Variable({self.label!r}, op={self.owner.op!r})"
+
+    def _repr_mimebundle_(self, include: Any = None, exclude: Any = None) -> dict[str, str]:
+        from outlines.graph.display import mimebundle
+
+        return mimebundle(self)
+
+
+class Constant(Variable):
+    """A Variable with a fixed value."""
+
+    __slots__ = ("value",)
+
+    def __init__(self, value: Any, name: str | None = None) -> None:
+        super().__init__(None, 0, name)
+        self.value = value
+
+    @property
+    def label(self) -> str:
+        if self.name:
+            return self.name
+        text = repr(self.value) if not isinstance(self.value, np.ndarray) else f"array{self.value.shape}"
+        return text if len(text) <= 24 else text[:21] + "..."
+
+    def __repr__(self) -> str:
+        return f"Constant({self.label})"
+
+
+class Apply:
+    """One application of ``op`` to ``inputs``, producing ``outputs``."""
+
+    __slots__ = ("op", "inputs", "outputs", "order", "__weakref__")
+
+    def __init__(self, op: Op, inputs: Sequence[Variable], noutputs: int = 1) -> None:
+        self.op = op
+        self.inputs = tuple(inputs)
+        self.order = next(_creation_order)
+        self.outputs = tuple(Variable(self, i) for i in range(noutputs))
+
+    @property
+    def out(self) -> Variable:
+        """The single output (most Ops have exactly one)."""
+        return self.outputs[0]
+
+    @property
+    def label(self) -> str:
+        return f"{self.op.name}#{self.order}"
+
+    def __repr__(self) -> str:
+        return f"Apply({self.label}, inputs={[v.label for v in self.inputs]})"
+
+
+class Op:
+    """Base class of every operation.
+
+    Subclasses list their parameters in ``__props__``; equality and hashing come
+    from ``type(self)`` and those parameters. ``mode`` tells the scheduler how to
+    run the op: ``"inline"`` (cheap, pure, on the loop), ``"python"`` (user
+    code: maybe blocking or async) or ``"generate"`` (a batched model call).
+    """
+
+    __props__: tuple[str, ...] = ()
+    mode: str = "inline"
+    #: Pure ops give equal outputs for equal inputs: safe to merge and fold.
+    pure: bool = True
+
+    def make_node(self, *inputs: Any) -> Apply:
+        return Apply(self, [as_variable(x) for x in inputs])
+
+    def __call__(self, *inputs: Any) -> Variable:
+        node = self.make_node(*inputs)
+        return node.outputs[0] if len(node.outputs) == 1 else node.outputs  # type: ignore[return-value]
+
+    def perform(self, *values: Any) -> Any:
+        """Compute the output value(s) from the input values."""
+        raise NotImplementedError(f"{type(self).__name__} does not implement perform")
+
+    def _props(self) -> tuple[Any, ...]:
+        return tuple(getattr(self, p) for p in self.__props__)
+
+    def key(self) -> tuple[Any, ...]:
+        """A JSON-able description of this op, used in content hashes."""
+        return (type(self).__name__, *(_key_part(p) for p in self._props()))
+
+    @property
+    def name(self) -> str:
+        return type(self).__name__
+
+    def __eq__(self, other: object) -> bool:
+        return type(self) is type(other) and self._props() == other._props()  # type: ignore[attr-defined]
+
+    def __hash__(self) -> int:
+        return hash((type(self), self._props()))
+
+    def __repr__(self) -> str:
+        props = ", ".join(f"{p}={getattr(self, p)!r}" for p in self.__props__)
+        return f"{type(self).__name__}({props})"
+
+
+def _key_part(value: Any) -> Any:
+    if isinstance(value, (str, int, float, bool, type(None))):
+        return value
+    if isinstance(value, (tuple, list)):
+        return [_key_part(v) for v in value]
+    key = getattr(value, "key", None)
+    if callable(key):
+        return _key_part(key())
+    identity = getattr(value, "identity", None)
+    if identity is not None:
+        return _key_part(identity)
+    return repr(value)
+
+
+def as_object_array(values: Any) -> np.ndarray:
+    """A NumPy object array of ``values`` (nested lists keep their shape)."""
+    if isinstance(values, np.ndarray) and values.dtype == object:
+        return values
+    if isinstance(values, np.ndarray):
+        return values.astype(object)
+    array = np.empty(len(values), dtype=object)
+    nested = any(isinstance(v, (list, tuple, np.ndarray)) for v in values)
+    if nested:
+        return np.array(values, dtype=object)
+    array[:] = list(values)
+    return array
+
+
+def as_variable(value: Any, *, array: bool = False) -> Variable:
+    """Wrap a non-symbolic value as a ``Constant``.
+
+    A list or tuple holding Variables becomes a ``Stack`` of them. With
+    ``array=True`` (prompts, givens), a plain list or tuple becomes a NumPy
+    object array; otherwise it stays one Python value.
+    """
+    if isinstance(value, Variable):
+        return value
+    if isinstance(value, (list, tuple)) and any(isinstance(v, Variable) for v in value):
+        from outlines.graph.ops import Stack
+
+        return Stack(len(value))(*value)
+    if array and isinstance(value, (list, tuple)):
+        return Constant(as_object_array(value))
+    return Constant(value)
+
+
+def _concat() -> Concat:
+    from outlines.graph.ops import Concat
+
+    return Concat()

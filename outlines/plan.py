@@ -1,0 +1,115 @@
+"""The static part of an evaluation: which nodes run, in what dependency order.
+
+A ``Plan`` is built once per set of outputs (a ``Program`` keeps its own) and
+holds the nodes in topological order, the in-degree and consumers of each, the
+free inputs, and the draw number of each random model call.
+"""
+from __future__ import annotations
+
+from typing import Any, Iterable, Mapping
+
+import numpy as np
+
+from outlines.errors import UnboundInputError
+from outlines.graph.basic import Apply, Constant, Variable, as_object_array
+from outlines.graph.hashing import graph_keys
+from outlines.graph.traversal import ancestors, toposort
+
+__all__ = ["Plan", "bind_givens"]
+
+
+class Plan:
+    """Nodes of a graph in topological order, with their dependency structure.
+
+    Attributes
+    ----------
+    outputs
+        The (possibly rewritten) output Variables.
+    nodes
+        Apply nodes, each after the owners of its inputs.
+    indegree
+        For node ``i``, how many distinct nodes it waits for.
+    consumers
+        For node ``i``, the indices of the nodes that use its outputs.
+    inputs, constants
+        The free input Variables and the Constants the graph reads.
+    draw_offsets
+        ``id(apply) -> first draw number`` of each random model call.
+    """
+
+    def __init__(self, outputs: Iterable[Variable], *, rewrite: bool = True) -> None:
+        outputs = list(outputs)
+        for position, output in enumerate(outputs):
+            if not isinstance(output, Variable):
+                raise TypeError(f"eval expects symbolic Variables; argument {position} is {type(output).__name__}")
+        if rewrite:
+            outputs = _rewrite(outputs)
+        self.outputs = outputs
+        self.nodes: list[Apply] = toposort(outputs)
+        position = {id(node): i for i, node in enumerate(self.nodes)}
+        self.indegree = [0] * len(self.nodes)
+        self.consumers: list[list[int]] = [[] for _ in self.nodes]
+        for i, node in enumerate(self.nodes):
+            parents = {position[id(v.owner)] for v in node.inputs if v.owner is not None}
+            self.indegree[i] = len(parents)
+            for parent in sorted(parents):
+                self.consumers[parent].append(i)
+        leaves = [v for v in ancestors(outputs) if v.owner is None]
+        self.inputs = [v for v in leaves if not isinstance(v, Constant)]
+        self.constants = [v for v in leaves if isinstance(v, Constant)]
+        random_calls = any(n.op.mode == "generate" and not n.op.pure for n in self.nodes)
+        self.draw_offsets: dict[int, int] = graph_keys(self.nodes).draw_offsets if random_calls else {}
+
+    def __len__(self) -> int:
+        return len(self.nodes)
+
+
+def _rewrite(outputs: list[Variable]) -> list[Variable]:
+    try:
+        from outlines.graph.rewrites import rewrite
+    except ImportError:  # rewrites are an optimisation; the graph is valid without them
+        return outputs
+    return rewrite(outputs)
+
+
+def as_value(value: Any) -> Any:
+    """Normalize a given: lists and tuples become NumPy object arrays."""
+    if isinstance(value, (list, tuple)):
+        return as_object_array(value)
+    if isinstance(value, np.ndarray) and value.dtype != object:
+        return value.astype(object)
+    return value
+
+
+def bind_givens(plan: Plan, givens: Mapping[Any, Any] | None) -> dict[int, Any]:
+    """Values of the plan's inputs and constants, keyed by ``id(variable)``.
+
+    Raises
+    ------
+    UnboundInputError
+        Listing every free input that ``givens`` leaves unbound.
+    TypeError
+        When a key of ``givens`` is neither a Variable nor a name.
+    """
+    givens = dict(givens or {})
+    by_name: dict[str, Any] = {}
+    by_variable: dict[int, Any] = {}
+    for key, value in givens.items():
+        if isinstance(key, Variable):
+            by_variable[id(key)] = value
+        elif isinstance(key, str):
+            by_name[key] = value
+        else:
+            raise TypeError(f"givens keys must be input Variables or their names, got {type(key).__name__} {key!r:.40}")
+    values: dict[int, Any] = {id(c): c.value for c in plan.constants}
+    missing = []
+    for variable in plan.inputs:
+        if id(variable) in by_variable:
+            values[id(variable)] = as_value(by_variable[id(variable)])
+        elif variable.name is not None and variable.name in by_name:
+            values[id(variable)] = as_value(by_name[variable.name])
+        else:
+            missing.append(variable.label)
+    if missing:
+        raise UnboundInputError(missing)
+    return values

@@ -1,0 +1,431 @@
+"""The asynchronous walk of a Plan: dispatch, batching, concurrency, failures.
+
+State of one evaluation (Dask's words): a node is *waiting* while its
+in-degree counter is above zero, *ready* when it reaches zero (in the ``ready``
+deque), *running* while its task or its draws are outstanding, and *finished*
+once its output values are stored. Kahn-style: finishing a node decrements its
+consumers' counters and readies those that reach zero.
+
+Model calls are not run one node at a time: a ready ``Generate`` node turns
+into draws that join a per-(backend, params) ``Group``. Groups are flushed
+after every round of dispatching: draws are deduplicated, looked up in the
+cache in one query, split by the backend's ``max_batch`` and sent as batch
+tasks, at most ``max_concurrency`` per backend. A short gathering window keeps
+a group open while other nodes that feed it are still running.
+"""
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import deque
+from typing import Any, Callable
+
+import numpy as np
+
+from outlines import cache as cache_module
+from outlines._threads import run_blocking
+from outlines.backends.base import Backend, BackendError, Request, _usage_callback
+from outlines.errors import Failure, NodeError
+from outlines.graph.basic import Apply
+from outlines.graph.ops import scalar_or_array
+from outlines.plan import Plan
+from outlines.trace import Recorder
+
+__all__ = ["LocalExecutor", "Scheduler"]
+
+FAST_CALL_SECONDS = 1e-3
+
+
+class LocalExecutor:
+    """Runs batches and blocking Python calls in this process."""
+
+    async def generate(self, backend: Backend, requests: list[Request]) -> tuple[list[str], str | None]:
+        return await backend.generate(requests), None
+
+    async def call(self, fn: Callable[..., Any], *args: Any) -> Any:
+        return await run_blocking(fn, *args)
+
+
+class _Draws:
+    """The outstanding draws of one running Generate node."""
+
+    __slots__ = ("index", "shape", "results", "remaining", "hits")
+
+    def __init__(self, index: int, shape: tuple[int, ...], count: int) -> None:
+        self.index = index
+        self.shape = shape
+        self.results: list[Any] = [None] * count
+        self.remaining = count
+        self.hits = 0
+
+
+class _Group:
+    """Draws waiting to be sent to one backend with one set of params."""
+
+    __slots__ = ("backend", "pending", "since", "unready")
+
+    def __init__(self, backend: Backend) -> None:
+        self.backend = backend
+        self.pending: dict[Request, None] = {}
+        self.since = 0.0
+        self.unready = 0  # Generate nodes of this group not dispatched yet
+
+
+class Scheduler:
+    """Evaluate one Plan; see the module docstring."""
+
+    def __init__(
+        self,
+        plan: Plan,
+        values: dict[int, Any],
+        *,
+        cache: Any = True,
+        errors: str = "raise",
+        max_concurrency: int | None = None,
+        recorder: Recorder | None = None,
+        executor: Any = None,
+        batch_window: float = 0.005,
+    ) -> None:
+        if errors not in ("raise", "return"):
+            raise ValueError(f"errors must be 'raise' or 'return', got {errors!r}")
+        self.plan = plan
+        self.values = values
+        self.cache = cache_module.resolve(cache)
+        self.return_failures = errors == "return"
+        self.recorder = recorder or Recorder()
+        self.executor = executor or LocalExecutor()
+        self.batch_window = batch_window
+        self.global_limit = asyncio.Semaphore(max_concurrency) if max_concurrency else None
+        self.waiting = list(plan.indegree)
+        self.ready: deque[int] = deque(i for i, n in enumerate(self.waiting) if n == 0)
+        self.remaining = len(plan.nodes)
+        self.tasks: set[asyncio.Task[Any]] = set()
+        self.done: deque[Callable[[], None]] = deque()
+        self.wakeup = asyncio.Event()
+        self.groups: dict[tuple[Backend, Any], _Group] = {}
+        self.waiters: dict[Request, list[tuple[_Draws, int]]] = {}
+        self.limits: dict[Backend, asyncio.Semaphore | None] = {}
+        self.tainted: set[int] = set()
+        self.error: BaseException | None = None
+        self.batch_ids = 0
+        self.timer: asyncio.TimerHandle | None = None
+        for node in plan.nodes:
+            if node.op.mode == "generate":
+                self._group(node).unready += 1
+
+    # -- the loop ---------------------------------------------------------------
+    async def run(self) -> list[Any]:
+        self.recorder.eval_started(self.plan, time.perf_counter())
+        try:
+            while self.remaining and self.error is None:
+                self._dispatch_ready()
+                if self.error is not None or not self.remaining:
+                    break
+                self._flush_groups()
+                if not self.done:
+                    if not self.tasks and self.timer is None and not self.ready:
+                        raise RuntimeError(f"scheduler stalled with {self.remaining} node(s) unfinished")
+                    self.wakeup.clear()
+                    await self.wakeup.wait()
+                while self.done and self.error is None:
+                    self.done.popleft()()
+        except BaseException as exc:
+            self.recorder.eval_finished(time.perf_counter(), exc)
+            raise
+        finally:
+            await self._cleanup()
+        self.recorder.eval_finished(time.perf_counter(), self.error)
+        if self.error is not None:
+            raise self.error
+        return [scalar_or_array(self.values[id(v)]) for v in self.plan.outputs]
+
+    async def _cleanup(self) -> None:
+        if self.timer is not None:
+            self.timer.cancel()
+        for task in self.tasks:
+            task.cancel()
+        if self.tasks:
+            await asyncio.gather(*self.tasks, return_exceptions=True)
+        backends = {group.backend for group in self.groups.values()}
+        for backend in sorted(backends, key=repr):
+            await backend.aclose()
+
+    def _spawn(self, coroutine: Any, on_done: Callable[[asyncio.Task[Any]], None]) -> None:
+        task = asyncio.ensure_future(coroutine)
+        self.tasks.add(task)
+
+        def finished(task: asyncio.Task[Any]) -> None:
+            self.tasks.discard(task)
+            if not task.cancelled():
+                self.done.append(lambda: on_done(task))
+                self.wakeup.set()
+
+        task.add_done_callback(finished)
+
+    # -- nodes ------------------------------------------------------------------
+    def _dispatch_ready(self) -> None:
+        ready, plan = self.ready, self.plan
+        while ready and self.error is None:
+            index = ready.popleft()
+            node = plan.nodes[index]
+            self.recorder.node_started(node, time.perf_counter())
+            inputs = [self.values[id(v)] for v in node.inputs]
+            mode = node.op.mode
+            try:
+                if mode == "generate":
+                    self._start_generate(index, node, inputs[0])
+                elif mode == "python":
+                    self._start_python(index, node, inputs)
+                else:
+                    self._finish(index, self._perform_inline(node, inputs))
+            except Exception as exc:  # noqa: BLE001 - reported against the node
+                self._fail_node(index, exc)
+
+    def _tainted(self, node: Apply) -> bool:
+        return bool(self.tainted) and any(id(v) in self.tainted for v in node.inputs)
+
+    def _guards(self, node: Apply) -> dict[str, Any]:
+        if not self.return_failures:
+            return {}
+        label, op = node.label, node.op.name
+        return {
+            "on_error": lambda exc: Failure.from_exception(label, op, exc),
+            "on_failed_input": lambda failure: failure.skipped(label, op),
+        }
+
+    def _perform_inline(self, node: Apply, inputs: list[Any]) -> Any:
+        if self._tainted(node) and getattr(node.op, "elementwise", False):
+            from outlines.graph.ops import broadcast_map
+
+            return broadcast_map(node.op.perform, inputs, **self._guards(node))
+        return node.op.perform(*inputs)
+
+    def _start_python(self, index: int, node: Apply, inputs: list[Any]) -> None:
+        op, function = node.op, node.op.function  # type: ignore[attr-defined]
+        guards = self._guards(node)
+        if function.is_async:
+            self._spawn(op.aperform(*inputs, **guards), lambda t: self._task_done(index, t))
+            return
+        mean = function.mean_seconds
+        inline = function.blocking is False or (
+            function.blocking is None and mean is not None and mean < FAST_CALL_SECONDS
+        )
+        if inline:
+            start = time.perf_counter()
+            result = op.perform(*inputs, **guards)
+            function.record(time.perf_counter() - start)
+            self._finish(index, result)
+            return
+
+        def timed() -> Any:
+            start = time.perf_counter()
+            try:
+                return op.perform(*inputs, **guards)
+            finally:
+                function.record(time.perf_counter() - start)
+
+        self._spawn(self.executor.call(timed), lambda t: self._task_done(index, t))
+
+    def _task_done(self, index: int, task: asyncio.Task[Any]) -> None:
+        exc = task.exception()
+        if exc is not None:
+            self._fail_node(index, exc)
+        else:
+            self._finish(index, task.result())
+
+    def _finish(self, index: int, result: Any) -> None:
+        node = self.plan.nodes[index]
+        outputs = node.outputs
+        results = result if len(outputs) > 1 else (result,)
+        for output, value in zip(outputs, results):
+            self.values[id(output)] = value
+            if self.return_failures and _has_failure(value):
+                self.tainted.add(id(output))
+        self.recorder.node_finished(node, time.perf_counter())
+        self.remaining -= 1
+        for consumer in self.plan.consumers[index]:
+            self.waiting[consumer] -= 1
+            if self.waiting[consumer] == 0:
+                self.ready.append(consumer)
+
+    def _fail_node(self, index: int, exc: BaseException) -> None:
+        node = self.plan.nodes[index]
+        if not self.return_failures:
+            if self.error is None:
+                self.error = exc if isinstance(exc, NodeError) else NodeError(node.label, node.op.name, exc)
+                if self.error is not exc:
+                    self.error.__cause__ = exc
+            self.recorder.node_finished(node, time.perf_counter(), exc)
+            return
+        failure = Failure.from_exception(node.label, node.op.name, exc)
+        self._finish(index, tuple(failure for _ in node.outputs) if len(node.outputs) > 1 else failure)
+
+    # -- model calls ----------------------------------------------------------------
+    def _group(self, node: Apply) -> _Group:
+        key = (node.op.backend, node.op.params)  # type: ignore[attr-defined]
+        group = self.groups.get(key)
+        if group is None:
+            group = self.groups[key] = _Group(node.op.backend)  # type: ignore[attr-defined]
+        return group
+
+    def _start_generate(self, index: int, node: Apply, prompt: Any) -> None:
+        op = node.op
+        group = self._group(node)
+        group.unready -= 1
+        if isinstance(prompt, Failure):
+            self._finish(index, prompt.skipped(node.label, op.name))
+            return
+        failed: list[Failure | None] = []
+        if self.return_failures and isinstance(prompt, np.ndarray) and id(node.inputs[0]) in self.tainted:
+            failed = [x if isinstance(x, Failure) else None for x in prompt.reshape(-1)]
+            prompt = np.where(np.vectorize(lambda x: isinstance(x, Failure), otypes=[bool])(prompt), "", prompt)
+        shape, requests = op.requests(prompt, self.plan.draw_offsets.get(id(node), 0))  # type: ignore[attr-defined]
+        draws = _Draws(index, shape, len(requests))
+        per_element = op.num_samples  # type: ignore[attr-defined]
+        if not group.pending:
+            group.since = time.perf_counter()
+        for position, request in enumerate(requests):
+            upstream = failed[position // per_element] if failed else None
+            if upstream is not None:
+                draws.results[position] = upstream.skipped(node.label, op.name)
+                draws.remaining -= 1
+                continue
+            waiting = self.waiters.get(request)
+            if waiting is None:
+                self.waiters[request] = [(draws, position)]
+                group.pending[request] = None
+            else:
+                waiting.append((draws, position))
+        if draws.remaining == 0:
+            self._finish_draws(draws)
+
+    def _flush_groups(self) -> None:
+        now = time.perf_counter()
+        wait_until = None
+        for group in self.groups.values():
+            if not group.pending:
+                continue
+            full = group.backend.max_batch is not None and len(group.pending) >= group.backend.max_batch
+            deadline = group.since + self.batch_window
+            if group.unready and self.tasks and not full and now < deadline:
+                wait_until = deadline if wait_until is None else min(wait_until, deadline)
+                continue
+            self._send(group)
+        if wait_until is not None and self.timer is None:
+            self.timer = asyncio.get_running_loop().call_later(max(0.0, wait_until - now), self._window_closed)
+
+    def _window_closed(self) -> None:
+        self.timer = None
+        self.wakeup.set()
+
+    def _send(self, group: _Group) -> None:
+        requests = list(group.pending)
+        group.pending.clear()
+        backend = group.backend
+        if self.cache is not None:
+            keys = [cache_module.draw_key(backend.identity, r) for r in requests]
+            found = self.cache.get_many(keys)
+            if found:
+                misses = []
+                for request, key in zip(requests, keys):
+                    if key in found:
+                        self._resolve(request, found[key], hit=True)
+                    else:
+                        misses.append(request)
+                requests = misses
+        size = backend.max_batch or len(requests) or 1
+        for start in range(0, len(requests), size):
+            self._start_batch(backend, requests[start : start + size])
+
+    def _start_batch(self, backend: Backend, requests: list[Request]) -> None:
+        self.batch_ids += 1
+        batch_id = self.batch_ids
+        self._spawn(self._run_batch(batch_id, backend, requests), lambda t: self._batch_done(requests, t))
+
+    async def _run_batch(self, batch_id: int, backend: Backend, requests: list[Request]) -> list[str]:
+        limit = self._limit(backend)
+        if limit is not None:
+            await limit.acquire()
+        if self.global_limit is not None:
+            await self.global_limit.acquire()
+        usage = [0, 0]
+
+        def add_usage(prompt_tokens: int, completion_tokens: int) -> None:
+            usage[0] += prompt_tokens
+            usage[1] += completion_tokens
+
+        token = _usage_callback.set(add_usage)
+        nodes = sorted({self.plan.nodes[d.index].label: None for r in requests for d, _ in self.waiters.get(r, ())})
+        self.recorder.batch_started(batch_id, backend, nodes, len(requests), time.perf_counter())
+        error: BaseException | None = None
+        worker = None
+        try:
+            texts, worker = await self.executor.generate(backend, requests)
+            if not isinstance(texts, list) or len(texts) != len(requests):
+                raise BackendError(f"{backend!r} returned {len(texts)} completions for {len(requests)} prompts")
+            if self.cache is not None:
+                self.cache.put_many({cache_module.draw_key(backend.identity, r): t for r, t in zip(requests, texts)})
+            return texts
+        except BaseException as exc:
+            error = exc
+            raise
+        finally:
+            _usage_callback.reset(token)
+            self.recorder.batch_finished(batch_id, time.perf_counter(), error, (usage[0], usage[1]), worker)
+            if self.global_limit is not None:
+                self.global_limit.release()
+            if limit is not None:
+                limit.release()
+
+    def _limit(self, backend: Backend) -> asyncio.Semaphore | None:
+        if backend not in self.limits:
+            bound = backend.max_concurrency
+            self.limits[backend] = asyncio.Semaphore(bound) if bound else None
+        return self.limits[backend]
+
+    def _batch_done(self, requests: list[Request], task: asyncio.Task[Any]) -> None:
+        exc = task.exception()
+        if exc is None:
+            for request, text in zip(requests, task.result()):
+                self._resolve(request, text, hit=False)
+            return
+        if not self.return_failures:
+            waiting = self.waiters.get(requests[0])
+            self._fail_node(waiting[0][0].index if waiting else 0, exc)
+            return
+        for request in requests:
+            for draws, position in self.waiters.get(request, ()):
+                node = self.plan.nodes[draws.index]
+                self._resolve_one(draws, position, Failure.from_exception(node.label, node.op.name, exc))
+            self.waiters.pop(request, None)
+
+    def _resolve(self, request: Request, value: Any, *, hit: bool) -> None:
+        for draws, position in self.waiters.pop(request, ()):
+            draws.hits += hit
+            self._resolve_one(draws, position, value)
+
+    def _resolve_one(self, draws: _Draws, position: int, value: Any) -> None:
+        draws.results[position] = value
+        draws.remaining -= 1
+        if draws.remaining == 0:
+            self._finish_draws(draws)
+
+    def _finish_draws(self, draws: _Draws) -> None:
+        node = self.plan.nodes[draws.index]
+        count = len(draws.results)
+        self.recorder.node_cache(node, draws.hits, count - draws.hits)
+        if not draws.shape:
+            self._finish(draws.index, draws.results[0])
+            return
+        array = np.fromiter(draws.results, dtype=object, count=count).reshape(draws.shape)
+        self._finish(draws.index, array)
+
+
+def _has_failure(value: Any) -> bool:
+    if isinstance(value, Failure):
+        return True
+    if isinstance(value, np.ndarray) and value.dtype == object:
+        return any(isinstance(v, Failure) for v in value.flat)
+    if isinstance(value, tuple):
+        return any(_has_failure(v) for v in value)
+    return False
