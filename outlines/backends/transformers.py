@@ -272,15 +272,18 @@ class TransformersBackend(Backend):
             if not hf.is_out_of_memory(exc):
                 raise
             hf.free_memory(loaded.device)
-            if len(ids) == 1:
+            if len(ids) == 1 and count == 1:
                 raise BackendError(
-                    f"out of memory generating {count} sequence(s) of {len(ids[0])}+{new_tokens} tokens on "
-                    f"{loaded.device}; lower max_tokens or num_samples", model=self.path,
+                    f"out of memory generating one sequence of {len(ids[0])}+{new_tokens} tokens on "
+                    f"{loaded.device}; lower max_tokens or use a smaller model/dtype", model=self.path,
                 ) from exc
+            if len(ids) == 1:  # split the draws of one prompt: rows do not depend on their batch
+                half = count // 2
+                return self._run(loaded, ids, half, keys and keys[:half], new_tokens, options, usage) + \
+                    self._run(loaded, ids, count - half, keys and keys[half:], new_tokens, options, usage)
             half = len(ids) // 2
-            split = half * count
-            return self._run(loaded, ids[:half], count, keys and keys[:split], new_tokens, options, usage) + \
-                self._run(loaded, ids[half:], count, keys and keys[split:], new_tokens, options, usage)
+            return self._run(loaded, ids[:half], count, keys and keys[: half * count], new_tokens, options, usage) + \
+                self._run(loaded, ids[half:], count, keys and keys[half * count:], new_tokens, options, usage)
         usage[0] += prompt_tokens
         usage[1] += completion_tokens
         return texts

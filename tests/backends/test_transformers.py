@@ -1,0 +1,226 @@
+"""The transformers backend on the tiny local GPT-2: batching, padding, seeds, stops, errors."""
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import pickle
+import subprocess
+import sys
+import time
+
+import pytest
+
+pytest.importorskip("torch")
+pytest.importorskip("transformers")
+
+from outlines.backends import base  # noqa: E402
+from outlines.backends import transformers as tf  # noqa: E402
+from outlines.backends.base import BackendError, GenerationParams, Request  # noqa: E402
+from outlines.backends.transformers import TransformersBackend, plan_chunks, trim_at_stop  # noqa: E402
+from outlines.testing import build_tiny_model, tiny_model_is_complete  # noqa: E402
+
+GREEDY = GenerationParams.create(max_tokens=8, temperature=0)
+SAMPLED = GenerationParams.create(max_tokens=10, temperature=1.0, seed=7)
+PROMPTS = [f"Q: What is {i} * 7?" + " Think step by step." * (i % 4) + " A:" for i in range(6)]
+
+
+def run(backend: TransformersBackend, requests: list[Request]) -> list[str]:
+    return asyncio.run(backend.generate(requests))
+
+
+@pytest.fixture
+def backend(tiny_model_path: str) -> TransformersBackend:
+    return TransformersBackend(tiny_model_path, device="cpu")
+
+
+# -- pure helpers -------------------------------------------------------------------------
+
+
+def test_plan_chunks_sorts_by_length_and_respects_rows_and_tokens() -> None:
+    lengths = [5, 1, 9, 3]
+    assert plan_chunks(lengths, 1, 2, None, 4) == [[1, 3], [0, 2]]
+    assert plan_chunks(lengths, 2, 4, None, 4) == [[1, 3], [0, 2]]
+    # token budget: rows x (longest + new) <= 20
+    assert plan_chunks(lengths, 1, 10, 20, 4) == [[1, 3], [0], [2]]
+    assert plan_chunks([50], 3, 1, 10, 4) == [[0]]  # one prompt always fits
+
+
+def test_trim_at_stop_cuts_at_the_earliest_stop() -> None:
+    assert trim_at_stop("abc.def\nxyz", ["\n", "."]) == "abc"
+    assert trim_at_stop("abc", ["z"]) == "abc"
+    assert trim_at_stop("abc", []) == "abc"
+
+
+# -- the tiny model -----------------------------------------------------------------------
+
+
+def test_tiny_model_is_reused_and_loadable(tiny_model_path: str, tmp_path) -> None:
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    marker = os.path.join(tiny_model_path, "outlines-tiny-model.json")
+    before = os.stat(marker).st_mtime_ns
+    assert build_tiny_model(tiny_model_path) == tiny_model_path
+    assert os.stat(marker).st_mtime_ns == before
+    assert AutoTokenizer.from_pretrained(tiny_model_path).eos_token == "<|endoftext|>"
+    assert AutoModelForCausalLM.from_pretrained(tiny_model_path).config.n_layer == 2
+    (tmp_path / "other").mkdir()
+    (tmp_path / "other" / "notes.txt").write_text("mine")
+    with pytest.raises(FileExistsError, match="holds no tiny model"):
+        build_tiny_model(tmp_path / "other")
+    assert not tiny_model_is_complete(tmp_path / "other")
+
+
+def test_import_outlines_does_not_import_torch(tiny_model_path: str) -> None:
+    code = (
+        "import sys, outlines\n"
+        "from outlines import models\n"
+        f"m = models.transformers({tiny_model_path!r}, max_tokens=4)\n"
+        "m('hi')\n"
+        "heavy = [n for n in ('torch', 'transformers') if n in sys.modules]\n"
+        "assert not heavy, heavy\n"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
+
+
+# -- generation ---------------------------------------------------------------------------
+
+
+def test_greedy_batched_equals_each_prompt_alone(backend: TransformersBackend) -> None:
+    batched = run(backend, [Request(p, GREEDY) for p in PROMPTS])
+    alone = [run(backend, [Request(p, GREEDY)])[0] for p in PROMPTS]
+    assert batched == alone
+    assert all(isinstance(text, str) and text for text in batched)
+
+
+def test_a_draw_does_not_depend_on_its_batch(backend: TransformersBackend) -> None:
+    requests = [Request(p, SAMPLED, draw) for p in PROMPTS[:3] for draw in range(3)]
+    together = run(backend, requests)
+    assert run(backend, requests) == together  # same seed, same texts
+    assert run(backend, [requests[4], requests[0]]) == [together[4], together[0]]
+    assert len(set(together[:3])) == 3  # draws of one prompt differ
+
+
+def test_seeds_select_streams(backend: TransformersBackend) -> None:
+    requests = [Request(p, SAMPLED) for p in PROMPTS[:3]]
+    other = [Request(p, SAMPLED.merged(seed=8)) for p in PROMPTS[:3]]
+    assert run(backend, requests) != run(backend, other)
+    unseeded = [Request(p, SAMPLED.merged(seed=None)) for p in PROMPTS[:3]]
+    unseeded = [Request(r.prompt, GenerationParams.create(max_tokens=10, temperature=1.0)) for r in unseeded]
+    assert run(backend, unseeded) != run(backend, unseeded)  # fresh salt per call
+
+
+def test_stop_strings_trim_the_same_draw(backend: TransformersBackend) -> None:
+    full = run(backend, [Request(p, SAMPLED.merged(max_tokens=20)) for p in PROMPTS])
+    stop = next(ch for ch in full[0][3:] if ch.strip())  # a character that occurs in the text
+    stopped = run(backend, [Request(p, SAMPLED.merged(max_tokens=20, stop=[stop])) for p in PROMPTS])
+    assert stopped == [trim_at_stop(text, [stop]) for text in full]
+    assert all(stop not in text for text in stopped)
+
+
+def test_mixed_params_and_draw_counts_in_one_call(backend: TransformersBackend) -> None:
+    requests = [Request(PROMPTS[0], SAMPLED, 0), Request(PROMPTS[0], SAMPLED, 1), Request(PROMPTS[1], SAMPLED, 0),
+                Request(PROMPTS[2], GREEDY)]
+    texts = run(backend, requests)
+    assert texts[0] != texts[1]
+    assert run(backend, [requests[2]]) == [texts[2]]
+    assert run(backend, [requests[3]]) == [texts[3]]
+
+
+def test_usage_is_reported(backend: TransformersBackend) -> None:
+    seen: list[tuple[int, int]] = []
+
+    async def main() -> None:
+        base._usage_callback.set(lambda p, c: seen.append((p, c)))
+        await backend.generate([Request(p, GREEDY) for p in PROMPTS[:2]])
+
+    asyncio.run(main())
+    assert len(seen) == 1 and seen[0][0] > 10 and 0 < seen[0][1] <= 16
+
+
+def test_the_backend_pickles_and_shares_the_loaded_model(backend: TransformersBackend) -> None:
+    run(backend, [Request(PROMPTS[0], GREEDY)])
+    clone = pickle.loads(pickle.dumps(backend))
+    assert clone == backend and hash(clone) == hash(backend)
+    assert run(clone, [Request(PROMPTS[0], GREEDY)]) == run(backend, [Request(PROMPTS[0], GREEDY)])
+    assert backend.load() is clone.load()
+
+
+def test_generation_runs_off_the_event_loop(backend: TransformersBackend) -> None:
+    requests = [Request(p, GREEDY.merged(max_tokens=40)) for p in PROMPTS * 4]
+    run(backend, requests[:1])  # load first
+    start = time.perf_counter()
+    run(backend, requests)
+    generation = time.perf_counter() - start
+
+    async def both() -> None:
+        await asyncio.gather(backend.generate(requests), asyncio.sleep(0.5))
+
+    start = time.perf_counter()
+    asyncio.run(both())
+    assert time.perf_counter() - start < max(generation, 0.5) + 0.25
+
+
+# -- errors -------------------------------------------------------------------------------
+
+
+def test_a_path_without_a_model_is_a_clear_error(tmp_path) -> None:
+    with pytest.raises(BackendError, match="no model folder at .*missing"):
+        run(TransformersBackend(str(tmp_path / "missing")), [Request("hi", GREEDY)])
+    with pytest.raises(BackendError, match="cannot load a model from"):
+        run(TransformersBackend(str(tmp_path)), [Request("hi", GREEDY)])
+
+
+def test_a_prompt_longer_than_the_context(backend: TransformersBackend, tiny_model_path: str) -> None:
+    long_prompt = "step " * 600
+    with pytest.raises(BackendError, match=r"prompt of \d+ tokens \+ max_tokens 8 exceeds the context of 512"):
+        run(backend, [Request(long_prompt, GREEDY)])
+    truncating = TransformersBackend(tiny_model_path, device="cpu", truncation=True)
+    assert isinstance(run(truncating, [Request(long_prompt, GREEDY)])[0], str)
+
+
+def test_unsupported_parameters_are_refused(backend: TransformersBackend) -> None:
+    params = GenerationParams.create(max_tokens=4, logit_bias={"1": 5})
+    with pytest.raises(BackendError, match="does not support logit_bias"):
+        run(backend, [Request("hi", params)])
+
+
+def test_missing_pad_token_is_said_once(tiny_model_path: str, caplog: pytest.LogCaptureFixture) -> None:
+    tf.clear_registry()
+    backend = TransformersBackend(tiny_model_path, device="cpu")
+    with caplog.at_level(logging.WARNING, logger="outlines"):
+        run(backend, [Request("hi", GREEDY)])
+        run(TransformersBackend(tiny_model_path, device="cpu", max_batch=4), [Request("ho", GREEDY)])
+    assert [r.message for r in caplog.records].count(
+        f"transformers model {tiny_model_path}: the tokenizer has no pad token; padding with eos '<|endoftext|>'"
+    ) == 1
+
+
+def test_out_of_memory_retries_with_half_the_batch(backend: TransformersBackend, monkeypatch) -> None:
+    import torch
+
+    from outlines.backends import _hf_generation as hf
+
+    expected = run(backend, [Request(p, GREEDY) for p in PROMPTS[:4]])
+    real = hf.run_chunk
+    sizes: list[int] = []
+
+    def small_memory(loaded, ids, count, *args):  # type: ignore[no-untyped-def]
+        sizes.append(len(ids) * count)
+        if len(ids) * count > limit:
+            raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 2 GiB")
+        return real(loaded, ids, count, *args)
+
+    limit = 1
+    monkeypatch.setattr(hf, "run_chunk", small_memory)
+    assert run(backend, [Request(p, GREEDY) for p in PROMPTS[:4]]) == expected
+    assert sizes == [4, 2, 1, 1, 2, 1, 1]
+    draws = [Request(PROMPTS[0], SAMPLED, d) for d in range(3)]
+    limit = 3
+    together = run(backend, draws)
+    limit, sizes[:] = 1, []
+    assert run(backend, draws) == together  # draws of one prompt split too, same texts
+    assert sizes == [3, 1, 2, 1, 1]
+    limit = 0
+    with pytest.raises(BackendError, match="out of memory generating one sequence of"):
+        run(backend, draws[:1])
