@@ -1,0 +1,36 @@
+"""Fixtures for backend tests: the fault-injecting fake OpenAI server, a patched sleep."""
+from __future__ import annotations
+
+import gc
+from typing import Iterator
+
+import pytest
+
+from outlines.backends import http
+from tests.fixtures.fake_openai import FakeOpenAI
+
+
+@pytest.fixture
+def fake_openai() -> Iterator[FakeOpenAI]:
+    """A fresh fake OpenAI server on 127.0.0.1 (new port, so no remembered fallbacks)."""
+    with FakeOpenAI() as server:
+        yield server
+
+
+@pytest.fixture
+def sleeps(monkeypatch: pytest.MonkeyPatch) -> list[float]:
+    """Record the backends' retry and rate-limit waits instead of sleeping."""
+    recorded: list[float] = []
+
+    async def fake_sleep(seconds: float) -> None:
+        recorded.append(seconds)
+
+    monkeypatch.setattr(http, "sleep", fake_sleep)
+    return recorded
+
+
+@pytest.fixture(autouse=True)
+def _collect_garbage() -> Iterator[None]:
+    """Collect after each test so an unclosed session warns in the test that leaked it."""
+    yield
+    gc.collect()
