@@ -1,0 +1,212 @@
+"""Rewrites: merge identical pure subgraphs, fold constant inline ops, leave draws alone."""
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import pytest
+
+from outlines import models
+from outlines.graph.basic import Apply, Constant, Op, Variable
+from outlines.graph.ops import Concat, Stack
+from outlines.graph.rewrites import rewrite
+from outlines.graph.traversal import applies, graph_inputs
+
+
+class Upper(Op):
+    """A pure inline op."""
+
+    def perform(self, value):  # noqa: ANN001, ANN201
+        return value.upper()
+
+
+class Fails(Op):
+    def perform(self, value):  # noqa: ANN001, ANN201
+        raise ValueError("boom")
+
+
+class Impure(Op):
+    pure = False
+
+    def perform(self, value):  # noqa: ANN001, ANN201
+        return value
+
+
+class Pair(Op):
+    """A pure op with two outputs."""
+
+    def make_node(self, *inputs):  # noqa: ANN002, ANN201
+        return Apply(self, [Constant(x) if not isinstance(x, Variable) else x for x in inputs], 2)
+
+    def perform(self, value):  # noqa: ANN001, ANN201
+        return value, value
+
+
+def echo(prompt: str) -> str:
+    return prompt
+
+
+@pytest.fixture
+def llm():  # noqa: ANN201
+    return models.from_function(echo)
+
+
+def test_nothing_to_do_returns_the_same_objects() -> None:
+    question = Variable(name="question")
+    out = question + "?"
+    assert rewrite([out])[0] is out
+    assert rewrite([question])[0] is question
+
+
+def test_identical_pure_subgraphs_merge() -> None:
+    question = Variable(name="question")
+    first, second = Upper()(question + " A:"), Upper()(question + " A:")
+    merged_first, merged_second = rewrite([first, second])
+    assert merged_first is merged_second
+    assert len(applies([merged_first])) == 2
+    assert graph_inputs([merged_first]) == [question]
+
+
+def test_merge_descends_through_rebuilt_consumers() -> None:
+    question = Variable(name="question")
+    left = Concat()(Upper()(question), "!")
+    right = Concat()(Upper()(question), "!")
+    new_left, new_right = rewrite([left + "x", right + "x"])
+    assert new_left is new_right
+    assert len(applies([new_left])) == 3
+
+
+def test_different_constants_or_ops_do_not_merge() -> None:
+    question = Variable(name="question")
+    outs = rewrite([question + "a", question + "b", Upper()(question), Concat()(question)])
+    assert len({id(v) for v in outs}) == 4
+
+
+def test_equal_constants_in_different_objects_merge() -> None:
+    question = Variable(name="question")
+    a, b = Concat()(question, Constant("x")), Concat()(question, Constant("x"))
+    new_a, new_b = rewrite([a, b])
+    assert new_a is new_b
+
+
+def test_float_constants_that_render_differently_stay_apart() -> None:
+    question = Variable(name="question")
+    a, b = Stack(2)(question, Constant(0.0)), Stack(2)(question, Constant(-0.0))
+    new_a, new_b = rewrite([a, b])
+    assert new_a is not new_b
+
+
+def test_random_draws_are_never_merged(llm) -> None:  # noqa: ANN001
+    question = Variable(name="question")
+    first, second = llm(question + "?", temperature=0.7), llm(question + "?", temperature=0.7)
+    new_first, new_second = rewrite([first, second])
+    assert new_first is not new_second
+    # ... but their identical prompts are.
+    assert new_first.owner.inputs[0] is new_second.owner.inputs[0]
+    # Creation order (which numbers the draws) is kept.
+    assert new_first.owner.order == first.owner.order
+    assert new_second.owner.order == second.owner.order
+
+
+def test_greedy_calls_to_the_same_prompt_merge(llm) -> None:  # noqa: ANN001
+    question = Variable(name="question")
+    first, second = llm(question + "?", temperature=0), llm(question + "?", temperature=0)
+    other = llm(question + "?", temperature=0, max_tokens=5)
+    new_first, new_second, new_other = rewrite([first, second, other])
+    assert new_first is new_second
+    assert new_other is not new_first
+
+
+def test_impure_ops_are_not_merged_or_folded() -> None:
+    question = Variable(name="question")
+    first, second = Impure()(question), Impure()(question)
+    assert len(set(map(id, rewrite([first, second])))) == 2
+    constant = Impure()("x")
+    assert rewrite([constant])[0] is constant
+
+
+def test_constant_inline_ops_fold() -> None:
+    out = Upper()(Concat()("a", "b") + "c")
+    (folded,) = rewrite([out])
+    assert isinstance(folded, Constant) and folded.value == "ABC"
+    stacked = rewrite([Stack(2)("a", "b")])[0]
+    assert isinstance(stacked, Constant) and list(stacked.value) == ["a", "b"]
+
+
+def test_folding_feeds_merging() -> None:
+    question = Variable(name="question")
+    a = Concat()(question, Concat()("x", "y"))
+    b = Concat()(question, "xy")
+    new_a, new_b = rewrite([a, b])
+    assert new_a is new_b
+
+
+def test_folding_keeps_a_failing_op_for_eval_to_report() -> None:
+    out = Fails()("x")
+    assert rewrite([out])[0] is out
+
+
+def test_python_mode_ops_are_not_folded() -> None:
+    class Slow(Upper):
+        mode = "python"
+
+    out = Slow()("x")
+    assert rewrite([out])[0] is out
+
+
+def test_multi_output_ops_merge_per_output() -> None:
+    question = Variable(name="question")
+    a0, a1 = Pair()(question)
+    b0, b1 = Pair()(question)
+    new = rewrite([a0, a1, b0, b1])
+    assert new[0] is new[2] and new[1] is new[3] and new[0] is not new[1]
+
+
+def test_array_constants_fold_and_merge() -> None:
+    prompts = np.array(["a", "b"], dtype=object)
+    (folded,) = rewrite([Upper()(prompts[0]) + Concat()(Constant(prompts))])
+    assert list(folded.value) == ["Aa", "Ab"]
+
+
+def test_unhashable_op_parameters_are_left_alone() -> None:
+    class Tagged(Op):
+        __props__ = ("tags",)
+
+        def __init__(self, tags):  # noqa: ANN001
+            self.tags = tags
+
+        mode = "python"
+
+    question = Variable(name="question")
+    first, second = Tagged(["a"])(question), Tagged(["a"])(question)
+    assert len(set(map(id, rewrite([first, second])))) == 2
+
+
+def test_outputs_keep_their_names_and_order() -> None:
+    question = Variable(name="question")
+    out = Upper()(question)
+    out.name = "shout"
+    dup = Upper()(question)
+    new = rewrite([dup, out, question])
+    assert new[0] is new[1] and new[2] is question
+
+
+def test_deep_chain_is_iterative_and_cheap() -> None:
+    question = Variable(name="question")
+    out = question
+    for _ in range(100_000):
+        out = out + "y"
+    start = time.perf_counter()
+    (same,) = rewrite([out])
+    elapsed = time.perf_counter() - start
+    assert same is out
+    assert elapsed < 5.0  # ~5 µs per node here; generous for slow CI
+
+
+def test_deep_duplicate_chains_merge() -> None:
+    question = Variable(name="question")
+    left = right = question
+    for _ in range(20_000):
+        left, right = left + "y", right + "y"
+    new_left, new_right = rewrite([left, right])
+    assert new_left is new_right
