@@ -1,0 +1,464 @@
+"""OpenAI-compatible backends against the fault-injecting fake server on 127.0.0.1."""
+from __future__ import annotations
+
+import asyncio
+import logging
+import pickle
+import time
+from typing import Any, Sequence
+
+import numpy as np
+import pytest
+
+import outlines
+from outlines import models
+from outlines.backends import openai as openai_backends
+from outlines.backends.base import BackendError, GenerationParams, Request, _usage_callback
+from outlines.backends.openai import OpenAIChatBackend, OpenAICompletionBackend
+from tests.fixtures.fake_openai import (
+    OK,
+    Close,
+    FakeOpenAI,
+    Malformed,
+    NoChoices,
+    Redirect,
+    Stall,
+    Status,
+    Truncated,
+)
+
+KEY = "sk-test-SECRET-0123456789"
+SAMPLING = GenerationParams.create(temperature=0.7)
+
+
+def completion(server: FakeOpenAI, **options: Any) -> OpenAICompletionBackend:
+    return OpenAICompletionBackend("fake-model", base_url=server.base_url, api_key=KEY, **options)
+
+
+def chat(server: FakeOpenAI, **options: Any) -> OpenAIChatBackend:
+    return OpenAIChatBackend("fake-model", base_url=server.base_url, api_key=KEY, **options)
+
+
+def run(backend: Any, requests: Sequence[Request]) -> list[str]:
+    """One ``generate`` on a fresh loop, closing the session like the scheduler does."""
+
+    async def main() -> list[str]:
+        try:
+            return await backend.generate(requests)
+        finally:
+            await backend.aclose()
+
+    return asyncio.run(main())
+
+
+def draws(*prompts: str, params: GenerationParams = SAMPLING) -> list[Request]:
+    counts: dict[str, int] = {}
+    out = []
+    for prompt in prompts:
+        out.append(Request(prompt, params, counts.get(prompt, 0)))
+        counts[prompt] = counts.get(prompt, 0) + 1
+    return out
+
+
+# -- the wire --------------------------------------------------------------------------
+
+
+def test_completions_send_many_prompts_in_one_request(fake_openai: FakeOpenAI) -> None:
+    prompts = [f"p{i}" for i in range(20)]
+    assert run(completion(fake_openai), draws(*prompts)) == [f"{p}#0" for p in prompts]
+    assert len(fake_openai.requests) == 1
+    body = fake_openai.requests[0].body
+    assert body["prompt"] == prompts and "n" not in body and body["model"] == "fake-model"
+
+
+def test_draws_of_one_prompt_use_n_and_map_back_in_order(fake_openai: FakeOpenAI) -> None:
+    requests = draws("a", "b", "a", "c", "a", "b")
+    assert run(completion(fake_openai), requests) == ["a#0", "b#0", "a#1", "c#0", "a#2", "b#1"]
+    sent = sorted((r.body.get("n", 1), r.body["prompt"]) for r in fake_openai.requests)
+    assert sent == [(1, "c"), (2, "b"), (3, "a")]
+
+
+def test_choices_are_mapped_by_index_not_position(fake_openai: FakeOpenAI) -> None:
+    shuffled = {"choices": [{"index": 1, "text": "B"}, {"index": 0, "text": "A"}]}
+    fake_openai.script(Status(200, body=shuffled))
+    assert run(completion(fake_openai), draws("a", "b")) == ["A", "B"]
+
+
+def test_generation_params_pass_through(fake_openai: FakeOpenAI) -> None:
+    params = GenerationParams.create(
+        max_tokens=7, temperature=0.3, top_p=0.9, stop=["\n", "END"], seed=11, logit_bias={"50256": -100}
+    )
+    run(completion(fake_openai), [Request("x", params)])
+    body = fake_openai.requests[0].body
+    assert body["max_tokens"] == 7 and body["temperature"] == 0.3 and body["top_p"] == 0.9
+    assert body["stop"] == ["\n", "END"] and body["seed"] == 11 and body["logit_bias"] == {"50256": -100}
+
+
+def test_later_draws_with_a_seed_get_a_shifted_seed(fake_openai: FakeOpenAI) -> None:
+    params = GenerationParams.create(temperature=1.0, seed=100)
+    run(completion(fake_openai), [Request("x", params, 3), Request("x", params, 4)])
+    body = fake_openai.requests[0].body
+    assert body["seed"] == 103 and body["n"] == 2
+
+
+def test_chat_sends_one_request_per_prompt_with_system_prompt_and_n(fake_openai: FakeOpenAI) -> None:
+    backend = chat(fake_openai, system_prompt="Be terse.")
+    assert run(backend, draws("a", "b", "a")) == ["a#0", "b#0", "a#1"]
+    bodies = sorted((r.body for r in fake_openai.requests), key=lambda b: b["messages"][-1]["content"])
+    assert [b.get("n", 1) for b in bodies] == [2, 1]
+    assert bodies[0]["messages"] == [{"role": "system", "content": "Be terse."}, {"role": "user", "content": "a"}]
+    assert all(r.path == "/v1/chat/completions" for r in fake_openai.requests)
+
+
+def test_chat_without_content_is_a_typed_error(fake_openai: FakeOpenAI) -> None:
+    refusal = {"choices": [{"index": 0, "message": {"role": "assistant", "content": None, "refusal": "no"}}]}
+    fake_openai.script(Status(200, body=refusal))
+    with pytest.raises(BackendError, match="refused"):
+        run(chat(fake_openai), draws("a"))
+
+
+def test_identity_and_defaults() -> None:
+    backend = OpenAICompletionBackend("m", base_url="http://127.0.0.1:1/v1/", api_key=KEY)
+    assert backend.identity == ("openai_completion", "m", "http://127.0.0.1:1/v1")
+    assert backend.max_batch == 128 and backend.max_concurrency == 32 and backend.max_retries == 3
+    other = OpenAIChatBackend("m", base_url="http://127.0.0.1:1/v1", api_key="another key")
+    assert other.identity == ("openai", "m", "http://127.0.0.1:1/v1", None)
+    assert other == OpenAIChatBackend("m", base_url="http://127.0.0.1:1/v1", api_key=KEY)
+
+
+def test_environment_configuration(monkeypatch: pytest.MonkeyPatch, fake_openai: FakeOpenAI) -> None:
+    monkeypatch.setenv("OPENAI_API_KEY", KEY)
+    monkeypatch.setenv("OPENAI_BASE_URL", fake_openai.base_url)
+    assert run(OpenAICompletionBackend("m"), draws("x")) == ["x#0"]
+    assert fake_openai.requests[0].headers["Authorization"] == f"Bearer {KEY}"
+
+
+@pytest.mark.parametrize(
+    "options, message",
+    [
+        ({"base_url": "http://user:pw@127.0.0.1:1/v1"}, "credentials"),
+        ({"base_url": "ftp://127.0.0.1/v1"}, "http"),
+        ({"max_batch": 0}, "max_batch"),
+        ({"max_concurrency": 0}, "max_concurrency"),
+    ],
+)
+def test_bad_options_fail_at_construction(options: dict[str, Any], message: str) -> None:
+    options.setdefault("base_url", "http://127.0.0.1:1/v1")
+    with pytest.raises(ValueError, match=message):
+        OpenAICompletionBackend("m", **options)
+
+
+# -- fallbacks -------------------------------------------------------------------------
+
+
+def test_refused_lists_fall_back_to_one_prompt_per_request_and_say_so_once(
+    fake_openai: FakeOpenAI, caplog: pytest.LogCaptureFixture
+) -> None:
+    fake_openai.refuse_lists = True
+    backend = completion(fake_openai)
+    with caplog.at_level(logging.WARNING, logger="outlines.backends.openai"):
+        assert run(backend, draws("a", "b", "c")) == ["a#0", "b#0", "c#0"]
+        assert run(backend, draws("d", "e")) == ["d#0", "e#0"]
+    prompts = fake_openai.prompts()
+    assert prompts[0] == ["a", "b", "c"] and sorted(prompts[1:4]) == ["a", "b", "c"]
+    assert sorted(prompts[4:]) == ["d", "e"]  # remembered: no second list attempt
+    assert [r.getMessage() for r in caplog.records].count(f"{fake_openai.base_url} refuses a list of prompts; "
+                                                         "sending one prompt per request") == 1
+
+
+def test_ignored_n_falls_back_to_one_request_per_sample(fake_openai: FakeOpenAI) -> None:
+    fake_openai.ignore_n = True
+    seeded = GenerationParams.create(temperature=1.0, seed=5)
+    out = run(chat(fake_openai), [Request("a", seeded, 0), Request("a", seeded, 1), Request("a", seeded, 2)])
+    assert out == ["a#0"] * 3  # the fake answers sample 0 each time; a real server samples anew
+    bodies = [r.body for r in fake_openai.requests]
+    assert bodies[0]["n"] == 3 and all("n" not in b for b in bodies[1:]) and len(bodies) == 4
+    assert sorted(b["seed"] for b in bodies[1:]) == [5, 6, 7]
+
+
+def test_a_400_about_something_else_is_not_a_list_refusal(fake_openai: FakeOpenAI) -> None:
+    fake_openai.script(Status(400, body={"error": {"message": "max_tokens is too large"}}))
+    with pytest.raises(BackendError) as caught:
+        run(completion(fake_openai), draws("a", "b"))
+    assert caught.value.status == 400 and len(fake_openai.requests) == 1
+
+
+# -- retries ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "failure, expected_sleep",
+    [
+        (Status(429, {"Retry-After": "2"}), 2.0),
+        (Status(429, {"retry-after-ms": "1500", "Retry-After": "9"}), 1.5),
+        (Status(429, {"Retry-After": "-10"}), "backoff"),
+        (Status(500), "backoff"),
+        (Status(502), "backoff"),
+        (Status(503, {"Retry-After": "0"}), 0.0),
+        (Status(408), "backoff"),
+        (Status(409), "backoff"),
+        (Close(), "backoff"),
+        (Truncated(), "backoff"),
+    ],
+    ids=lambda v: getattr(v, "status", type(v).__name__) if not isinstance(v, (float, str)) else str(v),
+)
+def test_transient_failures_are_retried(
+    fake_openai: FakeOpenAI, sleeps: list[float], failure: Any, expected_sleep: Any
+) -> None:
+    fake_openai.script(failure, OK)
+    assert run(completion(fake_openai), draws("a", "b")) == ["a#0", "b#0"]
+    assert len(fake_openai.requests) == 2
+    if expected_sleep == "backoff":
+        assert len(sleeps) == 1 and 0.375 <= sleeps[0] <= 0.5
+    else:
+        assert sleeps == [expected_sleep]
+
+
+def test_a_stall_past_the_read_timeout_is_retried(fake_openai: FakeOpenAI, sleeps: list[float]) -> None:
+    fake_openai.script(Stall(2.0), OK)
+    started = time.perf_counter()
+    assert run(completion(fake_openai, timeout=0.2), draws("a")) == ["a#0"]
+    assert time.perf_counter() - started < 1.5 and len(fake_openai.requests) == 2
+
+
+def test_an_unreachable_server_is_retried_then_fails(sleeps: list[float]) -> None:
+    backend = OpenAICompletionBackend("m", base_url="http://127.0.0.1:9/v1", api_key=KEY, max_retries=2)
+    with pytest.raises(BackendError, match="gave up after 3 attempts") as caught:
+        run(backend, draws("a"))
+    assert caught.value.retryable and len(sleeps) == 2 and KEY not in str(caught.value)
+
+
+def test_backoff_grows_until_retries_run_out(fake_openai: FakeOpenAI, sleeps: list[float]) -> None:
+    fake_openai.script(*[Status(503)] * 4)
+    with pytest.raises(BackendError, match="gave up after 4 attempts") as caught:
+        run(completion(fake_openai), draws("a"))
+    assert caught.value.status == 503 and len(fake_openai.requests) == 4
+    assert len(sleeps) == 3 and sleeps[0] < sleeps[1] < sleeps[2]
+
+
+@pytest.mark.parametrize("retry_after", ["3600", "inf", "1e40", "Wed, 21 Oct 2099 07:28:00 GMT"])
+def test_a_retry_after_beyond_the_cap_fails_fast(
+    fake_openai: FakeOpenAI, sleeps: list[float], retry_after: str
+) -> None:
+    fake_openai.script(Status(429, {"Retry-After": retry_after}))
+    with pytest.raises(BackendError, match="max_retry_after") as caught:
+        run(completion(fake_openai), draws("a"))
+    assert caught.value.status == 429 and len(fake_openai.requests) == 1 and sleeps == []
+
+
+@pytest.mark.parametrize("status", [400, 401, 403, 404, 422])
+def test_client_errors_are_never_retried(fake_openai: FakeOpenAI, sleeps: list[float], status: int) -> None:
+    fake_openai.script(Status(status, body={"error": {"message": f"nope, Incorrect API key provided: {KEY}"}}))
+    with pytest.raises(BackendError) as caught:
+        run(completion(fake_openai), draws("a"))
+    error = caught.value
+    assert len(fake_openai.requests) == 1 and sleeps == []
+    assert error.status == status and not error.retryable
+    assert error.endpoint == fake_openai.base_url + "/completions" and error.model == "fake-model"
+    assert "nope" in (error.body or "") and KEY not in str(error) and KEY not in (error.body or "")
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        Malformed(),
+        Malformed("[1, 2]"),
+        NoChoices(),
+        Status(200, body={"choices": [{"index": 0, "text": "only one"}]}),
+        Status(200, body={"choices": [{"index": 0, "text": 1}, {"index": 1, "text": "b"}]}),
+    ],
+    ids=["not-json", "not-object", "no-choices", "too-few", "not-text"],
+)
+def test_malformed_bodies_are_typed_errors_without_retry(
+    fake_openai: FakeOpenAI, sleeps: list[float], bad: Any
+) -> None:
+    fake_openai.script(bad)
+    with pytest.raises(BackendError) as caught:
+        run(completion(fake_openai), draws("a", "b"))
+    assert caught.value.status == 200 and len(fake_openai.requests) == 1
+
+
+def test_malformed_responses_are_never_cached(fake_openai: FakeOpenAI, tmp_path: Any) -> None:
+    from outlines.cache import Cache
+
+    cache = Cache(tmp_path / "cache")
+    llm = models.openai_completion("fake-model", base_url=fake_openai.base_url, api_key=KEY, temperature=0.5)
+    fake_openai.script(Malformed())
+    with pytest.raises(Exception, match="malformed JSON"):
+        llm("hello").eval(cache=cache)
+    assert llm("hello").eval(cache=cache) == "hello#0"
+    assert llm("hello").eval(cache=cache) == "hello#0"
+    assert len(fake_openai.requests) == 2
+
+
+# -- limits, sessions, cancellation ----------------------------------------------------
+
+
+def test_concurrency_cap_is_observed_server_side(fake_openai: FakeOpenAI) -> None:
+    fake_openai.latency = 0.05
+    prompts = [f"p{i}" for i in range(20)]
+    assert run(chat(fake_openai, max_concurrency=4), draws(*prompts)) == [f"{p}#0" for p in prompts]
+    assert fake_openai.max_in_flight == 4
+
+
+def test_429_lowers_concurrency_and_successes_restore_it(fake_openai: FakeOpenAI, sleeps: list[float]) -> None:
+    backend = chat(fake_openai, max_concurrency=8)
+
+    async def main() -> tuple[int, int]:
+        try:
+            fake_openai.script(Status(429))
+            await backend.generate(draws("first"))
+            lowered = backend.client.state().limiter.limit
+            await backend.generate(draws(*[f"p{i}" for i in range(200)]))
+            return lowered, backend.client.state().limiter.limit
+        finally:
+            await backend.aclose()
+
+    lowered, recovered = asyncio.run(main())
+    assert lowered == 4 and recovered == 8
+
+
+def test_rpm_and_tpm_budgets_pace_requests(fake_openai: FakeOpenAI, sleeps: list[float]) -> None:
+    run(chat(fake_openai, rpm=2, max_concurrency=1), draws("a", "b", "c"))
+    assert sleeps == [pytest.approx(30.0, abs=0.5)]
+    sleeps.clear()
+    params = GenerationParams.create(max_tokens=100, temperature=0.5)
+    run(chat(fake_openai, tpm=150, max_concurrency=1), draws("a", "b", params=params))
+    assert len(sleeps) == 1 and sleeps[0] > 0  # the second request waits for the first one's tokens
+
+
+def test_usage_is_reported(fake_openai: FakeOpenAI) -> None:
+    seen: list[tuple[int, int]] = []
+    backend = completion(fake_openai)
+
+    async def main() -> None:
+        token = _usage_callback.set(lambda p, c: seen.append((p, c)))
+        try:
+            await backend.generate(draws("one two", "three"))
+        finally:
+            _usage_callback.reset(token)
+            await backend.aclose()
+
+    asyncio.run(main())
+    assert seen == [(3, 2)]
+
+
+def test_two_consecutive_runs_and_errors_leave_no_open_session(fake_openai: FakeOpenAI, sleeps: list[float]) -> None:
+    llm = models.openai_completion("fake-model", base_url=fake_openai.base_url, api_key=KEY)
+    assert llm("a").eval(cache=False) == "a#0"
+    assert llm("b").eval(cache=False) == "b#0"
+    fake_openai.script(Status(401))
+    with pytest.raises(Exception, match="401"):
+        llm("c").eval(cache=False)
+    assert llm("d").eval(cache=False) == "d#0"
+
+
+def test_eval_inside_a_running_loop(fake_openai: FakeOpenAI) -> None:
+    llm = models.openai("fake-model", base_url=fake_openai.base_url, api_key=KEY)
+
+    async def main() -> tuple[str, str]:
+        return llm("sync").eval(cache=False), await llm("async").aeval(cache=False)
+
+    assert asyncio.run(main()) == ("sync#0", "async#0")
+
+
+def test_cancelling_20_in_flight_requests_returns_every_connection(fake_openai: FakeOpenAI) -> None:
+    backend = chat(fake_openai, max_concurrency=20)
+
+    async def main() -> list[str]:
+        try:
+            fake_openai.script(*[Stall(30.0)] * 20)
+            task = asyncio.ensure_future(backend.generate(draws(*[f"slow{i}" for i in range(20)])))
+            while fake_openai.in_flight < 20:
+                await asyncio.sleep(0.01)
+            task.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await task
+            state = backend.client.state()
+            assert state.limiter.in_flight == 0
+            connector = state.session.connector
+            assert connector is not None and not connector._acquired  # type: ignore[attr-defined]
+            return await asyncio.wait_for(backend.generate(draws(*[f"p{i}" for i in range(20)])), 10)
+        finally:
+            await backend.aclose()
+
+    assert asyncio.run(main()) == [f"p{i}#0" for i in range(20)]
+
+
+def test_backends_pickle_without_sessions_and_keep_working(fake_openai: FakeOpenAI) -> None:
+    backend = completion(fake_openai, rpm=1000)
+
+    async def use_then_pickle() -> bytes:
+        await backend.generate(draws("a"))
+        try:
+            return pickle.dumps(backend)
+        finally:
+            await backend.aclose()
+
+    copy = pickle.loads(asyncio.run(use_then_pickle()))
+    assert copy == backend and run(copy, draws("b")) == ["b#0"]
+    assert fake_openai.requests[-1].headers["Authorization"] == f"Bearer {KEY}"
+
+
+# -- secrets ---------------------------------------------------------------------------
+
+
+def test_the_key_never_shows(fake_openai: FakeOpenAI, sleeps: list[float], caplog: pytest.LogCaptureFixture) -> None:
+    backend = chat(fake_openai)
+    llm = models.openai("fake-model", base_url=fake_openai.base_url, api_key=KEY)
+    shown = [repr(backend), str(backend), repr(vars(backend)), repr(vars(backend.client)), str(backend.identity),
+             repr(llm), str(llm("x").owner.op.key())]  # type: ignore[union-attr]
+    with caplog.at_level(logging.DEBUG):
+        logging.getLogger("aiohttp").setLevel(logging.DEBUG)
+        fake_openai.script(Status(503), Close(), Status(400, body={"error": f"bad key {KEY}"}))
+        with pytest.raises(BackendError) as caught:
+            run(backend, draws("a"))
+    shown += [str(caught.value), repr(caught.value), caught.value.body or "", caplog.text]
+    assert all(KEY not in text for text in shown)
+    assert fake_openai.requests[0].headers["Authorization"] == f"Bearer {KEY}"
+
+
+def test_the_key_never_shows_in_traces(fake_openai: FakeOpenAI, tmp_path: Any) -> None:
+    try:
+        recorder = outlines.trace()
+    except (ImportError, AttributeError) as error:
+        pytest.skip(f"outlines.trace() is not available yet: {error}")
+    llm = models.openai("fake-model", base_url=fake_openai.base_url, api_key=KEY)
+    with recorder as trace:
+        llm("traced").eval(cache=False)
+    trace.to_json(tmp_path / "trace.json")
+    assert KEY not in trace.summary() and KEY not in (tmp_path / "trace.json").read_text()
+
+
+def test_authorization_is_not_forwarded_to_another_host(fake_openai: FakeOpenAI) -> None:
+    with FakeOpenAI() as elsewhere:
+        fake_openai.script(Redirect(elsewhere.base_url + "/completions"))
+        assert run(completion(fake_openai), draws("a")) == ["a#0"]
+        assert len(elsewhere.requests) == 1
+        assert "Authorization" not in elsewhere.requests[0].headers
+    fake_openai.script(Redirect(fake_openai.base_url + "/elsewhere/completions"))
+    run(completion(fake_openai), draws("b"))
+    assert fake_openai.requests[-1].headers["Authorization"] == f"Bearer {KEY}"  # same origin: kept
+
+
+# -- through the library ---------------------------------------------------------------
+
+
+def test_a_20_prompt_graph_is_one_request(fake_openai: FakeOpenAI) -> None:
+    llm = models.openai_completion("fake-model", base_url=fake_openai.base_url, api_key=KEY, temperature=0.7)
+    question = outlines.string("question")
+    answers = llm(question, num_samples=2)
+    prompts = [f"q{i}" for i in range(20)]
+    result = answers.eval({question: prompts}, cache=False)
+    assert result.shape == (20, 2)
+    assert result.tolist() == [[f"{p}#0", f"{p}#1"] for p in prompts]
+    assert len(fake_openai.requests) == 1 and fake_openai.requests[0].body["n"] == 2
+
+
+def test_greedy_draws_collapse_and_per_call_overrides_apply(fake_openai: FakeOpenAI) -> None:
+    llm = models.openai_completion("fake-model", base_url=fake_openai.base_url, api_key=KEY, max_tokens=5)
+    result = llm("g", num_samples=4, temperature=0).eval(cache=False)
+    assert np.asarray(result).tolist() == ["g#0"] * 4
+    body = fake_openai.requests[0].body
+    assert len(fake_openai.requests) == 1 and "n" not in body
+    assert body["temperature"] == 0 and body["max_tokens"] == 5
