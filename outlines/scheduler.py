@@ -122,6 +122,8 @@ class Scheduler:
                 if self.error is not None or not self.remaining:
                     break
                 self._flush_groups()
+                if self.ready or not self.remaining:
+                    continue  # cache hits finished nodes synchronously in _flush_groups
                 if not self.done:
                     if not self.tasks and self.timer is None and not self.ready:
                         raise RuntimeError(f"scheduler stalled with {self.remaining} node(s) unfinished")
