@@ -237,7 +237,7 @@ class HTTPClient:
     def _decode(self, body: bytes, path: str, model: str | None, tokens: float) -> dict[str, Any]:
         try:
             data = json.loads(body)
-        except (ValueError, UnicodeDecodeError):
+        except (ValueError, RecursionError):
             raise self._error("malformed JSON in response", path, model, status=200, body=body) from None
         if not isinstance(data, dict):
             raise self._error("response is not a JSON object", path, model, status=200, body=body)
