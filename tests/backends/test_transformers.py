@@ -224,3 +224,90 @@ def test_out_of_memory_retries_with_half_the_batch(backend: TransformersBackend,
     limit = 0
     with pytest.raises(BackendError, match="out of memory generating one sequence of"):
         run(backend, draws[:1])
+
+
+# -- as graph nodes -----------------------------------------------------------------------
+
+
+class RecordingBackend(TransformersBackend):
+    """Records the size of each ``generate`` call the scheduler makes."""
+
+    def __init__(self, *args, **kwargs) -> None:  # type: ignore[no-untyped-def]
+        super().__init__(*args, **kwargs)
+        self.calls: list[int] = []
+
+    async def generate(self, requests):  # type: ignore[no-untyped-def]
+        self.calls.append(len(requests))
+        return await super().generate(requests)
+
+
+def model(path: str, **options):  # type: ignore[no-untyped-def]
+    from outlines.generate import Model
+
+    defaults = {k: options.pop(k) for k in ("max_tokens", "temperature", "seed") if k in options}
+    backend = RecordingBackend(path, device="cpu", **options)
+    return backend, Model(backend, **defaults)
+
+
+@pytest.mark.parametrize("num_samples", [1, 3])
+@pytest.mark.parametrize("prompt", ["one prompt", ["two", "prompts"]])
+def test_shapes(tiny_model_path: str, prompt, num_samples: int) -> None:
+    import numpy as np
+
+    import outlines
+
+    backend, llm = model(tiny_model_path, max_tokens=3, temperature=1.0, seed=1)
+    question = outlines.string("question")
+    value = llm(question, num_samples=num_samples).eval({question: prompt}, cache=False, progress=False)
+    shape = (() if isinstance(prompt, str) else (2,)) + ((num_samples,) if num_samples > 1 else ())
+    if shape:
+        assert isinstance(value, np.ndarray) and value.shape == shape
+        assert all(isinstance(text, str) for text in value.reshape(-1))
+    else:
+        assert isinstance(value, str)
+    assert backend.calls == [(1 if isinstance(prompt, str) else 2) * num_samples]
+
+
+def test_greedy_samples_collapse_to_one_request(tiny_model_path: str) -> None:
+    import outlines
+
+    backend, llm = model(tiny_model_path, max_tokens=3, temperature=0)
+    texts = llm(outlines.constant("Q: 2 + 2? A:"), num_samples=4).eval(cache=False, progress=False)
+    assert len(set(texts)) == 1 and backend.calls == [1]
+
+
+def test_64_prompts_with_max_batch_16_make_4_calls(tiny_model_path: str) -> None:
+    import outlines
+
+    backend, llm = model(tiny_model_path, max_tokens=2, temperature=0, max_batch=16)
+    question = outlines.string("question")
+    prompts = [f"Q: what is {i} + 1? A:" for i in range(64)]
+    answers = llm(question).eval({question: prompts}, cache=False, progress=False)
+    assert answers.shape == (64,)
+    assert backend.calls == [16, 16, 16, 16]
+
+
+@pytest.mark.slow
+def test_a_model_branch_and_an_http_like_branch_overlap(tiny_model_path: str) -> None:
+    import outlines
+    from outlines import models
+
+    _, llm = model(tiny_model_path, max_tokens=240, temperature=0)
+
+    async def remote(prompt: str) -> str:
+        await asyncio.sleep(0.5)
+        return prompt.upper()
+
+    http_like = models.from_function(remote)
+    question = outlines.string("question")
+    local = llm(question)
+    givens = {question: [f"Q: what is {i} * 3? A:" for i in range(48)]}
+    outlines.eval(local, givens=givens, cache=False, progress=False)  # load and warm up
+    start = time.perf_counter()
+    outlines.eval(local, givens=givens, cache=False, progress=False)
+    alone = time.perf_counter() - start
+    start = time.perf_counter()
+    outlines.eval(local, http_like(outlines.constant("hi")), givens=givens, cache=False, progress=False)
+    both = time.perf_counter() - start
+    print(f"model alone {alone:.2f}s, with a 0.5 s branch {both:.2f}s")
+    assert both < max(alone, 0.5) + 0.25, (alone, both)
