@@ -1,14 +1,23 @@
-"""Events of an evaluation (placeholder: the hook protocol only).
+"""Events of an evaluation and the ``Trace`` that records them.
 
-The scheduler reports to the active ``Recorder``: node start/end, batches sent
-to backends, cache hits and token usage. ``outlines.trace()`` installs one.
+The scheduler reports to a ``Recorder``: node start/end, batches sent to
+backends, cache hits and token usage. ``outlines.trace()`` installs a ``Trace``
+in a context variable; every evaluation started inside the block (sync, async,
+or on the helper thread of a sync eval inside a running loop) reports to it.
+Times are seconds from the start of the trace. A trace holds labels, reprs and
+numbers only: no values, no prompts, no secrets.
 """
 from __future__ import annotations
 
+import contextlib
 import contextvars
-from typing import Any
+import json
+import os
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Any, Iterator
 
-__all__ = ["Recorder", "active_recorder"]
+__all__ = ["BatchRecord", "NodeRecord", "Recorder", "Trace", "active_recorder", "trace"]
 
 
 class Recorder:
@@ -30,10 +39,332 @@ class Recorder:
         self, batch_id: int, t: float, error: BaseException | None, usage: tuple[int, int], worker: str | None
     ) -> None: ...
 
+    def for_eval(self) -> Recorder:
+        """The recorder one evaluation reports to (a Trace gives each its own view)."""
+        return self
+
 
 NULL_RECORDER = Recorder()
 _active: contextvars.ContextVar[Recorder | None] = contextvars.ContextVar("outlines_recorder", default=None)
 
 
 def active_recorder() -> Recorder:
-    return _active.get() or NULL_RECORDER
+    """The recorder for an evaluation starting now (a no-op one outside ``trace()``)."""
+    recorder = _active.get()
+    return recorder.for_eval() if recorder is not None else NULL_RECORDER
+
+
+def _first_line(error: BaseException | None) -> str | None:
+    if error is None:
+        return None
+    text = str(error).strip().splitlines()
+    return f"{type(error).__name__}: {text[0]}" if text else type(error).__name__
+
+
+@dataclass
+class NodeRecord:
+    """What one node did (its latest run, when a trace holds several evals)."""
+
+    label: str
+    op: str
+    kind: str  # "input", "generate", "python" or "inline"
+    backend: str | None = None
+    start: float | None = None
+    end: float | None = None
+    batch_ids: list[int] = field(default_factory=list)
+    cache_hits: int = 0
+    cache_misses: int = 0
+    error: str | None = None
+
+    @property
+    def duration(self) -> float:
+        return (self.end - self.start) if self.start is not None and self.end is not None else 0.0
+
+
+@dataclass
+class BatchRecord:
+    """One backend call: its size, when it ran, for which nodes, and its tokens."""
+
+    id: int
+    backend: str
+    size: int
+    start: float
+    end: float | None = None
+    nodes: list[str] = field(default_factory=list)
+    worker: str | None = None
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    error: str | None = None
+
+
+@dataclass
+class _Eval:
+    start: float
+    end: float | None = None
+    labels: list[str] = field(default_factory=list)
+    parents: list[list[int]] = field(default_factory=list)
+    critical_path: float = 0.0
+    critical_nodes: list[str] = field(default_factory=list)
+    error: str | None = None
+
+
+class Trace(Recorder):
+    """Per-node timings, batches, requests, cache hits, tokens and errors.
+
+    Attributes
+    ----------
+    nodes
+        ``label -> NodeRecord``, in the order nodes started.
+    batches
+        One ``BatchRecord`` per backend call, numbered across the trace.
+    requests_per_backend
+        ``repr(backend) -> number of calls``.
+    cache_hits, cache_misses
+        Draws served from the cache / sent, summed over every evaluation.
+    """
+
+    def __init__(self) -> None:
+        self.origin = time.perf_counter()
+        self.nodes: dict[str, NodeRecord] = {}
+        self.batches: list[BatchRecord] = []
+        self.requests_per_backend: dict[str, int] = {}
+        self.cache_hits = 0
+        self.cache_misses = 0
+        self.evals: list[_Eval] = []
+        self.closed_at: float | None = None
+
+    def for_eval(self) -> Recorder:
+        return _EvalRecorder(self)
+
+    def _time(self, t: float) -> float:
+        return t - self.origin
+
+    # -- derived figures ------------------------------------------------------------
+    @property
+    def wall(self) -> float:
+        """Seconds during which at least one evaluation was running."""
+        return sum(end - start for start, end, _ in self._clusters())
+
+    @property
+    def critical_path(self) -> float:
+        """Seconds of the longest chain of dependent nodes (summed over sequential evals)."""
+        return sum(path for _, _, path in self._clusters())
+
+    @property
+    def critical_path_nodes(self) -> list[str]:
+        """Labels along the critical path of each evaluation, in order."""
+        return [label for record in self.evals for label in record.critical_nodes]
+
+    def _clusters(self) -> list[tuple[float, float, float]]:
+        """Overlapping evals merged: (start, end, longest critical path inside)."""
+        now = self._time(self.closed_at or time.perf_counter())
+        spans = sorted((e.start, e.end if e.end is not None else now, e.critical_path) for e in self.evals)
+        merged: list[list[float]] = []
+        for start, end, path in spans:
+            if merged and start < merged[-1][1]:
+                merged[-1][1] = max(merged[-1][1], end)
+                merged[-1][2] = max(merged[-1][2], path)
+            else:
+                merged.append([start, end, path])
+        return [(s, e, p) for s, e, p in merged]
+
+    @property
+    def tokens(self) -> tuple[int, int]:
+        """(prompt tokens, completion tokens) reported by backends."""
+        return (sum(b.prompt_tokens for b in self.batches), sum(b.completion_tokens for b in self.batches))
+
+    @property
+    def errors(self) -> list[str]:
+        return [f"{n.label}: {n.error}" for n in self.nodes.values() if n.error] + [
+            f"batch {b.id} ({b.backend}): {b.error}" for b in self.batches if b.error
+        ]
+
+    # -- output ---------------------------------------------------------------
+    def to_dict(self) -> dict[str, Any]:
+        """Everything as JSON-able data (the format of ``to_json``)."""
+        prompt_tokens, completion_tokens = self.tokens
+        return {
+            "wall": self.wall,
+            "critical_path": self.critical_path,
+            "critical_path_nodes": self.critical_path_nodes,
+            "requests_per_backend": dict(self.requests_per_backend),
+            "cache_hits": self.cache_hits,
+            "cache_misses": self.cache_misses,
+            "prompt_tokens": prompt_tokens,
+            "completion_tokens": completion_tokens,
+            "nodes": [asdict(n) for n in self.nodes.values()],
+            "batches": [asdict(b) for b in self.batches],
+        }
+
+    def to_json(self, path: str | os.PathLike[str]) -> None:
+        """Write ``to_dict()`` as JSON to ``path``."""
+        with open(path, "w", encoding="utf-8") as file:
+            json.dump(self.to_dict(), file, indent=1)
+
+    def timeline(self, path: str | os.PathLike[str]) -> Any:
+        """Write a self-contained HTML Gantt chart of what ran when."""
+        from outlines.graph.timeline import write_timeline
+
+        return write_timeline(self, path)
+
+    def summary(self) -> str:
+        """A readable text table of the trace."""
+        lines = [f"outlines trace: {len(self.evals)} evaluation(s), {len(self.nodes)} node(s)"]
+        kinds: dict[str, list[NodeRecord]] = {}
+        for record in self.nodes.values():
+            kinds.setdefault(record.kind, []).append(record)
+        lines.append(f"  {'nodes':<12}{'count':>8}{'busy s':>10}{'errors':>8}")
+        for kind in ("input", "inline", "python", "generate"):
+            group = kinds.get(kind, [])
+            if group:
+                busy = sum(r.duration for r in group)
+                failed = sum(1 for r in group if r.error)
+                lines.append(f"  {kind:<12}{len(group):>8}{busy:>10.3f}{failed:>8}")
+        if self.batches:
+            lines.append(f"  {'backend':<40}{'requests':>9}{'prompts':>9}{'min/mean/max size':>20}")
+            for backend, count in sorted(self.requests_per_backend.items()):
+                sizes = [b.size for b in self.batches if b.backend == backend]
+                spread = f"{min(sizes)}/{sum(sizes) / len(sizes):.1f}/{max(sizes)}"
+                lines.append(f"  {_clip(backend, 39):<40}{count:>9}{sum(sizes):>9}{spread:>20}")
+        prompt_tokens, completion_tokens = self.tokens
+        lines.append(f"  cache: {self.cache_hits} hit(s), {self.cache_misses} miss(es)")
+        lines.append(f"  tokens: {prompt_tokens} prompt, {completion_tokens} completion")
+        wall, path = self.wall, self.critical_path
+        ratio = f" ({wall / path:.2f}x)" if path > 0 else ""
+        lines.append(f"  wall {wall:.3f} s, critical path {path:.3f} s{ratio}")
+        errors = self.errors
+        if errors:
+            lines.append(f"  errors ({len(errors)}):")
+            lines.extend(f"    {_clip(e, 100)}" for e in errors[:10])
+            if len(errors) > 10:
+                lines.append(f"    ... and {len(errors) - 10} more")
+        return "\n".join(lines)
+
+    def __repr__(self) -> str:
+        return (
+            f"Trace({len(self.nodes)} nodes, {len(self.batches)} batches, "
+            f"wall={self.wall:.3f}s, critical_path={self.critical_path:.3f}s)"
+        )
+
+
+def _clip(text: str, width: int) -> str:
+    return text if len(text) <= width else text[: width - 3] + "..."
+
+
+class _EvalRecorder(Recorder):
+    """One evaluation's events, written into a shared Trace."""
+
+    def __init__(self, trace: Trace) -> None:
+        self.trace = trace
+        self.eval: _Eval | None = None
+        self.batches: dict[int, BatchRecord] = {}
+
+    def eval_started(self, plan: Any, t: float) -> None:
+        trace, now = self.trace, self.trace._time(t)
+        record = self.eval = _Eval(start=now)
+        trace.evals.append(record)
+        position = {id(node): i for i, node in enumerate(plan.nodes)}
+        record.labels = [node.label for node in plan.nodes]
+        record.parents = [
+            sorted({position[id(v.owner)] for v in node.inputs if v.owner is not None}) for node in plan.nodes
+        ]
+        for variable in plan.inputs:
+            trace.nodes[variable.label] = NodeRecord(variable.label, "input", "input", None, now, now)
+
+    def eval_finished(self, t: float, error: BaseException | None) -> None:
+        if self.eval is None:
+            return
+        self.eval.end = self.trace._time(t)
+        self.eval.error = _first_line(error)
+        self.eval.critical_path, self.eval.critical_nodes = _longest_chain(self.eval, self.trace.nodes)
+
+    def node_started(self, node: Any, t: float) -> None:
+        op = node.op
+        backend = getattr(op, "backend", None)
+        self.trace.nodes[node.label] = NodeRecord(
+            node.label, op.name, op.mode, repr(backend) if backend is not None else None, self.trace._time(t)
+        )
+
+    def node_finished(self, node: Any, t: float, error: BaseException | None = None) -> None:
+        record = self.trace.nodes.get(node.label)
+        if record is not None:
+            record.end = self.trace._time(t)
+            record.error = _first_line(error)
+
+    def node_cache(self, node: Any, hits: int, misses: int) -> None:
+        self.trace.cache_hits += hits
+        self.trace.cache_misses += misses
+        record = self.trace.nodes.get(node.label)
+        if record is not None:
+            record.cache_hits += hits
+            record.cache_misses += misses
+
+    def batch_started(self, batch_id: int, backend: Any, nodes: list[Any], size: int, t: float) -> None:
+        trace = self.trace
+        name = repr(backend)
+        labels = [n if isinstance(n, str) else n.label for n in nodes]
+        record = BatchRecord(len(trace.batches) + 1, name, size, trace._time(t), nodes=labels)
+        trace.batches.append(record)
+        self.batches[batch_id] = record
+        trace.requests_per_backend[name] = trace.requests_per_backend.get(name, 0) + 1
+        for label in labels:
+            node = trace.nodes.get(label)
+            if node is not None:
+                node.batch_ids.append(record.id)
+
+    def batch_finished(
+        self, batch_id: int, t: float, error: BaseException | None, usage: tuple[int, int], worker: str | None
+    ) -> None:
+        record = self.batches.get(batch_id)
+        if record is None:
+            return
+        record.end = self.trace._time(t)
+        record.error = _first_line(error)
+        record.prompt_tokens, record.completion_tokens = int(usage[0]), int(usage[1])
+        record.worker = worker
+
+
+def _longest_chain(record: _Eval, nodes: dict[str, NodeRecord]) -> tuple[float, list[str]]:
+    """Longest path through the plan's DAG, weighting each node by its duration."""
+    finish = [0.0] * len(record.labels)
+    best: list[int] = [-1] * len(record.labels)
+    for i, label in enumerate(record.labels):  # plan.nodes is topologically ordered
+        parent = max(record.parents[i], key=finish.__getitem__, default=-1)
+        node = nodes.get(label)
+        finish[i] = (finish[parent] if parent >= 0 else 0.0) + (node.duration if node else 0.0)
+        best[i] = parent
+    if not finish:
+        return 0.0, []
+    end = max(range(len(finish)), key=finish.__getitem__)
+    total, chain = finish[end], []
+    while end >= 0:
+        chain.append(record.labels[end])
+        end = best[end]
+    return total, chain[::-1]
+
+
+@contextlib.contextmanager
+def trace() -> Iterator[Trace]:
+    """Record every evaluation run inside the block.
+
+    Returns
+    -------
+    Trace
+        Filled in as evaluations run; read it after (or during) the block.
+
+    Examples
+    --------
+    >>> import outlines
+    >>> q = outlines.string("q")
+    >>> with outlines.trace() as t:
+    ...     _ = (q + "!").eval({"q": "hi"}, cache=False)
+    >>> len(t.evals)
+    1
+    """
+    recorder = Trace()
+    token = _active.set(recorder)
+    try:
+        yield recorder
+    finally:
+        _active.reset(token)
+        recorder.closed_at = time.perf_counter()

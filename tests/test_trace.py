@@ -1,0 +1,183 @@
+"""``outlines.trace()``: the Trace agrees with what a recording fake backend saw."""
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+import types
+
+import pytest
+
+import outlines
+from outlines import models
+from outlines.backends.base import report_usage
+from outlines.cache import Cache
+from outlines.plan import Plan
+from outlines.trace import NULL_RECORDER, Trace, active_recorder
+
+
+class Recording:
+    """A batched async fake model that records every batch it receives."""
+
+    def __init__(self, delay: float = 0.0, fail_on: str | None = None) -> None:
+        self.batches: list[list[str]] = []
+        self.delay = delay
+        self.fail_on = fail_on
+
+    async def __call__(self, prompts: list[str]) -> list[str]:
+        self.batches.append(list(prompts))
+        report_usage(len(prompts) * 3, len(prompts))
+        if self.delay:
+            await asyncio.sleep(self.delay)
+        if self.fail_on is not None and any(self.fail_on in p for p in prompts):
+            raise RuntimeError(f"refused {self.fail_on}\nsecond line")
+        return [p + "." for p in prompts]
+
+
+def _model(recording: Recording, **options: object) -> models.Model:
+    return models.from_function(recording, batched=True, name="rec", **options)
+
+
+def test_totals_match_the_backend_records() -> None:
+    recording = Recording()
+    llm = _model(recording, max_batch=4)
+    q = outlines.string("q")
+    out = outlines.fn(str.upper, name="upper")(llm(llm(q)))
+    with outlines.trace() as trace:
+        out.eval({"q": [f"q{i}" for i in range(10)]}, cache=False)
+    assert len(trace.batches) == len(recording.batches) == 6
+    assert sorted(b.size for b in trace.batches) == sorted(len(b) for b in recording.batches)
+    assert sum(trace.requests_per_backend.values()) == len(recording.batches)
+    assert trace.cache_misses == sum(len(b) for b in recording.batches) == 20
+    assert trace.cache_hits == 0
+    assert trace.tokens == (60, 20)
+    assert [b.id for b in trace.batches] == list(range(1, 7))
+    kinds = sorted(n.kind for n in trace.nodes.values())
+    assert kinds == ["generate", "generate", "input", "python"]
+    for batch in trace.batches:
+        assert batch.end is not None and batch.end >= batch.start
+        assert batch.error is None
+        for label in batch.nodes:
+            assert batch.id in trace.nodes[label].batch_ids
+    generate = [n for n in trace.nodes.values() if n.kind == "generate"]
+    assert sum(len(n.batch_ids) for n in generate) == 6
+    assert all(n.backend and "rec" in n.backend for n in generate)
+
+
+def test_cache_hits_are_recorded(tmp_path) -> None:
+    recording = Recording()
+    llm = _model(recording)
+    q = outlines.string("q")
+    cache = Cache(tmp_path)
+    with outlines.trace() as trace:
+        llm(q).eval({"q": ["a", "b", "c"]}, cache=cache)
+        llm(q).eval({"q": ["a", "b", "c", "d"]}, cache=cache)
+    assert [len(b) for b in recording.batches] == [3, 1]
+    assert (trace.cache_hits, trace.cache_misses) == (3, 4)
+    assert len(trace.evals) == 2
+
+
+def test_critical_path_follows_the_dependent_chain() -> None:
+    recording = Recording(delay=0.03)
+    llm = _model(recording)
+    q = outlines.string("q")
+    first = llm(q)
+    side = outlines.fn(str.lower, name="side")(q)
+    out = llm(first + side)
+    with outlines.trace() as trace:
+        out.eval({"q": "x"}, cache=False)
+    labels = trace.critical_path_nodes
+    assert labels[0] == first.owner.label and labels[-1] == out.owner.label
+    assert side.owner.label not in labels
+    assert 0.06 <= trace.critical_path <= trace.wall + 1e-6
+    assert "critical path" in trace.summary()
+
+
+def test_trace_sees_aeval_and_sync_eval_inside_a_running_loop() -> None:
+    llm = _model(Recording())
+    q = outlines.string("q")
+
+    async def main() -> None:
+        await llm(q).aeval({"q": "a"}, cache=False)
+        llm(q).eval({"q": "b"}, cache=False)  # runs on a helper thread
+
+    with outlines.trace() as trace:
+        asyncio.run(main())
+    assert len(trace.evals) == 2 and len(trace.batches) == 2
+
+
+def test_concurrent_evals_keep_their_batches_apart() -> None:
+    recording = Recording(delay=0.02)
+    llm = _model(recording)
+    q = outlines.string("q")
+
+    async def main() -> None:
+        await asyncio.gather(*(llm(q).aeval({"q": f"p{i}"}, cache=False) for i in range(3)))
+
+    with outlines.trace() as trace:
+        asyncio.run(main())
+    assert sorted(b.id for b in trace.batches) == [1, 2, 3]
+    assert all(b.end is not None for b in trace.batches)
+    assert trace.wall < 3 * 0.02 + 0.05  # one overlapping span, not a sum
+
+
+def test_no_recording_outside_the_block() -> None:
+    assert active_recorder() is NULL_RECORDER
+    with outlines.trace() as trace:
+        assert active_recorder().trace is trace  # type: ignore[attr-defined]
+    assert active_recorder() is NULL_RECORDER
+    assert trace.wall == 0.0 and trace.critical_path == 0.0
+
+
+def test_errors_are_first_lines() -> None:
+    llm = _model(Recording(fail_on="bad"))
+    q = outlines.string("q")
+    with outlines.trace() as trace:
+        with pytest.raises(outlines.NodeError):
+            llm(q).eval({"q": ["ok", "bad"]}, cache=False)
+    (batch,) = trace.batches
+    assert batch.error == "RuntimeError: refused bad"
+    assert any("refused bad" in e for e in trace.errors)
+    assert trace.evals[0].error is not None
+    assert "errors (" in trace.summary()
+
+
+def test_json_has_the_documented_fields_and_no_secret(tmp_path) -> None:
+    secret = "sk-TRACE-SECRET-123"
+    llm = models.openai("gpt-test", api_key=secret, base_url="http://127.0.0.1:9/v1")
+    q = outlines.string("q")
+    node = llm(q).owner
+    trace = Trace()
+    recorder = trace.for_eval()
+    recorder.eval_started(Plan([node.out]), trace.origin)
+    recorder.node_started(node, trace.origin + 0.1)
+    recorder.batch_started(7, node.op.backend, [node.label], 1, trace.origin + 0.1)
+    recorder.batch_finished(7, trace.origin + 0.3, None, (5, 2), None)
+    recorder.node_cache(node, 0, 1)
+    recorder.node_finished(node, trace.origin + 0.3)
+    recorder.eval_finished(trace.origin + 0.3, None)
+    path = tmp_path / "trace.json"
+    trace.to_json(path)
+    text = path.read_text()
+    assert secret not in text and secret not in trace.summary() and secret not in repr(trace)
+    data = json.loads(text)
+    assert {"wall", "critical_path", "critical_path_nodes", "requests_per_backend", "nodes", "batches"} <= set(data)
+    assert set(data["nodes"][1]) == {
+        "label", "op", "kind", "backend", "start", "end", "batch_ids", "cache_hits", "cache_misses", "error",
+    }
+    assert set(data["batches"][0]) == {
+        "id", "backend", "size", "start", "end", "nodes", "worker", "prompt_tokens", "completion_tokens", "error",
+    }
+    assert data["batches"][0]["id"] == 1 and data["nodes"][1]["batch_ids"] == [1]
+    assert trace.critical_path == pytest.approx(0.2)
+    assert trace.wall == pytest.approx(0.3)
+
+
+def test_timeline_delegates(monkeypatch, tmp_path) -> None:
+    calls = []
+    fake = types.ModuleType("outlines.graph.timeline")
+    fake.write_timeline = lambda trace, path: calls.append((trace, path)) or path  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "outlines.graph.timeline", fake)
+    trace = Trace()
+    assert trace.timeline(tmp_path / "t.html") == tmp_path / "t.html"
+    assert calls == [(trace, tmp_path / "t.html")]
