@@ -17,7 +17,7 @@ import numpy as np
 
 from outlines.backends.function import code_hash
 from outlines.errors import Failure, GraphBuildError
-from outlines.graph.basic import Apply, Op, as_variable
+from outlines.graph.basic import Apply, Op, as_object_array, as_variable
 from outlines.graph.ops import broadcast_map, scalar_or_array
 
 __all__ = ["Function", "PyFunc", "fn"]
@@ -60,6 +60,7 @@ class PyFunc(Op):
         signature = self.function.signature
         if signature is None:
             return broadcast_map(call, values, on_error=on_error, on_failed_input=on_failed_input)
+        call = _core_outputs(call, self.function.core_outputs)
         if on_error is not None:
             call = _guard_core(call, on_error, on_failed_input)
         vectorized = np.vectorize(call, signature=signature, otypes=[object] * self.function.noutputs)
@@ -87,6 +88,19 @@ async def _settle(value: Any, on_error: Any) -> Any:
         return await value
     except Exception as exc:  # noqa: BLE001 - becomes the element's Failure
         return on_error(exc)
+
+
+def _core_outputs(call: Callable[..., Any], cores: tuple[bool, ...]) -> Callable[..., Any]:
+    """Let functions return lists for outputs with core dimensions."""
+    if not any(cores):
+        return call
+
+    def as_core(value: Any, core: bool) -> Any:
+        return as_object_array(value) if core and isinstance(value, (list, tuple)) else value
+
+    if len(cores) == 1:
+        return lambda *values: as_core(call(*values), True)
+    return lambda *values: tuple(as_core(v, c) for v, c in zip(call(*values), cores))
 
 
 def _guard_core(call: Callable[..., Any], on_error: Any, on_failed_input: Any) -> Callable[..., Any]:
@@ -123,7 +137,9 @@ class Function:
             raise GraphBuildError(f"fn {self.__name__}: invalid gufunc signature {signature!r} (e.g. '(n)->()')")
         self.target = target
         self.signature = signature.replace(" ", "") if signature else None
-        self.noutputs = signature.split("->")[1].count("(") if signature else 1
+        outputs = re.findall(r"\(([^()]*)\)", signature.split("->")[1]) if signature else [""]
+        self.noutputs = len(outputs)
+        self.core_outputs = tuple(bool(o.strip()) for o in outputs)
         self.pure = pure
         self.blocking = blocking
         self.is_async = inspect.iscoroutinefunction(target)

@@ -103,7 +103,7 @@ class Scheduler:
         self.done: deque[Callable[[], None]] = deque()
         self.wakeup = asyncio.Event()
         self.groups: dict[tuple[Backend, Any], _Group] = {}
-        self.waiters: dict[Request, list[tuple[_Draws, int]]] = {}
+        self.waiters: dict[tuple[Backend, Request], list[tuple[_Draws, int]]] = {}
         self.limits: dict[Backend, asyncio.Semaphore | None] = {}
         self.tainted: set[int] = set()
         self.error: BaseException | None = None
@@ -292,9 +292,9 @@ class Scheduler:
                 draws.results[position] = upstream.skipped(node.label, op.name)
                 draws.remaining -= 1
                 continue
-            waiting = self.waiters.get(request)
+            waiting = self.waiters.get((group.backend, request))
             if waiting is None:
-                self.waiters[request] = [(draws, position)]
+                self.waiters[group.backend, request] = [(draws, position)]
                 group.pending[request] = None
             else:
                 waiting.append((draws, position))
@@ -331,7 +331,7 @@ class Scheduler:
                 misses = []
                 for request, key in zip(requests, keys):
                     if key in found:
-                        self._resolve(request, found[key], hit=True)
+                        self._resolve(backend, request, found[key], hit=True)
                     else:
                         misses.append(request)
                 requests = misses
@@ -342,7 +342,7 @@ class Scheduler:
     def _start_batch(self, backend: Backend, requests: list[Request]) -> None:
         self.batch_ids += 1
         batch_id = self.batch_ids
-        self._spawn(self._run_batch(batch_id, backend, requests), lambda t: self._batch_done(requests, t))
+        self._spawn(self._run_batch(batch_id, backend, requests), lambda t: self._batch_done(backend, requests, t))
 
     async def _run_batch(self, batch_id: int, backend: Backend, requests: list[Request]) -> list[str]:
         limit = self._limit(backend)
@@ -357,7 +357,8 @@ class Scheduler:
             usage[1] += completion_tokens
 
         token = _usage_callback.set(add_usage)
-        nodes = sorted({self.plan.nodes[d.index].label: None for r in requests for d, _ in self.waiters.get(r, ())})
+        waiters = self.waiters
+        nodes = sorted({self.plan.nodes[d.index].label: None for r in requests for d, _ in waiters.get((backend, r), ())})
         self.recorder.batch_started(batch_id, backend, nodes, len(requests), time.perf_counter())
         error: BaseException | None = None
         worker = None
@@ -385,24 +386,23 @@ class Scheduler:
             self.limits[backend] = asyncio.Semaphore(bound) if bound else None
         return self.limits[backend]
 
-    def _batch_done(self, requests: list[Request], task: asyncio.Task[Any]) -> None:
+    def _batch_done(self, backend: Backend, requests: list[Request], task: asyncio.Task[Any]) -> None:
         exc = task.exception()
         if exc is None:
             for request, text in zip(requests, task.result()):
-                self._resolve(request, text, hit=False)
+                self._resolve(backend, request, text, hit=False)
             return
         if not self.return_failures:
-            waiting = self.waiters.get(requests[0])
+            waiting = self.waiters.get((backend, requests[0]))
             self._fail_node(waiting[0][0].index if waiting else 0, exc)
             return
         for request in requests:
-            for draws, position in self.waiters.get(request, ()):
+            for draws, position in self.waiters.pop((backend, request), ()):
                 node = self.plan.nodes[draws.index]
                 self._resolve_one(draws, position, Failure.from_exception(node.label, node.op.name, exc))
-            self.waiters.pop(request, None)
 
-    def _resolve(self, request: Request, value: Any, *, hit: bool) -> None:
-        for draws, position in self.waiters.pop(request, ()):
+    def _resolve(self, backend: Backend, request: Request, value: Any, *, hit: bool) -> None:
+        for draws, position in self.waiters.pop((backend, request), ()):
             draws.hits += hit
             self._resolve_one(draws, position, value)
 

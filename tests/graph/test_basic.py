@@ -1,0 +1,85 @@
+"""Variables, Constants, Apply and Op: identity, equality, symbolic guards."""
+from __future__ import annotations
+
+import pytest
+
+import outlines
+from outlines.graph import Apply, Constant, Op, SymbolicValueError, Variable
+from outlines.graph.ops import Concat, Stack
+
+
+class Scale(Op):
+    __props__ = ("factor",)
+
+    def __init__(self, factor):
+        self.factor = factor
+
+    def perform(self, x):
+        return x * self.factor
+
+
+def test_op_equality_and_hash_come_from_params():
+    assert Scale(2) == Scale(2) and hash(Scale(2)) == hash(Scale(2))
+    assert Scale(2) != Scale(3)
+    assert Concat() == Concat() and Stack(2) != Stack(3)
+
+
+def test_apply_links_outputs_to_owner_in_creation_order():
+    x = outlines.string("x")
+    y = Scale(2)(x)
+    z = Scale(3)(y)
+    assert isinstance(y.owner, Apply) and y.owner.inputs == (x,)
+    assert y.owner.outputs[0] is y and y.index == 0
+    assert y.owner.order < z.owner.order
+
+
+def test_non_variables_become_constants():
+    y = Scale(2)(5)
+    (c,) = y.owner.inputs
+    assert isinstance(c, Constant) and c.value == 5
+
+
+@pytest.mark.parametrize(
+    "action, words",
+    [
+        (bool, "truth value"),
+        (iter, "Iterating"),
+        (len, "len()"),
+        (lambda v: [0, 1][v], "index"),
+    ],
+)
+def test_symbolic_values_refuse_concrete_use(action, words):
+    x = outlines.string("question")
+    with pytest.raises(SymbolicValueError) as info:
+        action(x)
+    assert words in str(info.value) and "symbolic" in str(info.value) and "eval" in str(info.value)
+    assert isinstance(info.value, TypeError)
+
+
+def test_if_on_a_variable_is_a_type_error():
+    x = outlines.string("x")
+    with pytest.raises(TypeError):
+        if x:  # noqa: SIM108
+            pass
+
+
+def test_string_concatenation_builds_nodes():
+    q = outlines.string("q")
+    s = "Q: " + q + "?"
+    assert isinstance(s, Variable)
+    assert s.eval({"q": "why"}) == "Q: why?"
+    assert (q + q).eval({q: "ab"}) == "abab"
+
+
+def test_concatenating_a_non_string_constant_is_rejected_at_build_time():
+    q = outlines.string("q")
+    with pytest.raises(outlines.GraphBuildError, match="Concat.*must be a string.*int"):
+        q + 3  # noqa: B018
+
+
+def test_labels_and_reprs_are_short():
+    q = outlines.string("question")
+    assert "question" in repr(q)
+    y = q + "!"
+    assert "Concat" in y.label and "Concat" in repr(y)
+    assert len(Constant("x" * 100).label) <= 24

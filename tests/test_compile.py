@@ -1,0 +1,105 @@
+"""outlines.compile: tracing once, scalar and array calls, one schedule for arrays."""
+from __future__ import annotations
+
+import asyncio
+from collections import Counter
+
+import numpy as np
+import pytest
+
+import outlines
+from outlines import models
+
+
+class Recorder:
+    def __init__(self):
+        self.batches = []
+
+    def __call__(self, prompts):
+        self.batches.append(list(prompts))
+        return [f"answer to {p}" for p in prompts]
+
+
+@outlines.prompt
+def ask(question):
+    """Q: {{ question }}"""
+
+
+def test_traced_once_called_many_times():
+    traced = []
+
+    def program(question):
+        traced.append(question)
+        return ask(question) + "!"
+
+    prog = outlines.compile(program)
+    assert prog("a") == "Q: a!" and prog(question="b") == "Q: b!"
+    assert len(traced) == 1
+    assert [v.name for v in prog.inputs] == ["question"]
+    assert isinstance(prog.outputs, outlines.Variable)
+
+
+def test_array_call_is_one_backend_call_for_100_elements():
+    rec = Recorder()
+    llm = models.from_function(rec, batched=True)
+    prog = outlines.compile(lambda question: llm(ask(question)), cache=False)
+    out = prog([f"q{i}" for i in range(100)])
+    assert isinstance(out, np.ndarray) and out.shape == (100,)
+    assert out[7] == "answer to Q: q7"
+    assert len(rec.batches) == 1 and len(rec.batches[0]) == 100
+
+
+def test_decorator_and_samples_with_majority_vote():
+    llm = models.from_function(lambda p: p[-1], name="last")
+
+    @outlines.fn(signature="(n)->()")
+    def majority(xs):
+        return Counter(xs).most_common(1)[0][0]
+
+    @outlines.compile
+    def vote(question):
+        return majority(llm(ask(question), num_samples=3))
+
+    assert vote("abc") == "c"
+    assert list(vote(("xy", "zw"))) == ["y", "w"]
+    assert isinstance(vote, outlines.Program)
+
+
+def test_inputs_outputs_form_and_several_outputs():
+    a, b = outlines.string("a"), outlines.string("b")
+    prog = outlines.compile([a, b], [a + b, b + a])
+    assert prog("x", "y") == ("xy", "yx")
+    assert prog(b="1", a="2") == ("21", "12")
+
+
+def test_acall_on_the_running_loop():
+    prog = outlines.compile(lambda text: text + "?")
+    assert asyncio.run(prog.acall("ok")) == "ok?"
+
+
+def test_argument_errors():
+    prog = outlines.compile(lambda a, b: a + b)
+    with pytest.raises(outlines.UnboundInputError, match="'b'"):
+        prog("x")
+    with pytest.raises(TypeError, match="takes 2 argument"):
+        prog("x", "y", "z")
+    with pytest.raises(TypeError, match="unexpected argument 'c'"):
+        prog("x", "y", c="z")
+    with pytest.raises(TypeError, match="multiple values"):
+        prog("x", a="y")
+    with pytest.raises(outlines.GraphBuildError, match="name each input"):
+        outlines.compile(lambda *args: args[0])
+
+
+def test_with_options_returns_failures():
+    @outlines.fn
+    def fragile(x):
+        if x == "b":
+            raise RuntimeError("nope")
+        return x
+
+    prog = outlines.compile(lambda x: fragile(x))
+    with pytest.raises(outlines.NodeError, match="fragile"):
+        prog(["a", "b"])
+    out = prog.with_options(errors="return")(["a", "b"])
+    assert out[0] == "a" and isinstance(out[1], outlines.Failure)

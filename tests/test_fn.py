@@ -1,0 +1,132 @@
+"""outlines.fn: elementwise broadcasting, gufunc signatures, async, keywords, errors."""
+from __future__ import annotations
+
+import asyncio
+import time
+
+import numpy as np
+import pytest
+
+import outlines
+
+
+@outlines.fn
+def join(a, b, sep="-"):
+    return f"{a}{sep}{b}"
+
+
+def test_scalars_in_scalar_out():
+    assert join("a", "b").eval() == "a-b"
+
+
+def test_elementwise_broadcasting_like_numpy():
+    x, y = outlines.string("x"), outlines.string("y")
+    out = join(x, y).eval({"x": [["a"], ["b"]], "y": ["1", "2", "3"]})
+    assert out.shape == (2, 3)
+    assert out[1, 2] == "b-3"
+
+
+def test_keyword_arguments_are_inputs_too():
+    x = outlines.string("x")
+    out = join(x, "z", sep=outlines.string("s")).eval({"x": ["a", "b"], "s": "+"})
+    assert list(out) == ["a+z", "b+z"]
+
+
+def test_gufunc_signature_reduces_core_dimension():
+    @outlines.fn(signature="(n)->()")
+    def count_a(xs):
+        assert isinstance(xs, np.ndarray) and xs.ndim == 1
+        return sum(x == "a" for x in xs)
+
+    x = outlines.string("x")
+    assert count_a(x).eval({"x": ["a", "b", "a"]}) == 2
+    out = count_a(x).eval({"x": [["a", "a"], ["b", "a"], ["b", "b"]]})
+    assert list(out) == [2, 1, 0]
+
+
+def test_gufunc_signature_with_core_output():
+    @outlines.fn(signature="()->(k)")
+    def letters(word):
+        return list(word[:2])
+
+    out = letters(outlines.string("w")).eval({"w": ["ab", "cd", "ef"]})
+    assert out.shape == (3, 2) and out[2, 1] == "f"
+
+
+def test_multiple_outputs_from_a_signature():
+    @outlines.fn(signature="()->(),()")
+    def split(word):
+        return word[0], word[1:]
+
+    head, tail = split(outlines.string("w"))
+    assert outlines.eval(head, tail, givens={"w": ["abc", "xy"]})[1].tolist() == ["bc", "y"]
+
+
+def test_async_functions_run_concurrently_per_element():
+    @outlines.fn
+    async def slow_upper(text):
+        await asyncio.sleep(0.2)
+        return text.upper()
+
+    start = time.perf_counter()
+    out = slow_upper(outlines.string("t")).eval({"t": ["a", "b", "c", "d", "e"]})
+    assert list(out) == ["A", "B", "C", "D", "E"]
+    assert time.perf_counter() - start < 0.6
+
+
+def test_python_values_pass_through():
+    @outlines.fn
+    def length(x):
+        return len(x)
+
+    @outlines.fn
+    def words(text):
+        return text.split()
+
+    assert length(words("a b c")).eval() == 3
+
+
+def test_wrong_arity_is_a_build_error_naming_the_function():
+    with pytest.raises(outlines.GraphBuildError, match="fn join:.*missing"):
+        join("a")
+    with pytest.raises(outlines.GraphBuildError, match="fn join:.*unexpected keyword"):
+        join("a", "b", nope=1)
+
+
+def test_invalid_signature_is_rejected():
+    with pytest.raises(outlines.GraphBuildError, match="invalid gufunc signature"):
+        outlines.fn(lambda x: x, signature="n->")
+
+
+def test_an_exception_names_the_node_and_op_and_is_chained():
+    @outlines.fn
+    def explode(x):
+        raise ValueError(f"bad value {x}")
+
+    node = explode("boom")
+    with pytest.raises(outlines.NodeError) as info:
+        node.eval()
+    message = str(info.value)
+    assert node.owner.label in message and "explode" in message and "bad value boom" in message
+    assert isinstance(info.value.__cause__, ValueError)
+
+
+def test_blocking_functions_run_off_the_event_loop():
+    @outlines.fn(blocking=True)
+    def sleepy(x):
+        time.sleep(0.3)
+        return x
+
+    a, b = sleepy("a"), sleepy("b")
+    start = time.perf_counter()
+    assert outlines.eval(a, b) == ("a", "b")
+    assert time.perf_counter() - start < 0.5
+
+
+def test_fast_functions_are_measured_and_then_run_inline():
+    @outlines.fn
+    def tiny(x):
+        return x
+
+    tiny("a").eval()
+    assert tiny.mean_seconds is not None and tiny.mean_seconds < 0.01
