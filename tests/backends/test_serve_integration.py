@@ -1,0 +1,121 @@
+"""``models.openai_completion`` against a real ``transformers serve`` on 127.0.0.1.
+
+The server runs the tiny local GPT-2 built by the ``tiny_model_path`` fixture.
+It refuses a list of prompts (400 "prompt must be a string.") and ignores
+``n``, so the backend's fallbacks must kick in; greedy results must equal what
+the server answers to each prompt alone.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+from typing import Any, Iterator
+
+import numpy as np
+import pytest
+
+import outlines
+from outlines import models
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
+
+STARTUP_SECONDS = 180
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def _serve_command() -> list[str]:
+    cli = Path(sys.executable).with_name("transformers")
+    if cli.exists():
+        return [str(cli), "serve"]
+    found = shutil.which("transformers")
+    if found is None:
+        pytest.skip("the `transformers` command is not installed (pip install 'transformers[serving]')")
+    return [found, "serve"]
+
+
+def _post(url: str, body: dict[str, Any]) -> Any:
+    request = urllib.request.Request(url, json.dumps(body).encode(), {"Content-Type": "application/json"})
+    with urllib.request.urlopen(request, timeout=60) as response:
+        return json.loads(response.read())
+
+
+@pytest.fixture(scope="module")
+def served(tiny_model_path: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, str, Path]]:
+    """(base URL, model name, log file) of a ``transformers serve`` pinned to the tiny model."""
+    pytest.importorskip("fastapi", reason="transformers serve needs the 'serving' extra (fastapi)")
+    pytest.importorskip("uvicorn", reason="transformers serve needs the 'serving' extra (uvicorn)")
+    port = _free_port()
+    log = tmp_path_factory.mktemp("serve") / "serve.log"
+    command = _serve_command() + [tiny_model_path, "--host", "127.0.0.1", "--port", str(port), "--device", "cpu",
+                                  "--log-level", "info"]
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
+    with open(log, "wb") as sink:
+        process = subprocess.Popen(command, stdout=sink, stderr=subprocess.STDOUT, env=env)
+    try:
+        deadline = time.monotonic() + STARTUP_SECONDS
+        while True:
+            if process.poll() is not None:
+                pytest.skip(f"transformers serve exited with {process.returncode} before it was ready; "
+                            f"its log ends: {log.read_text()[-800:]}")
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2) as response:
+                    if response.status == 200:
+                        break
+            except (urllib.error.URLError, OSError):
+                pass
+            if time.monotonic() > deadline:
+                pytest.skip(f"transformers serve was not ready after {STARTUP_SECONDS}s; "
+                            f"its log ends: {log.read_text()[-800:]}")
+            time.sleep(0.25)
+        yield f"http://127.0.0.1:{port}/v1", tiny_model_path, log
+    finally:
+        process.terminate()
+        try:
+            process.wait(15)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+
+
+def test_a_20_prompt_graph_through_transformers_serve(
+    served: tuple[str, str, Path], caplog: pytest.LogCaptureFixture
+) -> None:
+    base_url, model_name, log = served
+    llm = models.openai_completion(model_name, base_url=base_url, api_key="sk-local", max_tokens=6, temperature=0)
+    topic = outlines.string("topic")
+    answers = llm("Tell me about " + topic + ":")
+    topics = [f"thing {i}" for i in range(20)]
+    with caplog.at_level(logging.WARNING, logger="outlines.backends.openai"):
+        result = answers.eval({topic: topics}, cache=False)
+    assert result.shape == (20,) and all(isinstance(text, str) for text in result)
+    assert any("refuses a list of prompts" in r.getMessage() for r in caplog.records)
+    # The server's own answers, asked one prompt at a time.
+    expected = [
+        _post(f"{base_url}/completions", {"model": model_name, "prompt": f"Tell me about {t}:", "max_tokens": 6,
+                                           "temperature": 0})["choices"][0]["text"]
+        for t in topics
+    ]
+    assert result.tolist() == expected
+    text = log.read_text()
+    assert text.count("400 Bad Request") == 1 and text.count('"POST /v1/completions HTTP/1.1" 200') == 40
+
+
+def test_samples_from_transformers_serve(served: tuple[str, str, Path]) -> None:
+    base_url, model_name, _ = served
+    llm = models.openai_completion(model_name, base_url=base_url, max_tokens=4, temperature=1.0)
+    result = llm(["a", "b"], num_samples=3).eval(cache=False)
+    assert np.asarray(result).shape == (2, 3) and all(isinstance(t, str) for t in np.asarray(result).flat)
