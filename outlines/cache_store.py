@@ -126,14 +126,27 @@ class SQLiteStore:
         try:
             if created:
                 os.chmod(self.file, 0o600)
-            connection.execute("PRAGMA journal_mode=WAL")
             connection.execute("PRAGMA synchronous=NORMAL")
-            connection.executescript(f"BEGIN IMMEDIATE;{_SCHEMA}COMMIT;")
-            self._check_format(connection)
+            if not self._ready(connection):  # only a new file needs the write lock here
+                connection.execute("PRAGMA journal_mode=WAL")
+                connection.executescript(f"BEGIN IMMEDIATE;{_SCHEMA}COMMIT;")
+                self._check_format(connection)
         except BaseException:
             connection.close()
             raise
         return connection
+
+    @staticmethod
+    def _ready(connection: sqlite3.Connection) -> bool:
+        try:
+            row = connection.execute("SELECT value FROM meta WHERE name = 'format'").fetchone()
+        except sqlite3.OperationalError as exc:
+            if "no such table" in str(exc):
+                return False
+            raise
+        if row is not None and row[0] != str(FORMAT):
+            raise FormatMismatch(f"{row[0]!r} (this version reads format {FORMAT})")
+        return row is not None and connection.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
 
     @staticmethod
     def _check_format(connection: sqlite3.Connection) -> None:
