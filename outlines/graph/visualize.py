@@ -241,9 +241,10 @@ def _overlay(drawn: list[DrawnNode], trace: Any, redact: Callable[[str], str]) -
     batches = {b.id: b for b in getattr(trace, "batches", []) or []}
     for node in drawn:
         record = records.get(node.label)
+        if node.kind in ("input", "constant"):
+            continue
         if record is None:
-            if node.kind not in ("input", "constant"):
-                node.status = ["not run"]
+            node.status = ["not run"]
             continue
         status = []
         if record.start is not None and record.end is not None:
@@ -357,7 +358,10 @@ def to_ascii(drawing: Drawing) -> str:
         out.append(_ascii(f"{head}  {details}".rstrip() + ("  => output" if node.output else "")))
         if node.key in inputs:
             out.append("      <- " + ", ".join(_ascii(x) for x in inputs[node.key]))
-        out.extend("      " + _ascii(("!! " if line.startswith("FAILED") else "") + line) for line in node.status)
+        facts = [line for line in node.status if not line.startswith("FAILED")]
+        if facts:
+            out.append("      " + _ascii(" | ".join(facts)))
+        out.extend("      !! " + _ascii(line) for line in node.status if line.startswith("FAILED"))
     if drawing.backends:
         out.append("backends: " + ", ".join(f"{{{letters[b]}}} {_ascii(b)}" for b in drawing.backends))
     return "\n".join(out) + "\n"

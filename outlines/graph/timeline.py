@@ -1,0 +1,278 @@
+"""What ran when: a ``Trace`` as a Gantt chart in SVG, and as a self-contained page.
+
+One lane per backend (and per worker when batches name one), with a bar per
+backend call, and one lane for Python ops. Concurrent bars of a lane stack in
+rows. Bars on the critical path are outlined; failed ones are red. The SVG
+carries its hover text in ``<title>`` elements, so it works as a picture on its
+own; the HTML page adds a small inline script for a nicer tooltip. Nothing
+refers to any URL: the page works offline and fetches nothing.
+"""
+from __future__ import annotations
+
+import ast
+import html
+import math
+import os
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+from outlines.graph.visualize import FAILED_FILL, FAILED_LINE, PALETTE, shorten
+
+__all__ = ["timeline_html", "timeline_svg", "write_timeline"]
+
+WIDTH, LABEL_WIDTH, ROW, LANE_GAP, TOP = 1000, 190, 14, 8, 48
+PYTHON_COLOUR, CRITICAL_LINE = "#9ecae1", "#111111"
+_KINDS = {"OpenAIChatBackend": "openai", "OpenAICompletionBackend": "openai_completion",
+          "FunctionBackend": "function", "TransformersBackend": "transformers"}
+_KEY_PATTERN = re.compile(r"\b(sk-[A-Za-z0-9_\-]{3,}|Bearer\s+\S+)")
+
+
+@dataclass
+class Bar:
+    """One drawn interval: a backend call or a Python op."""
+
+    lane: str
+    start: float
+    end: float
+    title: str
+    details: list[str]
+    colour: str
+    critical: bool = False
+    failed: bool = False
+    row: int = 0
+
+
+@dataclass
+class Lane:
+    name: str
+    bars: list[Bar] = field(default_factory=list)
+    rows: int = 1
+
+
+def backend_label(backend: str | None) -> str:
+    """``kind: model`` from a trace's backend repr (``FunctionBackend('upper', ...)``), no URL."""
+    if not backend:
+        return "backend"
+    match = re.fullmatch(r"(\w+)\((.*)\)", backend, re.S)
+    if match is None:
+        return shorten(backend, 40)
+    kind = _KINDS.get(match.group(1), match.group(1).removesuffix("Backend").lower())
+    try:
+        fields = ast.literal_eval(f"({match.group(2)},)") if match.group(2) else ()
+    except (ValueError, SyntaxError):
+        fields = ()
+    model = str(fields[0]) if fields else ""
+    if kind == "transformers" and os.path.isabs(model):
+        model = os.path.basename(model.rstrip("/"))
+    return f"{kind}: {model}" if model else kind
+
+
+def _bars(trace: Any) -> list[Lane]:
+    critical = set(getattr(trace, "critical_path_nodes", []) or [])
+    lanes: dict[str, Lane] = {}
+    colours: dict[str, str] = {}
+    now = max([b.end or b.start for b in trace.batches] + [r.end or r.start or 0.0 for r in trace.nodes.values()] + [0.0])
+    for batch in trace.batches:
+        name = backend_label(batch.backend)
+        colour = colours.setdefault(name, PALETTE[len(colours) % len(PALETTE)])
+        lane = f"{name} @ {batch.worker}" if batch.worker else name
+        end = batch.end if batch.end is not None else now
+        details = [f"batch {batch.id}: {batch.size} prompt(s) to {name}", f"{batch.start:.3f} s to {end:.3f} s ({_ms(end - batch.start)})"]
+        if batch.worker:
+            details.append(f"worker {batch.worker}")
+        details.append("nodes: " + shorten(", ".join(batch.nodes), 120))
+        if batch.prompt_tokens or batch.completion_tokens:
+            details.append(f"tokens: {batch.prompt_tokens} prompt, {batch.completion_tokens} completion")
+        on_path = any(label in critical for label in batch.nodes)
+        _add(lanes, Bar(lane, batch.start, end, f"batch {batch.id} ({batch.size})", details, colour, on_path), batch.error)
+    for record in trace.nodes.values():
+        if record.kind != "python" or record.start is None:
+            continue
+        end = record.end if record.end is not None else now
+        details = [record.label, f"{record.start:.3f} s to {end:.3f} s ({_ms(end - record.start)})"]
+        bar = Bar("python", record.start, end, record.op, details, PYTHON_COLOUR, record.label in critical)
+        _add(lanes, bar, record.error)
+    ordered = sorted(lanes.values(), key=lambda lane: lane.name == "python")
+    for lane in ordered:
+        lane.rows = _pack(lane.bars)
+    return ordered
+
+
+def _add(lanes: dict[str, Lane], bar: Bar, error: Any) -> None:
+    if bar.critical:
+        bar.details.append("on the critical path")
+    if error:
+        bar.failed = True
+        bar.details.append("FAILED: " + shorten(str(error).strip().splitlines()[0], 160))
+    bar.details = [_KEY_PATTERN.sub(lambda m: m.group(0)[:3] + "***", line) for line in bar.details]
+    lanes.setdefault(bar.lane, Lane(bar.lane)).bars.append(bar)
+
+
+def _pack(bars: list[Bar]) -> int:
+    """Give each bar the first row free at its start; return the number of rows."""
+    ends: list[float] = []
+    for bar in sorted(bars, key=lambda b: (b.start, b.end)):
+        row = next((i for i, end in enumerate(ends) if end <= bar.start), len(ends))
+        if row == len(ends):
+            ends.append(bar.end)
+        ends[row] = bar.end
+        bar.row = row
+    return max(1, len(ends))
+
+
+def _ms(seconds: float) -> str:
+    return f"{seconds * 1000:.1f} ms" if seconds < 1 else f"{seconds:.3f} s"
+
+
+def _tick(t: float, span: float) -> str:
+    return f"{round(t * 1000, 6):g} ms" if span < 2 else f"{round(t, 6):g} s"
+
+
+def _ticks(span: float) -> list[float]:
+    step = 10 ** math.floor(math.log10(span / 8)) if span > 0 else 1.0
+    for factor in (1, 2, 5, 10):
+        if span / (step * factor) <= 10:
+            step *= factor
+            break
+    return [i * step for i in range(int(span / step) + 1)]
+
+
+def timeline_svg(trace: Any, *, standalone: bool = True) -> str:
+    """The trace as an SVG Gantt chart; hover text in ``<title>`` elements.
+
+    Parameters
+    ----------
+    trace
+        A ``Trace`` (``batches``, ``nodes``, ``critical_path_nodes``, ``wall``).
+    standalone
+        Include the SVG namespace (for a ``.svg`` file); leave it out when the
+        SVG is inlined in HTML, where it is not needed.
+
+    Returns
+    -------
+    str
+    """
+    lanes = _bars(trace)
+    starts = [b.start for lane in lanes for b in lane.bars]
+    t0 = min(starts, default=0.0)
+    span = max((b.end for lane in lanes for b in lane.bars), default=t0 + 1.0) - t0 or 1e-3
+    plot = WIDTH - LABEL_WIDTH - 20
+    heights = [_row_height(lane.rows) * lane.rows + LANE_GAP for lane in lanes]
+    height = TOP + sum(heights) + 40
+
+    def x(t: float) -> float:
+        return LABEL_WIDTH + (t - t0) / span * plot
+
+    namespace = ' xmlns="http://www.w3.org/2000/svg"' if standalone else ""
+    out = [f'<svg{namespace} class="outlines-timeline" width="{WIDTH}" height="{height}" viewBox="0 0 {WIDTH} {height}" '
+           'font-family="Helvetica, Arial, sans-serif" font-size="11">',
+           f'<rect width="{WIDTH}" height="{height}" fill="#ffffff"/>',
+           f'<text x="10" y="18" font-size="13" font-weight="bold">{_escape(_header(trace, lanes))}</text>']
+    for t in _ticks(span):
+        out.append(f'<line x1="{x(t0 + t):.1f}" y1="{TOP - 14}" x2="{x(t0 + t):.1f}" y2="{height - 36}" stroke="#e4e4e4"/>')
+        out.append(f'<text x="{x(t0 + t):.1f}" y="{TOP - 18}" text-anchor="middle" fill="#555">{_tick(t, span)}</text>')
+    y = TOP
+    for index, (lane, lane_height) in enumerate(zip(lanes, heights)):
+        fill = "#f7f7f7" if index % 2 == 0 else "#ffffff"
+        out.append(f'<rect class="lane" x="0" y="{y - 3}" width="{WIDTH}" height="{lane_height}" fill="{fill}"/>')
+        out.append(f'<text class="lane-label" x="10" y="{y + 11}">{_escape(shorten(lane.name, 28))}<title>{_escape(lane.name)}</title></text>')
+        row_height = _row_height(lane.rows)
+        for bar in lane.bars:
+            out.append(_bar_svg(bar, x(bar.start), max(x(bar.end) - x(bar.start), 1.5), y + bar.row * row_height, row_height - 2))
+        y += lane_height
+    out.append(_legend(height - 22))
+    out.append("</svg>")
+    return "\n".join(out)
+
+
+def _row_height(rows: int) -> int:
+    return ROW if rows <= 8 else max(3, 160 // rows)
+
+
+def _bar_svg(bar: Bar, x: float, width: float, y: float, height: float) -> str:
+    classes = "bar" + (" critical" if bar.critical else "") + (" failed" if bar.failed else "")
+    stroke = CRITICAL_LINE if bar.critical else (FAILED_LINE if bar.failed else "#555555")
+    fill = FAILED_FILL if bar.failed else bar.colour
+    stroke_width = 2 if bar.critical or bar.failed else 0.5
+    rect = (f'<rect x="{x:.1f}" y="{y:.1f}" width="{width:.1f}" height="{max(height, 1):.1f}" rx="2" '
+            f'fill="{fill}" stroke="{stroke}" stroke-width="{stroke_width}"/>')
+    text = ""
+    if width > 60 and height >= 10:
+        text = f'<text x="{x + 3:.1f}" y="{y + height - 2:.1f}" font-size="9">{_escape(shorten(bar.title, int(width / 6)))}</text>'
+    return f'<g class="{classes}">{rect}{text}<title>{_escape(chr(10).join(bar.details))}</title></g>'
+
+
+def _header(trace: Any, lanes: list[Lane]) -> str:
+    bars = sum(len(lane.bars) for lane in lanes)
+    wall, path = getattr(trace, "wall", 0.0), getattr(trace, "critical_path", 0.0)
+    return f"outlines timeline: {len(trace.batches)} backend call(s), {bars} bar(s), wall {_ms(wall)}, critical path {_ms(path)}"
+
+
+def _legend(y: float) -> str:
+    items = [("backend call", PALETTE[0], "#555555", 0.5), ("Python op", PYTHON_COLOUR, "#555555", 0.5),
+             ("critical path", "#ffffff", CRITICAL_LINE, 2), ("failed", FAILED_FILL, FAILED_LINE, 2)]
+    parts, x = [], 10
+    for label, fill, stroke, width in items:
+        parts.append(f'<rect x="{x}" y="{y}" width="18" height="10" fill="{fill}" stroke="{stroke}" stroke-width="{width}"/>'
+                     f'<text x="{x + 24}" y="{y + 9}">{label}</text>')
+        x += 30 + 7 * len(label)
+    return '<g class="legend">' + "".join(parts) + "</g>"
+
+
+def _escape(text: str) -> str:
+    return html.escape(text, quote=True)
+
+
+_SCRIPT = """
+(function () {
+  var tip = document.getElementById("tip"), bars = document.querySelectorAll("svg .bar");
+  bars.forEach(function (bar) {
+    var title = bar.querySelector("title");
+    bar.setAttribute("data-details", title ? title.textContent : "");
+    if (title) { title.remove(); }
+    bar.addEventListener("mousemove", function (event) {
+      tip.textContent = bar.getAttribute("data-details");
+      tip.style.display = "block";
+      tip.style.left = (event.pageX + 12) + "px";
+      tip.style.top = (event.pageY + 12) + "px";
+    });
+    bar.addEventListener("mouseleave", function () { tip.style.display = "none"; });
+  });
+  document.body.setAttribute("data-bars", String(bars.length));
+})();
+"""
+
+
+def timeline_html(trace: Any) -> str:
+    """A self-contained HTML page: the SVG chart inline, a small inline script, no URL."""
+    style = ("body{font-family:Helvetica,Arial,sans-serif;margin:16px}"
+             "#tip{position:absolute;display:none;white-space:pre;background:#222;color:#fff;"
+             "padding:6px 8px;border-radius:4px;font-size:12px;pointer-events:none}"
+             ".bar:hover rect{opacity:.75}")
+    return ("<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
+            f"<title>outlines timeline</title><style>{style}</style></head><body>\n"
+            f"{timeline_svg(trace, standalone=False)}\n<div id=\"tip\"></div>\n<script>{_SCRIPT}</script>\n</body></html>\n")
+
+
+def write_timeline(trace: Any, path: str | os.PathLike[str]) -> str:
+    """Write the trace's timeline to ``path``: HTML, or SVG when it ends in ``.svg``.
+
+    Parameters
+    ----------
+    trace
+        A ``Trace``.
+    path
+        Output file; ``.svg`` writes the bare chart (hover via ``<title>``),
+        anything else the self-contained HTML page.
+
+    Returns
+    -------
+    str
+        The path written.
+    """
+    path = os.fspath(path)
+    text = timeline_svg(trace) if path.lower().endswith(".svg") else timeline_html(trace)
+    with open(path, "w", encoding="utf-8") as handle:
+        handle.write(text)
+    return path
