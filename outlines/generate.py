@@ -91,6 +91,7 @@ class Model:
     def __init__(self, backend: Backend, **defaults: Any) -> None:
         self.backend = backend
         self.defaults = GenerationParams.create(**defaults)
+        self._ops: dict[tuple[GenerationParams, int], Generate] = {}
 
     def __call__(
         self,
@@ -114,7 +115,11 @@ class Model:
             )
         except ValueError as exc:
             raise GraphBuildError(f"Generate[{self.backend.kind}:{self.backend.model_name}]: {exc}") from None
-        return Generate(self.backend, merged, num_samples)(prompt)
+        op = self._ops.get((merged, num_samples)) if type(num_samples) is int else None
+        if op is None:
+            op = Generate(self.backend, merged, num_samples)
+            self._ops[merged, op.num_samples] = op
+        return op(prompt)
 
     def __eq__(self, other: object) -> bool:
         return isinstance(other, Model) and (self.backend, self.defaults) == (other.backend, other.defaults)

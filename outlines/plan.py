@@ -12,8 +12,8 @@ import numpy as np
 
 from outlines.errors import UnboundInputError
 from outlines.graph.basic import Apply, Constant, Variable, as_object_array
-from outlines.graph.hashing import graph_keys
-from outlines.graph.traversal import ancestors, toposort
+from outlines.graph.hashing import graph_keys, number_draws
+from outlines.graph.traversal import toposort
 
 __all__ = ["Plan", "bind_givens"]
 
@@ -54,14 +54,26 @@ class Plan:
             self.indegree[i] = len(parents)
             for parent in sorted(parents):
                 self.consumers[parent].append(i)
-        leaves = [v for v in ancestors(outputs) if v.owner is None]
+        leaves = list({id(v): v for v in _leaves(self.nodes, outputs)}.values())
         self.inputs = [v for v in leaves if not isinstance(v, Constant)]
         self.constants = [v for v in leaves if isinstance(v, Constant)]
-        random_calls = any(n.op.mode == "generate" and not n.op.pure for n in self.nodes)
-        self.draw_offsets: dict[int, int] = graph_keys(self.nodes).draw_offsets if random_calls else {}
+        if rewrite:  # equal pure prompts are one Variable now: a cheap numbering suffices
+            self.draw_offsets: dict[int, int] = number_draws(self.nodes)
+        else:
+            self.draw_offsets = graph_keys(self.nodes).draw_offsets
 
     def __len__(self) -> int:
         return len(self.nodes)
+
+
+def _leaves(nodes: list[Apply], outputs: list[Variable]) -> Iterable[Variable]:
+    for output in outputs:
+        if output.owner is None:
+            yield output
+    for node in nodes:
+        for variable in node.inputs:
+            if variable.owner is None:
+                yield variable
 
 
 def _rewrite(outputs: list[Variable]) -> list[Variable]:

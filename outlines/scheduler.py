@@ -34,6 +34,10 @@ from outlines.trace import Recorder
 __all__ = ["LocalExecutor", "Scheduler"]
 
 FAST_CALL_SECONDS = 1e-3
+#: Blocking Python calls made ready together go to the thread pool in at most
+#: this many chunks (one executor task each), so thousands of calls cost a few
+#: dispatches while slow calls still run in parallel.
+PYTHON_CHUNKS = 32
 
 
 class LocalExecutor:
@@ -106,6 +110,7 @@ class Scheduler:
         self.waiters: dict[tuple[Backend, Request], list[tuple[_Draws, int]]] = {}
         self.limits: dict[Backend, asyncio.Semaphore | None] = {}
         self.tainted: set[int] = set()
+        self.python_pending: list[tuple[int, Callable[[], Any]]] = []
         self.error: BaseException | None = None
         self.batch_ids = 0
         self.timer: asyncio.TimerHandle | None = None
@@ -121,6 +126,8 @@ class Scheduler:
                 self._dispatch_ready()
                 if self.error is not None or not self.remaining:
                     break
+                if self.python_pending:
+                    self._flush_python()
                 self._flush_groups()
                 if self.ready or not self.remaining:
                     continue  # cache hits finished nodes synchronously in _flush_groups
@@ -226,7 +233,26 @@ class Scheduler:
             finally:
                 function.record(time.perf_counter() - start)
 
-        self._spawn(self.executor.call(timed), lambda t: self._task_done(index, t))
+        self.python_pending.append((index, timed))
+
+    def _flush_python(self) -> None:
+        """Send the blocking Python calls made ready this round, in a few chunks."""
+        pending, self.python_pending = self.python_pending, []
+        chunks = min(len(pending), PYTHON_CHUNKS)
+        for start in range(chunks):
+            chunk = pending[start::chunks]
+            self._spawn(self.executor.call(_run_chunk, chunk), lambda t, c=chunk: self._chunk_done(c, t))
+
+    def _chunk_done(self, chunk: list[tuple[int, Callable[[], Any]]], task: asyncio.Task[Any]) -> None:
+        if task.exception() is not None:
+            for index, _ in chunk:
+                self._fail_node(index, task.exception())  # type: ignore[arg-type]
+            return
+        for index, ok, value in task.result():
+            if ok:
+                self._finish(index, value)
+            else:
+                self._fail_node(index, value)
 
     def _task_done(self, index: int, task: asyncio.Task[Any]) -> None:
         exc = task.exception()
@@ -421,6 +447,16 @@ class Scheduler:
             return
         array = np.fromiter(draws.results, dtype=object, count=count).reshape(draws.shape)
         self._finish(draws.index, array)
+
+
+def _run_chunk(chunk: list[tuple[int, Callable[[], Any]]]) -> list[tuple[int, bool, Any]]:
+    results = []
+    for index, call in chunk:
+        try:
+            results.append((index, True, call()))
+        except Exception as exc:  # noqa: BLE001 - reported against its node
+            results.append((index, False, exc))
+    return results
 
 
 def _has_failure(value: Any) -> bool:

@@ -189,7 +189,12 @@ class Op:
         return type(self) is type(other) and self._props() == other._props()  # type: ignore[attr-defined]
 
     def __hash__(self) -> int:
-        return hash((type(self), self._props()))
+        # Ops are immutable once built; planning hashes them once per node.
+        try:
+            return self.__dict__["_hash"]  # type: ignore[no-any-return]
+        except KeyError:
+            value = self.__dict__["_hash"] = hash((type(self), self._props()))
+            return value
 
     def __repr__(self) -> str:
         props = ", ".join(f"{p}={getattr(self, p)!r}" for p in self.__props__)

@@ -63,3 +63,29 @@ def test_greedy_calls_are_not_numbered():
     q = outlines.string("q")
     plan = Plan([llm(q), llm(q)])
     assert plan.draw_offsets == {}
+
+
+def test_content_hash_is_stable_across_processes():
+    import subprocess
+    import sys
+
+    code = (
+        "import outlines; from outlines.graph.hashing import content_hash; "
+        "q = outlines.string('q'); print(content_hash(q + '!', (q + '?') + q))"
+    )
+    runs = {
+        subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                       env={"PYTHONHASHSEED": seed, "PATH": "/usr/bin:/bin"}).stdout
+        for seed in ("1", "2")
+    }
+    assert len(runs) == 1 and len(runs.pop().strip()) == 64
+
+
+def test_fast_numbering_after_rewrites_agrees_with_full_keys():
+    llm = models.from_function(_echo)
+    q = outlines.string("q")
+    calls = [llm(q + "?", num_samples=2), llm(q + "?"), llm("const"), llm("const"), llm(llm(q) + "!"), llm(llm(q) + "!")]
+    fast, full = Plan(calls), Plan(calls, rewrite=False)
+    assert [fast.draw_offsets[id(v.owner)] for v in fast.outputs] == [
+        full.draw_offsets[id(v.owner)] for v in full.outputs
+    ] == [0, 2, 0, 1, 0, 0]
