@@ -1,0 +1,360 @@
+"""``outlines.explain``: the batches an evaluation would send, without sending any.
+
+The dry run walks the plan in order. Cheap text ops (``+``, templates) run on
+the values the givens make known; user functions never run; model calls turn
+their known prompts into draws exactly as the scheduler does and look them up
+in the cache with one ``get_many`` per node. A model call whose prompt is
+computed from an unknown value (a model output, a user function) is counted by
+shape when the shape is known, with an unknown cache status.
+
+Batching follows the scheduler's grouping under equal latencies: draws of the
+same (backend, params) whose model calls sit at the same *level* (number of
+model calls with misses along the longest chain above them, themselves
+included) go out together, deduplicated, cache hits removed, split by the
+backend's ``max_batch``.
+"""
+from __future__ import annotations
+
+import math
+import re
+import sys
+import types
+from dataclasses import asdict, dataclass, field
+from typing import Any, Mapping
+
+import numpy as np
+
+from outlines import cache as cache_module
+from outlines.backends.base import Request
+from outlines.evaluate import _check_options
+from outlines.graph.basic import Variable
+from outlines.graph.ops import Stack, broadcast_map
+from outlines.plan import Plan, as_value
+
+__all__ = ["Explanation", "PredictedBatch", "explain"]
+
+@dataclass
+class PredictedBatch:
+    """One backend call the evaluation would make."""
+
+    backend: str
+    level: int
+    size: int
+    unknown: int  # prompts not known in advance (computed from model outputs)
+    nodes: list[str] = field(default_factory=list)
+
+
+@dataclass
+class Explanation:
+    """What evaluating some Variables would do; see ``explain``."""
+
+    nodes_by_kind: dict[str, int]
+    batches: list[PredictedBatch]
+    draws: int
+    cache_hits: int
+    deduplicated: int  # known draws that share another draw's request
+    unknown_draws: int
+    unknown_nodes: list[str]
+
+    @property
+    def requests(self) -> int:
+        """Backend calls (batches) the evaluation would make."""
+        return len(self.batches)
+
+    @property
+    def requests_per_backend(self) -> dict[str, int]:
+        counts: dict[str, int] = {}
+        for batch in self.batches:
+            counts[batch.backend] = counts.get(batch.backend, 0) + 1
+        return counts
+
+    @property
+    def exact(self) -> bool:
+        """Whether every prompt and cache status was known in advance."""
+        return self.unknown_draws == 0 and not self.unknown_nodes
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "nodes_by_kind": dict(self.nodes_by_kind),
+            "requests": self.requests,
+            "requests_per_backend": self.requests_per_backend,
+            "batches": [asdict(b) for b in self.batches],
+            "draws": self.draws,
+            "cache_hits": self.cache_hits,
+            "deduplicated": self.deduplicated,
+            "unknown_draws": self.unknown_draws,
+            "unknown_nodes": list(self.unknown_nodes),
+            "exact": self.exact,
+        }
+
+    def summary(self) -> str:
+        kinds = ", ".join(f"{count} {kind}" for kind, count in self.nodes_by_kind.items())
+        lines = [f"outlines explain (dry run, nothing sent): {sum(self.nodes_by_kind.values())} nodes ({kinds})"]
+        rows: dict[tuple[str, int], list[int]] = {}
+        for batch in self.batches:
+            rows.setdefault((batch.backend, batch.level), []).append(batch.size)
+        if rows:
+            lines.append(f"  {'backend':<44}{'level':>6}{'batches':>9}{'prompts':>9}  sizes")
+        for (backend, level), sizes in rows.items():
+            shown = " ".join(map(str, sizes[:6])) + (" ..." if len(sizes) > 6 else "")
+            name = backend if len(backend) <= 43 else backend[:40] + "..."
+            lines.append(f"  {name:<44}{level:>6}{len(sizes):>9}{sum(sizes):>9}  {shown}")
+        per_backend = ", ".join(f"{b}: {n}" for b, n in self.requests_per_backend.items())
+        lines.append(f"  requests: {self.requests}" + (f" ({per_backend})" if per_backend else ""))
+        lines.append(
+            f"  draws: {self.draws}; cache hits known in advance: {self.cache_hits}; "
+            f"duplicates merged: {self.deduplicated}"
+        )
+        if self.unknown_draws:
+            lines.append(
+                f"  {self.unknown_draws} draw(s) have prompts computed from model outputs or functions: "
+                "counted by shape, cache status unknown"
+            )
+        if self.unknown_nodes:
+            lines.append(
+                f"  {len(self.unknown_nodes)} model call(s) of unknown size (not counted): "
+                + ", ".join(self.unknown_nodes[:5])
+            )
+        return "\n".join(lines)
+
+    __str__ = summary
+
+
+class _Pending:
+    __slots__ = ("backend", "requests", "unknown", "nodes")
+
+    def __init__(self, backend: Any) -> None:
+        self.backend = backend
+        self.requests: dict[Request, None] = {}
+        self.unknown = 0
+        self.nodes: list[str] = []
+
+
+class _Unknown:
+    def __repr__(self) -> str:
+        return "<unknown>"
+
+
+UNKNOWN = _Unknown()  # an element whose value a dry run cannot know
+
+
+def _unknown(shape: tuple[int, ...]) -> Any:
+    if not shape:
+        return UNKNOWN
+    array = np.empty(shape, dtype=object)
+    array.fill(UNKNOWN)
+    return array
+
+
+def _flat(value: Any) -> list[Any]:
+    return list(value.reshape(-1)) if isinstance(value, np.ndarray) else [value]
+
+
+class _DryRun:
+    """The walk: each Variable's value (elements may be UNKNOWN) and level.
+
+    A Variable whose shape cannot be known has no entry in ``values``.
+    """
+
+    def __init__(self, plan: Plan, cache: Any) -> None:
+        self.plan = plan
+        self.cache = cache
+        self.values: dict[int, Any] = {}
+        self.levels: dict[int, int] = {}
+        self.pending: dict[tuple[int, Any, Any], _Pending] = {}
+        self.sent: dict[Request, int] = {}  # level each request is first sent at
+        self.draws = self.hits = self.unknown_draws = 0
+        self.unknown_nodes: list[str] = []
+
+    def run(self) -> None:
+        for node in self.plan.nodes:
+            level = max((self.levels.get(id(v), 0) for v in node.inputs), default=0)
+            inputs = [self.values.get(id(v), None) for v in node.inputs]
+            if any(id(v) not in self.values for v in node.inputs):
+                results: list[Any] = [None] * len(node.outputs)
+                if node.op.mode == "generate":
+                    self.unknown_nodes.append(node.label)
+                    level += 1
+            elif node.op.mode == "generate":
+                level, results = self.generate(node, level, inputs[0])
+            else:
+                results = self.compute(node, inputs)
+            for output, value in zip(node.outputs, results):
+                self.levels[id(output)] = level
+                if value is not None:
+                    self.values[id(output)] = value
+
+    def compute(self, node: Any, inputs: list[Any]) -> list[Any]:
+        """Run cheap inline ops on what is known; only shapes for user functions."""
+        op = node.op
+        partial = any(x is UNKNOWN for value in inputs for x in _flat(value))
+        if op.mode == "inline" and not partial:
+            result = op.perform(*inputs)
+            return list(result) if len(node.outputs) > 1 else [result]
+        if op.mode == "inline" and (getattr(op, "elementwise", False) or isinstance(op, Stack)):
+            perform = op.perform
+            scalar = lambda *xs: UNKNOWN if any(x is UNKNOWN for x in xs) else perform(*xs)  # noqa: E731
+            return [perform(*inputs) if isinstance(op, Stack) else broadcast_map(scalar, inputs)]
+        shapes = _output_shapes(node, [x.shape if isinstance(x, np.ndarray) else () for x in inputs])
+        return [None if shape is None else _unknown(shape) for shape in shapes]
+
+    def generate(self, node: Any, level: int, prompt: Any) -> tuple[int, list[Any]]:
+        op = node.op
+        elements = _flat(prompt)
+        known = [x is not UNKNOWN for x in elements]
+        texts = [x if ok else "" for x, ok in zip(elements, known)]
+        value = np.array(texts, dtype=object).reshape(np.shape(prompt)) if np.ndim(prompt) else texts[0]
+        shape, requests = op.requests(value, self.plan.draw_offsets.get(id(node), 0))
+        k = op.num_samples
+        self.draws += len(requests)
+        mask = [known[i // k] for i in range(len(requests))]
+        unique = list(dict.fromkeys(r for r, ok in zip(requests, mask) if ok))
+        found = self.lookup(op.backend, unique)
+        # With a cache, a draw sent at an earlier level is stored by the time it recurs.
+        earlier = self.sent if self.cache is not None else {}
+        hit = {r for r in unique if r in found or earlier.get(r, level + 1) <= level}
+        self.hits += sum(1 for r, ok in zip(requests, mask) if ok and r in hit)
+        misses = [r for r in unique if r not in hit]
+        unknown = known.count(False) * (1 if op.params.deterministic else k)
+        self.unknown_draws += known.count(False) * k
+        results = [found.get(r, UNKNOWN) if ok else UNKNOWN for r, ok in zip(requests, mask)]
+        output = results[0] if not shape else np.array(results, dtype=object).reshape(shape)
+        if not misses and not unknown:
+            return level, [output]
+        group = self.group(level + 1, (op.backend, op.params), node.label)
+        group.unknown += unknown
+        for request in misses:
+            group.requests[request] = None
+            self.sent.setdefault(request, level + 1)
+        return level + 1, [output]
+
+    def lookup(self, backend: Any, requests: list[Request]) -> dict[Request, Any]:
+        if self.cache is None or not requests:
+            return {}
+        keys = [cache_module.draw_key(backend.identity, r) for r in requests]
+        stored = self.cache.get_many(keys)
+        return {r: stored[k] for r, k in zip(requests, keys) if k in stored}
+
+    def group(self, level: int, key: tuple[Any, Any], label: str) -> _Pending:
+        group = self.pending.get((level, *key))
+        if group is None:
+            group = self.pending[(level, *key)] = _Pending(key[0])
+        group.nodes.append(label)
+        return group
+
+    def batches(self) -> list[PredictedBatch]:
+        out: list[PredictedBatch] = []
+        for (level, *_), group in sorted(self.pending.items(), key=lambda item: item[0][0]):
+            known, total = len(group.requests), len(group.requests) + group.unknown
+            size = group.backend.max_batch or total or 1
+            for start in range(0, total, size):
+                count = min(size, total - start)
+                unknown = max(0, min(count, start + count - known))
+                out.append(PredictedBatch(repr(group.backend), level, count, unknown, list(group.nodes)))
+        return out
+
+
+_CORE = re.compile(r"\(([^()]*)\)")
+
+
+def _output_shapes(node: Any, shapes: list[Any]) -> list[Any]:
+    """Shapes of a node's outputs from its inputs' shapes (``None``: unknown)."""
+    op, count = node.op, len(node.outputs)
+    if any(s is None for s in shapes):
+        return [None] * count
+    function = getattr(op, "function", None)
+    signature = getattr(function, "signature", None)
+    try:
+        if signature is not None:
+            return _gufunc_shapes(signature, shapes)
+        if function is not None or getattr(op, "elementwise", False):
+            return [tuple(np.broadcast_shapes(*shapes))] * count
+        if isinstance(op, Stack):
+            return [tuple(np.broadcast_shapes(*shapes)) + (len(shapes),)]
+    except ValueError:
+        pass
+    return [None] * count
+
+
+def _gufunc_shapes(signature: str, shapes: list[tuple[int, ...]]) -> list[Any]:
+    inputs, outputs = signature.split("->")
+    cores = [[d for d in c.split(",") if d] for c in _CORE.findall(inputs)]
+    sizes: dict[str, int] = {}
+    loops = []
+    for shape, core in zip(shapes, cores):
+        loops.append(shape[: len(shape) - len(core)])
+        for name, size in zip(core, shape[len(shape) - len(core) :]):
+            sizes[name] = size
+    loop = tuple(np.broadcast_shapes(*loops)) if loops else ()
+    out_cores = [[d for d in c.split(",") if d] for c in _CORE.findall(outputs)]
+    return [loop + tuple(sizes[d] for d in core) if all(d in sizes for d in core) else None for core in out_cores]
+
+
+def _bind(plan: Plan, givens: Mapping[Any, Any] | None, run: _DryRun) -> None:
+    """Known values of constants and of the inputs ``givens`` binds; others stay unknown."""
+    givens = dict(givens or {})
+    for constant in plan.constants:
+        run.values[id(constant)] = constant.value
+    for variable in plan.inputs:
+        if variable in givens:
+            run.values[id(variable)] = as_value(givens[variable])
+        elif variable.name is not None and variable.name in givens:
+            run.values[id(variable)] = as_value(givens[variable.name])
+
+
+def explain(*variables: Variable, givens: Mapping[Any, Any] | None = None, cache: Any = True, **options: Any) -> Explanation:
+    """A dry-run plan of evaluating ``variables``: sends nothing.
+
+    Parameters
+    ----------
+    *variables
+        The Variables an ``eval`` would compute.
+    givens
+        Values of the free inputs (as for ``eval``). Unbound inputs make the
+        model calls that depend on them of unknown size.
+    cache
+        As for ``eval``: hits known in advance are not counted as requests.
+    **options
+        Other evaluation options (accepted for symmetry with ``eval``).
+
+    Returns
+    -------
+    Explanation
+        ``nodes_by_kind``, ``batches`` (backend, level, size), ``requests``,
+        ``requests_per_backend``, ``cache_hits``, ``unknown_draws``;
+        ``summary()`` and ``to_dict()``.
+
+    Examples
+    --------
+    >>> import outlines
+    >>> llm = outlines.models.from_function(lambda ps: ps, batched=True)
+    >>> q = outlines.string("q")
+    >>> outlines.explain(llm(llm(q)), givens={"q": ["a", "b"]}, cache=False).requests
+    2
+    """
+    if not variables:
+        raise TypeError("explain needs at least one Variable")
+    _check_options(options)
+    plan = Plan(variables)
+    run = _DryRun(plan, cache_module.resolve(cache))
+    _bind(plan, givens, run)
+    run.run()
+    kinds = {"input": len(plan.inputs), "inline": 0, "python": 0, "generate": 0}
+    for node in plan.nodes:
+        kinds[node.op.mode] = kinds.get(node.op.mode, 0) + 1
+    batches = run.batches()
+    sent = sum(len(group.requests) for group in run.pending.values())
+    merged = run.draws - run.unknown_draws - run.hits - sent
+    return Explanation(kinds, batches, run.draws, run.hits, merged, run.unknown_draws, run.unknown_nodes)
+
+
+class _CallableModule(types.ModuleType):
+    """``outlines/__init__`` imports this module lazily, and the import system
+    then rebinds ``outlines.explain`` (the public function) to the module; a
+    callable module keeps ``outlines.explain(...)`` working either way."""
+
+    def __call__(self, *variables: Variable, **kwargs: Any) -> Explanation:
+        return explain(*variables, **kwargs)
+
+
+sys.modules[__name__].__class__ = _CallableModule

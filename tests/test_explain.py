@@ -1,0 +1,152 @@
+"""``outlines.explain``: the predicted requests equal the real ones, and nothing is sent."""
+from __future__ import annotations
+
+import asyncio
+from collections import Counter
+
+import pytest
+
+import outlines
+from outlines import models
+from outlines.cache import Cache
+
+
+class Recording:
+    """A batched async fake model that records every batch it receives."""
+
+    def __init__(self, delay: float = 0.005) -> None:
+        self.batches: list[list[str]] = []
+        self.delay = delay
+
+    async def __call__(self, prompts: list[str]) -> list[str]:
+        self.batches.append(list(prompts))
+        await asyncio.sleep(self.delay)
+        return [f"{p}|{len(p) % 3}" for p in prompts]
+
+
+@outlines.fn(signature="(n)->()", name="majority")
+def majority(xs):  # type: ignore[no-untyped-def]
+    return Counter(xs).most_common(1)[0][0]
+
+
+@outlines.fn(signature="(n)->()", name="join")
+def join(xs):  # type: ignore[no-untyped-def]
+    return " / ".join(xs)
+
+
+def independent_chains(llm: models.Model, n: int = 10):  # type: ignore[no-untyped-def]
+    q = outlines.string("q")
+    outs = []
+    for i in range(n):
+        x = q + f" #{i}"
+        for _ in range(3):
+            x = llm(x)
+        outs.append(x)
+    return outs, {"q": "start"}
+
+
+def vectorized_chain(llm: models.Model, n: int = 10):  # type: ignore[no-untyped-def]
+    q = outlines.string("q")
+    return [llm(llm(llm(q)))], {"q": [f"q{i}" for i in range(n)]}
+
+
+def map_reduce(llm: models.Model, n: int = 9):  # type: ignore[no-untyped-def]
+    docs = outlines.string("docs")
+    summaries = llm("Summarize: " + docs)
+    return [llm("Combine: " + join(summaries))], {"docs": [f"doc {i}" for i in range(n)]}
+
+
+def self_consistency(llm: models.Model, n: int = 6):  # type: ignore[no-untyped-def]
+    q = outlines.string("q")
+    answers = llm("Q: " + q, num_samples=5)
+    return [llm("Check: " + majority(answers))], {"q": [f"question {i}" for i in range(n)]}
+
+
+def fn_steps(llm: models.Model, n: int = 8):  # type: ignore[no-untyped-def]
+    q = outlines.string("q")
+    tidy = outlines.fn(str.strip, name="tidy", blocking=False)
+    return [llm(tidy(llm(q)))], {"q": [f" q{i} " for i in range(n)]}
+
+
+SHAPES = [independent_chains, vectorized_chain, map_reduce, self_consistency, fn_steps]
+
+
+def _real(outs, givens, **options):  # type: ignore[no-untyped-def]
+    with outlines.trace() as trace:
+        outlines.eval(*outs, givens=givens, **options)
+    return trace
+
+
+@pytest.mark.parametrize("shape", SHAPES, ids=lambda f: f.__name__)
+@pytest.mark.parametrize("max_batch", [None, 4])
+def test_predicted_requests_equal_real_ones(shape, max_batch) -> None:  # type: ignore[no-untyped-def]
+    recording = Recording()
+    llm = models.from_function(recording, batched=True, name="rec", max_batch=max_batch)
+    outs, givens = shape(llm)
+    plan = outlines.explain(*outs, givens=givens, cache=False)
+    assert recording.batches == []  # a dry run sends nothing
+    trace = _real(outs, givens, cache=False)
+    assert plan.requests == len(recording.batches) == len(trace.batches)
+    assert sorted(b.size for b in plan.batches) == sorted(len(b) for b in recording.batches)
+    assert plan.draws == trace.cache_misses
+    assert plan.nodes_by_kind["generate"] == sum(1 for n in trace.nodes.values() if n.kind == "generate")
+
+
+def test_known_prompts_are_exact_and_unknown_ones_are_counted_by_shape() -> None:
+    llm = models.from_function(Recording(), batched=True, name="rec")
+    outs, givens = vectorized_chain(llm, n=7)
+    plan = outlines.explain(*outs, givens=givens, cache=False)
+    assert (plan.draws, plan.unknown_draws, plan.cache_hits) == (21, 14, 0)
+    assert not plan.exact
+    assert [b.unknown for b in plan.batches] == [0, 7, 7]
+    assert "cache status unknown" in plan.summary()
+
+
+def test_cache_hits_known_in_advance(tmp_path) -> None:
+    recording = Recording()
+    llm = models.from_function(recording, batched=True, name="rec", max_batch=3)
+    cache = Cache(tmp_path)
+    outs, givens = vectorized_chain(llm, n=5)
+    outlines.eval(*outs, givens=givens, cache=cache)
+    sent = len(recording.batches)
+    again = outlines.explain(*outs, givens=givens, cache=cache)
+    assert again.requests == 0 and again.cache_hits == 15 and again.exact
+    more = {"q": [f"q{i}" for i in range(7)]}
+    plan = outlines.explain(*outs, givens=more, cache=cache)
+    # cached answers make the later prompts of q0..q4 known: only q5, q6 are unknown there
+    assert (plan.cache_hits, plan.requests, plan.unknown_draws) == (15, 3, 4)
+    outlines.eval(*outs, givens=more, cache=cache)
+    assert len(recording.batches) - sent == plan.requests
+    assert sorted(b.size for b in plan.batches) == sorted(len(b) for b in recording.batches[sent:])
+
+
+def test_greedy_duplicates_collapse() -> None:
+    recording = Recording()
+    llm = models.from_function(recording, batched=True, name="rec", temperature=0)
+    q = outlines.string("q")
+    outs = [llm(q, num_samples=3), llm(q), llm(q + "!")]
+    givens = {"q": ["a", "b", "a"]}
+    plan = outlines.explain(*outs, givens=givens, cache=False)
+    _real(outs, givens, cache=False)
+    assert plan.requests == len(recording.batches) == 1
+    assert plan.batches[0].size == len(recording.batches[0]) == 4  # a, b, a!, b!
+    assert plan.deduplicated == 11  # 15 draws, 4 requests
+
+
+def test_unbound_inputs_make_sizes_unknown() -> None:
+    llm = models.from_function(Recording(), batched=True, name="rec")
+    q = outlines.string("q")
+    plan = outlines.explain(llm(outlines.fn(str.upper)(llm(q))), cache=False)
+    assert plan.nodes_by_kind == {"input": 1, "inline": 0, "python": 1, "generate": 2}
+    assert len(plan.unknown_nodes) == 2 and not plan.exact
+    assert "unknown size" in str(plan)
+    data = plan.to_dict()
+    assert data["requests"] == 0 and data["exact"] is False
+
+
+def test_explain_rejects_unknown_options() -> None:
+    q = outlines.string("q")
+    with pytest.raises(TypeError, match="unknown evaluation option"):
+        outlines.explain(q, givens={"q": "x"}, bogus=1)
+    with pytest.raises(TypeError):
+        outlines.explain()
