@@ -256,9 +256,11 @@ def _overlay(drawn: list[DrawnNode], trace: Any, redact: Callable[[str], str]) -
             status.append(f"batch{'es' if len(ids) > 1 else ''} {', '.join(map(str, ids[:4]))}{more} (size {sizes}{more})")
         if record.cache_hits or record.cache_misses:
             status.append(f"cache {record.cache_hits or 0} hit / {record.cache_misses or 0} miss")
-        if record.error is not None:
+        failed_batch = next((batches[i] for i in ids if getattr(batches.get(i), "error", None)), None)
+        error = record.error or (failed_batch.error if failed_batch is not None else None)
+        if error:
             node.failed = True
-            status.append("FAILED: " + shorten(redact(first_line(record.error)), 60))
+            status.append("FAILED: " + shorten(redact(first_line(error)), 60))
         node.status = [redact(line) for line in status]
 
 
