@@ -8,6 +8,7 @@ needs nest_asyncio.
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import threading
 from typing import Any, Awaitable, Callable, Mapping, TypeVar
 
@@ -74,19 +75,34 @@ def run_sync(factory: Callable[[], Awaitable[T]]) -> T:
     except RuntimeError:
         return asyncio.run(factory())  # type: ignore[arg-type]
     outcome: dict[str, Any] = {}
-    import contextvars
-
+    started = threading.Event()
     context = contextvars.copy_context()
+
+    async def main() -> T:
+        outcome["loop"], outcome["task"] = asyncio.get_running_loop(), asyncio.current_task()
+        started.set()
+        return await factory()
 
     def target() -> None:
         try:
-            outcome["value"] = context.run(asyncio.run, factory())
+            outcome["value"] = context.run(asyncio.run, main())
         except BaseException as exc:  # noqa: BLE001 - re-raised in the caller's thread
             outcome["error"] = exc
+        finally:
+            started.set()
 
     thread = threading.Thread(target=target, name="outlines-eval", daemon=True)
     thread.start()
-    thread.join()
+    try:
+        thread.join()
+    except KeyboardInterrupt:
+        # Ctrl-C in the caller (a notebook): cancel the schedule so it stops
+        # dispatching and cleans up, then re-raise.
+        started.wait()
+        if "task" in outcome:
+            outcome["loop"].call_soon_threadsafe(outcome["task"].cancel)
+        thread.join()
+        raise
     if "error" in outcome:
         raise outcome["error"]
     return outcome["value"]  # type: ignore[no-any-return]

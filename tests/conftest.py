@@ -10,3 +10,11 @@ def tiny_model_path(tmp_path_factory: pytest.TempPathFactory) -> str:
     from outlines.testing import build_tiny_model
 
     return build_tiny_model(tmp_path_factory.mktemp("tiny-gpt2"))
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _isolated_default_cache(tmp_path_factory: pytest.TempPathFactory) -> None:
+    """Tests that use the default cache write to a temporary folder, never ~/.cache."""
+    import os
+
+    os.environ["OUTLINES_CACHE_DIR"] = str(tmp_path_factory.mktemp("outlines-cache"))
