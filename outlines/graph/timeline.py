@@ -17,12 +17,12 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from outlines.graph.visualize import FAILED_FILL, FAILED_LINE, PALETTE, shorten
+from outlines.graph.visualize import FAILED_LINE, PALETTE, shorten
 
 __all__ = ["timeline_html", "timeline_svg", "write_timeline"]
 
-WIDTH, LABEL_WIDTH, ROW, LANE_GAP, TOP = 1000, 190, 14, 8, 48
-PYTHON_COLOUR, CRITICAL_LINE = "#9ecae1", "#111111"
+WIDTH, LABEL_WIDTH, ROW, LANE_GAP, TOP = 1000, 210, 14, 8, 48
+PYTHON_COLOUR, CRITICAL_LINE, FAILED_FILL = "#9ecae1", "#111111", "#f28e8e"
 _KINDS = {"OpenAIChatBackend": "openai", "OpenAICompletionBackend": "openai_completion",
           "FunctionBackend": "function", "TransformersBackend": "transformers"}
 _KEY_PATTERN = re.compile(r"\b(sk-[A-Za-z0-9_\-]{3,}|Bearer\s+\S+)")
@@ -76,7 +76,7 @@ def _bars(trace: Any) -> list[Lane]:
     for batch in trace.batches:
         name = backend_label(batch.backend)
         colour = colours.setdefault(name, PALETTE[len(colours) % len(PALETTE)])
-        lane = f"{name} @ {batch.worker}" if batch.worker else name
+        lane = f"{name} @ {batch.worker.split('://')[-1]}" if batch.worker else name
         end = batch.end if batch.end is not None else now
         details = [f"batch {batch.id}: {batch.size} prompt(s) to {name}", f"{batch.start:.3f} s to {end:.3f} s ({_ms(end - batch.start)})"]
         if batch.worker:
@@ -157,7 +157,7 @@ def timeline_svg(trace: Any, *, standalone: bool = True) -> str:
     starts = [b.start for lane in lanes for b in lane.bars]
     t0 = min(starts, default=0.0)
     span = max((b.end for lane in lanes for b in lane.bars), default=t0 + 1.0) - t0 or 1e-3
-    plot = WIDTH - LABEL_WIDTH - 20
+    plot = WIDTH - LABEL_WIDTH - 40
     heights = [_row_height(lane.rows) * lane.rows + LANE_GAP for lane in lanes]
     height = TOP + sum(heights) + 40
 
@@ -176,7 +176,7 @@ def timeline_svg(trace: Any, *, standalone: bool = True) -> str:
     for index, (lane, lane_height) in enumerate(zip(lanes, heights)):
         fill = "#f7f7f7" if index % 2 == 0 else "#ffffff"
         out.append(f'<rect class="lane" x="0" y="{y - 3}" width="{WIDTH}" height="{lane_height}" fill="{fill}"/>')
-        out.append(f'<text class="lane-label" x="10" y="{y + 11}">{_escape(shorten(lane.name, 28))}<title>{_escape(lane.name)}</title></text>')
+        out.append(f'<text class="lane-label" x="10" y="{y + 11}">{_escape(shorten(lane.name, 32))}<title>{_escape(lane.name)}</title></text>')
         row_height = _row_height(lane.rows)
         for bar in lane.bars:
             out.append(_bar_svg(bar, x(bar.start), max(x(bar.end) - x(bar.start), 1.5), y + bar.row * row_height, row_height - 2))

@@ -1,0 +1,205 @@
+"""The timeline of a trace: lanes, bars, critical path, offline HTML, headless Chromium."""
+from __future__ import annotations
+
+import re
+import shutil
+import struct
+import subprocess
+import time
+import xml.etree.ElementTree as ET
+import zlib
+from types import SimpleNamespace
+
+import pytest
+
+import outlines
+from outlines import models
+from outlines.graph import display
+from outlines.graph.timeline import backend_label, timeline_html, timeline_svg, write_timeline
+from outlines.trace import BatchRecord, NodeRecord
+
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+needs_chromium = pytest.mark.skipif(CHROMIUM is None, reason="Chromium is not installed (apt-get install chromium; "
+                                    "CI installs it with scripts/setup.sh --system)")
+CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+                  "--disable-background-networking", "--disable-component-update", "--disable-sync"]
+UPPER_COLOUR = (0x8D, 0xD3, 0xC7)  # PALETTE[0]: the first backend's bars
+
+
+def fake_trace():
+    """Two backends, one on two workers, overlapping calls, a failure, a Python op."""
+    function, openai = "FunctionBackend('upper', 'abc', True)", "OpenAIChatBackend('gpt-x', 'http://127.0.0.1:9')"
+    batches = [
+        BatchRecord(1, function, 4, 0.00, 0.50, ["Generate[function:upper]#1"]),
+        BatchRecord(2, function, 4, 0.10, 0.40, ["Generate[function:upper]#1"]),
+        BatchRecord(3, openai, 2, 0.50, 0.90, ["Generate[openai:gpt-x]#2"], worker="tcp://127.0.0.1:4001",
+                    prompt_tokens=10, completion_tokens=20),
+        BatchRecord(4, openai, 2, 0.55, 0.70, ["Generate[openai:gpt-x]#2"], worker="tcp://127.0.0.1:4002",
+                    error="BackendError: upstream said no status=500"),
+    ]
+    nodes = {
+        "vote#3": NodeRecord("vote#3", "vote", "python", None, 0.90, 1.00),
+        "Concat#0": NodeRecord("Concat#0", "Concat", "inline", None, 0.0, 0.0),
+    }
+    critical = ["Concat#0", "Generate[openai:gpt-x]#2", "vote#3"]
+    return SimpleNamespace(batches=batches, nodes=nodes, critical_path_nodes=critical, wall=1.0, critical_path=1.0,
+                           summary=lambda: "fake summary")
+
+
+def real_trace():
+    """A traced eval: batched model calls (max_batch 2) and a Python op."""
+    question = outlines.string("question")
+    upper = models.from_function(lambda ps: [p.upper() for p in ps], batched=True, max_batch=2, name="upper")
+
+    @outlines.fn(signature="(n)->()")
+    def vote(answers):
+        time.sleep(0.002)
+        return answers[0]
+
+    out = vote(upper(question + "?", num_samples=3))
+    with outlines.trace() as trace:
+        outlines.eval(out, givens={question: ["a", "b"]}, cache=False)
+    return trace
+
+
+def bars(svg):
+    return re.findall(r'<g class="(bar[^"]*)">(<rect[^>]*>)', svg)
+
+
+def test_one_bar_per_batch_and_python_op_in_lanes():
+    svg = timeline_svg(fake_trace())
+    drawn = bars(svg)
+    assert len(drawn) == 5
+    labels = re.findall(r'class="lane-label"[^>]*>([^<]*)<', svg)
+    assert labels == ["function: upper", "openai: gpt-x @ 127.0.0.1:4001", "openai: gpt-x @ 127.0.0.1:4002",
+                      "python"]
+    assert [c for c, _ in drawn].count("bar critical") == 2  # the openai batch on 4001 and the vote
+    assert [c for c, _ in drawn].count("bar critical failed") == 1  # batch 4 (its node is critical too)
+    assert "FAILED: BackendError: upstream said no status=500" in svg
+    assert "tokens: 10 prompt, 20 completion" in svg
+    assert "wall 1.000 s, critical path 1.000 s" in svg
+
+
+def test_concurrent_bars_of_a_lane_stack_in_rows():
+    svg = timeline_svg(fake_trace())
+    ys = [float(re.search(r' y="([\d.]+)"', rect).group(1)) for _, rect in bars(svg)]
+    assert ys[0] != ys[1]  # batches 1 and 2 overlap in time, so they get two rows
+    assert len(set(ys)) == 5
+
+
+def test_svg_is_valid_xml_and_standalone():
+    root = ET.fromstring(timeline_svg(fake_trace()))
+    assert root.tag == "{http://www.w3.org/2000/svg}svg"
+    titles = [t.text for t in root.iter("{http://www.w3.org/2000/svg}title")]
+    assert any(t and t.startswith("batch 3: 2 prompt(s) to openai: gpt-x") for t in titles)
+
+
+def test_the_page_refers_to_no_url(tmp_path):
+    path = write_timeline(real_trace(), tmp_path / "timeline.html")
+    page = open(path, encoding="utf-8").read()
+    assert page.startswith("<!DOCTYPE html>") and "<script>" in page and "<svg" in page
+    assert not re.search(r"https?:|ftp:|//[\w.-]+\.\w", page), "the page mentions a URL"
+    assert not re.search(r"\b(src|href|xlink:href|action)\s*=", page)
+    assert not re.search(r"url\(|@import|fetch\(|XMLHttpRequest|import\(|WebSocket", page)
+    inline_svg = re.search(r"<svg.*</svg>", page, re.S).group(0)
+    ET.fromstring(inline_svg)
+
+
+def test_backend_names_never_show_the_url():
+    assert backend_label("OpenAIChatBackend('gpt-x', 'http://127.0.0.1:9')") == "openai: gpt-x"
+    assert backend_label("OpenAICompletionBackend('tiny', 'http://h:1/v1')") == "openai_completion: tiny"
+    assert backend_label("TransformersBackend('/tmp/models/tiny-gpt2', 'cpu', None)") == "transformers: tiny-gpt2"
+    assert backend_label("FunctionBackend('upper', 'abc', False)") == "function: upper"
+    assert backend_label("weird") == "weird"
+
+
+def test_a_real_trace_draws_every_batch(tmp_path):
+    trace = real_trace()
+    svg = timeline_svg(trace)
+    python_nodes = [r for r in trace.nodes.values() if r.kind == "python"]
+    assert len(trace.batches) == 3 and len(python_nodes) == 1  # 6 draws, at most 2 per call
+    assert len(bars(svg)) == 4
+    trace.timeline(tmp_path / "t.svg")
+    ET.parse(tmp_path / "t.svg")
+
+
+def test_trace_mimebundle_for_jupyter():
+    bundle = display.trace_mimebundle(fake_trace())
+    assert bundle["text/plain"] == "fake summary"
+    assert bundle["text/html"].startswith('<div class="outlines-trace"><svg class="outlines-timeline"')
+    assert "<script" not in bundle["text/html"] and "fake summary" in bundle["text/html"]
+    assert display.trace_html(fake_trace()) == bundle["text/html"]
+
+
+def test_an_empty_trace_still_draws():
+    with outlines.trace() as trace:
+        pass
+    ET.fromstring(timeline_svg(trace))
+    assert "<svg" in timeline_html(trace)
+
+
+def chromium(tmp_path, *args):
+    command = [CHROMIUM, *CHROMIUM_FLAGS, f"--user-data-dir={tmp_path / 'profile'}", *args]
+    return subprocess.run(command, capture_output=True, text=True, timeout=90, check=True)
+
+
+@needs_chromium
+def test_chromium_runs_the_page_and_finds_the_bars(tmp_path):
+    path = write_timeline(fake_trace(), tmp_path / "timeline.html")
+    dom = chromium(tmp_path, "--dump-dom", f"file://{path}").stdout
+    assert '<body data-bars="5">' in dom  # set by the page's script after it ran
+    assert dom.count('<g class="bar') == 5
+    assert dom.count("data-details=") == 5  # the script moved each title into the tooltip data
+
+
+@needs_chromium
+def test_chromium_screenshot_shows_the_bars(tmp_path):
+    path = write_timeline(fake_trace(), tmp_path / "timeline.html")
+    shot = tmp_path / "timeline.png"
+    chromium(tmp_path, f"--screenshot={shot}", "--window-size=1040,320", "--hide-scrollbars", f"file://{path}")
+    width, height, pixels = read_png(shot.read_bytes())
+    assert (width, height) == (1040, 320)
+    bar_pixels = sum(1 for pixel in pixels if max(abs(a - b) for a, b in zip(pixel, UPPER_COLOUR)) <= 3)
+    assert bar_pixels > 2000  # two batches of the first backend, each ~280 x 12 px
+
+
+def read_png(data):
+    """(width, height, [(r, g, b), ...]) of an 8-bit RGB or RGBA PNG; enough for Chromium's screenshots."""
+    assert data[:8] == b"\x89PNG\r\n\x1a\n"
+    offset, chunks = 8, {}
+    while offset < len(data):
+        (length,), kind = struct.unpack(">I", data[offset:offset + 4]), data[offset + 4:offset + 8]
+        chunks[kind] = chunks.get(kind, b"") + data[offset + 8:offset + 8 + length]
+        offset += 12 + length
+    width, height, depth, colour, _, _, interlace = struct.unpack(">IIBBBBB", chunks[b"IHDR"])
+    assert depth == 8 and colour in (2, 6) and interlace == 0
+    channels = 3 if colour == 2 else 4
+    raw, stride = zlib.decompress(chunks[b"IDAT"]), width * channels
+    previous, pixels = bytearray(stride), []
+    for row in range(height):
+        start = row * (stride + 1)
+        kind, line = raw[start], bytearray(raw[start + 1:start + 1 + stride])
+        _unfilter(kind, line, previous, channels)
+        pixels.extend(tuple(line[i:i + 3]) for i in range(0, stride, channels))
+        previous = line
+    return width, height, pixels
+
+
+def _unfilter(kind, line, previous, channels):
+    for i in range(len(line)):
+        left = line[i - channels] if i >= channels else 0
+        if kind == 1:
+            line[i] = (line[i] + left) & 0xFF
+        elif kind == 2:
+            line[i] = (line[i] + previous[i]) & 0xFF
+        elif kind == 3:
+            line[i] = (line[i] + (left + previous[i]) // 2) & 0xFF
+        elif kind == 4:
+            corner = previous[i - channels] if i >= channels else 0
+            line[i] = (line[i] + _paeth(left, previous[i], corner)) & 0xFF
+
+
+def _paeth(a, b, c):
+    p = a + b - c
+    pa, pb, pc = abs(p - a), abs(p - b), abs(p - c)
+    return a if pa <= pb and pa <= pc else (b if pb <= pc else c)
