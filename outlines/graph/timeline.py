@@ -70,6 +70,7 @@ def backend_label(backend: str | None) -> str:
 
 def _bars(trace: Any) -> list[Lane]:
     critical = set(getattr(trace, "critical_path_nodes", []) or [])
+    gating = _gating_batches(trace.batches, critical)
     lanes: dict[str, Lane] = {}
     colours: dict[str, str] = {}
     now = max([b.end or b.start for b in trace.batches] + [r.end or r.start or 0.0 for r in trace.nodes.values()] + [0.0])
@@ -84,7 +85,7 @@ def _bars(trace: Any) -> list[Lane]:
         details.append("nodes: " + shorten(", ".join(batch.nodes), 120))
         if batch.prompt_tokens or batch.completion_tokens:
             details.append(f"tokens: {batch.prompt_tokens} prompt, {batch.completion_tokens} completion")
-        on_path = any(label in critical for label in batch.nodes)
+        on_path = batch.id in gating
         _add(lanes, Bar(lane, batch.start, end, f"batch {batch.id} ({batch.size})", details, colour, on_path), batch.error)
     for record in trace.nodes.values():
         if record.kind != "python" or record.start is None:
@@ -97,6 +98,16 @@ def _bars(trace: Any) -> list[Lane]:
     for lane in ordered:
         lane.rows = _pack(lane.bars)
     return ordered
+
+
+def _gating_batches(batches: list[Any], critical: set[str]) -> set[int]:
+    """The last-ending batch of each critical node: the one its successors waited for."""
+    last: dict[str, Any] = {}
+    for batch in batches:
+        for label in batch.nodes:
+            if label in critical and (label not in last or (batch.end or 0.0) > (last[label].end or 0.0)):
+                last[label] = batch
+    return {batch.id for batch in last.values()}
 
 
 def _add(lanes: dict[str, Lane], bar: Bar, error: Any) -> None:

@@ -73,8 +73,8 @@ def test_one_bar_per_batch_and_python_op_in_lanes():
     labels = re.findall(r'class="lane-label"[^>]*>([^<]*)<', svg)
     assert labels == ["function: upper", "openai: gpt-x @ 127.0.0.1:4001", "openai: gpt-x @ 127.0.0.1:4002",
                       "python"]
-    assert [c for c, _ in drawn].count("bar critical") == 2  # the openai batch on 4001 and the vote
-    assert [c for c, _ in drawn].count("bar critical failed") == 1  # batch 4 (its node is critical too)
+    # The critical node's last-ending batch (3, not 4) gated it; then the vote.
+    assert [c for c, _ in drawn] == ["bar", "bar", "bar critical", "bar failed", "bar critical"]
     assert "FAILED: BackendError: upstream said no status=500" in svg
     assert "tokens: 10 prompt, 20 completion" in svg
     assert "wall 1.000 s, critical path 1.000 s" in svg
