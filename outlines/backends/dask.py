@@ -1,0 +1,322 @@
+"""Run model batches and blocking Python calls as tasks on a Dask cluster.
+
+``as_executor(client)`` turns a ``distributed.Client`` into the executor the
+scheduler calls. The graph walk, batching, deduplication and cache stay on the
+caller; each model batch and each chunk of blocking Python calls becomes ONE
+Dask task, awaited on the caller's event loop (never blocking it), so HTTP
+branches keep running locally while workers compute.
+
+Worker side: every worker process keeps a small registry (``_WORKER``): each
+local model is loaded once per process, by the first batch that needs it, and
+reused by every later batch; ``worker_stats()`` reports loads, batches and
+calls per backend. Driver side: batches of a local model are routed to an idle
+worker that already holds it, else left to Dask (which picks the least busy).
+
+Failures: a task whose worker dies is rerun elsewhere by Dask (at-least-once;
+its draws are cached when they arrive, so a rerun is invisible). A task that
+kills ``allowed-failures + 1`` workers (Dask config
+``distributed.scheduler.allowed-failures``, default 3) raises
+``WorkerLostError`` for its elements. Payloads are pickled here, on the caller,
+with cloudpickle: an unpicklable function fails at once with a clear error.
+"""
+from __future__ import annotations
+
+import asyncio
+import threading
+import uuid
+from typing import Any, Callable, Sequence
+
+from outlines.backends.base import Backend, Request, _usage_callback, report_usage
+
+__all__ = ["DaskExecutor", "WorkerLostError", "as_executor", "runs_on_workers", "worker_stats"]
+
+PLACEMENTS = ("local", "workers")
+
+
+class WorkerLostError(RuntimeError):
+    """A task was running on every Dask worker that died under it."""
+
+
+def runs_on_workers(backend: Backend, http: str = "local") -> bool:
+    """Whether ``backend``'s batches go to Dask workers.
+
+    Local models (``local_compute``) and synchronous Python functions always
+    do; network backends (HTTP, ``async def`` functions) only with
+    ``http="workers"``: they wait rather than compute, and the caller's event
+    loop waits on many of them at once for free.
+    """
+    if backend.local_compute:
+        return True
+    if getattr(backend, "kind", None) == "function" and not getattr(backend, "is_async", True):
+        return True
+    return http == "workers"
+
+
+class DaskExecutor:
+    """Send model batches and blocking Python calls to a ``distributed.Client``.
+
+    Parameters
+    ----------
+    client
+        A ``distributed.Client``, synchronous or ``asynchronous=True``.
+    http
+        ``"local"`` (default): network backends run on the caller's loop;
+        ``"workers"``: their batches go to workers too (their credentials
+        travel with them).
+    resources
+        Dask resources each local-model batch needs, e.g. ``{"GPU": 1}``.
+    """
+
+    def __init__(self, client: Any, *, http: str = "local", resources: dict[str, float] | None = None) -> None:
+        if http not in PLACEMENTS:
+            raise ValueError(f"http must be one of {PLACEMENTS}, got {http!r}")
+        self.client = client
+        self.http = http
+        self.resources = dict(resources) if resources else None
+        #: per backend identity: worker address -> batches routed there and running
+        self.homes: dict[Any, dict[str, int]] = {}
+
+    def __repr__(self) -> str:
+        return f"DaskExecutor({self.client!r}, http={self.http!r}, resources={self.resources!r})"
+
+    def max_concurrency(self, backend: Backend) -> int | None:
+        """Bound on ``backend``'s batches in flight: none for local models on workers.
+
+        A local model takes one batch at a time per process; on a cluster each
+        worker holds its own copy, so Dask's queue is the right bound.
+        """
+        if backend.local_compute and runs_on_workers(backend, self.http):
+            return None
+        return backend.max_concurrency
+
+    async def generate(self, backend: Backend, requests: list[Request]) -> tuple[list[str], str | None]:
+        """Run one batch; returns the texts and the worker's address (``None``: here)."""
+        if not runs_on_workers(backend, self.http):
+            return await backend.generate(requests), None
+        payload = _dumps((backend, requests), f"a batch for {backend!r}")
+        spec = backend.identity
+        home = self._pick_home(spec) if backend.local_compute else None
+        options: dict[str, Any] = {}
+        if home is not None:
+            options.update(workers=[home], allow_other_workers=True)
+        if backend.local_compute and self.resources:
+            options["resources"] = self.resources
+        ran_on: str | None = None
+        try:
+            texts, usage, ran_on = await self._run(_generate_task, payload, "outlines-generate", options)
+        except Exception as exc:
+            raise _translated(exc, f"a batch of {len(requests)} prompt(s) for {backend!r}") from exc
+        finally:
+            if backend.local_compute:
+                self._settle_home(spec, home, ran_on)
+        report_usage(*usage)
+        return texts, ran_on
+
+    async def call(self, fn: Callable[..., Any], *args: Any) -> Any:
+        """Run one blocking Python call (a chunk of op calls) on a worker."""
+        payload = _dumps((fn, args), f"Python call {getattr(fn, '__name__', fn)!r}")
+        try:
+            result, _ = await self._run(_call_task, payload, "outlines-call", {})
+        except Exception as exc:
+            raise _translated(exc, "a Python op call") from exc
+        return result
+
+    # -- routing ----------------------------------------------------------------
+    def _pick_home(self, spec: Any) -> str | None:
+        homes = self.homes.setdefault(spec, {})
+        for worker, running in homes.items():
+            if running == 0:
+                homes[worker] = 1
+                return worker
+        return None  # every holder is busy: let Dask choose (maybe a new holder)
+
+    def _settle_home(self, spec: Any, home: str | None, ran_on: str | None) -> None:
+        homes = self.homes.setdefault(spec, {})
+        if home is not None and home in homes:
+            if ran_on is not None and ran_on != home:
+                del homes[home]  # gone or overloaded; it comes back when it runs a batch again
+            else:
+                homes[home] = max(0, homes[home] - 1)
+        if ran_on is not None:
+            homes.setdefault(ran_on, 0)
+
+    # -- the bridge between the caller's loop and the client's ------------------------
+    async def _run(self, task: Callable[[bytes], Any], payload: bytes, prefix: str, options: dict[str, Any]) -> Any:
+        client = self.client
+        key = f"{prefix}-{uuid.uuid4().hex}"
+
+        async def submit_and_wait() -> Any:
+            future = client.submit(task, payload, key=key, pure=False, **options)
+            try:
+                return await future
+            finally:
+                future.release()
+
+        client_loop = client.loop.asyncio_loop
+        if client_loop is asyncio.get_running_loop():
+            return await submit_and_wait()
+        if getattr(client, "_asynchronous", False) and threading.current_thread().name == "outlines-eval":
+            raise RuntimeError(
+                "an asynchronous distributed.Client lives on the loop that is waiting for this "
+                "sync outlines.eval(); use `await outlines.aeval(...)` (or `await program.acall(...)`) instead"
+            )
+        return await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(submit_and_wait(), client_loop))
+
+
+def _dumps(value: Any, what: str) -> bytes:
+    import cloudpickle
+
+    try:
+        return cloudpickle.dumps(value)
+    except Exception as exc:  # noqa: BLE001 - any pickling failure means the same thing
+        raise TypeError(
+            f"cannot send {what} to Dask workers: {type(exc).__name__}: {exc}. Use module-level "
+            "functions and picklable state, or run it locally (executor=None)"
+        ) from exc
+
+
+def _translated(exc: Exception, what: str) -> Exception:
+    from distributed.scheduler import KilledWorker
+
+    if isinstance(exc, KilledWorker):
+        return WorkerLostError(
+            f"{what} was running on {exc.allowed_failures + 1} Dask workers that died "
+            f"(last {exc.last_worker.address}); it is not retried again"
+        )
+    return exc
+
+
+def as_executor(client: Any, *, http: str = "local", resources: dict[str, float] | None = None) -> DaskExecutor:
+    """Wrap a ``distributed.Client`` as the executor of evaluations.
+
+    Parameters
+    ----------
+    client
+        A ``distributed.Client`` (sync or ``asynchronous=True``); a
+        ``DaskExecutor`` is returned as it is.
+    http
+        ``"local"`` (default) keeps network backends on the caller;
+        ``"workers"`` sends their batches to workers as well.
+    resources
+        Dask resources each local-model batch needs, e.g. ``{"GPU": 1}``.
+
+    Returns
+    -------
+    DaskExecutor
+        Pass it (or the client itself) as ``executor=`` or to
+        ``outlines.config.set_executor``. Plain clients passed to ``eval`` get
+        one executor per client, so model placement is remembered across
+        evaluations.
+
+    Raises
+    ------
+    ValueError
+        For an unknown ``http`` placement.
+
+    Examples
+    --------
+    >>> from distributed import Client  # doctest: +SKIP
+    >>> outlines.eval(answers, executor=as_executor(Client("tcp://sched:8786")))  # doctest: +SKIP
+    """
+    if isinstance(client, DaskExecutor):
+        return client
+    if http == "local" and not resources:
+        with _cache_lock:
+            executor = _executors.get(id(client))
+            if executor is None or executor.client is not client:
+                executor = _executors[id(client)] = DaskExecutor(client)
+                _forget_when_closed(client)
+            return executor
+    return DaskExecutor(client, http=http, resources=resources)
+
+
+_executors: dict[int, DaskExecutor] = {}
+_cache_lock = threading.Lock()
+
+
+def _forget_when_closed(client: Any) -> None:
+    import weakref
+
+    key = id(client)
+    try:
+        weakref.finalize(client, _executors.pop, key, None)
+    except TypeError:  # not weak-referenceable: keep it (one small object per client)
+        pass
+
+
+# -- worker side -------------------------------------------------------------------
+class _WorkerState:
+    """What one worker process holds: loaded models and counters, per backend identity."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.stats: dict[str, dict[str, int]] = {}
+
+    def entry(self, spec: Any) -> dict[str, int]:
+        return self.stats.setdefault(repr(spec), {"loads": 0, "batches": 0, "calls": 0})
+
+    def prepare(self, backend: Backend) -> None:
+        """Load a local model the first time this process sees it."""
+        with self.lock:
+            entry = self.entry(backend.identity)
+            load = getattr(backend, "load", None)
+            if backend.local_compute and entry["loads"] == 0 and callable(load):
+                load()
+                entry["loads"] += 1
+            entry["batches"] += 1
+
+
+_WORKER = _WorkerState()
+
+
+def worker_stats() -> dict[str, dict[str, int]]:
+    """This process's counters: ``repr(backend identity) -> {loads, batches, calls}``.
+
+    Run it on every worker with ``client.run(worker_stats)``.
+    """
+    with _WORKER.lock:
+        return {spec: dict(entry) for spec, entry in _WORKER.stats.items()}
+
+
+def _worker_address() -> str | None:
+    from distributed import get_worker
+
+    try:
+        return str(get_worker().address)
+    except ValueError:  # not inside a worker (a local test run)
+        return None
+
+
+def _generate_task(payload: bytes) -> tuple[list[str], tuple[int, int], str | None]:
+    import pickle
+
+    backend, requests = pickle.loads(payload)
+    _WORKER.prepare(backend)
+    usage = [0, 0]
+
+    def add_usage(prompt_tokens: int, completion_tokens: int) -> None:
+        usage[0] += prompt_tokens
+        usage[1] += completion_tokens
+
+    token = _usage_callback.set(add_usage)
+    try:
+        texts = asyncio.run(_generate_then_close(backend, requests))
+    finally:
+        _usage_callback.reset(token)
+    return texts, (usage[0], usage[1]), _worker_address()
+
+
+async def _generate_then_close(backend: Backend, requests: list[Request]) -> list[str]:
+    try:
+        return await backend.generate(requests)
+    finally:
+        await backend.aclose()  # sessions belong to this task's loop
+
+
+def _call_task(payload: bytes) -> tuple[Any, str | None]:
+    import pickle
+
+    fn, args = pickle.loads(payload)
+    with _WORKER.lock:
+        _WORKER.entry(("python", getattr(fn, "__name__", "call")))["calls"] += 1
+    return fn(*args), _worker_address()
