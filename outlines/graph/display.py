@@ -13,7 +13,8 @@ import shutil
 from typing import Any
 
 from outlines.graph.basic import Variable
-from outlines.graph.visualize import describe, render, to_ascii, to_graphviz, to_mermaid
+from outlines.graph.drawing import describe
+from outlines.graph.visualize import render, to_ascii, to_graphviz, to_mermaid
 
 __all__ = ["mimebundle", "trace_mimebundle"]
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 from typing import Any
 
 from outlines.graph.basic import Variable
-from outlines.graph.visualize import describe
+from outlines.graph.drawing import describe
 
 __all__ = ["to_networkx"]
 
@@ -53,7 +53,7 @@ def to_networkx(*variables: Variable, trace: Any = None) -> Any:
     labels = {}
     for node in drawing.nodes:
         labels[node.key] = node.label
-        attributes = {
+        attributes: dict[str, Any] = {
             "label": node.label,
             "op": node.op,
             "kind": node.kind,

@@ -17,7 +17,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from outlines.graph.visualize import FAILED_LINE, PALETTE, shorten
+from outlines.graph.drawing import FAILED_LINE, PALETTE, hide_keys, shorten
 
 __all__ = ["timeline_html", "timeline_svg", "write_timeline"]
 
@@ -25,7 +25,6 @@ WIDTH, LABEL_WIDTH, ROW, LANE_GAP, TOP = 1000, 210, 14, 8, 48
 PYTHON_COLOUR, CRITICAL_LINE, FAILED_FILL = "#9ecae1", "#111111", "#f28e8e"
 _KINDS = {"OpenAIChatBackend": "openai", "OpenAICompletionBackend": "openai_completion",
           "FunctionBackend": "function", "TransformersBackend": "transformers"}
-_KEY_PATTERN = re.compile(r"\b(sk-[A-Za-z0-9_\-]{3,}|Bearer\s+\S+)")
 
 
 @dataclass
@@ -54,7 +53,7 @@ def backend_label(backend: str | None) -> str:
     """``kind: model`` from a trace's backend repr (``FunctionBackend('upper', ...)``), no URL."""
     if not backend:
         return "backend"
-    match = re.fullmatch(r"(\w+)\((.*)\)", backend, re.S)
+    match = re.fullmatch(r"(\w+)\((.*)\)", backend, re.DOTALL)
     if match is None:
         return shorten(backend, 40)
     kind = _KINDS.get(match.group(1), match.group(1).removesuffix("Backend").lower())
@@ -94,9 +93,9 @@ def _bars(trace: Any) -> list[Lane]:
         details = [record.label, f"{record.start:.3f} s to {end:.3f} s ({_ms(end - record.start)})"]
         bar = Bar("python", record.start, end, record.op, details, PYTHON_COLOUR, record.label in critical)
         _add(lanes, bar, record.error)
-    ordered = sorted(lanes.values(), key=lambda lane: lane.name == "python")
-    for lane in ordered:
-        lane.rows = _pack(lane.bars)
+    ordered = sorted(lanes.values(), key=lambda item: item.name == "python")
+    for item in ordered:
+        item.rows = _pack(item.bars)
     return ordered
 
 
@@ -116,7 +115,7 @@ def _add(lanes: dict[str, Lane], bar: Bar, error: Any) -> None:
     if error:
         bar.failed = True
         bar.details.append("FAILED: " + shorten(str(error).strip().splitlines()[0], 160))
-    bar.details = [_KEY_PATTERN.sub(lambda m: m.group(0)[:3] + "***", line) for line in bar.details]
+    bar.details = [hide_keys(line) for line in bar.details]
     lanes.setdefault(bar.lane, Lane(bar.lane)).bars.append(bar)
 
 
@@ -176,8 +175,8 @@ def timeline_svg(trace: Any, *, standalone: bool = True) -> str:
         return LABEL_WIDTH + (t - t0) / span * plot
 
     namespace = ' xmlns="http://www.w3.org/2000/svg"' if standalone else ""
-    out = [f'<svg{namespace} class="outlines-timeline" width="{WIDTH}" height="{height}" viewBox="0 0 {WIDTH} {height}" '
-           'font-family="Helvetica, Arial, sans-serif" font-size="11">',
+    out = [(f'<svg{namespace} class="outlines-timeline" width="{WIDTH}" height="{height}" '
+            f'viewBox="0 0 {WIDTH} {height}" font-family="Helvetica, Arial, sans-serif" font-size="11">'),
            f'<rect width="{WIDTH}" height="{height}" fill="#ffffff"/>',
            f'<text x="10" y="18" font-size="13" font-weight="bold">{_escape(_header(trace, lanes))}</text>']
     for t in _ticks(span):

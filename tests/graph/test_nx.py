@@ -62,7 +62,7 @@ def test_edges_are_in_argument_order_with_positions():
 def test_a_value_used_twice_is_one_edge_with_both_positions():
     word = outlines.string("word")
     graph = to_networkx(word + word)
-    ((source, target, data),) = graph.edges(data=True)
+    ((source, _, data),) = graph.edges(data=True)
     assert source == "word" and data["positions"] == [0, 1] and data["position"] == 0
 
 

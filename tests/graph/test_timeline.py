@@ -96,12 +96,13 @@ def test_svg_is_valid_xml_and_standalone():
 
 def test_the_page_refers_to_no_url(tmp_path):
     path = write_timeline(real_trace(), tmp_path / "timeline.html")
-    page = open(path, encoding="utf-8").read()
+    with open(path, encoding="utf-8") as handle:
+        page = handle.read()
     assert page.startswith("<!DOCTYPE html>") and "<script>" in page and "<svg" in page
     assert not re.search(r"https?:|ftp:|//[\w.-]+\.\w", page), "the page mentions a URL"
     assert not re.search(r"\b(src|href|xlink:href|action)\s*=", page)
     assert not re.search(r"url\(|@import|fetch\(|XMLHttpRequest|import\(|WebSocket", page)
-    inline_svg = re.search(r"<svg.*</svg>", page, re.S).group(0)
+    inline_svg = re.search(r"<svg.*</svg>", page, re.DOTALL).group(0)
     ET.fromstring(inline_svg)
 
 

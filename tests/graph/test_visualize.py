@@ -12,9 +12,11 @@ import pytest
 import outlines
 from outlines import models
 from outlines.cache import Cache
-from outlines.graph import display, visualize as viz
+from outlines.graph import display
+from outlines.graph import visualize as viz
+from outlines.graph.drawing import describe
 from outlines.graph.nx import to_networkx
-from outlines.graph.visualize import describe, to_ascii, to_mermaid
+from outlines.graph.visualize import to_ascii, to_mermaid
 
 SECRET = "sk-SECRET-do-not-show-0123456789"
 needs_dot = pytest.mark.skipif(shutil.which("dot") is None, reason="the Graphviz `dot` program is not installed "
@@ -112,6 +114,10 @@ def test_format_comes_from_format_or_extension(tmp_path):
         outlines.visualize(out, filename=str(tmp_path / "g.xyz"))
     with pytest.raises(ValueError, match="unknown format 'jpeg'"):
         outlines.visualize(out, format="jpeg")
+    with pytest.raises(TypeError, match="nothing to draw"):
+        outlines.visualize(format="ascii")
+    with pytest.raises(TypeError, match="visualize draws Variables; got str"):
+        outlines.visualize("not a graph", format="ascii")
 
 
 @needs_dot
