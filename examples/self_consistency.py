@@ -10,6 +10,7 @@ run replays every draw from the cache.
 """
 import argparse
 import collections
+import math
 import os
 import re
 import tempfile
@@ -17,11 +18,8 @@ import tempfile
 import outlines
 from outlines import models
 
-QUESTIONS = [
-    "What is 17 * 3?",
-    "Tom has 12 apples and buys 30 more. How many apples does he have?",
-    "A box holds 4 rows of 6 eggs. How many eggs are in 3 boxes?",
-]
+QUESTIONS = ["What is 17 * 3?", "Tom has 12 apples and buys 30 more. How many apples does he have?",
+             "A box holds 4 rows of 6 eggs. How many eggs are in 3 boxes?"]
 
 
 @outlines.prompt
@@ -43,23 +41,20 @@ def majority(answers):
 
 
 def arithmetic(prompt):
-    """The offline fake: multiplies the question's numbers, shows its work."""
-    numbers = [int(n) for n in re.findall(r"\d+", prompt.split("A:")[0])]
-    product = 1
-    for n in numbers:
-        product *= n
-    return f" {' * '.join(map(str, numbers))} = {product}. The answer is {product}."
+    """The offline fake: adds or multiplies the question's numbers, showing its work."""
+    question = prompt.split("A:")[0]
+    numbers = [int(n) for n in re.findall(r"\d+", question)]
+    adding = re.search(r"\+|more", question)
+    result = sum(numbers) if adding else math.prod(numbers)
+    return f" {(' + ' if adding else ' * ').join(map(str, numbers))} = {result}. The answer is {result}."
 
 
 def load_model(spec, base_url):
     kind, _, name = spec.partition(":")
     if kind == "transformers":
-        if not name:
-            from outlines.testing import build_tiny_model, default_tiny_model_path
+        from outlines.testing import build_tiny_model  # first run: ~2 s, into $OUTLINES_CACHE_DIR
 
-            print(f"local model: {default_tiny_model_path()} (built on first run)")
-            name = build_tiny_model()
-        return models.transformers(name, max_tokens=48, temperature=0.8, seed=0)
+        return models.transformers(name or build_tiny_model(), max_tokens=48, temperature=0.8, seed=0)
     if kind == "openai":
         return models.openai(name or "gpt-4o-mini", base_url=base_url, max_tokens=160, temperature=0.7)
     if kind == "function":
@@ -68,7 +63,7 @@ def load_model(spec, base_url):
 
 
 def main():
-    parser = argparse.ArgumentParser(description="Self-consistency on a few arithmetic questions.")
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="transformers", help="transformers[:PATH] | openai:NAME | function")
     parser.add_argument("--base-url", default=None, help="OpenAI-compatible API root (with openai:NAME)")
     parser.add_argument("-k", type=int, default=8, help="reasoning paths sampled per question")
@@ -82,13 +77,12 @@ def main():
     for question, answer in zip(QUESTIONS, answers):
         print(f"{question:70s} -> {answer}")
     print(trace.summary())
-    timeline = os.path.join(args.out, "self_consistency_timeline.html")
+    timeline, picture = (os.path.join(args.out, f"self_consistency{ext}") for ext in (".html", ".svg"))
     trace.timeline(timeline)
     try:
-        picture = os.path.join(args.out, "self_consistency.svg")
         program.visualize(filename=picture, trace=trace)
-    except (ImportError, RuntimeError):  # no graphviz or no `dot`: a text picture needs neither
-        picture = os.path.join(args.out, "self_consistency.mmd")
+    except (ImportError, RuntimeError):  # no graphviz or no `dot`: mermaid text needs neither
+        picture = picture[:-4] + ".mmd"
         program.visualize(filename=picture, format="mermaid", trace=trace)
     print(f"graph picture: {picture}\ntimeline: {timeline}")
 
