@@ -280,24 +280,30 @@ async def gather_or_cancel(awaitables: Iterable[Awaitable[T]]) -> list[T]:
         The first exception raised by any of ``awaitables``.
     """
     tasks = [asyncio.ensure_future(a) for a in awaitables]
+    for task in tasks:
+        # Siblings that fail too, or fail while we are cancelled, must not log
+        # "Task exception was never retrieved" from a garbage collection.
+        task.add_done_callback(_retrieve)
     if not tasks:
         return []
     try:
-        done, pending = await asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)
-    except asyncio.CancelledError:
+        await asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)
+    finally:
         await _cancel(tasks)
-        raise
-    await _cancel(pending)
-    errors = [t.exception() for t in tasks if t.done() and not t.cancelled()]
-    first = next((e for e in errors if e is not None), None)
+    first = next((t.exception() for t in tasks if not t.cancelled() and t.exception() is not None), None)
     if first is not None:
         raise first
     return [task.result() for task in tasks]
 
 
+def _retrieve(task: asyncio.Future[Any]) -> None:
+    if not task.cancelled():
+        task.exception()
+
+
 async def _cancel(tasks: Iterable[asyncio.Future[Any]]) -> None:
-    tasks = [t for t in tasks if not t.done()]
-    for task in tasks:
+    pending = [t for t in tasks if not t.done()]
+    for task in pending:
         task.cancel()
-    if tasks:
-        await asyncio.wait(tasks)
+    if pending:
+        await asyncio.wait(pending)

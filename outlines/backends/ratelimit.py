@@ -126,6 +126,7 @@ class AIMDLimiter:
         self._limit = float(self.maximum)
         self._last_decrease = -float("inf")
         self._waiters: collections.deque[asyncio.Future[None]] = collections.deque()
+        self._reserved = 0  # slots handed to woken waiters that have not resumed yet
 
     @property
     def limit(self) -> int:
@@ -146,19 +147,20 @@ class AIMDLimiter:
             self._wake()
 
     async def acquire(self) -> None:
-        """Wait for a free slot and take it."""
-        while self.in_flight >= self.limit:
+        """Wait for a free slot and take it (first come, first served)."""
+        if self._waiters or self.in_flight + self._reserved >= self.limit:
             waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
             self._waiters.append(waiter)
             try:
                 await waiter
             except asyncio.CancelledError:
                 if waiter.done() and not waiter.cancelled():
-                    self._wake()  # pass the slot we were given to the next waiter
-                raise
-            finally:
-                if waiter in self._waiters:
+                    self._reserved -= 1  # a slot was kept for us: hand it on
+                    self._wake()
+                elif waiter in self._waiters:
                     self._waiters.remove(waiter)
+                raise
+            self._reserved -= 1
         self.in_flight += 1
         self.peak = max(self.peak, self.in_flight)
 
@@ -175,10 +177,8 @@ class AIMDLimiter:
         self.release()
 
     def _wake(self) -> None:
-        free = self.limit - self.in_flight
-        for waiter in list(self._waiters):
-            if free <= 0:
-                break
+        while self._waiters and self.in_flight + self._reserved < self.limit:
+            waiter = self._waiters.popleft()
             if not waiter.done():
                 waiter.set_result(None)
-                free -= 1
+                self._reserved += 1
