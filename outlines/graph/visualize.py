@@ -110,9 +110,12 @@ def to_mermaid(drawing: Drawing) -> str:
 
 
 def _mermaid_text(text: str) -> str:
-    for raw, code in (("#", "#35;"), ('"', "#quot;"), ("<", "#lt;"), (">", "#gt;")):
-        text = text.replace(raw, code)
-    return text
+    # HTML entities (labels are HTML): no '"' to end the label, and no '#', which
+    # mermaid would take for the start of one of its own '#name;' codes.
+    return text.translate(_MERMAID_ESCAPES)
+
+
+_MERMAID_ESCAPES = str.maketrans({"&": "&amp;", '"': "&quot;", "<": "&lt;", ">": "&gt;", "#": "&num;"})
 
 
 def to_ascii(drawing: Drawing) -> str:

@@ -84,10 +84,25 @@ def test_mermaid_has_every_node_edge_and_a_legend():
     assert re.search(r'legend0\["openai: gpt-x"\]:::backend0', text)
     assert re.search(r'legend1\["function: upper"\]:::backend1', text)
     assert text.count("classDef backend") == 2
-    assert "#quot;Q: {{ question }} A: Let's think" in text  # quotes escaped inside the label
-    assert "(n),()-#gt;()" in text
+    assert "&quot;Q: {{ question }} A: Let's think" in text  # quotes escaped inside the label
+    assert "(n),()-&gt;()" in text
     for line in lines[1:]:  # every node line is `key<shape>"label"<shape>`: quotes balanced
         assert line.count('"') % 2 == 0, line
+
+
+def test_mermaid_labels_hold_any_text():
+    """Checked once by rendering with mermaid 11 in Chromium; here: the escaping rule."""
+
+    @outlines.prompt
+    def tricky(x):
+        """He said "{{ x }}" <b>bold</b> & #hash; `code` {curly} [square] | pipe ; ñ 日本"""
+
+    text = outlines.visualize(tricky(outlines.string('in"put#1')) + 'end"|', format="mermaid")
+    labels = re.findall(r'^    n\d+\W+"(.*)"\W*$', text, re.MULTILINE)
+    assert len(labels) == 4
+    for label in labels:
+        assert '"' not in label and "#" not in label
+    assert "He said &quot;{{ x }}&quot; &lt;b&gt;bold&lt;/b&gt; &amp; &num;hash" in text
 
 
 def test_dot_source_needs_no_program(tmp_path):
