@@ -211,6 +211,8 @@ def _describe_leaf(variable: Variable, key: str) -> DrawnNode:
 
 
 def _duration(seconds: float) -> str:
+    if seconds < 0.01:
+        return f"{seconds * 1000:.1f} ms"
     return f"{seconds * 1000:.0f} ms" if seconds < 1 else f"{seconds:.2f} s"
 
 

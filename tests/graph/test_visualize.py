@@ -1,6 +1,7 @@
 """Pictures of graphs: the description, each format's content, traces, secrets, speed."""
 from __future__ import annotations
 
+import pathlib
 import re
 import shutil
 import sys
@@ -202,8 +203,8 @@ def test_trace_shows_time_batch_and_cache(tmp_path):
     with outlines.trace() as trace:
         outlines.eval(out, givens={question: ["a", "b", "c"]}, cache=cache)
     text = outlines.visualize(out, format="ascii", trace=trace)
-    assert re.search(r"\d+ ms \| batch \d+ \(size 2\) \| cache 4 hit / 2 miss", text), text
-    assert re.search(r"prompt +solve.*\n.*\n +\d+ ms\n", text)
+    assert re.search(r"[\d.]+ ms \| batch \d+ \(size 2\) \| cache 4 hit / 2 miss", text), text
+    assert re.search(r"prompt +solve.*\n.*\n +[\d.]+ ms\n", text)
     mermaid = outlines.visualize(out, format="mermaid", trace=trace)
     assert "cache 4 hit / 2 miss" in mermaid
 
@@ -302,3 +303,17 @@ def test_a_very_deep_chain_does_not_recurse():
     for _ in range(5000):
         current = current + "!"
     assert outlines.visualize(current, format="ascii").startswith("outlines graph: 10001 nodes, 10000 edges")
+
+
+@needs_dot
+def test_the_readme_pictures_script_runs_the_example(tmp_path):
+    import runpy
+
+    script = runpy.run_path(str(pathlib.Path(__file__).parents[2] / "scripts" / "make_pictures.py"))
+    paths = script["main"](tmp_path, samples=3)
+    assert [p.name for p in paths] == ["self_consistency_graph.mmd", "self_consistency_graph.svg",
+                                       "self_consistency_timeline.svg", "self_consistency_trace.svg"]
+    for path in paths:
+        if path.suffix == ".svg":
+            ET.parse(path)
+    assert "batch 1 (size 9)" in (tmp_path / "self_consistency_trace.svg").read_text()
