@@ -122,6 +122,8 @@ def test_a_real_trace_draws_every_batch(tmp_path):
     assert len(bars(svg)) == 4
     trace.timeline(tmp_path / "t.svg")
     ET.parse(tmp_path / "t.svg")
+    bundle = display.trace_mimebundle(trace)
+    assert bundle["text/plain"] == trace.summary() and bundle["text/html"].count('<g class="bar') == 4
 
 
 def test_trace_mimebundle_for_jupyter():
@@ -204,3 +206,14 @@ def _paeth(a, b, c):
     p = a + b - c
     pa, pb, pc = abs(p - a), abs(p - b), abs(p - c)
     return a if pa <= pb and pa <= pc else (b if pb <= pc else c)
+
+
+def test_a_thousand_bars_draw_quickly():
+    batches = [BatchRecord(i, f"FunctionBackend('m{i % 3}', 'h', True)", 8, i * 0.001, i * 0.001 + 0.05, [f"G#{i}"],
+                           worker=f"tcp://127.0.0.1:{4000 + i % 4}") for i in range(1, 1001)]
+    trace = SimpleNamespace(batches=batches, nodes={}, critical_path_nodes=["G#1000"], wall=1.05, critical_path=0.05)
+    start = time.perf_counter()
+    svg = timeline_svg(trace)
+    assert time.perf_counter() - start < 2.0
+    assert len(bars(svg)) == 1000 and svg.count("bar critical") == 1
+    ET.fromstring(svg)
