@@ -5,7 +5,6 @@ in a deterministic order (creation order breaks ties), never set order.
 """
 from __future__ import annotations
 
-from collections import deque
 from typing import Callable, Iterable, Iterator, Sequence
 
 from outlines.graph.basic import Apply, Constant, Variable
@@ -46,35 +45,27 @@ def graph_inputs(variables: Iterable[Variable]) -> list[Variable]:
 def toposort(outputs: Iterable[Variable]) -> list[Apply]:
     """The Apply nodes needed for ``outputs``, each after all of its inputs' owners.
 
-    Kahn's algorithm over in-degree counters; ties are broken by creation order,
-    so the order is the same on every run.
+    An Apply's inputs exist before it is created, so creation order is a
+    topological order; sorting by it makes the result the same on every run.
+    The walk is iterative (a chain 100,000 deep is fine).
     """
-    nodes: dict[int, Apply] = {}
-    for variable in ancestors(outputs):
-        if variable.owner is not None:
-            nodes.setdefault(id(variable.owner), variable.owner)
-    indegree: dict[int, int] = {}
-    consumers: dict[int, list[Apply]] = {key: [] for key in nodes}
-    for key, node in nodes.items():
-        parents = {id(v.owner): v.owner for v in node.inputs if v.owner is not None}
-        indegree[key] = len(parents)
-        for parent_key in parents:
-            consumers[parent_key].append(node)
-    ready = deque(sorted((n for k, n in nodes.items() if indegree[k] == 0), key=_order))
-    result: list[Apply] = []
-    while ready:
-        node = ready.popleft()
-        result.append(node)
-        for consumer in consumers[id(node)]:
-            indegree[id(consumer)] -= 1
-            if indegree[id(consumer)] == 0:
-                ready.append(consumer)
-    return result
+    seen: dict[int, Apply] = {}
+    stack = [v.owner for v in outputs if v.owner is not None]
+    while stack:
+        node = stack.pop()
+        if id(node) in seen:
+            continue
+        seen[id(node)] = node
+        for variable in node.inputs:
+            owner = variable.owner
+            if owner is not None and id(owner) not in seen:
+                stack.append(owner)
+    return sorted(seen.values(), key=_order)
 
 
 def applies(outputs: Iterable[Variable]) -> list[Apply]:
-    """The Apply nodes needed for ``outputs`` in creation order."""
-    return sorted(toposort(outputs), key=_order)
+    """The Apply nodes needed for ``outputs`` in creation order (same as ``toposort``)."""
+    return toposort(outputs)
 
 
 def _order(node: Apply) -> int:
