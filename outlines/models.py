@@ -88,9 +88,11 @@ def openai(model: str, *, base_url: str | None = None, api_key: str | None = Non
         Secret key (default ``OPENAI_API_KEY``); never shown or cached.
     **options
         Generation defaults (``max_tokens``, ``temperature``, ``stop``, ``seed``,
-        ``top_p``, ``logit_bias``) and backend options (``max_batch``,
-        ``max_concurrency``, ``max_retries``, ``system_prompt``, ``timeout``,
-        ``rpm``, ``tpm``).
+        ``top_p``, ``logit_bias``) and backend options (``max_batch``, default
+        16 draws per call; ``max_concurrency``, default 32 requests in flight;
+        ``max_retries``; ``system_prompt``; ``timeout`` and ``connect_timeout``
+        in seconds; ``rpm`` and ``tpm`` budgets; ``max_retry_after``;
+        ``headers``). See ``outlines.backends.openai``.
     """
     from outlines.backends.openai import OpenAIChatBackend
 
@@ -103,8 +105,10 @@ def openai_completion(
 ) -> Model:
     """A legacy ``/v1/completions`` model that sends many prompts per request.
 
-    Takes the same options as ``openai``; ``max_batch`` (default 128) bounds
-    the prompts in one request.
+    Takes the same options as ``openai`` except ``system_prompt``;
+    ``max_batch`` (default 128) bounds the prompts in one request. Servers
+    that refuse a list of prompts (``transformers serve``) get one prompt per
+    request, and servers that ignore ``n`` one request per sample.
     """
     from outlines.backends.openai import OpenAICompletionBackend
 

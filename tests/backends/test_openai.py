@@ -27,6 +27,8 @@ from tests.fixtures.fake_openai import (
     Truncated,
 )
 
+pytestmark = pytest.mark.filterwarnings("error::ResourceWarning")
+
 KEY = "sk-test-SECRET-0123456789"
 SAMPLING = GenerationParams.create(temperature=0.7)
 

@@ -18,6 +18,8 @@ from outlines.backends.base import BackendError, GenerationParams, Request
 from outlines.backends.openai import OpenAIChatBackend, OpenAICompletionBackend
 from tests.fixtures.fake_openai import FakeOpenAI, Status
 
+pytestmark = pytest.mark.filterwarnings("error::ResourceWarning")
+
 PARAMS = GenerationParams.create(temperature=0.5)
 REQUESTS = [Request("a", PARAMS, 0), Request("b", PARAMS, 0), Request("a", PARAMS, 1)]
 

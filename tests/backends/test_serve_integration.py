@@ -26,7 +26,7 @@ import pytest
 import outlines
 from outlines import models
 
-pytestmark = [pytest.mark.integration, pytest.mark.slow]
+pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.filterwarnings("error::ResourceWarning")]
 
 STARTUP_SECONDS = 180
 

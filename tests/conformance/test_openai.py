@@ -15,6 +15,8 @@ from outlines.generate import Model
 from tests.conformance.suite import *  # noqa: F401,F403
 from tests.fixtures.fake_openai import FakeOpenAI
 
+pytestmark = pytest.mark.filterwarnings("error::ResourceWarning")
+
 KEY = "sk-conformance"
 
 
