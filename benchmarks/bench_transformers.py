@@ -49,12 +49,13 @@ def raw_setup(path: str) -> tuple[Any, Any]:
     return AutoModelForCausalLM.from_pretrained(path).eval(), tokenizer
 
 
-def raw_generate(model: Any, tokenizer: Any, prompts: list[str]) -> list[str]:
+def raw_generate(model: Any, tokenizer: Any, prompts: list[str], sample: bool = False) -> list[str]:
     import torch
 
     batch = tokenizer(prompts, padding=True, return_tensors="pt")
+    options = {"do_sample": True, "temperature": 1.0, "top_k": 0} if sample else {"do_sample": False}
     with torch.inference_mode():
-        out = model.generate(**batch, max_new_tokens=NEW_TOKENS, do_sample=False, pad_token_id=tokenizer.pad_token_id)
+        out = model.generate(**batch, max_new_tokens=NEW_TOKENS, pad_token_id=tokenizer.pad_token_id, **options)
     return tokenizer.batch_decode(out[:, batch["input_ids"].shape[1]:], skip_special_tokens=True)
 
 
@@ -126,11 +127,15 @@ def main() -> None:
     llm = models.transformers(path, max_tokens=NEW_TOKENS, temperature=0, max_batch=N_PROMPTS)
     question = outlines.string("question")
     answers = llm(question)
+    samples = llm(question, temperature=1.0, seed=0)
 
     loop = timed(lambda: [raw_generate(model, tokenizer, [p]) for p in PROMPTS], max(1, args.repeat // 3))
     times = interleaved({
         "raw one batched generate": lambda: raw_generate(model, tokenizer, PROMPTS),
         "outlines, one schedule (batched)": lambda: answers.eval({question: PROMPTS}, cache=False, progress=False),
+        "raw batched generate, sampling": lambda: raw_generate(model, tokenizer, PROMPTS, sample=True),
+        "outlines, sampling (per-draw streams)": lambda: samples.eval({question: PROMPTS}, cache=False,
+                                                                      progress=False),
     }, args.repeat)
     rows = [("raw loop of 64 single generate calls", loop, loop)]
     rows += [(name, min(values), statistics.median(values)) for name, values in times.items()]
@@ -139,10 +144,11 @@ def main() -> None:
     print(f"{'case':40s} {'best s':>8s} {'median s':>9s} {'tokens/s':>10s}")
     for name, best, median in rows:
         print(f"{name:40s} {best:8.3f} {median:9.3f} {tokens / best:10.0f}")
-    (_, single, _), (_, raw, raw_median), (_, ours, ours_median) = rows
+    (_, single, _), (_, raw, raw_median), (_, ours, ours_median), (_, raw_s, _), (_, ours_s, _) = rows
     print(f"\noutlines vs loop of single calls: {single / ours:.1f}x faster (target >= 20x)")
     print(f"outlines overhead vs raw batched generate: {100 * (ours / raw - 1):+.1f}% best, "
           f"{100 * (ours_median / raw_median - 1):+.1f}% median (target <= 10%)")
+    print(f"outlines sampling overhead vs raw sampling: {100 * (ours_s / raw_s - 1):+.1f}% best")
     print(f"peak RSS: {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024:.0f} MiB")
     print(f"\n{'worker for generate':28s} {'seconds':>9s} {'max loop lag':>13s}")
     for name, seconds, lag in choice:

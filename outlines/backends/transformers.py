@@ -244,20 +244,20 @@ class TransformersBackend(Backend):
         ids = [list(x) for x in loaded.tokenizer(prompts)["input_ids"]]
         context = loaded.context_length
         longest = max(len(x) for x in ids)
-        if max_tokens is None:
-            budget = context - longest if context else DEFAULT_MAX_TOKENS
-            return ids, max(1, min(DEFAULT_MAX_TOKENS, budget))
-        if context is None or longest + max_tokens <= context:
-            return ids, max_tokens
-        room = context - max_tokens
+        new_tokens = DEFAULT_MAX_TOKENS if max_tokens is None else max_tokens
+        if max_tokens is None and context:  # fill the context, or keep half of it for new text
+            new_tokens = min(new_tokens, context - longest if context > longest else context // 2)
+        if context is None or longest + new_tokens <= context:
+            return ids, new_tokens
+        room = context - new_tokens
         if not self.truncation or room < 1:
             prompt = prompts[max(range(len(ids)), key=lambda i: len(ids[i]))]
             raise BackendError(
-                f"prompt of {longest} tokens + max_tokens {max_tokens} exceeds the context of {context} tokens "
+                f"prompt of {longest} tokens + max_tokens {new_tokens} exceeds the context of {context} tokens "
                 f"(prompt starts {prompt[:40]!r}); shorten it, lower max_tokens or pass truncation=True",
                 model=self.path,
             )
-        return [x[-room:] for x in ids], max_tokens
+        return [x[-room:] for x in ids], new_tokens
 
     def _run(
         self, loaded: Any, ids: list[list[int]], count: int, keys: list[int] | None, new_tokens: int,

@@ -185,8 +185,14 @@ def test_a_prompt_longer_than_the_context(backend: TransformersBackend, tiny_mod
     long_prompt = "step " * 600
     with pytest.raises(BackendError, match=r"prompt of \d+ tokens \+ max_tokens 8 exceeds the context of 512"):
         run(backend, [Request(long_prompt, GREEDY)])
+    with pytest.raises(BackendError, match=r"max_tokens 256 exceeds the context of 512"):
+        run(backend, [Request(long_prompt, GenerationParams.create(temperature=0))])
     truncating = TransformersBackend(tiny_model_path, device="cpu", truncation=True)
     assert isinstance(run(truncating, [Request(long_prompt, GREEDY)])[0], str)
+    default_length = GenerationParams.create(temperature=0)
+    assert isinstance(run(truncating, [Request(long_prompt, default_length)])[0], str)
+    short = run(backend, [Request("step " * 500, default_length)])[0]  # the rest of the context
+    assert isinstance(short, str)
 
 
 def test_unsupported_parameters_are_refused(backend: TransformersBackend) -> None:
