@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 from typing import Any, Mapping, Sequence
 
 import yarl
@@ -35,6 +36,11 @@ LISTS_REFUSED: set[str] = set()
 N_IGNORED: set[str] = set()
 
 Groups = dict[tuple[GenerationParams, str], list[int]]
+#: How servers word "send one prompt, not a list": transformers serve says
+#: "prompt must be a string."; others name the type they wanted or got.
+_LIST_REFUSAL = re.compile(
+    r"prompt\W.{0,60}\b(strings?|str|lists?|arrays?|type)\b|\b(lists?|arrays?)\b.{0,60}\bprompt", re.IGNORECASE | re.DOTALL
+)
 
 
 class _NIgnored(Exception):
@@ -316,5 +322,4 @@ def _refuses_lists(error: BackendError) -> bool:
     """A 4xx that complains about the prompt's type: the server wants a string."""
     if error.status not in (400, 422) or not error.body:
         return False
-    body = error.body.lower()
-    return "prompt" in body and any(word in body for word in ("string", "str", "list", "array", "type"))
+    return _LIST_REFUSAL.search(error.body) is not None

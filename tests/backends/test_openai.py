@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import pickle
 import time
@@ -176,6 +177,22 @@ def test_ignored_n_falls_back_to_one_request_per_sample(fake_openai: FakeOpenAI)
     bodies = [r.body for r in fake_openai.requests]
     assert bodies[0]["n"] == 3 and all("n" not in b for b in bodies[1:]) and len(bodies) == 4
     assert sorted(b["seed"] for b in bodies[1:]) == [5, 6, 7]
+
+
+@pytest.mark.parametrize(
+    "body, refused",
+    [
+        ({"detail": "prompt must be a string."}, True),  # transformers serve
+        ([{"type": "string_type", "loc": ["body", "prompt"], "msg": "Input should be a valid string"}], True),
+        ("batched prompt lists are not supported", True),
+        ("a list of prompts is not supported", True),
+        ("This model's maximum context length is 2048 tokens; you requested 3000 tokens in the prompt", False),
+        ({"error": {"message": "max_tokens is too large"}}, False),
+    ],
+)
+def test_which_400s_mean_lists_are_refused(body: Any, refused: bool) -> None:
+    text = body if isinstance(body, str) else json.dumps(body)
+    assert openai_backends._refuses_lists(BackendError("HTTP 400", status=400, body=text)) is refused
 
 
 def test_a_400_about_something_else_is_not_a_list_refusal(fake_openai: FakeOpenAI) -> None:
@@ -430,6 +447,7 @@ def test_the_key_never_shows_in_traces(fake_openai: FakeOpenAI, tmp_path: Any) -
         llm("traced").eval(cache=False)
     trace.to_json(tmp_path / "trace.json")
     assert KEY not in trace.summary() and KEY not in (tmp_path / "trace.json").read_text()
+    assert trace.tokens == (1, 1)  # the usage the fake server reported reaches the trace
 
 
 def test_authorization_is_not_forwarded_to_another_host(fake_openai: FakeOpenAI) -> None:
