@@ -19,7 +19,7 @@ from __future__ import annotations
 import logging
 import os
 import re
-from typing import Any, Mapping, Sequence
+from typing import Any, Mapping, NamedTuple, Sequence
 
 import yarl
 
@@ -34,13 +34,19 @@ DEFAULT_BASE_URL = "https://api.openai.com/v1"
 #: Base URLs whose completions endpoint refuses a list of prompts / ignores ``n``.
 LISTS_REFUSED: set[str] = set()
 N_IGNORED: set[str] = set()
-
-Groups = dict[tuple[GenerationParams, str], list[int]]
 #: How servers word "send one prompt, not a list": transformers serve says
 #: "prompt must be a string."; others name the type they wanted or got.
 _LIST_REFUSAL = re.compile(
     r"prompt\W.{0,60}\b(strings?|str|lists?|arrays?|type)\b|\b(lists?|arrays?)\b.{0,60}\bprompt", re.IGNORECASE | re.DOTALL
 )
+
+
+class Group(NamedTuple):
+    """Draws of one prompt in one ``generate`` call, sampled together with ``n``."""
+
+    params: GenerationParams
+    prompt: str
+    n: int
 
 
 class _NIgnored(Exception):
@@ -109,19 +115,21 @@ class _OpenAIBackend(Backend):
         by_prompt: dict[tuple[GenerationParams, str], list[int]] = {}
         for index, request in enumerate(requests):
             by_prompt.setdefault((request.params, request.prompt), []).append(index)
-        groups: Groups = {}
+        groups = []
         for (params, prompt), indices in by_prompt.items():
             first_draw = min(requests[i].draw for i in indices)
-            groups[(_offset_seed(params, first_draw), prompt)] = indices
+            # Greedy draws are all the same text: ask once.
+            n = 1 if params.deterministic else len(indices)
+            groups.append(Group(_offset_seed(params, first_draw), prompt, n))
         texts = await self._sample_groups(groups)
         out: list[str] = [""] * len(requests)
-        for indices, samples in zip(groups.values(), texts):
-            for index, text in zip(indices, samples):
-                out[index] = text
+        for indices, samples in zip(by_prompt.values(), texts):
+            for k, index in enumerate(indices):
+                out[index] = samples[k % len(samples)]
         return out
 
-    async def _sample_groups(self, groups: Groups) -> list[list[str]]:
-        """One list of ``len(indices)`` samples per group, in group order."""
+    async def _sample_groups(self, groups: list[Group]) -> list[list[str]]:
+        """``group.n`` samples per group, in group order."""
         raise NotImplementedError
 
     def _payload(self, params: GenerationParams, n: int, **fields: Any) -> dict[str, Any]:
@@ -202,17 +210,16 @@ class OpenAICompletionBackend(_OpenAIBackend):
     def __init__(self, model: str, *, max_batch: int | None = 128, **options: Any) -> None:
         super().__init__(model, max_batch=max_batch, **options)
 
-    async def _sample_groups(self, groups: Groups) -> list[list[str]]:
+    async def _sample_groups(self, groups: list[Group]) -> list[list[str]]:
         # Prompts that need the same number of samples share one request.
         buckets: dict[tuple[GenerationParams, int], list[int]] = {}
-        keys = list(groups)
-        for position, ((params, _prompt), indices) in enumerate(groups.items()):
-            buckets.setdefault((params, len(indices)), []).append(position)
+        for position, group in enumerate(groups):
+            buckets.setdefault((group.params, group.n), []).append(position)
         jobs = [
-            self._complete([keys[p][1] for p in positions], params, n)
+            self._complete([groups[p].prompt for p in positions], params, n)
             for (params, n), positions in buckets.items()
         ]
-        results: list[list[str]] = [[] for _ in keys]
+        results: list[list[str]] = [[] for _ in groups]
         for positions, samples in zip(buckets.values(), await gather_or_cancel(jobs)):
             for position, sample in zip(positions, samples):
                 results[position] = sample
@@ -280,10 +287,8 @@ class OpenAIChatBackend(_OpenAIBackend):
     def identity(self) -> tuple[Any, ...]:
         return (self.kind, self.model, self.base_url, self.system_prompt)
 
-    async def _sample_groups(self, groups: Groups) -> list[list[str]]:
-        return await gather_or_cancel(
-            self._chat(prompt, params, len(indices)) for (params, prompt), indices in groups.items()
-        )
+    async def _sample_groups(self, groups: list[Group]) -> list[list[str]]:
+        return await gather_or_cancel(self._chat(g.prompt, g.params, g.n) for g in groups)
 
     async def _chat(self, prompt: str, params: GenerationParams, n: int) -> list[str]:
         if n > 1 and self.base_url in N_IGNORED:

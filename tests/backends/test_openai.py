@@ -482,3 +482,17 @@ def test_greedy_draws_collapse_and_per_call_overrides_apply(fake_openai: FakeOpe
     body = fake_openai.requests[0].body
     assert len(fake_openai.requests) == 1 and "n" not in body
     assert body["temperature"] == 0 and body["max_tokens"] == 5
+
+
+def test_repeated_greedy_requests_are_asked_once(fake_openai: FakeOpenAI) -> None:
+    greedy = GenerationParams.create(temperature=0)
+    assert run(completion(fake_openai), [Request("g", greedy), Request("h", greedy), Request("g", greedy)]) == [
+        "g#0", "h#0", "g#0"]
+    assert fake_openai.prompts() == [["g", "h"]] and "n" not in fake_openai.requests[0].body
+
+
+def test_mixed_params_in_one_call_stay_apart(fake_openai: FakeOpenAI) -> None:
+    one, two = GenerationParams.create(temperature=1.0, seed=1), GenerationParams.create(temperature=1.0, seed=2)
+    out = run(completion(fake_openai), [Request("x", one, 0), Request("x", one, 1), Request("x", two, 0)])
+    assert out == ["x#0", "x#1", "x#0"]
+    assert sorted((r.body["seed"], r.body.get("n", 1)) for r in fake_openai.requests) == [(1, 2), (2, 1)]
