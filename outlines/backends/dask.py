@@ -24,6 +24,7 @@ from __future__ import annotations
 import asyncio
 import threading
 import uuid
+import weakref
 from typing import Any, Callable, Sequence
 
 from outlines.backends.base import Backend, Request, _usage_callback, report_usage
@@ -73,8 +74,10 @@ class DaskExecutor:
         self.client = client
         self.http = http
         self.resources = dict(resources) if resources else None
-        #: per backend identity: worker address -> batches routed there and running
-        self.homes: dict[Any, dict[str, int]] = {}
+        #: per backend identity: worker address -> batches routed there and running;
+        #: shared by every executor of this client, so placement outlives one eval
+        self.homes = _homes_of(client)
+        self._lock = threading.Lock()  # evals on several threads may share it
 
     def __repr__(self) -> str:
         return f"DaskExecutor({self.client!r}, http={self.http!r}, resources={self.resources!r})"
@@ -123,22 +126,24 @@ class DaskExecutor:
 
     # -- routing ----------------------------------------------------------------
     def _pick_home(self, spec: Any) -> str | None:
-        homes = self.homes.setdefault(spec, {})
-        for worker, running in homes.items():
-            if running == 0:
-                homes[worker] = 1
-                return worker
-        return None  # every holder is busy: let Dask choose (maybe a new holder)
+        with self._lock:
+            homes = self.homes.setdefault(spec, {})
+            for worker, running in homes.items():
+                if running == 0:
+                    homes[worker] = 1
+                    return worker
+            return None  # every holder is busy: let Dask choose (maybe a new holder)
 
     def _settle_home(self, spec: Any, home: str | None, ran_on: str | None) -> None:
-        homes = self.homes.setdefault(spec, {})
-        if home is not None and home in homes:
-            if ran_on is not None and ran_on != home:
-                del homes[home]  # gone or overloaded; it comes back when it runs a batch again
-            else:
-                homes[home] = max(0, homes[home] - 1)
-        if ran_on is not None:
-            homes.setdefault(ran_on, 0)
+        with self._lock:
+            homes = self.homes.setdefault(spec, {})
+            if home is not None and home in homes:
+                if ran_on is not None and ran_on != home:
+                    del homes[home]  # gone or overloaded; it returns when it runs a batch again
+                else:
+                    homes[home] = max(0, homes[home] - 1)
+            if ran_on is not None:
+                homes.setdefault(ran_on, 0)
 
     # -- the bridge between the caller's loop and the client's ------------------------
     async def _run(self, task: Callable[[bytes], Any], payload: bytes, prefix: str, options: dict[str, Any]) -> Any:
@@ -204,9 +209,8 @@ def as_executor(client: Any, *, http: str = "local", resources: dict[str, float]
     -------
     DaskExecutor
         Pass it (or the client itself) as ``executor=`` or to
-        ``outlines.config.set_executor``. Plain clients passed to ``eval`` get
-        one executor per client, so model placement is remembered across
-        evaluations.
+        ``outlines.config.set_executor``. Which workers hold which model is
+        remembered per client, across evaluations.
 
     Raises
     ------
@@ -220,28 +224,19 @@ def as_executor(client: Any, *, http: str = "local", resources: dict[str, float]
     """
     if isinstance(client, DaskExecutor):
         return client
-    if http == "local" and not resources:
-        with _cache_lock:
-            executor = _executors.get(id(client))
-            if executor is None or executor.client is not client:
-                executor = _executors[id(client)] = DaskExecutor(client)
-                _forget_when_closed(client)
-            return executor
     return DaskExecutor(client, http=http, resources=resources)
 
 
-_executors: dict[int, DaskExecutor] = {}
-_cache_lock = threading.Lock()
+_homes: weakref.WeakKeyDictionary[Any, dict[Any, dict[str, int]]] = weakref.WeakKeyDictionary()
+_homes_lock = threading.Lock()
 
 
-def _forget_when_closed(client: Any) -> None:
-    import weakref
-
-    key = id(client)
-    try:
-        weakref.finalize(client, _executors.pop, key, None)
-    except TypeError:  # not weak-referenceable: keep it (one small object per client)
-        pass
+def _homes_of(client: Any) -> dict[Any, dict[str, int]]:
+    with _homes_lock:
+        try:
+            return _homes.setdefault(client, {})
+        except TypeError:  # not weak-referenceable: placement lasts one executor
+            return {}
 
 
 # -- worker side -------------------------------------------------------------------
