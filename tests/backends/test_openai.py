@@ -427,12 +427,20 @@ def test_the_key_never_shows(fake_openai: FakeOpenAI, sleeps: list[float], caplo
     llm = models.openai("fake-model", base_url=fake_openai.base_url, api_key=KEY)
     shown = [repr(backend), str(backend), repr(vars(backend)), repr(vars(backend.client)), str(backend.identity),
              repr(llm), str(llm("x").owner.op.key())]  # type: ignore[union-attr]
-    with caplog.at_level(logging.DEBUG):
-        logging.getLogger("aiohttp").setLevel(logging.DEBUG)
+
+    async def in_debug_mode() -> list[str]:
+        try:
+            return await backend.generate(draws("a"))
+        finally:
+            await backend.aclose()
+
+    # Everything at DEBUG, aiohttp's own loggers and asyncio's debug mode included.
+    with caplog.at_level(logging.DEBUG), caplog.at_level(logging.DEBUG, logger="aiohttp"):
         fake_openai.script(Status(503), Close(), Status(400, body={"error": f"bad key {KEY}"}))
         with pytest.raises(BackendError) as caught:
-            run(backend, draws("a"))
+            asyncio.run(in_debug_mode(), debug=True)
     shown += [str(caught.value), repr(caught.value), caught.value.body or "", caplog.text]
+    assert "retrying" in caplog.text
     assert all(KEY not in text for text in shown)
     assert fake_openai.requests[0].headers["Authorization"] == f"Bearer {KEY}"
 
