@@ -265,7 +265,7 @@ def timeline_html(trace: Any) -> str:
             f"{timeline_svg(trace, standalone=False)}\n<div id=\"tip\"></div>\n<script>{_SCRIPT}</script>\n</body></html>\n")
 
 
-def write_timeline(trace: Any, path: str | os.PathLike[str]) -> str:
+def write_timeline(trace: Any, path: str | os.PathLike[str]) -> str | os.PathLike[str]:
     """Write the trace's timeline to ``path``: HTML, or SVG when it ends in ``.svg``.
 
     Parameters
@@ -278,11 +278,11 @@ def write_timeline(trace: Any, path: str | os.PathLike[str]) -> str:
 
     Returns
     -------
-    str
-        The path written.
+    str or os.PathLike
+        ``path``, as given.
     """
-    path = os.fspath(path)
-    text = timeline_svg(trace) if path.lower().endswith(".svg") else timeline_html(trace)
+    svg = os.fspath(path).lower().endswith(".svg")
+    text = timeline_svg(trace) if svg else timeline_html(trace)
     with open(path, "w", encoding="utf-8") as handle:
         handle.write(text)
     return path

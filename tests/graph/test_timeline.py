@@ -120,7 +120,7 @@ def test_a_real_trace_draws_every_batch(tmp_path):
     python_nodes = [r for r in trace.nodes.values() if r.kind == "python"]
     assert len(trace.batches) == 3 and len(python_nodes) == 1  # 6 draws, at most 2 per call
     assert len(bars(svg)) == 4
-    trace.timeline(tmp_path / "t.svg")
+    assert trace.timeline(tmp_path / "t.svg") == tmp_path / "t.svg"
     ET.parse(tmp_path / "t.svg")
     bundle = display.trace_mimebundle(trace)
     assert bundle["text/plain"] == trace.summary() and bundle["text/html"].count('<g class="bar') == 4
