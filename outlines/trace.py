@@ -148,25 +148,26 @@ class Trace(Recorder):
     @property
     def critical_path(self) -> float:
         """Seconds of the longest chain of dependent nodes (summed over sequential evals)."""
-        return sum(path for _, _, path in self._clusters())
+        return sum(longest.critical_path for _, _, longest in self._clusters())
 
     @property
     def critical_path_nodes(self) -> list[str]:
-        """Labels along the critical path of each evaluation, in order."""
-        return [label for record in self.evals for label in record.critical_nodes]
+        """Labels along that chain, in order."""
+        return [label for _, _, longest in self._clusters() for label in longest.critical_nodes]
 
-    def _clusters(self) -> list[tuple[float, float, float]]:
-        """Overlapping evals merged: (start, end, longest critical path inside)."""
+    def _clusters(self) -> list[tuple[float, float, _Eval]]:
+        """Overlapping evals merged: (start, end, the eval with the longest critical path)."""
         now = self._time(self.closed_at or time.perf_counter())
-        spans = sorted((e.start, e.end if e.end is not None else now, e.critical_path) for e in self.evals)
-        merged: list[list[float]] = []
-        for start, end, path in spans:
-            if merged and start < merged[-1][1]:
-                merged[-1][1] = max(merged[-1][1], end)
-                merged[-1][2] = max(merged[-1][2], path)
+        merged: list[tuple[float, float, _Eval]] = []
+        for record in sorted(self.evals, key=lambda e: e.start):
+            end = record.end if record.end is not None else now
+            if merged and record.start < merged[-1][1]:
+                start, last, longest = merged[-1]
+                longest = longest if longest.critical_path >= record.critical_path else record
+                merged[-1] = (start, max(last, end), longest)
             else:
-                merged.append([start, end, path])
-        return [(s, e, p) for s, e, p in merged]
+                merged.append((record.start, end, record))
+        return merged
 
     @property
     def tokens(self) -> tuple[int, int]:

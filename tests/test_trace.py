@@ -119,6 +119,7 @@ def test_concurrent_evals_keep_their_batches_apart() -> None:
     assert sorted(b.id for b in trace.batches) == [1, 2, 3]
     assert all(b.end is not None for b in trace.batches)
     assert trace.wall < 3 * 0.02 + 0.05  # one overlapping span, not a sum
+    assert len(trace.critical_path_nodes) == 1  # the longest of the overlapping evals
 
 
 def test_no_recording_outside_the_block() -> None:
@@ -181,3 +182,24 @@ def test_timeline_delegates(monkeypatch, tmp_path) -> None:
     trace = Trace()
     assert trace.timeline(tmp_path / "t.html") == tmp_path / "t.html"
     assert calls == [(trace, tmp_path / "t.html")]
+
+
+def test_timeline_writes_html(tmp_path) -> None:
+    pytest.importorskip("outlines.graph.timeline")
+    llm = _model(Recording(delay=0.01), max_batch=2)
+    q = outlines.string("q")
+    with outlines.trace() as trace:
+        llm(llm(q)).eval({"q": ["a", "b", "c"]}, cache=False)
+    path = tmp_path / "timeline.html"
+    trace.timeline(path)
+    assert path.read_text().lstrip().lower().startswith("<!doctype html")
+
+
+def test_errors_return_records_failed_batches() -> None:
+    llm = _model(Recording(fail_on="bad"), max_batch=2)
+    q = outlines.string("q")
+    with outlines.trace() as trace:
+        values = llm(q).eval({"q": ["ok", "fine", "bad", "x"]}, cache=False, errors="return")
+    assert [isinstance(v, outlines.Failure) for v in values] == [False, False, True, True]
+    assert [b.error for b in trace.batches] == [None, "RuntimeError: refused bad"]
+    assert trace.evals[0].error is None and len(trace.errors) == 1
