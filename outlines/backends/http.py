@@ -67,6 +67,13 @@ class _LoopState:
     limiter: AIMDLimiter
 
 
+@dataclass
+class _Failure:
+    reason: str
+    error: BackendError
+    retry_after: float | None = None
+
+
 class HTTPClient:
     """JSON POSTs to one base URL, with retries, limits and one session per loop.
 
@@ -88,6 +95,12 @@ class HTTPClient:
         Longest Retry-After honoured; a longer one fails at once.
     headers
         Extra headers sent with every request.
+
+    Notes
+    -----
+    Call ``aclose`` on every loop that used the client before that loop
+    ends (the scheduler does, after each evaluation); a session cannot be
+    closed from another loop, and aiohttp warns about one left open.
     """
 
     def __init__(
@@ -182,42 +195,52 @@ class HTTPClient:
         """
         state = self.state()
         model = str(payload.get("model", "")) or None
-        for attempt in range(self.max_retries + 1):
+        attempt = 0
+        while True:
             await self._throttle(tokens)
-            try:
-                async with state.limiter:
-                    status, headers, body = await self._send(state.session, path, payload)
-            except TRANSIENT_ERRORS as exc:
-                reason = f"{type(exc).__name__}: {exc}".rstrip(": ")
-                error = self._error(reason, path, model, retryable=True)
-                retry_after = None
-            except aiohttp.ClientError as exc:
-                raise self._error(f"{type(exc).__name__}: {exc}", path, model) from None
-            else:
-                if 200 <= status < 300:
-                    state.limiter.on_success()
-                    return self._decode(body, path, model, tokens)
-                if status == 429:
-                    state.limiter.on_overload()
-                retryable = retry.should_retry(status, headers)
-                reason = f"HTTP {status}"
-                error = self._error(reason, path, model, status=status, body=body, retryable=retryable)
-                if not retryable:
-                    raise error
-                retry_after = retry.parse_retry_after(headers)
+            outcome = await self._attempt(state, path, payload, model)
+            if isinstance(outcome, bytes):
+                return self._decode(outcome, path, model, tokens)
+            error = outcome.error
+            if not error.retryable:
+                raise error
             if attempt == self.max_retries:
-                message = f"gave up after {attempt + 1} attempts; last: {reason}"
+                message = f"gave up after {attempt + 1} attempts; last: {outcome.reason}"
                 raise self._error(message, path, model, status=error.status, body=error.body, retryable=True)
-            delay = retry.retry_delay(attempt, retry_after, max_retry_after=self.max_retry_after)
+            delay = retry.retry_delay(attempt, outcome.retry_after, max_retry_after=self.max_retry_after)
             if delay is None:
-                raise self._error(
-                    f"server asked to retry after {retry_after:.3g}s, more than max_retry_after="
-                    f"{self.max_retry_after:g}s; not waiting",
-                    path, model, status=error.status, body=error.body,
-                )
+                message = (f"server asked to retry after {outcome.retry_after:.3g}s, more than "
+                           f"max_retry_after={self.max_retry_after:g}s; not waiting")
+                raise self._error(message, path, model, status=error.status, body=error.body)
             logger.debug("retrying %s%s in %.2fs (attempt %d): %s", self.base_url, path, delay, attempt + 1, error)
             await sleep(delay)
-        raise AssertionError("unreachable")
+            attempt += 1
+
+    async def _attempt(
+        self, state: _LoopState, path: str, payload: Mapping[str, Any], model: str | None
+    ) -> bytes | _Failure:
+        """One request: the body of a 2xx, or why it failed and whether to retry."""
+        try:
+            async with state.limiter:
+                status, headers, body = await self._send(state.session, path, payload)
+        except TRANSIENT_ERRORS as exc:
+            reason = f"{type(exc).__name__}: {exc}".rstrip(": ")
+            return _Failure(reason, self._error(reason, path, model, retryable=True))
+        except aiohttp.ClientError as exc:
+            reason = f"{type(exc).__name__}: {exc}"
+            return _Failure(reason, self._error(reason, path, model))
+        if 200 <= status < 300:
+            state.limiter.on_success()
+            return body
+        if status == 429:
+            before = state.limiter.limit
+            state.limiter.on_overload()
+            if state.limiter.limit < before:
+                logger.debug("%s answered 429: at most %d requests in flight for now", self.base_url, state.limiter.limit)
+        retryable = retry.should_retry(status, headers)
+        reason = f"HTTP {status}"
+        error = self._error(reason, path, model, status=status, body=body, retryable=retryable)
+        return _Failure(reason, error, retry.parse_retry_after(headers))
 
     async def _send(
         self, session: aiohttp.ClientSession, path: str, payload: Mapping[str, Any]
