@@ -16,7 +16,7 @@ from outlines.graph.basic import Variable
 from outlines.graph.drawing import describe
 from outlines.graph.visualize import render, to_ascii, to_graphviz, to_mermaid
 
-__all__ = ["mimebundle", "trace_mimebundle"]
+__all__ = ["mimebundle", "trace_html", "trace_mimebundle"]
 
 #: Above this many nodes the SVG is skipped: dot gets slow and the picture unreadable.
 MAX_SVG_NODES = 2000

@@ -154,7 +154,7 @@ def describe(*variables: Variable, trace: Any = None) -> Drawing:
     """
     if not variables:
         raise TypeError("nothing to draw: pass the Variables (or a Program) whose graph to draw")
-    variables = tuple(_as_variable(v) for v in variables)
+    variables = tuple(v for value in variables for v in _as_variables(value))
     nodes = toposort(variables)
     redact = _redactor(nodes)
     drawn: list[DrawnNode] = []
@@ -164,14 +164,7 @@ def describe(*variables: Variable, trace: Any = None) -> Drawing:
         keys[id(leaf)] = _add(drawn, labels, _describe_leaf(leaf, f"n{len(drawn)}"))
     for node in nodes:
         keys[id(node)] = _add(drawn, labels, _describe_apply(node, f"n{len(drawn)}"))
-    edges = []
-    for node in nodes:
-        for position, variable in enumerate(node.inputs):
-            source = keys[id(variable.owner) if variable.owner is not None else id(variable)]
-            label = _argument_name(node, position)
-            if variable.owner is not None and len(variable.owner.outputs) > 1:
-                label = f"{label} (output {variable.index})".strip()
-            edges.append((source, keys[id(node)], position, redact(label)))
+    edges = _edges(nodes, keys, redact)
     index = {d.key: d for d in drawn}
     for variable in variables:
         index[keys[id(variable.owner) if variable.owner is not None else id(variable)]].output = True
@@ -185,13 +178,25 @@ def describe(*variables: Variable, trace: Any = None) -> Drawing:
     return Drawing(drawn, edges, backends)
 
 
-def _as_variable(value: Any) -> Variable:
-    if isinstance(value, Variable):
-        return value
-    outputs = getattr(value, "outputs", None)  # a Program
+def _as_variables(value: Any) -> tuple[Variable, ...]:
+    outputs = value.outputs if hasattr(value, "outputs") and hasattr(value, "inputs") else value  # a Program
     if isinstance(outputs, Variable):
+        return (outputs,)
+    if isinstance(outputs, tuple) and outputs and all(isinstance(v, Variable) for v in outputs):
         return outputs
     raise TypeError(f"visualize draws Variables; got {type(value).__name__}")
+
+
+def _edges(nodes: list[Apply], keys: dict[int, str], redact: Callable[[str], str]) -> list[tuple[str, str, int, str]]:
+    edges = []
+    for node in nodes:
+        for position, variable in enumerate(node.inputs):
+            source = keys[id(variable.owner) if variable.owner is not None else id(variable)]
+            label = _argument_name(node, position)
+            if variable.owner is not None and len(variable.owner.outputs) > 1:
+                label = f"{label} (output {variable.index})".strip()
+            edges.append((source, keys[id(node)], position, redact(label)))
+    return edges
 
 
 def _add(drawn: list[DrawnNode], labels: dict[str, int], node: DrawnNode) -> str:

@@ -242,6 +242,9 @@ def test_programs_and_variables_draw_themselves(monkeypatch):
     assert bundle["text/markdown"].startswith("```mermaid\nflowchart TD") and "image/svg+xml" not in bundle
     assert bundle["text/plain"].startswith("outlines graph: 4 nodes")
     assert outlines.string("q")._repr_mimebundle_()["text/plain"].startswith("outlines graph: 1 nodes")
+    pair = outlines.compile(lambda a, b: (a + "!", b + "?"))
+    text = outlines.visualize(pair, format="ascii")
+    assert text.startswith("outlines graph: 6 nodes, 4 edges") and text.count("=> output") == 2
 
 
 @needs_dot
