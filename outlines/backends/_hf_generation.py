@@ -128,10 +128,12 @@ class DrawSampler(LogitsProcessor):
         if self.top_p is not None and self.top_p < 1.0:
             ordered, order = torch.sort(logits, descending=True, dim=-1)
             probs = torch.softmax(ordered, dim=-1)
-            drop = (probs.cumsum(dim=-1) - probs) >= self.top_p  # the first token always stays
+            drop = (probs.cumsum(dim=-1) - probs) >= self.top_p
+            drop[:, 0] = False  # the most likely token always stays
             logits = logits.scatter(-1, order, ordered.masked_fill(drop, float("-inf")))
-        cdf = torch.softmax(logits, dim=-1).double().cumsum(dim=-1)
-        u = torch.from_numpy(uniforms(self.keys, input_ids.shape[1] - self.prompt_length)).to(cdf.device)
+        precise = torch.float32 if logits.device.type == "mps" else torch.float64  # mps has no float64
+        cdf = torch.softmax(logits, dim=-1).to(precise).cumsum(dim=-1)
+        u = torch.from_numpy(uniforms(self.keys, input_ids.shape[1] - self.prompt_length)).to(cdf.device, precise)
         targets = (u * cdf[:, -1]).unsqueeze(-1)
         picked = torch.searchsorted(cdf, targets, right=True).clamp_(max=cdf.shape[-1] - 1)
         forced = torch.full_like(scores, float("-inf"))

@@ -110,6 +110,15 @@ def test_seeds_select_streams(backend: TransformersBackend) -> None:
     assert run(backend, unseeded) != run(backend, unseeded)  # fresh salt per call
 
 
+def test_top_k_1_and_a_tiny_top_p_are_greedy(backend: TransformersBackend) -> None:
+    greedy = run(backend, [Request(p, GREEDY) for p in PROMPTS])
+    for extra in ({"top_k": 1}, {"top_p": 1e-9}):
+        params = GenerationParams.create(max_tokens=8, temperature=1.0, seed=3, **extra)
+        assert run(backend, [Request(p, params, 2) for p in PROMPTS]) == greedy
+    wide = GenerationParams.create(max_tokens=8, temperature=1.0, seed=3, top_k=50, top_p=0.9)
+    assert run(backend, [Request(p, wide) for p in PROMPTS]) != greedy
+
+
 def test_stop_strings_trim_the_same_draw(backend: TransformersBackend) -> None:
     full = run(backend, [Request(p, SAMPLED.merged(max_tokens=20)) for p in PROMPTS])
     stop = next(ch for ch in full[0][3:] if ch.strip())  # a character that occurs in the text
