@@ -22,7 +22,8 @@ CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 needs_chromium = pytest.mark.skipif(CHROMIUM is None, reason="Chromium is not installed (apt-get install chromium; "
                                     "CI installs it with scripts/setup.sh --system)")
 CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-                  "--disable-background-networking", "--disable-component-update", "--disable-sync"]
+                  "--disable-background-networking", "--disable-component-update", "--disable-sync",
+                  "--disable-dev-shm-usage"]  # small /dev/shm in containers
 UPPER_COLOUR = (0x8D, 0xD3, 0xC7)  # PALETTE[0]: the first backend's bars
 
 
