@@ -185,11 +185,19 @@ def test_killed_worker_batch_reruns_once_elsewhere(client: Any, tmp_path: Any) -
     q = outlines.string("q")
     killed: list[int] = []
 
+    def first_line() -> str:
+        try:
+            with open(log) as file:
+                line = file.readline()
+        except FileNotFoundError:
+            return ""
+        return line if line.endswith("\n") else ""  # not half-written
+
     def kill_first_runner() -> None:
         deadline = time.monotonic() + 30
-        while time.monotonic() < deadline and not os.path.exists(log):
+        while time.monotonic() < deadline and not first_line():
             time.sleep(0.02)
-        pid = int(open(log).read().split()[0])
+        pid = int(first_line())
         killed.append(pid)
         os.kill(pid, signal.SIGKILL)
 
