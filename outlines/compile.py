@@ -45,11 +45,12 @@ class Program:
             if not isinstance(variable, Variable) or variable.owner is not None:
                 raise GraphBuildError(f"compile: inputs must be free input Variables, got {variable!r}")
         self._single = not isinstance(outputs, (list, tuple))
-        outs = [outputs] if self._single else list(outputs)  # type: ignore[list-item]
-        self.outputs = outs[0] if self._single else tuple(outs)
+        outs: list[Variable] = [as_variable(o) for o in (outputs if isinstance(outputs, (list, tuple)) else [outputs])]
+        self.outputs: Variable | tuple[Variable, ...] = outs[0] if self._single else tuple(outs)
+        self._outputs = outs
         self.name = name
         self.options = _check_options(options or {})
-        self.plan = _plan or Plan([as_variable(o) for o in outs])
+        self.plan = _plan or Plan(outs)
         self._positions = {v.name or f"arg{i}": v for i, v in enumerate(self.inputs)}
 
     def _givens(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[Variable, Any]:
@@ -91,14 +92,12 @@ class Program:
         """Draw the program's graph; see ``outlines.visualize``."""
         from outlines.graph.visualize import visualize
 
-        outputs = [self.outputs] if self._single else list(self.outputs)  # type: ignore[arg-type]
-        return visualize(*outputs, filename=filename, format=format, **kwargs)
+        return visualize(*self._outputs, filename=filename, format=format, **kwargs)
 
     def _repr_mimebundle_(self, include: Any = None, exclude: Any = None) -> dict[str, str]:
         from outlines.graph.display import mimebundle
 
-        outputs = [self.outputs] if self._single else list(self.outputs)  # type: ignore[arg-type]
-        return mimebundle(*outputs)
+        return mimebundle(*self._outputs)
 
     def __repr__(self) -> str:
         names = ", ".join(self._positions)
@@ -144,7 +143,7 @@ def compile(  # noqa: A001
         if parameter.kind in (parameter.VAR_POSITIONAL, parameter.VAR_KEYWORD):
             raise GraphBuildError(f"compile: {fn.__name__} cannot take *{parameter.name}; name each input")
     inputs = [string(p.name) for p in parameters]
-    traced = fn(*inputs)
+    traced: Any = fn(*inputs)
     if isinstance(traced, list):
         traced = tuple(traced)
     name = getattr(fn, "__name__", "program")

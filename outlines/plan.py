@@ -39,9 +39,9 @@ class Plan:
 
     def __init__(self, outputs: Iterable[Variable], *, rewrite: bool = True) -> None:
         outputs = list(outputs)
-        for position, output in enumerate(outputs):
+        for argument, output in enumerate(outputs):
             if not isinstance(output, Variable):
-                raise TypeError(f"eval expects symbolic Variables; argument {position} is {type(output).__name__}")
+                raise TypeError(f"eval expects symbolic Variables; argument {argument} is {type(output).__name__}")
         if rewrite:
             outputs = _rewrite(outputs)
         self.outputs = outputs

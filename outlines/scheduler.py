@@ -210,7 +210,8 @@ class Scheduler:
         return node.op.perform(*inputs)
 
     def _start_python(self, index: int, node: Apply, inputs: list[Any]) -> None:
-        op, function = node.op, node.op.function  # type: ignore[attr-defined]
+        op: Any = node.op
+        function = op.function
         guards = self._guards(node)
         if function.is_async:
             self._spawn(op.aperform(*inputs, **guards), lambda t: self._task_done(index, t))
@@ -240,8 +241,10 @@ class Scheduler:
         pending, self.python_pending = self.python_pending, []
         chunks = min(len(pending), PYTHON_CHUNKS)
         for start in range(chunks):
-            chunk = pending[start::chunks]
-            self._spawn(self.executor.call(_run_chunk, chunk), lambda t, c=chunk: self._chunk_done(c, t))
+            self._spawn_chunk(pending[start::chunks])
+
+    def _spawn_chunk(self, chunk: list[tuple[int, Callable[[], Any]]]) -> None:
+        self._spawn(self.executor.call(_run_chunk, chunk), lambda task: self._chunk_done(chunk, task))
 
     def _chunk_done(self, chunk: list[tuple[int, Callable[[], Any]]], task: asyncio.Task[Any]) -> None:
         if task.exception() is not None:
