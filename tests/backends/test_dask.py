@@ -19,7 +19,7 @@ import pytest
 
 import outlines
 from outlines.backends.dask import DaskExecutor, WorkerLostError, as_executor, runs_on_workers, worker_stats
-from outlines.config import using_executor
+from outlines.config import set_executor, using_executor
 
 distributed = pytest.importorskip("distributed")
 
@@ -143,8 +143,17 @@ def test_context_manager_and_async_client(client: Any, cluster: Any) -> None:
         assert outlines.eval(graph, givens={"q": "hi"}, cache=False) == "HI!"
     assert workers_of(trace)[0] is not None
 
+    set_executor(client)
+    try:
+        assert graph.eval({"q": "yo"}, cache=False) == "YO!"
+    finally:
+        set_executor(None)
+
     async def main() -> Any:
         async with distributed.Client(cluster.scheduler_address, asynchronous=True) as async_client:
+            # A sync eval inside the loop that the async client needs would wait forever: it refuses.
+            with pytest.raises(outlines.NodeError, match="outlines.aeval"):
+                outlines.eval(graph, givens={"q": "x"}, cache=False, executor=async_client)
             return await outlines.aeval(graph, givens={"q": ["x", "y"]}, cache=False, executor=async_client)
 
     assert list(asyncio.run(main())) == ["X!", "Y!"]
@@ -271,3 +280,16 @@ def test_closing_the_client_leaves_no_processes(client: Any) -> None:
     own.close()
     _, alive = psutil.wait_procs(started, timeout=10)
     assert not alive
+
+
+def fail(text: str) -> str:
+    raise ValueError(f"no {text}")
+
+
+def test_a_failure_does_not_wait_for_running_worker_batches(client: Any, tmp_path: Any) -> None:
+    stall = outlines.models.from_function(StallFirstRun(str(tmp_path / "stall.log"), stall=5.0), batched=True)
+    q = outlines.string("q")
+    start = time.perf_counter()
+    with pytest.raises(outlines.NodeError, match="no x"):
+        outlines.eval(stall(q), outlines.fn(fail, blocking=True)(q), givens={"q": "x"}, cache=False, executor=client)
+    assert time.perf_counter() - start < 4.0  # the stalled batch was abandoned, not awaited
