@@ -71,6 +71,16 @@ def test_tiny_model_is_reused_and_loadable(tiny_model_path: str, tmp_path) -> No
     assert not tiny_model_is_complete(tmp_path / "other")
 
 
+def test_concurrent_builders_leave_one_whole_folder(tmp_path) -> None:
+    from concurrent.futures import ThreadPoolExecutor
+
+    target = tmp_path / "tiny"
+    with ThreadPoolExecutor(2) as pool:
+        paths = list(pool.map(lambda seed: build_tiny_model(target, seed=seed), [0, 1]))
+    assert paths == [str(target)] * 2 and tiny_model_is_complete(target)
+    assert [p.name for p in tmp_path.iterdir()] == ["tiny"]  # no scratch folder left behind
+
+
 def test_import_outlines_does_not_import_torch(tiny_model_path: str) -> None:
     code = (
         "import sys, outlines\n"
