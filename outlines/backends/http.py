@@ -125,7 +125,8 @@ class HTTPClient:
         self.timeout = float(timeout)
         self.connect_timeout = float(connect_timeout)
         self.max_retry_after = float(max_retry_after)
-        self.headers = dict(headers or {})
+        # Extra headers may carry secrets too (api-key, organization): hide their values.
+        self._headers = {str(name): Secret(str(value)) for name, value in (headers or {}).items()}
         self._api_key = Secret(api_key) if api_key else None
         self.rpm = TokenBucket(rpm) if rpm else None
         self.tpm = TokenBucket(tpm) if tpm else None
@@ -164,9 +165,12 @@ class HTTPClient:
             await state.session.close()
 
     def redact(self, text: str) -> str:
-        """``text`` with every occurrence of the API key replaced by ``***``."""
-        if self._api_key is not None and self._api_key.reveal() in text:
-            text = text.replace(self._api_key.reveal(), "***")
+        """``text`` with every occurrence of the API key (or a header value) replaced by ``***``."""
+        secrets = [self._api_key, *self._headers.values()] if self._api_key else list(self._headers.values())
+        for secret in secrets:
+            value = secret.reveal()
+            if len(value) >= 8 and value in text:
+                text = text.replace(value, "***")
         return text
 
     async def post_json(self, path: str, payload: Mapping[str, Any], *, tokens: float = 0.0) -> dict[str, Any]:
@@ -245,7 +249,7 @@ class HTTPClient:
     async def _send(
         self, session: aiohttp.ClientSession, path: str, payload: Mapping[str, Any]
     ) -> tuple[int, Mapping[str, str], bytes]:
-        headers = dict(self.headers)
+        headers = {name: value.reveal() for name, value in self._headers.items()}
         if self._api_key is not None:
             headers["Authorization"] = f"Bearer {self._api_key.reveal()}"
         async with session.post(self.base_url + path, json=payload, headers=headers, max_redirects=3) as response:

@@ -458,6 +458,17 @@ def test_the_key_never_shows_in_traces(fake_openai: FakeOpenAI, tmp_path: Any) -
     assert trace.tokens == (1, 1)  # the usage the fake server reported reaches the trace
 
 
+def test_extra_headers_are_sent_and_hidden(fake_openai: FakeOpenAI) -> None:
+    backend = completion(fake_openai, headers={"api-key": "azure-SECRET-42", "X-Team": "research"})
+    fake_openai.script(Status(403, body="denied for azure-SECRET-42"))
+    with pytest.raises(BackendError) as caught:
+        run(backend, draws("a"))
+    assert fake_openai.requests[0].headers["api-key"] == "azure-SECRET-42"
+    assert fake_openai.requests[0].headers["X-Team"] == "research"
+    shown = [repr(vars(backend.client)), str(caught.value)]
+    assert all("azure-SECRET-42" not in text for text in shown)
+
+
 def test_authorization_is_not_forwarded_to_another_host(fake_openai: FakeOpenAI) -> None:
     with FakeOpenAI() as elsewhere:
         fake_openai.script(Redirect(elsewhere.base_url + "/completions"))
