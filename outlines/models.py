@@ -130,7 +130,12 @@ def transformers(
     dtype
         Torch dtype name (``"float16"``...); default: the model's.
     **options
-        Generation defaults and backend options (``max_batch``, default 32).
+        Generation defaults (``max_tokens``, ``temperature``, ``top_p``,
+        ``stop``, ``seed``; extras ``top_k``, ``repetition_penalty``) and
+        backend options: ``max_batch`` (default 32), ``max_batch_tokens``
+        (token budget of one forward batch), ``truncation`` (keep the end of
+        a prompt too long for the context instead of raising). Seeds and the
+        worker thread are described in ``outlines.backends.transformers``.
     """
     from outlines.backends.transformers import TransformersBackend
 
