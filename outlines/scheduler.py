@@ -412,6 +412,9 @@ class Scheduler:
     def _limit(self, backend: Backend) -> asyncio.Semaphore | None:
         if backend not in self.limits:
             bound = backend.max_concurrency
+            per_executor = getattr(self.executor, "max_concurrency", None)
+            if per_executor is not None:  # a cluster holds one copy of a local model per worker
+                bound = per_executor(backend)
             self.limits[backend] = asyncio.Semaphore(bound) if bound else None
         return self.limits[backend]
 

@@ -167,9 +167,8 @@ def test_unpicklable_function_fails_at_once(client: Any) -> None:
 
 
 def test_tiny_model_spreads_over_workers_and_loads_once_each(client: Any, tiny_model_path: str) -> None:
-    # max_concurrency: the scheduler bounds a local model to one batch in flight
-    # unless it asks the executor (see the report); on a cluster we want more.
-    tiny = outlines.models.transformers(tiny_model_path, max_tokens=4, temperature=0, max_batch=8, max_concurrency=8)
+    # No max_concurrency: the executor lifts a local model's one-batch-at-a-time bound.
+    tiny = outlines.models.transformers(tiny_model_path, max_tokens=4, temperature=0, max_batch=8)
     q = outlines.string("q")
     prompts = [f"Q: What is {i} + 3? A:" for i in range(64)]
     with outlines.trace() as trace:
