@@ -68,6 +68,18 @@ def fn_steps(llm: models.Model, n: int = 8):  # type: ignore[no-untyped-def]
     return [llm(tidy(llm(q)))], {"q": [f" q{i} " for i in range(n)]}
 
 
+def chains_with_python_steps(llm: models.Model, n: int = 12):  # type: ignore[no-untyped-def]
+    q = outlines.string("q")
+    tidy = outlines.fn(str.strip, name="tidy", blocking=True)  # thread pool between model calls
+    outs = []
+    for i in range(n):
+        x = q + f" {i} "
+        for _ in range(3):
+            x = llm(tidy(x))
+        outs.append(x)
+    return outs, {"q": "start"}
+
+
 SHAPES = [independent_chains, vectorized_chain, map_reduce, self_consistency, fn_steps]
 
 
@@ -90,6 +102,23 @@ def test_predicted_requests_equal_real_ones(shape, max_batch) -> None:  # type: 
     assert sorted(b.size for b in plan.batches) == sorted(len(b) for b in recording.batches)
     assert plan.draws == trace.cache_misses
     assert plan.nodes_by_kind["generate"] == sum(1 for n in trace.nodes.values() if n.kind == "generate")
+
+
+@pytest.mark.xfail(
+    strict=False,
+    reason="timing: when a group fills up, the scheduler also sends the partial remainder at once "
+    "instead of letting it wait out its window, so thread-pool steps that finish in uneven pieces "
+    "can add a request (see the scheduler notes in benchmarks/README.md)",
+)
+def test_python_steps_in_the_thread_pool_keep_the_predicted_count() -> None:
+    recording = Recording()
+    llm = models.from_function(recording, batched=True, name="rec", max_batch=4)
+    outs, givens = chains_with_python_steps(llm)
+    plan = outlines.explain(*outs, givens=givens, cache=False)
+    for _ in range(5):
+        before = len(recording.batches)
+        outlines.eval(*outs, givens=givens, cache=False)
+        assert len(recording.batches) - before == plan.requests == 9
 
 
 def test_known_prompts_are_exact_and_unknown_ones_are_counted_by_shape() -> None:
