@@ -95,8 +95,7 @@ def overhead_cases(executor: Any) -> dict[str, Callable[[], Any]]:
 
 
 def tiny_run(path: str, executor: Any) -> Callable[[], Any]:
-    # max_concurrency: lifts the one-batch-at-a-time bound of a local model (see docs/distributed.md).
-    tiny = outlines.models.transformers(path, max_tokens=NEW_TOKENS, temperature=0, max_batch=32, max_concurrency=16)
+    tiny = outlines.models.transformers(path, max_tokens=NEW_TOKENS, temperature=0, max_batch=32)
     graph = tiny(outlines.string("q"))
     prompts = [f"Q: What is {i} * {i % 7 + 2}? A:" for i in range(N_PROMPTS)]
     return lambda: outlines.eval(graph, givens={"q": prompts}, cache=False, executor=executor, progress=False)
@@ -106,7 +105,7 @@ def warm_workers(client: Any, path: str) -> None:
     """Load the model on every worker (small batches, so each worker gets some)."""
     from outlines.backends.dask import worker_stats
 
-    tiny = outlines.models.transformers(path, max_tokens=1, temperature=0, max_batch=2, max_concurrency=64)
+    tiny = outlines.models.transformers(path, max_tokens=1, temperature=0, max_batch=2)
     prompts = [f"warm {i}" for i in range(64)]
     outlines.eval(tiny(outlines.string("q")), givens={"q": prompts}, cache=False, executor=client, progress=False)
     loads = [sum(s["loads"] for s in stats.values()) for stats in client.run(worker_stats).values()]
