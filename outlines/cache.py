@@ -4,25 +4,27 @@ The key of one draw is a SHA-256 over canonical JSON of the format version,
 the backend identity (never a secret), the generation parameters, the prompt
 text and the draw number, so it is the same in every process and Python
 version. A ``Cache`` keeps a least-recently-used map in memory in front of a
-SQLite file (``outlines.cache_store``). The scheduler looks a whole batch up
-with one ``get_many`` and stores each backend response with ``put_many`` as it
-arrives. Nothing here raises on a damaged or locked file: it warns and misses.
+SQLite file (``outlines.cache_store``), written behind the caller's back by
+``outlines.cache_disk``. The scheduler looks a whole batch up with one
+``get_many`` and stores each backend response with ``put_many`` as it arrives.
+Nothing here raises on a damaged or locked file: it warns and misses.
 """
 from __future__ import annotations
 
 import hashlib
 import json
 import os
-import sqlite3
 import threading
 import warnings
 import weakref
 from collections import OrderedDict
+from json.encoder import encode_basestring_ascii  # type: ignore[attr-defined]
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any, Iterable, Mapping, Sequence
 
 from outlines.backends.base import Request
-from outlines.cache_store import FORMAT, CacheWarning, FormatMismatch, SQLiteStore, encode
+from outlines.cache_disk import disk
+from outlines.cache_store import FORMAT, CacheWarning, encode
 
 __all__ = ["Cache", "CacheWarning", "clear", "default_directory", "disable", "draw_key", "enable", "resolve", "stats"]
 
@@ -52,6 +54,7 @@ def _canonical(value: Any) -> bytes:
 
 
 _prefixes: dict[int, tuple[Any, Any, Any]] = {}
+_recent: dict[int, tuple[Request, Any, str]] = {}
 
 
 def draw_key(identity: Sequence[Any], request: Request) -> str:
@@ -78,6 +81,9 @@ def draw_key(identity: Sequence[Any], request: Request) -> str:
     >>> len(key)
     64
     """
+    recent = _recent.get(id(request))
+    if recent is not None and recent[0] is request and recent[1] is identity:
+        return recent[2]  # the scheduler asks again when it stores the answer
     params = request.params
     # Requests of one node share one params object: hash its part once.
     entry = _prefixes.get(id(params))
@@ -89,14 +95,19 @@ def draw_key(identity: Sequence[Any], request: Request) -> str:
     digest = entry[2].copy()
     prompt, draw = request.prompt, request.draw
     if type(prompt) is str and type(draw) is int:
-        digest.update(b"\0[%s,%d]" % (json.dumps(prompt).encode("ascii"), draw))
+        digest.update(b"\0[%s,%d]" % (encode_basestring_ascii(prompt).encode("ascii"), draw))
     else:
         digest.update(b"\0" + _canonical([prompt, draw]))
-    return digest.hexdigest()
+    key = digest.hexdigest()
+    if len(_recent) >= 8192:
+        _recent.clear()
+    _recent[id(request)] = (request, identity, key)
+    return key
 
 
 # -- the cache ------------------------------------------------------------------
 _MISSING = object()
+_IMMUTABLE = frozenset({str, int, float, bool, type(None)})
 _live: weakref.WeakSet[Cache] = weakref.WeakSet()
 
 
@@ -142,12 +153,12 @@ class Cache:
             self.file = location.absolute() / f"draws-v{FORMAT}.sqlite3"
         self.max_bytes = max_bytes
         self.memory_entries = memory_entries
+        self.timeout = timeout
         self.hits = 0
         self.misses = 0
         self._memory: OrderedDict[str, Any] = OrderedDict()
-        self._touched: dict[str, None] = {}
         self._lock = threading.RLock()
-        self._store: SQLiteStore | None = SQLiteStore(self.file, timeout)
+        self._disk = disk(self.file, timeout)
         _live.add(self)
 
     @property
@@ -173,19 +184,39 @@ class Cache:
                 else:
                     memory.move_to_end(key)
                     found[key] = value
-            if missing and self._store is not None:
-                stored = self._disk_get(missing)
-                for key, value in stored.items():
-                    self._remember(key, value)
+            if missing:
+                missing = self._from_queue(missing, found)
+            if missing:
+                stored, damaged = self._disk.get_many(missing)
+                if damaged:
+                    warnings.warn(
+                        f"outlines cache: {len(damaged)} damaged entr{'y' if len(damaged) == 1 else 'ies'} "
+                        f"in {self.file} (e.g. key {damaged[0][0][:16]}...) treated as misses; they will be "
+                        "recomputed",
+                        CacheWarning,
+                        stacklevel=2,
+                    )
+                self._remember(stored.items())
                 found.update(stored)
-            if self.max_bytes is not None:
-                self._touched.update(dict.fromkeys(found))
             self.hits += len(found)
             self.misses += len(keys) - len(found)
+        if self.max_bytes is not None and found:
+            self._disk.submit((), list(found), self.max_bytes)
         return found
 
+    def _from_queue(self, keys: list[str], found: dict[str, Any]) -> list[str]:
+        """Serve keys written but not committed yet; return the rest."""
+        rest = []
+        for key in keys:
+            blob = self._disk.writer.pending(key)
+            if blob is None:
+                rest.append(key)
+            else:
+                found[key] = json.loads(blob)
+        return rest
+
     def put_many(self, items: Mapping[str, Any]) -> None:
-        """Store ``items`` (key -> JSON value) atomically: all of them or none."""
+        """Store ``items`` (key -> JSON value); each call is committed whole or not at all."""
         rows: list[tuple[str, bytes]] = []
         for key, value in items.items():
             try:
@@ -195,91 +226,41 @@ class Cache:
         if not rows:
             return
         with self._lock:
-            for key, blob in rows:
-                self._remember(key, items[key])
-            if self._store is not None:
-                touched, self._touched = list(self._touched), {}
-                self._guard("write", self._store.put_many, rows, touched, self.max_bytes)
+            self._remember((key, items[key]) for key, _ in rows)
+        self._disk.submit(rows, (), self.max_bytes)
+
+    def flush(self) -> None:
+        """Wait until every entry put so far is committed to the file."""
+        self._disk.writer.flush()
 
     def clear(self) -> None:
         """Remove every entry (memory and disk); counters are kept."""
         with self._lock:
             self._memory.clear()
-            self._touched.clear()
-            if self._store is not None:
-                self._guard("clear", self._store.clear)
+            self._disk.clear()
 
     def stats(self) -> dict[str, Any]:
         """``entries`` and ``bytes`` on disk, this process's ``hits`` and ``misses``."""
+        totals = self._disk.totals()
         with self._lock:
-            entries, size = (len(self._memory), 0)
-            if self._store is not None:
-                entries, size = self._guard("stats", self._store.totals, default=(entries, size))
+            entries, size = totals if totals is not None else (len(self._memory), 0)
             return {"entries": entries, "bytes": size, "hits": self.hits, "misses": self.misses,
                     "path": str(self.file)}
 
     def close(self) -> None:
-        """Close the file (it reopens on next use)."""
-        with self._lock:
-            if self._store is not None:
-                self._store.close()
+        """Commit what is queued and close the file (it reopens on next use)."""
+        self._disk.close()
 
-    # -- internals --------------------------------------------------------------
-    def _remember(self, key: str, value: Any) -> None:
-        if not isinstance(value, (str, int, float, bool, type(None))):
-            return  # mutable values are always read fresh from disk
-        self._memory[key] = value
-        self._memory.move_to_end(key)
-        while len(self._memory) > self.memory_entries:
-            self._memory.popitem(last=False)
-
-    def _disk_get(self, keys: list[str]) -> dict[str, Any]:
-        assert self._store is not None
-        found, damaged = self._guard("read", self._store.get_many, keys, default=({}, []))
-        if damaged:
-            warnings.warn(
-                f"outlines cache: {len(damaged)} damaged entr{'y' if len(damaged) == 1 else 'ies'} in "
-                f"{self.file} (e.g. key {damaged[0][0][:16]}...) treated as misses; they will be recomputed",
-                CacheWarning,
-                stacklevel=3,
-            )
-            self._guard("repair", self._store.put_many, (), (), None, damaged)
-        return found
-
-    def _guard(self, what: str, fn: Any, *args: Any, default: Any = None) -> Any:
-        """Run a store call; on failure warn, and quarantine a damaged file."""
-        try:
-            return fn(*args)
-        except FormatMismatch as exc:
-            self._give_up(f"{self.file} has another cache format {exc}; using memory only")
-        except sqlite3.OperationalError as exc:
-            warnings.warn(f"outlines cache: {what} skipped ({exc}) in {self.file}", CacheWarning, stacklevel=3)
-        except sqlite3.DatabaseError as exc:
-            self._recover(what, exc)
-        except OSError as exc:
-            self._give_up(f"cannot use {self.file} ({exc}); using memory only")
-        return default
-
-    def _recover(self, what: str, exc: BaseException) -> None:
-        assert self._store is not None
-        try:
-            moved = self._store.quarantine()
-            self._store.connection()
-        except (OSError, sqlite3.Error) as again:
-            self._give_up(f"{self.file} is damaged ({exc}) and cannot be replaced ({again}); using memory only")
-            return
-        warnings.warn(
-            f"outlines cache: {self.file} is damaged ({exc}) during {what}; moved it to {moved} "
-            "and started a fresh one",
-            CacheWarning,
-            stacklevel=4,
-        )
-
-    def _give_up(self, message: str) -> None:
-        warnings.warn(f"outlines cache: {message}", CacheWarning, stacklevel=4)
-        if self._store is not None:
-            self._store.close()
-        self._store = None
+    def _remember(self, pairs: Iterable[tuple[str, Any]]) -> None:
+        memory = self._memory
+        for key, value in pairs:
+            if type(value) not in _IMMUTABLE:
+                continue  # mutable values are always read fresh from disk
+            if key in memory:
+                memory.move_to_end(key)
+            memory[key] = value
+        for _ in range(len(memory) - self.memory_entries):
+            memory.popitem(last=False)
 
 
 def _after_fork() -> None:

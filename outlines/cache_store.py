@@ -6,6 +6,8 @@ write is one transaction, so a crash or a kill leaves each entry absent or
 whole, and several processes may read and write at once. Values are only ever
 decoded with ``json.loads`` after their checksum verifies: nothing in the file
 can run code, and a damaged row is reported as corrupt, never raised.
+Reads and writes use separate connections, so a lookup never waits for a
+commit made on another thread.
 """
 from __future__ import annotations
 
@@ -13,7 +15,9 @@ import hashlib
 import json
 import os
 import sqlite3
+import threading
 import time
+from json.encoder import encode_basestring
 from pathlib import Path
 from typing import Any, Iterable, Sequence
 
@@ -72,6 +76,8 @@ def checksum(key: str, blob: bytes) -> bytes:
 
 def encode(value: Any) -> bytes:
     """``value`` as JSON bytes; raises ``TypeError``/``ValueError`` when it is not JSON."""
+    if type(value) is str:  # completions: the C encoder, without building a JSONEncoder
+        return encode_basestring(value).encode("utf-8", "surrogatepass")
     text = json.dumps(value, ensure_ascii=False, allow_nan=False, separators=(",", ":"))
     return text.encode("utf-8", "surrogatepass")
 
@@ -97,25 +103,31 @@ def _padded(keys: Sequence[str]) -> list[str]:
 
 
 class SQLiteStore:
-    """One SQLite file; not thread-safe on its own (the ``Cache`` holds a lock).
+    """One SQLite file, with a connection for reads and one for writes.
 
-    Methods raise ``sqlite3.Error``; the caller decides how to degrade.
+    Each connection has its own lock, so the methods are thread-safe. They raise
+    ``sqlite3.Error``; the caller decides how to degrade.
     """
 
     def __init__(self, file: Path, timeout: float = 30.0) -> None:
         self.file = file
         self.timeout = timeout
-        self._connection: sqlite3.Connection | None = None
+        self.disabled = False
+        self._connections: dict[str, sqlite3.Connection] = {}
+        self._locks = {"read": threading.RLock(), "write": threading.RLock()}
         self._pid = os.getpid()
 
-    def connection(self) -> sqlite3.Connection:
-        if self._connection is not None and self._pid == os.getpid():
-            return self._connection
-        # A connection inherited through fork must not be used (nor closed) here.
-        self._pid = os.getpid()
-        self._connection = None
-        self._connection = self._open()
-        return self._connection
+    def _connection(self, role: str) -> sqlite3.Connection:
+        if self.disabled:
+            raise sqlite3.OperationalError("the cache file was given up")
+        if self._pid != os.getpid():
+            # Connections inherited through fork must not be used (nor closed) here.
+            self._pid, self._connections = os.getpid(), {}
+            self._locks = {"read": threading.RLock(), "write": threading.RLock()}
+        connection = self._connections.get(role)
+        if connection is None:
+            connection = self._connections[role] = self._open()
+        return connection
 
     def _open(self) -> sqlite3.Connection:
         self.file.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
@@ -157,18 +169,19 @@ class SQLiteStore:
 
     def get_many(self, keys: Sequence[str]) -> tuple[dict[str, Any], list[tuple[str, bytes]]]:
         """Verified values of ``keys`` found, and the ``(key, checksum)`` of damaged rows."""
-        connection = self.connection()
         found: dict[str, Any] = {}
         damaged: list[tuple[str, bytes]] = []
-        for start in range(0, len(keys), _CHUNK):
-            chunk = _padded(keys[start : start + _CHUNK])
-            sql = f"SELECT key, value, checksum FROM entries WHERE key IN ({','.join('?' * len(chunk))})"
-            for key, blob, check in connection.execute(sql, chunk):
-                value = decode(key, blob, check)
-                if value is _INVALID:
-                    damaged.append((key, check))
-                else:
-                    found[key] = value
+        with self._locks["read"]:
+            connection = self._connection("read")
+            for start in range(0, len(keys), _CHUNK):
+                chunk = _padded(keys[start : start + _CHUNK])
+                sql = f"SELECT key, value, checksum FROM entries WHERE key IN ({','.join('?' * len(chunk))})"
+                for key, blob, check in connection.execute(sql, chunk):
+                    value = decode(key, blob, check)
+                    if value is _INVALID:
+                        damaged.append((key, check))
+                    else:
+                        found[key] = value
         return found, damaged
 
     def put_many(
@@ -181,19 +194,21 @@ class SQLiteStore:
         """Write ``(key, blob)`` rows, refresh ``touched`` stamps, evict: one transaction."""
         now = time.time_ns()
         records = [(key, blob, checksum(key, blob), len(key) + len(blob) + 16, now) for key, blob in rows]
-        connection = self.connection()
-        connection.execute("BEGIN IMMEDIATE")
-        try:
-            connection.executemany("DELETE FROM entries WHERE key = ? AND checksum IS ?", damaged)
-            connection.executemany(_UPSERT, records)
-            connection.executemany("UPDATE entries SET used = ? WHERE key = ?", ((now, k) for k in touched))
-            if max_bytes is not None:
-                self._evict(connection, max_bytes)
-            connection.execute("COMMIT")
-        except BaseException:
-            if connection.in_transaction:
-                connection.execute("ROLLBACK")
-            raise
+        with self._locks["write"]:
+            connection = self._connection("write")
+            connection.execute("BEGIN IMMEDIATE")
+            try:
+                connection.executemany("DELETE FROM entries WHERE key = ? AND checksum IS ?", damaged)
+                connection.executemany(_UPSERT, records)
+                # Entries read count as newer than those written in the same round.
+                connection.executemany("UPDATE entries SET used = ? WHERE key = ?", ((now + 1, k) for k in touched))
+                if max_bytes is not None:
+                    self._evict(connection, max_bytes)
+                connection.execute("COMMIT")
+            except BaseException:
+                if connection.in_transaction:
+                    connection.execute("ROLLBACK")
+                raise
 
     @staticmethod
     def _evict(connection: sqlite3.Connection, max_bytes: int) -> None:
@@ -210,34 +225,39 @@ class SQLiteStore:
         connection.executemany("DELETE FROM entries WHERE key = ?", victims)
 
     def totals(self) -> tuple[int, int]:
-        row = self.connection().execute("SELECT entries, bytes FROM totals WHERE id = 0").fetchone()
+        with self._locks["read"]:
+            row = self._connection("read").execute("SELECT entries, bytes FROM totals WHERE id = 0").fetchone()
         return (int(row[0]), int(row[1])) if row else (0, 0)
 
     def clear(self) -> None:
-        connection = self.connection()
-        connection.execute("BEGIN IMMEDIATE")
-        try:
-            connection.execute("DELETE FROM entries")
-            connection.execute("UPDATE totals SET entries = 0, bytes = 0 WHERE id = 0")
-            connection.execute("COMMIT")
-        except BaseException:
-            if connection.in_transaction:
-                connection.execute("ROLLBACK")
-            raise
+        with self._locks["write"]:
+            connection = self._connection("write")
+            connection.execute("BEGIN IMMEDIATE")
+            try:
+                connection.execute("DELETE FROM entries")
+                connection.execute("UPDATE totals SET entries = 0, bytes = 0 WHERE id = 0")
+                connection.execute("COMMIT")
+            except BaseException:
+                if connection.in_transaction:
+                    connection.execute("ROLLBACK")
+                raise
 
     def close(self) -> None:
-        if self._connection is not None and self._pid == os.getpid():
-            self._connection.close()
-        self._connection = None
+        with self._locks["read"], self._locks["write"]:
+            if self._pid == os.getpid():
+                for connection in self._connections.values():
+                    connection.close()
+            self._connections = {}
 
     def quarantine(self) -> Path:
         """Move a damaged file aside (kept for inspection) so a fresh one can start."""
-        self.close()
-        target = self.file.with_name(f"{self.file.name}.corrupt-{os.getpid()}-{time.time_ns()}")
-        os.replace(self.file, target)
-        for suffix in ("-wal", "-shm"):
-            try:
-                os.replace(f"{self.file}{suffix}", f"{target}{suffix}")
-            except FileNotFoundError:
-                pass
-        return target
+        with self._locks["read"], self._locks["write"]:
+            self.close()
+            target = self.file.with_name(f"{self.file.name}.corrupt-{os.getpid()}-{time.time_ns()}")
+            os.replace(self.file, target)
+            for suffix in ("-wal", "-shm"):
+                try:
+                    os.replace(f"{self.file}{suffix}", f"{target}{suffix}")
+                except FileNotFoundError:
+                    pass
+            return target

@@ -50,8 +50,16 @@ def key(prompt: str = "hi", draw: int = 0, **params: Any) -> str:
 
 
 def rows(cache: Cache) -> sqlite3.Connection:
-    """A separate raw connection to the cache's file, for planting damage."""
+    """A separate raw connection to the cache's file (all puts committed), for planting damage."""
+    cache.flush()
     return sqlite3.connect(cache.file, isolation_level=None)
+
+
+def checkpoint(file: Path) -> None:
+    """Move everything from the WAL into the main file (closing the connection)."""
+    connection = sqlite3.connect(file)
+    connection.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+    connection.close()
 
 
 # -- keys -------------------------------------------------------------------------
@@ -154,9 +162,10 @@ def test_each_single_change_changes_the_key(prompt: str, draw: int, field: str) 
 def test_round_trip_misses_absent_and_one_query_per_batch(tmp_path: Path) -> None:
     cache = Cache(tmp_path / "c")
     cache.put_many({key("a"): "A", key("b"): "B"})
+    cache.flush()
     fresh = Cache(tmp_path / "c")  # nothing in memory: everything comes from disk
     statements: list[str] = []
-    fresh._store.connection().set_trace_callback(statements.append)
+    fresh._disk.store._connection("read").set_trace_callback(statements.append)
     found = fresh.get_many([key("a"), key("b"), key("c")])
     assert found == {key("a"): "A", key("b"): "B"}
     assert len([s for s in statements if s.startswith("SELECT")]) == 1
@@ -184,6 +193,7 @@ def test_mutable_values_are_not_shared_between_lookups(tmp_path: Path) -> None:
 def test_directory_is_private_and_file_is_versioned(tmp_path: Path) -> None:
     cache = Cache(tmp_path / "new" / "dir")
     cache.put_many({key(): "x"})
+    cache.flush()
     assert stat.S_IMODE(os.stat(tmp_path / "new" / "dir").st_mode) == 0o700
     assert stat.S_IMODE(os.stat(cache.file).st_mode) == 0o600
     assert cache.file.name == f"draws-v{FORMAT}.sqlite3"
@@ -224,7 +234,8 @@ def test_size_limit_evicts_least_recently_used(tmp_path: Path) -> None:
     for i in range(200):
         cache.get_many([keep])  # keep it recently used
         cache.put_many({key(str(i)): "v" * 500})
-    entries, size = cache._store.totals()
+    cache.flush()
+    entries, size = cache._disk.store.totals()
     assert size <= 20_000 and 0 < entries < 201
     assert Cache(tmp_path).get_many([keep]) == {keep: "k" * 100}
     assert Cache(tmp_path).get_many([key("0")]) == {}
@@ -261,6 +272,7 @@ def test_locked_file_warns_and_carries_on(tmp_path: Path) -> None:
     try:
         with pytest.warns(CacheWarning, match="write skipped"):
             cache.put_many({key("b"): "B"})
+            cache.flush()
         assert Cache(tmp_path, timeout=0.05).get_many([key("a")]) == {key("a"): "A"}  # readers go on in WAL
     finally:
         blocker.execute("ROLLBACK")
@@ -316,7 +328,7 @@ def test_bit_flip_in_the_file_itself_is_a_miss(tmp_path: Path) -> None:
     marker = "UNIQUE-VALUE-" + "x" * 40
     cache.put_many({key("a"): marker, key("b"): "B"})
     cache.close()
-    sqlite3.connect(cache.file).execute("PRAGMA wal_checkpoint(TRUNCATE)")
+    checkpoint(cache.file)
     data = bytearray(cache.file.read_bytes())
     where = data.find(marker.encode())
     assert where > 0
@@ -358,7 +370,7 @@ def test_garbage_or_truncated_file_is_replaced_with_a_warning(tmp_path: Path, co
     cache = Cache(tmp_path)
     cache.put_many({key(str(i)): "v" * 200 for i in range(300)})
     cache.close()
-    sqlite3.connect(cache.file).execute("PRAGMA wal_checkpoint(TRUNCATE)")
+    checkpoint(cache.file)
     if content is None:  # truncated mid-way
         data = cache.file.read_bytes()
         content = data[: len(data) // 3]

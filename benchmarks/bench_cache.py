@@ -1,0 +1,213 @@
+"""The draw cache side by side: warm re-eval, cold overhead, lookups vs joblib and LangChain.
+
+1. Warm re-eval of 1,000 chains x depth 3 (three model calls in a row per
+   chain), everything cached: microseconds per graph node and backend calls
+   (must be 0), with the in-memory LRU warm and with only the disk warm (a new
+   process's view).
+2. Cold run with the cache on vs off, on a zero-latency batched function (pure
+   overhead, the worst case) and on a loopback OpenAI-compatible fake server
+   (tests/fixtures/fake_openai.py in a child process): wall-time ratio.
+3. Lookup cost per draw on the same 10,000 keys: outlines ``Cache.get_many``
+   (batches of 128, as the scheduler calls it, and one key at a time) vs
+   ``joblib.Memory`` and LangChain's ``SQLiteCache``, all reading from disk in
+   this run: microseconds per draw and ratios.
+
+Run: ``.venv/bin/python benchmarks/bench_cache.py [--chains 1000] [--keys 10000]``.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import warnings
+from pathlib import Path
+from typing import Any, Callable
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+import outlines  # noqa: E402
+from outlines import models  # noqa: E402
+from outlines.backends.base import GenerationParams, Request  # noqa: E402
+from outlines.cache import Cache, draw_key  # noqa: E402
+from outlines.graph.traversal import toposort  # noqa: E402
+
+
+class Counter:
+    """A batched model that counts the prompts it is sent."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    def __call__(self, prompts: list[str]) -> list[str]:
+        self.calls += len(prompts)
+        return [p + " ok" for p in prompts]
+
+
+def chains(llm: models.Model, count: int, depth: int, salt: str = "") -> list[Any]:
+    outs = []
+    for i in range(count):
+        value: Any = outlines.constant(f"Question {i}{salt}: what is {i} * 3?")
+        for step in range(depth):
+            value = llm(value + f" Step {step}:")
+        outs.append(value)
+    return outs
+
+
+def timed(fn: Callable[[], Any], repeat: int = 1) -> float:
+    times = []
+    for _ in range(repeat):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def warm_reeval(directory: Path, count: int, depth: int) -> None:
+    counter = Counter()
+    llm = models.from_function(counter, batched=True, name="counter", temperature=0.7)
+    outs = chains(llm, count, depth)
+    nodes = len(toposort(outs))
+    cache = Cache(directory / "warm")
+    cold = timed(lambda: outlines.eval(*outs, cache=cache))
+    sent = counter.calls
+    warm = timed(lambda: outlines.eval(*outs, cache=cache), repeat=3)
+    disk = timed(lambda: outlines.eval(*outs, cache=Cache(directory / "warm")), repeat=3)
+    print(f"\n1. warm re-eval, {count} chains x depth {depth} ({nodes} nodes, {sent} draws on the cold run)")
+    print(f"   cold run               {cold * 1e3:8.1f} ms")
+    print(f"   warm, memory LRU       {warm * 1e3:8.1f} ms  = {warm / nodes * 1e6:6.1f} us per node")
+    print(f"   warm, disk only        {disk * 1e3:8.1f} ms  = {disk / nodes * 1e6:6.1f} us per node")
+    print(f"   backend calls on the warm runs: {counter.calls - sent}  (target 0; target <= 30 us per node)")
+
+
+class Server:
+    """The fake OpenAI server in a child process (as in bench_openai.py)."""
+
+    def __init__(self, latency: float) -> None:
+        env = {**os.environ, "PYTHONPATH": str(ROOT)}
+        command = [sys.executable, "-m", "tests.fixtures.fake_openai", "--latency", str(latency)]
+        self.process = subprocess.Popen(command, stdout=subprocess.PIPE, text=True, cwd=ROOT, env=env)
+        assert self.process.stdout is not None
+        self.base_url = self.process.stdout.readline().strip()
+
+    def close(self) -> None:
+        self.process.terminate()
+        self.process.wait(10)
+
+
+def cold_overhead(directory: Path, count: int, depth: int, latency: float) -> None:
+    print(f"\n2. cold run, cache on vs off ({count} chains x depth {depth}; median of 5)")
+    counter = Counter()
+    function_llm = models.from_function(counter, batched=True, name="counter", temperature=0.7)
+    server = Server(latency)
+    try:
+        http_llm = models.openai_completion("tiny", base_url=server.base_url, api_key="sk-bench", temperature=0.7)
+        for label, llm in (("zero-latency batched function", function_llm),
+                           (f"fake OpenAI server, {latency * 1e3:.0f} ms", http_llm)):
+            # Interleave on and off so drift hits both alike. The cache file exists (as it
+            # does after a first use) but holds none of the run's draws: prompts are salted.
+            cache = Cache(directory / "cold")
+            cache.get_many(["open the file"])
+            on_times, off_times = [], []
+            for run in range(5):
+                on_outs = chains(llm, count, depth, salt=f" ({label} run {run})")
+                off_outs = chains(llm, count, depth, salt=f" ({label} off {run})")
+                on_times.append(timed(lambda: outlines.eval(*on_outs, cache=cache)))
+                off_times.append(timed(lambda: outlines.eval(*off_outs, cache=False)))
+                cache.flush()  # the writer's leftovers are not charged to the next "off" run
+            on, off = statistics.median(on_times), statistics.median(off_times)
+            print(f"   {label:32s} off {off * 1e3:8.1f} ms   on {on * 1e3:8.1f} ms   ratio {on / off:5.3f}"
+                  "  (target <= 1.10)")
+    finally:
+        server.close()
+
+
+def lookups(directory: Path, count: int) -> None:
+    import joblib
+    from langchain_community.cache import SQLiteCache
+    from langchain_core.outputs import Generation
+
+    identity = ("openai_completion", "tiny", "http://127.0.0.1:8000/v1")
+    params = GenerationParams.create(temperature=0.7, max_tokens=64)
+    requests = [Request(f"Question {i}: what is {i} * 3?", params, i % 5) for i in range(count)]
+    texts = [f"answer {i} " * 8 for i in range(count)]
+    keys = [draw_key(identity, r) for r in requests]
+    llm_string = repr((identity, params.to_dict()))
+
+    ours = Cache(directory / "ours")
+    for start in range(0, count, 128):
+        ours.put_many(dict(zip(keys[start : start + 128], texts[start : start + 128])))
+
+    def ours_batched() -> None:
+        cache = Cache(directory / "ours")  # nothing in memory: disk reads, as in a new process
+        for start in range(0, count, 128):
+            cache.get_many([draw_key(identity, r) for r in requests[start : start + 128]])
+
+    def ours_single() -> None:
+        cache = Cache(directory / "ours")
+        for request in requests:
+            cache.get_many([draw_key(identity, request)])
+
+    def ours_memory() -> None:
+        for start in range(0, count, 128):
+            ours.get_many([draw_key(identity, r) for r in requests[start : start + 128]])
+
+    memory = joblib.Memory(str(directory / "joblib"), verbose=0)
+
+    def generate(prompt: str, model: tuple, params: dict, draw: int) -> str:
+        return texts[int(prompt.split()[1].rstrip(":"))]
+
+    cached = memory.cache(generate)
+    for request in requests:
+        cached(request.prompt, identity, request.params.to_dict(), request.draw)
+
+    def joblib_lookup() -> None:
+        for request in requests:
+            cached(request.prompt, identity, request.params.to_dict(), request.draw)
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        langchain = SQLiteCache(database_path=str(directory / "langchain.db"))
+    for request, text in zip(requests, texts):
+        langchain.update(f"{request.prompt}#{request.draw}", llm_string, [Generation(text=text)])
+
+    def langchain_lookup() -> None:
+        for request in requests:
+            langchain.lookup(f"{request.prompt}#{request.draw}", llm_string)
+
+    results = {
+        "outlines get_many, batches of 128 (disk)": timed(ours_batched, 3),
+        "outlines get_many, one key at a time (disk)": timed(ours_single, 3),
+        "outlines get_many, batches of 128 (memory LRU)": timed(ours_memory, 3),
+        "joblib.Memory (one call per draw)": timed(joblib_lookup, 3),
+        "LangChain SQLiteCache.lookup": timed(langchain_lookup, 3),
+    }
+    base = results["outlines get_many, batches of 128 (disk)"]
+    print(f"\n3. lookup cost per draw, {count} keys, all present (keys hashed inside each timing)")
+    for label, seconds in results.items():
+        print(f"   {label:48s} {seconds / count * 1e6:8.2f} us/draw   {seconds / base:7.1f}x outlines batched")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--chains", type=int, default=1000)
+    parser.add_argument("--depth", type=int, default=3)
+    parser.add_argument("--keys", type=int, default=10_000)
+    parser.add_argument("--latency", type=float, default=0.02)
+    args = parser.parse_args()
+    directory = Path(tempfile.mkdtemp(prefix="outlines-bench-cache-"))
+    try:
+        warm_reeval(directory, args.chains, args.depth)
+        cold_overhead(directory, args.chains, args.depth, args.latency)
+        lookups(directory, args.keys)
+    finally:
+        shutil.rmtree(directory, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()

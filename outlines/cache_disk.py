@@ -1,0 +1,208 @@
+"""One cache file as this process sees it: guarded reads, write-behind commits.
+
+Every ``Cache`` on the same file in a process shares one ``Disk``. Lookups run
+on the caller's thread. Writes leave it (the event loop) through
+``WriteBehind``: a daemon thread commits what was queued, one transaction per
+round, and everything queued is committed before the interpreter exits (Ctrl-C
+included; a SIGKILL loses at most the last few milliseconds, never half an
+entry). A failing file is never an exception: a locked one skips the operation
+with a warning, a damaged one is moved aside and replaced, and a file of
+another format leaves the cache in memory only.
+"""
+from __future__ import annotations
+
+import atexit
+import os
+import sqlite3
+import threading
+import warnings
+import weakref
+from pathlib import Path
+from typing import Any, Callable, Iterable, Sequence
+
+from outlines.cache_store import CacheWarning, FormatMismatch, SQLiteStore
+
+__all__ = ["Disk", "WriteBehind", "disk"]
+
+_writers: weakref.WeakSet[WriteBehind] = weakref.WeakSet()
+#: An idle writer thread ends after this many seconds (a new one starts on demand).
+IDLE_SECONDS = 2.0
+
+Write = Callable[[list[tuple[str, bytes]], list[str], list[tuple[str, Any]], "int | None"], None]
+
+
+class WriteBehind:
+    """Rows queued by the caller and committed by a daemon thread, in order.
+
+    ``write(rows, touched, damaged, max_bytes)`` runs on the thread with
+    everything queued since its last call; each ``submit`` stays whole inside
+    one call, so each stays atomic. It must not raise.
+    """
+
+    def __init__(self, write: Write) -> None:
+        self._write = write
+        self._reset()
+        _writers.add(self)
+
+    def _reset(self) -> None:
+        self._pid = os.getpid()
+        self._condition = threading.Condition()
+        self._rows: dict[str, bytes] = {}
+        self._touched: dict[str, None] = {}
+        self._damaged: list[tuple[str, Any]] = []
+        self._max_bytes: int | None = None
+        self._writing = False
+        self._thread: threading.Thread | None = None
+
+    def submit(
+        self,
+        rows: Iterable[tuple[str, bytes]] = (),
+        touched: Iterable[str] = (),
+        damaged: Iterable[Any] = (),
+        max_bytes: int | None = None,
+    ) -> None:
+        if self._pid != os.getpid():  # forked: the parent's thread writes the parent's rows
+            self._reset()
+        with self._condition:
+            self._rows.update(rows)
+            self._touched.update(dict.fromkeys(touched))
+            self._damaged.extend(damaged)
+            self._max_bytes = max_bytes
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, name="outlines-cache-writer", daemon=True)
+                self._thread.start()
+            self._condition.notify_all()
+
+    def pending(self, key: str) -> bytes | None:
+        """The queued blob of ``key``, if it is not committed yet."""
+        return self._rows.get(key) if self._rows else None
+
+    def flush(self) -> None:
+        """Wait until everything submitted so far is committed (or given up)."""
+        if self._pid != os.getpid():
+            return
+        with self._condition:
+            while self._rows or self._touched or self._damaged or self._writing:
+                self._condition.wait()
+
+    def _run(self) -> None:
+        condition = self._condition
+        while True:
+            with condition:
+                if not (self._rows or self._touched or self._damaged):
+                    condition.wait(IDLE_SECONDS)
+                if not (self._rows or self._touched or self._damaged):
+                    self._thread = None  # idle: end, so nothing is kept alive for nothing
+                    return
+                rows, touched, damaged = list(self._rows.items()), list(self._touched), self._damaged
+                self._writing, self._touched, self._damaged = True, {}, []
+            try:
+                self._write(rows, touched, damaged, self._max_bytes)
+            except Exception as exc:  # noqa: BLE001 - a writer that dies would hang flush()
+                warnings.warn(f"outlines cache: write failed ({exc!r})", CacheWarning, stacklevel=1)
+            finally:
+                with condition:
+                    for key, blob in rows:
+                        if self._rows.get(key) is blob:
+                            del self._rows[key]
+                    self._writing = False
+                    condition.notify_all()
+
+
+@atexit.register
+def _flush_all() -> None:
+    for writer in list(_writers):
+        writer.flush()
+
+
+class Disk:
+    """The store and the writer of one file, with the policy for its failures."""
+
+    def __init__(self, file: Path, timeout: float) -> None:
+        self.file = file
+        self.store: SQLiteStore | None = SQLiteStore(file, timeout)
+        self.writer = WriteBehind(self._write)
+
+    def get_many(self, keys: Sequence[str]) -> tuple[dict[str, Any], list[tuple[str, Any]]]:
+        """Committed values found, and damaged rows (already queued for deletion)."""
+        store = self.store
+        if store is None:
+            return {}, []
+        found, damaged = self.guard("read", store.get_many, keys, default=({}, []))
+        if damaged:
+            self.writer.submit(damaged=damaged)
+        return found, damaged
+
+    def submit(self, rows: Iterable[tuple[str, bytes]], touched: Iterable[str], max_bytes: int | None) -> None:
+        if self.store is not None:
+            self.writer.submit(rows, touched, (), max_bytes)
+
+    def _write(self, rows: list[tuple[str, bytes]], touched: list[str], damaged: list[Any], max_bytes: int | None) -> None:
+        store = self.store
+        if store is not None:
+            self.guard("write", store.put_many, rows, touched, max_bytes, damaged)
+
+    def totals(self) -> tuple[int, int] | None:
+        self.writer.flush()
+        store = self.store
+        return None if store is None else self.guard("stats", store.totals, default=None)
+
+    def clear(self) -> None:
+        self.writer.flush()
+        if self.store is not None:
+            self.guard("clear", self.store.clear)
+
+    def close(self) -> None:
+        self.writer.flush()
+        if self.store is not None:
+            self.store.close()
+
+    def guard(self, what: str, fn: Callable[..., Any], *args: Any, default: Any = None) -> Any:
+        """Run a store call; on failure warn, and replace a damaged file."""
+        try:
+            return fn(*args)
+        except FormatMismatch as exc:
+            self._give_up(f"{self.file} has another cache format {exc}; using memory only")
+        except sqlite3.OperationalError as exc:
+            warnings.warn(f"outlines cache: {what} skipped ({exc}) in {self.file}", CacheWarning, stacklevel=3)
+        except sqlite3.DatabaseError as exc:
+            self._recover(what, exc)
+        except (OSError, sqlite3.Error) as exc:
+            self._give_up(f"cannot use {self.file} ({exc}); using memory only")
+        return default
+
+    def _recover(self, what: str, exc: BaseException) -> None:
+        store = self.store
+        if store is None:
+            return
+        try:
+            moved = store.quarantine()
+        except (OSError, sqlite3.Error) as again:
+            self._give_up(f"{self.file} is damaged ({exc}) and cannot be replaced ({again}); using memory only")
+            return
+        warnings.warn(
+            f"outlines cache: {self.file} is damaged ({exc}) during {what}; moved it to {moved} "
+            "and started a fresh one",
+            CacheWarning,
+            stacklevel=4,
+        )
+
+    def _give_up(self, message: str) -> None:
+        warnings.warn(f"outlines cache: {message}", CacheWarning, stacklevel=4)
+        store, self.store = self.store, None
+        if store is not None:
+            store.disabled = True
+            store.close()
+
+
+_disks: weakref.WeakValueDictionary[tuple[str, float], Disk] = weakref.WeakValueDictionary()
+_disks_lock = threading.Lock()
+
+
+def disk(file: Path, timeout: float) -> Disk:
+    """The process's ``Disk`` for ``file`` (one per file and timeout)."""
+    with _disks_lock:
+        found = _disks.get((str(file), timeout))
+        if found is None or found.store is None:  # one that gave up may try again
+            found = _disks[(str(file), timeout)] = Disk(file, timeout)
+        return found
