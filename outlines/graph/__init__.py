@@ -17,7 +17,8 @@ __all__ = [
 ]
 
 
-def to_networkx(*variables):  # noqa: ANN001, ANN201 - re-exported with its own docs
+def to_networkx(*variables, **kwargs):  # noqa: ANN001, ANN201, ANN003 - see outlines.graph.nx.to_networkx
+    """The graph of ``variables`` as a ``networkx.DiGraph``; see ``outlines.graph.nx``."""
     from outlines.graph.nx import to_networkx as _to_networkx
 
-    return _to_networkx(*variables)
+    return _to_networkx(*variables, **kwargs)
