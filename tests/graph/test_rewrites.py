@@ -6,6 +6,7 @@ import time
 import numpy as np
 import pytest
 
+import outlines
 from outlines import models
 from outlines.graph.basic import Apply, Constant, Op, Variable
 from outlines.graph.ops import Concat, Stack
@@ -210,3 +211,55 @@ def test_deep_duplicate_chains_merge() -> None:
         left, right = left + "y", right + "y"
     new_left, new_right = rewrite([left, right])
     assert new_left is new_right
+
+
+# -- through outlines.prompt and eval ---------------------------------------------------
+@outlines.prompt
+def solve(question):  # noqa: ANN001, ANN201
+    """Q: {{ question }}
+    A:"""
+
+
+class Recording:
+    def __init__(self) -> None:
+        self.prompts: list[str] = []
+
+    def __call__(self, prompts: list[str]) -> list[str]:
+        start = len(self.prompts)
+        self.prompts.extend(prompts)
+        return [f"{p} #{start + i + 1}" for i, p in enumerate(prompts)]
+
+
+def test_identical_prompt_renders_become_one_node() -> None:
+    question = outlines.string("question")
+    first, second = solve(question), solve(question)
+    new_first, new_second = rewrite([first, second])
+    assert new_first is new_second and new_first.owner.inputs == (question,)
+
+
+def test_constant_prompt_renders_fold() -> None:
+    (folded,) = rewrite([solve("why?")])
+    assert isinstance(folded, Constant) and folded.value == solve.render("why?")
+
+
+def test_eval_sends_one_greedy_request_and_keeps_random_draws_apart() -> None:
+    fn = Recording()
+    llm = models.from_function(fn, batched=True, name="recording")
+    question = outlines.string("question")
+    greedy = outlines.eval(llm(solve(question), temperature=0), llm(solve(question), temperature=0),
+                           givens={question: "q"}, cache=False)
+    assert len(fn.prompts) == 1 and greedy[0] == greedy[1]
+    fn.prompts.clear()
+    random = outlines.eval(llm(solve(question), temperature=0.7), llm(solve(question), temperature=0.7),
+                           givens={question: "q"}, cache=False)
+    assert len(fn.prompts) == 2 and random[0] != random[1]
+
+
+def test_compiled_programs_bind_their_inputs_after_rewriting() -> None:
+    fn = Recording()
+    llm = models.from_function(fn, batched=True, name="recording")
+    program = outlines.compile(
+        lambda question: llm(solve(question), temperature=0) + llm(solve(question), temperature=0), cache=False
+    )
+    value = program("why?")
+    assert len(fn.prompts) == 1 and value.count("#1") == 2
