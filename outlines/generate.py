@@ -14,7 +14,7 @@ import numpy as np
 
 from outlines.backends.base import Backend, GenerationParams, Request
 from outlines.errors import GraphBuildError
-from outlines.graph.basic import Apply, Op, Variable, as_variable
+from outlines.graph.basic import Apply, Constant, Op, Variable, as_object_array, as_variable
 from outlines.graph.ops import check_text_input
 
 __all__ = ["Generate", "Model"]
@@ -48,6 +48,8 @@ class Generate(Op):
         if len(inputs) != 1:
             raise GraphBuildError(f"{self.name} takes exactly one prompt, got {len(inputs)} arguments")
         prompt = as_variable(inputs[0], array=True)
+        if isinstance(prompt, Constant) and isinstance(prompt.value, (list, tuple)):
+            prompt = Constant(as_object_array(prompt.value), prompt.name)  # a list of prompts is an array
         check_text_input(self, prompt, "the prompt")
         return Apply(self, [prompt])
 

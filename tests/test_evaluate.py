@@ -208,3 +208,9 @@ def test_outlines_eval_returns_tuple_for_several_and_value_for_one():
     assert outlines.eval(q + "1", givens={q: "x"}) == "x1"
     assert outlines.eval(q + "1", q + "2", givens={q: "x"}) == ("x1", "x2")
     assert isinstance(outlines.eval(q + "1", givens={q: np.array(["a"], dtype=object)}), np.ndarray)
+
+
+def test_a_constant_list_of_prompts_is_an_array():
+    llm = models.from_function(lambda p: p + "!")
+    out = llm(outlines.constant(["a", "b"])).eval(cache=False)
+    assert list(out) == ["a!", "b!"]
