@@ -34,8 +34,8 @@ def same(prompts: list[str]) -> list[str]:
 
 
 @contextlib.contextmanager
-def cluster(n_workers: int) -> Iterator[tuple[Any, Any]]:
-    """A scheduler process and ``n_workers`` single-thread workers; yields (client, scheduler psutil.Process)."""
+def cluster(n_workers: int) -> Iterator[tuple[Any, Processes]]:
+    """A scheduler process and ``n_workers`` single-thread workers; yields the client and their processes."""
     import psutil
     from distributed import Client
 
@@ -57,7 +57,9 @@ def cluster(n_workers: int) -> Iterator[tuple[Any, Any]]:
         )
         with Client(address) as client:
             client.wait_for_workers(n_workers, timeout=60)
-            yield client, psutil.Process(scheduler.pid)
+            children = psutil.Process(workers.pid).children(recursive=True)
+            worker_processes = [p for p in children if "resource_tracker" not in " ".join(p.cmdline())]
+            yield client, Processes(psutil.Process(scheduler.pid), worker_processes)
     finally:
         for process in (workers, scheduler):
             if process is not None:
@@ -65,20 +67,39 @@ def cluster(n_workers: int) -> Iterator[tuple[Any, Any]]:
                 process.wait(timeout=30)
 
 
-def measure(run: Callable[[], Any], scheduler: Any = None) -> tuple[float, float, float]:
-    """(wall s, driver CPU s, scheduler CPU s) of one call."""
-    cpu = time.process_time()
-    sched = sum(scheduler.cpu_times()[:2]) if scheduler is not None else 0.0
+class Processes:
+    """The Dask scheduler and worker processes whose CPU time a measurement reads."""
+
+    def __init__(self, scheduler: Any = None, workers: list[Any] | None = None) -> None:
+        self.scheduler = scheduler
+        self.workers = workers or []
+
+    def cpu(self) -> tuple[float, list[float]]:
+        def seconds(process: Any) -> float:
+            return float(sum(process.cpu_times()[:2]))
+
+        return (seconds(self.scheduler) if self.scheduler else 0.0), [seconds(w) for w in self.workers]
+
+
+def measure(run: Callable[[], Any], processes: Processes | None = None) -> dict[str, Any]:
+    """Wall s, and CPU s of the driver, the Dask scheduler and each worker, for one call."""
+    processes = processes or Processes()
+    cpu, (sched, workers) = time.process_time(), processes.cpu()
     start = time.perf_counter()
     run()
     wall = time.perf_counter() - start
-    sched_cpu = sum(scheduler.cpu_times()[:2]) - sched if scheduler is not None else 0.0
-    return wall, time.process_time() - cpu, sched_cpu
+    sched_after, workers_after = processes.cpu()
+    return {
+        "wall": wall,
+        "driver": time.process_time() - cpu,
+        "scheduler": sched_after - sched,
+        "workers": [after - before for before, after in zip(workers, workers_after)],
+    }
 
 
-def best(run: Callable[[], Any], repeat: int, scheduler: Any = None) -> tuple[float, float, float]:
+def best(run: Callable[[], Any], repeat: int, processes: Processes | None = None) -> dict[str, Any]:
     run()  # warm-up
-    return min((measure(run, scheduler) for _ in range(repeat)), key=lambda m: m[0])
+    return min((measure(run, processes) for _ in range(repeat)), key=lambda m: m["wall"])
 
 
 def overhead_cases(executor: Any) -> dict[str, Callable[[], Any]]:
@@ -124,10 +145,11 @@ def main() -> None:
 
     print(f"1. {N_BATCHES} batches of a trivial model", flush=True)
     local = {name: best(run, args.repeat) for name, run in overhead_cases(None).items()}
-    with cluster(2) as (client, scheduler):
-        remote = {name: best(run, args.repeat, scheduler) for name, run in overhead_cases(client).items()}
+    with cluster(2) as (client, processes):
+        remote = {name: best(run, args.repeat, processes) for name, run in overhead_cases(client).items()}
     for name in local:
-        (lw, lc, _), (rw, rc, rs) = local[name], remote[name]
+        lw, lc = local[name]["wall"], local[name]["driver"]
+        rw, rc, rs = remote[name]["wall"], remote[name]["driver"], remote[name]["scheduler"]
         per = 1000 / N_BATCHES
         rows.append((f"batch, {name}: wall ms/batch", f"{lw * per:.2f}", f"{rw * per:.2f}", f"{rw / lw:.1f}x"))
         rows.append((f"batch, {name}: driver CPU ms/batch", f"{lc * per:.2f}", f"{rc * per:.2f}", f"{rc / lc:.1f}x"))
@@ -137,26 +159,32 @@ def main() -> None:
     import torch
 
     torch.set_num_threads(1)  # like each worker (Dask sets OMP_NUM_THREADS=1 there)
-    with cluster(1) as (one, scheduler_one), cluster(2) as (two, scheduler_two):
+    with cluster(1) as (one, processes_one), cluster(2) as (two, processes_two):
         warm_workers(one, path)
         warm_workers(two, path)
-        runs = {"local": (tiny_run(path, None), None), 1: (tiny_run(path, one), scheduler_one),
-                2: (tiny_run(path, two), scheduler_two)}
+        runs = {"local": (tiny_run(path, None), None), 1: (tiny_run(path, one), processes_one),
+                2: (tiny_run(path, two), processes_two)}
         for run, _ in runs.values():
             run()  # warm-up
-        measured: dict[Any, list[tuple[float, float, float]]] = {name: [] for name in runs}
+        measured: dict[Any, list[dict[str, Any]]] = {name: [] for name in runs}
         for _ in range(args.repeat):  # interleaved, so background load hits every case alike
-            for name, (run, scheduler) in runs.items():
-                measured[name].append(measure(run, scheduler))
-    fastest = {name: min(m, key=lambda x: x[0]) for name, m in measured.items()}
-    rate = {name: N_PROMPTS / m[0] for name, m in fastest.items()}
+            for name, (run, processes) in runs.items():
+                measured[name].append(measure(run, processes))
+    fastest = {name: min(m, key=lambda x: x["wall"]) for name, m in measured.items()}
+    rate = {name: N_PROMPTS / m["wall"] for name, m in fastest.items()}
     rows.append(("tiny model: prompts/s, local vs 1 worker", f"{rate['local']:.0f}", f"{rate[1]:.0f}",
                  f"{rate[1] / rate['local']:.2f}x"))
     rows.append(("tiny model: prompts/s, 1 vs 2 workers", f"{rate[1]:.0f}", f"{rate[2]:.0f}", f"{rate[2] / rate[1]:.2f}x"))
+    # Equal totals mean splitting costs no extra work: with a free core per worker
+    # (not so on a busy 2-core box) the wall ratio approaches the worker count.
+    total = {n: sum(fastest[n]["workers"]) for n in (1, 2)}
+    rows.append(("tiny model: worker CPU s in all, 1 vs 2 workers", f"{total[1]:.2f}", f"{total[2]:.2f}",
+                 f"{total[2] / total[1]:.2f}x"))
     for n in (1, 2):
-        wall, cpu, sched = fastest[n]
-        rows.append((f"tiny model, {n} worker(s): driver / scheduler CPU s of wall s", "-",
-                     f"{cpu:.2f} / {sched:.2f} of {wall:.2f}", ""))
+        m = fastest[n]
+        workers = "+".join(f"{w:.2f}" for w in m["workers"])
+        rows.append((f"tiny model, {n} worker(s): CPU s driver/scheduler/workers, wall s", "-",
+                     f"{m['driver']:.2f}/{m['scheduler']:.2f}/{workers}, {m['wall']:.2f}", ""))
 
     print(f"\n(cpu count {os.cpu_count()}, load average {os.getloadavg()[0]:.1f}; best of {args.repeat} after a warm-up)")
     header = ("case", "baseline", "dask", "ratio")
