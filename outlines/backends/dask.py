@@ -27,6 +27,8 @@ import uuid
 import weakref
 from typing import Any, Callable, Sequence
 
+from distributed.scheduler import KilledWorker
+
 from outlines.backends.base import Backend, Request, _usage_callback, report_usage
 
 __all__ = ["DaskExecutor", "WorkerLostError", "as_executor", "runs_on_workers", "worker_stats"]
@@ -107,8 +109,8 @@ class DaskExecutor:
         ran_on: str | None = None
         try:
             texts, usage, ran_on = await self._run(_generate_task, payload, "outlines-generate", options)
-        except Exception as exc:
-            raise _translated(exc, f"a batch of {len(requests)} prompt(s) for {backend!r}") from exc
+        except KilledWorker as exc:
+            raise _lost(exc, f"a batch of {len(requests)} prompt(s) for {backend!r}") from exc
         finally:
             if backend.local_compute:
                 self._settle_home(spec, home, ran_on)
@@ -120,8 +122,8 @@ class DaskExecutor:
         payload = _dumps((fn, args), f"Python call {getattr(fn, '__name__', fn)!r}")
         try:
             result, _ = await self._run(_call_task, payload, "outlines-call", {})
-        except Exception as exc:
-            raise _translated(exc, "a Python op call") from exc
+        except KilledWorker as exc:
+            raise _lost(exc, "a Python op call") from exc
         return result
 
     # -- routing ----------------------------------------------------------------
@@ -180,15 +182,11 @@ def _dumps(value: Any, what: str) -> bytes:
         ) from exc
 
 
-def _translated(exc: Exception, what: str) -> Exception:
-    from distributed.scheduler import KilledWorker
-
-    if isinstance(exc, KilledWorker):
-        return WorkerLostError(
-            f"{what} was running on {exc.allowed_failures + 1} Dask workers that died "
-            f"(last {exc.last_worker.address}); it is not retried again"
-        )
-    return exc
+def _lost(exc: KilledWorker, what: str) -> WorkerLostError:
+    return WorkerLostError(
+        f"{what} was running on {exc.allowed_failures + 1} Dask workers that died "
+        f"(last {exc.last_worker.address}); it is not retried again"
+    )
 
 
 def as_executor(client: Any, *, http: str = "local", resources: dict[str, float] | None = None) -> DaskExecutor:

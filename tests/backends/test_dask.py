@@ -18,10 +18,13 @@ import numpy as np
 import pytest
 
 import outlines
-from outlines.backends.dask import DaskExecutor, WorkerLostError, as_executor, runs_on_workers, worker_stats
 from outlines.config import set_executor, using_executor
 
 distributed = pytest.importorskip("distributed")
+
+from outlines.backends.dask import (  # noqa: E402 - needs distributed
+    DaskExecutor, WorkerLostError, as_executor, runs_on_workers, worker_stats,
+)
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(120)]
 
@@ -106,9 +109,9 @@ def test_killed_worker_becomes_a_clear_error() -> None:
     class Dead:
         address = "tcp://127.0.0.1:1"
 
-    from outlines.backends.dask import _translated
+    from outlines.backends.dask import _lost
 
-    error = _translated(KilledWorker("k", Dead(), 1), "a batch")
+    error = _lost(KilledWorker("k", Dead(), 1), "a batch")
     assert isinstance(error, WorkerLostError) and "2 Dask workers" in str(error) and "127.0.0.1:1" in str(error)
 
 
