@@ -15,7 +15,7 @@ import json
 import os
 import time
 from dataclasses import asdict, dataclass, field
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 __all__ = ["BatchRecord", "NodeRecord", "Recorder", "Trace", "active_recorder", "trace"]
 
@@ -61,7 +61,7 @@ def _first_line(error: BaseException | None) -> str | None:
     return f"{type(error).__name__}: {text[0]}" if text else type(error).__name__
 
 
-@dataclass
+@dataclass(slots=True)
 class NodeRecord:
     """What one node did (its latest run, when a trace holds several evals)."""
 
@@ -81,7 +81,7 @@ class NodeRecord:
         return (self.end - self.start) if self.start is not None and self.end is not None else 0.0
 
 
-@dataclass
+@dataclass(slots=True)
 class BatchRecord:
     """One backend call: its size, when it ran, for which nodes, and its tokens."""
 
@@ -257,37 +257,58 @@ class _EvalRecorder(Recorder):
 
     def __init__(self, trace: Trace) -> None:
         self.trace = trace
-        self.eval: _Eval | None = None
+        self.eval = _Eval(start=0.0)
         self.batches: dict[int, BatchRecord] = {}
+        self.index: dict[int, int] = {}  # id(node) -> position in the plan
+        self.records: list[NodeRecord | None] = []
+        self.names: dict[int, str] = {}  # id(op or backend) -> its name, computed once
 
     def eval_started(self, plan: Any, t: float) -> None:
         trace, now = self.trace, self.trace._time(t)
         record = self.eval = _Eval(start=now)
         trace.evals.append(record)
-        position = {id(node): i for i, node in enumerate(plan.nodes)}
         record.labels = [node.label for node in plan.nodes]
-        record.parents = [
-            sorted({position[id(v.owner)] for v in node.inputs if v.owner is not None}) for node in plan.nodes
-        ]
+        self.index = {id(node): i for i, node in enumerate(plan.nodes)}
+        self.records = [None] * len(plan.nodes)
+        record.parents = [[] for _ in plan.nodes]
+        for parent, consumers in enumerate(plan.consumers):
+            for consumer in consumers:
+                record.parents[consumer].append(parent)
         for variable in plan.inputs:
             trace.nodes[variable.label] = NodeRecord(variable.label, "input", "input", None, now, now)
 
     def eval_finished(self, t: float, error: BaseException | None) -> None:
-        if self.eval is None:
-            return
         self.eval.end = self.trace._time(t)
         self.eval.error = _first_line(error)
-        self.eval.critical_path, self.eval.critical_nodes = _longest_chain(self.eval, self.trace.nodes)
+        self.eval.critical_path, self.eval.critical_nodes = _longest_chain(self.eval, self.records)
+
+    def _name(self, thing: Any, name: Callable[[Any], str]) -> str:
+        known = self.names.get(id(thing))
+        if known is None:
+            known = self.names[id(thing)] = name(thing)
+        return known
+
+    def _record(self, node: Any) -> NodeRecord | None:
+        position = self.index.get(id(node))
+        return self.records[position] if position is not None else self.trace.nodes.get(node.label)
 
     def node_started(self, node: Any, t: float) -> None:
-        op = node.op
+        op, position = node.op, self.index.get(id(node))
+        label = self.eval.labels[position] if position is not None else node.label
         backend = getattr(op, "backend", None)
-        self.trace.nodes[node.label] = NodeRecord(
-            node.label, op.name, op.mode, repr(backend) if backend is not None else None, self.trace._time(t)
+        record = NodeRecord(
+            label,
+            self._name(op, lambda op: op.name),
+            op.mode,
+            self._name(backend, repr) if backend is not None else None,
+            self.trace._time(t),
         )
+        self.trace.nodes[label] = record
+        if position is not None:
+            self.records[position] = record
 
     def node_finished(self, node: Any, t: float, error: BaseException | None = None) -> None:
-        record = self.trace.nodes.get(node.label)
+        record = self._record(node)
         if record is not None:
             record.end = self.trace._time(t)
             record.error = _first_line(error)
@@ -295,14 +316,14 @@ class _EvalRecorder(Recorder):
     def node_cache(self, node: Any, hits: int, misses: int) -> None:
         self.trace.cache_hits += hits
         self.trace.cache_misses += misses
-        record = self.trace.nodes.get(node.label)
+        record = self._record(node)
         if record is not None:
             record.cache_hits += hits
             record.cache_misses += misses
 
     def batch_started(self, batch_id: int, backend: Any, nodes: list[Any], size: int, t: float) -> None:
         trace = self.trace
-        name = repr(backend)
+        name = self._name(backend, repr)
         labels = [n if isinstance(n, str) else n.label for n in nodes]
         record = BatchRecord(len(trace.batches) + 1, name, size, trace._time(t), nodes=labels)
         trace.batches.append(record)
@@ -325,13 +346,12 @@ class _EvalRecorder(Recorder):
         record.worker = worker
 
 
-def _longest_chain(record: _Eval, nodes: dict[str, NodeRecord]) -> tuple[float, list[str]]:
+def _longest_chain(record: _Eval, nodes: list[NodeRecord | None]) -> tuple[float, list[str]]:
     """Longest path through the plan's DAG, weighting each node by its duration."""
     finish = [0.0] * len(record.labels)
     best: list[int] = [-1] * len(record.labels)
-    for i, label in enumerate(record.labels):  # plan.nodes is topologically ordered
+    for i, node in enumerate(nodes):  # plan.nodes is topologically ordered
         parent = max(record.parents[i], key=finish.__getitem__, default=-1)
-        node = nodes.get(label)
         finish[i] = (finish[parent] if parent >= 0 else 0.0) + (node.duration if node else 0.0)
         best[i] = parent
     if not finish:
