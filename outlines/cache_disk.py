@@ -12,6 +12,7 @@ another format leaves the cache in memory only.
 from __future__ import annotations
 
 import atexit
+import multiprocessing.util
 import os
 import sqlite3
 import threading
@@ -69,6 +70,7 @@ class WriteBehind:
             self._damaged.extend(damaged)
             self._max_bytes = max_bytes
             if self._thread is None:
+                _hook_exit()
                 self._thread = threading.Thread(target=self._run, name="outlines-cache-writer", daemon=True)
                 self._thread.start()
             self._condition.notify_all()
@@ -113,6 +115,25 @@ class WriteBehind:
 def _flush_all() -> None:
     for writer in list(_writers):
         writer.flush()
+
+
+_hooked_pid: int | None = None
+
+
+def _hook_exit() -> None:
+    """Also flush in multiprocessing children, which leave through os._exit (no atexit)."""
+    global _hooked_pid
+    if _hooked_pid != os.getpid():
+        _hooked_pid = os.getpid()
+        multiprocessing.util.Finalize(None, _flush_all, exitpriority=10)
+
+
+def _after_fork() -> None:
+    global _disks_lock
+    _disks_lock = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_after_fork)
 
 
 class Disk:

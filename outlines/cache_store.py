@@ -117,13 +117,16 @@ class SQLiteStore:
         self._locks = {"read": threading.RLock(), "write": threading.RLock()}
         self._pid = os.getpid()
 
+    def _lock(self, role: str) -> Any:
+        if self._pid != os.getpid():
+            # Connections (and locks) inherited through fork must not be used here.
+            self._pid, self._connections = os.getpid(), {}
+            self._locks = {"read": threading.RLock(), "write": threading.RLock()}
+        return self._locks[role]
+
     def _connection(self, role: str) -> sqlite3.Connection:
         if self.disabled:
             raise sqlite3.OperationalError("the cache file was given up")
-        if self._pid != os.getpid():
-            # Connections inherited through fork must not be used (nor closed) here.
-            self._pid, self._connections = os.getpid(), {}
-            self._locks = {"read": threading.RLock(), "write": threading.RLock()}
         connection = self._connections.get(role)
         if connection is None:
             connection = self._connections[role] = self._open()
@@ -171,7 +174,7 @@ class SQLiteStore:
         """Verified values of ``keys`` found, and the ``(key, checksum)`` of damaged rows."""
         found: dict[str, Any] = {}
         damaged: list[tuple[str, bytes]] = []
-        with self._locks["read"]:
+        with self._lock("read"):
             connection = self._connection("read")
             for start in range(0, len(keys), _CHUNK):
                 chunk = _padded(keys[start : start + _CHUNK])
@@ -194,7 +197,7 @@ class SQLiteStore:
         """Write ``(key, blob)`` rows, refresh ``touched`` stamps, evict: one transaction."""
         now = time.time_ns()
         records = [(key, blob, checksum(key, blob), len(key) + len(blob) + 16, now) for key, blob in rows]
-        with self._locks["write"]:
+        with self._lock("write"):
             connection = self._connection("write")
             connection.execute("BEGIN IMMEDIATE")
             try:
@@ -225,12 +228,12 @@ class SQLiteStore:
         connection.executemany("DELETE FROM entries WHERE key = ?", victims)
 
     def totals(self) -> tuple[int, int]:
-        with self._locks["read"]:
+        with self._lock("read"):
             row = self._connection("read").execute("SELECT entries, bytes FROM totals WHERE id = 0").fetchone()
         return (int(row[0]), int(row[1])) if row else (0, 0)
 
     def clear(self) -> None:
-        with self._locks["write"]:
+        with self._lock("write"):
             connection = self._connection("write")
             connection.execute("BEGIN IMMEDIATE")
             try:
@@ -243,7 +246,7 @@ class SQLiteStore:
                 raise
 
     def close(self) -> None:
-        with self._locks["read"], self._locks["write"]:
+        with self._lock("read"), self._lock("write"):
             if self._pid == os.getpid():
                 for connection in self._connections.values():
                     connection.close()
@@ -251,7 +254,7 @@ class SQLiteStore:
 
     def quarantine(self) -> Path:
         """Move a damaged file aside (kept for inspection) so a fresh one can start."""
-        with self._locks["read"], self._locks["write"]:
+        with self._lock("read"), self._lock("write"):
             self.close()
             target = self.file.with_name(f"{self.file.name}.corrupt-{os.getpid()}-{time.time_ns()}")
             os.replace(self.file, target)

@@ -83,6 +83,21 @@ def test_concurrent_writer_processes_and_a_reader(tmp_path: Path) -> None:
     assert integrity(cache.file) == "ok"
 
 
+@pytest.mark.parametrize("method", ["fork", "spawn"])
+def test_a_child_process_that_returns_at_once_keeps_its_puts(tmp_path: Path, method: str) -> None:
+    directory = str(tmp_path / "cache")
+    parent = Cache(directory)
+    parent.put_many({"parent": "p"})  # the parent's writer thread exists when it forks
+    context = multiprocessing.get_context(method)
+    child = context.Process(target=cache_workers.put_and_leave, args=(directory, method, 300))
+    child.start()
+    child.join(timeout=60)
+    assert child.exitcode == 0
+    keys = [f"{method}-{i}" for i in range(300)]
+    assert Cache(directory, memory_entries=0).get_many(keys) == {k: cache_workers.expected(k) for k in keys}
+    assert parent.get_many(["parent"]) == {"parent": "p"}
+
+
 @pytest.mark.slow
 def test_a_writer_killed_at_random_points_leaves_whole_entries(tmp_path: Path) -> None:
     directory = tmp_path / "cache"
