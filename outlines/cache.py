@@ -123,8 +123,8 @@ class Cache:
     max_bytes
         Keep at most this many bytes of entries on disk, evicting the least
         recently used. ``None``: unlimited.
-    memory_entries
-        Size of the in-memory LRU.
+    memory_entries, memory_bytes
+        Bounds of the in-memory LRU (entries, and characters of text held).
     timeout
         Seconds to wait for another process's write lock before giving up on
         one write (with a warning).
@@ -142,6 +142,7 @@ class Cache:
         max_bytes: int | None = None,
         *,
         memory_entries: int = 100_000,
+        memory_bytes: int = 64 << 20,
         timeout: float = 30.0,
     ) -> None:
         if max_bytes is not None and max_bytes < 0:
@@ -153,6 +154,8 @@ class Cache:
             self.file = location.absolute() / f"draws-v{FORMAT}.sqlite3"
         self.max_bytes = max_bytes
         self.memory_entries = memory_entries
+        self.memory_bytes = memory_bytes
+        self._memory_size = 0
         self.timeout = timeout
         self.hits = 0
         self.misses = 0
@@ -237,6 +240,7 @@ class Cache:
         """Remove every entry (memory and disk); counters are kept."""
         with self._lock:
             self._memory.clear()
+            self._memory_size = 0
             self._disk.clear()
 
     def stats(self) -> dict[str, Any]:
@@ -252,15 +256,22 @@ class Cache:
         self._disk.close()
 
     def _remember(self, pairs: Iterable[tuple[str, Any]]) -> None:
-        memory = self._memory
+        memory, size = self._memory, self._memory_size
         for key, value in pairs:
             if type(value) not in _IMMUTABLE:
                 continue  # mutable values are always read fresh from disk
-            if key in memory:
-                memory.move_to_end(key)
+            old = memory.pop(key, _MISSING)
+            if old is not _MISSING:
+                size -= _size(old)
             memory[key] = value
-        for _ in range(len(memory) - self.memory_entries):
-            memory.popitem(last=False)
+            size += _size(value)
+        while memory and (len(memory) > self.memory_entries or size > self.memory_bytes):
+            size -= _size(memory.popitem(last=False)[1])
+        self._memory_size = size
+
+
+def _size(value: Any) -> int:
+    return len(value) if type(value) is str else 8
 
 
 def _after_fork() -> None:

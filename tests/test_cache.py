@@ -544,3 +544,12 @@ def test_a_bad_cache_never_breaks_eval(tmp_path: Path) -> None:
         warnings.simplefilter("ignore", CacheWarning)
         second = llm("p").eval(cache=Cache(tmp_path))
     assert len(fn.prompts) == 2 and second != first
+
+
+def test_memory_lru_is_bounded_by_entries_and_text(tmp_path: Path) -> None:
+    cache = Cache(tmp_path, memory_entries=50, memory_bytes=10_000)
+    cache.put_many({key(str(i)): "x" * 100 for i in range(200)})
+    assert len(cache._memory) == 50
+    cache.put_many({key("big"): "y" * 9_950})
+    assert cache._memory_size <= 10_000 and key("big") in cache._memory
+    assert len(Cache(tmp_path).get_many([key(str(i)) for i in range(200)])) == 200  # all still on disk
