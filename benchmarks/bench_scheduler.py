@@ -249,7 +249,7 @@ def bench_random(n: int, max_batch: int) -> None:
         backend = Backend(lambda: rng.uniform(0.05, 0.15))
         llm = models.from_function(backend, batched=True, name="jittery", max_batch=max_batch)
         outs = chain_graph(llm, n)
-        options = {} if window is None else {"batch_window": window}
+        options: dict[str, Any] = {} if window is None else {"batch_window": window}
         with outlines.trace() as trace:
             wall, _ = timed(lambda: outlines.eval(*outs, cache=False, **options))
         name = "default window" if window is None else "batch_window=0"

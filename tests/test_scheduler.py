@@ -13,6 +13,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Callable
 
 import numpy as np
 import pytest
@@ -29,7 +30,7 @@ ROOT = Path(__file__).resolve().parent.parent
 class Recording:
     """A batched async fake model that records every batch it receives."""
 
-    def __init__(self, delay: float = 0.005, tag: str = "") -> None:
+    def __init__(self, delay: float | Callable[[list[str]], float] = 0.005, tag: str = "") -> None:
         self.batches: list[list[str]] = []
         self.delay = delay
         self.tag = tag
