@@ -37,26 +37,16 @@ CREATE TABLE IF NOT EXISTS entries (
     used INTEGER NOT NULL
 );
 CREATE INDEX IF NOT EXISTS entries_used ON entries(used);
-CREATE TABLE IF NOT EXISTS totals (
-    id INTEGER PRIMARY KEY CHECK (id = 0), entries INTEGER NOT NULL, bytes INTEGER NOT NULL
-);
-INSERT OR IGNORE INTO totals VALUES (0, 0, 0);
-CREATE TRIGGER IF NOT EXISTS entries_insert AFTER INSERT ON entries BEGIN
-    UPDATE totals SET entries = entries + 1, bytes = bytes + new.size WHERE id = 0;
-END;
-CREATE TRIGGER IF NOT EXISTS entries_delete AFTER DELETE ON entries BEGIN
-    UPDATE totals SET entries = entries - 1, bytes = bytes - old.size WHERE id = 0;
-END;
-CREATE TRIGGER IF NOT EXISTS entries_update AFTER UPDATE OF size ON entries BEGIN
-    UPDATE totals SET bytes = bytes + new.size - old.size WHERE id = 0;
-END;
 """
 
 _UPSERT = (
-    "INSERT INTO entries (key, value, checksum, size, used) VALUES (?, ?, ?, ?, ?) "
+    "INSERT INTO entries (key, value, checksum, size, used) VALUES {rows} "
     "ON CONFLICT(key) DO UPDATE SET value = excluded.value, checksum = excluded.checksum, "
     "size = excluded.size, used = excluded.used"
 )
+#: Rows per INSERT: one statement step per chunk, so a writer thread takes the
+#: GIL back once per chunk rather than once per row.
+_ROWS = 256
 #: Keys per SELECT; batches are padded to a power of two so few statements exist.
 _CHUNK = 512
 
@@ -95,11 +85,12 @@ def decode(key: str, blob: Any, check: Any) -> Any:
         return _INVALID
 
 
-def _padded(keys: Sequence[str]) -> list[str]:
+def _padded(items: Sequence[Any]) -> list[Any]:
+    """``items`` repeated at the end up to a power of two, so few SQL texts exist."""
     size = 1
-    while size < len(keys):
+    while size < len(items):
         size *= 2
-    return list(keys) + [keys[-1]] * (size - len(keys))
+    return list(items) + [items[-1]] * (size - len(items))
 
 
 class SQLiteStore:
@@ -113,6 +104,7 @@ class SQLiteStore:
         self.file = file
         self.timeout = timeout
         self.disabled = False
+        self._estimate: int | None = None  # bytes of entries, for max_bytes
         self._connections: dict[str, sqlite3.Connection] = {}
         self._locks = {"read": threading.RLock(), "write": threading.RLock()}
         self._pid = os.getpid()
@@ -202,20 +194,29 @@ class SQLiteStore:
             connection.execute("BEGIN IMMEDIATE")
             try:
                 connection.executemany("DELETE FROM entries WHERE key = ? AND checksum IS ?", damaged)
-                connection.executemany(_UPSERT, records)
+                for start in range(0, len(records), _ROWS):
+                    chunk = _padded(records[start : start + _ROWS])  # repeats are harmless upserts
+                    sql = _UPSERT.format(rows=",".join(["(?, ?, ?, ?, ?)"] * len(chunk)))
+                    connection.execute(sql, [field for record in chunk for field in record])
                 # Entries read count as newer than those written in the same round.
                 connection.executemany("UPDATE entries SET used = ? WHERE key = ?", ((now + 1, k) for k in touched))
                 if max_bytes is not None:
-                    self._evict(connection, max_bytes)
+                    self._evict(connection, max_bytes, sum(record[3] for record in records))
                 connection.execute("COMMIT")
             except BaseException:
                 if connection.in_transaction:
                     connection.execute("ROLLBACK")
                 raise
 
-    @staticmethod
-    def _evict(connection: sqlite3.Connection, max_bytes: int) -> None:
-        (total,) = connection.execute("SELECT bytes FROM totals WHERE id = 0").fetchone()
+    def _evict(self, connection: sqlite3.Connection, max_bytes: int, added: int) -> None:
+        # Sizes are summed by a scan only when this process's running estimate
+        # (last scan + what it wrote since) crosses the limit: no per-row triggers.
+        if self._estimate is not None:
+            self._estimate += added
+            if self._estimate <= max_bytes:
+                return
+        (total,) = connection.execute("SELECT coalesce(sum(size), 0) FROM entries").fetchone()
+        self._estimate = total
         if total <= max_bytes:
             return
         # Free down to 90% of the limit so that eviction runs rarely.
@@ -223,14 +224,16 @@ class SQLiteStore:
         for key, size in connection.execute("SELECT key, size FROM entries ORDER BY used"):
             victims.append((key,))
             excess -= size
+            self._estimate -= size
             if excess <= 0:
                 break
         connection.executemany("DELETE FROM entries WHERE key = ?", victims)
 
     def totals(self) -> tuple[int, int]:
+        """Entries and bytes (a scan of the table)."""
         with self._lock("read"):
-            row = self._connection("read").execute("SELECT entries, bytes FROM totals WHERE id = 0").fetchone()
-        return (int(row[0]), int(row[1])) if row else (0, 0)
+            row = self._connection("read").execute("SELECT count(*), coalesce(sum(size), 0) FROM entries").fetchone()
+        return int(row[0]), int(row[1])
 
     def clear(self) -> None:
         with self._lock("write"):
@@ -238,8 +241,8 @@ class SQLiteStore:
             connection.execute("BEGIN IMMEDIATE")
             try:
                 connection.execute("DELETE FROM entries")
-                connection.execute("UPDATE totals SET entries = 0, bytes = 0 WHERE id = 0")
                 connection.execute("COMMIT")
+                self._estimate = 0
             except BaseException:
                 if connection.in_transaction:
                     connection.execute("ROLLBACK")
