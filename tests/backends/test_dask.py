@@ -28,7 +28,7 @@ from outlines.backends.dask import (  # noqa: E402 - needs distributed
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(120)]
 
-CLUSTER = dict(n_workers=2, processes=True, threads_per_worker=1, host="127.0.0.1", dashboard_address=None)
+CLUSTER = dict(n_workers=2, processes=True, threads_per_worker=1, host="127.0.0.1", dashboard_address=":0")
 
 
 # -- what runs on workers -----------------------------------------------------------
@@ -151,6 +151,10 @@ def test_context_manager_and_async_client(client: Any, cluster: Any) -> None:
         assert graph.eval({"q": "yo"}, cache=False) == "YO!"
     finally:
         set_executor(None)
+    program = outlines.compile([q], graph, cache=False).with_options(executor=client)
+    with outlines.trace() as trace:
+        assert program("ho") == "HO!"
+    assert workers_of(trace)[0] is not None
 
     async def main() -> Any:
         async with distributed.Client(cluster.scheduler_address, asynchronous=True) as async_client:
