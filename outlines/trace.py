@@ -54,11 +54,15 @@ def active_recorder() -> Recorder:
     return recorder.for_eval() if recorder is not None else NULL_RECORDER
 
 
-def _first_line(error: BaseException | None) -> str | None:
+def _first_line(error: Any) -> str | None:
+    """``Type: first line of the message`` of an exception, or of a ``Failure``."""
     if error is None:
         return None
-    text = str(error).strip().splitlines()
-    return f"{type(error).__name__}: {text[0]}" if text else type(error).__name__
+    kind, message = getattr(error, "error_type", None), getattr(error, "message", None)
+    if kind is None or message is None:  # an exception rather than an outlines.Failure
+        kind, message = type(error).__name__, str(error)
+    lines = str(message).strip().splitlines()
+    return f"{kind}: {lines[0]}" if lines else str(kind)
 
 
 @dataclass(slots=True)

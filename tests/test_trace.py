@@ -203,3 +203,15 @@ def test_errors_return_records_failed_batches() -> None:
     assert [isinstance(v, outlines.Failure) for v in values] == [False, False, True, True]
     assert [b.error for b in trace.batches] == [None, "RuntimeError: refused bad"]
     assert trace.evals[0].error is None and len(trace.errors) == 1
+
+
+def test_failures_are_shown_like_exceptions() -> None:
+    trace = Trace()
+    recorder = trace.for_eval()
+    q = outlines.string("q")
+    node = outlines.fn(str.upper, name="up")(q).owner
+    recorder.eval_started(Plan([node.out]), trace.origin)
+    recorder.node_started(node, trace.origin)
+    failure = outlines.Failure("up#1", "up", "ValueError", "bad input\nmore")
+    recorder.node_finished(node, trace.origin + 0.1, failure)  # type: ignore[arg-type]
+    assert trace.nodes[node.label].error == "ValueError: bad input"
