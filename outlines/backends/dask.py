@@ -25,7 +25,7 @@ import asyncio
 import threading
 import uuid
 import weakref
-from typing import Any, Callable, Sequence
+from typing import Any, Callable
 
 from distributed.scheduler import KilledWorker
 
@@ -242,8 +242,9 @@ class _WorkerState:
     """What one worker process holds: loaded models and counters, per backend identity."""
 
     def __init__(self) -> None:
-        self.lock = threading.Lock()
+        self.lock = threading.Lock()  # counters only: held for microseconds
         self.stats: dict[str, dict[str, int]] = {}
+        self.loading: dict[str, threading.Lock] = {}  # one per model: a load holds only its own
 
     def entry(self, spec: Any) -> dict[str, int]:
         return self.stats.setdefault(repr(spec), {"loads": 0, "batches": 0, "calls": 0})
@@ -252,11 +253,16 @@ class _WorkerState:
         """Load a local model the first time this process sees it."""
         with self.lock:
             entry = self.entry(backend.identity)
-            load = getattr(backend, "load", None)
-            if backend.local_compute and entry["loads"] == 0 and callable(load):
-                load()
-                entry["loads"] += 1
             entry["batches"] += 1
+            loading = self.loading.setdefault(repr(backend.identity), threading.Lock())
+        load = getattr(backend, "load", None)
+        if not (backend.local_compute and callable(load)):
+            return
+        with loading:
+            if entry["loads"] == 0:
+                load()  # raises: the next batch tries again
+                with self.lock:
+                    entry["loads"] += 1
 
 
 _WORKER = _WorkerState()
