@@ -173,7 +173,7 @@ def test_unpicklable_function_fails_at_once(client: Any) -> None:
         outlines.eval(held(outlines.string("q")), givens={"q": "x"}, cache=False, executor=client)
 
 
-def test_tiny_model_spreads_over_workers_and_loads_once_each(client: Any, tiny_model_path: str) -> None:
+def test_tiny_model_spreads_over_workers_and_loads_once_each(client: Any, tiny_model_path: str, tmp_path: Any) -> None:
     # No max_concurrency: the executor lifts a local model's one-batch-at-a-time bound.
     tiny = outlines.models.transformers(tiny_model_path, max_tokens=4, temperature=0, max_batch=8)
     q = outlines.string("q")
@@ -183,6 +183,9 @@ def test_tiny_model_spreads_over_workers_and_loads_once_each(client: Any, tiny_m
     workers = workers_of(trace)
     assert len(workers) == 8 and set(workers) == set(client.scheduler_info()["workers"])
     assert trace.tokens[1] > 0  # usage reported on workers reaches the trace
+    trace.timeline(tmp_path / "timeline.html")
+    page = (tmp_path / "timeline.html").read_text()
+    assert all(w.split("://")[-1] in page for w in workers)  # one lane per worker
     spec = repr(tiny.backend.identity)
     stats = client.run(worker_stats)
     assert [stats[w][spec]["loads"] for w in sorted(set(workers))] == [1, 1]
