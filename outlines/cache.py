@@ -53,6 +53,11 @@ def _canonical(value: Any) -> bytes:
     return text.encode("ascii")
 
 
+def _same(first: Any, second: Any) -> bool:
+    # Backends may build their identity tuple on each access; repr tells 1 from True.
+    return first is second or (first == second and repr(first) == repr(second))
+
+
 _prefixes: dict[int, tuple[Any, Any, Any]] = {}
 _recent: dict[int, tuple[Request, Any, str]] = {}
 
@@ -82,12 +87,12 @@ def draw_key(identity: Sequence[Any], request: Request) -> str:
     64
     """
     recent = _recent.get(id(request))
-    if recent is not None and recent[0] is request and recent[1] is identity:
+    if recent is not None and recent[0] is request and _same(recent[1], identity):
         return recent[2]  # the scheduler asks again when it stores the answer
     params = request.params
     # Requests of one node share one params object: hash its part once.
     entry = _prefixes.get(id(params))
-    if entry is None or entry[0] is not params or entry[1] is not identity:
+    if entry is None or entry[0] is not params or not _same(entry[1], identity):
         prefix = hashlib.sha256(_canonical(["outlines.draw", FORMAT, list(identity), params.to_dict()]))
         if len(_prefixes) >= 1024:
             _prefixes.clear()
