@@ -553,3 +553,23 @@ def test_memory_lru_is_bounded_by_entries_and_text(tmp_path: Path) -> None:
     cache.put_many({key("big"): "y" * 9_950})
     assert cache._memory_size <= 10_000 and key("big") in cache._memory
     assert len(Cache(tmp_path).get_many([key(str(i)) for i in range(200)])) == 200  # all still on disk
+
+
+@pytest.mark.parametrize("damage", list(DAMAGE))
+def test_eval_recomputes_and_rewrites_a_damaged_draw(tmp_path: Path, damage: str) -> None:
+    fn = Counting()
+    llm = models.from_function(fn, name="counting", temperature=0.7)
+    first = llm("only prompt").eval(cache=Cache(tmp_path))
+    raw = rows(Cache(tmp_path))
+    ((stored_key, blob, check),) = raw.execute("SELECT key, value, checksum FROM entries").fetchall()
+    raw.execute("UPDATE entries SET value = ?, checksum = ?", DAMAGE[damage](blob, check))
+    raw.close()
+    with pytest.warns(CacheWarning, match="damaged"):
+        second = llm("only prompt").eval(cache=Cache(tmp_path, memory_entries=0))
+    assert len(fn.prompts) == 2 and second != first  # recomputed: a new draw
+    Cache(tmp_path).flush()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        third = llm("only prompt").eval(cache=Cache(tmp_path, memory_entries=0))
+    assert third == second and len(fn.prompts) == 2  # rewritten
+    assert Cache(tmp_path).stats()["entries"] == 1
