@@ -180,8 +180,12 @@ class Cache:
     def __reduce__(self) -> tuple[Any, ...]:
         return (Cache, (str(self.file), self.max_bytes))
 
-    def get_many(self, keys: Sequence[str]) -> dict[str, Any]:
-        """Values of the ``keys`` that are stored; misses are absent. One query."""
+    def get_many(self, keys: Sequence[str], *, record: bool = True) -> dict[str, Any]:
+        """Values of the ``keys`` that are stored; misses are absent. One query.
+
+        ``record=False`` (dry runs such as ``outlines.explain``) leaves the hit
+        and miss counters and the least-recently-used stamps alone.
+        """
         found: dict[str, Any] = {}
         with self._lock:
             memory, missing = self._memory, []
@@ -206,9 +210,10 @@ class Cache:
                     )
                 self._remember(stored.items())
                 found.update(stored)
-            self.hits += len(found)
-            self.misses += len(keys) - len(found)
-        if self.max_bytes is not None and found:
+            if record:
+                self.hits += len(found)
+                self.misses += len(keys) - len(found)
+        if record and self.max_bytes is not None and found:
             self._disk.submit((), list(found), self.max_bytes)
         return found
 

@@ -573,3 +573,10 @@ def test_eval_recomputes_and_rewrites_a_damaged_draw(tmp_path: Path, damage: str
         third = llm("only prompt").eval(cache=Cache(tmp_path, memory_entries=0))
     assert third == second and len(fn.prompts) == 2  # rewritten
     assert Cache(tmp_path).stats()["entries"] == 1
+
+
+def test_a_dry_run_lookup_is_not_counted(tmp_path: Path) -> None:
+    cache = Cache(tmp_path)
+    cache.put_many({key("a"): "A"})
+    assert cache.get_many([key("a"), key("b")], record=False) == {key("a"): "A"}
+    assert (cache.stats()["hits"], cache.stats()["misses"]) == (0, 0)
