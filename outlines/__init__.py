@@ -11,6 +11,7 @@ from outlines import cache, models, text
 from outlines.compile import Program, compile
 from outlines.errors import Failure, GraphBuildError, NodeError, UnboundInputError
 from outlines.evaluate import aeval, eval
+from outlines.explain import explain
 from outlines.fn import fn
 from outlines.graph.basic import Constant, Variable
 from outlines.text import constant, prompt, string
@@ -39,13 +40,6 @@ __all__ = [
     "trace",
     "visualize",
 ]
-
-
-def explain(*variables: Variable, givens: Any = None, **options: Any) -> Any:
-    """A dry-run plan of evaluating ``variables``; sends nothing. See ``outlines.explain``."""
-    from outlines.explain import explain as _explain
-
-    return _explain(*variables, givens=givens, **options)
 
 
 def trace() -> Any:

@@ -17,8 +17,6 @@ from __future__ import annotations
 
 import math
 import re
-import sys
-import types
 from dataclasses import asdict, dataclass, field
 from typing import Any, Mapping
 
@@ -346,15 +344,3 @@ def explain(*variables: Variable, givens: Mapping[Any, Any] | None = None, cache
     sent = sum(len(group.requests) for group in run.pending.values())
     merged = run.draws - run.unknown_draws - run.hits - sent
     return Explanation(kinds, batches, run.draws, run.hits, merged, run.unknown_draws, run.unknown_nodes)
-
-
-class _CallableModule(types.ModuleType):
-    """``outlines/__init__`` imports this module lazily, and the import system
-    then rebinds ``outlines.explain`` (the public function) to the module; a
-    callable module keeps ``outlines.explain(...)`` working either way."""
-
-    def __call__(self, *variables: Variable, **kwargs: Any) -> Explanation:
-        return explain(*variables, **kwargs)
-
-
-sys.modules[__name__].__class__ = _CallableModule

@@ -145,12 +145,13 @@ class Function:
         self.is_async = inspect.iscoroutinefunction(target)
         self.code_hash = code_hash(target)
         self.python_signature = _python_signature(target)
+        self._min_positional, self._max_positional = _positional_range(self.python_signature)
         self._ops: dict[tuple[str, ...], PyFunc] = {}
         #: Mean seconds per call, measured; decides inline vs thread pool.
         self.mean_seconds: float | None = None
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        if self.python_signature is not None:
+        if self.python_signature is not None and (kwargs or not self._positional_ok(len(args))):
             try:
                 self.python_signature.bind(*args, **kwargs)
             except TypeError as exc:
@@ -163,6 +164,10 @@ class Function:
         node = Apply(op, inputs, self.noutputs)
         return node.outputs[0] if self.noutputs == 1 else node.outputs
 
+    def _positional_ok(self, count: int) -> bool:
+        """Whether ``count`` positional arguments surely bind (skips a slow ``bind``)."""
+        return self._min_positional <= count <= self._max_positional
+
     def record(self, seconds: float) -> None:
         """Fold one measured call duration into ``mean_seconds``."""
         previous = self.mean_seconds
@@ -171,6 +176,22 @@ class Function:
     def __repr__(self) -> str:
         sig = f", signature={self.signature!r}" if self.signature else ""
         return f"fn({self.__name__}{sig})"
+
+
+def _positional_range(signature: inspect.Signature | None) -> tuple[int, float]:
+    """How many positional arguments bind without keywords (empty range if unsure)."""
+    if signature is None:
+        return 1, 0
+    low, high = 0, 0.0
+    for parameter in signature.parameters.values():
+        if parameter.kind is parameter.VAR_POSITIONAL:
+            high = float("inf")
+        elif parameter.kind in (parameter.POSITIONAL_ONLY, parameter.POSITIONAL_OR_KEYWORD):
+            high += 1
+            low += parameter.default is parameter.empty
+        elif parameter.kind is parameter.KEYWORD_ONLY and parameter.default is parameter.empty:
+            return 1, 0  # a required keyword-only parameter: let bind() report it
+    return low, high
 
 
 def _python_signature(target: Callable[..., Any]) -> inspect.Signature | None:

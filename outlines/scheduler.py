@@ -97,6 +97,7 @@ class Scheduler:
         self.cache = cache_module.resolve(cache)
         self.return_failures = errors == "return"
         self.recorder = recorder or Recorder()
+        self.tracing = type(self.recorder) is not Recorder
         self.executor = executor or LocalExecutor()
         self.batch_window = batch_window
         self.global_limit = asyncio.Semaphore(max_concurrency) if max_concurrency else None
@@ -264,7 +265,7 @@ class Scheduler:
         else:
             self._finish(index, task.result())
 
-    def _finish(self, index: int, result: Any) -> None:
+    def _finish(self, index: int, result: Any, error: BaseException | None = None) -> None:
         node = self.plan.nodes[index]
         outputs = node.outputs
         results = result if len(outputs) > 1 else (result,)
@@ -272,7 +273,7 @@ class Scheduler:
             self.values[id(output)] = value
             if self.return_failures and _has_failure(value):
                 self.tainted.add(id(output))
-        self.recorder.node_finished(node, time.perf_counter())
+        self.recorder.node_finished(node, time.perf_counter(), error)
         self.remaining -= 1
         for consumer in self.plan.consumers[index]:
             self.waiting[consumer] -= 1
@@ -289,7 +290,7 @@ class Scheduler:
             self.recorder.node_finished(node, time.perf_counter(), exc)
             return
         failure = Failure.from_exception(node.label, node.op.name, exc)
-        self._finish(index, tuple(failure for _ in node.outputs) if len(node.outputs) > 1 else failure)
+        self._finish(index, tuple(failure for _ in node.outputs) if len(node.outputs) > 1 else failure, exc)
 
     # -- model calls ----------------------------------------------------------------
     def _group(self, node: Apply) -> _Group:
@@ -338,8 +339,11 @@ class Scheduler:
                 continue
             full = group.backend.max_batch is not None and len(group.pending) >= group.backend.max_batch
             deadline = group.since + self.batch_window
-            if group.unready and self.tasks and not full and now < deadline:
-                wait_until = deadline if wait_until is None else min(wait_until, deadline)
+            if group.unready and self.tasks and now < deadline:
+                if full:  # send the whole batches now; the remainder may still fill up
+                    self._send(group, whole_batches=True)
+                if group.pending:
+                    wait_until = deadline if wait_until is None else min(wait_until, deadline)
                 continue
             self._send(group)
         if wait_until is not None and self.timer is None:
@@ -349,9 +353,15 @@ class Scheduler:
         self.timer = None
         self.wakeup.set()
 
-    def _send(self, group: _Group) -> None:
+    def _send(self, group: _Group, whole_batches: bool = False) -> None:
         requests = list(group.pending)
-        group.pending.clear()
+        if whole_batches:
+            size = group.backend.max_batch or len(requests)
+            requests = requests[: len(requests) - len(requests) % size]
+            for request in requests:
+                del group.pending[request]
+        else:
+            group.pending.clear()
         backend = group.backend
         if self.cache is not None:
             keys = [cache_module.draw_key(backend.identity, r) for r in requests]
@@ -386,8 +396,10 @@ class Scheduler:
             usage[1] += completion_tokens
 
         token = _usage_callback.set(add_usage)
-        waiters = self.waiters
-        nodes = sorted({self.plan.nodes[d.index].label: None for r in requests for d, _ in waiters.get((backend, r), ())})
+        nodes: list[str] = []
+        if self.tracing:  # a waiter lookup per request: only when someone listens
+            indices = {d.index for r in requests for d, _ in self.waiters.get((backend, r), ())}
+            nodes = sorted(self.plan.nodes[i].label for i in indices)
         self.recorder.batch_started(batch_id, backend, nodes, len(requests), time.perf_counter())
         error: BaseException | None = None
         worker = None

@@ -104,12 +104,6 @@ def test_predicted_requests_equal_real_ones(shape, max_batch) -> None:  # type: 
     assert plan.nodes_by_kind["generate"] == sum(1 for n in trace.nodes.values() if n.kind == "generate")
 
 
-@pytest.mark.xfail(
-    strict=False,
-    reason="timing: when a group fills up, the scheduler also sends the partial remainder at once "
-    "instead of letting it wait out its window, so thread-pool steps that finish in uneven pieces "
-    "can add a request (see the scheduler notes in benchmarks/README.md)",
-)
 def test_python_steps_in_the_thread_pool_keep_the_predicted_count() -> None:
     recording = Recording()
     llm = models.from_function(recording, batched=True, name="rec", max_batch=4)

@@ -174,6 +174,10 @@ class Op:
         """Compute the output value(s) from the input values."""
         raise NotImplementedError(f"{type(self).__name__} does not implement perform")
 
+    def __getstate__(self) -> dict[str, Any]:
+        # String hashes differ between processes: never ship the cached one.
+        return {k: v for k, v in self.__dict__.items() if k != "_hash"}
+
     def _props(self) -> tuple[Any, ...]:
         return tuple(getattr(self, p) for p in self.__props__)
 

@@ -117,14 +117,16 @@ def number_draws(nodes: Iterable[Apply]) -> dict[int, int]:
     Variable, so the prompt's identity (or a constant's value) is its key and
     only the model calls need visiting.
     """
-    offsets: dict[int, int] = {}
+    offsets: dict[int, int] = {}  # only non-zero offsets are stored
     used: dict[Hashable, int] = {}
     for node in sorted((n for n in nodes if n.op.mode == "generate" and not n.op.pure), key=lambda n: n.order):
         prompt = node.inputs[0]
         token = _constant_token(prompt.value) if isinstance(prompt, Constant) else None
         stream = (node.op.backend, node.op.params, token if token is not None else id(prompt))  # type: ignore[attr-defined]
-        offsets[id(node)] = used.get(stream, 0)
-        used[stream] = offsets[id(node)] + node.op.num_samples  # type: ignore[attr-defined]
+        offset = used.get(stream, 0)
+        if offset:  # absent means 0: most calls are first draws, keep the plan small
+            offsets[id(node)] = offset
+        used[stream] = offset + node.op.num_samples  # type: ignore[attr-defined]
     return offsets
 
 
