@@ -245,6 +245,16 @@ class Trace(Recorder):
                 lines.append(f"    ... and {len(errors) - 10} more")
         return "\n".join(lines)
 
+    def _repr_mimebundle_(self, include: Any = None, exclude: Any = None) -> dict[str, str]:
+        from outlines.graph.display import trace_mimebundle
+
+        return trace_mimebundle(self)
+
+    def _repr_html_(self) -> str:
+        from outlines.graph.display import trace_html
+
+        return trace_html(self)
+
     def __repr__(self) -> str:
         return (
             f"Trace({len(self.nodes)} nodes, {len(self.batches)} batches, "
