@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from outlines import cache, models, text
+from outlines import cache, config, models, text
 from outlines.compile import Program, compile
 from outlines.errors import Failure, GraphBuildError, NodeError, UnboundInputError
 from outlines.evaluate import aeval, eval
@@ -29,6 +29,7 @@ __all__ = [
     "aeval",
     "cache",
     "compile",
+    "config",
     "constant",
     "eval",
     "explain",

@@ -228,14 +228,7 @@ class Scheduler:
             self._finish(index, result)
             return
 
-        def timed() -> Any:
-            start = time.perf_counter()
-            try:
-                return op.perform(*inputs, **guards)
-            finally:
-                function.record(time.perf_counter() - start)
-
-        self.python_pending.append((index, timed))
+        self.python_pending.append((index, lambda: op.perform(*inputs, **guards)))
 
     def _flush_python(self) -> None:
         """Send the blocking Python calls made ready this round, in a few chunks."""
@@ -252,7 +245,9 @@ class Scheduler:
             for index, _ in chunk:
                 self._fail_node(index, task.exception())  # type: ignore[arg-type]
             return
-        for index, ok, value in task.result():
+        for index, ok, value, seconds in task.result():
+            # Recorded here, not where it ran: a worker's copy of the function is not ours.
+            self.plan.nodes[index].op.function.record(seconds)  # type: ignore[attr-defined]
             if ok:
                 self._finish(index, value)
             else:
@@ -467,13 +462,16 @@ class Scheduler:
         self._finish(draws.index, array)
 
 
-def _run_chunk(chunk: list[tuple[int, Callable[[], Any]]]) -> list[tuple[int, bool, Any]]:
+def _run_chunk(chunk: list[tuple[int, Callable[[], Any]]]) -> list[tuple[int, bool, Any, float]]:
+    """Run blocking calls (in a thread or on a worker); time each one."""
     results = []
     for index, call in chunk:
+        start = time.perf_counter()
         try:
-            results.append((index, True, call()))
+            value, ok = call(), True
         except Exception as exc:  # noqa: BLE001 - reported against its node
-            results.append((index, False, exc))
+            value, ok = exc, False
+        results.append((index, ok, value, time.perf_counter() - start))
     return results
 
 
