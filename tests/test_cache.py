@@ -25,6 +25,7 @@ from hypothesis import strategies as st
 
 import outlines
 from outlines import cache as cache_module
+from outlines import cache_keys
 from outlines import models
 from outlines.backends.base import GenerationParams, Request
 from outlines.cache import Cache, CacheWarning, draw_key
@@ -76,8 +77,9 @@ def test_key_ignores_dict_order_and_int_float_spelling() -> None:
 
 def test_key_holds_the_format_version(monkeypatch: pytest.MonkeyPatch) -> None:
     before = key()
-    monkeypatch.setattr(cache_module, "FORMAT", FORMAT + 1)
-    monkeypatch.setattr(cache_module, "_prefixes", {})
+    monkeypatch.setattr(cache_keys, "FORMAT", FORMAT + 1)
+    monkeypatch.setattr(cache_keys, "_prefixes", {})
+    monkeypatch.setattr(cache_keys, "_recent", {})
     assert key() != before
 
 
