@@ -582,3 +582,19 @@ def test_a_dry_run_lookup_is_not_counted(tmp_path: Path) -> None:
     cache.put_many({key("a"): "A"})
     assert cache.get_many([key("a"), key("b")], record=False) == {key("a"): "A"}
     assert (cache.stats()["hits"], cache.stats()["misses"]) == (0, 0)
+
+
+def test_eval_inside_a_running_loop_uses_the_cache_from_its_helper_thread(tmp_path: Path) -> None:
+    import asyncio
+
+    fn = Counting()
+    llm = models.from_function(fn, name="counting", temperature=0.7)
+    store = Cache(tmp_path)
+
+    async def notebook_cell() -> tuple[Any, Any]:
+        # .eval() inside a running loop (Jupyter) runs on a private loop in a helper thread.
+        return llm("p", num_samples=3).eval(cache=store), llm("p", num_samples=3).eval(cache=store)
+
+    first, second = asyncio.run(notebook_cell())
+    assert list(first) == list(second) and len(fn.prompts) == 3
+    assert list(llm("p", num_samples=3).eval(cache=Cache(tmp_path, memory_entries=0))) == list(first)
