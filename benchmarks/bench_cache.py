@@ -6,7 +6,8 @@
    process's view).
 2. Cold run with the cache on vs off, on a zero-latency batched function (pure
    overhead, the worst case) and on a loopback OpenAI-compatible fake server
-   (tests/fixtures/fake_openai.py in a child process): wall-time ratio.
+   (tests/fixtures/fake_openai.py in a child process) answering after 20 ms
+   and 100 ms: wall-time ratio.
 3. Lookup cost per draw on the same 10,000 keys: outlines ``Cache.get_many``
    (batches of 128, as the scheduler calls it, and one key at a time) vs
    ``joblib.Memory`` and LangChain's ``SQLiteCache``, all reading from disk in
@@ -90,6 +91,7 @@ class Server:
     """The fake OpenAI server in a child process (as in bench_openai.py)."""
 
     def __init__(self, latency: float) -> None:
+        self.latency = latency
         env = {**os.environ, "PYTHONPATH": str(ROOT)}
         command = [sys.executable, "-m", "tests.fixtures.fake_openai", "--latency", str(latency)]
         self.process = subprocess.Popen(command, stdout=subprocess.PIPE, text=True, cwd=ROOT, env=env)
@@ -101,15 +103,18 @@ class Server:
         self.process.wait(10)
 
 
-def cold_overhead(directory: Path, count: int, depth: int, latency: float) -> None:
+def cold_overhead(directory: Path, count: int, depth: int, latencies: list[float]) -> None:
     print(f"\n2. cold run, cache on vs off ({count} chains x depth {depth}; median of 7, alternating)")
     counter = Counter()
     function_llm = models.from_function(counter, batched=True, name="counter", temperature=0.7)
-    server = Server(latency)
+    servers = [Server(latency) for latency in latencies]
     try:
-        http_llm = models.openai_completion("tiny", base_url=server.base_url, api_key="sk-bench", temperature=0.7)
-        for label, llm in (("zero-latency batched function", function_llm),
-                           (f"fake OpenAI server, {latency * 1e3:.0f} ms", http_llm)):
+        configurations = [("zero-latency batched function", function_llm)] + [
+            (f"fake OpenAI server, {server.latency * 1e3:.0f} ms",
+             models.openai_completion("tiny", base_url=server.base_url, api_key="sk-bench", temperature=0.7))
+            for server in servers
+        ]
+        for label, llm in configurations:
             # Interleave on and off so drift hits both alike. The cache file exists (as it
             # does after a first use) but holds none of the run's draws: prompts are salted.
             cache = Cache(directory / "cold")
@@ -126,7 +131,8 @@ def cold_overhead(directory: Path, count: int, depth: int, latency: float) -> No
             print(f"   {label:32s} off {off * 1e3:8.1f} ms   on {on * 1e3:8.1f} ms   ratio {on / off:5.3f}"
                   "  (target <= 1.10)")
     finally:
-        server.close()
+        for server in servers:
+            server.close()
 
 
 def lookups(directory: Path, count: int) -> None:
@@ -200,7 +206,7 @@ def main() -> None:
     parser.add_argument("--chains", type=int, default=1000)
     parser.add_argument("--depth", type=int, default=3)
     parser.add_argument("--keys", type=int, default=10_000)
-    parser.add_argument("--latency", type=float, default=0.02)
+    parser.add_argument("--latency", type=float, nargs="+", default=[0.02, 0.1])
     args = parser.parse_args()
     directory = Path(tempfile.mkdtemp(prefix="outlines-bench-cache-"))
     try:

@@ -36,7 +36,6 @@ CREATE TABLE IF NOT EXISTS entries (
     size INTEGER NOT NULL,
     used INTEGER NOT NULL
 );
-CREATE INDEX IF NOT EXISTS entries_used ON entries(used);
 """
 
 _UPSERT = (
@@ -219,7 +218,10 @@ class SQLiteStore:
         self._estimate = total
         if total <= max_bytes:
             return
-        # Free down to 90% of the limit so that eviction runs rarely.
+        # Free down to 90% of the limit so that eviction runs rarely. The index
+        # on last use is made by the first eviction: files without a limit
+        # never pay for it on insert.
+        connection.execute("CREATE INDEX IF NOT EXISTS entries_used ON entries(used)")
         excess, victims = total - int(max_bytes * 0.9), []
         for key, size in connection.execute("SELECT key, size FROM entries ORDER BY used"):
             victims.append((key,))
