@@ -153,7 +153,7 @@ def test_ctrl_c_mid_run_keeps_what_finished(tmp_path: Path, batch_options: tuple
     process.send_signal(signal.SIGINT)
     interrupted = time.monotonic()
     _, stderr = process.communicate(timeout=30)
-    assert time.monotonic() - interrupted < 3.0, "Ctrl-C took too long"
+    assert time.monotonic() - interrupted < 5.0, "Ctrl-C took too long"
     assert process.returncode != 0 and "KeyboardInterrupt" in stderr
     sent_before = len(log.read_text().splitlines())
     assert sent_before < 100
