@@ -5,20 +5,22 @@ import time
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import outlines
 from outlines import models
 from outlines.graph.basic import Apply, Constant, Op, Variable
-from outlines.graph.ops import Concat, Stack
+from outlines.graph.ops import Concat, Stack, broadcast_map
 from outlines.graph.rewrites import rewrite
 from outlines.graph.traversal import applies, graph_inputs
 
 
 class Upper(Op):
-    """A pure inline op."""
+    """A pure inline op (elementwise)."""
 
     def perform(self, value):  # noqa: ANN001, ANN201
-        return value.upper()
+        return broadcast_map(str.upper, [value])
 
 
 class Fails(Op):
@@ -263,3 +265,45 @@ def test_compiled_programs_bind_their_inputs_after_rewriting() -> None:
     )
     value = program("why?")
     assert len(fn.prompts) == 1 and value.count("#1") == 2
+
+
+# -- property: rewriting never changes a value ------------------------------------------
+def _reference(outputs: list[Variable], givens: dict[int, object]) -> list[object]:
+    """Evaluate inline ops directly, in creation order (no scheduler, no rewrites)."""
+    values: dict[int, object] = dict(givens)
+    for node in applies(outputs):
+        inputs = [v.value if isinstance(v, Constant) else values[id(v)] for v in node.inputs]
+        result = node.op.perform(*inputs)
+        results = result if len(node.outputs) > 1 else (result,)
+        for output, value in zip(node.outputs, results):
+            values[id(output)] = value
+    return [v.value if isinstance(v, Constant) else values[id(v)] for v in outputs]
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from(["concat", "upper", "pair0", "pair1", "stack"]),
+                          st.integers(0, 10**6), st.integers(0, 10**6), st.sampled_from(["a", "b", ""])),
+                min_size=1, max_size=25))
+def test_rewriting_random_graphs_keeps_every_value(steps: list[tuple[str, int, int, str]]) -> None:
+    question = Variable(name="question")
+    pool: list[Variable] = [question, Constant("x")]
+    for kind, i, j, text in steps:
+        left, right = pool[i % len(pool)], pool[j % len(pool)]
+        if kind == "concat":
+            pool.append(Concat()(left, right, text))
+        elif kind == "upper":
+            pool.append(Upper()(left))
+        elif kind == "stack":
+            pool.append(Concat()(Stack(2)(left, right), text))
+        else:
+            pool.append(Pair()(left)[int(kind[-1])])
+    outputs = pool[2:]
+    rewritten = rewrite(outputs)
+    givens = {id(question): "q"}
+    expected = _reference(outputs, givens)
+    got = _reference(rewritten, givens)
+    assert len(got) == len(expected)
+    for want, have in zip(expected, got):
+        assert np.array_equal(np.asarray(want, dtype=object), np.asarray(have, dtype=object))
+    assert len(applies(rewritten)) <= len(applies(outputs))
+    assert all(v is question for v in graph_inputs(rewritten))
