@@ -24,7 +24,7 @@ import numpy as np
 
 from outlines import cache as cache_module
 from outlines._threads import run_blocking
-from outlines.backends.base import Backend, BackendError, Request, _usage_callback
+from outlines.backends.base import Backend, BackendError, Request, _requests_callback, _usage_callback
 from outlines.errors import Failure, NodeError
 from outlines.graph.basic import Apply
 from outlines.graph.ops import scalar_or_array
@@ -390,7 +390,13 @@ class Scheduler:
             usage[0] += prompt_tokens
             usage[1] += completion_tokens
 
+        requests_sent = [0]
+
+        def add_requests(count: int) -> None:
+            requests_sent[0] += count
+
         token = _usage_callback.set(add_usage)
+        requests_token = _requests_callback.set(add_requests)
         nodes: list[str] = []
         if self.tracing:  # a waiter lookup per request: only when someone listens
             indices = {d.index for r in requests for d, _ in self.waiters.get((backend, r), ())}
@@ -410,7 +416,10 @@ class Scheduler:
             raise
         finally:
             _usage_callback.reset(token)
-            self.recorder.batch_finished(batch_id, time.perf_counter(), error, (usage[0], usage[1]), worker)
+            _requests_callback.reset(requests_token)
+            self.recorder.batch_finished(
+                batch_id, time.perf_counter(), error, (usage[0], usage[1]), worker, requests=requests_sent[0]
+            )
             if self.global_limit is not None:
                 self.global_limit.release()
             if limit is not None:

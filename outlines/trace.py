@@ -36,7 +36,13 @@ class Recorder:
     def batch_started(self, batch_id: int, backend: Any, nodes: list[Any], size: int, t: float) -> None: ...
 
     def batch_finished(
-        self, batch_id: int, t: float, error: BaseException | None, usage: tuple[int, int], worker: str | None
+        self,
+        batch_id: int,
+        t: float,
+        error: BaseException | None,
+        usage: tuple[int, int],
+        worker: str | None,
+        requests: int = 0,
     ) -> None: ...
 
     def for_eval(self) -> Recorder:
@@ -99,6 +105,8 @@ class BatchRecord:
     prompt_tokens: int = 0
     completion_tokens: int = 0
     error: str | None = None
+    #: Wire requests the backend reported (``report_requests``); 0: not reported.
+    requests: int = 0
 
 
 @dataclass
@@ -122,7 +130,10 @@ class Trace(Recorder):
     batches
         One ``BatchRecord`` per backend call, numbered across the trace.
     requests_per_backend
-        ``repr(backend) -> number of calls``.
+        ``repr(backend) -> number of backend calls`` (batches).
+    http_requests_per_backend
+        ``repr(backend) -> wire requests``, for backends that report them
+        (one chat call is one request per prompt; retries count too).
     cache_hits, cache_misses
         Draws served from the cache / sent, summed over every evaluation.
     """
@@ -174,6 +185,14 @@ class Trace(Recorder):
         return merged
 
     @property
+    def http_requests_per_backend(self) -> dict[str, int]:
+        counts: dict[str, int] = {}
+        for batch in self.batches:
+            if batch.requests:
+                counts[batch.backend] = counts.get(batch.backend, 0) + batch.requests
+        return counts
+
+    @property
     def tokens(self) -> tuple[int, int]:
         """(prompt tokens, completion tokens) reported by backends."""
         return (sum(b.prompt_tokens for b in self.batches), sum(b.completion_tokens for b in self.batches))
@@ -193,6 +212,7 @@ class Trace(Recorder):
             "critical_path": self.critical_path,
             "critical_path_nodes": self.critical_path_nodes,
             "requests_per_backend": dict(self.requests_per_backend),
+            "http_requests_per_backend": self.http_requests_per_backend,
             "cache_hits": self.cache_hits,
             "cache_misses": self.cache_misses,
             "prompt_tokens": prompt_tokens,
@@ -226,11 +246,13 @@ class Trace(Recorder):
                 failed = sum(1 for r in group if r.error)
                 lines.append(f"  {kind:<12}{len(group):>8}{busy:>10.3f}{failed:>8}")
         if self.batches:
-            lines.append(f"  {'backend':<40}{'requests':>9}{'prompts':>9}{'min/mean/max size':>20}")
+            wire = self.http_requests_per_backend
+            lines.append(f"  {'backend':<40}{'calls':>7}{'http':>7}{'prompts':>9}{'min/mean/max size':>20}")
             for backend, count in sorted(self.requests_per_backend.items()):
                 sizes = [b.size for b in self.batches if b.backend == backend]
                 spread = f"{min(sizes)}/{sum(sizes) / len(sizes):.1f}/{max(sizes)}"
-                lines.append(f"  {_clip(backend, 39):<40}{count:>9}{sum(sizes):>9}{spread:>20}")
+                http = str(wire[backend]) if backend in wire else "-"
+                lines.append(f"  {_clip(backend, 39):<40}{count:>7}{http:>7}{sum(sizes):>9}{spread:>20}")
         prompt_tokens, completion_tokens = self.tokens
         lines.append(f"  cache: {self.cache_hits} hit(s), {self.cache_misses} miss(es)")
         lines.append(f"  tokens: {prompt_tokens} prompt, {completion_tokens} completion")
@@ -349,7 +371,13 @@ class _EvalRecorder(Recorder):
                 node.batch_ids.append(record.id)
 
     def batch_finished(
-        self, batch_id: int, t: float, error: BaseException | None, usage: tuple[int, int], worker: str | None
+        self,
+        batch_id: int,
+        t: float,
+        error: BaseException | None,
+        usage: tuple[int, int],
+        worker: str | None,
+        requests: int = 0,
     ) -> None:
         record = self.batches.get(batch_id)
         if record is None:
@@ -358,6 +386,7 @@ class _EvalRecorder(Recorder):
         record.error = _first_line(error)
         record.prompt_tokens, record.completion_tokens = int(usage[0]), int(usage[1])
         record.worker = worker
+        record.requests = requests
 
 
 def _longest_chain(record: _Eval, nodes: list[NodeRecord | None]) -> tuple[float, list[str]]:

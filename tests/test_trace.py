@@ -12,6 +12,7 @@ import outlines
 from outlines import models
 from outlines.backends.base import report_usage
 from outlines.cache import Cache
+from tests.backends.conftest import fake_openai  # noqa: F401 - the loopback fake server fixture
 from outlines.plan import Plan
 from outlines.trace import NULL_RECORDER, Trace, active_recorder
 
@@ -167,7 +168,7 @@ def test_json_has_the_documented_fields_and_no_secret(tmp_path) -> None:
         "label", "op", "kind", "backend", "start", "end", "batch_ids", "cache_hits", "cache_misses", "error",
     }
     assert set(data["batches"][0]) == {
-        "id", "backend", "size", "start", "end", "nodes", "worker", "prompt_tokens", "completion_tokens", "error",
+        "id", "backend", "size", "start", "end", "nodes", "worker", "prompt_tokens", "completion_tokens", "error", "requests",
     }
     assert data["batches"][0]["id"] == 1 and data["nodes"][1]["batch_ids"] == [1]
     assert trace.critical_path == pytest.approx(0.2)
@@ -215,3 +216,14 @@ def test_failures_are_shown_like_exceptions() -> None:
     failure = outlines.Failure("up#1", "up", "ValueError", "bad input\nmore")
     recorder.node_finished(node, trace.origin + 0.1, failure)  # type: ignore[arg-type]
     assert trace.nodes[node.label].error == "ValueError: bad input"
+
+
+def test_http_requests_are_counted_apart_from_backend_calls(fake_openai) -> None:
+    """One chat call of 3 prompts is 1 backend call and 3 wire requests."""
+    llm = outlines.models.openai("fake-model", base_url=fake_openai.base_url, api_key="sk-test", temperature=0.5)
+    with outlines.trace() as trace:
+        outlines.eval(*[llm(p) for p in ("a", "b", "c")], cache=False)
+    (name,) = trace.requests_per_backend
+    assert trace.requests_per_backend[name] == 1
+    assert trace.http_requests_per_backend[name] == len(fake_openai.requests) == 3
+    assert "http" in trace.summary()

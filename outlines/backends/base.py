@@ -18,6 +18,7 @@ __all__ = [
     "BackendError",
     "GenerationParams",
     "Request",
+    "report_requests",
     "report_usage",
 ]
 
@@ -204,3 +205,19 @@ def report_usage(prompt_tokens: int, completion_tokens: int) -> None:
     callback = _usage_callback.get()
     if callback is not None:
         callback(int(prompt_tokens), int(completion_tokens))
+
+
+_requests_callback: contextvars.ContextVar[Callable[[int], None] | None] = contextvars.ContextVar(
+    "outlines_requests_callback", default=None
+)
+
+
+def report_requests(count: int = 1) -> None:
+    """Tell the running batch it sent ``count`` wire requests (retries included).
+
+    Backends whose one ``generate`` call may be many requests (chat: one per
+    prompt) call this, so traces count requests, not only backend calls.
+    """
+    callback = _requests_callback.get()
+    if callback is not None:
+        callback(int(count))

@@ -21,7 +21,7 @@ from typing import Any, Awaitable, Iterable, Mapping, TypeVar
 import aiohttp
 
 from outlines.backends import retry
-from outlines.backends.base import BackendError, report_usage
+from outlines.backends.base import BackendError, report_requests, report_usage
 from outlines.backends.ratelimit import AIMDLimiter, TokenBucket
 
 __all__ = ["HTTPClient", "Secret", "gather_or_cancel"]
@@ -252,6 +252,7 @@ class HTTPClient:
         headers = {name: value.reveal() for name, value in self._headers.items()}
         if self._api_key is not None:
             headers["Authorization"] = f"Bearer {self._api_key.reveal()}"
+        report_requests()
         async with session.post(self.base_url + path, json=payload, headers=headers, max_redirects=3) as response:
             return response.status, response.headers, await response.read()
 
