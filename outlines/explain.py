@@ -230,7 +230,7 @@ class _DryRun:
         if self.cache is None or not requests:
             return {}
         keys = [cache_module.draw_key(backend.identity, r) for r in requests]
-        stored = self.cache.get_many(keys)
+        stored = self.cache.get_many(keys, record=False)  # a dry run counts no hits
         return {r: stored[k] for r, k in zip(requests, keys) if k in stored}
 
     def group(self, level: int, key: tuple[Any, Any], label: str) -> _Pending:

@@ -24,7 +24,14 @@ import numpy as np
 
 from outlines import cache as cache_module
 from outlines._threads import run_blocking
-from outlines.backends.base import Backend, BackendError, Request, _requests_callback, _usage_callback
+from outlines.backends.base import (
+    Backend,
+    BackendError,
+    Request,
+    _requests_callback,
+    _result_callback,
+    _usage_callback,
+)
 from outlines.errors import Failure, NodeError
 from outlines.graph.basic import Apply
 from outlines.graph.ops import scalar_or_array
@@ -376,9 +383,14 @@ class Scheduler:
     def _start_batch(self, backend: Backend, requests: list[Request]) -> None:
         self.batch_ids += 1
         batch_id = self.batch_ids
-        self._spawn(self._run_batch(batch_id, backend, requests), lambda t: self._batch_done(backend, requests, t))
+        done: dict[int, str] = {}  # requests the backend reported before the batch ended
+        self._spawn(
+            self._run_batch(batch_id, backend, requests, done), lambda t: self._batch_done(backend, requests, t, done)
+        )
 
-    async def _run_batch(self, batch_id: int, backend: Backend, requests: list[Request]) -> list[str]:
+    async def _run_batch(
+        self, batch_id: int, backend: Backend, requests: list[Request], done: dict[int, str]
+    ) -> list[str]:
         limit = self._limit(backend)
         if limit is not None:
             await limit.acquire()
@@ -395,8 +407,15 @@ class Scheduler:
         def add_requests(count: int) -> None:
             requests_sent[0] += count
 
+        def add_result(index: int, text: str) -> None:
+            if 0 <= index < len(requests) and index not in done and isinstance(text, str):
+                done[index] = text
+                if self.cache is not None:
+                    self.cache.put_many({cache_module.draw_key(backend.identity, requests[index]): text})
+
         token = _usage_callback.set(add_usage)
         requests_token = _requests_callback.set(add_requests)
+        result_token = _result_callback.set(add_result)
         nodes: list[str] = []
         if self.tracing:  # a waiter lookup per request: only when someone listens
             indices = {d.index for r in requests for d, _ in self.waiters.get((backend, r), ())}
@@ -408,8 +427,11 @@ class Scheduler:
             texts, worker = await self.executor.generate(backend, requests)
             if not isinstance(texts, list) or len(texts) != len(requests):
                 raise BackendError(f"{backend!r} returned {len(texts)} completions for {len(requests)} prompts")
-            if self.cache is not None:
-                self.cache.put_many({cache_module.draw_key(backend.identity, r): t for r, t in zip(requests, texts)})
+            if self.cache is not None and len(done) < len(requests):
+                identity = backend.identity
+                self.cache.put_many(
+                    {cache_module.draw_key(identity, r): t for i, (r, t) in enumerate(zip(requests, texts)) if i not in done}
+                )
             return texts
         except BaseException as exc:
             error = exc
@@ -417,6 +439,7 @@ class Scheduler:
         finally:
             _usage_callback.reset(token)
             _requests_callback.reset(requests_token)
+            _result_callback.reset(result_token)
             self.recorder.batch_finished(
                 batch_id, time.perf_counter(), error, (usage[0], usage[1]), worker, requests=requests_sent[0]
             )
@@ -434,12 +457,18 @@ class Scheduler:
             self.limits[backend] = asyncio.Semaphore(bound) if bound else None
         return self.limits[backend]
 
-    def _batch_done(self, backend: Backend, requests: list[Request], task: asyncio.Task[Any]) -> None:
+    def _batch_done(
+        self, backend: Backend, requests: list[Request], task: asyncio.Task[Any], done: dict[int, str]
+    ) -> None:
         exc = task.exception()
         if exc is None:
             for request, text in zip(requests, task.result()):
                 self._resolve(backend, request, text, hit=False)
             return
+        if self.return_failures and done:  # what finished before the failure is kept
+            for index, text in done.items():
+                self._resolve(backend, requests[index], text, hit=False)
+            requests = [r for i, r in enumerate(requests) if i not in done]
         if not self.return_failures:
             waiting = self.waiters.get((backend, requests[0]))
             self._fail_node(waiting[0][0].index if waiting else 0, exc)

@@ -488,17 +488,9 @@ def test_cache_false_and_disable_send_everything(tmp_path: Path) -> None:
     assert len(fn.prompts) == 4
 
 
-#: Backends can hand over each finished draw before their batch ends (the fix).
-_REPORTS_RESULTS = hasattr(outlines.backends.base, "report_result")
-PARTIAL_BATCHES = (
-    "a non-batched from_function model sends its draws as one batch, and one failing draw fails the "
-    "whole batch, so nothing of it is cached until backends can report each result (report_result)"
-)
-
-
 @pytest.mark.parametrize(
     "max_batch",
-    [pytest.param(None, marks=pytest.mark.xfail(not _REPORTS_RESULTS, reason=PARTIAL_BATCHES, strict=True)), 1],
+    [None, 1],
     ids=["default", "max_batch=1"],
 )
 def test_partial_failure_caches_the_successes(tmp_path: Path, max_batch: int | None) -> None:

@@ -128,18 +128,10 @@ def test_a_writer_killed_at_random_points_leaves_whole_entries(tmp_path: Path) -
         assert integrity(cache.file) == "ok"
 
 
-#: Backends can hand over each finished draw before their batch ends (the fix).
-_REPORTS_RESULTS = hasattr(outlines.backends.base, "report_result")
-CTRL_C_BATCHES = (
-    "a non-batched from_function model sends all 100 draws as one batch, so the draws finished "
-    "before Ctrl-C are not stored until backends can report each result (report_result)"
-)
-
-
 @pytest.mark.parametrize(
     "batch_options",
     [
-        pytest.param((), marks=pytest.mark.xfail(not _REPORTS_RESULTS, reason=CTRL_C_BATCHES, strict=True)),
+        (),
         ("--max-batch", "1"),
     ],
     ids=["default", "max_batch=1"],

@@ -19,6 +19,7 @@ __all__ = [
     "GenerationParams",
     "Request",
     "report_requests",
+    "report_result",
     "report_usage",
 ]
 
@@ -198,6 +199,23 @@ UsageCallback = Callable[[int, int], None]
 _usage_callback: contextvars.ContextVar[UsageCallback | None] = contextvars.ContextVar(
     "outlines_usage_callback", default=None
 )
+
+
+ResultCallback = Callable[[int, str], None]
+_result_callback: contextvars.ContextVar[ResultCallback | None] = contextvars.ContextVar(
+    "outlines_result_callback", default=None
+)
+
+
+def report_result(index: int, text: str) -> None:
+    """Tell the running batch that its request ``index`` is done, before the rest.
+
+    The scheduler stores it in the cache at once, and keeps it when another
+    request of the batch fails (or the run is interrupted).
+    """
+    callback = _result_callback.get()
+    if callback is not None:
+        callback(index, text)
 
 
 def report_usage(prompt_tokens: int, completion_tokens: int) -> None:

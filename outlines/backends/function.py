@@ -14,7 +14,7 @@ import weakref
 from typing import Any, Callable, Sequence
 
 from outlines._threads import run_blocking
-from outlines.backends.base import Backend, Request
+from outlines.backends.base import Backend, Request, report_result
 
 __all__ = ["FunctionBackend", "code_hash"]
 
@@ -90,7 +90,14 @@ class FunctionBackend(Backend):
                 raise ValueError(f"batched function {self.name!r} returned {got} for {len(prompts)} prompts")
             return [self._check(o) for o in outputs]
         semaphore = self._semaphore()
-        return list(await asyncio.gather(*(self._bounded(semaphore, p) for p in prompts)))
+        # Let every call finish (each reports itself) before the first failure is raised.
+        outcomes = await asyncio.gather(
+            *(self._bounded(semaphore, i, p) for i, p in enumerate(prompts)), return_exceptions=True
+        )
+        for outcome in outcomes:
+            if isinstance(outcome, BaseException):
+                raise outcome
+        return list(outcomes)
 
     def _semaphore(self) -> asyncio.Semaphore:
         loop = asyncio.get_running_loop()
@@ -99,9 +106,11 @@ class FunctionBackend(Backend):
             semaphore = self._semaphores[loop] = asyncio.Semaphore(self.max_concurrency or 64)
         return semaphore
 
-    async def _bounded(self, semaphore: asyncio.Semaphore, prompt: str) -> str:
+    async def _bounded(self, semaphore: asyncio.Semaphore, index: int, prompt: str) -> str:
         async with semaphore:
-            return self._check(await self._call(prompt))
+            text = self._check(await self._call(prompt))
+        report_result(index, text)  # cached now, kept if a sibling fails
+        return text
 
     async def _call(self, argument: Any) -> Any:
         if self.is_async:
