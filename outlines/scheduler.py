@@ -365,31 +365,36 @@ class Scheduler:
         else:
             group.pending.clear()
         backend = group.backend
+        keys: list[str] = []
         if self.cache is not None:
-            keys = [cache_module.draw_key(backend.identity, r) for r in requests]
+            identity = backend.identity
+            keys = [cache_module.draw_key(identity, r) for r in requests]
             found = self.cache.get_many(keys)
             if found:
-                misses = []
+                misses, miss_keys = [], []
                 for request, key in zip(requests, keys):
                     if key in found:
                         self._resolve(backend, request, found[key], hit=True)
                     else:
                         misses.append(request)
-                requests = misses
+                        miss_keys.append(key)
+                requests, keys = misses, miss_keys
         size = backend.max_batch or len(requests) or 1
         for start in range(0, len(requests), size):
-            self._start_batch(backend, requests[start : start + size])
+            self._start_batch(backend, requests[start : start + size], keys[start : start + size])
 
-    def _start_batch(self, backend: Backend, requests: list[Request]) -> None:
+    def _start_batch(self, backend: Backend, requests: list[Request], keys: list[str]) -> None:
+        """Send one batch; ``keys`` are the draws' cache keys (empty: no cache)."""
         self.batch_ids += 1
         batch_id = self.batch_ids
         done: dict[int, str] = {}  # requests the backend reported before the batch ended
         self._spawn(
-            self._run_batch(batch_id, backend, requests, done), lambda t: self._batch_done(backend, requests, t, done)
+            self._run_batch(batch_id, backend, requests, keys, done),
+            lambda t: self._batch_done(backend, requests, t, done),
         )
 
     async def _run_batch(
-        self, batch_id: int, backend: Backend, requests: list[Request], done: dict[int, str]
+        self, batch_id: int, backend: Backend, requests: list[Request], keys: list[str], done: dict[int, str]
     ) -> list[str]:
         limit = self._limit(backend)
         if limit is not None:
@@ -411,7 +416,7 @@ class Scheduler:
             if 0 <= index < len(requests) and index not in done and isinstance(text, str):
                 done[index] = text
                 if self.cache is not None:
-                    self.cache.put_many({cache_module.draw_key(backend.identity, requests[index]): text})
+                    self.cache.put_many({keys[index]: text})
 
         token = _usage_callback.set(add_usage)
         requests_token = _requests_callback.set(add_requests)
@@ -428,10 +433,7 @@ class Scheduler:
             if not isinstance(texts, list) or len(texts) != len(requests):
                 raise BackendError(f"{backend!r} returned {len(texts)} completions for {len(requests)} prompts")
             if self.cache is not None and len(done) < len(requests):
-                identity = backend.identity
-                self.cache.put_many(
-                    {cache_module.draw_key(identity, r): t for i, (r, t) in enumerate(zip(requests, texts)) if i not in done}
-                )
+                self.cache.put_many({k: t for i, (k, t) in enumerate(zip(keys, texts)) if i not in done})
             return texts
         except BaseException as exc:
             error = exc
