@@ -174,6 +174,7 @@ class Scheduler:
         def finished(task: asyncio.Task[Any]) -> None:
             self.tasks.discard(task)
             if not task.cancelled():
+                task.exception()  # retrieved now: after a first error the rest are never handled
                 self.done.append(lambda: on_done(task))
                 self.wakeup.set()
 

@@ -214,3 +214,25 @@ def test_a_constant_list_of_prompts_is_an_array():
     llm = models.from_function(lambda p: p + "!")
     out = llm(outlines.constant(["a", "b"])).eval(cache=False)
     assert list(out) == ["a!", "b!"]
+
+
+def test_several_failures_leave_no_unretrieved_task_exception(tmp_path):
+    import subprocess
+    import sys
+
+    script = tmp_path / "two_failures.py"
+    script.write_text(
+        "import gc, outlines\n"
+        "from outlines import models\n"
+        "def broken(ps): raise ValueError('x')\n"
+        "a = models.from_function(broken, batched=True, name='a')\n"
+        "b = models.from_function(broken, batched=True, name='b')\n"
+        "try:\n"
+        "    outlines.eval(a('1'), b('2'), cache=False)\n"
+        "except outlines.NodeError:\n"
+        "    pass\n"
+        "gc.collect()\n"
+    )
+    done = subprocess.run([sys.executable, "-X", "dev", "-W", "error", str(script)], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    assert "never retrieved" not in done.stderr and "destroyed" not in done.stderr
