@@ -31,13 +31,19 @@ __all__ = ["GraphKeys", "content_hash", "graph_keys", "number_draws"]
 _SIMPLE = (str, int, float, bool, type(None))
 
 
-def _constant_token(value: Any) -> Hashable | None:
+def _simple_token(value: Any) -> Hashable:
+    # repr for floats: -0.0 == 0.0 and nan != nan, but they render differently.
+    return (type(value).__name__, repr(value) if isinstance(value, float) else value)
+
+
+def constant_token(value: Any) -> Hashable | None:
+    """A hashable token equal for equal simple constants; ``None`` when there is none."""
     if isinstance(value, _SIMPLE):
-        return (type(value).__name__, repr(value) if isinstance(value, float) else value)
+        return _simple_token(value)
     if isinstance(value, np.ndarray) and value.dtype == object and value.size <= 4096:
         flat = value.reshape(-1).tolist()
         if all(isinstance(v, _SIMPLE) for v in flat):
-            return ("array", value.shape, tuple(flat))
+            return ("array", value.shape, tuple(_simple_token(v) for v in flat))
     return None
 
 
@@ -72,7 +78,7 @@ class GraphKeys:
 
     def _leaf_token(self, variable: Variable) -> Hashable:
         if isinstance(variable, Constant):
-            token = _constant_token(variable.value)
+            token = constant_token(variable.value)
             return ("const", token) if token is not None else ("const@", id(variable))
         if variable.owner is None:
             return ("input", variable.name) if variable.name else ("input@", id(variable))
@@ -121,7 +127,7 @@ def number_draws(nodes: Iterable[Apply]) -> dict[int, int]:
     used: dict[Hashable, int] = {}
     for node in sorted((n for n in nodes if n.op.mode == "generate" and not n.op.pure), key=lambda n: n.order):
         prompt = node.inputs[0]
-        token = _constant_token(prompt.value) if isinstance(prompt, Constant) else None
+        token = constant_token(prompt.value) if isinstance(prompt, Constant) else None
         stream = (node.op.backend, node.op.params, token if token is not None else id(prompt))  # type: ignore[attr-defined]
         offset = used.get(stream, 0)
         if offset:  # absent means 0: most calls are first draws, keep the plan small

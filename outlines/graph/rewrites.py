@@ -13,44 +13,20 @@ from __future__ import annotations
 
 from typing import Any, Hashable, Sequence
 
-import numpy as np
 
 from outlines.graph.basic import Apply, Constant, Variable
+from outlines.graph.hashing import constant_token
+from outlines.graph.traversal import toposort
 
 __all__ = ["rewrite"]
-
-
-def _nodes(outputs: Sequence[Variable]) -> list[Apply]:
-    """Every Apply node ``outputs`` need, in creation order (iterative)."""
-    seen: dict[int, Apply] = {}
-    stack = [v.owner for v in outputs if v.owner is not None]
-    while stack:
-        node = stack.pop()
-        if id(node) in seen:
-            continue
-        seen[id(node)] = node
-        stack.extend(v.owner for v in node.inputs if v.owner is not None and id(v.owner) not in seen)
-    return sorted(seen.values(), key=lambda node: node.order)
-
-
-_SIMPLE = (str, int, float, bool, type(None))
-
-
-def _simple_key(value: Any) -> Hashable:
-    # repr for floats: -0.0 == 0.0 and nan != nan, but they render differently.
-    return (type(value).__name__, repr(value) if isinstance(value, float) else value)
 
 
 def _input_key(variable: Variable) -> Hashable:
     """Equal keys: interchangeable inputs (the same Variable, or equal constants)."""
     if isinstance(variable, Constant):
-        value = variable.value
-        if isinstance(value, _SIMPLE):
-            return _simple_key(value)
-        if isinstance(value, np.ndarray) and value.dtype == object and value.size <= 4096:
-            flat = value.reshape(-1).tolist()
-            if all(isinstance(v, _SIMPLE) for v in flat):
-                return ("array", value.shape, tuple(_simple_key(v) for v in flat))
+        token = constant_token(variable.value)
+        if token is not None:
+            return token
     return id(variable)
 
 
@@ -91,7 +67,7 @@ def rewrite(outputs: Sequence[Variable]) -> list[Variable]:
     outputs = list(outputs)
     replaced: dict[int, Variable] = {}  # id(original Variable) -> its replacement
     canonical: dict[Hashable, Apply] = {}  # (op, inputs) of a pure node -> the node computing it
-    for node in _nodes(outputs):
+    for node in toposort(outputs):
         inputs = [replaced.get(id(v), v) for v in node.inputs]
         op, new, key = node.op, node, None
         if op.pure:
