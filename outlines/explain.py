@@ -15,7 +15,6 @@ backend's ``max_batch``.
 """
 from __future__ import annotations
 
-import math
 import re
 from dataclasses import asdict, dataclass, field
 from typing import Any, Mapping

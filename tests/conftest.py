@@ -18,3 +18,12 @@ def _isolated_default_cache(tmp_path_factory: pytest.TempPathFactory) -> None:
     import os
 
     os.environ["OUTLINES_CACHE_DIR"] = str(tmp_path_factory.mktemp("outlines-cache"))
+
+
+@pytest.fixture
+def fake_openai():  # noqa: ANN201
+    """A fresh fake OpenAI server on 127.0.0.1 (new port, so no remembered fallbacks)."""
+    from tests.fixtures.fake_openai import FakeOpenAI
+
+    with FakeOpenAI() as server:
+        yield server

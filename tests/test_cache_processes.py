@@ -20,7 +20,6 @@ from typing import Any
 
 import pytest
 
-import outlines.backends.base
 from outlines.cache import Cache, CacheWarning
 from tests.fixtures import cache_workers
 

@@ -12,7 +12,6 @@ import outlines
 from outlines import models
 from outlines.backends.base import report_usage
 from outlines.cache import Cache
-from tests.backends.conftest import fake_openai  # noqa: F401 - the loopback fake server fixture
 from outlines.plan import Plan
 from outlines.trace import NULL_RECORDER, Trace, active_recorder
 

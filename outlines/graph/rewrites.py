@@ -11,8 +11,7 @@ kept as the same objects, so givens still bind. Nothing recurses.
 """
 from __future__ import annotations
 
-from typing import Any, Hashable, Sequence
-
+from typing import Hashable, Sequence
 
 from outlines.graph.basic import Apply, Constant, Variable
 from outlines.graph.hashing import constant_token

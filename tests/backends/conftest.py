@@ -7,14 +7,6 @@ from typing import Iterator
 import pytest
 
 from outlines.backends import http
-from tests.fixtures.fake_openai import FakeOpenAI
-
-
-@pytest.fixture
-def fake_openai() -> Iterator[FakeOpenAI]:
-    """A fresh fake OpenAI server on 127.0.0.1 (new port, so no remembered fallbacks)."""
-    with FakeOpenAI() as server:
-        yield server
 
 
 @pytest.fixture

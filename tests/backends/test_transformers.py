@@ -7,7 +7,6 @@ import os
 import pickle
 import subprocess
 import sys
-import time
 
 import pytest
 
