@@ -1,4 +1,4 @@
-"""Shared pytest fixtures: the tiny local model, built once per session."""
+"""Shared pytest fixtures: the tiny local model, an isolated default cache, the fake OpenAI server."""
 from __future__ import annotations
 
 import pytest
