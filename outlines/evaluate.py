@@ -2,8 +2,8 @@
 
 Evaluation is asynchronous inside. The sync ``eval`` runs the schedule with
 ``asyncio.run`` in a plain script, and on a private event loop in a helper
-thread when the caller's thread already runs a loop (Jupyter), so it never
-needs nest_asyncio.
+thread when the caller's thread already runs a loop (Jupyter), with no patching of
+the caller's loop.
 """
 from __future__ import annotations
 
