@@ -75,7 +75,7 @@ def load(path: str, device: str | None, dtype: str | None) -> Loaded:
         if bars:
             hf_logging.enable_progress_bar()
     resolved = resolve_device(device)
-    model.to(resolved).eval()
+    model.to(resolved).eval()  # type: ignore[arg-type]  # transformers types .to() narrowly
     tokenizer.padding_side = "left"
     if tokenizer.pad_token_id is None:
         if tokenizer.eos_token_id is None:
@@ -137,7 +137,7 @@ class DrawSampler(LogitsProcessor):
         targets = (u * cdf[:, -1]).unsqueeze(-1)
         picked = torch.searchsorted(cdf, targets, right=True).clamp_(max=cdf.shape[-1] - 1)
         forced = torch.full_like(scores, float("-inf"))
-        return forced.scatter_(-1, picked, 0.0)
+        return forced.scatter_(-1, picked, 0.0)  # type: ignore[return-value]  # a FloatTensor at run time
 
 
 def _stopping(loaded: Loaded, stop: Sequence[str]) -> StoppingCriteriaList | None:

@@ -94,10 +94,12 @@ class FunctionBackend(Backend):
         outcomes = await asyncio.gather(
             *(self._bounded(semaphore, i, p) for i, p in enumerate(prompts)), return_exceptions=True
         )
+        texts: list[str] = []
         for outcome in outcomes:
             if isinstance(outcome, BaseException):
                 raise outcome
-        return list(outcomes)
+            texts.append(outcome)
+        return texts
 
     def _semaphore(self) -> asyncio.Semaphore:
         loop = asyncio.get_running_loop()

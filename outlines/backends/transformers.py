@@ -224,12 +224,12 @@ class TransformersBackend(Backend):
             lengths = [len(x) for x in ids]
             rows = self.max_batch or len(prompts) * count
             for chunk in plan_chunks(lengths, count, max(rows, count), self.max_batch_tokens, new_tokens):
-                members = [draws_of[prompts[i]] for i in chunk]
+                groups = [draws_of[prompts[i]] for i in chunk]
                 keys = None
                 if not params.deterministic:
-                    keys = [_row_key(seed, requests[m].prompt, requests[m].draw) for group in members for m in group]
+                    keys = [_row_key(seed, requests[m].prompt, requests[m].draw) for group in groups for m in group]
                 outputs = self._run(loaded, [ids[i] for i in chunk], count, keys, new_tokens, options, usage)
-                for row, member in enumerate(m for group in members for m in group):
+                for row, member in enumerate(m for group in groups for m in group):
                     texts[positions[member]] = trim_at_stop(outputs[row], params.stop)
 
     def _options(self, params: GenerationParams) -> dict[str, Any]:
