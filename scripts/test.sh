@@ -6,5 +6,5 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 ./scripts/setup.sh --system
 export OUTLINES_CACHE_DIR="${OUTLINES_CACHE_DIR:-$PWD/.cache/outlines}"
-.venv/bin/python -m mypy outlines --ignore-missing-imports --no-error-summary
+.venv/bin/python -m mypy outlines --no-error-summary
 exec .venv/bin/python -m pytest -q -p no:cacheprovider "$@"

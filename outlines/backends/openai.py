@@ -19,11 +19,11 @@ from __future__ import annotations
 import logging
 import os
 import re
-from typing import Any, Mapping, NamedTuple, Sequence
+from typing import Any, Callable, Mapping, NamedTuple, Sequence
 
 import yarl
 
-from outlines.backends.base import Backend, BackendError, GenerationParams, Request
+from outlines.backends.base import Backend, BackendError, GenerationParams, Request, report_result
 from outlines.backends.http import HTTPClient, gather_or_cancel
 
 __all__ = ["OpenAIChatBackend", "OpenAICompletionBackend"]
@@ -47,6 +47,10 @@ class Group(NamedTuple):
     params: GenerationParams
     prompt: str
     n: int
+
+
+#: Called with a group's position and its samples as soon as they arrive.
+GroupDone = Callable[[int, list[str]], None]
 
 
 class _NIgnored(Exception):
@@ -121,15 +125,23 @@ class _OpenAIBackend(Backend):
             # Greedy draws are all the same text: ask once.
             n = 1 if params.deterministic else len(indices)
             groups.append(Group(_offset_seed(params, first_draw), prompt, n))
-        texts = await self._sample_groups(groups)
+        members = list(by_prompt.values())
+
+        def spread(position: int, samples: list[str]) -> None:
+            # Each draw is handed to the scheduler as soon as its request is
+            # done, so it is cached even if a sibling request fails later.
+            for k, index in enumerate(members[position]):
+                report_result(index, samples[k % len(samples)])
+
+        texts = await self._sample_groups(groups, spread)
         out: list[str] = [""] * len(requests)
-        for indices, samples in zip(by_prompt.values(), texts):
+        for indices, samples in zip(members, texts):
             for k, index in enumerate(indices):
                 out[index] = samples[k % len(samples)]
         return out
 
-    async def _sample_groups(self, groups: list[Group]) -> list[list[str]]:
-        """``group.n`` samples per group, in group order."""
+    async def _sample_groups(self, groups: list[Group], done: GroupDone) -> list[list[str]]:
+        """``group.n`` samples per group, in group order; ``done(i, samples)`` as each finishes."""
         raise NotImplementedError
 
     def _payload(self, params: GenerationParams, n: int, **fields: Any) -> dict[str, Any]:
@@ -210,19 +222,20 @@ class OpenAICompletionBackend(_OpenAIBackend):
     def __init__(self, model: str, *, max_batch: int | None = 128, **options: Any) -> None:
         super().__init__(model, max_batch=max_batch, **options)
 
-    async def _sample_groups(self, groups: list[Group]) -> list[list[str]]:
+    async def _sample_groups(self, groups: list[Group], done: GroupDone) -> list[list[str]]:
         # Prompts that need the same number of samples share one request.
         buckets: dict[tuple[GenerationParams, int], list[int]] = {}
         for position, group in enumerate(groups):
             buckets.setdefault((group.params, group.n), []).append(position)
-        jobs = [
-            self._complete([groups[p].prompt for p in positions], params, n)
-            for (params, n), positions in buckets.items()
-        ]
         results: list[list[str]] = [[] for _ in groups]
-        for positions, samples in zip(buckets.values(), await gather_or_cancel(jobs)):
+
+        async def job(params: GenerationParams, n: int, positions: list[int]) -> None:
+            samples = await self._complete([groups[p].prompt for p in positions], params, n)
             for position, sample in zip(positions, samples):
                 results[position] = sample
+                done(position, sample)
+
+        await gather_or_cancel(job(params, n, positions) for (params, n), positions in buckets.items())
         return results
 
     async def _complete(self, prompts: list[str], params: GenerationParams, n: int) -> list[list[str]]:
@@ -287,8 +300,13 @@ class OpenAIChatBackend(_OpenAIBackend):
     def identity(self) -> tuple[Any, ...]:
         return (self.kind, self.model, self.base_url, self.system_prompt)
 
-    async def _sample_groups(self, groups: list[Group]) -> list[list[str]]:
-        return await gather_or_cancel(self._chat(g.prompt, g.params, g.n) for g in groups)
+    async def _sample_groups(self, groups: list[Group], done: GroupDone) -> list[list[str]]:
+        async def one(position: int, group: Group) -> list[str]:
+            samples = await self._chat(group.prompt, group.params, group.n)
+            done(position, samples)
+            return samples
+
+        return await gather_or_cancel(one(i, g) for i, g in enumerate(groups))
 
     async def _chat(self, prompt: str, params: GenerationParams, n: int) -> list[str]:
         if n > 1 and self.base_url in N_IGNORED:

@@ -515,3 +515,26 @@ def test_mixed_params_in_one_call_stay_apart(fake_openai: FakeOpenAI) -> None:
     out = run(completion(fake_openai), [Request("x", one, 0), Request("x", one, 1), Request("x", two, 0)])
     assert out == ["x#0", "x#1", "x#0"]
     assert sorted((r.body["seed"], r.body.get("n", 1)) for r in fake_openai.requests) == [(1, 2), (2, 1)]
+
+
+def test_finished_chat_requests_are_cached_when_a_sibling_fails(fake_openai: FakeOpenAI, tmp_path) -> None:
+    """3 chat prompts in one batch, one answered 400: the other 2 are cached, a re-run sends only 1."""
+    import outlines
+    from outlines.cache import Cache
+
+    cache = Cache(tmp_path)
+    llm = outlines.models.openai("fake-model", base_url=fake_openai.base_url, api_key=KEY, temperature=0.5)
+    class LateRefusal(Status):
+        async def respond(self, server, request, body):  # type: ignore[no-untyped-def]
+            await asyncio.sleep(0.3)  # after its siblings' answers have arrived
+            return await super().respond(server, request, body)
+
+    fake_openai.script(OK, OK, LateRefusal(400, body={"error": {"message": "bad prompt"}}))
+    out = outlines.eval(llm(["a", "b", "c"]), cache=cache, errors="return")
+    assert sum(isinstance(v, outlines.Failure) for v in out) == 1
+    sent = len(fake_openai.requests)
+    again = outlines.eval(llm(["a", "b", "c"]), cache=cache, errors="return")
+    assert len(fake_openai.requests) - sent == 1
+    kept = [i for i, v in enumerate(out) if not isinstance(v, outlines.Failure)]
+    assert [again[i] for i in kept] == [out[i] for i in kept]
+    assert not any(isinstance(v, outlines.Failure) for v in again)
