@@ -71,8 +71,7 @@ class Program:
 
     async def acall(self, *args: Any, **kwargs: Any) -> Any:
         """Evaluate on the running event loop."""
-        results = await run_plan(self.plan, self._givens(args, kwargs), **self.options)
-        return results[0] if self._single else tuple(results)
+        return await self._run(self._givens(args, kwargs))
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         """Evaluate; a scalar for str arguments, arrays for list/array arguments."""

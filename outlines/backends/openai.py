@@ -24,6 +24,7 @@ from typing import Any, Callable, Mapping, NamedTuple, Sequence
 import yarl
 
 from outlines.backends.base import Backend, BackendError, GenerationParams, Request, report_result
+from outlines.backends import retry
 from outlines.backends.http import HTTPClient, gather_or_cancel
 
 __all__ = ["OpenAIChatBackend", "OpenAICompletionBackend"]
@@ -75,7 +76,7 @@ class _OpenAIBackend(Backend):
         connect_timeout: float = 10.0,
         rpm: float | None = None,
         tpm: float | None = None,
-        max_retry_after: float = 60.0,
+        max_retry_after: float = retry.MAX_RETRY_AFTER,
         headers: Mapping[str, str] | None = None,
     ) -> None:
         if not isinstance(model, str) or not model:
