@@ -8,10 +8,10 @@ from __future__ import annotations
 from typing import Any
 
 from outlines import cache, config, models, text
-from outlines.compile import Program, compile
+from outlines.runtime.program import Program, compile
 from outlines.errors import Failure, GraphBuildError, NodeError, UnboundInputError
-from outlines.evaluate import aeval, eval
-from outlines.explain import explain
+from outlines.runtime.evaluate import aeval, eval
+from outlines.runtime.explain import explain
 from outlines.fn import fn
 from outlines.graph.basic import Constant, Variable
 from outlines.text import constant, prompt, string
@@ -45,13 +45,13 @@ __all__ = [
 
 def trace() -> Any:
     """Record what the evaluations inside a ``with`` block did; returns a ``Trace``."""
-    from outlines.trace import trace as _trace
+    from outlines.tracing import trace as _trace
 
     return _trace()
 
 
 def visualize(*variables: Any, filename: str | None = None, format: str | None = None, trace: Any = None) -> Any:  # noqa: A002
     """Draw the graph of ``variables`` (svg/png/pdf/dot/mermaid/ascii)."""
-    from outlines.graph.visualize import visualize as _visualize
+    from outlines.graph.viz.writers import visualize as _visualize
 
     return _visualize(*variables, filename=filename, format=format, trace=trace)

@@ -20,7 +20,7 @@ import pathlib
 from types import ModuleType
 
 import outlines
-from outlines.graph.timeline import write_timeline
+from outlines.graph.viz.timeline import write_timeline
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 

@@ -13,7 +13,7 @@ import inspect
 import weakref
 from typing import Any, Callable, Sequence
 
-from outlines._threads import run_blocking
+from outlines.threads import run_blocking
 from outlines.backends.base import Backend, Request, report_result
 
 __all__ = ["FunctionBackend", "code_hash"]

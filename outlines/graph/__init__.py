@@ -17,8 +17,8 @@ __all__ = [
 ]
 
 
-def to_networkx(*variables, **kwargs):  # noqa: ANN001, ANN201, ANN003 - see outlines.graph.nx.to_networkx
-    """The graph of ``variables`` as a ``networkx.DiGraph``; see ``outlines.graph.nx``."""
-    from outlines.graph.nx import to_networkx as _to_networkx
+def to_networkx(*variables, **kwargs):  # noqa: ANN001, ANN201, ANN003 - see outlines.graph.viz.nx.to_networkx
+    """The graph of ``variables`` as a ``networkx.DiGraph``; see ``outlines.graph.viz.nx``."""
+    from outlines.graph.viz.nx import to_networkx as _to_networkx
 
     return _to_networkx(*variables, **kwargs)

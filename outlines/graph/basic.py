@@ -74,13 +74,13 @@ class Variable:
     # -- evaluation -------------------------------------------------------------
     def eval(self, givens: Any = None, **options: Any) -> Any:
         """Evaluate this Variable; see ``outlines.eval``."""
-        from outlines.evaluate import eval as _eval
+        from outlines.runtime.evaluate import eval as _eval
 
         return _eval(self, givens=givens, **options)
 
     async def aeval(self, givens: Any = None, **options: Any) -> Any:
         """Evaluate this Variable on the running event loop; see ``outlines.aeval``."""
-        from outlines.evaluate import aeval as _aeval
+        from outlines.runtime.evaluate import aeval as _aeval
 
         return await _aeval(self, givens=givens, **options)
 
@@ -100,7 +100,7 @@ class Variable:
         return f"Variable({self.label!r}, op={self.owner.op!r})"
 
     def _repr_mimebundle_(self, include: Any = None, exclude: Any = None) -> dict[str, str]:
-        from outlines.graph.display import mimebundle
+        from outlines.graph.viz.jupyter import mimebundle
 
         return mimebundle(self)
 

@@ -276,7 +276,7 @@ class RecordingBackend(TransformersBackend):
 
 
 def model(path: str, **options):  # type: ignore[no-untyped-def]
-    from outlines.generate import Model
+    from outlines.models import Model
 
     defaults = {k: options.pop(k) for k in ("max_tokens", "temperature", "seed") if k in options}
     backend = RecordingBackend(path, device="cpu", **options)

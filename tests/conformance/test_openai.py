@@ -11,7 +11,7 @@ from typing import Any, Iterator
 import pytest
 
 from outlines import models
-from outlines.generate import Model
+from outlines.models import Model
 from tests.conformance.suite import *  # noqa: F401,F403
 from tests.fixtures.fake_openai import FakeOpenAI
 

@@ -7,7 +7,7 @@ pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
 from outlines.backends.transformers import TransformersBackend  # noqa: E402
-from outlines.generate import Model  # noqa: E402
+from outlines.models import Model  # noqa: E402
 from tests.conformance.suite import *  # noqa: E402,F401,F403
 
 

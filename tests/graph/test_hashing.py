@@ -5,7 +5,7 @@ import outlines
 from outlines import models
 from outlines.graph.hashing import graph_keys
 from outlines.graph.traversal import toposort
-from outlines.plan import Plan
+from outlines.runtime.plan import Plan
 
 
 def _echo(prompt):

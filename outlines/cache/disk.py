@@ -21,7 +21,7 @@ import weakref
 from pathlib import Path
 from typing import Any, Callable, Iterable, Sequence
 
-from outlines.cache_store import CacheWarning, FormatMismatch, SQLiteStore
+from outlines.cache.sqlite import CacheWarning, FormatMismatch, SQLiteStore
 
 __all__ = ["Disk", "WriteBehind", "disk"]
 

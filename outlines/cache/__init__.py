@@ -1,10 +1,10 @@
 """Content-addressed cache of model draws: keys, the ``Cache`` and its controls.
 
-The key of one draw (``draw_key``, from ``outlines.cache_keys``) is a SHA-256
+The key of one draw (``draw_key``, from ``outlines.cache.keys``) is a SHA-256
 of the format version, backend identity, parameters, prompt text and draw
 number. A ``Cache`` keeps a least-recently-used map in memory in front of a
-SQLite file (``outlines.cache_store``) that a background writer commits to
-(``outlines.cache_disk``). The scheduler looks a whole batch up with one
+SQLite file (``outlines.cache.sqlite``) that a background writer commits to
+(``outlines.cache.disk``). The scheduler looks a whole batch up with one
 ``get_many`` and stores each backend response with ``put_many`` as it arrives.
 Nothing here raises on a damaged or locked file: it warns and misses.
 """
@@ -19,9 +19,9 @@ from collections import OrderedDict
 from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence
 
-from outlines.cache_disk import disk
-from outlines.cache_keys import draw_key
-from outlines.cache_store import FORMAT, CacheWarning, encode
+from outlines.cache.disk import disk
+from outlines.cache.keys import draw_key
+from outlines.cache.sqlite import FORMAT, CacheWarning, encode
 
 __all__ = ["Cache", "CacheWarning", "clear", "default_directory", "disable", "draw_key", "enable", "resolve", "stats"]
 

@@ -26,11 +26,11 @@ from hypothesis import strategies as st
 import outlines
 import outlines.backends.base
 from outlines import cache as cache_module
-from outlines import cache_keys
+from outlines.cache import keys as cache_keys
 from outlines import models
 from outlines.backends.base import GenerationParams, Request
 from outlines.cache import Cache, CacheWarning, draw_key
-from outlines.cache_store import FORMAT
+from outlines.cache.sqlite import FORMAT
 
 IDENTITY = ("function", "echo", "0123abcd", False)
 
@@ -349,7 +349,7 @@ class _Boom:
 
 
 def test_a_planted_pickle_is_never_executed(tmp_path: Path) -> None:
-    from outlines.cache_store import checksum
+    from outlines.cache.sqlite import checksum
 
     _Boom.target = str(tmp_path / "pwned")
     payload = pickle.dumps(_Boom())
@@ -362,7 +362,7 @@ def test_a_planted_pickle_is_never_executed(tmp_path: Path) -> None:
     with pytest.warns(CacheWarning, match="damaged"):
         assert Cache(tmp_path / "c").get_many([key("a"), key("b")]) == {}
     assert not (tmp_path / "pwned").exists()
-    import outlines.cache_store as store_module
+    import outlines.cache.sqlite as store_module
 
     source = Path(cache_module.__file__).read_text() + Path(store_module.__file__).read_text()
     assert "import pickle" not in source and "pickle.load" not in source

@@ -14,9 +14,9 @@ import pytest
 
 import outlines
 from outlines import models
-from outlines.graph import display
-from outlines.graph.timeline import backend_label, timeline_html, timeline_svg, write_timeline
-from outlines.trace import BatchRecord, NodeRecord
+from outlines.graph.viz import jupyter as display
+from outlines.graph.viz.timeline import backend_label, timeline_html, timeline_svg, write_timeline
+from outlines.tracing import BatchRecord, NodeRecord
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 needs_chromium = pytest.mark.skipif(CHROMIUM is None, reason="Chromium is not installed (apt-get install chromium; "

@@ -17,7 +17,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from outlines.graph.drawing import FAILED_LINE, PALETTE, hide_keys, shorten
+from outlines.graph.viz.drawing import FAILED_LINE, PALETTE, hide_keys, shorten
 
 __all__ = ["timeline_html", "timeline_svg", "write_timeline"]
 

@@ -24,7 +24,7 @@ import outlines
 from outlines import models
 from outlines.cache import Cache
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 class Recording:

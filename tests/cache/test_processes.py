@@ -23,7 +23,7 @@ import pytest
 from outlines.cache import Cache, CacheWarning
 from tests.fixtures import cache_workers
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def _env(tmp_path: Path) -> dict[str, str]:

@@ -5,7 +5,7 @@ import networkx
 
 import outlines
 from outlines import models
-from outlines.graph.nx import to_networkx
+from outlines.graph.viz.nx import to_networkx
 
 
 @outlines.prompt

@@ -13,9 +13,9 @@ import threading
 from typing import Any, Awaitable, Callable, Mapping, TypeVar
 
 from outlines.graph.basic import Variable
-from outlines.plan import Plan, bind_givens
-from outlines.scheduler import Scheduler
-from outlines.trace import active_recorder
+from outlines.runtime.plan import Plan, bind_givens
+from outlines.runtime.scheduler import Scheduler
+from outlines.tracing import active_recorder
 
 __all__ = ["aeval", "eval", "run_plan", "run_sync"]
 
@@ -62,7 +62,7 @@ async def run_plan(plan: Plan, givens: Mapping[Any, Any] | None, **options: Any)
         executor=executor,
         batch_window=options["batch_window"],
     )
-    from outlines.progress import progress_for
+    from outlines.runtime.progress import progress_for
 
     async with progress_for(scheduler, options["progress"]):
         return await scheduler.run()

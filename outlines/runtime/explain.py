@@ -23,10 +23,10 @@ import numpy as np
 
 from outlines import cache as cache_module
 from outlines.backends.base import Request
-from outlines.evaluate import _check_options
+from outlines.runtime.evaluate import _check_options
 from outlines.graph.basic import Variable
 from outlines.graph.ops import Stack, broadcast_map
-from outlines.plan import Plan, as_value
+from outlines.runtime.plan import Plan, as_value
 
 __all__ = ["Explanation", "PredictedBatch", "explain"]
 

@@ -7,7 +7,8 @@ import pytest
 import tqdm.auto
 
 import outlines
-from outlines import models, progress
+from outlines import models
+from outlines.runtime import progress
 
 
 class FakeBar:

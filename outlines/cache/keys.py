@@ -15,7 +15,7 @@ from json.encoder import encode_basestring_ascii  # type: ignore[attr-defined]
 from typing import Any, Mapping, Sequence
 
 from outlines.backends.base import Request
-from outlines.cache_store import FORMAT
+from outlines.cache.sqlite import FORMAT
 
 __all__ = ["draw_key"]
 

@@ -228,7 +228,7 @@ class Trace(Recorder):
 
     def timeline(self, path: str | os.PathLike[str]) -> Any:
         """Write a self-contained HTML Gantt chart of what ran when."""
-        from outlines.graph.timeline import write_timeline
+        from outlines.graph.viz.timeline import write_timeline
 
         return write_timeline(self, path)
 
@@ -268,12 +268,12 @@ class Trace(Recorder):
         return "\n".join(lines)
 
     def _repr_mimebundle_(self, include: Any = None, exclude: Any = None) -> dict[str, str]:
-        from outlines.graph.display import trace_mimebundle
+        from outlines.graph.viz.jupyter import trace_mimebundle
 
         return trace_mimebundle(self)
 
     def _repr_html_(self) -> str:
-        from outlines.graph.display import trace_html
+        from outlines.graph.viz.jupyter import trace_html
 
         return trace_html(self)
 

@@ -12,8 +12,8 @@ import outlines
 from outlines import models
 from outlines.backends.base import report_usage
 from outlines.cache import Cache
-from outlines.plan import Plan
-from outlines.trace import NULL_RECORDER, Trace, active_recorder
+from outlines.runtime.plan import Plan
+from outlines.tracing import NULL_RECORDER, Trace, active_recorder
 
 
 class Recording:
@@ -176,16 +176,16 @@ def test_json_has_the_documented_fields_and_no_secret(tmp_path) -> None:
 
 def test_timeline_delegates(monkeypatch, tmp_path) -> None:
     calls = []
-    fake = types.ModuleType("outlines.graph.timeline")
+    fake = types.ModuleType("outlines.graph.viz.timeline")
     fake.write_timeline = lambda trace, path: calls.append((trace, path)) or path  # type: ignore[attr-defined]
-    monkeypatch.setitem(sys.modules, "outlines.graph.timeline", fake)
+    monkeypatch.setitem(sys.modules, "outlines.graph.viz.timeline", fake)
     trace = Trace()
     assert trace.timeline(tmp_path / "t.html") == tmp_path / "t.html"
     assert calls == [(trace, tmp_path / "t.html")]
 
 
 def test_timeline_writes_html(tmp_path) -> None:
-    pytest.importorskip("outlines.graph.timeline")
+    pytest.importorskip("outlines.graph.viz.timeline")
     llm = _model(Recording(delay=0.01), max_batch=2)
     q = outlines.string("q")
     with outlines.trace() as trace:

@@ -8,7 +8,7 @@ from __future__ import annotations
 from typing import Any
 
 from outlines.graph.basic import Variable
-from outlines.graph.drawing import describe
+from outlines.graph.viz.drawing import describe
 
 __all__ = ["to_networkx"]
 

@@ -8,7 +8,7 @@ consumers' counters and readies those that reach zero.
 
 Model calls are not run one node at a time: a ready ``Generate`` node turns
 into draws that join a per-(backend, params) group, flushed after every round
-of dispatching (see ``outlines.batching``, the other half of ``Scheduler``).
+of dispatching (see ``outlines.runtime.batching``, the other half of ``Scheduler``).
 """
 from __future__ import annotations
 
@@ -20,14 +20,14 @@ from typing import Any, Callable
 import numpy as np
 
 from outlines import cache as cache_module
-from outlines._threads import run_blocking
+from outlines.threads import run_blocking
 from outlines.backends.base import Backend, Request
-from outlines.batching import ModelCalls, Draws, Group
+from outlines.runtime.batching import ModelCalls, Draws, Group
 from outlines.errors import Failure, NodeError
 from outlines.graph.basic import Apply
 from outlines.graph.ops import scalar_or_array
-from outlines.plan import Plan
-from outlines.trace import Recorder
+from outlines.runtime.plan import Plan
+from outlines.tracing import Recorder
 
 __all__ = ["LocalExecutor", "Scheduler"]
 

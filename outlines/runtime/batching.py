@@ -28,8 +28,8 @@ from outlines.backends.base import (
 )
 from outlines.errors import Failure
 from outlines.graph.basic import Apply
-from outlines.plan import Plan
-from outlines.trace import Recorder
+from outlines.runtime.plan import Plan
+from outlines.tracing import Recorder
 
 __all__ = ["Draws", "Group", "ModelCalls"]
 

@@ -1,6 +1,6 @@
 """Pictures of graphs: ``visualize`` as graphviz, mermaid or plain text.
 
-The writers here only format a ``Drawing`` (see ``outlines.graph.drawing``):
+The writers here only format a ``Drawing`` (see ``outlines.graph.viz.drawing``):
 graphviz through the optional ``graphviz`` package (rendered by the ``dot``
 program), mermaid and ASCII with no dependency and no web service.
 """
@@ -12,7 +12,7 @@ import shutil
 from typing import Any
 
 from outlines.graph.basic import Variable
-from outlines.graph.drawing import FAILED_FILL, FAILED_LINE, PALETTE, Drawing, DrawnNode, describe
+from outlines.graph.viz.drawing import FAILED_FILL, FAILED_LINE, PALETTE, Drawing, DrawnNode, describe
 
 __all__ = ["PALETTE", "describe", "render", "to_ascii", "to_graphviz", "to_mermaid", "visualize"]
 

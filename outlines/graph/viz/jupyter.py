@@ -13,8 +13,8 @@ import shutil
 from typing import Any
 
 from outlines.graph.basic import Variable
-from outlines.graph.drawing import describe
-from outlines.graph.visualize import render, to_ascii, to_graphviz, to_mermaid
+from outlines.graph.viz.drawing import describe
+from outlines.graph.viz.writers import render, to_ascii, to_graphviz, to_mermaid
 
 __all__ = ["mimebundle", "trace_html", "trace_mimebundle"]
 
@@ -49,7 +49,7 @@ def trace_mimebundle(trace: Any) -> dict[str, str]:
     For ``Trace._repr_mimebundle_``; ``text/html`` is the inline timeline SVG
     followed by the summary table, ``text/plain`` the summary alone.
     """
-    from outlines.graph.timeline import timeline_svg
+    from outlines.graph.viz.timeline import timeline_svg
 
     summary = trace.summary() if callable(getattr(trace, "summary", None)) else repr(trace)
     bundle = {"text/plain": summary}

@@ -13,11 +13,11 @@ import pytest
 import outlines
 from outlines import models
 from outlines.cache import Cache
-from outlines.graph import display
-from outlines.graph import visualize as viz
-from outlines.graph.drawing import describe
-from outlines.graph.nx import to_networkx
-from outlines.graph.visualize import to_ascii, to_mermaid
+from outlines.graph.viz import jupyter as display
+from outlines.graph.viz import writers as viz
+from outlines.graph.viz.drawing import describe
+from outlines.graph.viz.nx import to_networkx
+from outlines.graph.viz.writers import to_ascii, to_mermaid
 
 SECRET = "sk-SECRET-do-not-show-0123456789"
 needs_dot = pytest.mark.skipif(shutil.which("dot") is None, reason="the Graphviz `dot` program is not installed "
@@ -312,7 +312,7 @@ def test_a_very_deep_chain_does_not_recurse():
 def test_the_readme_pictures_script_runs_the_example(tmp_path):
     import runpy
 
-    script = runpy.run_path(str(pathlib.Path(__file__).parents[2] / "scripts" / "make_pictures.py"))
+    script = runpy.run_path(str(pathlib.Path(__file__).parents[3] / "scripts" / "make_pictures.py"))
     paths = script["main"](tmp_path, samples=3)
     assert [p.name for p in paths] == ["self_consistency_graph.mmd", "self_consistency_graph.svg",
                                        "self_consistency_timeline.svg", "self_consistency_trace.svg"]

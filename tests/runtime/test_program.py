@@ -1,4 +1,4 @@
-"""outlines.compile: tracing once, scalar and array calls, one schedule for arrays."""
+"""outlines.runtime.program: tracing once, scalar and array calls, one schedule for arrays."""
 from __future__ import annotations
 
 import asyncio

@@ -1,4 +1,4 @@
-"""``outlines.compile``: trace a function once into a reusable ``Program``.
+"""``outlines.runtime.program``: trace a function once into a reusable ``Program``.
 
 Tracing is JAX-style but needs no interception: each parameter becomes a free
 input Variable named after it, the function is called once on those, and the
@@ -12,9 +12,9 @@ import inspect
 from typing import Any, Callable, Sequence
 
 from outlines.errors import GraphBuildError, UnboundInputError
-from outlines.evaluate import _check_options, run_plan, run_sync
+from outlines.runtime.evaluate import _check_options, run_plan, run_sync
 from outlines.graph.basic import Variable, as_variable
-from outlines.plan import Plan
+from outlines.runtime.plan import Plan
 from outlines.text import string
 
 __all__ = ["Program", "compile"]
@@ -89,12 +89,12 @@ class Program:
 
     def visualize(self, filename: str | None = None, format: str | None = None, **kwargs: Any) -> Any:  # noqa: A002
         """Draw the program's graph; see ``outlines.visualize``."""
-        from outlines.graph.visualize import visualize
+        from outlines.graph.viz.writers import visualize
 
         return visualize(*self._outputs, filename=filename, format=format, **kwargs)
 
     def _repr_mimebundle_(self, include: Any = None, exclude: Any = None) -> dict[str, str]:
-        from outlines.graph.display import mimebundle
+        from outlines.graph.viz.jupyter import mimebundle
 
         return mimebundle(*self._outputs)
 
