@@ -17,7 +17,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from typing import Any, Callable, Iterator
 
-__all__ = ["BatchRecord", "NodeRecord", "Recorder", "Trace", "active_recorder", "trace"]
+__all__ = ["BatchRecord", "IterationRecord", "NodeRecord", "Recorder", "Trace", "active_recorder", "trace"]
 
 
 class Recorder:
@@ -44,6 +44,9 @@ class Recorder:
         worker: str | None,
         requests: int = 0,
     ) -> None: ...
+
+    def loop_iteration(self, node: Any, iteration: int, active: int, batches: int, start: float, end: float) -> None:
+        """One iteration of a loop (``outlines.runtime.control``) finished."""
 
     def for_eval(self) -> Recorder:
         """The recorder one evaluation reports to (a Trace gives each its own view)."""
@@ -109,6 +112,18 @@ class BatchRecord:
     requests: int = 0
 
 
+@dataclass(slots=True)
+class IterationRecord:
+    """One iteration of a loop: how many elements were active, batches sent, when."""
+
+    loop: str
+    iteration: int
+    active: int
+    batches: int
+    start: float
+    end: float
+
+
 @dataclass
 class _Eval:
     start: float
@@ -136,6 +151,8 @@ class Trace(Recorder):
         (one chat call is one request per prompt; retries count too).
     cache_hits, cache_misses
         Draws served from the cache / sent, summed over every evaluation.
+    iterations
+        One ``IterationRecord`` per iteration of every loop.
     """
 
     def __init__(self) -> None:
@@ -146,6 +163,7 @@ class Trace(Recorder):
         self.cache_hits = 0
         self.cache_misses = 0
         self.evals: list[_Eval] = []
+        self.iterations: list[IterationRecord] = []
         self.closed_at: float | None = None
 
     def for_eval(self) -> Recorder:
@@ -219,6 +237,7 @@ class Trace(Recorder):
             "completion_tokens": completion_tokens,
             "nodes": [asdict(n) for n in self.nodes.values()],
             "batches": [asdict(b) for b in self.batches],
+            "iterations": [asdict(i) for i in self.iterations],
         }
 
     def to_json(self, path: str | os.PathLike[str]) -> None:
@@ -253,6 +272,12 @@ class Trace(Recorder):
                 spread = f"{min(sizes)}/{sum(sizes) / len(sizes):.1f}/{max(sizes)}"
                 http = str(wire[backend]) if backend in wire else "-"
                 lines.append(f"  {_clip(backend, 39):<40}{count:>7}{http:>7}{sum(sizes):>9}{spread:>20}")
+        loops: dict[str, list[IterationRecord]] = {}
+        for iteration in self.iterations:
+            loops.setdefault(iteration.loop, []).append(iteration)
+        for loop, records in loops.items():
+            active = " ".join(str(r.active) for r in records[:8]) + (" ..." if len(records) > 8 else "")
+            lines.append(f"  {loop}: {len(records)} iteration(s), active elements {active}")
         prompt_tokens, completion_tokens = self.tokens
         lines.append(f"  cache: {self.cache_hits} hit(s), {self.cache_misses} miss(es)")
         lines.append(f"  tokens: {prompt_tokens} prompt, {completion_tokens} completion")
@@ -387,6 +412,13 @@ class _EvalRecorder(Recorder):
         record.prompt_tokens, record.completion_tokens = int(usage[0]), int(usage[1])
         record.worker = worker
         record.requests = requests
+
+
+    def loop_iteration(self, node: Any, iteration: int, active: int, batches: int, start: float, end: float) -> None:
+        trace = self.trace
+        trace.iterations.append(
+            IterationRecord(node.label, iteration, active, batches, trace._time(start), trace._time(end))
+        )
 
 
 def _longest_chain(record: _Eval, nodes: list[NodeRecord | None]) -> tuple[float, list[str]]:

@@ -344,8 +344,8 @@ def while_loop(cond: Callable[..., Any], body: Callable[..., Any], init: Any, *,
     rebind = {id(s): slot_of[id(v)] for v, s in zip(captured_c, slots_c)}
     check = clone(checked, {**rebind, **{id(c): p for c, p in zip(cond_params, params)}})
     after = clone(checked, {**rebind, **{id(c): o for c, o in zip(cond_params, stepped)}})
-    op = WhileLoop(where, Subgraph(params, check, captured, slots), Subgraph(params, [*stepped, *after], captured, slots),
-                   max_iter)
+    condition = Subgraph(params, check, captured, slots)
+    op = WhileLoop(where, condition, Subgraph(params, [*stepped, *after], captured, slots), max_iter)
     node = Apply(op, [*state, *captured], n)
     return node.outputs if is_tuple else node.outputs[0]
 

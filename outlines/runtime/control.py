@@ -6,9 +6,9 @@ state as flat arrays over the broadcast shape of its inputs; each iteration
 plans nothing new: it evaluates the body's plan on the still-active elements
 as ONE schedule with the outer evaluation's cache, executor, limits, error
 mode and recorder, then ``cond`` on the new state decides who stays. Draws
-inside a control node carry its iteration in their number
-(``(iteration + 1) << 32`` added to the draw offset), so a repeated prompt is
-a new draw and a re-run replays finished iterations from the cache.
+inside a control node carry its iteration in their number (see
+``DRAW_SHIFT``), so a repeated prompt is a new draw and a re-run replays
+finished iterations from the cache.
 """
 from __future__ import annotations
 
@@ -31,9 +31,11 @@ if TYPE_CHECKING:
 
 __all__ = ["run_control"]
 
-#: Draw numbers inside control flow: ``draw_offset + (tag << DRAW_SHIFT)``;
-#: outer draws stay below ``1 << DRAW_SHIFT``.
-DRAW_SHIFT = 32
+#: Draw numbers inside control flow: ``draw_offset + (namespace << DRAW_SHIFT)``,
+#: the namespace holding the iteration (TAG_BITS each level of nesting); outer
+#: draws stay below ``1 << DRAW_SHIFT``, and the numbers fit a 64-bit seed.
+DRAW_SHIFT = 20
+TAG_BITS = 16
 _batch_ids = itertools.count(1 << 40)  # nested schedules' batches, apart from the outer ones
 
 
@@ -57,13 +59,12 @@ def _plan(op: Any, outputs: Sequence[Any]) -> Plan:
     return found
 
 
-def _tagged(plan: Plan, tag: int) -> Plan:
-    """A copy of ``plan`` whose random draws are numbered for iteration ``tag``."""
+def _tagged(plan: Plan, base: int) -> Plan:
+    """A copy of ``plan`` whose random draws are numbered in the namespace ``base``."""
     tagged = copy.copy(plan)
-    shift = (tag + 1) << DRAW_SHIFT
-    base = plan.draw_offsets
+    shift, offsets = base << DRAW_SHIFT, plan.draw_offsets
     tagged.draw_offsets = {
-        id(n): base.get(id(n), 0) + shift for n in plan.nodes if n.op.mode == "generate" and not n.op.pure
+        id(n): offsets.get(id(n), 0) + shift for n in plan.nodes if n.op.mode == "generate" and not n.op.pure
     }
     return tagged
 
@@ -96,9 +97,15 @@ class _Forward(Recorder):
         self.outer.batch_finished(self.ids.get(batch_id, batch_id), t, error, usage, worker, requests)
 
 
-async def _schedule(outer: Scheduler, plan: Plan, values: dict[int, Any]) -> tuple[list[Any], int]:
-    """Run ``plan`` as one schedule sharing the outer evaluation's options; (outputs, batches)."""
+async def _schedule(outer: Scheduler, plan: Plan, values: dict[int, Any], tag: int) -> tuple[list[Any], int]:
+    """Run ``plan`` as one schedule sharing the outer evaluation's options; (outputs, batches).
+
+    ``tag`` (the iteration) joins the draw namespace of the enclosing control
+    node, so a loop nested in a loop draws anew at each outer iteration.
+    """
     from outlines.runtime.scheduler import Scheduler
+
+    base = (getattr(outer, "draw_base", 0) << TAG_BITS) + tag + 1
 
     class Nested(Scheduler):
         async def _cleanup(self) -> None:
@@ -112,7 +119,7 @@ async def _schedule(outer: Scheduler, plan: Plan, values: dict[int, Any]) -> tup
 
     forward = _Forward(outer.recorder)
     scheduler = Nested(
-        plan,
+        _tagged(plan, base),
         {**{id(c): c.value for c in plan.constants}, **values},
         cache=outer.cache if outer.cache is not None else False,
         errors="return" if outer.return_failures else "raise",
@@ -122,6 +129,7 @@ async def _schedule(outer: Scheduler, plan: Plan, values: dict[int, Any]) -> tup
     )
     scheduler.global_limit = outer.global_limit  # one bound on backend calls for the whole evaluation
     scheduler.limits = outer.limits
+    scheduler.draw_base = base  # type: ignore[attr-defined]
     return await scheduler.run(), forward.batches
 
 
@@ -169,7 +177,7 @@ def _failed(arrays: Sequence[Any], size: int) -> np.ndarray:
     return mask
 
 
-def _first_failure(arrays: Sequence[Any], index: int) -> Failure:
+def _first_failure(arrays: Sequence[Any], index: Any) -> Failure:
     for array in arrays:
         value = array[index] if isinstance(array, np.ndarray) else array
         if isinstance(value, Failure):
@@ -201,20 +209,22 @@ async def _run_loop(outer: Scheduler, node: Apply, op: WhileLoop, inputs: list[A
 
     def values(subgraph: Subgraph) -> dict[int, Any]:
         out = {id(p): s[active] for p, s in zip(subgraph.parameters, state)}
-        out.update({id(slot): c[active] if isinstance(c, np.ndarray) else c for slot, c in zip(subgraph.slots, captured)})
+        for slot, value in zip(subgraph.slots, captured):
+            out[id(slot)] = value[active] if isinstance(value, np.ndarray) else value
         return out
 
     if active.size:
         check = _plan(op, op.condition.outputs)
-        (pred,), _ = await _guarded(node, "cond on the initial state", _schedule(outer, _tagged(check, 0), values(op.condition)))
+        schedule = _schedule(outer, check, values(op.condition), 0)
+        (pred,), _ = await _guarded(node, "cond on the initial state", schedule)
         active = _stay(node, pred, active, state)
     step, last = _plan(op, body.outputs), _plan(op, body.outputs[:count])
     iteration = 0
     while active.size and iteration < op.max_iter:
         final = iteration == op.max_iter - 1
         start = time.perf_counter()
-        plan = _tagged(last if final else step, iteration + 1)
-        results, batches = await _guarded(node, f"iteration {iteration + 1}", _schedule(outer, plan, values(body)))
+        schedule = _schedule(outer, last if final else step, values(body), iteration + 1)
+        results, batches = await _guarded(node, f"iteration {iteration + 1}", schedule)
         for position, array in enumerate(state):
             array[active] = _per_element(node, f"body output {position}", results[position], active.size)
         _record(outer.recorder, node, iteration + 1, int(active.size), batches, start)
@@ -280,8 +290,7 @@ async def _run_cond(outer: Scheduler, node: Apply, op: Cond, inputs: list[Any]) 
                 values[id(slot)] = _flat(value, shape)[rows] if isinstance(value, np.ndarray) else value
     results: list[Any] = []
     if outputs:
-        plan = _tagged(_plan(op, outputs), 0)
-        results, _ = await _guarded(node, "branches", _schedule(outer, plan, values))
+        results, _ = await _guarded(node, "branches", _schedule(outer, _plan(op, outputs), values, 0))
     merged = _merge(node, results, sides, size, len(node.outputs))
     for index in np.flatnonzero(failed):
         failure = _first_failure(flat, index).skipped(node.label, op.name)
@@ -317,3 +326,17 @@ def _merge(node: Apply, results: list[Any], sides: list[np.ndarray], size: int, 
         for k, array in enumerate(side):
             merged[k][rows] = array
     return merged
+
+
+def describe(node: Apply) -> str:
+    """One line for ``explain``: the control node and the model calls of its body."""
+    op: Any = node.op
+    parts = []
+    for role, subgraph in op.subgraphs:
+        calls = [n.op.name for n in subgraph.nodes if n.op.mode == "generate"]
+        called = ", ".join(dict.fromkeys(calls)) if calls else "no model calls"
+        parts.append(f"{role}: {len(subgraph.nodes)} node(s), {called}")
+    if isinstance(op, WhileLoop):
+        head = f"{node.label} (max_iter={op.max_iter}): one batched schedule per iteration over active elements"
+        return f"{head}; {'; '.join(parts)}; iterations unknown in advance"
+    return f"{node.label}: each element runs one branch; {'; '.join(parts)}"

@@ -52,6 +52,8 @@ class Explanation:
     deduplicated: int  # known draws that share another draw's request
     unknown_draws: int
     unknown_nodes: list[str]
+    #: One line per loop or branch node: its body (not counted above: iterations are unknown in advance).
+    control: list[str] = field(default_factory=list)
 
     @property
     def requests(self) -> int:
@@ -82,6 +84,7 @@ class Explanation:
             "unknown_draws": self.unknown_draws,
             "unknown_nodes": list(self.unknown_nodes),
             "exact": self.exact,
+            "control": list(self.control),
         }
 
     def summary(self) -> str:
@@ -112,6 +115,7 @@ class Explanation:
                 f"  {len(self.unknown_nodes)} model call(s) of unknown size (not counted): "
                 + ", ".join(self.unknown_nodes[:5])
             )
+        lines.extend(f"  {line}" for line in self.control)
         return "\n".join(lines)
 
     __str__ = summary
@@ -342,4 +346,7 @@ def explain(*variables: Variable, givens: Mapping[Any, Any] | None = None, cache
     batches = run.batches()
     sent = sum(len(group.requests) for group in run.pending.values())
     merged = run.draws - run.unknown_draws - run.hits - sent
-    return Explanation(kinds, batches, run.draws, run.hits, merged, run.unknown_draws, run.unknown_nodes)
+    from outlines.runtime.control import describe
+
+    control = [describe(node) for node in plan.nodes if node.op.mode == "control"]
+    return Explanation(kinds, batches, run.draws, run.hits, merged, run.unknown_draws, run.unknown_nodes, control)
