@@ -274,3 +274,21 @@ def test_a_loop_equals_the_program_unrolled_in_python(needs: list[int], max_iter
     assert list(zip(texts, counts)) == [python_agent(q, max_iter) for q in questions]
     expected = [sum(1 for n in needs if n > i) for i in range(max_iter)]
     assert sizes(recording) == [s for s in expected if s]
+
+
+def shout_all(prompts: list[str]) -> list[str]:
+    return [reply(p) for p in prompts]
+
+
+def test_loops_run_their_iterations_on_a_dask_executor() -> None:
+    distributed = pytest.importorskip("distributed")
+    llm = models.from_function(shout_all, batched=True, name="shout_all")
+    transcript, steps = agent(llm)
+    questions = ["q2", "q1", "q3"]
+    with distributed.Client(n_workers=1, processes=False, threads_per_worker=1, dashboard_address=":0") as client:
+        with outlines.trace() as trace:
+            texts, counts = outlines.eval(transcript, steps, givens={"question": questions}, cache=False,
+                                          executor=client)
+    assert [tuple(x) for x in zip(texts, counts)] == [python_agent(q, 8) for q in questions]
+    assert [b.size for b in trace.batches] == [3, 2, 1]
+    assert all(b.worker for b in trace.batches)  # each iteration's batch ran on a worker
