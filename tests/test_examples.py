@@ -30,7 +30,7 @@ def test_map_reduce_batches_the_map_and_replays_from_the_cache(tmp_path):
 
 def test_agent_sends_one_call_per_iteration_and_finished_trajectories_drop_out(tmp_path):
     first = run_example("agent.py", cache_dir=str(tmp_path))
-    assert "How many years passed between Hamlet and 2024?" + " " * 12 + "-> 424" in first
+    assert "between Hamlet and 2024?             -> 424" in first
     assert "What is 12 * 8?" in first and "-> 96" in first
     assert "iteration 1: 20 trajectories, 1 backend call(s)" in first
     assert "iteration 2: 19 trajectories, 1 backend call(s)" in first  # "Say hello." finished at once
