@@ -123,7 +123,7 @@ async def _schedule(outer: Scheduler, plan: Plan, values: dict[int, Any], tag: i
         {**{id(c): c.value for c in plan.constants}, **values},
         cache=outer.cache if outer.cache is not None else False,
         errors="return" if outer.return_failures else "raise",
-        recorder=forward,
+        recorder=forward if outer.tracing else None,  # untraced: skip the per-batch bookkeeping
         executor=outer.executor,
         batch_window=outer.batch_window,
     )
@@ -244,16 +244,21 @@ async def _guarded(node: Apply, what: str, schedule: Any) -> Any:
 
 def _stay(node: Apply, pred: Any, active: np.ndarray, state: list[np.ndarray]) -> np.ndarray:
     """The active elements whose ``cond`` holds; a failed element leaves holding its Failure."""
-    pred = _per_element(node, "cond", pred, active.size)
-    keep = np.zeros(active.size, dtype=bool)
-    for position, (index, value) in enumerate(zip(active, pred)):
-        failure = next((a[index] for a in state if isinstance(a[index], Failure)), None)
-        if failure is None and isinstance(value, Failure):
-            for array in state:
-                array[index] = value
-        elif failure is None:
-            keep[position] = _truth(f"{node.label}: cond", value)
-    return active[keep]
+    values = _per_element(node, "cond", pred, active.size).tolist()
+    if all(type(v) is bool for v in values):  # the common case, in one pass
+        keep = np.array(values, dtype=bool)
+    else:
+        keep = np.zeros(active.size, dtype=bool)
+        for position, value in enumerate(values):
+            if isinstance(value, Failure):
+                for array in state:  # cond failed on this element: it leaves holding why
+                    if not isinstance(array[active[position]], Failure):
+                        array[active[position]] = value
+            else:
+                keep[position] = _truth(f"{node.label}: cond", value)
+    current = [array[active] for array in state]
+    failed = _failed(current, active.size)  # the body failed on these: they leave holding the Failure
+    return active[keep & ~failed]
 
 
 def _record(recorder: Recorder, node: Apply, iteration: int, active: int, batches: int, start: float) -> None:

@@ -106,3 +106,18 @@ def test_a_non_boolean_condition_fails_naming_the_loop() -> None:
         out.eval()
     with pytest.raises(outlines.NodeError, match="where: the condition must be a boolean"):
         outlines.where(label(outlines.constant("x")), "a", "b").eval()
+
+
+def test_pictures_draw_the_body_as_a_cluster() -> None:
+    question = outlines.string("question")
+    llm = models.from_function(lambda p: p, name="echo")
+    out = outlines.while_loop(short, lambda s: s + llm(question + s), init="", max_iter=3)
+    label = out.owner.label
+    text = outlines.visualize(out, format="ascii")
+    assert f"op       while_loop  max_iter=3  => output" in text
+    assert f"model    function: echo {{A}}  (in {label} body)" in text
+    assert "input    s  (in " in text  # the state parameter, inside the cluster
+    mermaid = outlines.visualize(out, format="mermaid")
+    assert f'subgraph body0 ["{label.replace("#", "&num;")} body"]' in mermaid
+    assert '-->|"cond"|' in mermaid and '-->|"body"|' in mermaid
+    assert "input    question  input" in text  # captured: drawn once, outside, feeding the body
