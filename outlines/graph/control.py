@@ -14,6 +14,8 @@ import inspect
 import itertools
 from typing import Any, Callable, Sequence
 
+import numpy as np
+
 from outlines.errors import GraphBuildError
 from outlines.graph import basic
 from outlines.graph.basic import Apply, Constant, Op, SymbolicValueError, Variable, as_variable
@@ -178,6 +180,30 @@ def trace_subgraph(where: str, parts: Sequence[tuple[str, Callable[..., Any], Se
     return outs, captured, slots
 
 
+def _check_boolean(where: str, what: str, variable: Variable) -> None:
+    """Reject conditions that are text by construction (a model call, a prompt, ``+``, a string)."""
+    owner = variable.owner
+    if isinstance(variable, Constant) and not isinstance(variable.value, (bool, np.bool_, np.ndarray)):
+        found = f"the constant {variable.value!r:.40}"
+    elif owner is not None and (owner.op.mode == "generate" or type(owner.op).__name__ in ("Concat", "Render")):
+        found = f"text from {owner.op.name}"
+    else:
+        return
+    raise GraphBuildError(f"{where}: {what} must be a boolean per element, but it is {found}; "
+                          "compute a boolean from it with an outlines.fn")
+
+
+def _check_per_element(where: str, outputs: Sequence[Variable]) -> None:
+    """Reject state components that add an axis by construction (samples, a stack)."""
+    for position, variable in enumerate(outputs):
+        op = variable.owner.op if variable.owner is not None else None
+        extra = getattr(op, "num_samples", 1) if op is not None and op.mode == "generate" else 1
+        if extra > 1 or type(op).__name__ == "Stack":
+            what = f"num_samples={extra}" if extra > 1 else "a stack"
+            raise GraphBuildError(f"{where}: body output {position} adds an axis ({what}); the state needs one "
+                                  "value per element: reduce it with an outlines.fn signature such as '(n)->()'")
+
+
 def _depends_on(outputs: Sequence[Variable], parameters: Sequence[Variable]) -> bool:
     params = {id(p) for p in parameters}
     return any(id(v) in params for v in ancestors(outputs))
@@ -266,7 +292,7 @@ def _truth(where: str, value: Any) -> bool:
 
 
 def _as_state(init: Any) -> tuple[tuple[Variable, ...], bool]:
-    if isinstance(init, (tuple, list)) and not isinstance(init, str):
+    if isinstance(init, tuple):  # a tuple is the structure of the state; a list is an array
         if not init:
             raise GraphBuildError("while_loop: init is an empty tuple; the loop needs a state")
         return tuple(as_variable(v, array=True) for v in init), True
@@ -332,6 +358,8 @@ def while_loop(cond: Callable[..., Any], body: Callable[..., Any], init: Any, *,
     if not _depends_on(stepped, params):
         raise GraphBuildError(f"{where}: body does not depend on the state; it would compute the same thing "
                               "at every iteration")
+    _check_boolean(where, "cond", checked[0])
+    _check_per_element(where, stepped)
     if not _depends_on(checked, cond_params):
         raise GraphBuildError(f"{where}: cond does not depend on the state; the loop could never stop early")
     # One set of slots for what cond and body capture: the same outer Variable is one input.
@@ -380,6 +408,7 @@ def cond(pred: Any, if_true: Callable[..., Any], if_false: Callable[..., Any], *
     """
     where = "cond"
     pred = as_variable(pred, array=True)
+    _check_boolean(where, "pred", pred)
     values = [as_variable(v, array=True) for v in operands]
     params_t = _parameters(if_true, len(values), "operand")
     params_f = _parameters(if_false, len(values), "operand")

@@ -121,3 +121,21 @@ def test_pictures_draw_the_body_as_a_cluster() -> None:
     assert f'subgraph body0 ["{label.replace("#", "&num;")} body"]' in mermaid
     assert '-->|"cond"|' in mermaid and '-->|"body"|' in mermaid
     assert "input    question  input" in text  # captured: drawn once, outside, feeding the body
+
+
+def test_conditions_that_are_text_by_construction_are_build_errors() -> None:
+    llm = models.from_function(lambda p: p, name="echo")
+    with pytest.raises(GraphBuildError, match=r"while_loop\(.*cond must be a boolean per element, but it is text from "
+                                              r"Generate\[function:echo\]"):
+        outlines.while_loop(lambda s: llm(s), grow, init="", max_iter=2)
+    with pytest.raises(GraphBuildError, match="cond must be a boolean per element, but it is text from Concat"):
+        outlines.while_loop(lambda s: s + "?", grow, init="", max_iter=2)
+    q = outlines.string("q")
+    with pytest.raises(GraphBuildError, match=r"cond: pred must be a boolean per element, but it is the constant 'yes'"):
+        outlines.cond("yes", lambda s: s, lambda s: s, q)
+
+
+def test_a_body_that_adds_a_samples_axis_is_a_build_error() -> None:
+    llm = models.from_function(lambda p: p, name="echo")
+    with pytest.raises(GraphBuildError, match=r"body output 0 adds an axis \(num_samples=3\)"):
+        outlines.while_loop(short, lambda s: llm(s, num_samples=3), init="", max_iter=2)

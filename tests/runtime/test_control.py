@@ -292,3 +292,14 @@ def test_loops_run_their_iterations_on_a_dask_executor() -> None:
     assert [tuple(x) for x in zip(texts, counts)] == [python_agent(q, 8) for q in questions]
     assert [b.size for b in trace.batches] == [3, 2, 1]
     assert all(b.worker for b in trace.batches)  # each iteration's batch ran on a worker
+
+
+def test_a_body_value_of_the_wrong_shape_fails_naming_the_loop_and_iteration() -> None:
+    pair = outlines.fn(lambda s: [s + "a", s + "b"], signature="()->(n)", name="pair")
+    first = outlines.fn(lambda xs: xs[0], signature="(n)->()", name="first")
+    short = outlines.fn(lambda s: len(s) < 2, name="short")
+    ok = outlines.while_loop(short, lambda s: first(pair(s)), init=["", "x"], max_iter=3)
+    assert list(ok.eval(cache=False)) == ["aa", "xa"]
+    bad = outlines.while_loop(short, lambda s: pair(s), init=["", "x"], max_iter=3)
+    with pytest.raises(outlines.NodeError, match=r"while_loop#\d+: body output 0 has shape \(2, 2\) for 2 active"):
+        bad.eval(cache=False)
