@@ -15,7 +15,7 @@ from __future__ import annotations
 import copy
 import itertools
 import time
-from typing import TYPE_CHECKING, Any, Sequence
+from typing import Any, Sequence
 
 import numpy as np
 
@@ -24,10 +24,8 @@ from outlines.graph.basic import Apply
 from outlines.graph.control import Cond, Subgraph, WhileLoop, _truth
 from outlines.runtime.batching import Group
 from outlines.runtime.plan import Plan
+from outlines.runtime.scheduler import Scheduler
 from outlines.tracing import Recorder
-
-if TYPE_CHECKING:
-    from outlines.runtime.scheduler import Scheduler
 
 __all__ = ["run_control"]
 
@@ -103,22 +101,9 @@ async def _schedule(outer: Scheduler, plan: Plan, values: dict[int, Any], tag: i
     ``tag`` (the iteration) joins the draw namespace of the enclosing control
     node, so a loop nested in a loop draws anew at each outer iteration.
     """
-    from outlines.runtime.scheduler import Scheduler
-
     base = (getattr(outer, "draw_base", 0) << TAG_BITS) + tag + 1
-
-    class Nested(Scheduler):
-        async def _cleanup(self) -> None:
-            # Backends stay open: the outer schedule may use them too, and closes them at its end.
-            groups, self.groups = self.groups, {}
-            try:
-                await super()._cleanup()
-            finally:
-                for key, group in groups.items():
-                    outer.groups.setdefault(key, Group(group.backend))
-
     forward = _Forward(outer.recorder)
-    scheduler = Nested(
+    scheduler = _Nested(
         _tagged(plan, base),
         {**{id(c): c.value for c in plan.constants}, **values},
         cache=outer.cache if outer.cache is not None else False,
@@ -127,10 +112,27 @@ async def _schedule(outer: Scheduler, plan: Plan, values: dict[int, Any], tag: i
         executor=outer.executor,
         batch_window=outer.batch_window,
     )
+    scheduler.outer = outer
     scheduler.global_limit = outer.global_limit  # one bound on backend calls for the whole evaluation
     scheduler.limits = outer.limits
-    scheduler.draw_base = base  # type: ignore[attr-defined]
+    scheduler.draw_base = base
     return await scheduler.run(), forward.batches
+
+
+class _Nested(Scheduler):
+    """The schedule of one iteration (or of a cond's branches) inside an outer schedule."""
+
+    outer: Scheduler
+    draw_base = 0
+
+    async def _cleanup(self) -> None:
+        # Backends stay open: the outer schedule may use them too, and closes them at its end.
+        groups, self.groups = self.groups, {}
+        try:
+            await super()._cleanup()
+        finally:
+            for key, group in groups.items():
+                self.outer.groups.setdefault(key, Group(group.backend))
 
 
 # -- values -----------------------------------------------------------------------
