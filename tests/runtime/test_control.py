@@ -303,3 +303,13 @@ def test_a_body_value_of_the_wrong_shape_fails_naming_the_loop_and_iteration() -
     bad = outlines.while_loop(short, lambda s: pair(s), init=["", "x"], max_iter=3)
     with pytest.raises(outlines.NodeError, match=r"while_loop#\d+: body output 0 has shape \(2, 2\) for 2 active"):
         bad.eval(cache=False)
+
+
+def test_cond_with_errors_return_keeps_what_succeeded() -> None:
+    q = outlines.string("q")
+    above = outlines.fn(lambda s: int(s) > 2, name="above")
+    boom = outlines.fn(lambda s: s if s != "1" else 1 / 0, name="boom")
+    out = outlines.cond(above(q), lambda s: s + "!", boom, q).eval({"q": ["5", "x", "1", "0"]}, errors="return")
+    assert out[0] == "5!" and out[3] == "0"
+    assert out[1].error_type == "UpstreamFailure" and out[1].root.error_type == "ValueError"  # its pred failed
+    assert out[2].error_type == "ZeroDivisionError"  # its branch failed; the other elements did not care
