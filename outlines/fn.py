@@ -15,7 +15,6 @@ from typing import Any, Callable
 
 import numpy as np
 
-from outlines.backends.function import code_hash
 from outlines.errors import Failure, GraphBuildError
 from outlines.graph.basic import Apply, Op, as_object_array, as_variable
 from outlines.graph.ops import broadcast_map, scalar_or_array
@@ -42,10 +41,6 @@ class PyFunc(Op):
     @property
     def name(self) -> str:
         return self.function.__name__
-
-    def key(self) -> tuple[Any, ...]:
-        f = self.function
-        return ("PyFunc", f.__qualname__, f.code_hash, f.signature, list(self.kwnames))
 
     def _bind(self, values: tuple[Any, ...]) -> Callable[..., Any]:
         target, count = self.function.target, len(values) - len(self.kwnames)
@@ -143,7 +138,6 @@ class Function:
         self.pure = pure
         self.blocking = blocking
         self.is_async = inspect.iscoroutinefunction(target)
-        self.code_hash = code_hash(target)
         self.python_signature = _python_signature(target)
         self._min_positional, self._max_positional = _positional_range(self.python_signature)
         self._ops: dict[tuple[str, ...], PyFunc] = {}

@@ -80,9 +80,6 @@ class Generate(Op):
         requests = [Request(text, self.params, d) for text in texts for d in draws]
         return (shape + (k,) if k > 1 else shape), requests
 
-    def key(self) -> tuple[Any, ...]:
-        return ("Generate", list(self.backend.identity), self.params.to_dict(), self.num_samples)
-
 
 class Model:
     """A language model that builds ``Generate`` nodes when called.

@@ -80,7 +80,6 @@ def test_key_holds_the_format_version(monkeypatch: pytest.MonkeyPatch) -> None:
     before = key()
     monkeypatch.setattr(cache_keys, "FORMAT", FORMAT + 1)
     monkeypatch.setattr(cache_keys, "_prefixes", {})
-    monkeypatch.setattr(cache_keys, "_recent", {})
     assert key() != before
 
 
