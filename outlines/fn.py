@@ -42,6 +42,18 @@ class PyFunc(Op):
     def name(self) -> str:
         return self.function.__name__
 
+    def describe(self) -> dict[str, Any]:
+        signature = self.function.signature
+        return {"kind": "python", "title": self.function.__name__, "lines": [signature] if signature else []}
+
+    def argument_name(self, position: int, ninputs: int) -> str:
+        npositional = ninputs - len(self.kwnames)
+        if position >= npositional:
+            return str(self.kwnames[position - npositional])
+        signature = self.function.python_signature
+        names = [p.name for p in signature.parameters.values() if p.kind <= p.POSITIONAL_OR_KEYWORD] if signature else []
+        return names[position] if position < len(names) else str(position)
+
     def _bind(self, values: tuple[Any, ...]) -> Callable[..., Any]:
         target, count = self.function.target, len(values) - len(self.kwnames)
         if not self.kwnames:

@@ -185,6 +185,19 @@ class Op:
     def name(self) -> str:
         return type(self).__name__
 
+    def describe(self) -> dict[str, Any]:
+        """How pictures show this op: fields of a ``DrawnNode`` (``graph.viz.drawing``).
+
+        ``kind`` (``"op"``, ``"prompt"``, ``"model"``, ``"python"``), ``title`` and
+        ``lines`` under it; model calls add ``backend``, ``params`` and
+        ``num_samples``. The default is a plain box titled with ``name``.
+        """
+        return {"kind": "op", "title": self.name}
+
+    def argument_name(self, position: int, ninputs: int) -> str:
+        """The label of the edge into input ``position`` in pictures."""
+        return str(position) if ninputs > 1 else ""
+
     def __eq__(self, other: object) -> bool:
         return type(self) is type(other) and self._props() == other._props()  # type: ignore[attr-defined]
 
