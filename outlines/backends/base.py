@@ -48,7 +48,12 @@ class GenerationParams:
 
     def __post_init__(self) -> None:
         if self.extra:
-            object.__setattr__(self, "_extra_text", canonical(dict(self.extra)))
+            try:
+                text = canonical(dict(self.extra))
+            except TypeError as exc:
+                name = next(k for k, v in self.extra if not _keyable(v))
+                raise ValueError(f"generation parameter {name!r} must be JSON data (it is part of the cache key): {exc}") from None
+            object.__setattr__(self, "_extra_text", text)
 
     @classmethod
     def create(cls, **kwargs: Any) -> GenerationParams:
@@ -101,6 +106,14 @@ class GenerationParams:
 
     def __str__(self) -> str:
         return json.dumps(self.to_dict(), sort_keys=True)
+
+
+def _keyable(value: Any) -> bool:
+    try:
+        canonical(value)
+    except TypeError:
+        return False
+    return True
 
 
 _NAMED = frozenset({"max_tokens", "temperature", "top_p", "stop", "seed"})

@@ -50,6 +50,8 @@ def test_generation_params_compare_by_canonical_text_and_keep_their_values() -> 
     values["a"].append(2)  # the caller's dict is not the params' dict
     params.to_dict()["logit_bias"]["a"].append(3)
     assert params.to_dict() == {"logit_bias": {"a": [1]}}
+    with pytest.raises(ValueError, match="generation parameter 'hook' must be JSON data"):
+        GenerationParams.create(top_k=3, hook=object())
 
 
 # Computed by the implementation before the normaliser was unified (five
