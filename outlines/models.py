@@ -14,6 +14,7 @@ torch.
 """
 from __future__ import annotations
 
+import json
 from typing import Any, Callable
 
 import numpy as np
@@ -22,6 +23,7 @@ from outlines.backends.base import Backend, GenerationParams, Request
 from outlines.errors import GraphBuildError
 from outlines.graph.basic import Apply, Constant, Op, Variable, as_object_array, as_variable
 from outlines.graph.ops import check_text_input
+from outlines.graph.viz.drawing import backend_name, shorten
 
 __all__ = ["Generate", "Model", "from_function", "openai", "openai_completion", "transformers"]
 
@@ -49,6 +51,14 @@ class Generate(Op):
     @property
     def name(self) -> str:
         return f"Generate[{self.backend.kind}:{self.backend.model_name}]"
+
+    def describe(self) -> dict[str, Any]:
+        backend, params = backend_name(self.backend), self.params.to_dict()
+        lines = [shorten(", ".join(f"{k}={json.dumps(v)}" for k, v in params.items()), 60)] if params else []
+        if self.num_samples > 1:
+            lines.append(f"num_samples={self.num_samples}")
+        return {"kind": "model", "title": backend, "backend": backend, "params": params,
+                "num_samples": self.num_samples, "lines": lines}
 
     def make_node(self, *inputs: Any) -> Apply:
         if len(inputs) != 1:
@@ -79,9 +89,6 @@ class Generate(Op):
             draws = list(range(draw_offset, draw_offset + k))
         requests = [Request(text, self.params, d) for text in texts for d in draws]
         return (shape + (k,) if k > 1 else shape), requests
-
-    def key(self) -> tuple[Any, ...]:
-        return ("Generate", list(self.backend.identity), self.params.to_dict(), self.num_samples)
 
 
 class Model:

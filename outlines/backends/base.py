@@ -9,9 +9,12 @@ from __future__ import annotations
 
 import abc
 import contextvars
+import copy
 import json
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Mapping, Sequence
+
+from outlines.cache.keys import canonical
 
 __all__ = [
     "Backend",
@@ -24,21 +27,15 @@ __all__ = [
 ]
 
 
-def _freeze(value: Any) -> Any:
-    """Turn a JSON-like value into a hashable, canonically ordered one."""
-    if isinstance(value, Mapping):
-        return tuple(sorted((str(k), _freeze(v)) for k, v in value.items()))
-    if isinstance(value, (list, tuple)):
-        return tuple(_freeze(v) for v in value)
-    return value
-
-
 @dataclass(frozen=True)
 class GenerationParams:
     """Sampling parameters of one model call; hashable, part of the cache key.
 
     ``None`` means "the backend's default". ``extra`` holds further
-    backend-specific parameters (``logit_bias`` ...) as sorted frozen items.
+    backend-specific parameters (``logit_bias`` ...) as sorted items, values as
+    given; they compare and hash by their canonical JSON text
+    (``outlines.cache.keys.canonical``), so ``{"a": 1, "b": 2}`` equals
+    ``{"b": 2, "a": 1}`` and a list may be a value.
     """
 
     max_tokens: int | None = None
@@ -46,23 +43,31 @@ class GenerationParams:
     top_p: float | None = None
     stop: tuple[str, ...] = ()
     seed: int | None = None
-    extra: tuple[tuple[str, Any], ...] = ()
+    extra: tuple[tuple[str, Any], ...] = field(default=(), compare=False)
+    _extra_text: bytes = field(init=False, repr=False, default=b"")
+
+    def __post_init__(self) -> None:
+        if self.extra:
+            try:
+                text = canonical(dict(self.extra))
+            except TypeError as exc:
+                name = next(k for k, v in self.extra if not _keyable(v))
+                raise ValueError(f"generation parameter {name!r} must be JSON data (it is part of the cache key): {exc}") from None
+            object.__setattr__(self, "_extra_text", text)
 
     @classmethod
     def create(cls, **kwargs: Any) -> GenerationParams:
         """Build params from user keywords, validating and normalizing them."""
-        known = {f for f in cls.__dataclass_fields__ if f != "extra"}
-        extra = {k: v for k, v in kwargs.items() if k not in known and v is not None}
-        base = {k: v for k, v in kwargs.items() if k in known}
-        return cls(extra=_freeze(extra) if extra else (), **base)._validated()
+        extra = {k: v for k, v in kwargs.items() if k not in _NAMED and v is not None}
+        base = {k: v for k, v in kwargs.items() if k in _NAMED}
+        return cls(extra=_items(extra), **base)._validated()
 
     def merged(self, **overrides: Any) -> GenerationParams:
         """Return a copy with every non-``None`` override applied."""
-        known = {f for f in self.__dataclass_fields__ if f != "extra"}
-        changes = {k: v for k, v in overrides.items() if k in known and v is not None}
+        changes = {k: v for k, v in overrides.items() if k in _NAMED and v is not None}
         extra = dict(self.extra)
-        extra.update({k: _freeze(v) for k, v in overrides.items() if k not in known and v is not None})
-        return replace(self, extra=tuple(sorted(extra.items())), **changes)._validated()
+        extra.update({k: v for k, v in overrides.items() if k not in _NAMED and v is not None})
+        return replace(self, extra=_items(extra), **changes)._validated()
 
     def _validated(self) -> GenerationParams:
         stop = self.stop
@@ -96,19 +101,27 @@ class GenerationParams:
         if self.stop:
             out["stop"] = list(self.stop)
         for key, value in self.extra:
-            out[key] = _thaw(value)
+            out[key] = copy.deepcopy(value)  # the wire may not change our value
         return out
 
     def __str__(self) -> str:
         return json.dumps(self.to_dict(), sort_keys=True)
 
 
-def _thaw(value: Any) -> Any:
-    if isinstance(value, tuple) and value and all(isinstance(v, tuple) and len(v) == 2 for v in value):
-        return {k: _thaw(v) for k, v in value}
-    if isinstance(value, tuple):
-        return [_thaw(v) for v in value]
-    return value
+def _keyable(value: Any) -> bool:
+    try:
+        canonical(value)
+    except TypeError:
+        return False
+    return True
+
+
+_NAMED = frozenset({"max_tokens", "temperature", "top_p", "stop", "seed"})
+
+
+def _items(extra: Mapping[str, Any]) -> tuple[tuple[str, Any], ...]:
+    """Sorted ``(name, value)`` items, each value a private copy (callers may mutate theirs)."""
+    return tuple(sorted((str(k), copy.deepcopy(v)) for k, v in extra.items()))
 
 
 @dataclass(frozen=True)

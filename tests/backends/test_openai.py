@@ -426,7 +426,7 @@ def test_the_key_never_shows(fake_openai: FakeOpenAI, sleeps: list[float], caplo
     backend = chat(fake_openai)
     llm = models.openai("fake-model", base_url=fake_openai.base_url, api_key=KEY)
     shown = [repr(backend), str(backend), repr(vars(backend)), repr(vars(backend.client)), str(backend.identity),
-             repr(llm), str(llm("x").owner.op.key())]  # type: ignore[union-attr]
+             repr(llm), repr(llm("x").owner.op)]  # type: ignore[union-attr]
 
     async def in_debug_mode() -> list[str]:
         try:
