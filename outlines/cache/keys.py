@@ -14,7 +14,7 @@ import json
 from json.encoder import encode_basestring_ascii  # type: ignore[attr-defined]
 from typing import Any, Mapping, Sequence
 
-from outlines.backends.base import Request
+from outlines.backends.base import Draw
 from outlines.cache.sqlite import FORMAT
 
 __all__ = ["draw_key"]
@@ -49,10 +49,10 @@ def _same(first: Any, second: Any) -> bool:
 
 
 _prefixes: dict[int, tuple[Any, Any, Any]] = {}
-_recent: dict[int, tuple[Request, Any, str]] = {}
+_recent: dict[int, tuple[Draw, Any, str]] = {}
 
 
-def draw_key(identity: Sequence[Any], request: Request) -> str:
+def draw_key(identity: Sequence[Any], request: Draw) -> str:
     """The content hash of one draw.
 
     Parameters
@@ -72,7 +72,7 @@ def draw_key(identity: Sequence[Any], request: Request) -> str:
     Examples
     --------
     >>> from outlines.backends.base import GenerationParams
-    >>> key = draw_key(("function", "f"), Request("hi", GenerationParams(), 0))
+    >>> key = draw_key(("function", "f"), Draw("hi", GenerationParams(), 0))
     >>> len(key)
     64
     """

@@ -9,19 +9,11 @@ import pytest
 import outlines
 from outlines import models
 from outlines.cache import Cache
+from tests.fixtures.recording import RecordingBackend
 
 
-class Recording:
-    """A batched async fake model that records every batch it receives."""
-
-    def __init__(self, delay: float = 0.005) -> None:
-        self.batches: list[list[str]] = []
-        self.delay = delay
-
-    async def __call__(self, prompts: list[str]) -> list[str]:
-        self.batches.append(list(prompts))
-        await asyncio.sleep(self.delay)
-        return [f"{p}|{len(p) % 3}" for p in prompts]
+def answer(prompt: str) -> str:
+    return f"{prompt}|{len(prompt) % 3}"
 
 
 @outlines.fn(signature="(n)->()", name="majority")
@@ -92,8 +84,8 @@ def _real(outs, givens, **options):  # type: ignore[no-untyped-def]
 @pytest.mark.parametrize("shape", SHAPES, ids=lambda f: f.__name__)
 @pytest.mark.parametrize("max_batch", [None, 4])
 def test_predicted_requests_equal_real_ones(shape, max_batch) -> None:  # type: ignore[no-untyped-def]
-    recording = Recording()
-    llm = models.from_function(recording, batched=True, name="rec", max_batch=max_batch)
+    recording = RecordingBackend(answer, delay=0.005, max_batch=max_batch)
+    llm = recording.model()
     outs, givens = shape(llm)
     plan = outlines.explain(*outs, givens=givens, cache=False)
     assert recording.batches == []  # a dry run sends nothing
@@ -105,8 +97,8 @@ def test_predicted_requests_equal_real_ones(shape, max_batch) -> None:  # type: 
 
 
 def test_python_steps_in_the_thread_pool_keep_the_predicted_count() -> None:
-    recording = Recording()
-    llm = models.from_function(recording, batched=True, name="rec", max_batch=4)
+    recording = RecordingBackend(answer, delay=0.005, max_batch=4)
+    llm = recording.model()
     outs, givens = chains_with_python_steps(llm)
     plan = outlines.explain(*outs, givens=givens, cache=False)
     for _ in range(5):
@@ -116,7 +108,7 @@ def test_python_steps_in_the_thread_pool_keep_the_predicted_count() -> None:
 
 
 def test_known_prompts_are_exact_and_unknown_ones_are_counted_by_shape() -> None:
-    llm = models.from_function(Recording(), batched=True, name="rec")
+    llm = RecordingBackend(answer, delay=0.005).model()
     outs, givens = vectorized_chain(llm, n=7)
     plan = outlines.explain(*outs, givens=givens, cache=False)
     assert (plan.draws, plan.unknown_draws, plan.cache_hits) == (21, 14, 0)
@@ -126,8 +118,8 @@ def test_known_prompts_are_exact_and_unknown_ones_are_counted_by_shape() -> None
 
 
 def test_cache_hits_known_in_advance(tmp_path) -> None:
-    recording = Recording()
-    llm = models.from_function(recording, batched=True, name="rec", max_batch=3)
+    recording = RecordingBackend(answer, delay=0.005, max_batch=3)
+    llm = recording.model()
     cache = Cache(tmp_path)
     outs, givens = vectorized_chain(llm, n=5)
     outlines.eval(*outs, givens=givens, cache=cache)
@@ -144,8 +136,8 @@ def test_cache_hits_known_in_advance(tmp_path) -> None:
 
 
 def test_greedy_duplicates_collapse() -> None:
-    recording = Recording()
-    llm = models.from_function(recording, batched=True, name="rec", temperature=0)
+    recording = RecordingBackend(answer, delay=0.005)
+    llm = recording.model(temperature=0)
     q = outlines.string("q")
     outs = [llm(q, num_samples=3), llm(q), llm(q + "!")]
     givens = {"q": ["a", "b", "a"]}
@@ -157,7 +149,7 @@ def test_greedy_duplicates_collapse() -> None:
 
 
 def test_unbound_inputs_make_sizes_unknown() -> None:
-    llm = models.from_function(Recording(), batched=True, name="rec")
+    llm = RecordingBackend(answer, delay=0.005).model()
     q = outlines.string("q")
     plan = outlines.explain(llm(outlines.fn(str.upper)(llm(q))), cache=False)
     assert plan.nodes_by_kind == {"input": 1, "inline": 0, "python": 1, "generate": 2}
