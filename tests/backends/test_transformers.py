@@ -18,6 +18,7 @@ from outlines.backends.base import BackendError, BatchReport, Draw, GenerationPa
 from outlines.backends.transformers import TransformersBackend, plan_chunks, trim_at_stop  # noqa: E402
 from outlines.testing import build_tiny_model, tiny_model_is_complete  # noqa: E402
 from tests.fixtures.recording import RecordingBackend  # noqa: E402
+from tests.fixtures.subprocesses import ROOT, python_env  # noqa: E402
 
 GREEDY = GenerationParams.create(max_tokens=8, temperature=0)
 SAMPLED = GenerationParams.create(max_tokens=10, temperature=1.0, seed=7)
@@ -89,7 +90,7 @@ def test_import_outlines_does_not_import_torch(tiny_model_path: str) -> None:
         "heavy = [n for n in ('torch', 'transformers') if n in sys.modules]\n"
         "assert not heavy, heavy\n"
     )
-    subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=60, env=python_env())
 
 
 # -- generation ---------------------------------------------------------------------------
@@ -332,9 +333,9 @@ def test_a_model_branch_and_an_http_like_branch_overlap(tiny_model_path: str) ->
 @pytest.mark.slow
 @pytest.mark.parametrize("flag", ["transformers", "function"])
 def test_the_main_job_runs_offline(tiny_model_path: str, tmp_path, flag: str) -> None:
-    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    root = str(ROOT)
     spec = f"transformers:{tiny_model_path}" if flag == "transformers" else "function"
-    env = {**os.environ, "OUTLINES_CACHE_DIR": str(tmp_path / "cache"), "PYTHONPATH": root}
+    env = python_env(OUTLINES_CACHE_DIR=str(tmp_path / "cache"))
     command = [sys.executable, os.path.join(root, "examples", "self_consistency.py"), "--model", spec, "-k", "3",
                "--out", str(tmp_path)]
     output = subprocess.run(command, env=env, capture_output=True, text=True, timeout=120, check=True).stdout

@@ -31,6 +31,7 @@ from outlines import models
 from outlines.backends.base import GenerationParams, Draw
 from outlines.cache import Cache, CacheWarning, draw_key
 from outlines.cache.sqlite import FORMAT
+from tests.fixtures.subprocesses import python_env
 
 IDENTITY = ("function", "echo", "0123abcd", False)
 
@@ -95,6 +96,7 @@ _KEY_SCRIPT = """
 import json, sys
 from outlines.cache import draw_key
 from outlines.backends.base import GenerationParams, Draw
+from tests.fixtures.subprocesses import python_env
 orders = [{"a": 1, "b": [1, 2], "c": {"x": 1, "y": 2}}, {"c": {"y": 2, "x": 1}, "b": [1, 2], "a": 1}]
 keys = [draw_key(("openai", "m", "http://h/v1"), Draw("p\\u00e9", GenerationParams.create(seed=3, **o), 4))
         for o in orders]
@@ -105,7 +107,7 @@ print(json.dumps(keys))
 def test_keys_are_equal_across_hash_seeds_and_processes() -> None:
     results = set()
     for seed in ("0", "1", "4242", "random"):
-        env = dict(os.environ, PYTHONHASHSEED=seed)
+        env = python_env(PYTHONHASHSEED=seed)
         out = subprocess.run([sys.executable, "-c", _KEY_SCRIPT], env=env, capture_output=True, text=True, check=True)
         first, second = json.loads(out.stdout)
         assert first == second

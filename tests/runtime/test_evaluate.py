@@ -11,6 +11,7 @@ import pytest
 
 import outlines
 from outlines import models
+from tests.fixtures.subprocesses import python_env
 from tests.fixtures.recording import RecordingBackend
 
 
@@ -222,6 +223,7 @@ def test_several_failures_leave_no_unretrieved_task_exception(tmp_path):
         "    pass\n"
         "gc.collect()\n"
     )
-    done = subprocess.run([sys.executable, "-X", "dev", "-W", "error", str(script)], capture_output=True, text=True)
+    done = subprocess.run([sys.executable, "-X", "dev", "-W", "error", str(script)], capture_output=True, text=True,
+                          env=python_env())
     assert done.returncode == 0, done.stderr
     assert "never retrieved" not in done.stderr and "destroyed" not in done.stderr

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import asyncio
+import time
 from collections import Counter
 
 import pytest
@@ -101,9 +102,12 @@ def test_python_steps_in_the_thread_pool_keep_the_predicted_count() -> None:
     llm = recording.model()
     outs, givens = chains_with_python_steps(llm)
     plan = outlines.explain(*outs, givens=givens, cache=False)
+    # Each model call waits on its own thread-pool step: the prediction says timing matters ...
+    assert not plan.batching_exact and len(plan.timing_dependent) == 36
     for _ in range(5):
         before = len(recording.batches)
-        outlines.eval(*outs, givens=givens, cache=False)
+        # ... and holds while the steps return within the gathering window (wide on a loaded machine).
+        outlines.eval(*outs, givens=givens, cache=False, batch_window=0.25)
         assert len(recording.batches) - before == plan.requests == 9
 
 
@@ -165,3 +169,40 @@ def test_explain_rejects_unknown_options() -> None:
         outlines.explain(q, givens={"q": "x"}, bogus=1)
     with pytest.raises(TypeError):
         outlines.explain()
+
+
+def test_a_python_step_on_one_branch_is_a_caveat_not_an_exact_prediction() -> None:
+    recording = RecordingBackend(answer)
+    llm = recording.model()
+
+    @outlines.fn(blocking=True, name="slow")
+    def slow(x: str) -> str:
+        time.sleep(0.2)
+        return x
+
+    q = outlines.string("q")
+    fast_branch, slow_branch = llm(q + "a"), llm(slow(q))
+    plan = outlines.explain(fast_branch, slow_branch, givens={"q": "x"}, cache=False)
+    assert plan.requests == 1 and not plan.batching_exact and not plan.exact
+    assert plan.timing_dependent == [fast_branch.owner.label, slow_branch.owner.label]
+    assert "caveat" in plan.summary() and "prediction: an estimate" in plan.summary()
+    assert plan.to_dict()["timing_dependent"] == plan.timing_dependent
+    # ... and the run does split the predicted batch: the slow step outlasts the window.
+    outlines.eval(fast_branch, slow_branch, givens={"q": "x"}, cache=False)
+    assert recording.sizes == [1, 1]
+
+
+def test_branches_waiting_on_the_same_step_stay_exact() -> None:
+    llm = RecordingBackend(answer).model()
+    q = outlines.string("q")
+    shared = outlines.fn(str.strip, name="strip", blocking=True)(q)
+    plan = outlines.explain(llm(shared + "a"), llm(shared + "b"), givens={"q": " x "}, cache=False)
+    assert plan.requests == 1 and plan.batching_exact and plan.timing_dependent == []
+    assert "caveat" not in plan.summary()
+
+
+def test_known_prompts_without_python_steps_are_exact() -> None:
+    llm = RecordingBackend(answer).model()
+    q = outlines.string("q")
+    plan = outlines.explain(llm(q + "a"), llm(q + "b"), givens={"q": "x"}, cache=False)
+    assert plan.requests == 1 and plan.exact and "prediction: exact" in plan.summary()

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import math
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -24,8 +23,8 @@ import outlines
 from outlines import models
 from outlines.cache import Cache
 from tests.fixtures.recording import RecordingBackend
+from tests.fixtures.subprocesses import ROOT, python_env
 
-ROOT = Path(__file__).resolve().parents[2]
 
 
 def reply(prompt: str, tag: str = "") -> str:
@@ -272,7 +271,7 @@ def test_errors_raise_names_the_node() -> None:
 @pytest.mark.parametrize("mode", ["cancel", "sigint", "raise"])
 def test_cancellation_leaves_nothing_pending(mode: str, tmp_path: Path) -> None:
     script = ROOT / "tests" / "fixtures" / "cancel_script.py"
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "OUTLINES_CACHE_DIR": str(tmp_path / "default")}
+    env = python_env(OUTLINES_CACHE_DIR=str(tmp_path / "default"))
     result = subprocess.run(
         [sys.executable, "-X", "dev", "-W", "error", str(script), mode, str(tmp_path / "cache")],
         capture_output=True, text=True, timeout=120, cwd=ROOT, env=env,
