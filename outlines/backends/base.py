@@ -3,7 +3,9 @@
 A backend owns only the wire (or the model) and its retries. The scheduler owns
 batching, deduplication, caching and concurrency. A backend is identified by a
 hashable, JSON-able ``identity``: equal identities batch together and share
-cache entries. Secrets never enter the identity.
+cache entries. Secrets never enter the identity. ``generate(draws, report)``
+receives a ``BatchReport``, the explicit channel back to the scheduler:
+finished and failed draws, token usage, wire requests and model loads.
 """
 from __future__ import annotations
 

@@ -26,7 +26,7 @@ import contextlib
 import threading
 import uuid
 import weakref
-from typing import Any, AsyncIterator, Callable
+from typing import Any, Callable
 
 from distributed.scheduler import KilledWorker
 
@@ -116,7 +116,7 @@ class DaskExecutor:
         """
         if not runs_on_workers(backend, self.http):
             return await backend.generate(draws, report), None
-        async with report.request_slot() if backend.sends_requests else _no_slot():
+        async with report.request_slot() if backend.sends_requests else contextlib.nullcontext():
             return await self._generate_on_worker(backend, draws, report)
 
     async def _generate_on_worker(
@@ -327,11 +327,6 @@ def _generate_task(payload: bytes) -> tuple[tuple[list[str] | None, BaseExceptio
     except Exception as exc:  # noqa: BLE001 - sent back with what the batch reported before it
         error = exc
     return (texts, error, report), _worker_address()
-
-
-@contextlib.asynccontextmanager
-async def _no_slot() -> AsyncIterator[None]:
-    yield
 
 
 async def _generate_then_close(backend: Backend, draws: list[Draw], report: BatchReport) -> list[str]:

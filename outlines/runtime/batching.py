@@ -286,18 +286,18 @@ class Batcher:
             texts, worker = await self.executor.generate(backend, draws, report)
             if not isinstance(texts, list) or len(texts) != len(draws):
                 raise BackendError(f"{backend!r} returned {len(texts)} completions for {len(draws)} prompts")
-            if self.cache is not None and len(report.results) + len(report.failures) < len(draws):
-                self.cache.put_many(
-                    {k: t for i, (k, t) in enumerate(zip(keys, texts)) if i not in report.results and i not in report.failures}
-                )
+            if self.cache is not None:  # what the backend did not report (and cache) already
+                reported = report.results.keys() | report.failures.keys()
+                rest = {k: t for i, (k, t) in enumerate(zip(keys, texts)) if i not in reported}
+                if rest:
+                    self.cache.put_many(rest)
             return texts
         except BaseException as exc:
             error = exc
             raise
         finally:
-            self.recorder.batch_finished(
-                batch_id, time.perf_counter(), error, (report.tokens[0], report.tokens[1]), worker, requests=report.requests
-            )
+            usage = (report.tokens[0], report.tokens[1])
+            self.recorder.batch_finished(batch_id, time.perf_counter(), error, usage, worker, requests=report.requests)
             if whole is not None:
                 whole.release()
             if limit is not None:

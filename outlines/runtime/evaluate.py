@@ -14,7 +14,7 @@ import threading
 from typing import Any, Awaitable, Callable, Mapping, TypeVar
 
 from outlines.graph.basic import Variable
-from outlines.runtime.executor import as_executor
+from outlines.runtime.executor import resolve_executor
 from outlines.runtime.plan import Plan, bind_givens
 from outlines.runtime.scheduler import Scheduler
 from outlines.tracing import active_recorder
@@ -57,7 +57,7 @@ async def run_plan(
     """
     options = _check_options(options)
     values = bind_givens(plan, givens)
-    executor = as_executor(options["executor"])
+    executor = resolve_executor(options["executor"])
     if blocked_loop is not None and "outlines.backends.dask" in sys.modules:
         from outlines.backends.dask import DaskExecutor
 

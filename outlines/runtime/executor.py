@@ -11,7 +11,7 @@ from typing import Any, Callable, Protocol, runtime_checkable
 from outlines.backends.base import Backend, BatchReport, Draw
 from outlines.threads import run_blocking
 
-__all__ = ["Executor", "LocalExecutor", "as_executor"]
+__all__ = ["Executor", "LocalExecutor", "resolve_executor"]
 
 
 @runtime_checkable
@@ -41,7 +41,7 @@ class LocalExecutor:
         return backend.max_concurrency
 
 
-def as_executor(executor: Any) -> Executor:
+def resolve_executor(executor: Any) -> Executor:
     """The executor for ``eval(executor=...)``: an ``Executor``, a ``distributed.Client`` or ``None``.
 
     Raises

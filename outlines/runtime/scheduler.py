@@ -7,10 +7,12 @@ once its output values are stored. Kahn-style: finishing a node decrements its
 consumers' counters and readies those that reach zero.
 
 Model calls are not run one node at a time: a ready ``Generate`` node turns
-into draws that join a per-(backend, params) group, flushed after every round
-of dispatching: the scheduler owns a ``Batcher`` (``outlines.runtime.batching``)
+into draws that join a per-(backend, params) queue, flushed after every round
+of dispatching. The scheduler owns a ``Batcher`` (``outlines.runtime.batching``)
 and talks to it through ``start``/``flush``/``close``; the batcher calls back
-``finish``, ``fail`` and ``spawn``.
+``finish``, ``fail``, ``spawn`` and ``wake``. ``max_concurrency`` becomes the
+batcher's request limit: one slot per wire request (or per batch of a backend
+that sends none of its own).
 """
 from __future__ import annotations
 
