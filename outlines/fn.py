@@ -45,7 +45,7 @@ class CallFunction(Op):
 
     def key(self) -> tuple[Any, ...]:
         f = self.function
-        return ("CallFunction", f.__qualname__, f.code_hash, f.signature, list(self.kwnames))
+        return ("PyFunc", f.__qualname__, f.code_hash, f.signature, list(self.kwnames))
 
     def _bind(self, values: tuple[Any, ...]) -> Callable[..., Any]:
         target, count = self.function.target, len(values) - len(self.kwnames)
