@@ -1,6 +1,6 @@
 """Scheduler behaviour seen from a recording fake backend.
 
-Request and batch counts for each benchmark shape at small N; batched results
+Batch counts for each benchmark shape at small N; batched results
 equal unbatched ones for random DAGs (hypothesis); ``errors="return"`` keeps
 every branch that can finish; cancellation and Ctrl-C leave nothing pending
 (checked in a subprocess under ``python -X dev -W error``).
