@@ -19,12 +19,12 @@ from outlines.errors import Failure, GraphBuildError
 from outlines.graph.basic import Apply, Op, as_object_array, as_variable
 from outlines.graph.ops import broadcast_map, scalar_or_array
 
-__all__ = ["Function", "PyFunc", "fn"]
+__all__ = ["Function", "CallFunction", "fn"]
 
 _SIGNATURE = re.compile(r"^\s*(\([^()]*\)\s*(,\s*\([^()]*\)\s*)*)->\s*(\([^()]*\)\s*(,\s*\([^()]*\)\s*)*)$")
 
 
-class PyFunc(Op):
+class CallFunction(Op):
     """Run a user function; see ``outlines.fn``."""
 
     __props__ = ("function", "kwnames")
@@ -152,7 +152,7 @@ class Function:
         self.is_async = inspect.iscoroutinefunction(target)
         self.python_signature = _python_signature(target)
         self._min_positional, self._max_positional = _positional_range(self.python_signature)
-        self._ops: dict[tuple[str, ...], PyFunc] = {}
+        self._ops: dict[tuple[str, ...], CallFunction] = {}
         #: Mean seconds per call, measured; decides inline vs thread pool.
         self.mean_seconds: float | None = None
 
@@ -165,7 +165,7 @@ class Function:
         kwnames = tuple(kwargs)
         op = self._ops.get(kwnames)
         if op is None:
-            op = self._ops[kwnames] = PyFunc(self, kwnames)
+            op = self._ops[kwnames] = CallFunction(self, kwnames)
         inputs = [as_variable(a) for a in args] + [as_variable(kwargs[k]) for k in kwnames]
         node = Apply(op, inputs, self.noutputs)
         return node.outputs[0] if self.noutputs == 1 else node.outputs

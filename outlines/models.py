@@ -19,7 +19,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from outlines.backends.base import Backend, GenerationParams, Request
+from outlines.backends.base import Backend, Draw, GenerationParams
 from outlines.errors import GraphBuildError
 from outlines.graph.basic import Apply, Constant, Op, Variable, as_object_array, as_variable
 from outlines.graph.ops import check_text_input
@@ -69,10 +69,10 @@ class Generate(Op):
         check_text_input(self, prompt, "the prompt")
         return Apply(self, [prompt])
 
-    def requests(self, prompt: Any, draw_offset: int) -> tuple[tuple[int, ...], list[Request]]:
+    def draws(self, prompt: Any, draw_offset: int) -> tuple[tuple[int, ...], list[Draw]]:
         """The output shape and the flat list of draws for a prompt value.
 
-        Requests are ordered element-major: all samples of element 0 first.
+        Draws are ordered element-major: all samples of element 0 first.
         """
         if isinstance(prompt, np.ndarray):
             texts = list(prompt.reshape(-1))
@@ -83,12 +83,8 @@ class Generate(Op):
             if not isinstance(text, str):
                 raise TypeError(f"the prompt must be text, got {type(text).__name__} {text!r:.60}")
         k = self.num_samples
-        if self.params.deterministic:
-            draws = [0] * k
-        else:
-            draws = list(range(draw_offset, draw_offset + k))
-        requests = [Request(text, self.params, d) for text in texts for d in draws]
-        return (shape + (k,) if k > 1 else shape), requests
+        numbers = [0] * k if self.params.deterministic else list(range(draw_offset, draw_offset + k))
+        return (shape + (k,) if k > 1 else shape), [Draw(text, self.params, d) for text in texts for d in numbers]
 
 
 class Model:

@@ -24,7 +24,7 @@ import numpy as np
 from outlines.cache.sqlite import FORMAT
 
 if TYPE_CHECKING:
-    from outlines.backends.base import Request
+    from outlines.backends.base import Draw
 
 __all__ = ["canonical", "draw_key", "normalize"]
 
@@ -119,7 +119,7 @@ def _same(first: Any, second: Any) -> bool:
 _prefixes: dict[int, tuple[Any, Any, Any]] = {}
 
 
-def draw_key(identity: Sequence[Any], request: Request) -> str:
+def draw_key(identity: Sequence[Any], request: Draw) -> str:
     """The content hash of one draw.
 
     Parameters
@@ -138,8 +138,8 @@ def draw_key(identity: Sequence[Any], request: Request) -> str:
 
     Examples
     --------
-    >>> from outlines.backends.base import GenerationParams, Request
-    >>> key = draw_key(("function", "f"), Request("hi", GenerationParams(), 0))
+    >>> from outlines.backends.base import GenerationParams, Draw
+    >>> key = draw_key(("function", "f"), Draw("hi", GenerationParams(), 0))
     >>> len(key)
     64
     """

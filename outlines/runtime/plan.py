@@ -186,8 +186,10 @@ def as_value(value: Any) -> Any:
     return value
 
 
-def bind_givens(plan: Plan, givens: Mapping[Any, Any] | None) -> dict[int, Any]:
+def bind_givens(plan: Plan, givens: Mapping[Any, Any] | None, *, partial: bool = False) -> dict[int, Any]:
     """Values of the plan's inputs and constants, keyed by ``id(variable)``.
+
+    ``partial=True`` (a dry run) leaves unbound inputs out instead of raising.
 
     Raises
     ------
@@ -215,6 +217,6 @@ def bind_givens(plan: Plan, givens: Mapping[Any, Any] | None) -> dict[int, Any]:
             values[id(variable)] = as_value(by_name[variable.name])
         else:
             missing.append(variable.label)
-    if missing:
+    if missing and not partial:
         raise UnboundInputError(missing)
     return values

@@ -4,7 +4,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from outlines.backends.base import GenerationParams, Request
+from outlines.backends.base import GenerationParams, Draw
 from outlines.cache.keys import canonical, draw_key, normalize
 
 
@@ -75,10 +75,10 @@ _PINNED = [
 def test_draw_keys_are_byte_identical_to_the_previous_format(
     identity: tuple, params: dict, prompt: str, draw: int, expected: str
 ) -> None:
-    assert draw_key(identity, Request(prompt, GenerationParams.create(**params), draw)) == expected
+    assert draw_key(identity, Draw(prompt, GenerationParams.create(**params), draw)) == expected
 
 
 def test_draw_key_of_a_non_string_prompt_uses_canonical_text() -> None:
     params = GenerationParams.create(temperature=0.7)
-    fast = draw_key(("f",), Request("p", params, 3))
-    assert draw_key(("f",), Request(np.str_("p"), params, np.int64(3))) == fast  # type: ignore[arg-type]
+    fast = draw_key(("f",), Draw("p", params, 3))
+    assert draw_key(("f",), Draw(np.str_("p"), params, np.int64(3))) == fast  # type: ignore[arg-type]
