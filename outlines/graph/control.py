@@ -235,11 +235,14 @@ class WhileLoop(Op):
     def subgraphs(self) -> list[tuple[str, Subgraph]]:
         return [("body", self.body)]
 
-    def key(self) -> tuple[Any, ...]:
-        from outlines.graph.hashing import content_hash
+    def describe(self) -> dict[str, Any]:
+        return {"kind": "op", "title": "while_loop", "lines": [f"max_iter={self.max_iter}"]}
 
-        return ("WhileLoop", self.max_iter, content_hash(*self.body.outputs),
-                content_hash(*self.condition.outputs))
+    def argument_name(self, position: int, ninputs: int) -> str:
+        count = len(self.body.parameters)
+        if position < count:
+            return self.body.parameters[position].name or f"state {position}"
+        return "captured"
 
 
 class Cond(Op):
@@ -266,16 +269,27 @@ class Cond(Op):
     def subgraphs(self) -> list[tuple[str, Subgraph]]:
         return [("if true", self.branches[0]), ("if false", self.branches[1])]
 
-    def key(self) -> tuple[Any, ...]:
-        from outlines.graph.hashing import content_hash
+    def describe(self) -> dict[str, Any]:
+        return {"kind": "op", "title": "cond"}
 
-        return ("Cond", *(content_hash(*branch.outputs) for branch in self.branches))
+    def argument_name(self, position: int, ninputs: int) -> str:
+        if position == 0:
+            return "pred"
+        if position <= self.noperands:
+            return self.branches[0].parameters[position - 1].name or f"operand {position - 1}"
+        return "captured"
 
 
 class Where(Op):
     """Elementwise ``x if pred else y``, both evaluated; see ``where``."""
 
     elementwise = True
+
+    def describe(self) -> dict[str, Any]:
+        return {"kind": "op", "title": "where"}
+
+    def argument_name(self, position: int, ninputs: int) -> str:
+        return ("pred", "x", "y")[position]
 
     def perform(self, *values: Any) -> Any:
         return broadcast_map(_select, values)

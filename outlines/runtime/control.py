@@ -22,7 +22,7 @@ import numpy as np
 from outlines.errors import Failure, NodeError
 from outlines.graph.basic import Apply
 from outlines.graph.control import Cond, Subgraph, WhileLoop, _truth
-from outlines.runtime.batching import Group
+from outlines.runtime.batching import BatchQueue
 from outlines.runtime.plan import Plan
 from outlines.runtime.scheduler import Scheduler
 from outlines.tracing import Recorder
@@ -94,6 +94,15 @@ class _Forward(Recorder):
                        worker: str | None, requests: int = 0) -> None:
         self.outer.batch_finished(self.ids.get(batch_id, batch_id), t, error, usage, worker, requests)
 
+    def request_finished(self, batch_id: int, start: float, end: float, error: BaseException | None = None) -> None:
+        self.outer.request_finished(self.ids.get(batch_id, batch_id), start, end, error)
+
+    def model_loaded(self, backend: Any, start: float, end: float) -> None:
+        self.outer.model_loaded(backend, start, end)
+
+    def loop_iteration(self, node: Any, iteration: int, active: int, batches: int, start: float, end: float) -> None:
+        self.outer.loop_iteration(node, iteration, active, batches, start, end)  # a loop nested in a body
+
 
 async def _schedule(outer: Scheduler, plan: Plan, values: dict[int, Any], tag: int) -> tuple[list[Any], int]:
     """Run ``plan`` as one schedule sharing the outer evaluation's options; (outputs, batches).
@@ -103,18 +112,20 @@ async def _schedule(outer: Scheduler, plan: Plan, values: dict[int, Any], tag: i
     """
     base = (getattr(outer, "draw_base", 0) << TAG_BITS) + tag + 1
     forward = _Forward(outer.recorder)
+    batcher = outer.batcher
     scheduler = _Nested(
         _tagged(plan, base),
         {**{id(c): c.value for c in plan.constants}, **values},
-        cache=outer.cache if outer.cache is not None else False,
+        cache=batcher.cache if batcher.cache is not None else False,
         errors="return" if outer.return_failures else "raise",
-        recorder=forward if outer.tracing else None,  # untraced: skip the per-batch bookkeeping
+        recorder=forward if batcher.tracing else None,  # untraced: skip the per-batch bookkeeping
         executor=outer.executor,
-        batch_window=outer.batch_window,
+        batch_window=batcher.batch_window,
     )
     scheduler.outer = outer
-    scheduler.global_limit = outer.global_limit  # one bound on backend calls for the whole evaluation
-    scheduler.limits = outer.limits
+    # One bound on wire requests for the whole evaluation, and one per backend (the executor's).
+    scheduler.batcher.request_limit = batcher.request_limit
+    scheduler.batcher.limits = batcher.limits
     scheduler.draw_base = base
     return await scheduler.run(), forward.batches
 
@@ -127,12 +138,13 @@ class _Nested(Scheduler):
 
     async def _cleanup(self) -> None:
         # Backends stay open: the outer schedule may use them too, and closes them at its end.
-        groups, self.groups = self.groups, {}
+        queues, self.batcher.queues = self.batcher.queues, {}
         try:
             await super()._cleanup()
         finally:
-            for key, group in groups.items():
-                self.outer.groups.setdefault(key, Group(group.backend))
+            outer = self.outer.batcher.queues
+            for key, queue in queues.items():
+                outer.setdefault(key, BatchQueue(queue.backend))
 
 
 # -- values -----------------------------------------------------------------------
@@ -264,9 +276,7 @@ def _stay(node: Apply, pred: Any, active: np.ndarray, state: list[np.ndarray]) -
 
 
 def _record(recorder: Recorder, node: Apply, iteration: int, active: int, batches: int, start: float) -> None:
-    hook = getattr(recorder, "loop_iteration", None)
-    if hook is not None:
-        hook(node, iteration, active, batches, start, time.perf_counter())
+    recorder.loop_iteration(node, iteration, active, batches, start, time.perf_counter())
 
 
 # -- cond -----------------------------------------------------------------------------

@@ -18,7 +18,8 @@ from hypothesis import strategies as st
 import outlines
 from outlines import models
 from outlines.cache import Cache
-from tests.runtime.test_scheduler import Recording, reply
+from tests.fixtures.recording import RecordingBackend
+from tests.runtime.test_scheduler import reply
 
 
 @outlines.fn(name="need")
@@ -54,13 +55,18 @@ def python_agent(question: str, max_iter: int) -> tuple[str, int]:
     return transcript, steps
 
 
-def sizes(recording: Recording) -> list[int]:
+def recording_backend(tag: str = "", *, name: str = "rec", delay: float = 0.005) -> RecordingBackend:
+    """The shared recording fake answering ``reply(prompt, tag)``, each batch after ``delay`` seconds."""
+    return RecordingBackend(lambda prompt: reply(prompt, tag), name=name, delay=delay)
+
+
+def sizes(recording: RecordingBackend) -> list[int]:
     return [len(batch) for batch in recording.batches]
 
 
 def test_calls_per_iteration_shrink_exactly_as_elements_finish() -> None:
-    recording = Recording()
-    transcript, steps = agent(models.from_function(recording, batched=True, name="rec"))
+    recording = recording_backend()
+    transcript, steps = agent(recording.model())
     questions = ["q2", "q0", "q3", "q1", "q3-again"]
     texts, counts = outlines.eval(transcript, steps, givens={"question": questions}, cache=False)
     assert sizes(recording) == [4, 3, 2]  # q0 never enters; one backend call per iteration
@@ -69,15 +75,15 @@ def test_calls_per_iteration_shrink_exactly_as_elements_finish() -> None:
 
 
 def test_max_iter_ends_every_element() -> None:
-    recording = Recording()
-    _, steps = agent(models.from_function(recording, batched=True, name="rec"), max_iter=2)
+    recording = recording_backend()
+    _, steps = agent(recording.model(), max_iter=2)
     assert list(steps.eval({"question": ["q5", "q1", "q9"]}, cache=False)) == [2, 1, 2]
     assert sizes(recording) == [3, 2]
 
 
 def test_init_broadcasts_against_the_outer_values_and_scalars_stay_scalars() -> None:
-    recording = Recording()
-    _, steps = agent(models.from_function(recording, batched=True, name="rec"))
+    recording = recording_backend()
+    _, steps = agent(recording.model())
     assert steps.eval({"question": "q2"}, cache=False) == 2
     assert np.shape(steps.eval({"question": [["q1", "q2"], ["q3", "q0"]]}, cache=False)) == (2, 2)
 
@@ -130,8 +136,8 @@ def test_a_rerun_after_a_failure_at_iteration_k_sends_only_iterations_from_k(tmp
 
 
 def test_errors_return_a_failing_element_leaves_holding_its_failure() -> None:
-    recording = Recording()
-    llm = models.from_function(recording, batched=True, name="rec")
+    recording = recording_backend()
+    llm = recording.model()
     question = outlines.string("question")
     check = outlines.fn(lambda t, q, n: t if not ("bad" in q and n == 1) else 1 / 0, name="check")
 
@@ -147,8 +153,8 @@ def test_errors_return_a_failing_element_leaves_holding_its_failure() -> None:
 
 
 def test_an_element_whose_input_failed_never_enters_the_loop() -> None:
-    recording = Recording()
-    llm = models.from_function(recording, batched=True, name="rec")
+    recording = recording_backend()
+    llm = recording.model()
     question = outlines.string("question")
     parsed = outlines.fn(lambda q: q if "bad" not in q else int(q), name="parse")(question)
     lines = outlines.fn(lambda t: t.count("\n"), name="lines")
@@ -161,9 +167,8 @@ def test_an_element_whose_input_failed_never_enters_the_loop() -> None:
 
 
 def test_cond_sends_each_branch_only_its_elements_in_one_schedule() -> None:
-    maths, chat = Recording(tag="m"), Recording(tag="c")
-    solver = models.from_function(maths, batched=True, name="solver")
-    chatter = models.from_function(chat, batched=True, name="chatter")
+    maths, chat = recording_backend("m", name="solver"), recording_backend("c", name="chatter")
+    solver, chatter = maths.model(), chat.model()
     question = outlines.string("question")
     is_math = outlines.fn(lambda q: any(c.isdigit() for c in q), name="is_math")
     answer = outlines.cond(is_math(question), lambda q: solver(q), lambda q: chatter("chat: " + q), question)
@@ -173,8 +178,8 @@ def test_cond_sends_each_branch_only_its_elements_in_one_schedule() -> None:
     assert chat.batches == [["chat: hello", "chat: bye", "chat: hi"]]
     assert list(out) == [reply("2+2", "m"), reply("chat: hello", "c"), reply("3*7", "m"), reply("chat: bye", "c"),
                          reply("chat: hi", "c")]
-    shared = Recording()
-    llm = models.from_function(shared, batched=True, name="shared")
+    shared = recording_backend(name="shared")
+    llm = shared.model()
     both = outlines.cond(is_math(question), lambda q: llm("solve " + q), lambda q: llm("answer " + q), question)
     both.eval({"question": questions}, cache=False)
     assert sizes(shared) == [5]  # both branches' draws in one backend call
@@ -210,8 +215,8 @@ def test_a_loop_does_not_stall_independent_work() -> None:
 
 
 def test_traces_hold_one_record_per_iteration_and_explain_shows_the_loop() -> None:
-    recording = Recording()
-    transcript, steps = agent(models.from_function(recording, batched=True, name="rec"))
+    recording = recording_backend()
+    transcript, steps = agent(recording.model())
     questions = {"question": ["q2", "q3", "q1"]}
     with outlines.trace() as trace:
         outlines.eval(transcript, steps, givens=questions, cache=False)
@@ -222,12 +227,13 @@ def test_traces_hold_one_record_per_iteration_and_explain_shows_the_loop() -> No
     plan = outlines.explain(transcript, steps, givens=questions, cache=False)
     assert plan.nodes_by_kind.get("control") == 1
     text = plan.summary()
-    assert transcript.owner.label in text and "max_iter=8" in text and "Generate[function:rec]" in text
+    assert transcript.owner.label in text and "max_iter=8" in text and "Generate[recording:rec]" in text
+    assert not plan.exact and "prediction: an estimate" in text  # the body's calls are not counted
 
 
 def test_compile_chain_and_elemwise_compose_with_loops() -> None:
-    recording = Recording()
-    llm = models.from_function(recording, batched=True, name="rec")
+    recording = recording_backend()
+    llm = recording.model()
 
     @outlines.chain
     def solve(question, prefix):  # noqa: ANN001, ANN202
@@ -267,8 +273,8 @@ def test_a_loop_nested_in_a_loop_draws_anew_at_each_outer_iteration() -> None:
     max_iter=st.integers(min_value=1, max_value=6),
 )
 def test_a_loop_equals_the_program_unrolled_in_python(needs: list[int], max_iter: int) -> None:
-    recording = Recording(delay=0)
-    transcript, steps = agent(models.from_function(recording, batched=True, name="rec"), max_iter=max_iter)
+    recording = recording_backend(delay=0)
+    transcript, steps = agent(recording.model(), max_iter=max_iter)
     questions = [f"q{n}-{i}" for i, n in enumerate(needs)]
     texts, counts = outlines.eval(transcript, steps, givens={"question": questions}, cache=False)
     assert list(zip(texts, counts)) == [python_agent(q, max_iter) for q in questions]
