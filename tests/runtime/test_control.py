@@ -319,3 +319,30 @@ def test_cond_with_errors_return_keeps_what_succeeded() -> None:
     assert out[0] == "5!" and out[3] == "0"
     assert out[1].error_type == "UpstreamFailure" and out[1].root.error_type == "ValueError"  # its pred failed
     assert out[2].error_type == "ZeroDivisionError"  # its branch failed; the other elements did not care
+
+
+class _InFlight(RecordingBackend):
+    """One prompt per batch; counts the batches in flight at once."""
+
+    def __init__(self) -> None:
+        super().__init__(reply, name="in_flight", delay=0.01, max_batch=1)
+        self.now = self.peak = 0
+
+    async def generate(self, draws: Any, report: Any) -> list[str]:
+        self.now += 1
+        self.peak = max(self.peak, self.now)
+        try:
+            return await super().generate(draws, report)
+        finally:
+            self.now -= 1
+
+
+@pytest.mark.parametrize("limit", [None, 2])
+def test_max_concurrency_bounds_calls_inside_and_outside_a_loop_together(limit: int | None) -> None:
+    backend = _InFlight()
+    transcript, _ = agent(backend.model())
+    aside = backend.model()(outlines.string("question") + " aside")  # outer calls, running beside the loop
+    outlines.eval(transcript, aside, givens={"question": ["q2", "q3", "q1", "q2b"]}, cache=False,
+                  max_concurrency=limit)
+    assert len(backend.batches) == 4 + 4 + 3 + 1
+    assert backend.peak == 2 if limit else backend.peak >= 4  # one bound for the loop's schedules and the outer one
