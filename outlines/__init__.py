@@ -8,11 +8,12 @@ from __future__ import annotations
 from typing import Any
 
 from outlines import cache, config, models, text
-from outlines.runtime.program import Program, compile
+from outlines.runtime.program import Program, chain, compile
 from outlines.errors import Failure, GraphBuildError, NodeError, UnboundInputError
 from outlines.runtime.evaluate import aeval, eval
 from outlines.runtime.explain import explain
-from outlines.fn import fn
+from outlines.fn import elemwise, fn
+from outlines.graph.control import cond, where, while_loop
 from outlines.graph.basic import Constant, Variable
 from outlines.text import constant, prompt, string
 
@@ -28,9 +29,12 @@ __all__ = [
     "Variable",
     "aeval",
     "cache",
+    "chain",
     "compile",
+    "cond",
     "config",
     "constant",
+    "elemwise",
     "eval",
     "explain",
     "fn",
@@ -40,6 +44,8 @@ __all__ = [
     "text",
     "trace",
     "visualize",
+    "where",
+    "while_loop",
 ]
 
 

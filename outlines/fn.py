@@ -252,3 +252,65 @@ def fn(
     if function is None:
         return lambda f: Function(f, signature=signature, name=name, pure=pure, blocking=blocking)
     return Function(function, signature=signature, name=name, pure=pure, blocking=blocking)
+
+
+def elemwise(function: Callable[..., Any] | None = None, **options: Any) -> Any:
+    """Map a Python function (sync or ``async def``) over arrays of inputs.
+
+    A seed name of the original proposal: ``fn`` that also runs at once on
+    concrete values. Called with Variables it builds a node (like ``fn``);
+    called with values (lists and tuples are arrays) it returns values, the
+    calls of an async function running concurrently.
+
+    Parameters
+    ----------
+    function
+        The function; ``elemwise`` also works as ``@elemwise(...)``.
+    **options
+        As for ``fn`` (``signature``, ``name``, ``pure``, ``blocking``).
+
+    Returns
+    -------
+    Callable
+        Variables in, Variable out; values in, values out (a NumPy object
+        array for array inputs).
+
+    Examples
+    --------
+    >>> shout = elemwise(lambda text, mark="!": text.upper() + mark)
+    >>> list(shout(["a", "b"], mark="?"))
+    ['A?', 'B?']
+    """
+    if function is None:
+        return lambda f: elemwise(f, **options)
+    lifted = function if isinstance(function, Function) else Function(function, **options)
+
+    @functools.wraps(lifted.target)
+    def call(*args: Any, **kwargs: Any) -> Any:
+        values = (*args, *kwargs.values())
+        if any(_symbolic(v) for v in values):
+            return lifted(*args, **kwargs)
+        from outlines.runtime.evaluate import eval as evaluate
+
+        node = lifted(*(_concrete(a) for a in args), **{k: _concrete(v) for k, v in kwargs.items()})
+        return evaluate(*node, cache=False) if isinstance(node, tuple) else evaluate(node, cache=False)
+
+    return call
+
+
+def _symbolic(value: Any) -> bool:
+    from outlines.graph.basic import Variable
+
+    if isinstance(value, Variable):
+        return True
+    return isinstance(value, (list, tuple)) and any(isinstance(v, Variable) for v in value)
+
+
+def _concrete(value: Any) -> Any:
+    from outlines.graph.basic import Constant
+
+    if isinstance(value, (list, tuple)):
+        return Constant(as_object_array(value))
+    if isinstance(value, np.ndarray):
+        return Constant(value if value.dtype == object else value.astype(object))
+    return Constant(value)

@@ -19,6 +19,7 @@ from typing import Any, Callable, Iterator
 
 __all__ = [
     "BatchRecord",
+    "IterationRecord",
     "ModelLoadRecord",
     "NodeRecord",
     "Recorder",
@@ -59,6 +60,9 @@ class Recorder:
 
     def model_loaded(self, backend: Any, start: float, end: float) -> None:
         """``backend`` loaded its local model from ``start`` to ``end``."""
+
+    def loop_iteration(self, node: Any, iteration: int, active: int, batches: int, start: float, end: float) -> None:
+        """One iteration of a loop (``outlines.runtime.control``) finished."""
 
     def for_eval(self) -> Recorder:
         """The recorder one evaluation reports to (a Trace gives each its own view)."""
@@ -125,6 +129,18 @@ class BatchRecord:
 
 
 @dataclass(slots=True)
+class IterationRecord:
+    """One iteration of a loop: how many elements were active, batches sent, when."""
+
+    loop: str
+    iteration: int
+    active: int
+    batches: int
+    start: float
+    end: float
+
+
+@dataclass(slots=True)
 class RequestRecord:
     """One wire request of a batch (``batch`` is the BatchRecord's id)."""
 
@@ -174,6 +190,8 @@ class Trace(Recorder):
         One ``RequestRecord`` per wire request a backend reported.
     model_loads
         One ``ModelLoadRecord`` per local model load.
+    iterations
+        One ``IterationRecord`` per iteration of every loop.
     """
 
     def __init__(self) -> None:
@@ -186,6 +204,7 @@ class Trace(Recorder):
         self.cache_hits = 0
         self.cache_misses = 0
         self.evals: list[_Eval] = []
+        self.iterations: list[IterationRecord] = []
         self.closed_at: float | None = None
 
     def for_eval(self) -> Recorder:
@@ -259,6 +278,7 @@ class Trace(Recorder):
             "completion_tokens": completion_tokens,
             "nodes": [asdict(n) for n in self.nodes.values()],
             "batches": [asdict(b) for b in self.batches],
+            "iterations": [asdict(i) for i in self.iterations],
             "requests": [asdict(r) for r in self.requests],
             "model_loads": [asdict(m) for m in self.model_loads],
         }
@@ -295,6 +315,12 @@ class Trace(Recorder):
                 spread = f"{min(sizes)}/{sum(sizes) / len(sizes):.1f}/{max(sizes)}"
                 http = str(wire[backend]) if backend in wire else "-"
                 lines.append(f"  {_clip(backend, 39):<40}{count:>7}{http:>7}{sum(sizes):>9}{spread:>20}")
+        loops: dict[str, list[IterationRecord]] = {}
+        for iteration in self.iterations:
+            loops.setdefault(iteration.loop, []).append(iteration)
+        for loop, records in loops.items():
+            active = " ".join(str(r.active) for r in records[:8]) + (" ..." if len(records) > 8 else "")
+            lines.append(f"  {loop}: {len(records)} iteration(s), active elements {active}")
         prompt_tokens, completion_tokens = self.tokens
         lines.append(f"  cache: {self.cache_hits} hit(s), {self.cache_misses} miss(es)")
         lines.append(f"  tokens: {prompt_tokens} prompt, {completion_tokens} completion")
@@ -439,6 +465,12 @@ class _EvalRecorder(Recorder):
     def model_loaded(self, backend: Any, start: float, end: float) -> None:
         trace = self.trace
         trace.model_loads.append(ModelLoadRecord(self._name(backend, repr), trace._time(start), trace._time(end)))
+
+    def loop_iteration(self, node: Any, iteration: int, active: int, batches: int, start: float, end: float) -> None:
+        trace = self.trace
+        trace.iterations.append(
+            IterationRecord(node.label, iteration, active, batches, trace._time(start), trace._time(end))
+        )
 
 
 def _longest_chain(record: _Eval, nodes: list[NodeRecord | None]) -> tuple[float, list[str]]:

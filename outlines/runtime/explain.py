@@ -62,6 +62,8 @@ class Explanation:
     unknown_nodes: list[str]
     #: model calls predicted in one batch although they wait on different Python steps
     timing_dependent: list[str] = field(default_factory=list)
+    #: One line per loop or branch node: its body (not counted above: iterations are unknown in advance).
+    control: list[str] = field(default_factory=list)
 
     @property
     def requests(self) -> int:
@@ -82,8 +84,11 @@ class Explanation:
 
     @property
     def exact(self) -> bool:
-        """Whether the run will send exactly these batches: prompts, cache status and timing known."""
-        return self.unknown_draws == 0 and not self.unknown_nodes and self.batching_exact
+        """Whether the run will send exactly these batches: prompts, cache status and timing known.
+
+        Never with loops or branches: their bodies' calls are not counted.
+        """
+        return self.unknown_draws == 0 and not self.unknown_nodes and not self.control and self.batching_exact
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -98,6 +103,7 @@ class Explanation:
             "unknown_nodes": list(self.unknown_nodes),
             "timing_dependent": list(self.timing_dependent),
             "exact": self.exact,
+            "control": list(self.control),
         }
 
     def summary(self) -> str:
@@ -134,6 +140,7 @@ class Explanation:
                 "Python steps; a step slower than batch_window splits their batch: "
                 + ", ".join(self.timing_dependent[:5])
             )
+        lines.extend(f"  {line}" for line in self.control)
         lines.append("  prediction: " + ("exact" if self.exact else "an estimate (see the lines above)"))
         return "\n".join(lines)
 
@@ -355,6 +362,17 @@ def explain(*variables: Variable, givens: Mapping[Any, Any] | None = None, cache
     batches = run.batches()
     sent = sum(len(queue.pending) for queue in run.queues.values())
     merged = run.draws - run.unknown_draws - run.hits - sent
+    from outlines.runtime.control import describe
+
+    control = [describe(node) for node in plan.nodes if node.op.mode == "control"]
     return Explanation(
-        kinds, batches, run.draws, run.hits, merged, run.unknown_draws, run.unknown_nodes, run.timing_dependent()
+        kinds,
+        batches,
+        run.draws,
+        run.hits,
+        merged,
+        run.unknown_draws,
+        run.unknown_nodes,
+        run.timing_dependent(),
+        control,
     )

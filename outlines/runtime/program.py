@@ -17,7 +17,7 @@ from outlines.graph.basic import Variable, as_variable
 from outlines.runtime.plan import Plan
 from outlines.text import string
 
-__all__ = ["Program", "compile"]
+__all__ = ["Program", "chain", "compile"]
 
 
 class Program:
@@ -147,3 +147,23 @@ def compile(  # noqa: A001
         traced = tuple(traced)
     name = getattr(fn, "__name__", "program")
     return Program(inputs, traced, name=name if name != "<lambda>" else "program", options=options)
+
+
+def chain(fn: Callable[..., Any] | None = None, /, **options: Any) -> Any:
+    """``compile`` as a decorator: ``@outlines.chain`` or ``@outlines.chain(**options)``.
+
+    A seed name of the original proposal. The Program maps over several
+    inputs at once: array arguments broadcast together, every element in one
+    batched schedule.
+
+    Examples
+    --------
+    >>> @chain
+    ... def greet(greeting, name):
+    ...     return greeting + ", " + name
+    >>> list(greet(["hi", "bye"], ["Ann", "Bob"]))
+    ['hi, Ann', 'bye, Bob']
+    """
+    if fn is None:
+        return lambda f: compile(f, **options)
+    return compile(fn, **options)

@@ -150,6 +150,8 @@ class Scheduler:
                     self.batcher.start(index, node, inputs[0], self._has_failed_input(node))
                 elif mode == "python":
                     self._start_python(index, node, inputs)
+                elif mode == "control":  # loops and branches: one task each (outlines.runtime.control)
+                    self._start_control(index, node, inputs)
                 else:
                     self._finish(index, self._perform_inline(node, inputs))
             except Exception as exc:  # noqa: BLE001 - reported against the node
@@ -193,6 +195,11 @@ class Scheduler:
             return
 
         self.python_pending.append((index, lambda: op.perform(*inputs, **guards)))
+
+    def _start_control(self, index: int, node: Apply, inputs: list[Any]) -> None:
+        from outlines.runtime.control import run_control
+
+        self._spawn(run_control(self, node, inputs), lambda task: self._task_done(index, task))
 
     def _flush_python(self) -> None:
         """Send the blocking Python calls made ready this round, in a few chunks."""

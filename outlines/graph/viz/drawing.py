@@ -40,6 +40,8 @@ class DrawnNode:
     output: bool = False
     status: list[str] = field(default_factory=list)
     failed: bool = False
+    #: The loop or branch whose body this box belongs to (drawn as a cluster), if any.
+    cluster: str | None = None
 
 
 @dataclass
@@ -130,6 +132,9 @@ def describe(*variables: Variable, trace: Any = None) -> Drawing:
     for node in nodes:
         keys[id(node)] = _add(drawn, labels, _describe_apply(node, f"n{len(drawn)}"))
     edges = _edges(nodes, keys, redact)
+    for node in nodes:  # control flow (outlines.graph.control): each body drawn as a cluster
+        for role, subgraph in getattr(node.op, "subgraphs", ()):
+            edges.extend(_describe_body(node, role, subgraph, drawn, labels, keys, redact))
     index = {d.key: d for d in drawn}
     for variable in variables:
         index[keys[id(variable.owner) if variable.owner is not None else id(variable)]].output = True
@@ -141,6 +146,31 @@ def describe(*variables: Variable, trace: Any = None) -> Drawing:
     if trace is not None:
         _overlay(drawn, trace, redact)
     return Drawing(drawn, edges, backends)
+
+
+def _describe_body(node: Apply, role: str, subgraph: Any, drawn: list[DrawnNode], labels: dict[str, int],
+                   keys: dict[int, str], redact: Callable[[str], str]) -> list[tuple[str, str, int, str]]:
+    """Boxes of a loop's (or branch's) sub-graph in one cluster; its outputs feed the node."""
+    cluster = f"{node.label} {role}"
+    local = dict(keys)
+    for slot, outer in zip(subgraph.slots, subgraph.captured):  # captured values: edges from the outer boxes
+        local[id(slot)] = keys[id(outer.owner) if outer.owner is not None else id(outer)]
+    for leaf in (v for v in ancestors(subgraph.outputs) if v.owner is None and id(v) not in local):
+        box = _describe_leaf(leaf, f"n{len(drawn)}")
+        if leaf in subgraph.parameters:
+            box.lines = ["loop state" if role == "body" else "operand"]
+        box.cluster = cluster
+        local[id(leaf)] = _add(drawn, labels, box)
+    inner = subgraph.nodes
+    for apply in inner:
+        box = _describe_apply(apply, f"n{len(drawn)}")
+        box.cluster = cluster
+        local[id(apply)] = _add(drawn, labels, box)
+    edges = _edges(inner, local, redact)
+    for position, output in enumerate(subgraph.outputs):  # a loop's body ends with cond on the new state
+        source = local[id(output.owner) if output.owner is not None else id(output)]
+        edges.append((source, keys[id(node)], position, role if position < len(node.outputs) else "cond"))
+    return edges
 
 
 def _as_variables(value: Any) -> tuple[Variable, ...]:
