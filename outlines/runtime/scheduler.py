@@ -238,10 +238,14 @@ class Scheduler(ModelCalls):
         node = self.plan.nodes[index]
         outputs = node.outputs
         results = result if len(outputs) > 1 else (result,)
+        failed = False
         for output, value in zip(outputs, results):
             self.values[id(output)] = value
             if self.return_failures and _has_failure(value):
                 self.tainted.add(id(output))
+                failed = True
+        if failed:  # a trace counts the Failure elements, which node_finished does not see
+            self.recorder.node_failures(node, tuple(results))
         self.recorder.node_finished(node, time.perf_counter(), error)
         self.remaining -= 1
         for consumer in self.plan.consumers[index]:
