@@ -16,7 +16,7 @@ import outlines
 from outlines import models
 from outlines.graph.viz import jupyter as display
 from outlines.graph.viz.timeline import backend_label, timeline_html, timeline_svg, write_timeline
-from outlines.tracing import BatchRecord, NodeRecord
+from outlines.tracing import BatchRecord, LoadRecord, NodeRecord, RequestRecord, Trace
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 needs_chromium = pytest.mark.skipif(CHROMIUM is None, reason="Chromium is not installed (apt-get install chromium; "
@@ -218,3 +218,73 @@ def test_a_thousand_bars_draw_quickly():
     assert time.perf_counter() - start < 2.0
     assert len(bars(svg)) == 1000 and svg.count("bar critical") == 1
     ET.fromstring(svg)
+
+
+def _lane_of(svg, bar_title):
+    """The label of the lane whose band holds the bar whose hover text starts with ``bar_title``."""
+    lanes = [(float(y), name) for y, name in re.findall(r'<rect class="lane" x="0" y="([\d.]+)".*?\n<text class="lane-label"[^>]*>([^<]*)<', svg)]
+    match = re.search(r'<g class="bar[^"]*"><rect x="[\d.]+" y="([\d.]+)"[^>]*>(?:<text[^<]*</text>)?<title>' + re.escape(bar_title), svg)
+    y = float(match.group(1))
+    return [name for top, name in lanes if top <= y][-1]
+
+
+def _x_span(svg, bar_title):
+    match = re.search(r'<rect x="([\d.]+)" y="[\d.]+" width="([\d.]+)"[^>]*>(?:<text[^<]*</text>)?<title>' + re.escape(bar_title), svg)
+    return float(match.group(1)), float(match.group(1)) + float(match.group(2))
+
+
+def test_http_bars_start_and_end_when_the_requests_did():
+    """One batch of three requests that a server served one after another: three consecutive bars."""
+    backend = "OpenAIChatBackend('gpt-x', 'http://127.0.0.1:9')"
+    trace = SimpleNamespace(
+        batches=[BatchRecord(1, backend, 3, 0.0, 3.0, ["Generate#1"])],
+        requests=[RequestRecord(1, backend, 0.0, 1.0), RequestRecord(1, backend, 1.0, 2.0),
+                  RequestRecord(1, backend, 2.0, 3.0, "HTTPError: 500")],
+        nodes={}, loads=[], critical_path_nodes=[], wall=3.0, critical_path=3.0)
+    svg = timeline_svg(trace)
+    spans = [_x_span(svg, f"request {i} of batch 1") for i in (1, 2, 3)]
+    assert spans[0][0] < spans[1][0] < spans[2][0]  # not all at 0
+    for (_, end), (start, _) in zip(spans, spans[1:]):
+        assert end == pytest.approx(start, abs=0.2)  # each starts where the previous ended
+    assert all(_lane_of(svg, f"request {i} of batch 1") == "openai: gpt-x: requests" for i in (1, 2, 3))
+    assert "FAILED: HTTPError: 500" in svg
+    widths = [end - start for start, end in spans]
+    assert max(widths) - min(widths) < 0.5
+
+
+def test_model_load_is_its_own_bar_before_the_first_batch():
+    backend = "TransformersBackend('/models/tiny', 'cpu', None)"
+    trace = SimpleNamespace(
+        batches=[BatchRecord(1, backend, 4, 5.0, 6.0, ["Generate#1"]), BatchRecord(2, backend, 4, 6.0, 7.0, ["Generate#1"])],
+        loads=[LoadRecord(backend, 0.0, 5.0)], requests=[], nodes={}, critical_path_nodes=[], wall=7.0, critical_path=7.0)
+    svg = timeline_svg(trace)
+    load, first = _x_span(svg, "loading the model of transformers: tiny"), _x_span(svg, "batch 1:")
+    assert _lane_of(svg, "loading the model") == "transformers: tiny"
+    assert load[1] == pytest.approx(first[0], abs=0.2)  # the batch starts when the load ended
+    assert first[1] - first[0] == pytest.approx(_x_span(svg, "batch 2:")[1] - _x_span(svg, "batch 2:")[0], abs=0.2)
+
+
+def test_a_real_trace_records_model_loads_through_the_recorder():
+    upper = models.from_function(lambda ps: [p.upper() for p in ps], batched=True, name="upper")
+    backend = upper(outlines.string("q")).owner.op.backend
+    trace = Trace()
+    recorder = trace.for_eval()
+    recorder.model_loaded(backend, trace.origin + 0.5, trace.origin + 2.0)
+    svg = timeline_svg(trace)
+    assert _lane_of(svg, "loading the model of function: upper") == "function: upper"
+
+
+def test_a_fully_cached_run_shows_its_cache_hits(tmp_path):
+    from outlines.cache import Cache
+
+    upper = models.from_function(lambda ps: [p.upper() for p in ps], batched=True, name="upper")
+    q = outlines.string("q")
+    cache = Cache(tmp_path / "cache")
+    outlines.eval(upper(q, num_samples=2), givens={q: ["a", "b"]}, cache=cache)
+    with outlines.trace() as trace:
+        outlines.eval(upper(q, num_samples=2), givens={q: ["a", "b"]}, cache=cache)
+    assert trace.batches == [] and trace.cache_hits == 4
+    svg = timeline_svg(trace)
+    assert _lane_of(svg, "Generate") == "function: upper: cache hits"
+    assert "4 draw(s) from the cache, 0 sent" in svg
+    assert 'class="bar mark"' in svg
