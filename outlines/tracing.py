@@ -101,6 +101,9 @@ class NodeRecord:
     #: Seconds spent computing: for a model call, the union of its batches'
     #: intervals; ``None`` (unknown) means the whole duration.
     computing: float | None = None
+    #: What the node computes from what (``drawing.structure_keys``): lets a
+    #: picture of another build of the same graph find this record.
+    structure: str | None = None
 
     @property
     def duration(self) -> float:
@@ -425,6 +428,7 @@ class _EvalRecorder(Recorder):
         self.batches: dict[int, BatchRecord] = {}
         self.index: dict[int, int] = {}  # id(node) -> position in the plan
         self.records: list[NodeRecord | None] = []
+        self.structure: list[str] = []
         self.names: dict[int, str] = {}  # id(op or backend) -> its name, computed once
 
     def eval_started(self, plan: Any, t: float) -> None:
@@ -432,6 +436,10 @@ class _EvalRecorder(Recorder):
         record = self.eval = _Eval(start=now)
         trace.evals.append(record)
         record.labels = [node.label for node in plan.nodes]
+        from outlines.graph.viz.drawing import structure_keys
+
+        keys = structure_keys(plan.nodes)
+        self.structure = [keys[id(node)] for node in plan.nodes]
         self.index = {id(node): i for i, node in enumerate(plan.nodes)}
         self.records = [None] * len(plan.nodes)
         record.parents = [[] for _ in plan.nodes]
@@ -470,13 +478,14 @@ class _EvalRecorder(Recorder):
         self.trace.nodes[label] = record
         if position is not None:
             self.records[position] = record
+            record.structure = self.structure[position]
 
     def node_finished(self, node: Any, t: float, error: BaseException | None = None) -> None:
         record = self._record(node)
         if record is not None:
             record.end = self.trace._time(t)
             record.error = record.error or _first_line(error)
-            if record.kind == "generate" and record.start is not None:
+            if record.kind == "generate" and record.start is not None and record.batch_ids:
                 by_id = {b.id: b for b in self.batches.values()}
                 spans = [(by_id[i].start, by_id[i].end or record.end) for i in record.batch_ids if i in by_id]
                 record.computing = _union(spans)

@@ -165,7 +165,7 @@ def test_json_has_the_documented_fields_and_no_secret(tmp_path) -> None:
     assert {"wall", "critical_path", "critical_path_nodes", "requests_per_backend", "nodes", "batches"} <= set(data)
     assert set(data["nodes"][1]) == {
         "label", "op", "kind", "backend", "start", "end", "batch_ids", "cache_hits", "cache_misses", "error",
-        "failures", "skipped", "computing", "queued",
+        "failures", "skipped", "computing", "queued", "structure",
     }
     assert set(data["batches"][0]) == {
         "id", "backend", "size", "start", "end", "nodes", "worker", "prompt_tokens", "completion_tokens", "error", "requests",
