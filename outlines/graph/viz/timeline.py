@@ -240,7 +240,10 @@ def _bar_svg(bar: Bar, x: float, width: float, y: float, height: float) -> str:
 def _header(trace: Any, lanes: list[Lane]) -> str:
     bars = sum(len(lane.bars) for lane in lanes if not lane.name.endswith(": cache hits"))
     wall, path = getattr(trace, "wall", 0.0), getattr(trace, "critical_path", 0.0)
-    return f"outlines timeline: {len(trace.batches)} backend call(s), {bars} bar(s), wall {_ms(wall)}, critical path {_ms(path)}"
+    hits = getattr(trace, "cache_hits", 0)
+    cached = f", {hits} draw(s) from the cache" if hits else ""
+    return (f"outlines timeline: {len(trace.batches)} backend call(s){cached}, {bars} bar(s), "
+            f"wall {_ms(wall)}, critical path {_ms(path)}")
 
 
 def _legend(y: float) -> str:
