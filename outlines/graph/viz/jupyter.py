@@ -93,21 +93,22 @@ class TextPicture(str):
     shows its lines (and mermaid renders where the front end supports it).
     """
 
-    format: str = "ascii"
+    #: ``"ascii"``, ``"mermaid"`` or ``"markdown"`` (a mermaid block).
+    kind: str = "ascii"
 
-    def __new__(cls, text: str, format: str = "ascii") -> TextPicture:
+    def __new__(cls, text: str, kind: str = "ascii") -> TextPicture:
         picture = super().__new__(cls, text)
-        picture.format = format
+        picture.kind = kind
         return picture
 
     def _repr_mimebundle_(self, include: Any = None, exclude: Any = None) -> dict[str, str]:
-        bundle = text_mimebundle(str(self), f"outlines-{self.format}")
-        if self.format == "mermaid":
+        bundle = text_mimebundle(str(self), f"outlines-{self.kind}")
+        if self.kind == "mermaid":
             bundle["text/markdown"] = f"```mermaid\n{self}```\n"
         return bundle
 
     def _repr_html_(self) -> str:
-        return text_mimebundle(str(self), f"outlines-{self.format}")["text/html"]
+        return text_mimebundle(str(self), f"outlines-{self.kind}")["text/html"]
 
     def _repr_pretty_(self, printer: Any, cycle: bool) -> None:
         printer.text(str(self))

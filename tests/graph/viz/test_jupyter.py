@@ -40,3 +40,9 @@ def test_ascii_pictures_show_their_lines():
 def test_mermaid_pictures_render_as_mermaid():
     text = outlines.visualize(outlines.string("q") + "?", format="mermaid")
     assert text._repr_mimebundle_()["text/markdown"] == f"```mermaid\n{text}```\n"
+
+
+def test_text_pictures_stay_ordinary_strings():
+    picture = TextPicture("{} nodes", "ascii")
+    assert picture.format(3) == "3 nodes" and picture.kind == "ascii"
+    assert picture + "!" == "{} nodes!" and picture.upper() == "{} NODES"
