@@ -17,7 +17,16 @@ import time
 from dataclasses import asdict, dataclass, field
 from typing import Any, Callable, Iterator
 
-__all__ = ["BatchRecord", "LoadRecord", "NodeRecord", "Recorder", "RequestRecord", "Trace", "active_recorder", "trace"]
+__all__ = [
+    "BatchRecord",
+    "ModelLoadRecord",
+    "NodeRecord",
+    "Recorder",
+    "RequestRecord",
+    "Trace",
+    "active_recorder",
+    "trace",
+]
 
 
 class Recorder:
@@ -48,11 +57,11 @@ class Recorder:
     def node_failures(self, node: Any, outputs: tuple[Any, ...]) -> None:
         """``node`` finished with ``outputs`` holding ``outlines.Failure`` elements (``errors="return"``)."""
 
-    def request_finished(self, batch_id: int, start: float, end: float, error: BaseException | None) -> None:
-        """One wire request of batch ``batch_id`` ran from ``start`` to ``end`` (``perf_counter`` times)."""
+    def request_finished(self, batch_id: int, start: float, end: float, error: BaseException | None = None) -> None:
+        """One wire request of batch ``batch_id`` ran from ``start`` to ``end`` (retries count)."""
 
     def model_loaded(self, backend: Any, start: float, end: float) -> None:
-        """``backend`` loaded its local model from ``start`` to ``end`` (``perf_counter`` times)."""
+        """``backend`` loaded its local model from ``start`` to ``end``."""
 
     def for_eval(self) -> Recorder:
         """The recorder one evaluation reports to (a Trace gives each its own view)."""
@@ -140,24 +149,23 @@ class BatchRecord:
     prompt_tokens: int = 0
     completion_tokens: int = 0
     error: str | None = None
-    #: Wire requests the backend reported (``report_requests``); 0: not reported.
+    #: Wire requests the backend reported (``BatchReport.request``); 0: not reported.
     requests: int = 0
 
 
 @dataclass(slots=True)
 class RequestRecord:
-    """One wire request of a batch, with the times the backend recorded for it."""
+    """One wire request of a batch (``batch`` is the BatchRecord's id)."""
 
     batch: int
-    backend: str
     start: float
     end: float
     error: str | None = None
 
 
 @dataclass(slots=True)
-class LoadRecord:
-    """A local model load (``Recorder.model_loaded``)."""
+class ModelLoadRecord:
+    """A local model load, apart from the batch that triggered it."""
 
     backend: str
     start: float
@@ -199,9 +207,9 @@ class Trace(Recorder):
     cache_hits, cache_misses
         Draws served from the cache / sent, summed over every evaluation.
     requests
-        One ``RequestRecord`` per wire request whose backend reported its times.
-    loads
-        One ``LoadRecord`` per local model load.
+        One ``RequestRecord`` per wire request a backend reported.
+    model_loads
+        One ``ModelLoadRecord`` per local model load.
 
     Notes
     -----
@@ -214,12 +222,12 @@ class Trace(Recorder):
         self.origin = time.perf_counter()
         self.nodes: dict[str, NodeRecord] = {}
         self.batches: list[BatchRecord] = []
+        self.requests: list[RequestRecord] = []
+        self.model_loads: list[ModelLoadRecord] = []
         self.requests_per_backend: dict[str, int] = {}
         self.cache_hits = 0
         self.cache_misses = 0
         self.evals: list[_Eval] = []
-        self.requests: list[RequestRecord] = []
-        self.loads: list[LoadRecord] = []
         self.closed_at: float | None = None
 
     def for_eval(self) -> Recorder:
@@ -316,7 +324,7 @@ class Trace(Recorder):
             "nodes": [dict(asdict(n), queued=n.queued) for n in self.nodes.values()],
             "batches": [asdict(b) for b in self.batches],
             "requests": [asdict(r) for r in self.requests],
-            "loads": [asdict(load) for load in self.loads],
+            "model_loads": [asdict(m) for m in self.model_loads],
         }
 
     def to_json(self, path: str | os.PathLike[str]) -> None:
@@ -347,8 +355,8 @@ class Trace(Recorder):
                 lines.append(f"  {kind:<12}{len(group):>8}{busy:>10.3f}{compute:>11.3f}{queued:>10.3f}{failed:>8}")
         lines.append("  (busy: time any node of the kind was running; compute: time a batch or call was")
         lines.append("   running; queued: summed per node, waiting for a backend slot)")
-        if self.loads:
-            for load in self.loads:
+        if self.model_loads:
+            for load in self.model_loads:
                 lines.append(f"  model load {_clip(load.backend, 40)}: {load.end - load.start:.3f} s")
         if self.batches:
             wire = self.http_requests_per_backend
@@ -545,18 +553,15 @@ class _EvalRecorder(Recorder):
         record.worker = worker
         record.requests = requests
 
-    def request_finished(self, batch_id: int, start: float, end: float, error: BaseException | None) -> None:
-        batch = self.batches.get(batch_id)
-        trace = self.trace
-        trace.requests.append(RequestRecord(
-            batch.id if batch is not None else batch_id,
-            batch.backend if batch is not None else "backend",
-            trace._time(start), trace._time(end), _first_line(error),
-        ))
+    def request_finished(self, batch_id: int, start: float, end: float, error: BaseException | None = None) -> None:
+        record = self.batches.get(batch_id)
+        if record is not None:
+            trace = self.trace
+            trace.requests.append(RequestRecord(record.id, trace._time(start), trace._time(end), _first_line(error)))
 
     def model_loaded(self, backend: Any, start: float, end: float) -> None:
         trace = self.trace
-        trace.loads.append(LoadRecord(self._name(backend, repr), trace._time(start), trace._time(end)))
+        trace.model_loads.append(ModelLoadRecord(self._name(backend, repr), trace._time(start), trace._time(end)))
 
 
 def _failures(value: Any) -> Iterator[Any]:

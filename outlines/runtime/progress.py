@@ -78,7 +78,7 @@ class Counter(Recorder):
         self.tokens += int(usage[1])
         self.inner.batch_finished(batch_id, t, error, usage, worker, requests=requests)
 
-    def request_finished(self, batch_id: int, start: float, end: float, error: BaseException | None) -> None:
+    def request_finished(self, batch_id: int, start: float, end: float, error: BaseException | None = None) -> None:
         self.inner.request_finished(batch_id, start, end, error)
 
     def model_loaded(self, backend: Any, start: float, end: float) -> None:
@@ -99,7 +99,7 @@ class Counter(Recorder):
         """(draws known so far, whether that is every draw of the evaluation)."""
         scheduler = self.scheduler
         known = self.done + sum(self.running.values())
-        known += sum(len(group.pending) for group in getattr(scheduler, "groups", {}).values())
+        known += sum(len(queue.pending) for queue in scheduler.batcher.queues.values())
         exact = True
         for node in scheduler.plan.nodes:
             if node.op.mode != "generate" or id(node) in self.dispatched:

@@ -187,11 +187,11 @@ def test_jupyter_shows_one_html_block_updated_in_place(monkeypatch: pytest.Monke
 
 
 def test_known_shapes_give_the_total_before_the_draws_start() -> None:
-    counter = progress.Counter(outlines.tracing.Recorder(), types.SimpleNamespace(groups={}, plan=types.SimpleNamespace(
+    counter = progress.Counter(outlines.tracing.Recorder(), types.SimpleNamespace(batcher=types.SimpleNamespace(queues={}), plan=types.SimpleNamespace(
         nodes=[types.SimpleNamespace(op=types.SimpleNamespace(mode="generate"),
                                      outputs=[types.SimpleNamespace(shape=(3, 5))])])))
     assert counter.total() == (15, True)
     assert counter.line().startswith("outlines: 0/15 draws | 0 batches running")
-    unknown = progress.Counter(outlines.tracing.Recorder(), types.SimpleNamespace(groups={}, plan=types.SimpleNamespace(
+    unknown = progress.Counter(outlines.tracing.Recorder(), types.SimpleNamespace(batcher=types.SimpleNamespace(queues={}), plan=types.SimpleNamespace(
         nodes=[types.SimpleNamespace(op=types.SimpleNamespace(mode="generate"), outputs=[object()])])))
     assert unknown.line().startswith("outlines: 0/0+ draws")

@@ -91,15 +91,17 @@ def _bars(trace: Any) -> list[Lane]:
             details.append(f"tokens: {batch.prompt_tokens} prompt, {batch.completion_tokens} completion")
         on_path = batch.id in gating
         _add(lanes, Bar(lane, batch.start, end, f"batch {batch.id} ({batch.size})", details, colour, on_path), batch.error)
-    for load in getattr(trace, "loads", []) or []:
+    for load in getattr(trace, "model_loads", []) or []:
         name = backend_label(load.backend)
         colours.setdefault(name, PALETTE[len(colours) % len(PALETTE)])
         details = [f"loading the model of {name}", f"{load.start:.3f} s to {load.end:.3f} s ({_ms(load.end - load.start)})"]
         _add(lanes, Bar(name, load.start, load.end, "load model", details, LOAD_COLOUR), None)
-    sizes = {batch.id: batch.size for batch in trace.batches}
+    by_id = {batch.id: batch for batch in trace.batches}
     for number, request in enumerate(getattr(trace, "requests", []) or [], 1):
-        name = backend_label(request.backend)
-        details = [f"request {number} of batch {request.batch} (of {sizes.get(request.batch, '?')} prompt(s)) to {name}",
+        batch = by_id.get(request.batch)
+        name = backend_label(batch.backend) if batch is not None else "backend"
+        size = batch.size if batch is not None else "?"
+        details = [f"request {number} of batch {request.batch} (of {size} prompt(s)) to {name}",
                    f"{request.start:.3f} s to {request.end:.3f} s ({_ms(request.end - request.start)})"]
         _add(lanes, Bar(f"{name}: requests", request.start, request.end, f"request {number}", details, REQUEST_COLOUR),
              request.error)

@@ -16,7 +16,7 @@ import outlines
 from outlines import models
 from outlines.graph.viz import jupyter as display
 from outlines.graph.viz.timeline import backend_label, timeline_html, timeline_svg, write_timeline
-from outlines.tracing import BatchRecord, LoadRecord, NodeRecord, RequestRecord, Trace
+from outlines.tracing import BatchRecord, ModelLoadRecord, NodeRecord, RequestRecord, Trace
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 needs_chromium = pytest.mark.skipif(CHROMIUM is None, reason="Chromium is not installed (apt-get install chromium; "
@@ -238,9 +238,9 @@ def test_http_bars_start_and_end_when_the_requests_did():
     backend = "OpenAIChatBackend('gpt-x', 'http://127.0.0.1:9')"
     trace = SimpleNamespace(
         batches=[BatchRecord(1, backend, 3, 0.0, 3.0, ["Generate#1"])],
-        requests=[RequestRecord(1, backend, 0.0, 1.0), RequestRecord(1, backend, 1.0, 2.0),
-                  RequestRecord(1, backend, 2.0, 3.0, "HTTPError: 500")],
-        nodes={}, loads=[], critical_path_nodes=[], wall=3.0, critical_path=3.0)
+        requests=[RequestRecord(1, 0.0, 1.0), RequestRecord(1, 1.0, 2.0),
+                  RequestRecord(1, 2.0, 3.0, "HTTPError: 500")],
+        nodes={}, model_loads=[], critical_path_nodes=[], wall=3.0, critical_path=3.0)
     svg = timeline_svg(trace)
     spans = [_x_span(svg, f"request {i} of batch 1") for i in (1, 2, 3)]
     assert spans[0][0] < spans[1][0] < spans[2][0]  # not all at 0
@@ -256,7 +256,7 @@ def test_model_load_is_its_own_bar_before_the_first_batch():
     backend = "TransformersBackend('/models/tiny', 'cpu', None)"
     trace = SimpleNamespace(
         batches=[BatchRecord(1, backend, 4, 5.0, 6.0, ["Generate#1"]), BatchRecord(2, backend, 4, 6.0, 7.0, ["Generate#1"])],
-        loads=[LoadRecord(backend, 0.0, 5.0)], requests=[], nodes={}, critical_path_nodes=[], wall=7.0, critical_path=7.0)
+        model_loads=[ModelLoadRecord(backend, 0.0, 5.0)], requests=[], nodes={}, critical_path_nodes=[], wall=7.0, critical_path=7.0)
     svg = timeline_svg(trace)
     load, first = _x_span(svg, "loading the model of transformers: tiny"), _x_span(svg, "batch 1:")
     assert _lane_of(svg, "loading the model") == "transformers: tiny"
@@ -288,3 +288,4 @@ def test_a_fully_cached_run_shows_its_cache_hits(tmp_path):
     assert _lane_of(svg, "Generate") == "function: upper: cache hits"
     assert "4 draw(s) from the cache, 0 sent" in svg
     assert 'class="bar mark"' in svg
+
