@@ -289,3 +289,50 @@ def test_a_fully_cached_run_shows_its_cache_hits(tmp_path):
     assert "4 draw(s) from the cache, 0 sent" in svg
     assert 'class="bar mark"' in svg
 
+
+def test_a_real_openai_run_draws_each_request_at_its_recorded_times(fake_openai):
+    """The chat backend reports every wire request (``BatchReport.request``); with progress on, the
+    ``Counter`` in front of the trace passes them on, and each becomes a bar at its own times."""
+    fake_openai.latency = 0.05
+    llm = models.openai("fake-model", base_url=fake_openai.base_url, api_key="sk-timeline", max_retries=0)
+    q = outlines.string("q")
+    with outlines.trace() as trace:
+        llm(q).eval({"q": ["a", "b", "c"]}, cache=False, max_concurrency=1, progress=True)
+    (batch,) = trace.batches
+    assert len(trace.requests) == 3 == len(fake_openai.requests)
+    starts = [r.start for r in trace.requests]
+    assert starts == sorted(starts) and starts[-1] - starts[0] >= 0.09  # one after another, not all at once
+    assert all(batch.start <= r.start <= r.end <= batch.end for r in trace.requests)
+    svg = timeline_svg(trace)
+    assert "sk-timeline" not in svg
+    spans = []
+    for number, request in enumerate(trace.requests, 1):
+        title = f"request {number} of batch {batch.id}"
+        assert _lane_of(svg, title) == "openai: fake-model: requests"
+        assert f"{request.start:.3f} s to {request.end:.3f} s" in svg
+        spans.append(_x_span(svg, title))
+    whole = _x_span(svg, f"batch {batch.id}:")
+    scale = (whole[1] - whole[0]) / (batch.end - batch.start)
+    for (left, right), request in zip(spans, trace.requests):
+        # Where the bar is drawn is where the request was recorded, within a pixel or two.
+        assert left - whole[0] == pytest.approx((request.start - batch.start) * scale, abs=2.0)
+        assert right - whole[0] == pytest.approx((request.end - batch.start) * scale, abs=2.0)
+
+
+@pytest.mark.slow
+def test_a_real_transformers_run_draws_its_model_load(tiny_model_path):
+    from outlines.backends.transformers import clear_registry
+
+    clear_registry()
+    llm = models.transformers(tiny_model_path, device="cpu", max_tokens=2, temperature=0)
+    q = outlines.string("q")
+    with outlines.trace() as trace:
+        llm(q).eval({"q": ["load me"]}, cache=False, progress=True)
+        llm(q).eval({"q": ["loaded"]}, cache=False)
+    (load,) = trace.model_loads
+    assert len(trace.batches) == 2 and trace.batches[0].start <= load.start < load.end <= trace.batches[0].end
+    svg = timeline_svg(trace)
+    lane = _lane_of(svg, "loading the model of transformers")
+    assert lane == _lane_of(svg, "batch 1:") and lane.startswith("transformers")
+    assert f"{load.start:.3f} s to {load.end:.3f} s" in svg
+    assert "model load" in trace.summary()
