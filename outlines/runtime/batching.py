@@ -89,8 +89,11 @@ class Batcher:
 
     Parameters
     ----------
-    plan, cache, executor, recorder
-        The scheduler's plan, resolved cache (``None``: off), executor and recorder.
+    plan, cache, executor
+        The scheduler's plan, resolved cache (``None``: off) and executor.
+    recorder
+        Returns the scheduler's recorder, read at each event: progress puts a
+        ``Counter`` in front of it after the scheduler is built.
     return_failures
         ``errors="return"``: failed draws become ``Failure`` values.
     batch_window
@@ -111,7 +114,7 @@ class Batcher:
         *,
         cache: Any,
         executor: Executor,
-        recorder: Recorder,
+        recorder: Callable[[], Recorder],
         return_failures: bool,
         batch_window: float,
         request_limit: asyncio.Semaphore | None,
@@ -123,8 +126,7 @@ class Batcher:
         self.plan = plan
         self.cache = cache
         self.executor = executor
-        self.recorder = recorder
-        self.tracing = type(recorder) is not Recorder
+        self._recorder = recorder
         self.return_failures = return_failures
         self.batch_window = batch_window
         self.request_limit = request_limit
@@ -140,6 +142,16 @@ class Batcher:
         for node in plan.nodes:
             if node.op.mode == "generate":
                 self._queue(node).unready += 1
+
+    @property
+    def recorder(self) -> Recorder:
+        """The scheduler's recorder now (a progress ``Counter`` may stand in front of a trace)."""
+        return self._recorder()
+
+    @property
+    def tracing(self) -> bool:
+        """Whether someone listens to batch details (a plain ``Recorder`` ignores them)."""
+        return type(self.recorder) is not Recorder
 
     @property
     def window_open(self) -> bool:
@@ -243,7 +255,6 @@ class Batcher:
         self.batch_ids += 1
         batch_id = self.batch_ids
         keys = [cache_module.draw_key(backend.identity, d) for d in draws] if self.cache is not None else []
-        recorder = self.recorder
 
         def on_result(index: int, text: str) -> None:
             if self.cache is not None and 0 <= index < len(keys):
@@ -256,8 +267,8 @@ class Batcher:
         report = BatchReport(
             on_result=on_result,
             on_failure=on_failure,
-            on_request=lambda start, end, error: recorder.request_finished(batch_id, start, end, error),
-            on_model_loaded=lambda start, end: recorder.model_loaded(backend, start, end),
+            on_request=lambda start, end, error: self.recorder.request_finished(batch_id, start, end, error),
+            on_model_loaded=lambda start, end: self.recorder.model_loaded(backend, start, end),
             request_limit=self.request_limit if backend.sends_requests else None,
         )
         self.spawn(

@@ -85,6 +85,9 @@ class _Forward(Recorder):
     def node_cache(self, node: Any, hits: int, misses: int) -> None:
         self.outer.node_cache(node, hits, misses)
 
+    def node_failures(self, node: Any, outputs: tuple[Any, ...]) -> None:
+        self.outer.node_failures(node, outputs)
+
     def batch_started(self, batch_id: int, backend: Any, nodes: list[Any], size: int, t: float) -> None:
         self.batches += 1
         self.ids[batch_id] = next(_batch_ids)

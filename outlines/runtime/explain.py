@@ -146,6 +146,14 @@ class Explanation:
 
     __str__ = summary
 
+    def _repr_mimebundle_(self, include: Any = None, exclude: Any = None) -> dict[str, str]:
+        from outlines.graph.viz.jupyter import text_mimebundle
+
+        return text_mimebundle(self.summary(), "outlines-explain")
+
+    def _repr_html_(self) -> str:
+        return self._repr_mimebundle_()["text/html"]
+
 
 class _Unknown:
     def __repr__(self) -> str:

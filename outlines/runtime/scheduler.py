@@ -76,7 +76,7 @@ class Scheduler:
             plan,
             cache=cache_module.resolve(cache),
             executor=self.executor,
-            recorder=self.recorder,
+            recorder=lambda: self.recorder,  # read at each event: progress wraps it later
             return_failures=self.return_failures,
             batch_window=batch_window,
             request_limit=asyncio.Semaphore(max_concurrency) if max_concurrency else None,
@@ -235,10 +235,14 @@ class Scheduler:
         node = self.plan.nodes[index]
         outputs = node.outputs
         results = result if len(outputs) > 1 else (result,)
+        failed = False
         for output, value in zip(outputs, results):
             self.values[id(output)] = value
             if self.return_failures and _has_failure(value):
                 self.failed_values.add(id(output))
+                failed = True
+        if failed:  # a trace counts the Failure elements, which node_finished does not see
+            self.recorder.node_failures(node, tuple(results))
         self.recorder.node_finished(node, time.perf_counter(), error)
         self.remaining -= 1
         for consumer in self.plan.consumers[index]:

@@ -186,7 +186,8 @@ def visualize(*variables: Variable, filename: str | None = None, format: str | N
     -------
     graphviz.Digraph or str
         A Digraph for the graphviz formats (it renders itself in Jupyter), the
-        text for ``mermaid`` and ``ascii``.
+        text for ``mermaid`` and ``ascii`` (a ``str`` that Jupyter shows as
+        text rather than as an escaped string).
 
     Raises
     ------
@@ -211,7 +212,9 @@ def visualize(*variables: Variable, filename: str | None = None, format: str | N
         if filename is not None:
             with open(filename, "w", encoding="utf-8") as handle:
                 handle.write(text)
-        return text
+        from outlines.graph.viz.jupyter import TextPicture
+
+        return TextPicture(text, "markdown" if text.startswith("```") else fmt)
     graph = to_graphviz(drawing)
     graph.format = "svg" if fmt == "dot" else fmt
     if filename is not None:
