@@ -14,6 +14,8 @@ from outlines.runtime.evaluate import aeval, eval
 from outlines.runtime.explain import explain
 from outlines.fn import fn
 from outlines.graph.basic import Constant, Variable
+from outlines.graph.ops import concatenate, expand_dims, stack
+from outlines.graph.ragged import Ragged
 from outlines.text import constant, prompt, string
 
 __version__ = "0.1.0"
@@ -24,18 +26,22 @@ __all__ = [
     "GraphBuildError",
     "NodeError",
     "Program",
+    "Ragged",
     "UnboundInputError",
     "Variable",
     "aeval",
     "cache",
     "compile",
+    "concatenate",
     "config",
     "constant",
     "eval",
+    "expand_dims",
     "explain",
     "fn",
     "models",
     "prompt",
+    "stack",
     "string",
     "text",
     "trace",

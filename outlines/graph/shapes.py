@@ -20,7 +20,7 @@ import numpy as np
 
 from outlines.errors import GraphBuildError
 
-__all__ = ["Shape", "align", "broadcast_leading", "pad_trailing", "shape_of", "show"]
+__all__ = ["Shape", "align", "broadcast_leading", "pad_trailing", "propagate", "shape_of", "show"]
 
 Shape = Optional[Tuple[Optional[int], ...]]
 
@@ -99,3 +99,26 @@ def shape_of(value: Any) -> Shape:
     if isinstance(value, np.ndarray):
         return tuple(int(n) for n in value.shape)
     return ()  # a scalar, or one Python value (a list given to a function whole)
+
+
+def propagate(nodes: Sequence[Any], known: dict[int, Shape]) -> dict[int, Shape]:
+    """Static shapes of every output of ``nodes`` (in topological order).
+
+    ``known`` maps ``id(variable)`` to the shape of a bound input; other
+    Variables keep the shape they were built with. A pairing that fails
+    raises ``GraphBuildError`` naming the node and both shapes, before
+    anything runs.
+    """
+    shapes = dict(known)
+    for node in nodes:
+        inputs = [shapes.get(id(v), v.shape) for v in node.inputs]
+        if all(a == v.shape for a, v in zip(inputs, node.inputs)):
+            outs = [v.shape for v in node.outputs]  # nothing new is known here
+        else:
+            try:
+                outs = node.op.infer_shapes(inputs, len(node.outputs))
+            except GraphBuildError as exc:
+                raise GraphBuildError(f"{node.label}: {exc}") from None
+        for variable, shape in zip(node.outputs, outs):
+            shapes[id(variable)] = shape
+    return shapes
