@@ -53,21 +53,23 @@ class PyFunc(Op):
         return ("PyFunc", f.__qualname__, f.code_hash, f.signature, list(self.kwnames))
 
     def infer_shapes(self, shapes: list[Shape], noutputs: int) -> list[Shape]:
+        """Leading-axis pairing of the arguments (of the loop axes, with a signature)."""
         function = self.function
         if function.signature is None:
             return [align(function.__name__, shapes)] * noutputs
-        if any(s is None for s in shapes):
+        known = [s for s in shapes if s is not None]
+        if len(known) < len(shapes):
             return [None] * noutputs
         sizes: dict[str, int | None] = {}
         loops: list[Shape] = []
-        for shape, core in zip(shapes, function.core_names):
-            if len(shape) < len(core):  # type: ignore[arg-type]
+        for shape, core in zip(known, function.core_names):
+            if len(shape) < len(core):
                 raise GraphBuildError(
                     f"fn {function.__name__}: an argument of shape {shape} has fewer than the "
                     f"{len(core)} core axes of signature {function.signature}"
                 )
-            loops.append(shape[: len(shape) - len(core)])  # type: ignore[index]
-            for name, size in zip(core, shape[len(shape) - len(core) :]):  # type: ignore[index, arg-type]
+            loops.append(shape[: len(shape) - len(core)])
+            for name, size in zip(core, shape[len(shape) - len(core) :]):
                 if sizes.get(name) not in (None, size) and size is not None:
                     raise GraphBuildError(f"fn {function.__name__}: core axis {name} has sizes {sizes[name]} and {size}")
                 sizes[name] = size if size is not None else sizes.get(name)

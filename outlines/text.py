@@ -83,11 +83,13 @@ def list_arguments(source: str) -> frozenset[str]:
     found: set[str] = set()
     tree = _ENVIRONMENT.parse(source)
     for node in tree.find_all((jinja2.nodes.For, jinja2.nodes.Filter)):
+        target: Any = None
         if isinstance(node, jinja2.nodes.For):
-            targets = [node.iter]
-        else:
-            targets = [node.node] if node.name in _SEQUENCE_FILTERS else []
-        found.update(t.name for t in targets if isinstance(t, jinja2.nodes.Name))
+            target = node.iter
+        elif isinstance(node, jinja2.nodes.Filter) and node.name in _SEQUENCE_FILTERS:
+            target = node.node
+        if isinstance(target, jinja2.nodes.Name):
+            found.add(target.name)
     return frozenset(found)
 
 
@@ -100,6 +102,7 @@ class Render(Op):
     """
 
     elementwise = True
+    moves_unknown = True  # explain passes ``unknown``: an element reading it stays unknown
 
     __props__ = ("template_name", "source", "names", "lists")
 
@@ -130,10 +133,12 @@ class Render(Op):
     def ragged_outputs(self, ragged: list[bool], noutputs: int) -> list[bool]:
         return [any(r for name, r in zip(self.names, ragged) if name not in self.lists)]
 
-    def perform(self, *values: Any) -> Any:
+    def perform(self, *values: Any, unknown: Any = None) -> Any:
         template, names = _compiled(self.source), self.names
 
-        def render(*vals: Any) -> str:
+        def render(*vals: Any) -> Any:
+            if unknown is not None and any(v is unknown or _holds(v, unknown) for v in vals):
+                return unknown
             return template.render({n: _as_list(v) if n in self.lists else v for n, v in zip(names, vals)})
 
         if not self.lists:
@@ -148,6 +153,12 @@ def _whole_axis(value: Any) -> bool:
     if not isinstance(value, np.ndarray) or value.ndim == 0:
         return False
     return not any(isinstance(v, (list, tuple, np.ndarray, Ragged)) for v in value.flat)
+
+
+def _holds(value: Any, item: Any) -> bool:
+    if isinstance(value, np.ndarray):
+        return any(v is item for v in value.flat)
+    return isinstance(value, (list, tuple)) and any(v is item for v in value)
 
 
 def _as_list(value: Any) -> Any:
@@ -219,7 +230,10 @@ def prompt(fn: Callable[..., Any]) -> Prompt:
     """
     if not fn.__doc__:
         raise GraphBuildError(f"prompt {fn.__name__}: the docstring (the template) is empty")
-    source = inspect.cleandoc(fn.__doc__) + "\n" * _trailing_blank_lines(fn.__doc__)
+    lines = inspect.cleandoc(fn.__doc__).split("\n")
+    while len(lines) > 1 and not lines[-1].strip():
+        lines.pop()  # the closing quotes' line and blank lines; counted below
+    source = "\n".join(lines) + "\n" * _trailing_blank_lines(fn.__doc__)
     try:
         used = jinja2.meta.find_undeclared_variables(_ENVIRONMENT.parse(source))
     except jinja2.TemplateSyntaxError as exc:

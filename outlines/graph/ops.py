@@ -265,6 +265,8 @@ class Stack(Op):
     The values pair on their leading axes first, like every elementwise op.
     """
 
+    moves_unknown = True  # moves elements without reading them (explain's dry run)
+
     __props__ = ("n", "axis")
 
     def __init__(self, n: int, axis: int = -1) -> None:
@@ -286,13 +288,15 @@ class Stack(Op):
         _refuse_ragged(self, ragged)
         return [False]
 
-    def perform(self, *values: Any) -> Any:
+    def perform(self, *values: Any, unknown: Any = None) -> Any:
         _, arrays = broadcast_leading(self.name, [_check_value(self, v) for v in values])
         return np.stack(arrays, axis=self.axis)
 
 
 class Concatenate(Op):
     """Join values of equal rank along an existing axis (``outlines.concatenate``)."""
+
+    moves_unknown = True  # moves elements without reading them (explain's dry run)
 
     __props__ = ("axis",)
 
@@ -325,7 +329,7 @@ class Concatenate(Op):
         _refuse_ragged(self, ragged)
         return [False]
 
-    def perform(self, *values: Any) -> Any:
+    def perform(self, *values: Any, unknown: Any = None) -> Any:
         return np.concatenate([_check_value(self, v) for v in values], axis=self.axis)
 
 
@@ -352,6 +356,8 @@ def _python_part(part: Any) -> Any:
 
 class Index(Op):
     """``v[key]`` for ints, slices, ``None`` (a new axis) and ``...``."""
+
+    moves_unknown = True  # moves elements without reading them (explain's dry run)
 
     __props__ = ("parts",)
 
@@ -406,12 +412,14 @@ class Index(Op):
         _refuse_ragged(self, ragged)
         return [False]
 
-    def perform(self, value: Any) -> Any:
+    def perform(self, value: Any, unknown: Any = None) -> Any:
         return scalar_or_array(_check_value(self, value)[self._key()])
 
 
 class Reshape(Op):
     """The same elements in another shape (``v.reshape(...)``; one size may be -1)."""
+
+    moves_unknown = True  # moves elements without reading them (explain's dry run)
 
     __props__ = ("shape",)
 
@@ -424,7 +432,7 @@ class Reshape(Op):
         (shape,) = shapes
         if shape is None or None in shape:
             return [tuple(None if n == -1 else n for n in self.shape)]
-        total = int(np.prod(shape, dtype=np.int64))
+        total = int(np.prod([int(n) for n in shape if n is not None], dtype=np.int64))
         known = int(np.prod([n for n in self.shape if n != -1], dtype=np.int64))
         if -1 in self.shape:
             if known == 0 or total % known:
@@ -438,12 +446,14 @@ class Reshape(Op):
         _refuse_ragged(self, ragged)
         return [False]
 
-    def perform(self, value: Any) -> Any:
+    def perform(self, value: Any, unknown: Any = None) -> Any:
         return scalar_or_array(_check_value(self, value).reshape(self.shape))
 
 
 class Flatten(Op):
     """A ragged value's items as one flat array (what a model call batches)."""
+
+    moves_unknown = True  # moves elements without reading them (explain's dry run)
 
     def infer_shapes(self, shapes: list[Shape], noutputs: int) -> list[Shape]:
         (shape,) = shapes
@@ -451,12 +461,14 @@ class Flatten(Op):
             return [shape]
         return [shape[shape.index(None) :]]
 
-    def perform(self, value: Any) -> Any:
+    def perform(self, value: Any, unknown: Any = None) -> Any:
         return value.values if isinstance(value, Ragged) else value
 
 
 class Regroup(Op):
     """Put flat results back into the rows of the value they came from."""
+
+    moves_unknown = True  # moves elements without reading them (explain's dry run)
 
     def infer_shapes(self, shapes: list[Shape], noutputs: int) -> list[Shape]:
         flat, rows = shapes
@@ -467,7 +479,7 @@ class Regroup(Op):
     def ragged_outputs(self, ragged: list[bool], noutputs: int) -> list[bool]:
         return [True]
 
-    def perform(self, flat: Any, rows: Any) -> Any:
+    def perform(self, flat: Any, rows: Any, unknown: Any = None) -> Any:
         return rows.with_values(flat) if isinstance(rows, Ragged) else flat
 
 

@@ -55,12 +55,13 @@ def align(where: str, shapes: Sequence[Shape]) -> Shape:
     >>> align("f", [(), (4, None)])
     (4, None)
     """
-    if any(s is None for s in shapes):
+    known_shapes = [s for s in shapes if s is not None]
+    if len(known_shapes) < len(shapes):
         return None
-    rank = max((len(s) for s in shapes), default=0)  # type: ignore[arg-type]
+    rank = max((len(s) for s in known_shapes), default=0)
     out: list[int | None] = []
     for axis in range(rank):
-        sizes = {s[axis] for s in shapes if axis < len(s)}  # type: ignore[arg-type]
+        sizes = {s[axis] for s in known_shapes if axis < len(s)}
         known = {n for n in sizes if n is not None and n != 1}
         if len(known) > 1:
             raise _mismatch(where, shapes)
