@@ -22,7 +22,7 @@ import jinja2.meta
 import jinja2.nodes
 import numpy as np
 
-from outlines.errors import GraphBuildError
+from outlines.errors import Failure, GraphBuildError
 from outlines.graph.basic import Apply, Constant, Op, Variable, as_variable
 from outlines.graph.ops import broadcast_map, core_map
 from outlines.graph.ragged import Ragged
@@ -101,7 +101,6 @@ class Render(Op):
     whose elements are already lists is passed element by element.
     """
 
-    elementwise = True
     moves_unknown = True  # explain passes ``unknown``: an element reading it stays unknown
 
     __props__ = ("template_name", "source", "names", "lists")
@@ -118,6 +117,11 @@ class Render(Op):
     @property
     def name(self) -> str:
         return f"Render[{self.template_name}]"
+
+    @property
+    def elementwise(self) -> bool:
+        """Templates without list arguments are elementwise (one render per element)."""
+        return not self.lists
 
     def _cores(self, values: Any) -> list[int]:
         return [1 if name in self.lists and _whole_axis(v) else 0 for name, v in zip(self.names, values)]
@@ -137,6 +141,11 @@ class Render(Op):
         template, names = _compiled(self.source), self.names
 
         def render(*vals: Any) -> Any:
+            failed = next((v for v in vals if isinstance(v, Failure)), None) or next(
+                (x for v in vals if isinstance(v, (list, tuple, np.ndarray)) for x in _items(v) if isinstance(x, Failure)), None
+            )
+            if failed is not None:
+                return failed  # an upstream element failed (errors="return"): this one cannot render
             if unknown is not None and any(v is unknown or _holds(v, unknown) for v in vals):
                 return unknown
             return template.render({n: _as_list(v) if n in self.lists else v for n, v in zip(names, vals)})
@@ -153,6 +162,10 @@ def _whole_axis(value: Any) -> bool:
     if not isinstance(value, np.ndarray) or value.ndim == 0:
         return False
     return not any(isinstance(v, (list, tuple, np.ndarray, Ragged)) for v in value.flat)
+
+
+def _items(value: Any) -> Any:
+    return value.flat if isinstance(value, np.ndarray) else value
 
 
 def _holds(value: Any, item: Any) -> bool:

@@ -135,3 +135,21 @@ def test_comparing_a_variable_in_python_code_is_an_error_not_false():
     with pytest.raises(TypeError, match="symbolic"):
         if best == "12":
             pass
+
+
+def test_a_failed_candidate_fails_only_its_own_row_with_errors_return():
+    def flaky(p):
+        if "t1" in p:
+            raise ValueError("boom")
+        return "ok " + p
+
+    llm = models.from_function(flaky, name="flaky")
+
+    @outlines.prompt
+    def judge(task, candidates):
+        """{{ task }}: {{ candidates | join(",") }}"""
+
+    t = outlines.string("t")
+    out = judge(t, llm(t, num_samples=2)).eval({t: ["t0", "t1"]}, errors="return", cache=False)
+    assert out[0] == "t0: ok t0,ok t0"
+    assert isinstance(out[1], outlines.Failure) and "boom" in out[1].message

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any, Sequence
 
 import numpy as np
 
+from outlines.errors import GraphBuildError
 from outlines.graph.shapes import Shape, shape_of
 
 if TYPE_CHECKING:
@@ -341,9 +342,17 @@ def as_variable(value: Any, *, array: bool = False) -> Variable:
         from outlines.graph.ops import Stack
 
         return Stack(len(value))(*value)
+    if isinstance(value, (list, tuple)) and _nests_variables(value):
+        raise GraphBuildError(
+            "a nested list holding Variables is ambiguous; build it with outlines.stack(..., axis=...)"
+        )
     if array and isinstance(value, (list, tuple)):
         return Constant(as_object_array(value))
     return Constant(value)
+
+
+def _nests_variables(value: Any) -> bool:
+    return any(isinstance(v, Variable) or (isinstance(v, (list, tuple)) and _nests_variables(v)) for v in value)
 
 
 def _concat() -> Concat:
