@@ -15,7 +15,8 @@ from typing import TYPE_CHECKING, Any, Sequence
 import numpy as np
 
 from outlines.errors import GraphBuildError
-from outlines.graph.shapes import Shape, shape_of
+from outlines.graph.ragged import Ragged
+from outlines.graph.shapes import Shape, align, shape_of
 
 if TYPE_CHECKING:
     from outlines.graph.ops import Concat
@@ -187,8 +188,6 @@ class Constant(Variable):
     __slots__ = ("value",)
 
     def __init__(self, value: Any, name: str | None = None) -> None:
-        from outlines.graph.ragged import Ragged
-
         super().__init__(None, 0, name, shape_of(value), isinstance(value, Ragged))
         self.value = value
 
@@ -214,7 +213,10 @@ class Apply:
         self.order = next(_creation_order)
         shapes = op.infer_shapes([v.shape for v in self.inputs], noutputs)
         ragged = op.ragged_outputs([v.ragged for v in self.inputs], noutputs)
-        self.outputs = tuple(Variable(self, i, None, shapes[i], ragged[i]) for i in range(noutputs))
+        if noutputs == 1:  # the common case, kept cheap for deep graphs
+            self.outputs: tuple[Variable, ...] = (Variable(self, 0, None, shapes[0], ragged[0]),)
+        else:
+            self.outputs = tuple(Variable(self, i, None, shapes[i], ragged[i]) for i in range(noutputs))
 
     @property
     def out(self) -> Variable:
@@ -261,8 +263,6 @@ class Op:
         axes (``outlines.graph.shapes.align``); others do not know by default.
         """
         if getattr(self, "elementwise", False):
-            from outlines.graph.shapes import align
-
             return [align(self.name, shapes)] * noutputs
         return [None] * noutputs
 

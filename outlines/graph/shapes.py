@@ -19,6 +19,7 @@ from typing import Any, Optional, Sequence, Tuple
 import numpy as np
 
 from outlines.errors import GraphBuildError
+from outlines.graph.ragged import Ragged
 
 __all__ = ["Shape", "align", "broadcast_leading", "pad_trailing", "propagate", "shape_of", "show"]
 
@@ -55,9 +56,9 @@ def align(where: str, shapes: Sequence[Shape]) -> Shape:
     >>> align("f", [(), (4, None)])
     (4, None)
     """
-    known_shapes = [s for s in shapes if s is not None]
-    if len(known_shapes) < len(shapes):
+    if None in shapes:
         return None
+    known_shapes = [s for s in shapes if s is not None]
     rank = max((len(s) for s in known_shapes), default=0)
     out: list[int | None] = []
     for axis in range(rank):
@@ -93,8 +94,8 @@ def broadcast_leading(where: str, arrays: Sequence[np.ndarray]) -> tuple[tuple[i
 
 def shape_of(value: Any) -> Shape:
     """The static shape of a concrete value (a given or a constant)."""
-    from outlines.graph.ragged import Ragged
-
+    if isinstance(value, str):
+        return ()
     if isinstance(value, Ragged):
         return value.shape
     if isinstance(value, np.ndarray):
