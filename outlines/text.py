@@ -27,6 +27,7 @@ from outlines.graph.basic import Apply, Constant, Op, Variable, as_variable
 from outlines.graph.ops import broadcast_map, core_map
 from outlines.graph.ragged import Ragged
 from outlines.graph.shapes import Shape, align
+from outlines.graph.viz.drawing import shorten
 
 __all__ = ["Prompt", "Render", "constant", "function", "prompt", "string"]
 
@@ -117,6 +118,12 @@ class Render(Op):
     @property
     def name(self) -> str:
         return f"Render[{self.template_name}]"
+
+    def describe(self) -> dict[str, Any]:
+        return {"kind": "prompt", "title": f"prompt {self.template_name}", "lines": ['"' + shorten(self.source, 40) + '"']}
+
+    def argument_name(self, position: int, ninputs: int) -> str:
+        return str(self.names[position])
 
     @property
     def elementwise(self) -> bool:

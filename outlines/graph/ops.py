@@ -234,6 +234,9 @@ class Concat(Op):
             check_text_input(self, variable, "each operand of +")
         return Apply(self, variables)
 
+    def describe(self) -> dict[str, Any]:
+        return {"kind": "op", "title": "+ (concat)"}
+
     def perform(self, *values: Any) -> Any:
         return broadcast_map(_join, values)
 
@@ -273,6 +276,9 @@ class Stack(Op):
         self.n = n
         self.axis = axis
 
+    def describe(self) -> dict[str, Any]:
+        return {"kind": "op", "title": f"stack {self.n}", "lines": [] if self.axis == -1 else [f"axis={self.axis}"]}
+
     def infer_shapes(self, shapes: list[Shape], noutputs: int) -> list[Shape]:
         shape = align(self.name, shapes)
         if shape is None:
@@ -302,6 +308,9 @@ class Concatenate(Op):
 
     def __init__(self, axis: int = 0) -> None:
         self.axis = axis
+
+    def describe(self) -> dict[str, Any]:
+        return {"kind": "op", "title": "concatenate", "lines": [f"axis={self.axis}"]}
 
     def infer_shapes(self, shapes: list[Shape], noutputs: int) -> list[Shape]:
         if any(s is None for s in shapes):
@@ -354,6 +363,14 @@ def _python_part(part: Any) -> Any:
     return part
 
 
+def _show_part(part: Any) -> str:
+    """An index part as Python writes it: ``1:3``, ``::2``, ``None``, ``...``."""
+    if isinstance(part, tuple):
+        start, stop, step = ("" if n is None else str(n) for n in part[1:])
+        return f"{start}:{stop}" + (f":{step}" if step else "")
+    return "..." if part == "..." else repr(part)
+
+
 class Index(Op):
     """``v[key]`` for ints, slices, ``None`` (a new axis) and ``...``."""
 
@@ -372,11 +389,13 @@ class Index(Op):
 
     @property
     def name(self) -> str:
-        shown = ", ".join(":" if isinstance(p, tuple) and p[1:] == (None, None, None) else repr(_python_part(p)) for p in self.parts)
-        return f"Index[{shown}]"
+        return f"Index[{', '.join(_show_part(p) for p in self.parts)}]"
 
     def _key(self) -> tuple[Any, ...]:
         return tuple(_python_part(p) for p in self.parts)
+
+    def describe(self) -> dict[str, Any]:
+        return {"kind": "op", "title": "index " + self.name[len("Index"):]}
 
     def infer_shapes(self, shapes: list[Shape], noutputs: int) -> list[Shape]:
         (shape,) = shapes
@@ -428,6 +447,9 @@ class Reshape(Op):
             raise GraphBuildError(f"Reshape: invalid shape {shape}: sizes >= 0, at most one -1")
         self.shape = shape
 
+    def describe(self) -> dict[str, Any]:
+        return {"kind": "op", "title": f"reshape {show(self.shape)}"}
+
     def infer_shapes(self, shapes: list[Shape], noutputs: int) -> list[Shape]:
         (shape,) = shapes
         if shape is None or None in shape:
@@ -455,6 +477,9 @@ class Flatten(Op):
 
     moves_unknown = True  # moves elements without reading them (explain's dry run)
 
+    def describe(self) -> dict[str, Any]:
+        return {"kind": "op", "title": "flatten rows"}
+
     def infer_shapes(self, shapes: list[Shape], noutputs: int) -> list[Shape]:
         (shape,) = shapes
         if shape is None or None not in shape:
@@ -469,6 +494,12 @@ class Regroup(Op):
     """Put flat results back into the rows of the value they came from."""
 
     moves_unknown = True  # moves elements without reading them (explain's dry run)
+
+    def describe(self) -> dict[str, Any]:
+        return {"kind": "op", "title": "regroup into rows"}
+
+    def argument_name(self, position: int, ninputs: int) -> str:
+        return ("values", "rows")[position]
 
     def infer_shapes(self, shapes: list[Shape], noutputs: int) -> list[Shape]:
         flat, rows = shapes
