@@ -7,19 +7,13 @@ import pytest
 import outlines
 from outlines import models
 from outlines.graph.ragged import Ragged
+from tests.fixtures.recording import RecordingBackend
 
 DOCUMENTS = ["a|b", "c|d|e", "f", "g|h|i|j", "k|l"]
 
 
-class CallLog:
-    """A batched fake model that records every batch it receives."""
-
-    def __init__(self):
-        self.batches = []
-
-    def __call__(self, prompts):
-        self.batches.append(list(prompts))
-        return [f"<{p}>" for p in prompts]
+def bracket(prompt: str) -> str:
+    return f"<{prompt}>"
 
 
 @outlines.fn(signature="()->(n)")
@@ -45,8 +39,8 @@ def test_ragged_values_hold_rows_flat():
 
 
 def test_ragged_map_reduce_sends_one_batch_per_level():
-    log = CallLog()
-    llm = models.from_function(log, batched=True, name="log")
+    log = RecordingBackend(bracket, name="log")
+    llm = log.model()
     documents = outlines.string("documents")
     parts = paragraphs(documents)
     summaries = llm(summarize(parts))

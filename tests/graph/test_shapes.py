@@ -7,6 +7,7 @@ import pytest
 import outlines
 from outlines import models
 from outlines.graph.shapes import align
+from tests.fixtures.recording import RecordingBackend
 
 
 @outlines.fn
@@ -46,18 +47,18 @@ def test_shapes_are_known_when_the_inputs_are():
 
 
 def test_a_mismatch_in_a_program_is_a_build_error_before_any_call():
-    calls = []
-    model = models.from_function(lambda ps: calls.append(ps) or list(ps), batched=True, name="log")
+    log = RecordingBackend(lambda p: p, name="log")
+    model = log.model()
 
     @outlines.compile
     def pair(task, other):
         return join(model(task, num_samples=2), other)
 
     assert pair(["a", "b"], ["x", "y"]).shape == (2, 2)
-    calls.clear()
+    log.batches.clear()
     with pytest.raises(outlines.GraphBuildError, match=r"cannot pair shapes \(2, 2\) and \(3,\)"):
         pair(["a", "b"], ["x", "y", "z"])
-    assert calls == []  # refused before anything was sent
+    assert log.batches == []  # refused before anything was sent
 
 
 def test_indexing_reshaping_and_new_axes():
@@ -119,3 +120,27 @@ def test_variables_stay_usable_as_keys_and_in_lists():
     assert table[b] == 2 and a in table and b in {a, b}
     assert [a, b].index(a) == 0 and a in [a, b]  # identity is found first
     assert (a + b).owner.inputs[0] is a
+
+
+def test_array_ops_present_themselves_in_pictures():
+    from outlines.graph.viz.drawing import describe
+
+    grid = outlines.string("grid")
+    joined = outlines.concatenate([grid[:, 0], grid.reshape(-1)[1:3], grid[..., None][0, :, 0]], axis=0)
+    drawing = describe(outlines.stack([joined, joined], axis=0))
+    shown = {(node.title, tuple(node.lines)) for node in drawing.nodes if node.kind == "op"}
+    assert shown == {
+        ("index [:, 0]", ()), ("reshape (-1,)", ()), ("index [1:3]", ()), ("index [..., None]", ()),
+        ("index [0, :, 0]", ()), ("concatenate", ("axis=0",)), ("stack 2", ("axis=0",)),
+    }
+
+
+def test_plan_folds_array_ops_on_constants_and_merges_equal_ones():
+    from outlines.runtime.plan import Plan
+
+    grid = outlines.constant(np.array([["a", "b"], ["c", "d"]], dtype=object))
+    plan = Plan([outlines.stack([grid[:, 1], grid.reshape(-1)[2:]], axis=0)])
+    assert plan.nodes == [] and plan.outputs[0].value.tolist() == [["b", "d"], ["c", "d"]]
+    free = outlines.string("free")
+    plan = Plan([join(free[0], free[0]), outlines.concatenate([free[1:], free[1:]])])
+    assert sorted(node.op.name for node in plan.nodes) == ["Concatenate", "Index[0]", "Index[1:]", "join"]
