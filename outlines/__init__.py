@@ -15,6 +15,8 @@ from outlines.runtime.explain import explain
 from outlines.fn import elemwise, fn
 from outlines.graph.control import cond, where, while_loop
 from outlines.graph.basic import Constant, Variable
+from outlines.graph.ops import concatenate, expand_dims, stack
+from outlines.graph.ragged import Ragged
 from outlines.text import constant, prompt, string
 
 __version__ = "0.1.0"
@@ -25,6 +27,7 @@ __all__ = [
     "GraphBuildError",
     "NodeError",
     "Program",
+    "Ragged",
     "UnboundInputError",
     "Variable",
     "aeval",
@@ -32,14 +35,17 @@ __all__ = [
     "chain",
     "compile",
     "cond",
+    "concatenate",
     "config",
     "constant",
     "elemwise",
     "eval",
+    "expand_dims",
     "explain",
     "fn",
     "models",
     "prompt",
+    "stack",
     "string",
     "text",
     "trace",

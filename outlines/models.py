@@ -1,7 +1,11 @@
 """Models: the ``Model`` callable, the ``Generate`` op, and the constructors.
 
 Calling a ``Model`` on a prompt builds a ``Generate`` node; nothing is loaded
-or sent until evaluation. Each element of the prompt and each of its
+or sent until evaluation. The output has the prompt's shape plus, when
+``num_samples`` is above 1, a LAST axis of samples: anything of the prompt's
+shape pairs with it on the leading axes (``outlines.graph.shapes``). A ragged
+prompt (rows of different lengths) is flattened so all its rows go in one
+batch, and the results are put back into the rows. Each element of the prompt and each of its
 ``num_samples`` samples is one *draw*. Draws are numbered when a graph is
 planned (``outlines.runtime.plan``), so repeated identical calls are
 independent draws and a re-run replays the same numbers from the cache.
@@ -22,7 +26,8 @@ import numpy as np
 from outlines.backends.base import Backend, Draw, GenerationParams
 from outlines.errors import GraphBuildError
 from outlines.graph.basic import Apply, Constant, Op, Variable, as_object_array, as_variable
-from outlines.graph.ops import check_text_input
+from outlines.graph.ops import Flatten, Regroup, check_text_input
+from outlines.graph.shapes import Shape
 from outlines.graph.viz.drawing import backend_name, shorten
 
 __all__ = ["Generate", "Model", "from_function", "openai", "openai_completion", "transformers"]
@@ -68,6 +73,17 @@ class Generate(Op):
             prompt = Constant(as_object_array(prompt.value), prompt.name)  # a list of prompts is an array
         check_text_input(self, prompt, "the prompt")
         return Apply(self, [prompt])
+
+    def infer_shapes(self, shapes: list[Shape], noutputs: int) -> list[Shape]:
+        (shape,) = shapes
+        if shape is None or self.num_samples == 1:
+            return [shape]
+        return [(*shape, self.num_samples)]
+
+    def ragged_outputs(self, ragged: list[bool], noutputs: int) -> list[bool]:
+        if ragged[0]:
+            raise GraphBuildError(f"{self.name}: a ragged prompt goes through Model.__call__, which flattens it")
+        return [False]
 
     def draws(self, prompt: Any, draw_offset: int) -> tuple[tuple[int, ...], list[Draw]]:
         """The output shape and the flat list of draws for a prompt value.
@@ -130,6 +146,8 @@ class Model:
         if op is None:
             op = Generate(self.backend, merged, num_samples)
             self._ops[merged, op.num_samples] = op
+        if isinstance(prompt, Variable) and prompt.ragged:
+            return Regroup()(op(Flatten()(prompt)), prompt)  # one batch over every row
         return op(prompt)
 
     def __eq__(self, other: object) -> bool:

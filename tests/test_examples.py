@@ -18,14 +18,16 @@ def run_example(name: str, *args: str, cache_dir: str) -> str:
     return done.stdout
 
 
-def test_map_reduce_batches_the_map_and_replays_from_the_cache(tmp_path):
+def test_map_reduce_batches_every_paragraph_and_replays_from_the_cache(tmp_path):
     first = run_example("map_reduce.py", cache_dir=str(tmp_path))
-    assert "result: Batching merges sibling model calls." in first
-    assert "requests: 3" in first  # explain: 4 map prompts at max_batch 2, then 1 reduce
-    assert "cache: 0 hit(s), 5 miss(es)" in first
+    # 2 + 1 + 3 paragraphs in one map level (max_batch 4: 2 calls), then 3 combines
+    assert "requests: 3" in first and "6  4 2" in first
+    assert "-> Batching merges sibling model calls." in first
+    assert "-> Branches run concurrently." in first
+    assert "cache: 0 hit(s), 9 miss(es)" in first
     second = run_example("map_reduce.py", cache_dir=str(tmp_path))
-    assert "cache: 5 hit(s), 0 miss(es)" in second
-    assert "result: Batching merges sibling model calls." in second
+    assert "cache: 9 hit(s), 0 miss(es)" in second
+    assert "-> A content-hash cache replays draws." in second
 
 
 def test_agent_sends_one_call_per_iteration_and_finished_trajectories_drop_out(tmp_path):
@@ -53,3 +55,9 @@ def test_refine_regenerates_only_the_rejected_drafts(tmp_path):
     assert 'Alan Turing, 41      3 draft(s) -> {"name": "Alan Turing", "age": 41}' in out
     assert "REJECTED" not in out
     assert "drafts sent per round: [5, 3, 2]" in out
+
+
+def test_best_of_n_judges_each_task_with_its_own_candidates(tmp_path):
+    out = run_example("best_of_n.py", cache_dir=str(tmp_path))
+    assert "2 + 3 = 5\n10 + 7 = 17\n4 + 4 = 8\n" in out  # 3 tasks, 3 samples: rows not mixed
+    assert "judge" in out and "9/9.0/9" in out  # one solver call for every sample of every task

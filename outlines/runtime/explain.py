@@ -1,7 +1,9 @@
 """``outlines.explain``: the batches an evaluation would send, without sending any.
 
 The dry run walks the plan in order. Cheap text ops (``+``, templates) run on
-the values the givens make known; user functions never run; model calls turn
+the values the givens make known; user functions run only when declared
+``pure=True`` and synchronous (a splitter that sizes a ragged fan-out), never
+on unknown values; model calls turn
 their known prompts into draws exactly as the scheduler does and look them up
 in the cache with one ``get_many`` per node. A model call whose prompt is
 computed from an unknown value (a model output, a user function) is counted by
@@ -32,6 +34,7 @@ from outlines import cache as cache_module
 from outlines.backends.base import Draw
 from outlines.graph.basic import Variable
 from outlines.graph.ops import Stack, broadcast_map
+from outlines.graph.ragged import Ragged
 from outlines.runtime.batching import BatchQueue, batch_sizes, lookup, unique_draws
 from outlines.runtime.evaluate import _check_options
 from outlines.runtime.plan import Plan, bind_givens
@@ -172,6 +175,8 @@ def _unknown(shape: tuple[int, ...]) -> Any:
 
 
 def _flat(value: Any) -> list[Any]:
+    if isinstance(value, Ragged):
+        value = value.values
     return list(value.reshape(-1)) if isinstance(value, np.ndarray) else [value]
 
 
@@ -225,9 +230,12 @@ class _DryRun:
         """Run cheap inline ops on what is known; only shapes for user functions."""
         op = node.op
         partial = any(x is UNKNOWN for value in inputs for x in _flat(value))
-        if op.mode == "inline" and not partial:
+        pure_python = op.mode == "python" and op.pure and not getattr(getattr(op, "function", None), "is_async", True)
+        if (op.mode == "inline" or pure_python) and not partial:
             result = op.perform(*inputs)
             return list(result) if len(node.outputs) > 1 else [result]
+        if op.mode == "inline" and getattr(op, "moves_unknown", False):
+            return [op.perform(*inputs, unknown=UNKNOWN)]  # structural or template ops
         if op.mode == "inline" and (getattr(op, "elementwise", False) or isinstance(op, Stack)):
             perform = op.perform
             scalar = lambda *xs: UNKNOWN if any(x is UNKNOWN for x in xs) else perform(*xs)  # noqa: E731
