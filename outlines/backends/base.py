@@ -18,6 +18,7 @@ __all__ = [
     "BackendError",
     "GenerationParams",
     "Request",
+    "check_limit",
     "report_requests",
     "report_result",
     "report_usage",
@@ -167,6 +168,9 @@ class Backend(abc.ABC):
     max_retries: int = 3
     #: True when generate blocks a CPU/GPU (local models); a hint for executors.
     local_compute: bool = False
+    #: False when the identity cannot cover everything that changes the output
+    #: (it holds an object id): draws are then never read from or written to disk.
+    cacheable: bool = True
 
     @property
     @abc.abstractmethod
@@ -239,3 +243,16 @@ def report_requests(count: int = 1) -> None:
     callback = _requests_callback.get()
     if callback is not None:
         callback(int(count))
+
+
+def check_limit(name: str, value: Any, *, where: str) -> int | None:
+    """``value`` as a positive int (``None`` stays ``None``); a clear ``ValueError`` otherwise.
+
+    Used by every constructor for ``max_batch`` and ``max_concurrency``: a
+    zero, negative or fractional limit would stall the scheduler instead.
+    """
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"{where}: {name} must be a positive integer or None, got {value!r}")
+    return int(value)

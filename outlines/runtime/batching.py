@@ -159,10 +159,10 @@ class ModelCalls:
             group.pending.clear()
         backend = group.backend
         keys: list[str] = []
-        if self.cache is not None:
+        if self.cache is not None and backend.cacheable:
             identity = backend.identity
             keys = [cache_module.draw_key(identity, r) for r in requests]
-            found = self.cache.get_many(keys)
+            found = self.cache.get_many(keys, expect=str)  # a draw is text; anything else is a miss
             if found:
                 misses, miss_keys = [], []
                 for request, key in zip(requests, keys):

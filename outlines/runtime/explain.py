@@ -226,10 +226,10 @@ class _DryRun:
         return level + 1, [output]
 
     def lookup(self, backend: Any, requests: list[Request]) -> dict[Request, Any]:
-        if self.cache is None or not requests:
+        if self.cache is None or not requests or not backend.cacheable:
             return {}
         keys = [cache_module.draw_key(backend.identity, r) for r in requests]
-        stored = self.cache.get_many(keys, record=False)  # a dry run counts no hits
+        stored = self.cache.get_many(keys, record=False, expect=str)  # a dry run counts no hits
         return {r: stored[k] for r, k in zip(requests, keys) if k in stored}
 
     def group(self, level: int, key: tuple[Any, Any], label: str) -> _Pending:
