@@ -208,7 +208,7 @@ class ModelCalls:
         def add_result(index: int, text: str) -> None:
             if 0 <= index < len(requests) and index not in done and isinstance(text, str):
                 done[index] = text
-                if self.cache is not None:
+                if keys:  # empty: no cache, or a backend that is not cacheable
                     self.cache.put_many({keys[index]: text})
 
         token = _usage_callback.set(add_usage)
