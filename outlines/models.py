@@ -232,8 +232,10 @@ def openai(model: str, *, base_url: str | None = None, api_key: str | None = Non
         ``top_p``, ``logit_bias``) and backend options (``max_batch``, default
         16 draws per call; ``max_concurrency``, default 32 requests in flight;
         ``max_retries``; ``system_prompt``; ``timeout`` and ``connect_timeout``
-        in seconds; ``rpm`` and ``tpm`` budgets; ``max_retry_after``;
-        ``headers``). See ``outlines.backends.openai``.
+        in seconds; ``total_timeout``, the most seconds one request may take;
+        ``rpm`` and ``tpm`` budgets; ``max_retry_after``; ``headers``). Models
+        that differ only in ``api_key`` (or ``headers``) never share a batch,
+        and share cache entries. See ``outlines.backends.openai``.
     """
     from outlines.backends.openai import OpenAIChatBackend
 
