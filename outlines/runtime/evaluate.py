@@ -2,15 +2,19 @@
 
 Evaluation is asynchronous inside. The sync ``eval`` runs the schedule with
 ``asyncio.run`` in a plain script, and on a private event loop in a helper
-thread when the caller's thread already runs a loop (Jupyter), with no patching of
-the caller's loop.
+thread when the caller's thread already runs a loop (Jupyter, or sync code inside
+``asyncio.run``), with no patching of the caller's loop; Ctrl-C while it waits
+cancels the schedule at once (what finished stays cached) and raises
+``KeyboardInterrupt``.
 """
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import contextvars
+import signal
 import threading
-from typing import Any, Awaitable, Callable, Mapping, TypeVar
+from typing import Any, Awaitable, Callable, Iterator, Mapping, TypeVar
 
 from outlines.graph.basic import Variable
 from outlines.runtime.plan import Plan, bind_givens
@@ -68,6 +72,28 @@ async def run_plan(plan: Plan, givens: Mapping[Any, Any] | None, **options: Any)
         return await scheduler.run()
 
 
+@contextlib.contextmanager
+def _interrupt_raises() -> Iterator[None]:
+    """Make Ctrl-C raise ``KeyboardInterrupt`` in this (main) thread while it waits.
+
+    ``asyncio.run`` installs a SIGINT handler that only cancels its main task,
+    which cannot run while that task is blocked in this sync call: the
+    interrupt would wait for the whole evaluation. ``SIG_IGN``/``SIG_DFL`` stay.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.getsignal(signal.SIGINT)
+    if not callable(previous) or previous is signal.default_int_handler:
+        yield
+        return
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
 def run_sync(factory: Callable[[], Awaitable[T]]) -> T:
     """Run a coroutine to completion from sync code, even inside a running loop."""
     try:
@@ -94,7 +120,8 @@ def run_sync(factory: Callable[[], Awaitable[T]]) -> T:
     thread = threading.Thread(target=target, name="outlines-eval", daemon=True)
     thread.start()
     try:
-        thread.join()
+        with _interrupt_raises():
+            thread.join()
     except KeyboardInterrupt:
         # Ctrl-C in the caller (a notebook): cancel the schedule so it stops
         # dispatching and cleans up, then re-raise.
