@@ -147,6 +147,11 @@ def _flat(value: Any) -> list[Any]:
     return list(value.reshape(-1)) if isinstance(value, np.ndarray) else [value]
 
 
+#: Draws of one model call that explain checks one by one (cache, dedup); a
+#: bigger call is counted by shape only, so explain stays quick.
+MAX_CHECKED_DRAWS = 100_000
+
+
 class _DryRun:
     """The walk: each Variable's value (elements may be UNKNOWN) and level.
 
@@ -197,6 +202,14 @@ class _DryRun:
 
     def generate(self, node: Any, level: int, prompt: Any) -> tuple[int, list[Any]]:
         op = node.op
+        count = int(np.size(prompt)) * op.num_samples
+        if count > MAX_CHECKED_DRAWS:  # too many to look up one by one: count them, cache unchecked
+            self.draws += count
+            self.unknown_draws += count
+            group = self.group(level + 1, (op.backend, op.params), node.label)
+            group.unknown += int(np.size(prompt)) if op.params.deterministic else count
+            shape = np.shape(prompt) + ((op.num_samples,) if op.num_samples > 1 else ())
+            return level + 1, [_unknown(shape)]
         elements = _flat(prompt)
         known = [x is not UNKNOWN for x in elements]
         texts = [x if ok else "" for x, ok in zip(elements, known)]

@@ -6,6 +6,7 @@ free inputs, and the draw number of each random model call.
 """
 from __future__ import annotations
 
+import warnings
 from typing import Any, Iterable, Mapping
 
 import numpy as np
@@ -102,6 +103,11 @@ def bind_givens(plan: Plan, givens: Mapping[Any, Any] | None) -> dict[int, Any]:
         Listing every free input that ``givens`` leaves unbound.
     TypeError
         When a key of ``givens`` is neither a Variable nor a name.
+
+    Warns
+    -----
+    UserWarning
+        When ``givens`` names (by string) inputs that the graph does not have.
     """
     givens = dict(givens or {})
     by_name: dict[str, Any] = {}
@@ -122,6 +128,19 @@ def bind_givens(plan: Plan, givens: Mapping[Any, Any] | None) -> dict[int, Any]:
             values[id(variable)] = as_value(by_name[variable.name])
         else:
             missing.append(variable.label)
+    names = {variable.name for variable in plan.inputs if variable.name is not None}
+    unknown = [name for name in by_name if name not in names]
+    if unknown:
+        # Said, not raised: one givens dict for a whole program may bind inputs
+        # that the part being evaluated does not use. A misspelt name still
+        # shows here (and as a missing input below).
+        known = ", ".join(repr(n) for n in sorted(names)) or "none"
+        warnings.warn(
+            f"givens name input(s) this graph does not have, ignored: {', '.join(repr(n) for n in unknown)} "
+            f"(its inputs: {known})",
+            UserWarning,
+            stacklevel=3,
+        )
     if missing:
         raise UnboundInputError(missing)
     return values
