@@ -5,11 +5,12 @@ non-batched callable run concurrently, at most ``max_concurrency`` at a time.
 The backend identity holds the function's name and a hash of everything that
 changes its output: its code, and the state it captures (closure variables,
 default arguments, ``functools.partial`` arguments, a bound method's or a
-callable object's attributes, module-level constants it reads). Where that
-state cannot be hashed (a lock, a client, any object without a value-like
-form), the identity holds the object's id instead: it groups only with
-itself, its draws never touch the disk cache, and a one-time warning says so
-(pass ``version=`` to vouch for the function and cache it anyway).
+callable object's attributes, module-level constants it reads), as they are
+when the model is built. Where that state cannot be hashed (a lock, a client,
+any object without a value-like form), the identity holds the object's id
+instead: it groups only with itself, its draws never touch the disk cache, and
+a one-time warning says so (pass ``version=`` to vouch for the function and
+cache it anyway).
 """
 from __future__ import annotations
 

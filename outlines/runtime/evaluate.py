@@ -127,7 +127,8 @@ def run_sync(factory: Callable[[], Awaitable[T]]) -> T:
         # dispatching and cleans up, then re-raise.
         started.wait()
         if "task" in outcome:
-            outcome["loop"].call_soon_threadsafe(outcome["task"].cancel)
+            with contextlib.suppress(RuntimeError):  # the loop may have just closed: nothing to cancel
+                outcome["loop"].call_soon_threadsafe(outcome["task"].cancel)
         thread.join()
         raise
     if "error" in outcome:
