@@ -6,7 +6,6 @@ schedule (grouping and dedup), with ``cache=False``, and in the disk cache.
 from __future__ import annotations
 
 import functools
-import os
 import subprocess
 import sys
 import threading
@@ -20,8 +19,7 @@ import outlines
 from outlines import models
 from outlines.backends import function as function_backend
 from outlines.cache import Cache, CacheWarning
-
-ROOT = Path(__file__).resolve().parents[2]
+from tests.fixtures.subprocesses import ROOT, python_env
 
 
 def suffixer(suffix: str) -> Callable[[str], str]:
@@ -102,7 +100,7 @@ def test_identity_is_stable_across_processes() -> None:
         "print(models.from_function(functools.partial(joined, suffix='!')).backend.identity);"
         "print(models.from_function(suffixer('?')).backend.identity)"
     )
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "PYTHONHASHSEED": "random"}
+    env = python_env(PYTHONHASHSEED="random")
     outs = {subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, cwd=ROOT,
                            check=True).stdout for _ in range(2)}
     assert len(outs) == 1 and "object-" not in outs.pop()

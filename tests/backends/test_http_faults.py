@@ -14,7 +14,7 @@ import pytest
 import outlines
 from outlines import models
 from outlines.backends import http
-from outlines.backends.base import BackendError, GenerationParams, Request
+from outlines.backends.base import BackendError, BatchReport, Draw, GenerationParams
 from outlines.backends.openai import OpenAIChatBackend, OpenAICompletionBackend
 from outlines.cache import draw_key
 from tests.fixtures.fake_openai import FakeOpenAI, Status, Trickle
@@ -52,8 +52,8 @@ def test_the_credential_fingerprint_is_in_equality_only() -> None:
     assert one == same and hash(one) == hash(same)
     assert one != other and one != org
     assert one.identity == other.identity == org.identity  # cache keys never see the key
-    request = Request("p", SAMPLING, 0)
-    assert draw_key(one.identity, request) == draw_key(other.identity, request)
+    draw = Draw("p", SAMPLING, 0)
+    assert draw_key(one.identity, draw) == draw_key(other.identity, draw)
     for backend in (one, other):
         shown = repr(backend) + str(backend.identity) + repr(vars(backend))
         assert "sk-" not in shown
@@ -82,7 +82,8 @@ def test_a_429_admits_no_extra_request_under_the_old_limit(sleeps: list[float]) 
 
     async def main() -> tuple[list[str], int, int, list[str]]:
         try:
-            task = asyncio.ensure_future(backend.generate([Request(p, SAMPLING, 0) for p in ("a", "b", "c")]))
+            draws = [Draw(p, SAMPLING, 0) for p in ("a", "b", "c")]
+            task = asyncio.ensure_future(backend.generate(draws, BatchReport()))
             for _ in range(50):  # let the 429 come back and every waiter run
                 await asyncio.sleep(0)
             limiter = backend.client.state().limiter
@@ -108,7 +109,7 @@ def test_a_zero_or_past_retry_after_still_backs_off(
 
     async def main() -> list[str]:
         try:
-            return await backend.generate([Request("a", SAMPLING, 0)])
+            return await backend.generate([Draw("a", SAMPLING, 0)], BatchReport())
         finally:
             await backend.aclose()
 
@@ -134,7 +135,7 @@ def test_a_trickling_server_is_cut_off_by_total_timeout(fake_openai: FakeOpenAI,
 
     async def main() -> list[str]:
         try:
-            return await backend.generate([Request("a", SAMPLING, 0)])
+            return await backend.generate([Draw("a", SAMPLING, 0)], BatchReport())
         finally:
             await backend.aclose()
 

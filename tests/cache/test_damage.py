@@ -13,7 +13,7 @@ import pytest
 
 import outlines
 from outlines import models
-from outlines.backends.base import GenerationParams, Request
+from outlines.backends.base import Draw, GenerationParams
 from outlines.cache import Cache, CacheWarning, draw_key
 from outlines.cache.sqlite import checksum
 
@@ -32,7 +32,7 @@ def planted(tmp_path: Path, blob: bytes) -> tuple[Cache, str]:
     cache = Cache(tmp_path)
     assert llm("p").eval(cache=cache) == "P!"
     cache.close()
-    key = draw_key(llm.backend.identity, Request("p", GenerationParams.create(temperature=0.7), 0))
+    key = draw_key(llm.backend.identity, Draw("p", GenerationParams.create(temperature=0.7), 0))
     raw = sqlite3.connect(cache.file, isolation_level=None)
     changed = raw.execute(
         "UPDATE entries SET value = ?, checksum = ? WHERE key = ?", (blob, checksum(key, blob), key)

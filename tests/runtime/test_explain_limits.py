@@ -14,7 +14,7 @@ def test_ten_million_samples_are_counted_without_listing_each_draw(monkeypatch: 
     def listing(self: Any, *args: Any) -> Any:
         raise AssertionError("explain listed every draw of a 10^7-draw call")
 
-    monkeypatch.setattr(models.Generate, "requests", listing)
+    monkeypatch.setattr(models.Generate, "draws", listing)
     llm = models.from_function(lambda p: p, temperature=0.7, max_batch=4_000_000)
     plan = outlines.explain(llm("hi", num_samples=10**7), cache=False)
     assert plan.draws == 10**7 and plan.requests == 3
