@@ -27,3 +27,14 @@ def test_known_names_and_variable_keys_are_quiet() -> None:
         warnings.simplefilter("error")
         assert (question + "?").eval({question: "a", other: "unused"}, cache=False) == "a?"
         assert (question + "?").eval({"question": "a"}, cache=False) == "a?"
+
+
+def test_explain_warns_on_an_unknown_name_but_not_on_inputs_left_unknown() -> None:
+    question, context = outlines.string("question"), outlines.string("context")
+    llm = outlines.models.from_function(lambda p: p, name="echo", temperature=0)
+    call = llm(question + context)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # a partial binding is what explain is for
+        assert outlines.explain(call, givens={"question": "a"}, cache=False).unknown_nodes
+    with pytest.warns(UserWarning, match=r"ignored: 'contxt' \(its inputs: 'context', 'question'\)"):
+        outlines.explain(call, givens={"question": "a", "contxt": "b"}, cache=False)
