@@ -183,6 +183,7 @@ def from_function(
     *,
     batched: bool = False,
     name: str | None = None,
+    version: str | None = None,
     max_batch: int | None = None,
     max_concurrency: int | None = None,
     **defaults: Any,
@@ -199,15 +200,28 @@ def from_function(
     name
         Name used in pictures, traces and the cache identity (default: the
         function's ``__name__``).
+    version
+        Declares the function's identity yourself: name, code and
+        ``version`` then make the identity and captured state is not
+        inspected. Without it the identity also covers the state the
+        function captures (closure variables, defaults, ``functools.partial``
+        arguments, a bound method's or callable object's attributes); state
+        that cannot be hashed (a lock, a client) makes the model group only
+        with itself and skip the disk cache, with a one-time ``CacheWarning``.
     max_batch, max_concurrency
         Prompts per call (default unlimited) and calls in flight (default 64
-        for a non-batched function).
+        for a non-batched function); positive integers or ``None``.
     **defaults
         Default generation parameters (recorded in cache keys).
 
     Returns
     -------
     Model
+
+    Raises
+    ------
+    ValueError
+        When ``max_batch`` or ``max_concurrency`` is not a positive integer.
 
     Examples
     --------
@@ -217,7 +231,9 @@ def from_function(
     """
     from outlines.backends.function import FunctionBackend
 
-    backend = FunctionBackend(fn, batched=batched, name=name, max_batch=max_batch, max_concurrency=max_concurrency)
+    backend = FunctionBackend(
+        fn, batched=batched, name=name, version=version, max_batch=max_batch, max_concurrency=max_concurrency
+    )
     return Model(backend, **defaults)
 
 
@@ -237,8 +253,10 @@ def openai(model: str, *, base_url: str | None = None, api_key: str | None = Non
         ``top_p``, ``logit_bias``) and backend options (``max_batch``, default
         16 draws per call; ``max_concurrency``, default 32 requests in flight;
         ``max_retries``; ``system_prompt``; ``timeout`` and ``connect_timeout``
-        in seconds; ``rpm`` and ``tpm`` budgets; ``max_retry_after``;
-        ``headers``). See ``outlines.backends.openai``.
+        in seconds; ``total_timeout``, the most seconds one request may take;
+        ``rpm`` and ``tpm`` budgets; ``max_retry_after``; ``headers``). Models
+        that differ only in ``api_key`` (or ``headers``) never share a batch,
+        and share cache entries. See ``outlines.backends.openai``.
     """
     from outlines.backends.openai import OpenAIChatBackend
 

@@ -25,6 +25,7 @@ __all__ = [
     "BatchReport",
     "Draw",
     "GenerationParams",
+    "check_limit",
 ]
 
 
@@ -185,6 +186,9 @@ class Backend(abc.ABC):
     #: True when generate blocks a CPU/GPU (local models); a hint for executors.
     local_compute: bool = False
     sends_requests: bool = False
+    #: False when the identity cannot cover everything that changes the output
+    #: (it holds an object id): draws are then never read from or written to disk.
+    cacheable: bool = True
 
     @property
     @abc.abstractmethod
@@ -297,3 +301,16 @@ class BatchReport:
             return
         async with self.request_limit:
             yield
+
+
+def check_limit(name: str, value: Any, *, where: str) -> int | None:
+    """``value`` as a positive int (``None`` stays ``None``); a clear ``ValueError`` otherwise.
+
+    Used by every constructor for ``max_batch`` and ``max_concurrency``: a
+    zero, negative or fractional limit would stall the scheduler instead.
+    """
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"{where}: {name} must be a positive integer or None, got {value!r}")
+    return int(value)

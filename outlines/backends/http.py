@@ -13,8 +13,11 @@ while a request is in flight), and turns every failure into a
 from __future__ import annotations
 
 import asyncio
+import hashlib
+import hmac
 import json
 import logging
+import os
 import threading
 import time
 import weakref
@@ -27,7 +30,7 @@ from outlines.backends import retry
 from outlines.backends.base import BackendError, BatchReport
 from outlines.backends.ratelimit import AIMDLimiter, TokenBucket
 
-__all__ = ["HTTPClient", "Secret", "gather_or_cancel"]
+__all__ = ["HTTPClient", "Secret", "credential_fingerprint", "gather_or_cancel"]
 
 logger = logging.getLogger("outlines.backends.http")
 T = TypeVar("T")
@@ -64,6 +67,36 @@ class Secret:
         self._value = state
 
 
+#: Keys the credential fingerprints; new in each process and never stored, so a
+#: fingerprint cannot be checked against guessed keys outside this process.
+_FINGERPRINT_SALT = os.urandom(32)
+
+
+def credential_fingerprint(api_key: str | None, headers: Mapping[str, str] | None = None) -> str:
+    """A digest that is equal for equal credentials (key and extra headers), in this process only.
+
+    Backends compare it so that two models differing only in their key never
+    share a batch (and so never send one's prompts with the other's key). It is
+    an HMAC under a per-process random salt: not reversible, not comparable
+    across processes, and never part of an identity, a cache key or a repr.
+    """
+    parts = [api_key or ""] + [f"{name}\0{value}" for name, value in sorted((headers or {}).items())]
+    return hmac.new(_FINGERPRINT_SALT, "\0\0".join(parts).encode("utf-8", "surrogatepass"), hashlib.sha256).hexdigest()
+
+
+def _positive_number(value: Any) -> bool:
+    return not isinstance(value, bool) and isinstance(value, (int, float)) and 0 < value < float("inf")
+
+
+def _seconds(name: str, value: Any, *, zero: bool = False) -> float:
+    """A duration option, checked: a negative or zero one would silently mean something else."""
+    if not isinstance(value, bool) and isinstance(value, (int, float)) and zero and value == 0:
+        return 0.0
+    if not _positive_number(value):
+        raise ValueError(f"{name} must be a positive number of seconds, got {value!r}")
+    return float(value)
+
+
 @dataclass
 class _LoopState:
     session: aiohttp.ClientSession
@@ -92,6 +125,9 @@ class HTTPClient:
         Retries after the first attempt.
     timeout, connect_timeout
         Seconds allowed between bytes read, and to connect.
+    total_timeout
+        Seconds one request may take from start to last byte (``None``: no
+        bound); a trickling server then times out instead of holding it.
     rpm, tpm
         Optional requests-per-minute and tokens-per-minute budgets.
     max_retry_after
@@ -119,20 +155,27 @@ class HTTPClient:
         tpm: float | None = None,
         max_retry_after: float = retry.MAX_RETRY_AFTER,
         headers: Mapping[str, str] | None = None,
+        total_timeout: float | None = None,
     ) -> None:
-        if max_concurrency < 1 or max_retries < 0:
-            raise ValueError(f"need max_concurrency >= 1 and max_retries >= 0, got {max_concurrency}, {max_retries}")
+        if isinstance(max_concurrency, bool) or not isinstance(max_concurrency, int) or max_concurrency < 1:
+            raise ValueError(f"max_concurrency must be a positive integer, got {max_concurrency!r}")
+        if isinstance(max_retries, bool) or not isinstance(max_retries, int) or max_retries < 0:
+            raise ValueError(f"max_retries must be an integer >= 0, got {max_retries!r}")
         self.base_url = base_url.rstrip("/")
         self.max_concurrency = int(max_concurrency)
         self.max_retries = int(max_retries)
-        self.timeout = float(timeout)
-        self.connect_timeout = float(connect_timeout)
-        self.max_retry_after = float(max_retry_after)
+        self.timeout = _seconds("timeout", timeout)
+        self.connect_timeout = _seconds("connect_timeout", connect_timeout)
+        self.total_timeout = None if total_timeout is None else _seconds("total_timeout", total_timeout)
+        self.max_retry_after = _seconds("max_retry_after", max_retry_after, zero=True)
+        for name, rate in (("rpm", rpm), ("tpm", tpm)):
+            if rate is not None and not _positive_number(rate):
+                raise ValueError(f"{name} must be a positive number or None (no limit), got {rate!r}")
         # Extra headers may carry secrets too (api-key, organization): hide their values.
         self._headers = {str(name): Secret(str(value)) for name, value in (headers or {}).items()}
         self._api_key = Secret(api_key) if api_key else None
-        self.rpm = TokenBucket(rpm) if rpm else None
-        self.tpm = TokenBucket(tpm) if tpm else None
+        self.rpm = TokenBucket(rpm) if rpm is not None else None
+        self.tpm = TokenBucket(tpm) if tpm is not None else None
         self._init_runtime()
 
     def _init_runtime(self) -> None:
@@ -155,7 +198,9 @@ class HTTPClient:
             state = self._states.get(loop)
             if state is None or state.session.closed:
                 connector = aiohttp.TCPConnector(limit=self.max_concurrency, limit_per_host=self.max_concurrency)
-                timeout = aiohttp.ClientTimeout(total=None, sock_connect=self.connect_timeout, sock_read=self.timeout)
+                timeout = aiohttp.ClientTimeout(
+                    total=self.total_timeout, sock_connect=self.connect_timeout, sock_read=self.timeout
+                )
                 session = aiohttp.ClientSession(connector=connector, timeout=timeout, trust_env=False)
                 state = self._states[loop] = _LoopState(session, AIMDLimiter(self.max_concurrency))
             return state
@@ -170,9 +215,9 @@ class HTTPClient:
     def redact(self, text: str) -> str:
         """``text`` with every occurrence of the API key (or a header value) replaced by ``***``."""
         secrets = [self._api_key, *self._headers.values()] if self._api_key else list(self._headers.values())
-        for secret in secrets:
-            value = secret.reveal()
-            if len(value) >= 8 and value in text:
+        # Longest first, so a key that contains a shorter secret is hidden whole.
+        for value in sorted((s.reveal() for s in secrets), key=len, reverse=True):
+            if value and value in text:  # however short: a short key is still a key
                 text = text.replace(value, "***")
         return text
 
@@ -244,6 +289,13 @@ class HTTPClient:
         try:
             async with state.limiter:
                 status, headers, body = await self._send(state.session, path, payload)
+                # Adjust the limit while this request still holds its slot: a 429
+                # lowers it before the slot is freed, so no waiter is admitted
+                # under the old limit.
+                if 200 <= status < 300:
+                    state.limiter.on_success()
+                elif status == 429:
+                    self._overloaded(state)
         except TRANSIENT_ERRORS as exc:
             reason = f"{type(exc).__name__}: {exc}".rstrip(": ")
             return _FailedAttempt(reason, self._error(reason, path, model, retryable=True))
@@ -251,17 +303,17 @@ class HTTPClient:
             reason = f"{type(exc).__name__}: {exc}"
             return _FailedAttempt(reason, self._error(reason, path, model))
         if 200 <= status < 300:
-            state.limiter.on_success()
             return body
-        if status == 429:
-            before = state.limiter.limit
-            state.limiter.on_overload()
-            if state.limiter.limit < before:
-                logger.debug("%s answered 429: at most %d requests in flight for now", self.base_url, state.limiter.limit)
         retryable = retry.should_retry(status, headers)
         reason = f"HTTP {status}"
         error = self._error(reason, path, model, status=status, body=body, retryable=retryable)
         return _FailedAttempt(reason, error, retry.parse_retry_after(headers))
+
+    def _overloaded(self, state: _LoopState) -> None:
+        before = state.limiter.limit
+        state.limiter.on_overload()
+        if state.limiter.limit < before:
+            logger.debug("%s answered 429: at most %d requests in flight for now", self.base_url, state.limiter.limit)
 
     async def _send(
         self, session: aiohttp.ClientSession, path: str, payload: Mapping[str, Any]

@@ -21,6 +21,7 @@ replays of the draws already made with the same seed.
 from __future__ import annotations
 
 import asyncio
+import hmac
 import logging
 import os
 import re
@@ -28,9 +29,9 @@ from typing import Any, Callable, Mapping, NamedTuple, Sequence
 
 import yarl
 
-from outlines.backends.base import Backend, BackendError, BatchReport, Draw, GenerationParams
+from outlines.backends.base import Backend, BackendError, BatchReport, Draw, GenerationParams, check_limit
 from outlines.backends import retry
-from outlines.backends.http import HTTPClient, gather_or_cancel
+from outlines.backends.http import HTTPClient, credential_fingerprint, gather_or_cancel
 
 __all__ = ["OpenAIChatBackend", "OpenAICompletionBackend"]
 
@@ -86,6 +87,7 @@ class _OpenAIBackend(Backend):
         tpm: float | None = None,
         max_retry_after: float = retry.MAX_RETRY_AFTER,
         headers: Mapping[str, str] | None = None,
+        total_timeout: float | None = None,
     ) -> None:
         if not isinstance(model, str) or not model:
             raise ValueError(f"model must be a non-empty string, got {model!r}")
@@ -95,8 +97,9 @@ class _OpenAIBackend(Backend):
             raise ValueError(f"base_url must be an http(s) URL, got {base_url!r}")
         if url.user or url.password:
             raise ValueError("base_url must not hold credentials; pass api_key= instead")
-        if max_batch is not None and max_batch < 1:
-            raise ValueError(f"max_batch must be >= 1, got {max_batch}")
+        where = f"{self.kind}({model!r})"
+        max_batch = check_limit("max_batch", max_batch, where=where)
+        max_concurrency = check_limit("max_concurrency", max_concurrency, where=where) or 32
         if api_key is None:
             api_key = os.environ.get("OPENAI_API_KEY")
         self.model = model
@@ -115,11 +118,25 @@ class _OpenAIBackend(Backend):
             tpm=tpm,
             max_retry_after=max_retry_after,
             headers=headers,
+            total_timeout=total_timeout,
         )
+        # Not in ``identity`` (cache keys, reprs): only equality, so that models that
+        # differ in credentials never share a batch, a session or a key.
+        self._credentials = credential_fingerprint(api_key, headers)
 
     @property
     def identity(self) -> tuple[Any, ...]:
         return (self.kind, self.model, self.base_url)
+
+    def __eq__(self, other: object) -> bool:
+        return (
+            isinstance(other, _OpenAIBackend)
+            and self.identity == other.identity
+            and hmac.compare_digest(self._credentials, other._credentials)
+        )
+
+    def __hash__(self) -> int:
+        return hash((self.identity, self._credentials))
 
     async def aclose(self) -> None:
         await self.client.aclose()
@@ -219,6 +236,10 @@ class OpenAICompletionBackend(_OpenAIBackend):
         Retries of a failed request (default 3).
     timeout, connect_timeout
         Seconds allowed between bytes read (default 600) and to connect (10).
+    total_timeout
+        Seconds one request may take from start to its last byte (default
+        ``None``: no bound), so a server that trickles bytes cannot hold it
+        forever; running past it counts as a timeout (retried).
     rpm, tpm
         Optional requests- and tokens-per-minute budgets.
     max_retry_after

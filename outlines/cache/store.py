@@ -89,11 +89,15 @@ class Cache:
     def __reduce__(self) -> tuple[Any, ...]:
         return (Cache, (str(self.file), self.max_bytes))
 
-    def get_many(self, keys: Sequence[str], *, record: bool = True) -> dict[str, Any]:
+    def get_many(
+        self, keys: Sequence[str], *, record: bool = True, expect: type | None = None
+    ) -> dict[str, Any]:
         """Values of the ``keys`` that are stored; misses are absent. One query.
 
         ``record=False`` (dry runs such as ``outlines.explain``) leaves the hit
-        and miss counters and the least-recently-used stamps alone.
+        and miss counters and the least-recently-used stamps alone. With
+        ``expect`` (``str`` for model draws), a value of another type is a miss,
+        with a warning, and is overwritten when the draw is stored again.
         """
         found: dict[str, Any] = {}
         with self._lock:
@@ -119,6 +123,18 @@ class Cache:
                     )
                 self._remember(stored.items())
                 found.update(stored)
+            if expect is not None:
+                wrong = [key for key, value in found.items() if not isinstance(value, expect)]
+                if wrong:
+                    warnings.warn(
+                        f"outlines cache: {len(wrong)} entr{'y' if len(wrong) == 1 else 'ies'} in {self.file} "
+                        f"not of type {expect.__name__} (e.g. key {wrong[0][:16]}...) treated as misses; "
+                        "they will be recomputed",
+                        CacheWarning,
+                        stacklevel=2,
+                    )
+                    for key in wrong:
+                        del found[key]
             if record:
                 self.hits += len(found)
                 self.misses += len(keys) - len(found)

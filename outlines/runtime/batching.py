@@ -47,11 +47,15 @@ def batch_sizes(count: int, max_batch: int | None) -> list[int]:
 
 
 def lookup(cache: Any, backend: Backend, draws: Sequence[Draw], *, record: bool = True) -> dict[Draw, Any]:
-    """The cached texts of ``draws`` (one ``get_many``); ``record=False`` counts no hits."""
-    if cache is None or not draws:
+    """The cached texts of ``draws`` (one ``get_many``); ``record=False`` counts no hits.
+
+    A backend that is not ``cacheable`` (its identity holds an object id) never
+    reads the disk; a stored value that is not text is a miss.
+    """
+    if cache is None or not draws or not backend.cacheable:
         return {}
     keys = [cache_module.draw_key(backend.identity, d) for d in draws]
-    found = cache.get_many(keys, record=record)
+    found = cache.get_many(keys, record=record, expect=str)
     return {d: found[k] for d, k in zip(draws, keys) if k in found} if found else {}
 
 
@@ -254,10 +258,12 @@ class Batcher:
     def _start_batch(self, backend: Backend, draws: list[Draw]) -> None:
         self.batch_ids += 1
         batch_id = self.batch_ids
-        keys = [cache_module.draw_key(backend.identity, d) for d in draws] if self.cache is not None else []
+        # Empty: no cache, or a backend that is not cacheable (nothing goes to disk).
+        cached = self.cache is not None and backend.cacheable
+        keys = [cache_module.draw_key(backend.identity, d) for d in draws] if cached else []
 
         def on_result(index: int, text: str) -> None:
-            if self.cache is not None and 0 <= index < len(keys):
+            if keys and 0 <= index < len(keys):
                 self.cache.put_many({keys[index]: text})
 
         def on_failure(index: int, error: BaseException) -> None:
@@ -297,7 +303,7 @@ class Batcher:
             texts, worker = await self.executor.generate(backend, draws, report)
             if not isinstance(texts, list) or len(texts) != len(draws):
                 raise BackendError(f"{backend!r} returned {len(texts)} completions for {len(draws)} prompts")
-            if self.cache is not None:  # what the backend did not report (and cache) already
+            if keys:  # what the backend did not report (and cache) already
                 reported = report.results.keys() | report.failures.keys()
                 rest = {k: t for i, (k, t) in enumerate(zip(keys, texts)) if i not in reported}
                 if rest:

@@ -2,16 +2,20 @@
 
 Evaluation is asynchronous inside. The sync ``eval`` runs the schedule with
 ``asyncio.run`` in a plain script, and on a private event loop in a helper
-thread when the caller's thread already runs a loop (Jupyter), with no patching of
-the caller's loop.
+thread when the caller's thread already runs a loop (Jupyter, or sync code inside
+``asyncio.run``), with no patching of the caller's loop; Ctrl-C while it waits
+cancels the schedule at once (what finished stays cached) and raises
+``KeyboardInterrupt``.
 """
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import contextvars
+import signal
 import sys
 import threading
-from typing import Any, Awaitable, Callable, Mapping, TypeVar
+from typing import Any, Awaitable, Callable, Iterator, Mapping, TypeVar
 
 from outlines.graph.basic import Variable
 from outlines.runtime.executor import resolve_executor
@@ -79,6 +83,28 @@ async def run_plan(
         return await scheduler.run()
 
 
+@contextlib.contextmanager
+def _interrupt_raises() -> Iterator[None]:
+    """Make Ctrl-C raise ``KeyboardInterrupt`` in this (main) thread while it waits.
+
+    ``asyncio.run`` installs a SIGINT handler that only cancels its main task,
+    which cannot run while that task is blocked in this sync call: the
+    interrupt would wait for the whole evaluation. ``SIG_IGN``/``SIG_DFL`` stay.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.getsignal(signal.SIGINT)
+    if not callable(previous) or previous is signal.default_int_handler:
+        yield
+        return
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
 def run_sync(factory: Callable[[asyncio.AbstractEventLoop | None], Awaitable[T]]) -> T:
     """Run a coroutine to completion from sync code, even inside a running loop.
 
@@ -109,13 +135,15 @@ def run_sync(factory: Callable[[asyncio.AbstractEventLoop | None], Awaitable[T]]
     thread = threading.Thread(target=target, name="outlines-eval", daemon=True)
     thread.start()
     try:
-        thread.join()
+        with _interrupt_raises():
+            thread.join()
     except KeyboardInterrupt:
         # Ctrl-C in the caller (a notebook): cancel the schedule so it stops
         # dispatching and cleans up, then re-raise.
         started.wait()
         if "task" in outcome:
-            outcome["loop"].call_soon_threadsafe(outcome["task"].cancel)
+            with contextlib.suppress(RuntimeError):  # the loop may have just closed: nothing to cancel
+                outcome["loop"].call_soon_threadsafe(outcome["task"].cancel)
         thread.join()
         raise
     if "error" in outcome:

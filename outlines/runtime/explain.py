@@ -180,6 +180,11 @@ def _flat(value: Any) -> list[Any]:
     return list(value.reshape(-1)) if isinstance(value, np.ndarray) else [value]
 
 
+#: Draws of one model call that explain checks one by one (cache, dedup); a
+#: bigger call is counted by shape only, so explain stays quick.
+MAX_CHECKED_DRAWS = 100_000
+
+
 class _DryRun:
     """The walk: each Variable's value (elements may be UNKNOWN), level and waits.
 
@@ -245,6 +250,13 @@ class _DryRun:
 
     def generate(self, node: Any, level: int, prompt: Any) -> tuple[int, list[Any]]:
         op = node.op
+        count = int(np.size(prompt)) * op.num_samples
+        if count > MAX_CHECKED_DRAWS:  # too many to look up one by one: count them, cache unchecked
+            self.draws += count
+            self.unknown_draws += count
+            self.queue(level + 1, op, node.label, int(np.size(prompt)) if op.params.deterministic else count)
+            shape = np.shape(prompt) + ((op.num_samples,) if op.num_samples > 1 else ())
+            return level + 1, [_unknown(shape)]
         elements = _flat(prompt)
         known = [x is not UNKNOWN for x in elements]
         texts = [x if ok else "" for x, ok in zip(elements, known)]
@@ -266,16 +278,21 @@ class _DryRun:
         output = results[0] if not shape else np.array(results, dtype=object).reshape(shape)
         if not misses and not unknown:
             return level, [output]
-        key = (level + 1, op.backend, op.params)
-        queue = self.queues.get(key)
-        if queue is None:
-            queue = self.queues[key] = BatchQueue(op.backend)
-        self.nodes.setdefault(key, []).append((node.label, self.current_waits))
-        self.unknown[key] = self.unknown.get(key, 0) + unknown
+        queue = self.queue(level + 1, op, node.label, unknown)
         for draw in misses:
             queue.pending[draw] = None
             self.sent.setdefault(draw, level + 1)
         return level + 1, [output]
+
+    def queue(self, level: int, op: Any, label: str, unknown: int) -> BatchQueue:
+        """The predicted queue of ``op``'s backend and params at ``level``, with ``unknown`` draws more."""
+        key = (level, op.backend, op.params)
+        queue = self.queues.get(key)
+        if queue is None:
+            queue = self.queues[key] = BatchQueue(op.backend)
+        self.nodes.setdefault(key, []).append((label, self.current_waits))
+        self.unknown[key] = self.unknown.get(key, 0) + unknown
+        return queue
 
     def batches(self) -> list[PredictedBatch]:
         out: list[PredictedBatch] = []

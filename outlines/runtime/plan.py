@@ -20,6 +20,7 @@ objects, so givens still bind. Nothing recurses.
 """
 from __future__ import annotations
 
+import warnings
 from typing import Any, Hashable, Iterable, Mapping, Sequence
 
 import numpy as np
@@ -189,7 +190,9 @@ def as_value(value: Any) -> Any:
 def bind_givens(plan: Plan, givens: Mapping[Any, Any] | None, *, partial: bool = False) -> dict[int, Any]:
     """Values of the plan's inputs and constants, keyed by ``id(variable)``.
 
-    ``partial=True`` (a dry run) leaves unbound inputs out instead of raising.
+    ``partial=True`` (a dry run) leaves unbound inputs out instead of raising;
+    a name the graph does not have warns either way (a misspelt name would
+    otherwise look like an input left unknown on purpose).
 
     Raises
     ------
@@ -197,6 +200,11 @@ def bind_givens(plan: Plan, givens: Mapping[Any, Any] | None, *, partial: bool =
         Listing every free input that ``givens`` leaves unbound.
     TypeError
         When a key of ``givens`` is neither a Variable nor a name.
+
+    Warns
+    -----
+    UserWarning
+        When ``givens`` names (by string) inputs that the graph does not have.
     """
     givens = dict(givens or {})
     by_name: dict[str, Any] = {}
@@ -217,6 +225,19 @@ def bind_givens(plan: Plan, givens: Mapping[Any, Any] | None, *, partial: bool =
             values[id(variable)] = as_value(by_name[variable.name])
         else:
             missing.append(variable.label)
+    names = {variable.name for variable in plan.inputs if variable.name is not None}
+    unknown = [name for name in by_name if name not in names]
+    if unknown:
+        # Said, not raised: one givens dict for a whole program may bind inputs
+        # that the part being evaluated does not use. A misspelt name still
+        # shows here (and as a missing input below).
+        known = ", ".join(repr(n) for n in sorted(names)) or "none"
+        warnings.warn(
+            f"givens name input(s) this graph does not have, ignored: {', '.join(repr(n) for n in unknown)} "
+            f"(its inputs: {known})",
+            UserWarning,
+            stacklevel=3,
+        )
     if missing and not partial:
         raise UnboundInputError(missing)
     return values

@@ -167,6 +167,8 @@ def test_context_manager_and_async_client(client: Any, cluster: Any) -> None:
     assert list(asyncio.run(main())) == ["X!", "Y!"]
 
 
+# The lock also keeps the model off the disk cache (a CacheWarning, tested in test_function.py).
+@pytest.mark.filterwarnings("ignore::outlines.cache.CacheWarning")
 def test_unpicklable_function_fails_at_once(client: Any) -> None:
     lock = threading.Lock()
     held = outlines.models.from_function(lambda p: p if lock else p)

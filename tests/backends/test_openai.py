@@ -126,7 +126,9 @@ def test_identity_and_defaults() -> None:
     assert backend.max_batch == 128 and backend.max_concurrency == 32 and backend.max_retries == 3
     other = OpenAIChatBackend("m", base_url="http://127.0.0.1:1/v1", api_key="another key")
     assert other.identity == ("openai", "m", "http://127.0.0.1:1/v1", None)
-    assert other == OpenAIChatBackend("m", base_url="http://127.0.0.1:1/v1", api_key=KEY)
+    # Same identity (cache keys), but another key never shares a batch.
+    same_but_key = OpenAIChatBackend("m", base_url="http://127.0.0.1:1/v1", api_key=KEY)
+    assert other.identity == same_but_key.identity and other != same_but_key
 
 
 def test_environment_configuration(monkeypatch: pytest.MonkeyPatch, fake_openai: FakeOpenAI) -> None:
@@ -213,7 +215,7 @@ def test_a_400_about_something_else_is_not_a_list_refusal(fake_openai: FakeOpenA
         (Status(429, {"Retry-After": "-10"}), "backoff"),
         (Status(500), "backoff"),
         (Status(502), "backoff"),
-        (Status(503, {"Retry-After": "0"}), 0.0),
+        (Status(503, {"Retry-After": "0"}), "backoff"),
         (Status(408), "backoff"),
         (Status(409), "backoff"),
         (Close(), "backoff"),

@@ -453,7 +453,7 @@ class Counting:
 
 def test_eval_replays_draws_and_extends_samples(tmp_path: Path) -> None:
     fn = Counting()
-    llm = models.from_function(fn, name="counting", temperature=0.7)
+    llm = models.from_function(fn, name="counting", version="1", temperature=0.7)
     question = outlines.string("question")
     store = Cache(tmp_path)
     five = llm(question + "?", num_samples=5).eval({question: "q"}, cache=store)
@@ -466,7 +466,7 @@ def test_eval_replays_draws_and_extends_samples(tmp_path: Path) -> None:
 
 def test_greedy_draws_share_one_entry(tmp_path: Path) -> None:
     fn = Counting()
-    llm = models.from_function(fn, name="counting", temperature=0)
+    llm = models.from_function(fn, name="counting", version="1", temperature=0)
     out = llm("p", num_samples=4).eval(cache=Cache(tmp_path))
     assert len(fn.prompts) == 1 and len(set(out)) == 1
     assert Cache(tmp_path).stats()["entries"] == 1
@@ -474,7 +474,7 @@ def test_greedy_draws_share_one_entry(tmp_path: Path) -> None:
 
 def test_cache_false_and_disable_send_everything(tmp_path: Path) -> None:
     fn = Counting()
-    llm = models.from_function(fn, name="counting", temperature=0.7)
+    llm = models.from_function(fn, name="counting", version="1", temperature=0.7)
     llm("p").eval(cache=False)
     llm("p").eval(cache=False)
     assert len(fn.prompts) == 2
@@ -495,7 +495,7 @@ def test_cache_false_and_disable_send_everything(tmp_path: Path) -> None:
 def test_partial_failure_caches_the_successes(tmp_path: Path, max_batch: int | None) -> None:
     prompts = np.array([f"item {i}" + (" bad" if i in (3, 7) else "") for i in range(10)], dtype=object)
     fn = Counting(fail_on=("bad",))
-    llm = models.from_function(fn, name="counting", temperature=0.7, max_batch=max_batch)
+    llm = models.from_function(fn, name="counting", version="1", temperature=0.7, max_batch=max_batch)
     question = outlines.string("question")
     out = llm(question).eval({question: prompts}, cache=Cache(tmp_path), errors="return")
     failed = [i for i, v in enumerate(out) if isinstance(v, outlines.Failure)]
@@ -531,7 +531,7 @@ def test_api_key_never_reaches_the_cache_files(tmp_path: Path) -> None:
 def test_a_bad_cache_never_breaks_eval(tmp_path: Path) -> None:
     store = Cache(tmp_path)
     fn = Counting()
-    llm = models.from_function(fn, name="counting", temperature=0.7)
+    llm = models.from_function(fn, name="counting", version="1", temperature=0.7)
     first = llm("p").eval(cache=store)
     store.close()
     store.file.write_bytes(b"garbage" * 1000)
@@ -553,7 +553,7 @@ def test_memory_lru_is_bounded_by_entries_and_text(tmp_path: Path) -> None:
 @pytest.mark.parametrize("damage", list(DAMAGE))
 def test_eval_recomputes_and_rewrites_a_damaged_draw(tmp_path: Path, damage: str) -> None:
     fn = Counting()
-    llm = models.from_function(fn, name="counting", temperature=0.7)
+    llm = models.from_function(fn, name="counting", version="1", temperature=0.7)
     first = llm("only prompt").eval(cache=Cache(tmp_path))
     raw = rows(Cache(tmp_path))
     ((stored_key, blob, check),) = raw.execute("SELECT key, value, checksum FROM entries").fetchall()
@@ -581,7 +581,7 @@ def test_eval_inside_a_running_loop_uses_the_cache_from_its_helper_thread(tmp_pa
     import asyncio
 
     fn = Counting()
-    llm = models.from_function(fn, name="counting", temperature=0.7)
+    llm = models.from_function(fn, name="counting", version="1", temperature=0.7)
     store = Cache(tmp_path)
 
     async def notebook_cell() -> tuple[Any, Any]:
