@@ -11,7 +11,10 @@ import abc
 import contextvars
 import json
 from dataclasses import dataclass, field, replace
-from typing import Any, Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
+
+if TYPE_CHECKING:
+    from outlines.backends.constraints import Constraint
 
 __all__ = [
     "Backend",
@@ -47,6 +50,8 @@ class GenerationParams:
     stop: tuple[str, ...] = ()
     seed: int | None = None
     extra: tuple[tuple[str, Any], ...] = ()
+    #: Structured output (issue 13): choices, regex or JSON schema; see backends/constraints.py.
+    constraint: Constraint | None = None
 
     @classmethod
     def create(cls, **kwargs: Any) -> GenerationParams:
@@ -77,6 +82,9 @@ class GenerationParams:
             raise ValueError(f"temperature must be between 0 and 10, got {self.temperature!r}")
         if self.seed is not None and not isinstance(self.seed, int):
             raise ValueError(f"seed must be an integer, got {self.seed!r}")
+        if self.constraint is not None and stop:
+            raise ValueError(f"stop={list(stop)!r} cannot be combined with {self.constraint.kind}=: the "
+                             "constraint decides where the text ends")
         if stop != self.stop:
             object.__setattr__(self, "stop", stop)
         return self
@@ -97,6 +105,8 @@ class GenerationParams:
             out["stop"] = list(self.stop)
         for key, value in self.extra:
             out[key] = _thaw(value)
+        if self.constraint is not None:
+            out["constraint"] = self.constraint.to_dict()
         return out
 
     def __str__(self) -> str:

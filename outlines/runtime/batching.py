@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from dataclasses import replace
 from typing import Any, Callable
 
 import numpy as np
@@ -26,6 +27,7 @@ from outlines.backends.base import (
     _result_callback,
     _usage_callback,
 )
+from outlines.backends.constraints import generate_valid
 from outlines.errors import Failure
 from outlines.graph.basic import Apply
 from outlines.runtime.plan import Plan
@@ -89,7 +91,9 @@ class ModelCalls:
         raise NotImplementedError
 
     def _group(self, node: Apply) -> Group:
-        key = (node.op.backend, node.op.params)  # type: ignore[attr-defined]
+        # Draws that differ only in their constraint share batches (issue 13): a
+        # local model masks each row under its own constraint in one forward pass.
+        key = (node.op.backend, replace(node.op.params, constraint=None))  # type: ignore[attr-defined]
         group = self.groups.get(key)
         if group is None:
             group = self.groups[key] = Group(node.op.backend)  # type: ignore[attr-defined]
@@ -222,7 +226,8 @@ class ModelCalls:
         error: BaseException | None = None
         worker = None
         try:
-            texts, worker = await self.executor.generate(backend, requests)
+            # Constrained draws are checked, and retried while they break their constraint.
+            texts, worker = await generate_valid(self.executor.generate, backend, requests)
             if not isinstance(texts, list) or len(texts) != len(requests):
                 raise BackendError(f"{backend!r} returned {len(texts)} completions for {len(requests)} prompts")
             if self.cache is not None and len(done) < len(requests):

@@ -1,0 +1,440 @@
+"""Structured outputs: what a model call may write, checked, parsed and decoded under.
+
+A ``Constraint`` is the canonical form of ``choices=``, ``regex=`` or
+``json_schema=``: its kind and one string (the choices as a JSON list, the
+pattern, or the schema as canonical JSON). It is validated when the graph is
+built, it is part of ``GenerationParams`` (so of cache keys), and it knows how
+to check and parse a finished text.
+
+Two ways to obey it. Local models decode under it: ``TokenMasks`` keeps one
+xgrammar matcher per constrained row of a batch and masks the logits of those
+rows at every step (rows without a constraint are left alone). Every backend's
+texts also go through ``generate_valid``: a draw whose text breaks its
+constraint (a server that ignored it, a local row cut by ``max_tokens``) is
+asked again with a new draw number, a bounded number of times, and then fails
+with a ``ConstraintError`` quoting the text; the batch's other draws are kept.
+
+xgrammar was chosen after measuring it against llguidance and outlines-core
+(``benchmarks/bench_constraint_engines.py``): on SmolLM2's 49k-token
+vocabulary one batch step of 32 rows cost 0.18 ms of masks with xgrammar,
+4.2 ms with llguidance and 76 ms with outlines-core.
+"""
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass, replace
+from typing import Any, Awaitable, Callable, Mapping, Sequence
+
+from outlines.graph.basic import Apply, Op, as_variable
+from outlines.graph.ops import broadcast_map
+
+__all__ = ["Constraint", "ConstraintError", "Parse", "TokenMasks", "generate_valid", "make_constraint"]
+
+KINDS = ("choices", "regex", "json_schema")
+#: Draw numbers of retries: attempt ``a`` of draw ``d`` is draw ``d + a * RETRY_STRIDE``.
+RETRY_STRIDE = 1 << 20
+
+
+class ConstraintError(RuntimeError):
+    """A draw's text broke its constraint after every allowed attempt."""
+
+
+@dataclass(frozen=True)
+class Constraint:
+    """The canonical form of one structured-output constraint.
+
+    ``kind`` is ``"choices"``, ``"regex"`` or ``"json_schema"``; ``value`` is
+    the choices as a JSON list, the pattern, or the schema as canonical JSON.
+    ``target`` is the pydantic class parsed into (``json_schema`` only); it
+    changes what ``parse`` returns, never the text, so it stays out of
+    ``to_dict`` (cache keys).
+    """
+
+    kind: str
+    value: str
+    target: type | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-able form, for cache keys and traces."""
+        return {"kind": self.kind, "value": self.value}
+
+    @property
+    def choices(self) -> list[str]:
+        return list(json.loads(self.value)) if self.kind == "choices" else []
+
+    @property
+    def schema(self) -> dict[str, Any]:
+        return dict(json.loads(self.value)) if self.kind == "json_schema" else {}
+
+    def check(self, text: str) -> None:
+        """Raise ``ValueError`` saying why ``text`` breaks the constraint."""
+        if self.kind == "choices":
+            if text not in self.choices:
+                raise ValueError(f"{text!r:.200} is not one of the choices {self.choices!r:.200}")
+        elif self.kind == "regex":
+            if re.fullmatch(self.value, text) is None:
+                raise ValueError(f"{text!r:.200} does not match the pattern {self.value!r:.200}")
+        else:
+            self.parse(text)
+
+    def is_valid(self, text: Any) -> bool:
+        if not isinstance(text, str):
+            return False
+        try:
+            self.check(text)
+        except ValueError:
+            return False
+        return True
+
+    def parse(self, text: str) -> Any:
+        """The value of a text: itself for choices and regex, the parsed JSON otherwise.
+
+        Raises ``ValueError`` for text that breaks the constraint.
+        """
+        if self.kind != "json_schema":
+            return text
+        if self.target is not None:
+            import pydantic
+
+            try:
+                return self.target.model_validate_json(text)  # type: ignore[attr-defined]
+            except pydantic.ValidationError as exc:
+                raise ValueError(f"{text!r:.200} is not a valid {self.target.__name__}: {exc}") from None
+        try:
+            value = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"{text!r:.200} is not JSON: {exc}") from None
+        _validate_schema(value, self.schema, text)
+        return value
+
+    def __repr__(self) -> str:
+        return f"Constraint({self.kind}={self.value!r:.80})"
+
+
+def _validate_schema(value: Any, schema: Mapping[str, Any], text: str) -> None:
+    try:
+        import jsonschema
+    except ImportError:  # without jsonschema, JSON that parses is accepted
+        return
+    try:
+        jsonschema.validate(value, schema)
+    except jsonschema.ValidationError as exc:
+        raise ValueError(f"{text!r:.200} does not follow the schema: {exc.message}") from None
+
+
+def make_constraint(
+    choices: Sequence[str] | None = None, regex: str | None = None, json_schema: Any = None
+) -> Constraint | None:
+    """Validate the structured-output arguments of a model call; ``None`` when none is given.
+
+    Parameters
+    ----------
+    choices
+        Non-empty list of distinct strings the output must be one of.
+    regex
+        A pattern the whole output must match.
+    json_schema
+        A JSON-schema dict (or JSON string), or a pydantic model class.
+
+    Returns
+    -------
+    Constraint or None
+
+    Raises
+    ------
+    ValueError
+        Naming the argument: more than one given, empty or non-string choices,
+        a pattern or schema that does not compile (with Python's ``re`` or
+        ``jsonschema``, and with xgrammar when it is installed).
+
+    Examples
+    --------
+    >>> make_constraint(choices=["yes", "no"])
+    Constraint(choices='["yes", "no"]')
+    """
+    given = [name for name, v in (("choices", choices), ("regex", regex), ("json_schema", json_schema)) if v is not None]
+    if len(given) > 1:
+        raise ValueError(f"give at most one of choices=, regex=, json_schema=; got {', '.join(given)}")
+    if not given:
+        return None
+    if choices is not None:
+        return _choices(choices)
+    if regex is not None:
+        return _regex(regex)
+    return _schema(json_schema)
+
+
+def _choices(choices: Any) -> Constraint:
+    if isinstance(choices, str) or not isinstance(choices, (list, tuple)):
+        raise ValueError(f"choices= must be a list of strings, got {type(choices).__name__} {choices!r:.60}")
+    if not choices:
+        raise ValueError("choices= is empty; give at least one string")
+    bad = [c for c in choices if not isinstance(c, str) or not c]
+    if bad:
+        raise ValueError(f"choices= must hold non-empty strings; got {bad[0]!r:.60}")
+    unique = list(dict.fromkeys(choices))
+    constraint = Constraint("choices", json.dumps(unique, ensure_ascii=False))
+    _engine_check(constraint, "choices=")
+    return constraint
+
+
+def _regex(pattern: Any) -> Constraint:
+    if not isinstance(pattern, str) or not pattern:
+        raise ValueError(f"regex= must be a non-empty pattern string, got {pattern!r:.60}")
+    try:
+        re.compile(pattern)
+    except re.error as exc:
+        raise ValueError(f"regex= {pattern!r:.80} is not a valid pattern: {exc}") from None
+    constraint = Constraint("regex", pattern)
+    _engine_check(constraint, "regex=")
+    return constraint
+
+
+def _schema(schema: Any) -> Constraint:
+    target = None
+    if isinstance(schema, type):
+        if not hasattr(schema, "model_json_schema"):
+            raise ValueError(f"json_schema= must be a dict or a pydantic model class, got the class {schema.__name__}")
+        target, schema = schema, schema.model_json_schema()
+    elif isinstance(schema, str):
+        try:
+            schema = json.loads(schema)
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"json_schema= string is not JSON: {exc}") from None
+    if not isinstance(schema, Mapping):
+        raise ValueError(f"json_schema= must be a dict or a pydantic model class, got {type(schema).__name__}")
+    try:
+        canonical = json.dumps(schema, sort_keys=True, ensure_ascii=False, separators=(",", ":"))
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"json_schema= is not JSON-able: {exc}") from None
+    try:
+        import jsonschema
+    except ImportError:
+        jsonschema = None  # type: ignore[assignment]
+    if jsonschema is not None:
+        try:
+            jsonschema.validators.validator_for(schema).check_schema(schema)
+        except jsonschema.SchemaError as exc:
+            raise ValueError(f"json_schema= is not a valid JSON schema: {exc.message}") from None
+    constraint = Constraint("json_schema", canonical, target)
+    _engine_check(constraint, "json_schema=")
+    return constraint
+
+
+def _engine_check(constraint: Constraint, argument: str) -> None:
+    """Compile the grammar without a tokenizer, so an unsupported one fails at build time."""
+    try:
+        import xgrammar  # noqa: F401
+    except ImportError:
+        return
+    try:
+        _grammar(constraint)
+    except Exception as exc:  # noqa: BLE001 - xgrammar raises RuntimeError and friends
+        raise ValueError(f"{argument} cannot be compiled for constrained decoding: {str(exc)[:300]}") from None
+
+
+def _grammar(constraint: Constraint) -> Any:
+    import xgrammar as xgr
+
+    if constraint.kind == "choices":
+        return xgr.Grammar.from_ebnf("root ::= " + " | ".join(_ebnf_literal(c) for c in constraint.choices))
+    if constraint.kind == "regex":
+        return xgr.Grammar.from_regex(constraint.value)
+    return xgr.Grammar.from_json_schema(constraint.value, any_whitespace=False)
+
+
+def _ebnf_literal(text: str) -> str:
+    return json.dumps(text, ensure_ascii=False)
+
+
+class Parse(Op):
+    """Parse constrained completions into their values (a ``dict`` or a pydantic instance), elementwise."""
+
+    __props__ = ("constraint",)
+    elementwise = True
+
+    def __init__(self, constraint: Constraint) -> None:
+        self.constraint = constraint
+
+    @property
+    def name(self) -> str:
+        target = self.constraint.target
+        return f"Parse[{target.__name__ if target is not None else 'json'}]"
+
+    def key(self) -> tuple[Any, ...]:
+        target = self.constraint.target
+        return ("Parse", self.constraint.to_dict(), None if target is None else f"{target.__module__}.{target.__qualname__}")
+
+    def make_node(self, *inputs: Any) -> Apply:
+        return Apply(self, [as_variable(inputs[0], array=True)])
+
+    def perform(self, *values: Any) -> Any:
+        return broadcast_map(self.constraint.parse, values)
+
+
+# -- token masks for local models ------------------------------------------------------------
+
+
+class _Compiler:
+    """One xgrammar compiler per tokenizer, with its compiled grammars."""
+
+    def __init__(self, tokenizer: Any, vocab_size: int) -> None:
+        try:
+            import xgrammar as xgr
+        except ImportError:
+            raise ImportError(
+                "constrained decoding with transformers needs xgrammar: pip install 'outlines[structured]'"
+            ) from None
+        self.info = xgr.TokenizerInfo.from_huggingface(tokenizer, vocab_size=vocab_size)
+        self.compiler = xgr.GrammarCompiler(self.info)
+        self.compiled: dict[Constraint, Any] = {}
+
+    def matcher(self, constraint: Constraint, end_tokens: Sequence[int]) -> Any:
+        import xgrammar as xgr
+
+        compiled = self.compiled.get(constraint)
+        if compiled is None:
+            compiled = self.compiled[constraint] = self.compiler.compile_grammar(_grammar(constraint))
+        return xgr.GrammarMatcher(compiled, override_stop_tokens=list(end_tokens) or None)
+
+
+_compilers: dict[tuple[int, int], _Compiler] = {}
+
+
+def compiler_for(tokenizer: Any, vocab_size: int) -> _Compiler:
+    """The compiler of a loaded tokenizer (built once: it scans the vocabulary)."""
+    key = (id(tokenizer), vocab_size)
+    compiler = _compilers.get(key)
+    if compiler is None or compiler.info is None:
+        compiler = _compilers[key] = _Compiler(tokenizer, vocab_size)
+    return compiler
+
+
+class TokenMasks:
+    """Per-row grammar state of one generation batch; masks the logits of constrained rows.
+
+    Parameters
+    ----------
+    compiler
+        ``compiler_for(tokenizer, vocab_size)``.
+    constraints
+        One entry per output row: its ``Constraint`` or ``None``.
+    end_tokens
+        Token ids that end a row (allowed, and then forced, once its grammar is complete).
+    """
+
+    def __init__(self, compiler: _Compiler, constraints: Sequence[Constraint | None], end_tokens: Sequence[int]) -> None:
+        import torch
+        import xgrammar as xgr
+
+        self.rows = [i for i, c in enumerate(constraints) if c is not None]
+        self.matchers = {i: compiler.matcher(c, end_tokens) for i, c in enumerate(constraints) if c is not None}
+        self.bitmask = xgr.allocate_token_bitmask(len(constraints), compiler.info.vocab_size)
+        self.end_tokens = list(end_tokens)
+        self.done: set[int] = set()
+        self.started = False
+        self._torch = torch
+        self._xgr = xgr
+
+    def __call__(self, input_ids: Any, scores: Any) -> Any:
+        """Advance each constrained row by its last token, then mask its next one."""
+        if not self.rows:
+            return scores
+        if self.started:
+            last = input_ids[:, -1].tolist()
+            for row in self.rows:
+                matcher = self.matchers[row]
+                if row in self.done:
+                    continue
+                if matcher.is_terminated() or not matcher.accept_token(last[row]):
+                    self.done.add(row)  # the row ended: from now on it may only write end tokens
+        self.started = True
+        forced: list[int] = []
+        for row in self.rows:
+            matcher = self.matchers[row]
+            if row in self.done or matcher.is_terminated():
+                forced.append(row)
+            else:
+                matcher.fill_next_token_bitmask(self.bitmask, row)
+        scores = scores.clone() if scores.dtype == self._torch.float32 else scores.float()
+        active = [row for row in self.rows if row not in forced]
+        if active:
+            self._xgr.apply_token_bitmask_inplace(scores, self.bitmask[: scores.shape[0]].to(scores.device),
+                                                  indices=active)
+        if forced:
+            keep = scores[forced][:, self.end_tokens].clone()
+            scores[forced] = float("-inf")
+            scores[self._torch.tensor(forced).unsqueeze(-1), self._torch.tensor(self.end_tokens)] = keep
+        return scores
+
+
+# -- checking texts from any backend ----------------------------------------------------------
+
+Generate = Callable[[Any, list[Any]], Awaitable[tuple[list[str], Any]]]
+
+
+async def generate_valid(generate: Generate, backend: Any, requests: list[Any]) -> tuple[list[str], Any]:
+    """Run ``generate(backend, requests)``, asking again for draws whose text breaks its constraint.
+
+    Each invalid draw is retried with a new draw number up to
+    ``backend.max_retries`` times (default 3). Valid texts are reported to the
+    scheduler as they are known (``report_result``); a draw still invalid at
+    the end raises ``ConstraintError`` quoting its text, after the valid
+    ones were reported, so only that draw fails.
+    """
+    from outlines.backends import base
+
+    constraints = [r.params.constraint for r in requests]
+    if not any(constraints):
+        return await generate(backend, requests)
+    outer = base._result_callback.get()
+
+    def forward(mapping: list[int]) -> Callable[[int, str], None]:
+        def report(index: int, text: str) -> None:  # only valid texts reach the cache
+            if 0 <= index < len(mapping):
+                position = mapping[index]
+                constraint = constraints[position]
+                if outer is not None and (constraint is None or constraint.is_valid(text)):
+                    outer(position, text)
+        return report
+
+    token = base._result_callback.set(forward(list(range(len(requests)))))
+    try:
+        texts, worker = await generate(backend, requests)
+    finally:
+        base._result_callback.reset(token)
+    texts = list(texts)
+    bad = [i for i, c in enumerate(constraints) if c is not None and not c.is_valid(texts[i])]
+    attempts = int(getattr(backend, "max_retries", 3))
+    for attempt in range(1, attempts + 1):
+        if not bad:
+            break
+        retry = [replace(requests[i], draw=requests[i].draw + attempt * RETRY_STRIDE) for i in bad]
+        token = base._result_callback.set(forward(bad))
+        try:
+            again, worker = await generate(backend, retry)
+        finally:
+            base._result_callback.reset(token)
+        for i, text in zip(bad, again):
+            texts[i] = text
+        bad = [i for i in bad if not constraints[i].is_valid(texts[i])]  # type: ignore[union-attr]
+    if bad:
+        if outer is not None:  # keep the valid draws (a duplicate report is ignored)
+            for i, text in enumerate(texts):
+                if i not in bad:
+                    outer(i, text)
+        first = bad[0]
+        constraint = constraints[first]
+        assert constraint is not None
+        try:
+            constraint.check(texts[first])
+        except ValueError as exc:
+            reason = str(exc)
+        else:  # a non-string text
+            reason = f"got {type(texts[first]).__name__}"
+        raise ConstraintError(
+            f"{len(bad)} of {len(requests)} draws broke their {constraint.kind} constraint after "
+            f"{attempts + 1} attempts each; first: {reason}"
+        )
+    return texts, worker
