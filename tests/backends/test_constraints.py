@@ -246,3 +246,23 @@ def test_same_seed_same_constrained_outputs_alone_and_in_a_batch(tiny: Any) -> N
     samples = outlines.eval(tiny("q0", regex=r"[a-z]{3}[0-9]", num_samples=6), cache=False, progress=False)
     assert samples.shape == (6,) and len(set(samples)) > 1  # draws are still independent samples
     assert np.all([re.fullmatch(r"[a-z]{3}[0-9]", t) for t in samples])
+
+
+def test_text_function_with_a_schema_parser_constrains_the_model() -> None:
+    seen: list[Any] = []
+
+    class Recorder:
+        def __call__(self, prompt: Any, **kwargs: Any) -> Any:
+            seen.append(kwargs)
+            return model(prompt, **kwargs)
+
+    model = models.from_function(lambda p: '{"name": "Z", "age": 9}', name="text_function_schema")
+
+    @outlines.prompt
+    def describe(who):
+        """Describe {{ who }} as JSON."""
+
+    extract = outlines.text.function(describe, Recorder(), SCHEMA)
+    out = outlines.eval(extract(np.array(["a", "b"], dtype=object)), cache=False, progress=False)
+    assert out.shape == (2,) and list(out) == [{"name": "Z", "age": 9}] * 2
+    assert seen == [{"json_schema": SCHEMA}]
