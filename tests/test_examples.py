@@ -26,3 +26,9 @@ def test_map_reduce_batches_the_map_and_replays_from_the_cache(tmp_path):
     second = run_example("map_reduce.py", cache_dir=str(tmp_path))
     assert "cache: 5 hit(s), 0 miss(es)" in second
     assert "result: Batching merges sibling model calls." in second
+
+
+def test_extract_gives_50_valid_typed_records_in_batches(tmp_path):
+    out = run_example("extract.py", "--max-tokens", "40", cache_dir=str(tmp_path))
+    assert "valid: 50/50" in out
+    assert "backend calls: 2" in out  # 50 prompts at the transformers max_batch of 32
