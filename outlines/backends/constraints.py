@@ -241,7 +241,17 @@ def _grammar(constraint: Constraint) -> Any:
         return xgr.Grammar.from_ebnf("root ::= " + " | ".join(_ebnf_literal(c) for c in constraint.choices))
     if constraint.kind == "regex":
         return xgr.Grammar.from_regex(constraint.value)
-    return xgr.Grammar.from_json_schema(constraint.value, any_whitespace=False)
+    grammar = xgr.Grammar.from_json_schema(constraint.value, any_whitespace=False)
+    # xgrammar (0.2.9) lets length-limited strings hold raw control characters,
+    # which JSON forbids (seen on the tiny model: '"\x08hoa"'); close that gap.
+    text = str(grammar)
+    if _LOOSE_STRING_CHARACTER in text:
+        grammar = xgr.Grammar.from_ebnf(text.replace(_LOOSE_STRING_CHARACTER, _JSON_STRING_CHARACTER))
+    return grammar
+
+
+_LOOSE_STRING_CHARACTER = r'[^\"\\\r\n]'
+_JSON_STRING_CHARACTER = r'[^\0-\x1f\"\\\r\n]'
 
 
 def _ebnf_literal(text: str) -> str:

@@ -82,6 +82,16 @@ def test_check_and_parse() -> None:
         schema.parse("{")
 
 
+def test_length_limited_json_strings_exclude_control_characters() -> None:
+    pytest.importorskip("xgrammar")
+    from outlines.backends.constraints import _grammar
+
+    constraint = make_constraint(json_schema=SCHEMA)  # "name" has maxLength: xgrammar's loose character class
+    assert constraint is not None
+    rules = str(_grammar(constraint))
+    assert r"[^\0-\x1f" in rules and r'[^\"\\\r\n]' not in rules
+
+
 # -- every backend: validate, retry, fail ------------------------------------------------------
 
 
@@ -220,15 +230,16 @@ def test_mixed_constraints_in_one_batch_are_all_valid(tiny: Any, monkeypatch: py
 
     monkeypatch.setattr(TransformersBackend, "generate", recording)
     prompts = [f"item {i}:" for i in range(5)]
-    small = {"type": "object", "properties": {"n": {"type": "integer", "minimum": 0, "maximum": 99}},
-             "required": ["n"], "additionalProperties": False}
+    small = {"type": "object", "properties": {"n": {"type": "integer", "minimum": 0, "maximum": 99},
+                                              "tag": {"type": "string", "maxLength": 6}},
+             "required": ["n", "tag"], "additionalProperties": False}
     picked, coded, records, free = outlines.eval(
         tiny(prompts, choices=["red", "green", "blue"]), tiny(prompts, regex=r"[0-9]{2}-[a-z]{2}"),
         tiny(prompts, json_schema=small), tiny(prompts), cache=False, progress=False,
     )
     assert set(picked) <= {"red", "green", "blue"}
     assert all(re.fullmatch(r"[0-9]{2}-[a-z]{2}", c) for c in coded)
-    assert all(isinstance(r, dict) and set(r) == {"n"} and 0 <= r["n"] <= 99 for r in records)
+    assert all(isinstance(r, dict) and set(r) == {"n", "tag"} and 0 <= r["n"] <= 99 for r in records)
     assert len(batches) == 1 and len(batches[0]) == 20  # one backend call, four kinds of rows
     assert sum(c is None for c in batches[0]) == 5
     alone = outlines.eval(tiny(prompts), cache=False, progress=False)
