@@ -309,16 +309,17 @@ class _Compiler:
         return xgr.GrammarMatcher(compiled, override_stop_tokens=list(end_tokens) or None)
 
 
-_compilers: dict[tuple[int, int], _Compiler] = {}
+#: (id of tokenizer, vocab size) -> (the tokenizer, kept so its id is not reused; its compiler)
+_compilers: dict[tuple[int, int], tuple[Any, _Compiler]] = {}
 
 
 def compiler_for(tokenizer: Any, vocab_size: int) -> _Compiler:
     """The compiler of a loaded tokenizer (built once: it scans the vocabulary)."""
     key = (id(tokenizer), vocab_size)
-    compiler = _compilers.get(key)
-    if compiler is None or compiler.info is None:
-        compiler = _compilers[key] = _Compiler(tokenizer, vocab_size)
-    return compiler
+    entry = _compilers.get(key)
+    if entry is None or entry[0] is not tokenizer:
+        entry = _compilers[key] = (tokenizer, _Compiler(tokenizer, vocab_size))
+    return entry[1]
 
 
 class TokenMasks:
