@@ -16,7 +16,7 @@ backend's ``max_batch``.
 from __future__ import annotations
 
 import re
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Mapping
 
 import numpy as np
@@ -218,7 +218,8 @@ class _DryRun:
         output = results[0] if not shape else np.array(results, dtype=object).reshape(shape)
         if not misses and not unknown:
             return level, [output]
-        group = self.group(level + 1, (op.backend, op.params), node.label)
+        # As in batching: draws differing only in their constraint share batches (issue 13).
+        group = self.group(level + 1, (op.backend, replace(op.params, constraint=None)), node.label)
         group.unknown += unknown
         for request in misses:
             group.requests[request] = None

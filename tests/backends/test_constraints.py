@@ -277,3 +277,19 @@ def test_text_function_with_a_schema_parser_constrains_the_model() -> None:
     out = outlines.eval(extract(np.array(["a", "b"], dtype=object)), cache=False, progress=False)
     assert out.shape == (2,) and list(out) == [{"name": "Z", "age": 9}] * 2
     assert seen == [{"json_schema": SCHEMA}]
+
+
+def test_explain_and_the_run_put_mixed_constraints_in_one_batch() -> None:
+    batches: list[list[str]] = []
+
+    def answer(prompts: list[str]) -> list[str]:
+        batches.append(prompts)
+        return ["yes" if p.startswith("c") else "12" if p.startswith("r") else "free" for p in prompts]
+
+    model = models.from_function(answer, batched=True, name="mixed_batch")
+    outputs = (model(["c1", "c2"], choices=["yes", "no"]), model(["r1"], regex=r"\d+"), model(["f1"]))
+    plan = outlines.explain(*outputs)
+    assert "requests: 1" in str(plan)
+    values = outlines.eval(*outputs, cache=False, progress=False)
+    assert [list(v) for v in values] == [["yes", "yes"], ["12"], ["free"]]
+    assert len(batches) == 1 and sorted(batches[0]) == ["c1", "c2", "f1", "r1"]
