@@ -60,9 +60,9 @@ def raw_generate(model: Any, tokenizer: Any, prompts: list[str], sample: bool = 
 
 
 def _requests() -> list[Any]:
-    from outlines.backends.base import GenerationParams, Request
+    from outlines.backends.base import Draw, GenerationParams
 
-    return [Request(p, GenerationParams.create(max_tokens=NEW_TOKENS, temperature=0)) for p in PROMPTS]
+    return [Draw(p, GenerationParams.create(max_tokens=NEW_TOKENS, temperature=0)) for p in PROMPTS]
 
 
 def _process_init(path: str) -> None:
@@ -72,7 +72,9 @@ def _process_init(path: str) -> None:
 
 
 def _process_generate(requests: list[Any]) -> list[str]:
-    return asyncio.run(_worker["backend"].generate(requests))
+    from outlines.backends.base import BatchReport
+
+    return asyncio.run(_worker["backend"].generate(requests, BatchReport()))
 
 
 async def loop_lag(work: Callable[[], Any]) -> float:
@@ -95,6 +97,7 @@ async def loop_lag(work: Callable[[], Any]) -> float:
 
 def worker_choice(path: str, repeat: int) -> list[tuple[str, float, float]]:
     """The backend's code in a thread (what ships) vs in a one-process pool, runs interleaved."""
+    from outlines.backends.base import BatchReport
     from outlines.backends.transformers import TransformersBackend
 
     requests = _requests()
@@ -107,7 +110,7 @@ def worker_choice(path: str, repeat: int) -> list[tuple[str, float, float]]:
     backend = TransformersBackend(path, max_batch=N_PROMPTS)
 
     async def in_thread() -> None:
-        await backend.generate(requests)
+        await backend.generate(requests, BatchReport())
 
     async def in_process() -> None:
         await asyncio.get_running_loop().run_in_executor(pool, _process_generate, requests)

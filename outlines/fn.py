@@ -15,17 +15,16 @@ from typing import Any, Callable
 
 import numpy as np
 
-from outlines.backends.function import code_hash
 from outlines.errors import Failure, GraphBuildError
 from outlines.graph.basic import Apply, Op, as_object_array, as_variable
 from outlines.graph.ops import broadcast_map, scalar_or_array
 
-__all__ = ["Function", "PyFunc", "fn"]
+__all__ = ["Function", "CallFunction", "fn"]
 
 _SIGNATURE = re.compile(r"^\s*(\([^()]*\)\s*(,\s*\([^()]*\)\s*)*)->\s*(\([^()]*\)\s*(,\s*\([^()]*\)\s*)*)$")
 
 
-class PyFunc(Op):
+class CallFunction(Op):
     """Run a user function; see ``outlines.fn``."""
 
     __props__ = ("function", "kwnames")
@@ -43,9 +42,17 @@ class PyFunc(Op):
     def name(self) -> str:
         return self.function.__name__
 
-    def key(self) -> tuple[Any, ...]:
-        f = self.function
-        return ("PyFunc", f.__qualname__, f.code_hash, f.signature, list(self.kwnames))
+    def describe(self) -> dict[str, Any]:
+        signature = self.function.signature
+        return {"kind": "python", "title": self.function.__name__, "lines": [signature] if signature else []}
+
+    def argument_name(self, position: int, ninputs: int) -> str:
+        npositional = ninputs - len(self.kwnames)
+        if position >= npositional:
+            return str(self.kwnames[position - npositional])
+        signature = self.function.python_signature
+        names = [p.name for p in signature.parameters.values() if p.kind <= p.POSITIONAL_OR_KEYWORD] if signature else []
+        return names[position] if position < len(names) else str(position)
 
     def _bind(self, values: tuple[Any, ...]) -> Callable[..., Any]:
         target, count = self.function.target, len(values) - len(self.kwnames)
@@ -143,10 +150,9 @@ class Function:
         self.pure = pure
         self.blocking = blocking
         self.is_async = inspect.iscoroutinefunction(target)
-        self.code_hash = code_hash(target)
         self.python_signature = _python_signature(target)
         self._min_positional, self._max_positional = _positional_range(self.python_signature)
-        self._ops: dict[tuple[str, ...], PyFunc] = {}
+        self._ops: dict[tuple[str, ...], CallFunction] = {}
         #: Mean seconds per call, measured; decides inline vs thread pool.
         self.mean_seconds: float | None = None
 
@@ -159,7 +165,7 @@ class Function:
         kwnames = tuple(kwargs)
         op = self._ops.get(kwnames)
         if op is None:
-            op = self._ops[kwnames] = PyFunc(self, kwnames)
+            op = self._ops[kwnames] = CallFunction(self, kwnames)
         inputs = [as_variable(a) for a in args] + [as_variable(kwargs[k]) for k in kwnames]
         node = Apply(op, inputs, self.noutputs)
         return node.outputs[0] if self.noutputs == 1 else node.outputs

@@ -14,14 +14,16 @@ torch.
 """
 from __future__ import annotations
 
+import json
 from typing import Any, Callable
 
 import numpy as np
 
-from outlines.backends.base import Backend, GenerationParams, Request
+from outlines.backends.base import Backend, Draw, GenerationParams
 from outlines.errors import GraphBuildError
 from outlines.graph.basic import Apply, Constant, Op, Variable, as_object_array, as_variable
 from outlines.graph.ops import check_text_input
+from outlines.graph.viz.drawing import backend_name, shorten
 
 __all__ = ["Generate", "Model", "from_function", "openai", "openai_completion", "transformers"]
 
@@ -50,6 +52,14 @@ class Generate(Op):
     def name(self) -> str:
         return f"Generate[{self.backend.kind}:{self.backend.model_name}]"
 
+    def describe(self) -> dict[str, Any]:
+        backend, params = backend_name(self.backend), self.params.to_dict()
+        lines = [shorten(", ".join(f"{k}={json.dumps(v)}" for k, v in params.items()), 60)] if params else []
+        if self.num_samples > 1:
+            lines.append(f"num_samples={self.num_samples}")
+        return {"kind": "model", "title": backend, "backend": backend, "params": params,
+                "num_samples": self.num_samples, "lines": lines}
+
     def make_node(self, *inputs: Any) -> Apply:
         if len(inputs) != 1:
             raise GraphBuildError(f"{self.name} takes exactly one prompt, got {len(inputs)} arguments")
@@ -59,10 +69,10 @@ class Generate(Op):
         check_text_input(self, prompt, "the prompt")
         return Apply(self, [prompt])
 
-    def requests(self, prompt: Any, draw_offset: int) -> tuple[tuple[int, ...], list[Request]]:
+    def draws(self, prompt: Any, draw_offset: int) -> tuple[tuple[int, ...], list[Draw]]:
         """The output shape and the flat list of draws for a prompt value.
 
-        Requests are ordered element-major: all samples of element 0 first.
+        Draws are ordered element-major: all samples of element 0 first.
         """
         if isinstance(prompt, np.ndarray):
             texts = list(prompt.reshape(-1))
@@ -73,15 +83,8 @@ class Generate(Op):
             if not isinstance(text, str):
                 raise TypeError(f"the prompt must be text, got {type(text).__name__} {text!r:.60}")
         k = self.num_samples
-        if self.params.deterministic:
-            draws = [0] * k
-        else:
-            draws = list(range(draw_offset, draw_offset + k))
-        requests = [Request(text, self.params, d) for text in texts for d in draws]
-        return (shape + (k,) if k > 1 else shape), requests
-
-    def key(self) -> tuple[Any, ...]:
-        return ("Generate", list(self.backend.identity), self.params.to_dict(), self.num_samples)
+        numbers = [0] * k if self.params.deterministic else list(range(draw_offset, draw_offset + k))
+        return (shape + (k,) if k > 1 else shape), [Draw(text, self.params, d) for text in texts for d in numbers]
 
 
 class Model:

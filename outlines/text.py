@@ -16,6 +16,7 @@ import jinja2.meta
 from outlines.errors import GraphBuildError
 from outlines.graph.basic import Apply, Constant, Op, Variable, as_variable
 from outlines.graph.ops import broadcast_map
+from outlines.graph.viz.drawing import shorten
 
 __all__ = ["Prompt", "Render", "constant", "function", "prompt", "string"]
 
@@ -66,6 +67,12 @@ class Render(Op):
     @property
     def name(self) -> str:
         return f"Render[{self.template_name}]"
+
+    def describe(self) -> dict[str, Any]:
+        return {"kind": "prompt", "title": f"prompt {self.template_name}", "lines": ['"' + shorten(self.source, 40) + '"']}
+
+    def argument_name(self, position: int, ninputs: int) -> str:
+        return str(self.names[position])
 
     def perform(self, *values: Any) -> Any:
         template, names = _compiled(self.source), self.names

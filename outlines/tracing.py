@@ -17,7 +17,16 @@ import time
 from dataclasses import asdict, dataclass, field
 from typing import Any, Callable, Iterator
 
-__all__ = ["BatchRecord", "NodeRecord", "Recorder", "Trace", "active_recorder", "trace"]
+__all__ = [
+    "BatchRecord",
+    "ModelLoadRecord",
+    "NodeRecord",
+    "Recorder",
+    "RequestRecord",
+    "Trace",
+    "active_recorder",
+    "trace",
+]
 
 
 class Recorder:
@@ -44,6 +53,12 @@ class Recorder:
         worker: str | None,
         requests: int = 0,
     ) -> None: ...
+
+    def request_finished(self, batch_id: int, start: float, end: float, error: BaseException | None = None) -> None:
+        """One wire request of batch ``batch_id`` ran from ``start`` to ``end`` (retries count)."""
+
+    def model_loaded(self, backend: Any, start: float, end: float) -> None:
+        """``backend`` loaded its local model from ``start`` to ``end``."""
 
     def for_eval(self) -> Recorder:
         """The recorder one evaluation reports to (a Trace gives each its own view)."""
@@ -105,8 +120,27 @@ class BatchRecord:
     prompt_tokens: int = 0
     completion_tokens: int = 0
     error: str | None = None
-    #: Wire requests the backend reported (``report_requests``); 0: not reported.
+    #: Wire requests the backend reported (``BatchReport.request``); 0: not reported.
     requests: int = 0
+
+
+@dataclass(slots=True)
+class RequestRecord:
+    """One wire request of a batch (``batch`` is the BatchRecord's id)."""
+
+    batch: int
+    start: float
+    end: float
+    error: str | None = None
+
+
+@dataclass(slots=True)
+class ModelLoadRecord:
+    """A local model load, apart from the batch that triggered it."""
+
+    backend: str
+    start: float
+    end: float
 
 
 @dataclass
@@ -136,12 +170,18 @@ class Trace(Recorder):
         (one chat call is one request per prompt; retries count too).
     cache_hits, cache_misses
         Draws served from the cache / sent, summed over every evaluation.
+    requests
+        One ``RequestRecord`` per wire request a backend reported.
+    model_loads
+        One ``ModelLoadRecord`` per local model load.
     """
 
     def __init__(self) -> None:
         self.origin = time.perf_counter()
         self.nodes: dict[str, NodeRecord] = {}
         self.batches: list[BatchRecord] = []
+        self.requests: list[RequestRecord] = []
+        self.model_loads: list[ModelLoadRecord] = []
         self.requests_per_backend: dict[str, int] = {}
         self.cache_hits = 0
         self.cache_misses = 0
@@ -219,6 +259,8 @@ class Trace(Recorder):
             "completion_tokens": completion_tokens,
             "nodes": [asdict(n) for n in self.nodes.values()],
             "batches": [asdict(b) for b in self.batches],
+            "requests": [asdict(r) for r in self.requests],
+            "model_loads": [asdict(m) for m in self.model_loads],
         }
 
     def to_json(self, path: str | os.PathLike[str]) -> None:
@@ -387,6 +429,16 @@ class _EvalRecorder(Recorder):
         record.prompt_tokens, record.completion_tokens = int(usage[0]), int(usage[1])
         record.worker = worker
         record.requests = requests
+
+    def request_finished(self, batch_id: int, start: float, end: float, error: BaseException | None = None) -> None:
+        record = self.batches.get(batch_id)
+        if record is not None:
+            trace = self.trace
+            trace.requests.append(RequestRecord(record.id, trace._time(start), trace._time(end), _first_line(error)))
+
+    def model_loaded(self, backend: Any, start: float, end: float) -> None:
+        trace = self.trace
+        trace.model_loads.append(ModelLoadRecord(self._name(backend, repr), trace._time(start), trace._time(end)))
 
 
 def _longest_chain(record: _Eval, nodes: list[NodeRecord | None]) -> tuple[float, list[str]]:

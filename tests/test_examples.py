@@ -5,11 +5,11 @@ import os
 import subprocess
 import sys
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from tests.fixtures.subprocesses import ROOT, python_env
 
 
 def run_example(name: str, *args: str, cache_dir: str) -> str:
-    env = {**os.environ, "OUTLINES_CACHE_DIR": cache_dir}
+    env = python_env(OUTLINES_CACHE_DIR=cache_dir)
     done = subprocess.run(
         [sys.executable, os.path.join(ROOT, "examples", name), *args],
         capture_output=True, text=True, env=env, timeout=120,

@@ -10,37 +10,15 @@ import pytest
 
 import outlines
 from outlines import models
-from outlines.backends.base import report_usage
 from outlines.cache import Cache
 from outlines.runtime.plan import Plan
 from outlines.tracing import NULL_RECORDER, Trace, active_recorder
-
-
-class Recording:
-    """A batched async fake model that records every batch it receives."""
-
-    def __init__(self, delay: float = 0.0, fail_on: str | None = None) -> None:
-        self.batches: list[list[str]] = []
-        self.delay = delay
-        self.fail_on = fail_on
-
-    async def __call__(self, prompts: list[str]) -> list[str]:
-        self.batches.append(list(prompts))
-        report_usage(len(prompts) * 3, len(prompts))
-        if self.delay:
-            await asyncio.sleep(self.delay)
-        if self.fail_on is not None and any(self.fail_on in p for p in prompts):
-            raise RuntimeError(f"refused {self.fail_on}\nsecond line")
-        return [p + "." for p in prompts]
-
-
-def _model(recording: Recording, **options: object) -> models.Model:
-    return models.from_function(recording, batched=True, name="rec", **options)
+from tests.fixtures.recording import RecordingBackend
 
 
 def test_totals_match_the_backend_records() -> None:
-    recording = Recording()
-    llm = _model(recording, max_batch=4)
+    recording = RecordingBackend(usage=True, max_batch=4)
+    llm = recording.model()
     q = outlines.string("q")
     out = outlines.fn(str.upper, name="upper")(llm(llm(q)))
     with outlines.trace() as trace:
@@ -65,8 +43,8 @@ def test_totals_match_the_backend_records() -> None:
 
 
 def test_cache_hits_are_recorded(tmp_path) -> None:
-    recording = Recording()
-    llm = _model(recording)
+    recording = RecordingBackend(usage=True)
+    llm = recording.model()
     q = outlines.string("q")
     cache = Cache(tmp_path)
     with outlines.trace() as trace:
@@ -78,8 +56,8 @@ def test_cache_hits_are_recorded(tmp_path) -> None:
 
 
 def test_critical_path_follows_the_dependent_chain() -> None:
-    recording = Recording(delay=0.03)
-    llm = _model(recording)
+    recording = RecordingBackend(usage=True, delay=0.03)
+    llm = recording.model()
     q = outlines.string("q")
     first = llm(q)
     side = outlines.fn(str.lower, name="side")(q)
@@ -94,7 +72,7 @@ def test_critical_path_follows_the_dependent_chain() -> None:
 
 
 def test_trace_sees_aeval_and_sync_eval_inside_a_running_loop() -> None:
-    llm = _model(Recording())
+    llm = RecordingBackend(usage=True).model()
     q = outlines.string("q")
 
     async def main() -> None:
@@ -107,8 +85,8 @@ def test_trace_sees_aeval_and_sync_eval_inside_a_running_loop() -> None:
 
 
 def test_concurrent_evals_keep_their_batches_apart() -> None:
-    recording = Recording(delay=0.02)
-    llm = _model(recording)
+    recording = RecordingBackend(usage=True, delay=0.02)
+    llm = recording.model()
     q = outlines.string("q")
 
     async def main() -> None:
@@ -131,7 +109,7 @@ def test_no_recording_outside_the_block() -> None:
 
 
 def test_errors_are_first_lines() -> None:
-    llm = _model(Recording(fail_on="bad"))
+    llm = RecordingBackend(usage=True, fail_on="bad").model()
     q = outlines.string("q")
     with outlines.trace() as trace:
         with pytest.raises(outlines.NodeError):
@@ -186,7 +164,7 @@ def test_timeline_delegates(monkeypatch, tmp_path) -> None:
 
 def test_timeline_writes_html(tmp_path) -> None:
     pytest.importorskip("outlines.graph.viz.timeline")
-    llm = _model(Recording(delay=0.01), max_batch=2)
+    llm = RecordingBackend(usage=True, delay=0.01, max_batch=2).model()
     q = outlines.string("q")
     with outlines.trace() as trace:
         llm(llm(q)).eval({"q": ["a", "b", "c"]}, cache=False)
@@ -196,7 +174,7 @@ def test_timeline_writes_html(tmp_path) -> None:
 
 
 def test_errors_return_records_failed_batches() -> None:
-    llm = _model(Recording(fail_on="bad"), max_batch=2)
+    llm = RecordingBackend(usage=True, fail_on="bad", max_batch=2).model()
     q = outlines.string("q")
     with outlines.trace() as trace:
         values = llm(q).eval({"q": ["ok", "fine", "bad", "x"]}, cache=False, errors="return")

@@ -2,7 +2,8 @@
 
 A ``Constraint`` is the canonical form of ``choices=``, ``regex=`` or
 ``json_schema=``: its kind and one string (the choices as a JSON list, the
-pattern, or the schema as canonical JSON). It is validated when the graph is
+pattern, or the schema as canonical JSON, both written by the one key
+normaliser ``outlines.cache.keys.canonical``). It is validated when the graph is
 built, it is part of ``GenerationParams`` (so of cache keys), and it knows how
 to check and parse a finished text.
 
@@ -12,7 +13,8 @@ rows at every step (rows without a constraint are left alone). Every backend's
 texts also go through ``generate_valid``: a draw whose text breaks its
 constraint (a server that ignored it, a local row cut by ``max_tokens``) is
 asked again with a new draw number, a bounded number of times, and then fails
-with a ``ConstraintError`` quoting the text; the batch's other draws are kept.
+on its own (``BatchReport.failure``) with a ``ConstraintError`` quoting the
+text; the batch's other draws are kept.
 
 xgrammar was chosen after measuring it against llguidance and outlines-core
 (``benchmarks/bench_constraint_engines.py``): on SmolLM2's 49k-token
@@ -26,6 +28,8 @@ import re
 from dataclasses import dataclass, replace
 from typing import Any, Awaitable, Callable, Mapping, Sequence
 
+from outlines.backends.base import BatchReport, Draw
+from outlines.cache.keys import canonical, normalize
 from outlines.graph.basic import Apply, Op, as_variable
 from outlines.graph.ops import broadcast_map
 
@@ -45,7 +49,8 @@ class Constraint:
     """The canonical form of one structured-output constraint.
 
     ``kind`` is ``"choices"``, ``"regex"`` or ``"json_schema"``; ``value`` is
-    the choices as a JSON list, the pattern, or the schema as canonical JSON.
+    the choices as a JSON list, the pattern, or the schema as canonical JSON
+    (both from ``outlines.cache.keys.canonical``, so equal content is equal text).
     ``target`` is the pydantic class parsed into (``json_schema`` only); it
     changes what ``parse`` returns, never the text, so it stays out of
     ``to_dict`` (cache keys).
@@ -112,6 +117,10 @@ class Constraint:
         return f"Constraint({self.kind}={self.value!r:.80})"
 
 
+# Keys see a constraint as its JSON form (the pydantic target changes no text).
+normalize.register(Constraint, lambda constraint: normalize(constraint.to_dict()))
+
+
 def _validate_schema(value: Any, schema: Mapping[str, Any], text: str) -> None:
     try:
         import jsonschema
@@ -151,7 +160,7 @@ def make_constraint(
     Examples
     --------
     >>> make_constraint(choices=["yes", "no"])
-    Constraint(choices='["yes", "no"]')
+    Constraint(choices='["yes","no"]')
     """
     given = [name for name, v in (("choices", choices), ("regex", regex), ("json_schema", json_schema)) if v is not None]
     if len(given) > 1:
@@ -174,7 +183,7 @@ def _choices(choices: Any) -> Constraint:
     if bad:
         raise ValueError(f"choices= must hold non-empty strings; got {bad[0]!r:.60}")
     unique = list(dict.fromkeys(choices))
-    constraint = Constraint("choices", json.dumps(unique, ensure_ascii=False))
+    constraint = Constraint("choices", canonical(unique).decode())
     _engine_check(constraint, "choices=")
     return constraint
 
@@ -205,7 +214,7 @@ def _schema(schema: Any) -> Constraint:
     if not isinstance(schema, Mapping):
         raise ValueError(f"json_schema= must be a dict or a pydantic model class, got {type(schema).__name__}")
     try:
-        canonical = json.dumps(schema, sort_keys=True, ensure_ascii=False, separators=(",", ":"))
+        text = canonical(schema).decode()  # the one key normaliser: {"a": 1.0} is {"a": 1}
     except (TypeError, ValueError) as exc:
         raise ValueError(f"json_schema= is not JSON-able: {exc}") from None
     try:
@@ -217,7 +226,7 @@ def _schema(schema: Any) -> Constraint:
             jsonschema.validators.validator_for(schema).check_schema(schema)
         except jsonschema.SchemaError as exc:
             raise ValueError(f"json_schema= is not a valid JSON schema: {exc.message}") from None
-    constraint = Constraint("json_schema", canonical, target)
+    constraint = Constraint("json_schema", text, target)
     _engine_check(constraint, "json_schema=")
     return constraint
 
@@ -272,9 +281,10 @@ class Parse(Op):
         target = self.constraint.target
         return f"Parse[{target.__name__ if target is not None else 'json'}]"
 
-    def key(self) -> tuple[Any, ...]:
+    def describe(self) -> dict[str, Any]:
         target = self.constraint.target
-        return ("Parse", self.constraint.to_dict(), None if target is None else f"{target.__module__}.{target.__qualname__}")
+        into = f"{target.__module__}.{target.__qualname__}" if target is not None else "JSON"
+        return {"kind": "op", "title": self.name, "lines": [f"parse {into} ({self.constraint.kind})"]}
 
     def make_node(self, *inputs: Any) -> Apply:
         return Apply(self, [as_variable(inputs[0], array=True)])
@@ -382,70 +392,91 @@ class TokenMasks:
 
 # -- checking texts from any backend ----------------------------------------------------------
 
-Generate = Callable[[Any, list[Any]], Awaitable[tuple[list[str], Any]]]
+Generate = Callable[[Any, list[Any], BatchReport], Awaitable[tuple[list[str], Any]]]
 
 
-async def generate_valid(generate: Generate, backend: Any, requests: list[Any]) -> tuple[list[str], Any]:
-    """Run ``generate(backend, requests)``, asking again for draws whose text breaks its constraint.
+async def generate_valid(
+    generate: Generate, backend: Any, draws: list[Draw], report: BatchReport
+) -> tuple[list[str], Any]:
+    """Run ``generate(backend, draws, report)``, asking again for draws whose text breaks its constraint.
 
-    Each invalid draw is retried with a new draw number up to
-    ``backend.max_retries`` times (default 3). Valid texts are reported to the
-    scheduler as they are known (``report_result``); a draw still invalid at
-    the end raises ``ConstraintError`` quoting its text, after the valid
-    ones were reported, so only that draw fails.
+    Each invalid draw is retried with a new draw number (``draw + attempt *
+    RETRY_STRIDE``) up to ``backend.max_retries`` times (default 3). Valid
+    texts are reported with ``report.result`` as soon as they are known (so
+    only they reach the cache); a draw the backend failed is reported with
+    ``report.failure`` and not retried; a draw still invalid after every
+    attempt is reported with ``report.failure`` and a ``ConstraintError``
+    quoting its text, so only that draw fails and the batch's others are kept.
+    Usage, wire requests, model loads and request slots go to ``report``.
     """
-    from outlines.backends import base
-
-    constraints = [r.params.constraint for r in requests]
+    constraints = [d.params.constraint for d in draws]
     if not any(constraints):
-        return await generate(backend, requests)
-    outer = base._result_callback.get()
+        return await generate(backend, draws, report)
 
-    def forward(mapping: list[int]) -> Callable[[int, str], None]:
-        def report(index: int, text: str) -> None:  # only valid texts reach the cache
-            if 0 <= index < len(mapping):
-                position = mapping[index]
-                constraint = constraints[position]
-                if outer is not None and (constraint is None or constraint.is_valid(text)):
-                    outer(position, text)
-        return report
+    async def attempt(positions: list[int], batch: list[Draw]) -> tuple[list[Any], Any, BatchReport]:
+        """One call for ``batch`` (draws at ``positions``): valid results and failures forwarded."""
 
-    token = base._result_callback.set(forward(list(range(len(requests)))))
-    try:
-        texts, worker = await generate(backend, requests)
-    finally:
-        base._result_callback.reset(token)
+        def on_result(index: int, text: str) -> None:
+            if 0 <= index < len(positions):
+                constraint = constraints[positions[index]]
+                if constraint is None or constraint.is_valid(text):
+                    report.result(positions[index], text)
+
+        def on_failure(index: int, error: BaseException) -> None:
+            if 0 <= index < len(positions):
+                report.failure(positions[index], error)
+
+        inner = BatchReport(on_result=on_result, on_failure=on_failure, on_request=report.request,
+                            on_model_loaded=report.model_loaded, request_limit=report.request_limit)
+        try:
+            texts, worker = await generate(backend, batch, inner)
+        finally:
+            report.usage(*inner.tokens)
+        if isinstance(texts, list) and len(texts) == len(batch):  # the reports win over the list
+            texts = [inner.results.get(i, text) for i, text in enumerate(texts)]
+        return texts, worker, inner
+
+    texts, worker, inner = await attempt(list(range(len(draws))), list(draws))
+    if not isinstance(texts, list) or len(texts) != len(draws):
+        return texts, worker  # the caller names the wrong count
     texts = list(texts)
-    bad = [i for i, c in enumerate(constraints) if c is not None and not c.is_valid(texts[i])]
+    bad = []
+    for i, text in enumerate(texts):
+        if i in inner.failures:
+            continue
+        constraint = constraints[i]
+        if constraint is None or constraint.is_valid(text):
+            report.result(i, text)
+        else:
+            bad.append(i)
     attempts = int(getattr(backend, "max_retries", 3))
-    for attempt in range(1, attempts + 1):
+    for number in range(1, attempts + 1):
         if not bad:
             break
-        retry = [replace(requests[i], draw=requests[i].draw + attempt * RETRY_STRIDE) for i in bad]
-        token = base._result_callback.set(forward(bad))
-        try:
-            again, worker = await generate(backend, retry)
-        finally:
-            base._result_callback.reset(token)
-        for i, text in zip(bad, again):
+        retry = [replace(draws[i], draw=draws[i].draw + number * RETRY_STRIDE) for i in bad]
+        again, worker, inner = await attempt(bad, retry)
+        if not isinstance(again, list) or len(again) != len(retry):
+            raise ConstraintError(f"{backend!r} returned {len(again)} completions for {len(retry)} retried draws")
+        still = []
+        for position, (i, text) in enumerate(zip(bad, again)):
+            if position in inner.failures:
+                continue
             texts[i] = text
-        bad = [i for i in bad if not constraints[i].is_valid(texts[i])]  # type: ignore[union-attr]
-    if bad:
-        if outer is not None:  # keep the valid draws (a duplicate report is ignored)
-            for i, text in enumerate(texts):
-                if i not in bad:
-                    outer(i, text)
-        first = bad[0]
-        constraint = constraints[first]
+            if constraints[i].is_valid(text):  # type: ignore[union-attr]
+                report.result(i, text)
+            else:
+                still.append(i)
+        bad = still
+    for i in bad:
+        constraint = constraints[i]
         assert constraint is not None
         try:
-            constraint.check(texts[first])
+            constraint.check(texts[i])
         except ValueError as exc:
             reason = str(exc)
         else:  # a non-string text
-            reason = f"got {type(texts[first]).__name__}"
-        raise ConstraintError(
-            f"{len(bad)} of {len(requests)} draws broke their {constraint.kind} constraint after "
-            f"{attempts + 1} attempts each; first: {reason}"
-        )
+            reason = f"got {type(texts[i]).__name__}"
+        report.failure(i, ConstraintError(
+            f"the draw broke its {constraint.kind} constraint after {attempts + 1} attempts; last: {reason}"
+        ))
     return texts, worker

@@ -1,7 +1,9 @@
 """Any Python callable as a model: ``str -> str`` or ``list[str] -> list[str]``.
 
 Sync callables run in the shared thread pool, async ones on the loop; calls of a
-non-batched callable run concurrently, at most ``max_concurrency`` at a time.
+non-batched callable run concurrently, at most ``max_concurrency`` at a time;
+each call is one request of the batch (it holds one of the evaluation's
+request slots), and succeeds or fails on its own.
 The backend identity holds the function's name and a hash of its code, so
 editing the function invalidates its cache entries.
 """
@@ -14,7 +16,7 @@ import weakref
 from typing import Any, Callable, Sequence
 
 from outlines.threads import run_blocking
-from outlines.backends.base import Backend, Request, report_result
+from outlines.backends.base import Backend, BatchReport, Draw
 
 __all__ = ["FunctionBackend", "code_hash"]
 
@@ -64,6 +66,7 @@ class FunctionBackend(Backend):
             getattr(fn, "__call__", None)
         )
         self.max_batch = max_batch
+        self.sends_requests = not batched  # one call per draw: each call is a request
         self.max_concurrency = max_concurrency if max_concurrency is not None else (None if batched else 64)
         self._identity = ("function", self.name, code_hash(fn), bool(batched))
         self._semaphores: weakref.WeakKeyDictionary[Any, asyncio.Semaphore] = weakref.WeakKeyDictionary()
@@ -81,8 +84,8 @@ class FunctionBackend(Backend):
         self.__dict__.update(state)
         self._semaphores = weakref.WeakKeyDictionary()
 
-    async def generate(self, requests: Sequence[Request]) -> list[str]:
-        prompts = [r.prompt for r in requests]
+    async def generate(self, draws: Sequence[Draw], report: BatchReport) -> list[str]:
+        prompts = [d.prompt for d in draws]
         if self.batched:
             outputs = await self._call(prompts)
             if not isinstance(outputs, (list, tuple)) or len(outputs) != len(prompts):
@@ -90,9 +93,9 @@ class FunctionBackend(Backend):
                 raise ValueError(f"batched function {self.name!r} returned {got} for {len(prompts)} prompts")
             return [self._check(o) for o in outputs]
         semaphore = self._semaphore()
-        # Let every call finish (each reports itself) before the first failure is raised.
+        # Every call finishes or fails on its own (each reports itself); the first failure is raised last.
         outcomes = await asyncio.gather(
-            *(self._bounded(semaphore, i, p) for i, p in enumerate(prompts)), return_exceptions=True
+            *(self._bounded(semaphore, report, i, p) for i, p in enumerate(prompts)), return_exceptions=True
         )
         texts: list[str] = []
         for outcome in outcomes:
@@ -108,10 +111,14 @@ class FunctionBackend(Backend):
             semaphore = self._semaphores[loop] = asyncio.Semaphore(self.max_concurrency or 64)
         return semaphore
 
-    async def _bounded(self, semaphore: asyncio.Semaphore, index: int, prompt: str) -> str:
-        async with semaphore:
-            text = self._check(await self._call(prompt))
-        report_result(index, text)  # cached now, kept if a sibling fails
+    async def _bounded(self, semaphore: asyncio.Semaphore, report: BatchReport, index: int, prompt: str) -> str:
+        async with semaphore, report.request_slot():
+            try:
+                text = self._check(await self._call(prompt))
+            except Exception as error:
+                report.failure(index, error)
+                raise
+        report.result(index, text)  # cached now, kept if a sibling fails
         return text
 
     async def _call(self, argument: Any) -> Any:

@@ -5,8 +5,10 @@ lazily on the running loop and closed by ``aclose``; its connector's limit is
 the backend's ``max_concurrency``, and an ``AIMDLimiter`` per loop lowers the
 requests in flight when the server answers 429. ``post_json`` retries what
 ``retry.should_retry`` allows, honours Retry-After up to a cap, spends the
-optional requests/tokens-per-minute budgets, reports token usage, and turns
-every failure into a ``BackendError`` that never contains the API key.
+optional requests/tokens-per-minute budgets, reports each request and the
+token usage to the batch's ``BatchReport`` (holding one of its request slots
+while a request is in flight), and turns every failure into a
+``BackendError`` that never contains the API key.
 """
 from __future__ import annotations
 
@@ -14,6 +16,7 @@ import asyncio
 import json
 import logging
 import threading
+import time
 import weakref
 from dataclasses import dataclass
 from typing import Any, Awaitable, Iterable, Mapping, TypeVar
@@ -21,7 +24,7 @@ from typing import Any, Awaitable, Iterable, Mapping, TypeVar
 import aiohttp
 
 from outlines.backends import retry
-from outlines.backends.base import BackendError, report_requests, report_usage
+from outlines.backends.base import BackendError, BatchReport
 from outlines.backends.ratelimit import AIMDLimiter, TokenBucket
 
 __all__ = ["HTTPClient", "Secret", "gather_or_cancel"]
@@ -68,7 +71,7 @@ class _LoopState:
 
 
 @dataclass
-class _Failure:
+class _FailedAttempt:
     reason: str
     error: BackendError
     retry_after: float | None = None
@@ -173,7 +176,9 @@ class HTTPClient:
                 text = text.replace(value, "***")
         return text
 
-    async def post_json(self, path: str, payload: Mapping[str, Any], *, tokens: float = 0.0) -> dict[str, Any]:
+    async def post_json(
+        self, path: str, payload: Mapping[str, Any], report: BatchReport, *, tokens: float = 0.0
+    ) -> dict[str, Any]:
         """POST ``payload`` to ``base_url + path`` and return the decoded JSON object.
 
         Parameters
@@ -182,6 +187,9 @@ class HTTPClient:
             Endpoint path, e.g. ``"/completions"``.
         payload
             JSON body; its ``"model"`` names the model in errors.
+        report
+            The batch's report: each attempt is a request (with its times),
+            holds one of its request slots, and the usage is added to it.
         tokens
             Estimated tokens the request spends, for the ``tpm`` budget.
 
@@ -202,9 +210,9 @@ class HTTPClient:
         attempt = 0
         while True:
             await self._throttle(tokens)
-            outcome = await self._attempt(state, path, payload, model)
+            outcome = await self._attempt(state, path, payload, model, report)
             if isinstance(outcome, bytes):
-                return self._decode(outcome, path, model, tokens)
+                return self._decode(outcome, path, model, tokens, report)
             error = outcome.error
             if not error.retryable:
                 raise error
@@ -221,18 +229,27 @@ class HTTPClient:
             attempt += 1
 
     async def _attempt(
+        self, state: _LoopState, path: str, payload: Mapping[str, Any], model: str | None, report: BatchReport
+    ) -> bytes | _FailedAttempt:
+        """One request, reported with its times: the body of a 2xx, or why it failed."""
+        async with report.request_slot():
+            start = time.perf_counter()
+            outcome = await self._attempt_once(state, path, payload, model)
+            report.request(start, time.perf_counter(), None if isinstance(outcome, bytes) else outcome.error)
+        return outcome
+
+    async def _attempt_once(
         self, state: _LoopState, path: str, payload: Mapping[str, Any], model: str | None
-    ) -> bytes | _Failure:
-        """One request: the body of a 2xx, or why it failed and whether to retry."""
+    ) -> bytes | _FailedAttempt:
         try:
             async with state.limiter:
                 status, headers, body = await self._send(state.session, path, payload)
         except TRANSIENT_ERRORS as exc:
             reason = f"{type(exc).__name__}: {exc}".rstrip(": ")
-            return _Failure(reason, self._error(reason, path, model, retryable=True))
+            return _FailedAttempt(reason, self._error(reason, path, model, retryable=True))
         except aiohttp.ClientError as exc:
             reason = f"{type(exc).__name__}: {exc}"
-            return _Failure(reason, self._error(reason, path, model))
+            return _FailedAttempt(reason, self._error(reason, path, model))
         if 200 <= status < 300:
             state.limiter.on_success()
             return body
@@ -244,7 +261,7 @@ class HTTPClient:
         retryable = retry.should_retry(status, headers)
         reason = f"HTTP {status}"
         error = self._error(reason, path, model, status=status, body=body, retryable=retryable)
-        return _Failure(reason, error, retry.parse_retry_after(headers))
+        return _FailedAttempt(reason, error, retry.parse_retry_after(headers))
 
     async def _send(
         self, session: aiohttp.ClientSession, path: str, payload: Mapping[str, Any]
@@ -252,7 +269,6 @@ class HTTPClient:
         headers = {name: value.reveal() for name, value in self._headers.items()}
         if self._api_key is not None:
             headers["Authorization"] = f"Bearer {self._api_key.reveal()}"
-        report_requests()
         async with session.post(self.base_url + path, json=payload, headers=headers, max_redirects=3) as response:
             return response.status, response.headers, await response.read()
 
@@ -262,7 +278,7 @@ class HTTPClient:
         if self.tpm is not None and tokens > 0:
             await self.tpm.acquire(tokens, sleep=sleep)
 
-    def _decode(self, body: bytes, path: str, model: str | None, tokens: float) -> dict[str, Any]:
+    def _decode(self, body: bytes, path: str, model: str | None, tokens: float, report: BatchReport) -> dict[str, Any]:
         try:
             data = json.loads(body)
         except (ValueError, RecursionError):
@@ -273,7 +289,7 @@ class HTTPClient:
         if isinstance(usage, dict):
             prompt_tokens, completion_tokens = usage.get("prompt_tokens"), usage.get("completion_tokens")
             if isinstance(prompt_tokens, int) and isinstance(completion_tokens, int):
-                report_usage(prompt_tokens, completion_tokens)
+                report.usage(prompt_tokens, completion_tokens)
                 if self.tpm is not None:
                     self.tpm.refund(min(tokens, self.tpm.capacity) - prompt_tokens - completion_tokens)
         return data

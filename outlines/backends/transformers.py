@@ -30,13 +30,14 @@ import json
 import os
 import secrets
 import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from typing import Any, Sequence
 
 import numpy as np
 
-from outlines.backends.base import Backend, BackendError, GenerationParams, Request, report_usage
+from outlines.backends.base import Backend, BackendError, BatchReport, Draw, GenerationParams
 
 __all__ = ["TransformersBackend", "plan_chunks", "trim_at_stop"]
 
@@ -175,16 +176,18 @@ class TransformersBackend(Backend):
     def _key(self) -> tuple[str, str, str]:
         return (self.path, self.device or "auto", self.dtype or "auto")
 
-    async def generate(self, requests: Sequence[Request]) -> list[str]:
-        if not requests:
+    async def generate(self, draws: Sequence[Draw], report: BatchReport) -> list[str]:
+        if not draws:
             return []
         slot = _slot(self._key())
         loop = asyncio.get_running_loop()
         salt = secrets.token_hex(8)
-        texts, prompt_tokens, completion_tokens = await loop.run_in_executor(
-            slot.executor, self._generate_blocking, slot, list(requests), salt
+        texts, prompt_tokens, completion_tokens, load_times = await loop.run_in_executor(
+            slot.executor, self._generate_blocking, slot, list(draws), salt
         )
-        report_usage(prompt_tokens, completion_tokens)
+        if load_times is not None:
+            report.model_loaded(*load_times)
+        report.usage(prompt_tokens, completion_tokens)
         return texts
 
     def load(self) -> Any:
@@ -204,8 +207,13 @@ class TransformersBackend(Backend):
                 raise BackendError(f"cannot load a model from {self.path!r}: {exc}", model=self.path) from exc
         return slot.loaded
 
-    def _generate_blocking(self, slot: _Slot, requests: list[Request], salt: str) -> tuple[list[str], int, int]:
+    def _generate_blocking(
+        self, slot: _Slot, requests: list[Draw], salt: str
+    ) -> tuple[list[str], int, int, tuple[float, float] | None]:
+        """Texts, token usage, and the (start, end) of the model load when this batch loaded it."""
+        start, fresh = time.perf_counter(), slot.loaded is None  # one thread per slot: no race
         loaded = self._loaded(slot)
+        load_times = (start, time.perf_counter()) if fresh else None
         texts: list[str] = [""] * len(requests)
         usage = [0, 0]
         groups: dict[GenerationParams, list[int]] = {}
@@ -214,10 +222,10 @@ class TransformersBackend(Backend):
             groups.setdefault(replace(request.params, constraint=None), []).append(index)
         for params, indices in groups.items():
             self._generate_group(loaded, params, [requests[i] for i in indices], salt, texts, indices, usage)
-        return texts, usage[0], usage[1]
+        return texts, usage[0], usage[1], load_times
 
     def _generate_group(
-        self, loaded: Any, params: GenerationParams, requests: list[Request], salt: str,
+        self, loaded: Any, params: GenerationParams, requests: list[Draw], salt: str,
         texts: list[str], positions: list[int], usage: list[int],
     ) -> None:
         options = self._options(params)

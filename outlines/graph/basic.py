@@ -181,13 +181,22 @@ class Op:
     def _props(self) -> tuple[Any, ...]:
         return tuple(getattr(self, p) for p in self.__props__)
 
-    def key(self) -> tuple[Any, ...]:
-        """A JSON-able description of this op, used in content hashes."""
-        return (type(self).__name__, *(_key_part(p) for p in self._props()))
-
     @property
     def name(self) -> str:
         return type(self).__name__
+
+    def describe(self) -> dict[str, Any]:
+        """How pictures show this op: fields of a ``DrawnNode`` (``graph.viz.drawing``).
+
+        ``kind`` (``"op"``, ``"prompt"``, ``"model"``, ``"python"``), ``title`` and
+        ``lines`` under it; model calls add ``backend``, ``params`` and
+        ``num_samples``. The default is a plain box titled with ``name``.
+        """
+        return {"kind": "op", "title": self.name}
+
+    def argument_name(self, position: int, ninputs: int) -> str:
+        """The label of the edge into input ``position`` in pictures."""
+        return str(position) if ninputs > 1 else ""
 
     def __eq__(self, other: object) -> bool:
         return type(self) is type(other) and self._props() == other._props()  # type: ignore[attr-defined]
@@ -203,20 +212,6 @@ class Op:
     def __repr__(self) -> str:
         props = ", ".join(f"{p}={getattr(self, p)!r}" for p in self.__props__)
         return f"{type(self).__name__}({props})"
-
-
-def _key_part(value: Any) -> Any:
-    if isinstance(value, (str, int, float, bool, type(None))):
-        return value
-    if isinstance(value, (tuple, list)):
-        return [_key_part(v) for v in value]
-    key = getattr(value, "key", None)
-    if callable(key):
-        return _key_part(key())
-    identity = getattr(value, "identity", None)
-    if identity is not None:
-        return _key_part(identity)
-    return repr(value)
 
 
 def as_object_array(values: Any) -> np.ndarray:

@@ -98,6 +98,9 @@ class Concat(Op):
             check_text_input(self, variable, "each operand of +")
         return Apply(self, variables)
 
+    def describe(self) -> dict[str, Any]:
+        return {"kind": "op", "title": "+ (concat)"}
+
     def perform(self, *values: Any) -> Any:
         return broadcast_map(_join, values)
 
@@ -116,6 +119,9 @@ class Stack(Op):
 
     def __init__(self, n: int) -> None:
         self.n = n
+
+    def describe(self) -> dict[str, Any]:
+        return {"kind": "op", "title": f"stack {self.n}"}
 
     def perform(self, *values: Any) -> Any:
         arrays = np.broadcast_arrays(*(_as_array(v) for v in values))

@@ -76,10 +76,10 @@ class Program:
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         """Evaluate; a scalar for str arguments, arrays for list/array arguments."""
         givens = self._givens(args, kwargs)
-        return run_sync(lambda: self._run(givens))
+        return run_sync(lambda blocked_loop: self._run(givens, blocked_loop))
 
-    async def _run(self, givens: dict[Variable, Any]) -> Any:
-        results = await run_plan(self.plan, givens, **self.options)
+    async def _run(self, givens: dict[Variable, Any], blocked_loop: Any = None) -> Any:
+        results = await run_plan(self.plan, givens, blocked_loop, **self.options)
         return results[0] if self._single else tuple(results)
 
     def with_options(self, **options: Any) -> Program:

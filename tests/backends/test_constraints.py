@@ -1,6 +1,7 @@
 """Structured outputs: constraint validation, cache keys, validate-and-retry, HTTP fields, local masks."""
 from __future__ import annotations
 
+import asyncio
 import json
 import re
 from typing import Any
@@ -10,12 +11,13 @@ import pytest
 
 import outlines
 from outlines import models
-from outlines.backends.base import GenerationParams, Request
-from outlines.backends.constraints import Constraint, make_constraint
+from outlines.backends.base import BatchReport, Draw, GenerationParams
+from outlines.backends.constraints import RETRY_STRIDE, Constraint, ConstraintError, Parse, generate_valid, make_constraint
 from outlines.backends.openai import wire_constraint
 from outlines.cache import draw_key
 from outlines.errors import Failure, GraphBuildError
 from tests.fixtures.fake_openai import FakeOpenAI
+from tests.fixtures.recording import RecordingBackend
 
 SCHEMA = {
     "type": "object",
@@ -30,12 +32,15 @@ SCHEMA = {
 
 def test_canonical_forms() -> None:
     assert make_constraint() is None
-    assert make_constraint(choices=["b", "a", "b"]) == Constraint("choices", '["b", "a"]')
+    assert make_constraint(choices=["b", "a", "b"]) == Constraint("choices", '["b","a"]')
     assert make_constraint(regex=r"\d+") == Constraint("regex", r"\d+")
     reordered = {"required": ["name", "age"], "properties": SCHEMA["properties"], "type": "object",
                  "additionalProperties": False}
     assert make_constraint(json_schema=SCHEMA) == make_constraint(json_schema=reordered)
     assert make_constraint(json_schema=json.dumps(SCHEMA)) == make_constraint(json_schema=SCHEMA)
+    # The one key normaliser (outlines.cache.keys.canonical) writes the text: 1.0 is 1.
+    assert make_constraint(json_schema={"type": "number", "maximum": 1.0}) == \
+        make_constraint(json_schema={"maximum": 1, "type": "number"})
 
 
 @pytest.mark.parametrize(
@@ -60,13 +65,21 @@ def test_bad_constraints_fail_at_build_time_naming_the_argument(kwargs: dict[str
 
 def test_the_constraint_is_part_of_the_cache_key() -> None:
     identity = ("function", "f")
-    plain = Request("p", GenerationParams(), 1)
-    yes_no = Request("p", GenerationParams(constraint=make_constraint(choices=["yes", "no"])), 1)
-    no_yes = Request("p", GenerationParams(constraint=make_constraint(choices=["no", "yes"])), 1)
-    again = Request("p", GenerationParams(constraint=make_constraint(choices=["yes", "no"])), 1)
+    plain = Draw("p", GenerationParams(), 1)
+    yes_no = Draw("p", GenerationParams(constraint=make_constraint(choices=["yes", "no"])), 1)
+    no_yes = Draw("p", GenerationParams(constraint=make_constraint(choices=["no", "yes"])), 1)
+    again = Draw("p", GenerationParams.create(constraint=make_constraint(choices=["yes", "no"])), 1)
     keys = [draw_key(identity, r) for r in (plain, yes_no, no_yes)]
     assert len(set(keys)) == 3
-    assert draw_key(identity, again) == keys[1]
+    assert draw_key(identity, again) == keys[1] and again.params == yes_no.params
+    assert GenerationParams().merged(constraint=yes_no.params.constraint) == yes_no.params  # a field, not an extra
+
+
+def test_parse_presents_itself_in_pictures() -> None:
+    constraint = make_constraint(json_schema=SCHEMA)
+    assert constraint is not None
+    shown = Parse(constraint).describe()
+    assert shown["kind"] == "op" and shown["title"] == "Parse[json]" and "JSON (json_schema)" in shown["lines"][0]
 
 
 def test_check_and_parse() -> None:
@@ -112,8 +125,51 @@ def test_a_backend_that_ignores_the_constraint_is_retried_then_fails_that_draw_o
     assert list(out[:2]) == ["yes", "no"]
     assert isinstance(out[2], Failure) and "'gibberish' is not one of the choices" in out[2].message
     assert calls.count("good") == 1 and calls.count("late") == 3 and calls.count("bad") == 4  # 1 + 3 retries
-    with pytest.raises(Exception, match="broke their choices constraint after 4 attempts"):
+    with pytest.raises(Exception, match="broke its choices constraint after 4 attempts"):
         outlines.eval(model("bad", choices=["yes", "no"]), cache=False, progress=False)
+
+
+def test_generate_valid_reports_valid_draws_and_fails_exhausted_ones_on_the_report() -> None:
+    answers = {"good": "yes", "bad": "maybe", "free": "anything"}
+    backend = RecordingBackend(lambda p: answers[p.split("@")[0]], name="generate_valid", usage=True)
+    backend.max_retries = 2
+    seen: list[Draw] = []
+
+    async def generate(backend: Any, draws: list[Draw], report: BatchReport) -> tuple[list[str], Any]:
+        seen.extend(draws)
+        return await backend.generate(draws, report), "worker"
+
+    choices = GenerationParams(constraint=make_constraint(choices=["yes", "no"]))
+    draws = [Draw("good", choices, 5), Draw("bad", choices, 5), Draw("free", GenerationParams(), 0)]
+    report = BatchReport()
+    texts, worker = asyncio.run(generate_valid(generate, backend, draws, report))
+    assert worker == "worker" and len(texts) == 3
+    assert report.results == {0: "yes", 2: "anything"}
+    assert list(report.failures) == [1] and isinstance(report.failures[1], ConstraintError)
+    assert "'maybe' is not one of the choices" in str(report.failures[1])
+    # The bad draw alone is asked again, with draw d + attempt * 2**20.
+    assert [(d.prompt, d.draw) for d in seen[3:]] == [("bad", 5 + RETRY_STRIDE), ("bad", 5 + 2 * RETRY_STRIDE)]
+    assert RETRY_STRIDE == 1 << 20
+    assert report.tokens == [3 * 5, 5]  # usage of every attempt reaches the batch's report
+
+
+def test_a_failure_the_backend_reports_is_not_retried() -> None:
+    class Failing(RecordingBackend):
+        async def generate(self, draws: Any, report: BatchReport) -> list[str]:
+            self.batches.append([d.prompt for d in draws])
+            report.failure(0, RuntimeError("wire failed"))
+            return ["", "yes"]
+
+    backend = Failing(name="generate_valid_failing")
+    choices = GenerationParams(constraint=make_constraint(choices=["yes", "no"]))
+    report = BatchReport()
+
+    async def generate(backend: Any, draws: list[Draw], report: BatchReport) -> tuple[list[str], Any]:
+        return await backend.generate(draws, report), None
+
+    asyncio.run(generate_valid(generate, backend, [Draw("a", choices, 0), Draw("b", choices, 0)], report))
+    assert str(report.failures[0]) == "wire failed" and report.results == {1: "yes"}
+    assert backend.batches == [["a", "b"]]
 
 
 def test_json_schema_outputs_are_parsed_and_keep_the_shape(tmp_path) -> None:
@@ -218,30 +274,21 @@ def tiny(tiny_model_path: str) -> Any:
     return models.transformers(tiny_model_path, device="cpu", max_tokens=24, seed=7)
 
 
-def test_mixed_constraints_in_one_batch_are_all_valid(tiny: Any, monkeypatch: pytest.MonkeyPatch) -> None:
-    from outlines.backends.transformers import TransformersBackend
-
-    batches: list[list[Any]] = []
-    original = TransformersBackend.generate
-
-    async def recording(self: Any, requests: Any) -> list[str]:
-        batches.append([r.params.constraint for r in requests])
-        return await original(self, requests)
-
-    monkeypatch.setattr(TransformersBackend, "generate", recording)
+def test_mixed_constraints_in_one_batch_are_all_valid(tiny: Any) -> None:
+    recording = RecordingBackend(inner=tiny.backend)
+    wrapped = recording.model(**tiny.defaults.to_dict())
     prompts = [f"item {i}:" for i in range(5)]
     small = {"type": "object", "properties": {"n": {"type": "integer", "minimum": 0, "maximum": 99},
                                               "tag": {"type": "string", "maxLength": 6}},
              "required": ["n", "tag"], "additionalProperties": False}
     picked, coded, records, free = outlines.eval(
-        tiny(prompts, choices=["red", "green", "blue"]), tiny(prompts, regex=r"[0-9]{2}-[a-z]{2}"),
-        tiny(prompts, json_schema=small), tiny(prompts), cache=False, progress=False,
+        wrapped(prompts, choices=["red", "green", "blue"]), wrapped(prompts, regex=r"[0-9]{2}-[a-z]{2}"),
+        wrapped(prompts, json_schema=small), wrapped(prompts), cache=False, progress=False,
     )
     assert set(picked) <= {"red", "green", "blue"}
     assert all(re.fullmatch(r"[0-9]{2}-[a-z]{2}", c) for c in coded)
     assert all(isinstance(r, dict) and set(r) == {"n", "tag"} and 0 <= r["n"] <= 99 for r in records)
-    assert len(batches) == 1 and len(batches[0]) == 20  # one backend call, four kinds of rows
-    assert sum(c is None for c in batches[0]) == 5
+    assert recording.sizes == [20]  # one backend call, four kinds of rows
     alone = outlines.eval(tiny(prompts), cache=False, progress=False)
     assert list(alone) == list(free)  # unconstrained rows are untouched by their neighbours' masks
 
@@ -280,16 +327,14 @@ def test_text_function_with_a_schema_parser_constrains_the_model() -> None:
 
 
 def test_explain_and_the_run_put_mixed_constraints_in_one_batch() -> None:
-    batches: list[list[str]] = []
+    def answer(prompt: str) -> str:
+        return "yes" if prompt.startswith("c") else "12" if prompt.startswith("r") else "free"
 
-    def answer(prompts: list[str]) -> list[str]:
-        batches.append(prompts)
-        return ["yes" if p.startswith("c") else "12" if p.startswith("r") else "free" for p in prompts]
-
-    model = models.from_function(answer, batched=True, name="mixed_batch")
+    backend = RecordingBackend(answer, name="mixed_batch")
+    model = backend.model()
     outputs = (model(["c1", "c2"], choices=["yes", "no"]), model(["r1"], regex=r"\d+"), model(["f1"]))
     plan = outlines.explain(*outputs)
     assert "requests: 1" in str(plan)
     values = outlines.eval(*outputs, cache=False, progress=False)
     assert [list(v) for v in values] == [["yes", "yes"], ["12"], ["free"]]
-    assert len(batches) == 1 and sorted(batches[0]) == ["c1", "c2", "f1", "r1"]
+    assert len(backend.batches) == 1 and sorted(backend.batches[0]) == ["c1", "c2", "f1", "r1"]

@@ -13,19 +13,20 @@ import pytest
 pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
-from outlines.backends import base  # noqa: E402
 from outlines.backends import transformers as tf  # noqa: E402
-from outlines.backends.base import BackendError, GenerationParams, Request  # noqa: E402
+from outlines.backends.base import BackendError, BatchReport, Draw, GenerationParams  # noqa: E402
 from outlines.backends.transformers import TransformersBackend, plan_chunks, trim_at_stop  # noqa: E402
 from outlines.testing import build_tiny_model, tiny_model_is_complete  # noqa: E402
+from tests.fixtures.recording import RecordingBackend  # noqa: E402
+from tests.fixtures.subprocesses import ROOT, python_env  # noqa: E402
 
 GREEDY = GenerationParams.create(max_tokens=8, temperature=0)
 SAMPLED = GenerationParams.create(max_tokens=10, temperature=1.0, seed=7)
 PROMPTS = [f"Q: What is {i} * 7?" + " Think step by step." * (i % 4) + " A:" for i in range(6)]
 
 
-def run(backend: TransformersBackend, requests: list[Request]) -> list[str]:
-    return asyncio.run(backend.generate(requests))
+def run(backend: TransformersBackend, requests: list[Draw], report: BatchReport | None = None) -> list[str]:
+    return asyncio.run(backend.generate(requests, report or BatchReport()))
 
 
 @pytest.fixture
@@ -89,21 +90,21 @@ def test_import_outlines_does_not_import_torch(tiny_model_path: str) -> None:
         "heavy = [n for n in ('torch', 'transformers') if n in sys.modules]\n"
         "assert not heavy, heavy\n"
     )
-    subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=60, env=python_env())
 
 
 # -- generation ---------------------------------------------------------------------------
 
 
 def test_greedy_batched_equals_each_prompt_alone(backend: TransformersBackend) -> None:
-    batched = run(backend, [Request(p, GREEDY) for p in PROMPTS])
-    alone = [run(backend, [Request(p, GREEDY)])[0] for p in PROMPTS]
+    batched = run(backend, [Draw(p, GREEDY) for p in PROMPTS])
+    alone = [run(backend, [Draw(p, GREEDY)])[0] for p in PROMPTS]
     assert batched == alone
     assert all(isinstance(text, str) and text for text in batched)
 
 
 def test_a_draw_does_not_depend_on_its_batch(backend: TransformersBackend) -> None:
-    requests = [Request(p, SAMPLED, draw) for p in PROMPTS[:3] for draw in range(3)]
+    requests = [Draw(p, SAMPLED, draw) for p in PROMPTS[:3] for draw in range(3)]
     together = run(backend, requests)
     assert run(backend, requests) == together  # same seed, same texts
     assert run(backend, [requests[4], requests[0]]) == [together[4], together[0]]
@@ -111,34 +112,34 @@ def test_a_draw_does_not_depend_on_its_batch(backend: TransformersBackend) -> No
 
 
 def test_seeds_select_streams(backend: TransformersBackend) -> None:
-    requests = [Request(p, SAMPLED) for p in PROMPTS[:3]]
-    other = [Request(p, SAMPLED.merged(seed=8)) for p in PROMPTS[:3]]
+    requests = [Draw(p, SAMPLED) for p in PROMPTS[:3]]
+    other = [Draw(p, SAMPLED.merged(seed=8)) for p in PROMPTS[:3]]
     assert run(backend, requests) != run(backend, other)
-    unseeded = [Request(p, SAMPLED.merged(seed=None)) for p in PROMPTS[:3]]
-    unseeded = [Request(r.prompt, GenerationParams.create(max_tokens=10, temperature=1.0)) for r in unseeded]
+    unseeded = [Draw(p, SAMPLED.merged(seed=None)) for p in PROMPTS[:3]]
+    unseeded = [Draw(r.prompt, GenerationParams.create(max_tokens=10, temperature=1.0)) for r in unseeded]
     assert run(backend, unseeded) != run(backend, unseeded)  # fresh salt per call
 
 
 def test_top_k_1_and_a_tiny_top_p_are_greedy(backend: TransformersBackend) -> None:
-    greedy = run(backend, [Request(p, GREEDY) for p in PROMPTS])
+    greedy = run(backend, [Draw(p, GREEDY) for p in PROMPTS])
     for extra in ({"top_k": 1}, {"top_p": 1e-9}):
         params = GenerationParams.create(max_tokens=8, temperature=1.0, seed=3, **extra)
-        assert run(backend, [Request(p, params, 2) for p in PROMPTS]) == greedy
+        assert run(backend, [Draw(p, params, 2) for p in PROMPTS]) == greedy
     wide = GenerationParams.create(max_tokens=8, temperature=1.0, seed=3, top_k=50, top_p=0.9)
-    assert run(backend, [Request(p, wide) for p in PROMPTS]) != greedy
+    assert run(backend, [Draw(p, wide) for p in PROMPTS]) != greedy
 
 
 def test_stop_strings_trim_the_same_draw(backend: TransformersBackend) -> None:
-    full = run(backend, [Request(p, SAMPLED.merged(max_tokens=20)) for p in PROMPTS])
+    full = run(backend, [Draw(p, SAMPLED.merged(max_tokens=20)) for p in PROMPTS])
     stop = next(ch for ch in full[0][3:] if ch.strip())  # a character that occurs in the text
-    stopped = run(backend, [Request(p, SAMPLED.merged(max_tokens=20, stop=[stop])) for p in PROMPTS])
+    stopped = run(backend, [Draw(p, SAMPLED.merged(max_tokens=20, stop=[stop])) for p in PROMPTS])
     assert stopped == [trim_at_stop(text, [stop]) for text in full]
     assert all(stop not in text for text in stopped)
 
 
 def test_mixed_params_and_draw_counts_in_one_call(backend: TransformersBackend) -> None:
-    requests = [Request(PROMPTS[0], SAMPLED, 0), Request(PROMPTS[0], SAMPLED, 1), Request(PROMPTS[1], SAMPLED, 0),
-                Request(PROMPTS[2], GREEDY)]
+    requests = [Draw(PROMPTS[0], SAMPLED, 0), Draw(PROMPTS[0], SAMPLED, 1), Draw(PROMPTS[1], SAMPLED, 0),
+                Draw(PROMPTS[2], GREEDY)]
     texts = run(backend, requests)
     assert texts[0] != texts[1]
     assert run(backend, [requests[2]]) == [texts[2]]
@@ -146,21 +147,16 @@ def test_mixed_params_and_draw_counts_in_one_call(backend: TransformersBackend) 
 
 
 def test_usage_is_reported(backend: TransformersBackend) -> None:
-    seen: list[tuple[int, int]] = []
-
-    async def main() -> None:
-        base._usage_callback.set(lambda p, c: seen.append((p, c)))
-        await backend.generate([Request(p, GREEDY) for p in PROMPTS[:2]])
-
-    asyncio.run(main())
-    assert len(seen) == 1 and seen[0][0] > 10 and 0 < seen[0][1] <= 16
+    report = BatchReport()
+    run(backend, [Draw(p, GREEDY) for p in PROMPTS[:2]], report)
+    assert report.tokens[0] > 10 and 0 < report.tokens[1] <= 16
 
 
 def test_the_backend_pickles_and_shares_the_loaded_model(backend: TransformersBackend) -> None:
-    run(backend, [Request(PROMPTS[0], GREEDY)])
+    run(backend, [Draw(PROMPTS[0], GREEDY)])
     clone = pickle.loads(pickle.dumps(backend))
     assert clone == backend and hash(clone) == hash(backend)
-    assert run(clone, [Request(PROMPTS[0], GREEDY)]) == run(backend, [Request(PROMPTS[0], GREEDY)])
+    assert run(clone, [Draw(PROMPTS[0], GREEDY)]) == run(backend, [Draw(PROMPTS[0], GREEDY)])
     assert backend.load() is clone.load()
 
 
@@ -169,7 +165,7 @@ def test_generation_runs_off_the_event_loop(backend: TransformersBackend, monkey
 
     from outlines.backends import _hf_generation as hf
 
-    run(backend, [Request(PROMPTS[0], GREEDY)])  # load first
+    run(backend, [Draw(PROMPTS[0], GREEDY)])  # load first
     started, release = threading.Event(), threading.Event()
     real = hf.run_chunk
 
@@ -179,7 +175,7 @@ def test_generation_runs_off_the_event_loop(backend: TransformersBackend, monkey
         return real(*args)
 
     async def main() -> list[str]:
-        task = asyncio.create_task(backend.generate([Request(PROMPTS[0], GREEDY)]))
+        task = asyncio.create_task(backend.generate([Draw(PROMPTS[0], GREEDY)], BatchReport()))
         while not started.is_set():
             await asyncio.sleep(0.005)
         release.set()  # only reachable if the loop keeps running during generation
@@ -194,37 +190,37 @@ def test_generation_runs_off_the_event_loop(backend: TransformersBackend, monkey
 
 def test_a_path_without_a_model_is_a_clear_error(tmp_path) -> None:
     with pytest.raises(BackendError, match="no model folder at .*missing"):
-        run(TransformersBackend(str(tmp_path / "missing")), [Request("hi", GREEDY)])
+        run(TransformersBackend(str(tmp_path / "missing")), [Draw("hi", GREEDY)])
     with pytest.raises(BackendError, match="cannot load a model from"):
-        run(TransformersBackend(str(tmp_path)), [Request("hi", GREEDY)])
+        run(TransformersBackend(str(tmp_path)), [Draw("hi", GREEDY)])
 
 
 def test_a_prompt_longer_than_the_context(backend: TransformersBackend, tiny_model_path: str) -> None:
     long_prompt = "step " * 600
     with pytest.raises(BackendError, match=r"prompt of \d+ tokens \+ max_tokens 8 exceeds the context of 512"):
-        run(backend, [Request(long_prompt, GREEDY)])
+        run(backend, [Draw(long_prompt, GREEDY)])
     with pytest.raises(BackendError, match=r"max_tokens 256 exceeds the context of 512"):
-        run(backend, [Request(long_prompt, GenerationParams.create(temperature=0))])
+        run(backend, [Draw(long_prompt, GenerationParams.create(temperature=0))])
     truncating = TransformersBackend(tiny_model_path, device="cpu", truncation=True)
-    assert isinstance(run(truncating, [Request(long_prompt, GREEDY)])[0], str)
+    assert isinstance(run(truncating, [Draw(long_prompt, GREEDY)])[0], str)
     default_length = GenerationParams.create(temperature=0)
-    assert isinstance(run(truncating, [Request(long_prompt, default_length)])[0], str)
-    short = run(backend, [Request("step " * 500, default_length)])[0]  # the rest of the context
+    assert isinstance(run(truncating, [Draw(long_prompt, default_length)])[0], str)
+    short = run(backend, [Draw("step " * 500, default_length)])[0]  # the rest of the context
     assert isinstance(short, str)
 
 
 def test_unsupported_parameters_are_refused(backend: TransformersBackend) -> None:
     params = GenerationParams.create(max_tokens=4, logit_bias={"1": 5})
     with pytest.raises(BackendError, match="does not support logit_bias"):
-        run(backend, [Request("hi", params)])
+        run(backend, [Draw("hi", params)])
 
 
 def test_missing_pad_token_is_said_once(tiny_model_path: str, caplog: pytest.LogCaptureFixture) -> None:
     tf.clear_registry()
     backend = TransformersBackend(tiny_model_path, device="cpu")
     with caplog.at_level(logging.WARNING, logger="outlines"):
-        run(backend, [Request("hi", GREEDY)])
-        run(TransformersBackend(tiny_model_path, device="cpu", max_batch=4), [Request("ho", GREEDY)])
+        run(backend, [Draw("hi", GREEDY)])
+        run(TransformersBackend(tiny_model_path, device="cpu", max_batch=4), [Draw("ho", GREEDY)])
     assert [r.message for r in caplog.records].count(
         f"transformers model {tiny_model_path}: the tokenizer has no pad token; padding with eos '<|endoftext|>'"
     ) == 1
@@ -235,7 +231,7 @@ def test_out_of_memory_retries_with_half_the_batch(backend: TransformersBackend,
 
     from outlines.backends import _hf_generation as hf
 
-    expected = run(backend, [Request(p, GREEDY) for p in PROMPTS[:4]])
+    expected = run(backend, [Draw(p, GREEDY) for p in PROMPTS[:4]])
     real = hf.run_chunk
     sizes: list[int] = []
 
@@ -247,9 +243,9 @@ def test_out_of_memory_retries_with_half_the_batch(backend: TransformersBackend,
 
     limit = 1
     monkeypatch.setattr(hf, "run_chunk", small_memory)
-    assert run(backend, [Request(p, GREEDY) for p in PROMPTS[:4]]) == expected
+    assert run(backend, [Draw(p, GREEDY) for p in PROMPTS[:4]]) == expected
     assert sizes == [4, 2, 1, 1, 2, 1, 1]
-    draws = [Request(PROMPTS[0], SAMPLED, d) for d in range(3)]
+    draws = [Draw(PROMPTS[0], SAMPLED, d) for d in range(3)]
     limit = 3
     together = run(backend, draws)
     limit, sizes[:] = 1, []
@@ -263,23 +259,11 @@ def test_out_of_memory_retries_with_half_the_batch(backend: TransformersBackend,
 # -- as graph nodes -----------------------------------------------------------------------
 
 
-class RecordingBackend(TransformersBackend):
-    """Records the size of each ``generate`` call the scheduler makes."""
-
-    def __init__(self, *args, **kwargs) -> None:  # type: ignore[no-untyped-def]
-        super().__init__(*args, **kwargs)
-        self.calls: list[int] = []
-
-    async def generate(self, requests):  # type: ignore[no-untyped-def]
-        self.calls.append(len(requests))
-        return await super().generate(requests)
-
-
 def model(path: str, **options):  # type: ignore[no-untyped-def]
     from outlines.models import Model
 
     defaults = {k: options.pop(k) for k in ("max_tokens", "temperature", "seed") if k in options}
-    backend = RecordingBackend(path, device="cpu", **options)
+    backend = RecordingBackend(inner=TransformersBackend(path, device="cpu", **options))
     return backend, Model(backend, **defaults)
 
 
@@ -299,7 +283,7 @@ def test_shapes(tiny_model_path: str, prompt, num_samples: int) -> None:
         assert all(isinstance(text, str) for text in value.reshape(-1))
     else:
         assert isinstance(value, str)
-    assert backend.calls == [(1 if isinstance(prompt, str) else 2) * num_samples]
+    assert backend.sizes == [(1 if isinstance(prompt, str) else 2) * num_samples]
 
 
 def test_greedy_samples_collapse_to_one_request(tiny_model_path: str) -> None:
@@ -307,7 +291,7 @@ def test_greedy_samples_collapse_to_one_request(tiny_model_path: str) -> None:
 
     backend, llm = model(tiny_model_path, max_tokens=3, temperature=0)
     texts = llm(outlines.constant("Q: 2 + 2? A:"), num_samples=4).eval(cache=False, progress=False)
-    assert len(set(texts)) == 1 and backend.calls == [1]
+    assert len(set(texts)) == 1 and backend.sizes == [1]
 
 
 def test_64_prompts_with_max_batch_16_make_4_calls(tiny_model_path: str) -> None:
@@ -318,7 +302,7 @@ def test_64_prompts_with_max_batch_16_make_4_calls(tiny_model_path: str) -> None
     prompts = [f"Q: what is {i} + 1? A:" for i in range(64)]
     answers = llm(question).eval({question: prompts}, cache=False, progress=False)
     assert answers.shape == (64,)
-    assert backend.calls == [16, 16, 16, 16]
+    assert backend.sizes == [16, 16, 16, 16]
 
 
 @pytest.mark.slow
@@ -327,7 +311,7 @@ def test_a_model_branch_and_an_http_like_branch_overlap(tiny_model_path: str) ->
     from outlines import models
 
     backend, llm = model(tiny_model_path, max_tokens=80, temperature=0)
-    backend.load()
+    backend.inner.load()
 
     async def remote(prompt: str) -> str:
         await asyncio.sleep(0.5)
@@ -349,9 +333,9 @@ def test_a_model_branch_and_an_http_like_branch_overlap(tiny_model_path: str) ->
 @pytest.mark.slow
 @pytest.mark.parametrize("flag", ["transformers", "function"])
 def test_the_main_job_runs_offline(tiny_model_path: str, tmp_path, flag: str) -> None:
-    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    root = str(ROOT)
     spec = f"transformers:{tiny_model_path}" if flag == "transformers" else "function"
-    env = {**os.environ, "OUTLINES_CACHE_DIR": str(tmp_path / "cache"), "PYTHONPATH": root}
+    env = python_env(OUTLINES_CACHE_DIR=str(tmp_path / "cache"))
     command = [sys.executable, os.path.join(root, "examples", "self_consistency.py"), "--model", spec, "-k", "3",
                "--out", str(tmp_path)]
     output = subprocess.run(command, env=env, capture_output=True, text=True, timeout=120, check=True).stdout
@@ -361,3 +345,18 @@ def test_the_main_job_runs_offline(tiny_model_path: str, tmp_path, flag: str) ->
         assert "What is 17 * 3?" in output and "-> 51" in output
     again = subprocess.run(command, env=env, capture_output=True, text=True, timeout=120, check=True).stdout
     assert "cache: 9 hit(s), 0 miss(es)" in again
+
+
+def test_the_model_load_is_reported_apart_from_the_first_batch(tiny_model_path: str) -> None:
+    import outlines
+    from outlines.backends.transformers import clear_registry
+
+    clear_registry()
+    _, llm = model(tiny_model_path, max_tokens=2, temperature=0)
+    with outlines.trace() as trace:
+        llm("load me").eval(cache=False)
+        llm("loaded").eval(cache=False)
+    assert len(trace.model_loads) == 1 and len(trace.batches) == 2
+    load, first = trace.model_loads[0], trace.batches[0]
+    assert first.start <= load.start < load.end <= first.end
+    assert load.backend == first.backend

@@ -9,15 +9,11 @@ import pytest
 
 import outlines
 from outlines import models
+from tests.fixtures.recording import RecordingBackend
 
 
-class Recorder:
-    def __init__(self):
-        self.batches = []
-
-    def __call__(self, prompts):
-        self.batches.append(list(prompts))
-        return [f"answer to {p}" for p in prompts]
+def answer(prompt: str) -> str:
+    return f"answer to {prompt}"
 
 
 @outlines.prompt
@@ -40,8 +36,8 @@ def test_traced_once_called_many_times():
 
 
 def test_array_call_is_one_backend_call_for_100_elements():
-    rec = Recorder()
-    llm = models.from_function(rec, batched=True)
+    rec = RecordingBackend(answer)
+    llm = rec.model()
     prog = outlines.compile(lambda question: llm(ask(question)), cache=False)
     out = prog([f"q{i}" for i in range(100)])
     assert isinstance(out, np.ndarray) and out.shape == (100,)

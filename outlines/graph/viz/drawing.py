@@ -8,7 +8,6 @@ so no API key reaches a picture. The writers live in ``visualize``.
 """
 from __future__ import annotations
 
-import json
 import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -99,42 +98,8 @@ def _constant_title(value: Any) -> str:
 
 
 def _describe_apply(node: Apply, key: str) -> DrawnNode:
-    op = node.op
-    drawn = DrawnNode(key, node.label, "op", op.name, op=type(op).__name__)
-    if type(op).__name__ == "Render":
-        drawn.kind, drawn.title = "prompt", f"prompt {op.template_name}"  # type: ignore[attr-defined]
-        drawn.lines = ['"' + shorten(op.source, 40) + '"']  # type: ignore[attr-defined]
-    elif op.mode == "generate":
-        backend, params = op.backend, op.params.to_dict()  # type: ignore[attr-defined]
-        drawn.kind, drawn.title, drawn.backend = "model", backend_name(backend), backend_name(backend)
-        drawn.params, drawn.num_samples = params, op.num_samples  # type: ignore[attr-defined]
-        drawn.lines = [shorten(", ".join(f"{k}={json.dumps(v)}" for k, v in params.items()), 60)] if params else []
-        if drawn.num_samples and drawn.num_samples > 1:
-            drawn.lines.append(f"num_samples={drawn.num_samples}")
-    elif op.mode == "python":
-        function = op.function  # type: ignore[attr-defined]
-        drawn.kind, drawn.title = "python", function.__name__
-        drawn.lines = [function.signature] if function.signature else []
-    elif type(op).__name__ == "Concat":
-        drawn.title = "+ (concat)"
-    elif type(op).__name__ == "Stack":
-        drawn.title = f"stack {op.n}"  # type: ignore[attr-defined]
-    return drawn
-
-
-def _argument_name(node: Apply, position: int) -> str:
-    op = node.op
-    if type(op).__name__ == "Render":
-        return str(op.names[position])  # type: ignore[attr-defined]
-    if op.mode == "python":
-        kwnames = op.kwnames  # type: ignore[attr-defined]
-        npositional = len(node.inputs) - len(kwnames)
-        if position >= npositional:
-            return str(kwnames[position - npositional])
-        signature = op.function.python_signature  # type: ignore[attr-defined]
-        names = [p.name for p in signature.parameters.values() if p.kind <= p.POSITIONAL_OR_KEYWORD] if signature else []
-        return names[position] if position < len(names) else str(position)
-    return str(position) if len(node.inputs) > 1 else ""
+    fields: dict[str, Any] = {"kind": "op", "title": node.op.name, **node.op.describe()}
+    return DrawnNode(key, node.label, op=type(node.op).__name__, **fields)
 
 
 def describe(*variables: Variable, trace: Any = None) -> Drawing:
@@ -192,7 +157,7 @@ def _edges(nodes: list[Apply], keys: dict[int, str], redact: Callable[[str], str
     for node in nodes:
         for position, variable in enumerate(node.inputs):
             source = keys[id(variable.owner) if variable.owner is not None else id(variable)]
-            label = _argument_name(node, position)
+            label = node.op.argument_name(position, len(node.inputs))
             if variable.owner is not None and len(variable.owner.outputs) > 1:
                 label = f"{label} (output {variable.index})".strip()
             edges.append((source, keys[id(node)], position, redact(label)))
