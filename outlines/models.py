@@ -129,16 +129,25 @@ class Model:
         temperature: float | None = None,
         stop: str | list[str] | None = None,
         seed: int | None = None,
+        choices: list[str] | None = None,
+        regex: str | None = None,
+        json_schema: Any = None,
         **params: Any,
     ) -> Variable:
         """Build a node sampling ``num_samples`` completions of ``prompt``.
 
         Returns a Variable of the prompt's shape, with a trailing axis of size
-        ``num_samples`` when it is greater than 1.
+        ``num_samples`` when it is greater than 1. ``choices=``, ``regex=`` or
+        ``json_schema=`` (a dict or a pydantic class) constrain the text; a
+        ``json_schema`` call yields parsed values (``dict`` or model instances).
+        See ``outlines.backends.constraints``.
         """
+        from outlines.backends.constraints import Parse, make_constraint
+
         try:
+            constraint = make_constraint(choices, regex, json_schema)
             merged = self.defaults.merged(
-                max_tokens=max_tokens, temperature=temperature, stop=stop, seed=seed, **params
+                max_tokens=max_tokens, temperature=temperature, stop=stop, seed=seed, constraint=constraint, **params
             )
         except ValueError as exc:
             raise GraphBuildError(f"Generate[{self.backend.kind}:{self.backend.model_name}]: {exc}") from None
@@ -146,9 +155,11 @@ class Model:
         if op is None:
             op = Generate(self.backend, merged, num_samples)
             self._ops[merged, op.num_samples] = op
-        if isinstance(prompt, Variable) and prompt.ragged:
-            return Regroup()(op(Flatten()(prompt)), prompt)  # one batch over every row
-        return op(prompt)
+        ragged = isinstance(prompt, Variable) and prompt.ragged
+        out = op(Flatten()(prompt) if ragged else prompt)  # ragged: one batch over every row
+        if constraint is not None and constraint.kind == "json_schema":
+            out = Parse(constraint)(out)  # the cache keeps the text; values are parsed on the way out
+        return Regroup()(out, prompt) if ragged else out
 
     def __eq__(self, other: object) -> bool:
         return isinstance(other, Model) and (self.backend, self.defaults) == (other.backend, other.defaults)

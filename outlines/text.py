@@ -290,7 +290,9 @@ def function(template: Callable[..., Any], model: Callable[..., Variable], parse
         A ``Model``.
     parser
         Optional ``outlines.fn`` (or plain function, lifted with ``outlines.fn``)
-        applied to the completion.
+        applied to the completion; or a pydantic model class or a JSON-schema
+        dict, which constrains the model's output (``json_schema=``) and yields
+        parsed values.
 
     Returns
     -------
@@ -300,13 +302,19 @@ def function(template: Callable[..., Any], model: Callable[..., Variable], parse
     from outlines.fn import Function
     from outlines.fn import fn as lift
 
-    if parser is not None and not isinstance(parser, Function):
+    schema = parser if isinstance(parser, dict) or hasattr(parser, "model_json_schema") else None
+    if schema is not None:  # a structured-output parser: decode under the schema (issue 13)
+        parser = None
+    elif parser is not None and not isinstance(parser, Function):
         parser = lift(parser)
 
     def call(*args: Any, **kwargs: Any) -> Variable:
+        if schema is not None:
+            return model(template(*args, **kwargs), json_schema=schema)
         completion = model(template(*args, **kwargs))
         return parser(completion) if parser is not None else completion
 
     call.__name__ = getattr(template, "__name__", "function")
-    call.__doc__ = f"{call.__name__} → {model!r}" + (f" → {parser.__name__}" if parser is not None else "")
+    shown = getattr(schema, "__name__", "json_schema") if schema is not None else getattr(parser, "__name__", None)
+    call.__doc__ = f"{call.__name__} → {model!r}" + (f" → {shown}" if shown else "")
     return call

@@ -61,3 +61,9 @@ def test_best_of_n_judges_each_task_with_its_own_candidates(tmp_path):
     out = run_example("best_of_n.py", cache_dir=str(tmp_path))
     assert "2 + 3 = 5\n10 + 7 = 17\n4 + 4 = 8\n" in out  # 3 tasks, 3 samples: rows not mixed
     assert "judge" in out and "9/9.0/9" in out  # one solver call for every sample of every task
+
+
+def test_extract_gives_50_valid_typed_records_in_batches(tmp_path):
+    out = run_example("extract.py", "--max-tokens", "40", cache_dir=str(tmp_path))
+    assert "valid: 50/50" in out
+    assert "backend calls: 2" in out  # 50 prompts at the transformers max_batch of 32

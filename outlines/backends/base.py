@@ -15,9 +15,12 @@ import contextlib
 import copy
 import json
 from dataclasses import dataclass, field, replace
-from typing import Any, AsyncIterator, Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, AsyncIterator, Callable, Mapping, Sequence
 
 from outlines.cache.keys import canonical
+
+if TYPE_CHECKING:
+    from outlines.backends.constraints import Constraint
 
 __all__ = [
     "Backend",
@@ -47,6 +50,9 @@ class GenerationParams:
     seed: int | None = None
     extra: tuple[tuple[str, Any], ...] = field(default=(), compare=False)
     _extra_text: bytes = field(init=False, repr=False, default=b"")
+    #: Structured output (issue 13): choices, regex or JSON schema in its canonical
+    #: form (its text made by ``outlines.cache.keys.canonical``); see backends/constraints.py.
+    constraint: Constraint | None = None
 
     def __post_init__(self) -> None:
         if self.extra:
@@ -84,6 +90,9 @@ class GenerationParams:
             raise ValueError(f"temperature must be between 0 and 10, got {self.temperature!r}")
         if self.seed is not None and not isinstance(self.seed, int):
             raise ValueError(f"seed must be an integer, got {self.seed!r}")
+        if self.constraint is not None and stop:
+            raise ValueError(f"stop={list(stop)!r} cannot be combined with {self.constraint.kind}=: the "
+                             "constraint decides where the text ends")
         if stop != self.stop:
             object.__setattr__(self, "stop", stop)
         return self
@@ -104,6 +113,8 @@ class GenerationParams:
             out["stop"] = list(self.stop)
         for key, value in self.extra:
             out[key] = copy.deepcopy(value)  # the wire may not change our value
+        if self.constraint is not None:
+            out["constraint"] = self.constraint.to_dict()
         return out
 
     def __str__(self) -> str:
@@ -118,7 +129,7 @@ def _keyable(value: Any) -> bool:
     return True
 
 
-_NAMED = frozenset({"max_tokens", "temperature", "top_p", "stop", "seed"})
+_NAMED = frozenset({"max_tokens", "temperature", "top_p", "stop", "seed", "constraint"})
 
 
 def _items(extra: Mapping[str, Any]) -> tuple[tuple[str, Any], ...]:

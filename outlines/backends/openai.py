@@ -30,6 +30,7 @@ from typing import Any, Callable, Mapping, NamedTuple, Sequence
 import yarl
 
 from outlines.backends.base import Backend, BackendError, BatchReport, Draw, GenerationParams, check_limit
+from outlines.backends.constraints import Constraint
 from outlines.backends import retry
 from outlines.backends.http import HTTPClient, credential_fingerprint, gather_or_cancel
 
@@ -41,6 +42,10 @@ DEFAULT_BASE_URL = "https://api.openai.com/v1"
 #: Base URLs whose completions endpoint refuses a list of prompts / ignores ``n``.
 LISTS_REFUSED: set[str] = set()
 N_IGNORED: set[str] = set()
+#: Base URLs that answered 4xx to the structured-output fields (issue 13).
+CONSTRAINTS_REFUSED: set[str] = set()
+#: The fields ``wire_constraint`` may send.
+CONSTRAINT_FIELDS = ("response_format", "guided_choice", "guided_regex", "guided_json")
 #: How servers word "send one prompt, not a list": transformers serve says
 #: "prompt must be a string."; others name the type they wanted or got.
 _LIST_REFUSAL = re.compile(
@@ -180,9 +185,24 @@ class _OpenAIBackend(Backend):
 
     def _payload(self, params: GenerationParams, n: int, **fields: Any) -> dict[str, Any]:
         payload: dict[str, Any] = {"model": self.model, **fields, **params.to_dict()}
+        payload.pop("constraint", None)
+        if params.constraint is not None and self.base_url not in CONSTRAINTS_REFUSED:
+            payload.update(wire_constraint(params.constraint, chat=self.kind == "openai"))
         if n > 1:
             payload["n"] = n
         return payload
+
+    async def _post(self, payload: dict[str, Any], report: BatchReport, tokens: float) -> Any:
+        """POST ``payload``; a server that refuses the constraint fields is remembered and asked without them."""
+        try:
+            return await self.client.post_json(self.path, payload, report, tokens=tokens)
+        except BackendError as error:
+            fields = [k for k in CONSTRAINT_FIELDS if k in payload]
+            if not fields or error.status not in (400, 422) or not any(f in (error.body or "") for f in fields):
+                raise
+            self._note_once(CONSTRAINTS_REFUSED, f"refuses {', '.join(fields)}; checking outputs and retrying instead")
+            return await self.client.post_json(self.path, {k: v for k, v in payload.items() if k not in fields},
+                                               report, tokens=tokens)
 
     def _tokens(self, prompts: Sequence[str], params: GenerationParams, n: int) -> float:
         """A rough token estimate for the ``tpm`` budget (4 characters a token)."""
@@ -304,7 +324,7 @@ class OpenAICompletionBackend(_OpenAIBackend):
             return [[column[i][0] for column in columns] for i in range(len(prompts))]
         prompt: str | list[str] = prompts[0] if len(prompts) == 1 else prompts
         payload = self._payload(params, n, prompt=prompt)
-        data = await self.client.post_json(self.path, payload, report, tokens=self._tokens(prompts, params, n))
+        data = await self._post(payload, report, self._tokens(prompts, params, n))
         try:
             choices = self._choices(data, len(prompts) * n, n)
         except _NIgnored:
@@ -369,7 +389,7 @@ class OpenAIChatBackend(_OpenAIBackend):
         if self.system_prompt is not None:
             messages.insert(0, {"role": "system", "content": self.system_prompt})
         payload = self._payload(params, n, messages=messages)
-        data = await self.client.post_json(self.path, payload, report, tokens=self._tokens([prompt], params, n))
+        data = await self._post(payload, report, self._tokens([prompt], params, n))
         try:
             choices = self._choices(data, n, n)
         except _NIgnored:
@@ -385,6 +405,40 @@ class OpenAIChatBackend(_OpenAIBackend):
             reason = f"the model refused: {refusal!r:.200}" if isinstance(refusal, str) else "no message content"
             raise self._malformed(f"a choice has {reason}", data)
         return content
+
+
+def wire_constraint(constraint: Constraint, *, chat: bool) -> dict[str, Any]:
+    """The request fields asking a server to obey ``constraint``.
+
+    Chat sends a JSON schema as OpenAI's ``response_format`` (``strict`` when
+    the schema meets OpenAI's strict rules); choices and patterns, and schemas
+    on ``/completions``, use the guided-decoding names of vLLM and SGLang.
+    Outputs are checked either way (``constraints.generate_valid``).
+    """
+    if constraint.kind == "json_schema":
+        schema = constraint.schema
+        if chat:
+            spec: dict[str, Any] = {"name": "output", "schema": schema}
+            if _strict_compatible(schema):
+                spec["strict"] = True
+            return {"response_format": {"type": "json_schema", "json_schema": spec}}
+        return {"guided_json": schema}
+    if constraint.kind == "choices":
+        return {"guided_choice": constraint.choices}
+    return {"guided_regex": constraint.value}
+
+
+def _strict_compatible(schema: Any) -> bool:
+    """OpenAI's strict mode: every object closed and every property required."""
+    if isinstance(schema, list):
+        return all(_strict_compatible(s) for s in schema)
+    if not isinstance(schema, dict):
+        return True
+    if schema.get("type") == "object" or "properties" in schema:
+        properties = schema.get("properties", {})
+        if schema.get("additionalProperties", True) is not False or set(schema.get("required", [])) != set(properties):
+            return False
+    return all(_strict_compatible(v) for k, v in schema.items() if k not in ("required", "enum", "const", "default"))
 
 
 def _offset_seed(params: GenerationParams, offset: int) -> GenerationParams:

@@ -32,7 +32,7 @@ import secrets
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Sequence
 
 import numpy as np
@@ -104,6 +104,14 @@ def trim_at_stop(text: str, stop: Sequence[str]) -> str:
     """Cut ``text`` at the earliest stop string (the stop string is dropped)."""
     cut = min((i for i in (text.find(s) for s in stop) if i >= 0), default=-1)
     return text if cut < 0 else text[:cut]
+
+
+def _split_rows(options: dict[str, Any], rows: int) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Options of the first ``rows`` rows and of the rest (per-row constraints are split)."""
+    rules = options.get("constraints")
+    if not rules:
+        return options, options
+    return {**options, "constraints": rules[:rows]}, {**options, "constraints": rules[rows:]}
 
 
 def _row_key(salt: str, prompt: str, draw: int) -> int:
@@ -210,7 +218,8 @@ class TransformersBackend(Backend):
         usage = [0, 0]
         groups: dict[GenerationParams, list[int]] = {}
         for index, request in enumerate(requests):
-            groups.setdefault(request.params, []).append(index)
+            # Rows under different constraints (or none) share one forward pass; see constraints.TokenMasks.
+            groups.setdefault(replace(request.params, constraint=None), []).append(index)
         for params, indices in groups.items():
             self._generate_group(loaded, params, [requests[i] for i in indices], salt, texts, indices, usage)
         return texts, usage[0], usage[1], load_times
@@ -236,7 +245,9 @@ class TransformersBackend(Backend):
                 keys = None
                 if not params.deterministic:
                     keys = [_row_key(seed, requests[m].prompt, requests[m].draw) for group in groups for m in group]
-                outputs = self._run(loaded, [ids[i] for i in chunk], count, keys, new_tokens, options, usage)
+                rules = [requests[m].params.constraint for group in groups for m in group]
+                chunk_options = {**options, "constraints": rules if any(rules) else None}
+                outputs = self._run(loaded, [ids[i] for i in chunk], count, keys, new_tokens, chunk_options, usage)
                 for row, member in enumerate(m for group in groups for m in group):
                     texts[positions[member]] = trim_at_stop(outputs[row], params.stop)
 
@@ -290,11 +301,13 @@ class TransformersBackend(Backend):
                 ) from exc
             if len(ids) == 1:  # split the draws of one prompt: rows do not depend on their batch
                 half = count // 2
-                return self._run(loaded, ids, half, keys and keys[:half], new_tokens, options, usage) + \
-                    self._run(loaded, ids, count - half, keys and keys[half:], new_tokens, options, usage)
+                first, second = _split_rows(options, half)
+                return self._run(loaded, ids, half, keys and keys[:half], new_tokens, first, usage) + \
+                    self._run(loaded, ids, count - half, keys and keys[half:], new_tokens, second, usage)
             half = len(ids) // 2
-            return self._run(loaded, ids[:half], count, keys and keys[: half * count], new_tokens, options, usage) + \
-                self._run(loaded, ids[half:], count, keys and keys[half * count:], new_tokens, options, usage)
+            first, second = _split_rows(options, half * count)
+            return self._run(loaded, ids[:half], count, keys and keys[: half * count], new_tokens, first, usage) + \
+                self._run(loaded, ids[half:], count, keys and keys[half * count:], new_tokens, second, usage)
         usage[0] += prompt_tokens
         usage[1] += completion_tokens
         return texts

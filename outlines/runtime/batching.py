@@ -1,14 +1,15 @@
 """Model calls inside a schedule: draws, per-backend queues, batches, the cache.
 
 A ready ``Generate`` node turns into draws that join the ``BatchQueue`` of its
-(backend, params). After each dispatch round the scheduler flushes the
+(backend, params less the constraint: ``queue_key``). After each dispatch round the scheduler flushes the
 ``Batcher``: queued draws are deduplicated (waiters keyed by backend and draw),
 looked up in the cache in one query (``lookup``), split by the backend's
 ``max_batch`` (``batch_sizes``) and sent as batch tasks, at most
 ``max_concurrency`` per backend. A queue stays open for a short gathering
 window while other nodes that feed it are still running; a full queue sends
 its whole batches at once and keeps the remainder open. Each finished draw is
-cached as soon as its backend reports it.
+cached as soon as its backend reports it; constrained draws are checked first
+and retried while they break their constraint (``constraints.generate_valid``).
 
 The scheduler and the ``Batcher`` talk through the callbacks given to the
 constructor (``finish``, ``fail``, ``spawn``, ``wake``) and the methods
@@ -19,22 +20,34 @@ from __future__ import annotations
 
 import asyncio
 import time
+from dataclasses import replace
 from typing import Any, Callable, Coroutine, Iterable, Sequence
 
 import numpy as np
 
 from outlines import cache as cache_module
-from outlines.backends.base import Backend, BackendError, BatchReport, Draw
+from outlines.backends.base import Backend, BackendError, BatchReport, Draw, GenerationParams
+from outlines.backends.constraints import generate_valid
 from outlines.errors import Failure
 from outlines.graph.basic import Apply
 from outlines.runtime.executor import Executor
 from outlines.runtime.plan import Plan
 from outlines.tracing import Recorder
 
-__all__ = ["BatchQueue", "Batcher", "NodeDraws", "batch_sizes", "lookup", "unique_draws"]
+__all__ = ["BatchQueue", "Batcher", "NodeDraws", "batch_sizes", "lookup", "queue_key", "unique_draws"]
 
 
 # -- pure helpers (explain uses them too) ------------------------------------------
+def queue_key(backend: Backend, params: GenerationParams) -> tuple[Backend, GenerationParams]:
+    """The ``BatchQueue`` a model call's draws join.
+
+    Draws that differ only in their constraint share a queue, so a batch
+    (issue 13): a local model masks each row under its own constraint in one
+    forward pass, and each draw keeps its params (so its cache key).
+    """
+    return backend, replace(params, constraint=None)
+
+
 def unique_draws(draws: Iterable[Draw]) -> list[Draw]:
     """``draws`` without repeats, in first-seen order."""
     return list(dict.fromkeys(draws))
@@ -163,7 +176,7 @@ class Batcher:
         return self.timer is not None
 
     def _queue(self, node: Apply) -> BatchQueue:
-        key = (node.op.backend, node.op.params)  # type: ignore[attr-defined]
+        key = queue_key(node.op.backend, node.op.params)  # type: ignore[attr-defined]
         queue = self.queues.get(key)
         if queue is None:
             queue = self.queues[key] = BatchQueue(node.op.backend)  # type: ignore[attr-defined]
@@ -300,7 +313,8 @@ class Batcher:
         error: BaseException | None = None
         worker = None
         try:
-            texts, worker = await self.executor.generate(backend, draws, report)
+            # Constrained draws are checked, and retried while they break their constraint.
+            texts, worker = await generate_valid(self.executor.generate, backend, draws, report)
             if not isinstance(texts, list) or len(texts) != len(draws):
                 raise BackendError(f"{backend!r} returned {len(texts)} completions for {len(draws)} prompts")
             if keys:  # what the backend did not report (and cache) already

@@ -10,7 +10,8 @@ computed from an unknown value (a model output, a user function) is counted by
 shape when the shape is known, with an unknown cache status.
 
 Batching follows the scheduler's grouping under equal latencies: draws of the
-same (backend, params) whose model calls sit at the same *level* (number of
+same (backend, params; draws differing only in their constraint count as one:
+``batching.queue_key``) whose model calls sit at the same *level* (number of
 model calls with misses along the longest chain above them, themselves
 included) go out together, deduplicated, cache hits removed, split by the
 backend's ``max_batch``; the deduplication, cache lookup and split are the
@@ -35,7 +36,7 @@ from outlines.backends.base import Draw
 from outlines.graph.basic import Variable
 from outlines.graph.ops import Stack, broadcast_map
 from outlines.graph.ragged import Ragged
-from outlines.runtime.batching import BatchQueue, batch_sizes, lookup, unique_draws
+from outlines.runtime.batching import BatchQueue, batch_sizes, lookup, queue_key, unique_draws
 from outlines.runtime.evaluate import _check_options
 from outlines.runtime.plan import Plan, bind_givens
 
@@ -286,7 +287,7 @@ class _DryRun:
 
     def queue(self, level: int, op: Any, label: str, unknown: int) -> BatchQueue:
         """The predicted queue of ``op``'s backend and params at ``level``, with ``unknown`` draws more."""
-        key = (level, op.backend, op.params)
+        key = (level, *queue_key(op.backend, op.params))  # the scheduler's queues (constraints share one)
         queue = self.queues.get(key)
         if queue is None:
             queue = self.queues[key] = BatchQueue(op.backend)
