@@ -180,7 +180,7 @@ def test_json_schema_outputs_are_parsed_and_keep_the_shape(tmp_path) -> None:
         age: int
 
     texts = iter(['{"name": "A", "age": 1}', '{"name": "B", "age": 2}'] * 4)
-    model = models.from_function(lambda p: next(texts), name="json_people")
+    model = models.from_function(lambda p: next(texts), name="json_people", version="1")  # an iterator of canned replies
     people = model(["p", "q"], json_schema=Person)
     values = outlines.eval(people, cache=False, progress=False)
     assert values.shape == (2,) and all(isinstance(v, Person) for v in values)
