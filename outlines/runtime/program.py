@@ -1,4 +1,4 @@
-"""``outlines.runtime.program``: trace a function once into a reusable ``Program``.
+"""``outlines.compile``: trace a function once into a reusable ``Program``.
 
 Tracing is JAX-style but needs no interception: each parameter becomes a free
 input Variable named after it, the function is called once on those, and the
