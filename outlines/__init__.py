@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from outlines import cache, config, models, text
+from outlines import cache, chat, config, models, text
 from outlines.runtime.program import Program, compile
 from outlines.errors import Failure, GraphBuildError, NodeError, UnboundInputError
 from outlines.runtime.evaluate import aeval, eval
@@ -28,6 +28,7 @@ __all__ = [
     "Variable",
     "aeval",
     "cache",
+    "chat",
     "compile",
     "config",
     "constant",

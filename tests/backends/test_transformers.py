@@ -347,17 +347,142 @@ def test_a_model_branch_and_an_http_like_branch_overlap(tiny_model_path: str) ->
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("flag", ["transformers", "function"])
+@pytest.mark.parametrize("flag", ["tiny", "function"])
 def test_the_main_job_runs_offline(tiny_model_path: str, tmp_path, flag: str) -> None:
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    spec = f"transformers:{tiny_model_path}" if flag == "transformers" else "function"
+    spec, problems = (f"tiny:{tiny_model_path}", 3) if flag == "tiny" else ("function", 30)
     env = {**os.environ, "OUTLINES_CACHE_DIR": str(tmp_path / "cache"), "PYTHONPATH": root}
     command = [sys.executable, os.path.join(root, "examples", "self_consistency.py"), "--model", spec, "-k", "3",
-               "--out", str(tmp_path)]
+               "--problems", str(problems), "--max-tokens", "8", "--out", str(tmp_path)]
     output = subprocess.run(command, env=env, capture_output=True, text=True, timeout=120, check=True).stdout
-    assert output.count(" -> ") == 3 and "cache: 0 hit(s), 9 miss(es)" in output
+    draws = problems * 4  # one greedy answer and 3 samples per problem
+    assert output.count(" truth ") == problems and f"cache: 0 hit(s), {draws} miss(es)" in output
     assert "graph picture: " in output and (tmp_path / "self_consistency.html").is_file()
-    if flag == "function":
-        assert "What is 17 * 3?" in output and "-> 51" in output
+    if flag == "function":  # the fake solves every problem: checks the parsing, the vote and the scoring
+        assert "accuracy: greedy 30/30 = 100%   majority of 3: 30/30 = 100%" in output
     again = subprocess.run(command, env=env, capture_output=True, text=True, timeout=120, check=True).stdout
-    assert "cache: 9 hit(s), 0 miss(es)" in again
+    assert f"cache: {draws} hit(s), 0 miss(es)" in again
+
+
+# -- chat templates, conversations, prefix sharing, cancellation --------------------------
+
+TEMPLATE = (
+    "{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}\n{% endfor %}"
+    "{% if add_generation_prompt %}<|assistant|>{% endif %}"
+)
+
+
+@pytest.fixture(scope="module")
+def tiny_chat_path(tiny_model_path: str, tmp_path_factory: pytest.TempPathFactory) -> str:
+    """The tiny model with a chat template in its tokenizer."""
+    import shutil
+
+    from transformers import AutoTokenizer
+
+    target = tmp_path_factory.mktemp("tiny-chat") / "model"
+    shutil.copytree(tiny_model_path, target)
+    tokenizer = AutoTokenizer.from_pretrained(target)
+    tokenizer.chat_template = TEMPLATE
+    tokenizer.save_pretrained(target)
+    return str(target)
+
+
+def test_a_chat_template_wraps_each_prompt_as_a_user_message(tiny_chat_path: str) -> None:
+    chat = TransformersBackend(tiny_chat_path, device="cpu")
+    loaded = chat.load()
+    assert chat.render(loaded, "hi") == "<|user|>hi\n<|assistant|>"
+    with_system = TransformersBackend(tiny_chat_path, device="cpu", system_prompt="Be brief.")
+    assert with_system.render(loaded, "hi") == "<|system|>Be brief.\n<|user|>hi\n<|assistant|>"
+    raw = TransformersBackend(tiny_chat_path, device="cpu", chat=False)
+    assert raw.render(loaded, "hi") == "hi"
+    # the template, the system prompt and chat=False are part of the identity (and the cache key)
+    assert len({chat.identity, with_system.identity, raw.identity}) == 3
+    # the model reads exactly the rendered text
+    assert run(chat, [Request("hi", GREEDY)]) == run(raw, [Request("<|user|>hi\n<|assistant|>", GREEDY)])
+
+
+def test_a_conversation_renders_as_apply_chat_template(tiny_chat_path: str) -> None:
+    from outlines import chat, models
+
+    llm = models.transformers(tiny_chat_path, device="cpu", system_prompt="Default.", max_tokens=6, temperature=0)
+    conversation = chat.system("Be brief.") + chat.user("hi") + chat.assistant("hello") + "and you?"
+    value = conversation.eval()
+    loaded = llm.backend.load()
+    expected = loaded.tokenizer.apply_chat_template(value.messages, tokenize=False, add_generation_prompt=True)
+    assert llm.backend.render(loaded, value) == expected
+    assert "Default." not in expected and expected.endswith("<|user|>and you?\n<|assistant|>")
+    # a conversation grows by appending the model's answer
+    grown = conversation + chat.assistant(llm(conversation))
+    answer = llm(conversation).eval(cache=False)
+    assert grown.eval(cache=False).messages[-1] == {"role": "assistant", "content": answer}
+
+
+def test_chat_without_a_template_is_a_clear_error(backend: TransformersBackend, tiny_model_path: str) -> None:
+    from outlines.chat import Conversation
+
+    with pytest.raises(BackendError, match="chat=True but the tokenizer has no chat template"):
+        run(TransformersBackend(tiny_model_path, device="cpu", chat=True), [Request("hi", GREEDY)])
+    with pytest.raises(BackendError, match="a conversation needs a chat template"):
+        run(backend, [Request(Conversation.of([("user", "hi")]), GREEDY)])
+    with pytest.raises(ValueError, match="system_prompt needs a chat template"):
+        TransformersBackend(tiny_model_path, chat=False, system_prompt="x")
+    assert len(backend.identity) == 4  # a plain folder keeps its cache keys
+
+
+def test_shared_prefix_length_leaves_each_prompt_a_token() -> None:
+    from outlines.backends._hf_generation import shared_prefix_length
+
+    assert shared_prefix_length([[1, 2, 3, 4], [1, 2, 3, 5], [1, 2, 9]]) == 2
+    assert shared_prefix_length([[1, 2, 3], [1, 2, 3]]) == 2
+    assert shared_prefix_length([[7], [7, 8]]) == 0
+
+
+HEADER = "Q: What is 3 * 7? A: 21. The answer is 21.\n" * 4
+FEW_SHOT = [HEADER + f"Q: What is {i} * 7?" + " Think." * (i % 3) + " A:" for i in range(5)] + ["Q: short"]
+
+
+@pytest.mark.parametrize("params,samples", [(GREEDY, 1), (SAMPLED, 3)])
+def test_prefix_sharing_gives_the_texts_of_the_unshared_path(tiny_model_path: str, params, samples: int) -> None:
+    from outlines.backends import _hf_generation as hf
+
+    requests = [Request(p, params, d) for p in FEW_SHOT for d in range(samples)]
+    shared = TransformersBackend(tiny_model_path, device="cpu")
+    unshared = TransformersBackend(tiny_model_path, device="cpu", share_prefix=False)
+    assert run(shared, requests) == run(unshared, requests)
+    # and the shared path did share: the header is one prefill row
+    loaded = shared.load()
+    ids = [loaded.tokenizer(p)["input_ids"] for p in FEW_SHOT[:5]]
+    assert hf.shared_prefix_length(ids) >= len(loaded.tokenizer(HEADER)["input_ids"]) - 1
+
+
+def test_cancelling_frees_the_worker_at_the_next_decoding_step(tiny_model_path: str, monkeypatch) -> None:
+    import threading
+
+    from outlines.backends import _hf_generation as hf
+
+    backend = TransformersBackend(tiny_model_path, device="cpu")
+    backend.load()
+    steps: list[int] = []
+    third_step = threading.Event()
+    original = hf.Cancellation.__call__
+
+    def counting(self, input_ids, scores, **kwargs):  # type: ignore[no-untyped-def]
+        steps.append(input_ids.shape[1])
+        if len(steps) == 3:
+            third_step.set()
+            assert self.flag.wait(30), "the cancellation never reached the worker"
+        return original(self, input_ids, scores, **kwargs)
+
+    monkeypatch.setattr(hf.Cancellation, "__call__", counting)
+    params = GenerationParams.create(max_tokens=400, temperature=1.0, seed=1)
+
+    async def main() -> None:
+        task = asyncio.ensure_future(backend.generate([Request("Q: 1", params, d) for d in range(4)]))
+        await asyncio.get_running_loop().run_in_executor(None, third_step.wait, 30)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+
+    asyncio.run(main())
+    assert tf._slot(backend._key()).executor.submit(len, steps).result() == 3  # no step after the flag
+    assert run(backend, [Request("Q: 1", GREEDY)])  # the worker serves the next batch
