@@ -77,12 +77,15 @@ def load(path: str, device: str | None, dtype: str | None, gguf_file: str | None
             import gguf  # noqa: F401  # transformers needs it to read GGUF
         except ImportError:
             raise ImportError("loading a GGUF checkpoint needs the gguf package: pip install gguf") from None
+    quiet = _quiet_gguf_bar() if gguf_file is not None else None
     try:
         tokenizer = AutoTokenizer.from_pretrained(path, **extra)
         model = AutoModelForCausalLM.from_pretrained(path, dtype=_dtype(dtype), **extra)
     finally:
         if bars:
             hf_logging.enable_progress_bar()
+        if quiet is not None:
+            quiet()
     resolved = resolve_device(device)
     model.to(resolved).eval()  # type: ignore[arg-type]  # transformers types .to() narrowly
     tokenizer.padding_side = "left"
@@ -97,6 +100,25 @@ def load(path: str, device: str | None, dtype: str | None, gguf_file: str | None
     if not eos_ids and tokenizer.eos_token_id is not None:
         eos_ids = [tokenizer.eos_token_id]
     return Loaded(model, tokenizer, resolved, _context_length(model, tokenizer), eos_ids)
+
+
+def _quiet_gguf_bar() -> Any:
+    """Silence the GGUF converter's own tqdm bar (it ignores transformers' switch); returns the undo."""
+    import functools
+
+    try:
+        from transformers import modeling_gguf_pytorch_utils as gguf_utils
+    except ImportError:
+        return None
+    bar = getattr(gguf_utils, "tqdm", None)
+    if bar is None:
+        return None
+    gguf_utils.tqdm = functools.partial(bar, disable=True)
+
+    def undo() -> None:
+        gguf_utils.tqdm = bar
+
+    return undo
 
 
 def _context_length(model: Any, tokenizer: Any) -> int | None:

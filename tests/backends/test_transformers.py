@@ -486,3 +486,46 @@ def test_cancelling_frees_the_worker_at_the_next_decoding_step(tiny_model_path: 
     asyncio.run(main())
     assert tf._slot(backend._key()).executor.submit(len, steps).result() == 3  # no step after the flag
     assert run(backend, [Request("Q: 1", GREEDY)])  # the worker serves the next batch
+
+
+# -- SmolLM2-135M-Instruct (GGUF, a real chat model; loaded once per session) -------------
+
+
+@pytest.mark.slow
+def test_smollm2_answers_2_plus_2_through_its_chat_template(smollm2: TransformersBackend) -> None:
+    loaded = smollm2.load()
+    assert smollm2.uses_chat(loaded) and smollm2.model_name == "SmolLM2-135M-Instruct.Q4_1"
+    assert "4" in run(smollm2, [Request("What is 2 + 2?", GenerationParams.create(max_tokens=24, temperature=0))])[0]
+
+
+@pytest.mark.slow
+def test_smollm2_batch_equals_each_prompt_alone(smollm2: TransformersBackend) -> None:
+    params = GenerationParams.create(max_tokens=12, temperature=0)
+    prompts = ["What is 3 + 5?", "Name a fruit.", "What is the capital of France?"]
+    together = run(smollm2, [Request(p, params) for p in prompts])
+    assert together == [run(smollm2, [Request(p, params)])[0] for p in prompts]
+
+
+@pytest.mark.slow
+def test_smollm2_renders_conversations_as_apply_chat_template(smollm2: TransformersBackend) -> None:
+    from outlines.chat import Conversation
+
+    loaded = smollm2.load()
+    conversation = Conversation.of([("user", "Hi"), ("assistant", "Hello!"), ("user", "What is 3 + 3?")])
+    expected = loaded.tokenizer.apply_chat_template(conversation.messages, tokenize=False, add_generation_prompt=True)
+    assert smollm2.render(loaded, conversation) == expected
+    assert smollm2.render(loaded, "Hi") == loaded.tokenizer.apply_chat_template(
+        [{"role": "user", "content": "Hi"}], tokenize=False, add_generation_prompt=True
+    )
+    assert expected.endswith("<|im_start|>user\nWhat is 3 + 3?<|im_end|>\n<|im_start|>assistant\n")
+
+
+@pytest.mark.slow
+def test_smollm2_shared_few_shot_prefix_gives_the_unshared_texts(smollm2: TransformersBackend) -> None:
+    header = "".join(f"Q: What is {i} + {i + 3}?\nA: {2 * i + 3}\n" for i in range(6))
+    prompts = [header + f"Q: What is {i} * 3?\nA:" for i in range(3)]
+    unshared = TransformersBackend(smollm2.path, gguf_file=smollm2.gguf_file, device="cpu", share_prefix=False)
+    for params, samples in ((GenerationParams.create(max_tokens=8, temperature=0), 1),
+                            (GenerationParams.create(max_tokens=8, temperature=0.7, seed=3), 3)):
+        requests = [Request(p, params, d) for p in prompts for d in range(samples)]
+        assert run(smollm2, requests) == run(unshared, requests)
