@@ -199,6 +199,7 @@ def smollm2_benchmark(runs: int) -> None:
             done = subprocess.run([sys.executable, __file__, "--smollm2-case", case, "--model", folder], capture_output=True, text=True,
                                   env={**os.environ, "PYTHONPATH": os.getcwd()}, check=True)
             results[case].append(json.loads(done.stdout.strip().splitlines()[-1]))
+            print(json.dumps(results[case][-1]), flush=True)
     prompt_tokens = results["shared"][0]["prompt_tokens"]
     print(f"\nself-consistency on SmolLM2-135M-Instruct: {len(SC_QUESTIONS)} questions x {SC_SAMPLES} samples, "
           f"{prompt_tokens}-token prompts, {SC_TOKENS} new tokens, {runs} fresh-process runs")

@@ -250,11 +250,13 @@ def build_smollm2_folder(path: str | os.PathLike[str] | None = None) -> str:
     folder, name = os.path.split(gguf_path)
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, GenerationConfig
 
-    tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=name)
-    loaded = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name)
+    from outlines.backends import _hf_generation
+
+    loaded = _hf_generation.load(folder, "cpu", None, name)  # quiet, and the checks the backend makes
     config = AutoConfig.from_pretrained(folder, gguf_file=name)
+    tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=name)
     model = AutoModelForCausalLM.from_config(config)
-    model.load_state_dict(loaded.state_dict())
+    model.load_state_dict(loaded.model.state_dict())
     model.generation_config = GenerationConfig(
         bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
         pad_token_id=tokenizer.pad_token_id, do_sample=True, temperature=1.0, top_p=1.0,
