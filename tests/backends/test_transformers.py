@@ -173,10 +173,10 @@ def test_generation_runs_off_the_event_loop(backend: TransformersBackend, monkey
     started, release = threading.Event(), threading.Event()
     real = hf.run_chunk
 
-    def gated(*args):  # type: ignore[no-untyped-def]
+    def gated(*args, **kwargs):  # type: ignore[no-untyped-def]
         started.set()
         assert release.wait(10), "the event loop was blocked while the model ran"
-        return real(*args)
+        return real(*args, **kwargs)
 
     async def main() -> list[str]:
         task = asyncio.create_task(backend.generate([Request(PROMPTS[0], GREEDY)]))
@@ -239,11 +239,11 @@ def test_out_of_memory_retries_with_half_the_batch(backend: TransformersBackend,
     real = hf.run_chunk
     sizes: list[int] = []
 
-    def small_memory(loaded, ids, count, *args):  # type: ignore[no-untyped-def]
+    def small_memory(loaded, ids, count, *args, **kwargs):  # type: ignore[no-untyped-def]
         sizes.append(len(ids) * count)
         if len(ids) * count > limit:
             raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 2 GiB")
-        return real(loaded, ids, count, *args)
+        return real(loaded, ids, count, *args, **kwargs)
 
     limit = 1
     monkeypatch.setattr(hf, "run_chunk", small_memory)
