@@ -232,7 +232,7 @@ def accuracy_table(max_k: int = 16) -> None:
     assert spec is not None and spec.loader is not None
     example = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(example)
-    llm = models.transformers(smollm2_gguf(), system_prompt=example.SYSTEM, max_tokens=48, temperature=0.7, seed=0)
+    llm = models.transformers(smollm2_gguf(), system_prompt=example.SYSTEM, max_tokens=40, temperature=0.7, seed=0)
     question = outlines.string("question")
     greedy = example.parse_answer(llm(question, temperature=0))
     samples = example.parse_answer(llm(question, num_samples=max_k))
@@ -241,7 +241,7 @@ def accuracy_table(max_k: int = 16) -> None:
     greedy_answers, sampled = outlines.eval(greedy, samples, givens={question: questions})
     seconds = time.perf_counter() - start
     truths = [str(a) for _, a in example.PROBLEMS]
-    print(f"\naccuracy on {len(truths)} problems (SmolLM2-135M-Instruct, temperature 0.7, 48 tokens; "
+    print(f"\naccuracy on {len(truths)} problems (SmolLM2-135M-Instruct, temperature 0.7, 40 tokens; "
           f"{seconds:.0f} s for {len(truths) * (max_k + 1)} draws)")
     print(f"greedy                 {sum(g == t for g, t in zip(greedy_answers, truths)) / len(truths):6.1%}")
     for k in (1, 4, 8, 16):

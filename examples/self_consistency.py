@@ -5,7 +5,7 @@ over built-in arithmetic word problems with known answers, and prints the
 accuracy of one greedy answer against the majority of k samples. A second run
 replays every draw from the cache.
 
-    python examples/self_consistency.py [-k 8] [--problems 32] [--model smollm2]
+    python examples/self_consistency.py [-k 5] [--problems 32] [--model smollm2]
     python examples/self_consistency.py --model tiny      # a random tiny GPT-2: fast, gibberish
     python examples/self_consistency.py --model function  # a deterministic fake
     python examples/self_consistency.py --model openai:gpt-4o-mini --base-url URL
@@ -54,7 +54,7 @@ def arithmetic(question):
     return f"We combine {a} and {b}. The answer is {result}."
 
 
-def load_model(spec, base_url, max_tokens=48):
+def load_model(spec, base_url, max_tokens=40):
     kind, _, name = spec.partition(":")
     if kind == "smollm2":
         from outlines.testing import smollm2_gguf  # names the pip command when missing
@@ -77,9 +77,9 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="smollm2", help="smollm2[:GGUF] | tiny[:PATH] | openai:NAME | function")
     parser.add_argument("--base-url", default=None, help="OpenAI-compatible API root (with openai:NAME)")
-    parser.add_argument("-k", type=int, default=8, help="answers sampled per problem")
+    parser.add_argument("-k", type=int, default=5, help="answers sampled per problem")
     parser.add_argument("--problems", type=int, default=len(PROBLEMS), help="how many built-in problems")
-    parser.add_argument("--max-tokens", type=int, default=48, help="tokens per answer")
+    parser.add_argument("--max-tokens", type=int, default=40, help="tokens per answer")
     parser.add_argument("--out", default=tempfile.gettempdir(), help="folder for the graph picture and timeline")
     args = parser.parse_args()
 
