@@ -35,7 +35,7 @@ sys.path.insert(0, str(ROOT))
 
 import outlines  # noqa: E402
 from outlines import models  # noqa: E402
-from outlines.backends.base import GenerationParams, Request  # noqa: E402
+from outlines.backends.base import Draw, GenerationParams  # noqa: E402
 from outlines.cache import Cache, draw_key  # noqa: E402
 from outlines.graph.traversal import toposort  # noqa: E402
 
@@ -142,7 +142,7 @@ def lookups(directory: Path, count: int) -> None:
 
     identity = ("openai_completion", "tiny", "http://127.0.0.1:8000/v1")
     params = GenerationParams.create(temperature=0.7, max_tokens=64)
-    requests = [Request(f"Question {i}: what is {i} * 3?", params, i % 5) for i in range(count)]
+    requests = [Draw(f"Question {i}: what is {i} * 3?", params, i % 5) for i in range(count)]
     texts = [f"answer {i} " * 8 for i in range(count)]
     keys = [draw_key(identity, r) for r in requests]
     llm_string = repr((identity, params.to_dict()))

@@ -69,9 +69,9 @@ def raw_generate(model: Any, tokenizer: Any, prompts: list[str], sample: bool = 
 
 
 def _requests() -> list[Any]:
-    from outlines.backends.base import GenerationParams, Request
+    from outlines.backends.base import Draw, GenerationParams
 
-    return [Request(p, GenerationParams.create(max_tokens=NEW_TOKENS, temperature=0)) for p in PROMPTS]
+    return [Draw(p, GenerationParams.create(max_tokens=NEW_TOKENS, temperature=0)) for p in PROMPTS]
 
 
 def _process_init(path: str) -> None:
@@ -81,7 +81,9 @@ def _process_init(path: str) -> None:
 
 
 def _process_generate(requests: list[Any]) -> list[str]:
-    return asyncio.run(_worker["backend"].generate(requests))
+    from outlines.backends.base import BatchReport
+
+    return asyncio.run(_worker["backend"].generate(requests, BatchReport()))
 
 
 async def loop_lag(work: Callable[[], Any]) -> float:
@@ -104,6 +106,7 @@ async def loop_lag(work: Callable[[], Any]) -> float:
 
 def worker_choice(path: str, repeat: int) -> list[tuple[str, float, float]]:
     """The backend's code in a thread (what ships) vs in a one-process pool, runs interleaved."""
+    from outlines.backends.base import BatchReport
     from outlines.backends.transformers import TransformersBackend
 
     requests = _requests()
@@ -116,7 +119,7 @@ def worker_choice(path: str, repeat: int) -> list[tuple[str, float, float]]:
     backend = TransformersBackend(path, max_batch=N_PROMPTS)
 
     async def in_thread() -> None:
-        await backend.generate(requests)
+        await backend.generate(requests, BatchReport())
 
     async def in_process() -> None:
         await asyncio.get_running_loop().run_in_executor(pool, _process_generate, requests)
@@ -155,7 +158,7 @@ def _smollm2_case(case: str, folder: str) -> None:
     """One timed run in this (fresh) process; prints a JSON line (wall and CPU seconds)."""
     import json
 
-    from outlines.backends.base import GenerationParams, Request
+    from outlines.backends.base import BatchReport, Draw, GenerationParams
     from outlines.backends.transformers import TransformersBackend
 
     backend = TransformersBackend(folder, device="cpu", share_prefix=case == "shared", max_batch=1 << 10)
@@ -176,8 +179,8 @@ def _smollm2_case(case: str, folder: str) -> None:
         new = out[:, batch["input_ids"].shape[1]:]
         tokens = int((new != tokenizer.pad_token_id).sum())
     else:
-        requests = [Request(p, params, d) for p in prompts for d in range(SC_SAMPLES)]
-        texts = asyncio.run(backend.generate(requests))
+        requests = [Draw(p, params, d) for p in prompts for d in range(SC_SAMPLES)]
+        texts = asyncio.run(backend.generate(requests, BatchReport()))
         tokens = sum(len(loaded.tokenizer(t, add_special_tokens=False)["input_ids"]) for t in texts)
     seconds, cpu = time.perf_counter() - start, time.process_time() - cpu
     prompt_tokens = len(loaded.tokenizer(backend.render(loaded, prompts[0]), add_special_tokens=False)["input_ids"])

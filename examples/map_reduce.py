@@ -1,8 +1,10 @@
-"""Map-reduce over documents: summarize each one, then summarize the summaries.
+"""Map-reduce over documents of different lengths: split, summarize every paragraph, combine.
 
-All map calls are siblings, so they go to the backend as one batch (split by
-``max_batch``); the reduce call waits only for them. Offline by default with a
-deterministic fake model that keeps each text's first sentence.
+Each document splits into its own number of paragraphs (a ragged value); the
+map step sends every paragraph of every document to the model as ONE batch
+(split by ``max_batch``), and the reduce step combines each document's own
+summaries. Offline by default with a deterministic fake model that keeps each
+text's first sentence.
 
     python examples/map_reduce.py                       # offline fake
     python examples/map_reduce.py --model transformers  # the tiny local GPT-2
@@ -13,29 +15,30 @@ import outlines
 from outlines import models
 
 DOCUMENTS = [
-    "Batching merges sibling model calls. It cuts requests by orders of magnitude.",
-    "A content-hash cache replays draws. Re-running a program costs nothing.",
-    "Independent branches run concurrently. Wall time approaches the critical path.",
-    "Traces record what ran when. Timelines show batches per backend.",
+    "Batching merges sibling model calls. It cuts requests.\n\nOne call per level is the goal.",
+    "A content-hash cache replays draws. Re-running costs nothing.",
+    "Branches run concurrently. Wall time nears the critical path.\n\nSlow Python runs in threads."
+    "\n\nAsync functions share the loop.",
 ]
 
 
+@outlines.fn(signature="()->(n)", pure=True)  # pure: explain may run it to size the fan-out
+def paragraphs(document):
+    """A list per document: its paragraphs (a different number for each)."""
+    return [p.strip() for p in document.split("\n\n") if p.strip()]
+
+
 @outlines.prompt
-def summarize(document):
-    """Summarize in one sentence: {{ document }}
+def summarize(paragraph):
+    """Summarize in one sentence: {{ paragraph }}
     Summary:"""
 
 
 @outlines.prompt
 def combine(summaries):
     """Combine these points into one sentence:
-    {% for s in summaries %}- {{ s }}
+    {% for s in summaries %}- {{ s.strip() }}
     {% endfor %}Combined:"""
-
-
-@outlines.fn(signature="(n)->()")
-def bullet_list(summaries):
-    return [s.strip() for s in summaries]
 
 
 def first_sentence(prompts):
@@ -54,14 +57,17 @@ def main():
         path = args.model.partition(":")[2] or build_tiny_model()
         llm = models.transformers(path, max_tokens=24, temperature=0)
     else:
-        llm = models.from_function(first_sentence, batched=True, name="first_sentence", max_batch=2)
+        llm = models.from_function(first_sentence, batched=True, name="first_sentence", max_batch=4)
 
     documents = outlines.string("documents")
-    summary = llm(combine(bullet_list(llm(summarize(documents)))))
-    print(outlines.explain(summary, givens={documents: DOCUMENTS}), end="\n\n")  # what would be sent
+    summaries = llm(summarize(paragraphs(documents)))  # ragged: (documents, paragraphs)
+    digest = llm(combine(summaries))                    # one per document
+    print(outlines.explain(digest, givens={documents: DOCUMENTS}), end="\n\n")  # what would be sent
     with outlines.trace() as trace:
-        result = summary.eval({documents: DOCUMENTS})
-    print(f"result: {result}\n")
+        result = digest.eval({documents: DOCUMENTS})
+    for document, line in zip(DOCUMENTS, result):
+        print(f"{document[:30]!r}... -> {line}")
+    print()
     print(trace.summary())
 
 

@@ -8,12 +8,15 @@ from __future__ import annotations
 from typing import Any
 
 from outlines import cache, chat, config, models, text
-from outlines.runtime.program import Program, compile
+from outlines.runtime.program import Program, chain, compile
 from outlines.errors import Failure, GraphBuildError, NodeError, UnboundInputError
 from outlines.runtime.evaluate import aeval, eval
 from outlines.runtime.explain import explain
-from outlines.fn import fn
+from outlines.fn import elemwise, fn
+from outlines.graph.control import cond, where, while_loop
 from outlines.graph.basic import Constant, Variable
+from outlines.graph.ops import concatenate, expand_dims, stack
+from outlines.graph.ragged import Ragged
 from outlines.text import constant, prompt, string
 
 __version__ = "0.1.0"
@@ -24,23 +27,32 @@ __all__ = [
     "GraphBuildError",
     "NodeError",
     "Program",
+    "Ragged",
     "UnboundInputError",
     "Variable",
     "aeval",
     "cache",
+    "chain",
     "chat",
     "compile",
+    "cond",
+    "concatenate",
     "config",
     "constant",
+    "elemwise",
     "eval",
+    "expand_dims",
     "explain",
     "fn",
     "models",
     "prompt",
+    "stack",
     "string",
     "text",
     "trace",
     "visualize",
+    "where",
+    "while_loop",
 ]
 
 

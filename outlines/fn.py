@@ -1,8 +1,11 @@
 """Python functions as graph ops: ``@outlines.fn``.
 
-A lifted function is elementwise with NumPy broadcasting by default; with a
-gufunc ``signature`` such as ``"(n)->()"`` it sees whole core dimensions (a
-majority vote over samples). Sync functions that turn out to be slow run in
+A lifted function is elementwise by default, its arguments paired on their
+LEADING axes (``outlines.graph.shapes``: a (T,) task pairs with each of the
+k samples of its own row of a (T, k) value). With a gufunc ``signature`` such
+as ``"(n)->()"`` it sees whole core dimensions (a majority vote over samples);
+the loop axes pair the same way. An output core dimension (``"()->(n)"``)
+may differ in length per element: the result is then ``Ragged``. Sync functions that turn out to be slow run in
 the shared thread pool; ``async def`` functions run concurrently on the loop.
 """
 from __future__ import annotations
@@ -15,17 +18,18 @@ from typing import Any, Callable
 
 import numpy as np
 
-from outlines.backends.function import code_hash
 from outlines.errors import Failure, GraphBuildError
 from outlines.graph.basic import Apply, Op, as_object_array, as_variable
-from outlines.graph.ops import broadcast_map, scalar_or_array
+from outlines.graph.ops import broadcast_map, core_map
+from outlines.graph.ragged import Ragged
+from outlines.graph.shapes import Shape, align
 
-__all__ = ["Function", "PyFunc", "fn"]
+__all__ = ["Function", "CallFunction", "fn"]
 
 _SIGNATURE = re.compile(r"^\s*(\([^()]*\)\s*(,\s*\([^()]*\)\s*)*)->\s*(\([^()]*\)\s*(,\s*\([^()]*\)\s*)*)$")
 
 
-class PyFunc(Op):
+class CallFunction(Op):
     """Run a user function; see ``outlines.fn``."""
 
     __props__ = ("function", "kwnames")
@@ -43,9 +47,51 @@ class PyFunc(Op):
     def name(self) -> str:
         return self.function.__name__
 
-    def key(self) -> tuple[Any, ...]:
-        f = self.function
-        return ("PyFunc", f.__qualname__, f.code_hash, f.signature, list(self.kwnames))
+    def describe(self) -> dict[str, Any]:
+        signature = self.function.signature
+        return {"kind": "python", "title": self.function.__name__, "lines": [signature] if signature else []}
+
+    def argument_name(self, position: int, ninputs: int) -> str:
+        npositional = ninputs - len(self.kwnames)
+        if position >= npositional:
+            return str(self.kwnames[position - npositional])
+        signature = self.function.python_signature
+        names = [p.name for p in signature.parameters.values() if p.kind <= p.POSITIONAL_OR_KEYWORD] if signature else []
+        return names[position] if position < len(names) else str(position)
+
+    def infer_shapes(self, shapes: list[Shape], noutputs: int) -> list[Shape]:
+        """Leading-axis pairing of the arguments (of the loop axes, with a signature)."""
+        function = self.function
+        if function.signature is None:
+            return [align(function.__name__, shapes)] * noutputs
+        known = [s for s in shapes if s is not None]
+        if len(known) < len(shapes):
+            return [None] * noutputs
+        sizes: dict[str, int | None] = {}
+        loops: list[Shape] = []
+        for shape, core in zip(known, function.core_names):
+            if len(shape) < len(core):
+                raise GraphBuildError(
+                    f"fn {function.__name__}: an argument of shape {shape} has fewer than the "
+                    f"{len(core)} core axes of signature {function.signature}"
+                )
+            loops.append(shape[: len(shape) - len(core)])
+            for name, size in zip(core, shape[len(shape) - len(core) :]):
+                if sizes.get(name) not in (None, size) and size is not None:
+                    raise GraphBuildError(f"fn {function.__name__}: core axis {name} has sizes {sizes[name]} and {size}")
+                sizes[name] = size if size is not None else sizes.get(name)
+        loop = align(function.__name__, loops)
+        if loop is None:
+            return [None] * noutputs
+        return [loop + tuple(sizes.get(name) for name in core) for core in function.output_core_names]
+
+    def ragged_outputs(self, ragged: list[bool], noutputs: int) -> list[bool]:
+        function = self.function
+        if function.signature is None:
+            return [any(ragged)] * noutputs
+        # a ragged argument without core axes loops over its items: the rows stay
+        looped = any(r and not core for r, core in zip(ragged, function.core_names))
+        return [looped or core for core in function.core_outputs]
 
     def _bind(self, values: tuple[Any, ...]) -> Callable[..., Any]:
         target, count = self.function.target, len(values) - len(self.kwnames)
@@ -60,20 +106,22 @@ class PyFunc(Op):
         signature = self.function.signature
         if signature is None:
             return broadcast_map(call, values, on_error=on_error, on_failed_input=on_failed_input)
-        call = _core_outputs(call, self.function.core_outputs)
         if on_error is not None:
             call = _guard_core(call, on_error, on_failed_input)
-        vectorized = np.vectorize(call, signature=signature, otypes=[object] * self.function.noutputs)
-        result = vectorized(*values)
-        if isinstance(result, tuple):
-            return tuple(scalar_or_array(r) for r in result)
-        return scalar_or_array(result)
+        cores = [len(core) for core in self.function.core_names]
+        return core_map(call, values, cores, self.function.core_outputs, f"fn {self.name}")
 
     async def aperform(self, *values: Any, on_error: Any = None, on_failed_input: Any = None) -> Any:
         """Compute an async function: every element's coroutine runs concurrently."""
         coroutines = self.perform(*values, on_failed_input=on_failed_input)
+        if isinstance(coroutines, Ragged):
+            return coroutines.with_values(await self._settle_all(coroutines.values, on_error))
         if not isinstance(coroutines, np.ndarray):
             return await _settle(coroutines, on_error)
+        return await self._settle_all(coroutines, on_error)
+
+    @staticmethod
+    async def _settle_all(coroutines: np.ndarray, on_error: Any) -> np.ndarray:
         flat = coroutines.reshape(-1)
         results = await asyncio.gather(*(_settle(c, on_error) for c in flat))
         return np.fromiter(results, dtype=object, count=len(results)).reshape(coroutines.shape)
@@ -88,19 +136,6 @@ async def _settle(value: Any, on_error: Any) -> Any:
         return await value
     except Exception as exc:  # noqa: BLE001 - becomes the element's Failure
         return on_error(exc)
-
-
-def _core_outputs(call: Callable[..., Any], cores: tuple[bool, ...]) -> Callable[..., Any]:
-    """Let functions return lists for outputs with core dimensions."""
-    if not any(cores):
-        return call
-
-    def as_core(value: Any, core: bool) -> Any:
-        return as_object_array(value) if core and isinstance(value, (list, tuple)) else value
-
-    if len(cores) == 1:
-        return lambda *values: as_core(call(*values), True)
-    return lambda *values: tuple(as_core(v, c) for v, c in zip(call(*values), cores))
 
 
 def _guard_core(call: Callable[..., Any], on_error: Any, on_failed_input: Any) -> Callable[..., Any]:
@@ -137,16 +172,17 @@ class Function:
             raise GraphBuildError(f"fn {self.__name__}: invalid gufunc signature {signature!r} (e.g. '(n)->()')")
         self.target = target
         self.signature = signature.replace(" ", "") if signature else None
-        outputs = re.findall(r"\(([^()]*)\)", signature.split("->")[1]) if signature else [""]
-        self.noutputs = len(outputs)
-        self.core_outputs = tuple(bool(o.strip()) for o in outputs)
+        halves = self.signature.split("->") if self.signature else ["", "()"]
+        self.core_names = tuple(_cores(halves[0]))
+        self.output_core_names = tuple(_cores(halves[1]))
+        self.noutputs = len(self.output_core_names)
+        self.core_outputs = tuple(bool(core) for core in self.output_core_names)
         self.pure = pure
         self.blocking = blocking
         self.is_async = inspect.iscoroutinefunction(target)
-        self.code_hash = code_hash(target)
         self.python_signature = _python_signature(target)
         self._min_positional, self._max_positional = _positional_range(self.python_signature)
-        self._ops: dict[tuple[str, ...], PyFunc] = {}
+        self._ops: dict[tuple[str, ...], CallFunction] = {}
         #: Mean seconds per call, measured; decides inline vs thread pool.
         self.mean_seconds: float | None = None
 
@@ -159,7 +195,7 @@ class Function:
         kwnames = tuple(kwargs)
         op = self._ops.get(kwnames)
         if op is None:
-            op = self._ops[kwnames] = PyFunc(self, kwnames)
+            op = self._ops[kwnames] = CallFunction(self, kwnames)
         inputs = [as_variable(a) for a in args] + [as_variable(kwargs[k]) for k in kwnames]
         node = Apply(op, inputs, self.noutputs)
         return node.outputs[0] if self.noutputs == 1 else node.outputs
@@ -176,6 +212,11 @@ class Function:
     def __repr__(self) -> str:
         sig = f", signature={self.signature!r}" if self.signature else ""
         return f"fn({self.__name__}{sig})"
+
+
+def _cores(half: str) -> list[tuple[str, ...]]:
+    """The core axis names of each argument of one half of a gufunc signature."""
+    return [tuple(n for n in group.split(",") if n) for group in re.findall(r"\(([^()]*)\)", half)]
 
 
 def _positional_range(signature: inspect.Signature | None) -> tuple[int, float]:
@@ -217,7 +258,10 @@ def fn(
         The function; ``fn`` also works as ``@fn(...)`` with options.
     signature
         NumPy gufunc signature for core dimensions, e.g. ``"(n)->()"``;
-        default: elementwise with broadcasting over every argument.
+        default: elementwise over every argument. Arguments (and the loop
+        axes of a gufunc) pair on their LEADING axes; an output core axis
+        whose length differs per element (``"()->(n)"`` returning lists of
+        different lengths) gives a ``Ragged`` value.
     name
         Label in pictures and traces (default: the function's name).
     pure
@@ -246,3 +290,65 @@ def fn(
     if function is None:
         return lambda f: Function(f, signature=signature, name=name, pure=pure, blocking=blocking)
     return Function(function, signature=signature, name=name, pure=pure, blocking=blocking)
+
+
+def elemwise(function: Callable[..., Any] | None = None, **options: Any) -> Any:
+    """Map a Python function (sync or ``async def``) over arrays of inputs.
+
+    A seed name of the original proposal: ``fn`` that also runs at once on
+    concrete values. Called with Variables it builds a node (like ``fn``);
+    called with values (lists and tuples are arrays) it returns values, the
+    calls of an async function running concurrently.
+
+    Parameters
+    ----------
+    function
+        The function; ``elemwise`` also works as ``@elemwise(...)``.
+    **options
+        As for ``fn`` (``signature``, ``name``, ``pure``, ``blocking``).
+
+    Returns
+    -------
+    Callable
+        Variables in, Variable out; values in, values out (a NumPy object
+        array for array inputs).
+
+    Examples
+    --------
+    >>> shout = elemwise(lambda text, mark="!": text.upper() + mark)
+    >>> list(shout(["a", "b"], mark="?"))
+    ['A?', 'B?']
+    """
+    if function is None:
+        return lambda f: elemwise(f, **options)
+    lifted = function if isinstance(function, Function) else Function(function, **options)
+
+    @functools.wraps(lifted.target)
+    def call(*args: Any, **kwargs: Any) -> Any:
+        values = (*args, *kwargs.values())
+        if any(_symbolic(v) for v in values):
+            return lifted(*args, **kwargs)
+        from outlines.runtime.evaluate import eval as evaluate
+
+        node = lifted(*(_concrete(a) for a in args), **{k: _concrete(v) for k, v in kwargs.items()})
+        return evaluate(*node, cache=False) if isinstance(node, tuple) else evaluate(node, cache=False)
+
+    return call
+
+
+def _symbolic(value: Any) -> bool:
+    from outlines.graph.basic import Variable
+
+    if isinstance(value, Variable):
+        return True
+    return isinstance(value, (list, tuple)) and any(isinstance(v, Variable) for v in value)
+
+
+def _concrete(value: Any) -> Any:
+    from outlines.graph.basic import Constant
+
+    if isinstance(value, (list, tuple)):
+        return Constant(as_object_array(value))
+    if isinstance(value, np.ndarray):
+        return Constant(value if value.dtype == object else value.astype(object))
+    return Constant(value)

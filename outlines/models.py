@@ -1,7 +1,11 @@
 """Models: the ``Model`` callable, the ``Generate`` op, and the constructors.
 
 Calling a ``Model`` on a prompt builds a ``Generate`` node; nothing is loaded
-or sent until evaluation. Each element of the prompt and each of its
+or sent until evaluation. The output has the prompt's shape plus, when
+``num_samples`` is above 1, a LAST axis of samples: anything of the prompt's
+shape pairs with it on the leading axes (``outlines.graph.shapes``). A ragged
+prompt (rows of different lengths) is flattened so all its rows go in one
+batch, and the results are put back into the rows. Each element of the prompt and each of its
 ``num_samples`` samples is one *draw*. Draws are numbered when a graph is
 planned (``outlines.runtime.plan``), so repeated identical calls are
 independent draws and a re-run replays the same numbers from the cache.
@@ -14,14 +18,17 @@ torch.
 """
 from __future__ import annotations
 
+import json
 from typing import Any, Callable
 
 import numpy as np
 
-from outlines.backends.base import Backend, GenerationParams, Request
+from outlines.backends.base import Backend, Draw, GenerationParams
 from outlines.errors import GraphBuildError
 from outlines.graph.basic import Apply, Constant, Op, Variable, as_object_array, as_variable
-from outlines.graph.ops import check_text_input
+from outlines.graph.ops import Flatten, Regroup, check_text_input
+from outlines.graph.shapes import Shape
+from outlines.graph.viz.drawing import backend_name, shorten
 
 __all__ = ["Generate", "Model", "from_function", "openai", "openai_completion", "transformers"]
 
@@ -50,6 +57,14 @@ class Generate(Op):
     def name(self) -> str:
         return f"Generate[{self.backend.kind}:{self.backend.model_name}]"
 
+    def describe(self) -> dict[str, Any]:
+        backend, params = backend_name(self.backend), self.params.to_dict()
+        lines = [shorten(", ".join(f"{k}={json.dumps(v)}" for k, v in params.items()), 60)] if params else []
+        if self.num_samples > 1:
+            lines.append(f"num_samples={self.num_samples}")
+        return {"kind": "model", "title": backend, "backend": backend, "params": params,
+                "num_samples": self.num_samples, "lines": lines}
+
     def make_node(self, *inputs: Any) -> Apply:
         if len(inputs) != 1:
             raise GraphBuildError(f"{self.name} takes exactly one prompt, got {len(inputs)} arguments")
@@ -59,10 +74,21 @@ class Generate(Op):
         check_text_input(self, prompt, "the prompt")
         return Apply(self, [prompt])
 
-    def requests(self, prompt: Any, draw_offset: int) -> tuple[tuple[int, ...], list[Request]]:
+    def infer_shapes(self, shapes: list[Shape], noutputs: int) -> list[Shape]:
+        (shape,) = shapes
+        if shape is None or self.num_samples == 1:
+            return [shape]
+        return [(*shape, self.num_samples)]
+
+    def ragged_outputs(self, ragged: list[bool], noutputs: int) -> list[bool]:
+        if ragged[0]:
+            raise GraphBuildError(f"{self.name}: a ragged prompt goes through Model.__call__, which flattens it")
+        return [False]
+
+    def draws(self, prompt: Any, draw_offset: int) -> tuple[tuple[int, ...], list[Draw]]:
         """The output shape and the flat list of draws for a prompt value.
 
-        Requests are ordered element-major: all samples of element 0 first.
+        Draws are ordered element-major: all samples of element 0 first.
         """
         if isinstance(prompt, np.ndarray):
             texts = list(prompt.reshape(-1))
@@ -73,15 +99,8 @@ class Generate(Op):
             if not isinstance(text, str):
                 raise TypeError(f"the prompt must be text, got {type(text).__name__} {text!r:.60}")
         k = self.num_samples
-        if self.params.deterministic:
-            draws = [0] * k
-        else:
-            draws = list(range(draw_offset, draw_offset + k))
-        requests = [Request(text, self.params, d) for text in texts for d in draws]
-        return (shape + (k,) if k > 1 else shape), requests
-
-    def key(self) -> tuple[Any, ...]:
-        return ("Generate", list(self.backend.identity), self.params.to_dict(), self.num_samples)
+        numbers = [0] * k if self.params.deterministic else list(range(draw_offset, draw_offset + k))
+        return (shape + (k,) if k > 1 else shape), [Draw(text, self.params, d) for text in texts for d in numbers]
 
 
 class Model:
@@ -110,16 +129,25 @@ class Model:
         temperature: float | None = None,
         stop: str | list[str] | None = None,
         seed: int | None = None,
+        choices: list[str] | None = None,
+        regex: str | None = None,
+        json_schema: Any = None,
         **params: Any,
     ) -> Variable:
         """Build a node sampling ``num_samples`` completions of ``prompt``.
 
         Returns a Variable of the prompt's shape, with a trailing axis of size
-        ``num_samples`` when it is greater than 1.
+        ``num_samples`` when it is greater than 1. ``choices=``, ``regex=`` or
+        ``json_schema=`` (a dict or a pydantic class) constrain the text; a
+        ``json_schema`` call yields parsed values (``dict`` or model instances).
+        See ``outlines.backends.constraints``.
         """
+        from outlines.backends.constraints import Parse, make_constraint
+
         try:
+            constraint = make_constraint(choices, regex, json_schema)
             merged = self.defaults.merged(
-                max_tokens=max_tokens, temperature=temperature, stop=stop, seed=seed, **params
+                max_tokens=max_tokens, temperature=temperature, stop=stop, seed=seed, constraint=constraint, **params
             )
         except ValueError as exc:
             raise GraphBuildError(f"Generate[{self.backend.kind}:{self.backend.model_name}]: {exc}") from None
@@ -127,7 +155,11 @@ class Model:
         if op is None:
             op = Generate(self.backend, merged, num_samples)
             self._ops[merged, op.num_samples] = op
-        return op(prompt)
+        ragged = isinstance(prompt, Variable) and prompt.ragged
+        out = op(Flatten()(prompt) if ragged else prompt)  # ragged: one batch over every row
+        if constraint is not None and constraint.kind == "json_schema":
+            out = Parse(constraint)(out)  # the cache keeps the text; values are parsed on the way out
+        return Regroup()(out, prompt) if ragged else out
 
     def __eq__(self, other: object) -> bool:
         return isinstance(other, Model) and (self.backend, self.defaults) == (other.backend, other.defaults)
@@ -162,6 +194,7 @@ def from_function(
     *,
     batched: bool = False,
     name: str | None = None,
+    version: str | None = None,
     max_batch: int | None = None,
     max_concurrency: int | None = None,
     **defaults: Any,
@@ -178,15 +211,28 @@ def from_function(
     name
         Name used in pictures, traces and the cache identity (default: the
         function's ``__name__``).
+    version
+        Declares the function's identity yourself: name, code and
+        ``version`` then make the identity and captured state is not
+        inspected. Without it the identity also covers the state the
+        function captures (closure variables, defaults, ``functools.partial``
+        arguments, a bound method's or callable object's attributes); state
+        that cannot be hashed (a lock, a client) makes the model group only
+        with itself and skip the disk cache, with a one-time ``CacheWarning``.
     max_batch, max_concurrency
         Prompts per call (default unlimited) and calls in flight (default 64
-        for a non-batched function).
+        for a non-batched function); positive integers or ``None``.
     **defaults
         Default generation parameters (recorded in cache keys).
 
     Returns
     -------
     Model
+
+    Raises
+    ------
+    ValueError
+        When ``max_batch`` or ``max_concurrency`` is not a positive integer.
 
     Examples
     --------
@@ -196,7 +242,9 @@ def from_function(
     """
     from outlines.backends.function import FunctionBackend
 
-    backend = FunctionBackend(fn, batched=batched, name=name, max_batch=max_batch, max_concurrency=max_concurrency)
+    backend = FunctionBackend(
+        fn, batched=batched, name=name, version=version, max_batch=max_batch, max_concurrency=max_concurrency
+    )
     return Model(backend, **defaults)
 
 
@@ -216,8 +264,10 @@ def openai(model: str, *, base_url: str | None = None, api_key: str | None = Non
         ``top_p``, ``logit_bias``) and backend options (``max_batch``, default
         16 draws per call; ``max_concurrency``, default 32 requests in flight;
         ``max_retries``; ``system_prompt``; ``timeout`` and ``connect_timeout``
-        in seconds; ``rpm`` and ``tpm`` budgets; ``max_retry_after``;
-        ``headers``). See ``outlines.backends.openai``.
+        in seconds; ``total_timeout``, the most seconds one request may take;
+        ``rpm`` and ``tpm`` budgets; ``max_retry_after``; ``headers``). Models
+        that differ only in ``api_key`` (or ``headers``) never share a batch,
+        and share cache entries. See ``outlines.backends.openai``.
     """
     from outlines.backends.openai import OpenAIChatBackend
 

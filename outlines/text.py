@@ -3,6 +3,13 @@
 ``@outlines.prompt`` turns a function whose docstring is a Jinja2 template into
 a builder of ``Render`` nodes. The template's variables are checked against the
 function's parameters when the function is decorated, not when it runs.
+
+A template renders once per element of its (paired) arguments, except its
+*list arguments*: the variables it iterates (``{% for p in points %}``) or
+passes to a sequence filter (``join``, ``length``...). A list argument takes the LAST axis of its value
+whole, as a Python list (a ragged value: one row), so ``judge(task,
+candidates)`` with a (T,) task and (T, k) candidates renders T prompts, each
+with its own k candidates.
 """
 from __future__ import annotations
 
@@ -12,10 +19,15 @@ from typing import Any, Callable
 
 import jinja2
 import jinja2.meta
+import jinja2.nodes
+import numpy as np
 
-from outlines.errors import GraphBuildError
+from outlines.errors import Failure, GraphBuildError
 from outlines.graph.basic import Apply, Constant, Op, Variable, as_variable
-from outlines.graph.ops import broadcast_map
+from outlines.graph.ops import broadcast_map, core_map
+from outlines.graph.ragged import Ragged
+from outlines.graph.shapes import Shape, align
+from outlines.graph.viz.drawing import shorten
 
 __all__ = ["Prompt", "Render", "constant", "function", "prompt", "string"]
 
@@ -41,7 +53,7 @@ _ENVIRONMENT = jinja2.Environment(
     undefined=jinja2.StrictUndefined,
     trim_blocks=True,
     lstrip_blocks=True,
-    keep_trailing_newline=False,
+    keep_trailing_newline=True,
     autoescape=False,
 )
 
@@ -51,25 +63,126 @@ def _compiled(source: str) -> jinja2.Template:
     return _ENVIRONMENT.from_string(source)
 
 
+#: Filters that read a whole sequence: their argument is a list argument.
+_SEQUENCE_FILTERS = frozenset(
+    {"batch", "count", "first", "join", "last", "length", "list", "map", "max", "min", "reject",
+     "rejectattr", "reverse", "select", "selectattr", "slice", "sort", "sum", "unique"}
+)
+
+
+def list_arguments(source: str) -> frozenset[str]:
+    """The template variables used as sequences: iterated, or given to a sequence filter.
+
+    Indexing and ``in`` are not counted: ``doc[:100]`` and ``"x" in doc`` are
+    common on strings.
+
+    Examples
+    --------
+    >>> sorted(list_arguments("{% for p in points %}{{ p }}{% endfor %}{{ task }}"))
+    ['points']
+    """
+    found: set[str] = set()
+    tree = _ENVIRONMENT.parse(source)
+    for node in tree.find_all((jinja2.nodes.For, jinja2.nodes.Filter)):
+        target: Any = None
+        if isinstance(node, jinja2.nodes.For):
+            target = node.iter
+        elif isinstance(node, jinja2.nodes.Filter) and node.name in _SEQUENCE_FILTERS:
+            target = node.node
+        if isinstance(target, jinja2.nodes.Name):
+            found.add(target.name)
+    return frozenset(found)
+
+
 class Render(Op):
-    """Render a Jinja2 template, elementwise over its (broadcast) inputs."""
+    """Render a Jinja2 template once per element of its inputs, paired on leading axes.
 
-    elementwise = True
+    ``lists`` are the list arguments (``list_arguments``): each takes the last
+    axis of its value (or one ragged row) whole, as a Python list; a value
+    whose elements are already lists is passed element by element.
+    """
 
-    __props__ = ("template_name", "source", "names")
+    moves_unknown = True  # explain passes ``unknown``: an element reading it stays unknown
 
-    def __init__(self, template_name: str, source: str, names: tuple[str, ...]) -> None:
+    __props__ = ("template_name", "source", "names", "lists")
+
+    def __init__(self, template_name: str, source: str, names: tuple[str, ...], lists: tuple[str, ...] = ()) -> None:
         self.template_name = template_name
         self.source = source
         self.names = names
+        self.lists = lists
+        #: False when a list argument comes from a Python function, whose elements
+        #: may be lists themselves: the output shape is then known only at run time.
+        self.exact = True
 
     @property
     def name(self) -> str:
         return f"Render[{self.template_name}]"
 
-    def perform(self, *values: Any) -> Any:
+    def describe(self) -> dict[str, Any]:
+        return {"kind": "prompt", "title": f"prompt {self.template_name}", "lines": ['"' + shorten(self.source, 40) + '"']}
+
+    def argument_name(self, position: int, ninputs: int) -> str:
+        return str(self.names[position])
+
+    @property
+    def elementwise(self) -> bool:
+        """Templates without list arguments are elementwise (one render per element)."""
+        return not self.lists
+
+    def _cores(self, values: Any) -> list[int]:
+        return [1 if name in self.lists and _whole_axis(v) else 0 for name, v in zip(self.names, values)]
+
+    def infer_shapes(self, shapes: list[Shape], noutputs: int) -> list[Shape]:
+        if not self.lists:
+            return super().infer_shapes(shapes, noutputs)
+        if not self.exact:
+            return [None]
+        loops = [s[:-1] if name in self.lists and s else s for name, s in zip(self.names, shapes)]
+        return [align(self.name, loops)]
+
+    def ragged_outputs(self, ragged: list[bool], noutputs: int) -> list[bool]:
+        return [any(r for name, r in zip(self.names, ragged) if name not in self.lists)]
+
+    def perform(self, *values: Any, unknown: Any = None) -> Any:
         template, names = _compiled(self.source), self.names
-        return broadcast_map(lambda *vals: template.render(dict(zip(names, vals))), values)
+
+        def render(*vals: Any) -> Any:
+            failed = next((v for v in vals if isinstance(v, Failure)), None) or next(
+                (x for v in vals if isinstance(v, (list, tuple, np.ndarray)) for x in _items(v) if isinstance(x, Failure)), None
+            )
+            if failed is not None:
+                return failed  # an upstream element failed (errors="return"): this one cannot render
+            if unknown is not None and any(v is unknown or _holds(v, unknown) for v in vals):
+                return unknown
+            return template.render({n: _as_list(v) if n in self.lists else v for n, v in zip(names, vals)})
+
+        if not self.lists:
+            return broadcast_map(render, values)
+        return core_map(render, values, self._cores(values), where=self.name)
+
+
+def _whole_axis(value: Any) -> bool:
+    """Whether a list argument's value holds its list as an axis (not as elements)."""
+    if isinstance(value, Ragged):
+        return True
+    if not isinstance(value, np.ndarray) or value.ndim == 0:
+        return False
+    return not any(isinstance(v, (list, tuple, np.ndarray, Ragged)) for v in value.flat)
+
+
+def _items(value: Any) -> Any:
+    return value.flat if isinstance(value, np.ndarray) else value
+
+
+def _holds(value: Any, item: Any) -> bool:
+    if isinstance(value, np.ndarray):
+        return any(v is item for v in value.flat)
+    return isinstance(value, (list, tuple)) and any(v is item for v in value)
+
+
+def _as_list(value: Any) -> Any:
+    return value.tolist() if isinstance(value, np.ndarray) else value
 
 
 class Prompt:
@@ -83,6 +196,7 @@ class Prompt:
         self.fn = fn
         self.source = source
         self.names = names
+        self.lists = tuple(n for n in names if n in list_arguments(source))
         self.signature = inspect.signature(fn)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Variable:
@@ -91,8 +205,14 @@ class Prompt:
         except TypeError as exc:
             raise GraphBuildError(f"prompt {self.fn.__name__}: {exc}") from None
         bound.apply_defaults()
-        inputs = [as_variable(bound.arguments[name]) for name in self.names]
-        op = Render(self.fn.__name__, self.source, self.names)
+        # a Python list is an array of prompts for an ordinary argument, one list for a list argument
+        inputs = [as_variable(bound.arguments[name], array=name not in self.lists) for name in self.names]
+        op = Render(self.fn.__name__, self.source, self.names, self.lists)
+        op.exact = not any(
+            v.owner is not None and v.owner.op.mode == "python"
+            for name, v in zip(self.names, inputs)
+            if name in self.lists
+        )
         return Apply(op, inputs).out
 
     def render(self, *args: Any, **kwargs: Any) -> str:
@@ -108,8 +228,11 @@ class Prompt:
 def prompt(fn: Callable[..., Any]) -> Prompt:
     """Make a prompt template from a function whose docstring is Jinja2.
 
-    The docstring's indentation is cleaned (``inspect.cleandoc``). Every
-    variable the template uses must be a parameter of the function.
+    The docstring's indentation is cleaned (``inspect.cleandoc``); each blank
+    line at its very end keeps one trailing newline (a docstring closing on
+    its own line after the text has none). Every variable the template uses
+    must be a parameter of the function. Variables the template iterates,
+    indexes or filters as sequences are list arguments (see ``Render``).
 
     Raises
     ------
@@ -127,7 +250,10 @@ def prompt(fn: Callable[..., Any]) -> Prompt:
     """
     if not fn.__doc__:
         raise GraphBuildError(f"prompt {fn.__name__}: the docstring (the template) is empty")
-    source = inspect.cleandoc(fn.__doc__)
+    lines = inspect.cleandoc(fn.__doc__).split("\n")
+    while len(lines) > 1 and not lines[-1].strip():
+        lines.pop()  # the closing quotes' line and blank lines; counted below
+    source = "\n".join(lines) + "\n" * _trailing_blank_lines(fn.__doc__)
     try:
         used = jinja2.meta.find_undeclared_variables(_ENVIRONMENT.parse(source))
     except jinja2.TemplateSyntaxError as exc:
@@ -143,6 +269,16 @@ def prompt(fn: Callable[..., Any]) -> Prompt:
     return Prompt(fn, source, names)
 
 
+def _trailing_blank_lines(doc: str) -> int:
+    lines = doc.split("\n")
+    blank = 0
+    for line in reversed(lines[1:-1]):
+        if line.strip():
+            break
+        blank += 1
+    return blank if len(lines) > 2 and lines[-1].strip() == "" and any(line.strip() for line in lines) else 0
+
+
 def function(template: Callable[..., Any], model: Callable[..., Variable], parser: Callable[..., Any] | None = None) -> Callable[..., Any]:
     """Chain prompt → model → parser into one callable that builds nodes.
 
@@ -154,7 +290,9 @@ def function(template: Callable[..., Any], model: Callable[..., Variable], parse
         A ``Model``.
     parser
         Optional ``outlines.fn`` (or plain function, lifted with ``outlines.fn``)
-        applied to the completion.
+        applied to the completion; or a pydantic model class or a JSON-schema
+        dict, which constrains the model's output (``json_schema=``) and yields
+        parsed values.
 
     Returns
     -------
@@ -164,13 +302,19 @@ def function(template: Callable[..., Any], model: Callable[..., Variable], parse
     from outlines.fn import Function
     from outlines.fn import fn as lift
 
-    if parser is not None and not isinstance(parser, Function):
+    schema = parser if isinstance(parser, dict) or hasattr(parser, "model_json_schema") else None
+    if schema is not None:  # a structured-output parser: decode under the schema (issue 13)
+        parser = None
+    elif parser is not None and not isinstance(parser, Function):
         parser = lift(parser)
 
     def call(*args: Any, **kwargs: Any) -> Variable:
+        if schema is not None:
+            return model(template(*args, **kwargs), json_schema=schema)
         completion = model(template(*args, **kwargs))
         return parser(completion) if parser is not None else completion
 
     call.__name__ = getattr(template, "__name__", "function")
-    call.__doc__ = f"{call.__name__} → {model!r}" + (f" → {parser.__name__}" if parser is not None else "")
+    shown = getattr(schema, "__name__", "json_schema") if schema is not None else getattr(parser, "__name__", None)
+    call.__doc__ = f"{call.__name__} → {model!r}" + (f" → {shown}" if shown else "")
     return call

@@ -17,7 +17,17 @@ import time
 from dataclasses import asdict, dataclass, field
 from typing import Any, Callable, Iterator
 
-__all__ = ["BatchRecord", "NodeRecord", "Recorder", "Trace", "active_recorder", "trace"]
+__all__ = [
+    "BatchRecord",
+    "IterationRecord",
+    "ModelLoadRecord",
+    "NodeRecord",
+    "Recorder",
+    "RequestRecord",
+    "Trace",
+    "active_recorder",
+    "trace",
+]
 
 
 class Recorder:
@@ -44,6 +54,18 @@ class Recorder:
         worker: str | None,
         requests: int = 0,
     ) -> None: ...
+
+    def node_failures(self, node: Any, outputs: tuple[Any, ...]) -> None:
+        """``node`` finished with ``outputs`` holding ``outlines.Failure`` elements (``errors="return"``)."""
+
+    def request_finished(self, batch_id: int, start: float, end: float, error: BaseException | None = None) -> None:
+        """One wire request of batch ``batch_id`` ran from ``start`` to ``end`` (retries count)."""
+
+    def model_loaded(self, backend: Any, start: float, end: float) -> None:
+        """``backend`` loaded its local model from ``start`` to ``end``."""
+
+    def loop_iteration(self, node: Any, iteration: int, active: int, batches: int, start: float, end: float) -> None:
+        """One iteration of a loop (``outlines.runtime.control``) finished."""
 
     def for_eval(self) -> Recorder:
         """The recorder one evaluation reports to (a Trace gives each its own view)."""
@@ -85,10 +107,36 @@ class NodeRecord:
     cache_hits: int = 0
     cache_misses: int = 0
     error: str | None = None
+    #: Elements that hold an ``outlines.Failure`` raised here (``errors="return"``).
+    failures: int = 0
+    #: Elements not computed because an input element had failed upstream.
+    skipped: int = 0
+    #: Seconds spent computing: for a model call, the union of its batches'
+    #: intervals; ``None`` (unknown) means the whole duration.
+    computing: float | None = None
+    #: What the node computes from what (``drawing.structure_keys``): lets a
+    #: picture of another build of the same graph find this record.
+    structure: str | None = None
 
     @property
     def duration(self) -> float:
+        """Seconds from ready (all inputs there) to finished: queueing included."""
         return (self.end - self.start) if self.start is not None and self.end is not None else 0.0
+
+    @property
+    def compute(self) -> float:
+        """Seconds computing (see ``computing``)."""
+        return self.duration if self.computing is None else min(self.computing, self.duration)
+
+    @property
+    def queued(self) -> float:
+        """Seconds waiting for a backend slot or batch (``duration - compute``)."""
+        return max(self.duration - self.compute, 0.0)
+
+    @property
+    def failed(self) -> int:
+        """Failed elements (a whole-node error counts once)."""
+        return self.failures or (1 if self.error else 0)
 
 
 @dataclass(slots=True)
@@ -105,8 +153,46 @@ class BatchRecord:
     prompt_tokens: int = 0
     completion_tokens: int = 0
     error: str | None = None
-    #: Wire requests the backend reported (``report_requests``); 0: not reported.
+    #: Wire requests the backend reported (``BatchReport.request``); 0: not reported.
     requests: int = 0
+
+
+@dataclass(slots=True)
+class IterationRecord:
+    """One iteration of a loop: how many elements were active, batches sent, when."""
+
+    loop: str
+    iteration: int
+    active: int
+    batches: int
+    start: float
+    end: float
+
+
+@dataclass(slots=True)
+class RequestRecord:
+    """One wire request of a batch (``batch`` is the BatchRecord's id)."""
+
+    batch: int
+    start: float
+    end: float
+    error: str | None = None
+
+
+@dataclass(slots=True)
+class ModelLoadRecord:
+    """A local model load, apart from the batch that triggered it."""
+
+    backend: str
+    start: float
+    end: float
+
+
+class ErrorList(list):  # type: ignore[type-arg]
+    """``Trace.errors``: a list of lines that is also callable (``t.errors()``), like ``summary()``."""
+
+    def __call__(self) -> list[str]:
+        return list(self)
 
 
 @dataclass
@@ -136,16 +222,31 @@ class Trace(Recorder):
         (one chat call is one request per prompt; retries count too).
     cache_hits, cache_misses
         Draws served from the cache / sent, summed over every evaluation.
+    requests
+        One ``RequestRecord`` per wire request a backend reported.
+    model_loads
+        One ``ModelLoadRecord`` per local model load.
+    iterations
+        One ``IterationRecord`` per iteration of every loop.
+
+    Notes
+    -----
+    ``summary()`` and ``errors()`` are both methods. ``errors`` also still reads
+    as a list without the call (``t.errors == []``), as it did when it was a
+    property.
     """
 
     def __init__(self) -> None:
         self.origin = time.perf_counter()
         self.nodes: dict[str, NodeRecord] = {}
         self.batches: list[BatchRecord] = []
+        self.requests: list[RequestRecord] = []
+        self.model_loads: list[ModelLoadRecord] = []
         self.requests_per_backend: dict[str, int] = {}
         self.cache_hits = 0
         self.cache_misses = 0
         self.evals: list[_Eval] = []
+        self.iterations: list[IterationRecord] = []
         self.closed_at: float | None = None
 
     def for_eval(self) -> Recorder:
@@ -186,10 +287,14 @@ class Trace(Recorder):
 
     @property
     def http_requests_per_backend(self) -> dict[str, int]:
+        timed: dict[int, int] = {}
+        for request in self.requests:
+            timed[request.batch] = timed.get(request.batch, 0) + 1
         counts: dict[str, int] = {}
         for batch in self.batches:
-            if batch.requests:
-                counts[batch.backend] = counts.get(batch.backend, 0) + batch.requests
+            sent = max(batch.requests, timed.get(batch.id, 0))
+            if sent:
+                counts[batch.backend] = counts.get(batch.backend, 0) + sent
         return counts
 
     @property
@@ -198,10 +303,27 @@ class Trace(Recorder):
         return (sum(b.prompt_tokens for b in self.batches), sum(b.completion_tokens for b in self.batches))
 
     @property
-    def errors(self) -> list[str]:
-        return [f"{n.label}: {n.error}" for n in self.nodes.values() if n.error] + [
-            f"batch {b.id} ({b.backend}): {b.error}" for b in self.batches if b.error
-        ]
+    def errors(self) -> ErrorList:
+        """One line per failed node (with its count of failed elements) and per failed batch.
+
+        With ``errors="return"`` a node whose elements hold ``outlines.Failure``
+        values is listed even though the evaluation itself succeeded. Call it
+        (``t.errors()``) or read it as a list (``t.errors``): both work.
+        """
+        lines = ErrorList()
+        for n in self.nodes.values():
+            if n.failures:
+                first = f": first {n.error}" if n.error else ""
+                lines.append(f"{n.label}: {n.failures} failed element(s){first}")
+            elif n.error:
+                lines.append(f"{n.label}: {n.error}")
+        lines.extend(f"batch {b.id} ({b.backend}): {b.error}" for b in self.batches if b.error)
+        return lines
+
+    @property
+    def failures(self) -> int:
+        """Failed elements (or nodes) summed over the trace; upstream skips not counted."""
+        return sum(n.failed for n in self.nodes.values())
 
     # -- output ---------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
@@ -217,8 +339,12 @@ class Trace(Recorder):
             "cache_misses": self.cache_misses,
             "prompt_tokens": prompt_tokens,
             "completion_tokens": completion_tokens,
-            "nodes": [asdict(n) for n in self.nodes.values()],
+            "errors": list(self.errors),
+            "nodes": [dict(asdict(n), queued=n.queued) for n in self.nodes.values()],
             "batches": [asdict(b) for b in self.batches],
+            "iterations": [asdict(i) for i in self.iterations],
+            "requests": [asdict(r) for r in self.requests],
+            "model_loads": [asdict(m) for m in self.model_loads],
         }
 
     def to_json(self, path: str | os.PathLike[str]) -> None:
@@ -238,13 +364,20 @@ class Trace(Recorder):
         kinds: dict[str, list[NodeRecord]] = {}
         for record in self.nodes.values():
             kinds.setdefault(record.kind, []).append(record)
-        lines.append(f"  {'nodes':<12}{'count':>8}{'busy s':>10}{'errors':>8}")
+        lines.append(f"  {'nodes':<12}{'count':>8}{'busy s':>10}{'compute s':>11}{'queued s':>10}{'errors':>8}")
         for kind in ("input", "inline", "python", "generate"):
             group = kinds.get(kind, [])
             if group:
-                busy = sum(r.duration for r in group)
-                failed = sum(1 for r in group if r.error)
-                lines.append(f"  {kind:<12}{len(group):>8}{busy:>10.3f}{failed:>8}")
+                busy = _union((r.start, r.end) for r in group if r.start is not None and r.end is not None)
+                compute = self._compute_union(group)
+                queued = sum(r.queued for r in group)
+                failed = sum(r.failed for r in group)
+                lines.append(f"  {kind:<12}{len(group):>8}{busy:>10.3f}{compute:>11.3f}{queued:>10.3f}{failed:>8}")
+        lines.append("  (busy: time any node of the kind was running; compute: time a batch or call was")
+        lines.append("   running; queued: summed per node, waiting for a backend slot)")
+        if self.model_loads:
+            for load in self.model_loads:
+                lines.append(f"  model load {_clip(load.backend, 40)}: {load.end - load.start:.3f} s")
         if self.batches:
             wire = self.http_requests_per_backend
             lines.append(f"  {'backend':<40}{'calls':>7}{'http':>7}{'prompts':>9}{'min/mean/max size':>20}")
@@ -253,6 +386,12 @@ class Trace(Recorder):
                 spread = f"{min(sizes)}/{sum(sizes) / len(sizes):.1f}/{max(sizes)}"
                 http = str(wire[backend]) if backend in wire else "-"
                 lines.append(f"  {_clip(backend, 39):<40}{count:>7}{http:>7}{sum(sizes):>9}{spread:>20}")
+        loops: dict[str, list[IterationRecord]] = {}
+        for iteration in self.iterations:
+            loops.setdefault(iteration.loop, []).append(iteration)
+        for loop, records in loops.items():
+            active = " ".join(str(r.active) for r in records[:8]) + (" ..." if len(records) > 8 else "")
+            lines.append(f"  {loop}: {len(records)} iteration(s), active elements {active}")
         prompt_tokens, completion_tokens = self.tokens
         lines.append(f"  cache: {self.cache_hits} hit(s), {self.cache_misses} miss(es)")
         lines.append(f"  tokens: {prompt_tokens} prompt, {completion_tokens} completion")
@@ -260,12 +399,27 @@ class Trace(Recorder):
         ratio = f" ({wall / path:.2f}x)" if path > 0 else ""
         lines.append(f"  wall {wall:.3f} s, critical path {path:.3f} s{ratio}")
         errors = self.errors
+        skipped = sum(n.skipped for n in self.nodes.values())
         if errors:
-            lines.append(f"  errors ({len(errors)}):")
+            lines.append(f"  errors ({self.failures} failed element(s) in {len(errors)} place(s)"
+                         + (f", {skipped} element(s) skipped downstream" if skipped else "") + "):")
             lines.extend(f"    {_clip(e, 100)}" for e in errors[:10])
             if len(errors) > 10:
                 lines.append(f"    ... and {len(errors) - 10} more")
         return "\n".join(lines)
+
+    def _compute_union(self, group: list[NodeRecord]) -> float:
+        """Seconds during which some node of ``group`` was computing (batch intervals for models)."""
+        by_id = {b.id: b for b in self.batches}
+        spans: list[tuple[float, float]] = []
+        for record in group:
+            if record.start is None or record.end is None:
+                continue
+            if record.kind == "generate":
+                spans.extend((by_id[i].start, by_id[i].end or record.end) for i in record.batch_ids if i in by_id)
+            else:
+                spans.append((record.start, record.end))
+        return _union(spans)
 
     def _repr_mimebundle_(self, include: Any = None, exclude: Any = None) -> dict[str, str]:
         from outlines.graph.viz.jupyter import trace_mimebundle
@@ -284,6 +438,17 @@ class Trace(Recorder):
         )
 
 
+def _union(spans: Any) -> float:
+    """Total length of the union of ``(start, end)`` intervals: overlaps count once."""
+    total, reach = 0.0, float("-inf")
+    for start, end in sorted(spans):
+        if end <= reach:
+            continue
+        total += end - max(start, reach)
+        reach = end
+    return total
+
+
 def _clip(text: str, width: int) -> str:
     return text if len(text) <= width else text[: width - 3] + "..."
 
@@ -297,6 +462,7 @@ class _EvalRecorder(Recorder):
         self.batches: dict[int, BatchRecord] = {}
         self.index: dict[int, int] = {}  # id(node) -> position in the plan
         self.records: list[NodeRecord | None] = []
+        self.structure: list[str] = []
         self.names: dict[int, str] = {}  # id(op or backend) -> its name, computed once
 
     def eval_started(self, plan: Any, t: float) -> None:
@@ -304,6 +470,10 @@ class _EvalRecorder(Recorder):
         record = self.eval = _Eval(start=now)
         trace.evals.append(record)
         record.labels = [node.label for node in plan.nodes]
+        from outlines.graph.viz.drawing import structure_keys
+
+        keys = structure_keys(plan.nodes)
+        self.structure = [keys[id(node)] for node in plan.nodes]
         self.index = {id(node): i for i, node in enumerate(plan.nodes)}
         self.records = [None] * len(plan.nodes)
         record.parents = [[] for _ in plan.nodes]
@@ -342,12 +512,33 @@ class _EvalRecorder(Recorder):
         self.trace.nodes[label] = record
         if position is not None:
             self.records[position] = record
+            record.structure = self.structure[position]
 
     def node_finished(self, node: Any, t: float, error: BaseException | None = None) -> None:
         record = self._record(node)
         if record is not None:
             record.end = self.trace._time(t)
-            record.error = _first_line(error)
+            record.error = record.error or _first_line(error)
+            if record.kind == "generate" and record.start is not None and record.batch_ids:
+                by_id = {b.id: b for b in self.batches.values()}
+                spans = [(by_id[i].start, by_id[i].end or record.end) for i in record.batch_ids if i in by_id]
+                record.computing = _union(spans)
+
+    def node_failures(self, node: Any, outputs: tuple[Any, ...]) -> None:
+        record = self._record(node)
+        if record is None:
+            return
+        own, skipped, first = 0, 0, None
+        for failure in _failures(outputs):
+            if failure.upstream is None:
+                own += 1
+                first = first or failure
+            else:
+                skipped += 1
+        record.failures += own
+        record.skipped += skipped
+        if first is not None and record.error is None:
+            record.error = _first_line(first)
 
     def node_cache(self, node: Any, hits: int, misses: int) -> None:
         self.trace.cache_hits += hits
@@ -387,6 +578,35 @@ class _EvalRecorder(Recorder):
         record.prompt_tokens, record.completion_tokens = int(usage[0]), int(usage[1])
         record.worker = worker
         record.requests = requests
+
+    def request_finished(self, batch_id: int, start: float, end: float, error: BaseException | None = None) -> None:
+        record = self.batches.get(batch_id)
+        if record is not None:
+            trace = self.trace
+            trace.requests.append(RequestRecord(record.id, trace._time(start), trace._time(end), _first_line(error)))
+
+    def model_loaded(self, backend: Any, start: float, end: float) -> None:
+        trace = self.trace
+        trace.model_loads.append(ModelLoadRecord(self._name(backend, repr), trace._time(start), trace._time(end)))
+
+    def loop_iteration(self, node: Any, iteration: int, active: int, batches: int, start: float, end: float) -> None:
+        trace = self.trace
+        trace.iterations.append(
+            IterationRecord(node.label, iteration, active, batches, trace._time(start), trace._time(end))
+        )
+
+
+def _failures(value: Any) -> Iterator[Any]:
+    """The ``outlines.Failure`` elements in an output (scalar, object array or tuple of them)."""
+    from outlines.errors import Failure
+
+    if isinstance(value, Failure):
+        yield value
+    elif isinstance(value, (tuple, list)):
+        for item in value:
+            yield from _failures(item)
+    elif getattr(value, "dtype", None) == object:
+        yield from (v for v in value.flat if isinstance(v, Failure))
 
 
 def _longest_chain(record: _Eval, nodes: list[NodeRecord | None]) -> tuple[float, list[str]]:

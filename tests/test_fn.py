@@ -19,11 +19,13 @@ def test_scalars_in_scalar_out():
     assert join("a", "b").eval() == "a-b"
 
 
-def test_elementwise_broadcasting_like_numpy():
+def test_elementwise_pairs_lower_rank_operands_on_leading_axes():
     x, y = outlines.string("x"), outlines.string("y")
-    out = join(x, y).eval({"x": [["a"], ["b"]], "y": ["1", "2", "3"]})
+    out = join(x, y).eval({"x": ["a", "b"], "y": [["1", "2", "3"], ["4", "5", "6"]]})
     assert out.shape == (2, 3)
-    assert out[1, 2] == "b-3"
+    assert out[1, 2] == "b-6" and out[0, 2] == "a-3"  # each x with its own row of y
+    with pytest.raises(outlines.NodeError, match=r"cannot pair shapes \(2,\) and \(3, 2\)"):
+        join(x, y).eval({"x": ["a", "b"], "y": [["1", "2"]] * 3})
 
 
 def test_keyword_arguments_are_inputs_too():

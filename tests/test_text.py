@@ -91,3 +91,65 @@ def test_text_function_chains_prompt_model_parser_on_arrays():
 
 def test_constant_holds_any_value():
     assert outlines.constant(3).eval() == 3
+
+
+def test_an_array_list_argument_arrives_as_a_list_per_row():
+    @outlines.prompt
+    def judge(task, candidates):
+        """{{ task }}:{% for c in candidates %} [{{ c }}]{% endfor %} n={{ candidates | length }}"""
+
+    task, candidates = outlines.string("task"), outlines.string("candidates")
+    out = judge(task, candidates).eval({task: ["t0", "t1"], candidates: [["a", "bc"], ["d", "ef"]]})
+    assert out.tolist() == ["t0: [a] [bc] n=2", "t1: [d] [ef] n=2"]  # never the characters of "bc"
+    assert outlines.text.list_arguments(judge.source) == {"candidates"}
+
+
+def test_a_list_argument_pairs_its_rows_with_leading_axes_of_other_arguments():
+    @outlines.prompt
+    def listing(items, prefix):
+        """{{ prefix }}{{ items | join("+") }}"""
+
+    items = outlines.constant(np.array([["a", "b"], ["c", "d"], ["e", "f"]], dtype=object))
+    assert listing(items, "p").shape == (3,)
+    out = listing(items, outlines.string("p")).eval({"p": ["x", "y", "z"]})
+    assert out.tolist() == ["xa+b", "yc+d", "ze+f"]
+
+
+def test_a_template_may_end_with_a_newline():
+    @outlines.prompt
+    def line(x):
+        """{{ x }}
+
+        """
+
+    @outlines.prompt
+    def plain(x):
+        """{{ x }}
+        """
+
+    assert line("a").eval() == "a\n" and plain("a").eval() == "a"
+
+
+def test_comparing_a_variable_in_python_code_is_an_error_not_false():
+    best = outlines.string("best")
+    with pytest.raises(TypeError, match="symbolic"):
+        if best == "12":
+            pass
+
+
+def test_a_failed_candidate_fails_only_its_own_row_with_errors_return():
+    def flaky(p):
+        if "t1" in p:
+            raise ValueError("boom")
+        return "ok " + p
+
+    llm = models.from_function(flaky, name="flaky")
+
+    @outlines.prompt
+    def judge(task, candidates):
+        """{{ task }}: {{ candidates | join(",") }}"""
+
+    t = outlines.string("t")
+    out = judge(t, llm(t, num_samples=2)).eval({t: ["t0", "t1"]}, errors="return", cache=False)
+    assert out[0] == "t0: ok t0,ok t0"
+    assert isinstance(out[1], outlines.Failure) and "boom" in out[1].message

@@ -10,37 +10,15 @@ import pytest
 
 import outlines
 from outlines import models
-from outlines.backends.base import report_usage
 from outlines.cache import Cache
 from outlines.runtime.plan import Plan
 from outlines.tracing import NULL_RECORDER, Trace, active_recorder
-
-
-class Recording:
-    """A batched async fake model that records every batch it receives."""
-
-    def __init__(self, delay: float = 0.0, fail_on: str | None = None) -> None:
-        self.batches: list[list[str]] = []
-        self.delay = delay
-        self.fail_on = fail_on
-
-    async def __call__(self, prompts: list[str]) -> list[str]:
-        self.batches.append(list(prompts))
-        report_usage(len(prompts) * 3, len(prompts))
-        if self.delay:
-            await asyncio.sleep(self.delay)
-        if self.fail_on is not None and any(self.fail_on in p for p in prompts):
-            raise RuntimeError(f"refused {self.fail_on}\nsecond line")
-        return [p + "." for p in prompts]
-
-
-def _model(recording: Recording, **options: object) -> models.Model:
-    return models.from_function(recording, batched=True, name="rec", **options)
+from tests.fixtures.recording import RecordingBackend
 
 
 def test_totals_match_the_backend_records() -> None:
-    recording = Recording()
-    llm = _model(recording, max_batch=4)
+    recording = RecordingBackend(usage=True, max_batch=4)
+    llm = recording.model()
     q = outlines.string("q")
     out = outlines.fn(str.upper, name="upper")(llm(llm(q)))
     with outlines.trace() as trace:
@@ -65,8 +43,8 @@ def test_totals_match_the_backend_records() -> None:
 
 
 def test_cache_hits_are_recorded(tmp_path) -> None:
-    recording = Recording()
-    llm = _model(recording)
+    recording = RecordingBackend(usage=True)
+    llm = recording.model()
     q = outlines.string("q")
     cache = Cache(tmp_path)
     with outlines.trace() as trace:
@@ -78,8 +56,8 @@ def test_cache_hits_are_recorded(tmp_path) -> None:
 
 
 def test_critical_path_follows_the_dependent_chain() -> None:
-    recording = Recording(delay=0.03)
-    llm = _model(recording)
+    recording = RecordingBackend(usage=True, delay=0.03)
+    llm = recording.model()
     q = outlines.string("q")
     first = llm(q)
     side = outlines.fn(str.lower, name="side")(q)
@@ -94,7 +72,7 @@ def test_critical_path_follows_the_dependent_chain() -> None:
 
 
 def test_trace_sees_aeval_and_sync_eval_inside_a_running_loop() -> None:
-    llm = _model(Recording())
+    llm = RecordingBackend(usage=True).model()
     q = outlines.string("q")
 
     async def main() -> None:
@@ -107,8 +85,8 @@ def test_trace_sees_aeval_and_sync_eval_inside_a_running_loop() -> None:
 
 
 def test_concurrent_evals_keep_their_batches_apart() -> None:
-    recording = Recording(delay=0.02)
-    llm = _model(recording)
+    recording = RecordingBackend(usage=True, delay=0.02)
+    llm = recording.model()
     q = outlines.string("q")
 
     async def main() -> None:
@@ -131,7 +109,7 @@ def test_no_recording_outside_the_block() -> None:
 
 
 def test_errors_are_first_lines() -> None:
-    llm = _model(Recording(fail_on="bad"))
+    llm = RecordingBackend(usage=True, fail_on="bad").model()
     q = outlines.string("q")
     with outlines.trace() as trace:
         with pytest.raises(outlines.NodeError):
@@ -165,6 +143,7 @@ def test_json_has_the_documented_fields_and_no_secret(tmp_path) -> None:
     assert {"wall", "critical_path", "critical_path_nodes", "requests_per_backend", "nodes", "batches"} <= set(data)
     assert set(data["nodes"][1]) == {
         "label", "op", "kind", "backend", "start", "end", "batch_ids", "cache_hits", "cache_misses", "error",
+        "failures", "skipped", "computing", "queued", "structure",
     }
     assert set(data["batches"][0]) == {
         "id", "backend", "size", "start", "end", "nodes", "worker", "prompt_tokens", "completion_tokens", "error", "requests",
@@ -186,7 +165,7 @@ def test_timeline_delegates(monkeypatch, tmp_path) -> None:
 
 def test_timeline_writes_html(tmp_path) -> None:
     pytest.importorskip("outlines.graph.viz.timeline")
-    llm = _model(Recording(delay=0.01), max_batch=2)
+    llm = RecordingBackend(usage=True, delay=0.01, max_batch=2).model()
     q = outlines.string("q")
     with outlines.trace() as trace:
         llm(llm(q)).eval({"q": ["a", "b", "c"]}, cache=False)
@@ -196,13 +175,17 @@ def test_timeline_writes_html(tmp_path) -> None:
 
 
 def test_errors_return_records_failed_batches() -> None:
-    llm = _model(Recording(fail_on="bad"), max_batch=2)
+    llm = RecordingBackend(usage=True, fail_on="bad", max_batch=2).model()
     q = outlines.string("q")
     with outlines.trace() as trace:
         values = llm(q).eval({"q": ["ok", "fine", "bad", "x"]}, cache=False, errors="return")
     assert [isinstance(v, outlines.Failure) for v in values] == [False, False, True, True]
     assert [b.error for b in trace.batches] == [None, "RuntimeError: refused bad"]
-    assert trace.evals[0].error is None and len(trace.errors) == 1
+    assert trace.evals[0].error is None
+    node_line, batch_line = trace.errors
+    assert "2 failed element(s)" in node_line and "refused bad" in node_line
+    assert batch_line.startswith("batch 2 ")
+    assert trace.failures == 2
 
 
 def test_failures_are_shown_like_exceptions() -> None:
@@ -226,3 +209,101 @@ def test_http_requests_are_counted_apart_from_backend_calls(fake_openai) -> None
     assert trace.requests_per_backend[name] == 1
     assert trace.http_requests_per_backend[name] == len(fake_openai.requests) == 3
     assert "http" in trace.summary()
+
+
+def test_returned_failures_count_as_errors() -> None:
+    """errors="return": Failure elements show in errors(), failures and the summary."""
+
+    @outlines.fn
+    def parse(text: str) -> int:
+        return int(text)
+
+    @outlines.fn
+    def double(n: int) -> int:
+        return 2 * n
+
+    q = outlines.string("q")
+    with outlines.trace() as trace:
+        values = double(parse(q)).eval({"q": ["1", "x", "3", "y", "z"]}, cache=False, errors="return")
+    assert [isinstance(v, outlines.Failure) for v in values] == [False, True, False, True, True]
+    assert trace.failures == 3
+    (line,) = trace.errors()  # a method, like summary() ...
+    assert trace.errors == [line]  # ... that still reads as a list
+    assert "3 failed element(s)" in line and "ValueError" in line
+    records = {r.op: r for r in trace.nodes.values()}
+    assert (records["parse"].failures, records["parse"].skipped) == (3, 0)
+    assert (records["double"].failures, records["double"].skipped) == (0, 3)
+    summary = trace.summary()
+    assert "errors (3 failed element(s) in 1 place(s), 3 element(s) skipped downstream)" in summary
+    python_row = next(row for row in summary.splitlines() if row.strip().startswith("python"))
+    assert python_row.split()[-1] == "3"
+
+
+def _synthetic(trace: Trace, spans: list[tuple[float, float]]) -> list:
+    """Python nodes run over the given spans (seconds from the trace origin)."""
+    q = outlines.string("q")
+    nodes = [outlines.fn(str.upper, name=f"f{i}")(q).owner for i in range(len(spans))]
+    recorder = trace.for_eval()
+    recorder.eval_started(Plan([n.out for n in nodes]), trace.origin)
+    for node, (start, end) in zip(nodes, spans):
+        recorder.node_started(node, trace.origin + start)
+        recorder.node_finished(node, trace.origin + end)
+    recorder.eval_finished(trace.origin + max(end for _, end in spans), None)
+    return nodes
+
+
+def test_busy_time_is_the_union_of_overlapping_intervals() -> None:
+    trace = Trace()
+    _synthetic(trace, [(0.0, 2.0), (1.0, 3.0), (5.0, 6.0)])  # 6 s summed, 4 s covered
+    row = next(r for r in trace.summary().splitlines() if r.strip().startswith("python"))
+    count, busy = row.split()[1:3]
+    assert (count, float(busy)) == ("3", 4.0)
+
+
+def test_model_node_time_separates_queueing_from_computing() -> None:
+    llm = RecordingBackend().model()
+    q = outlines.string("q")
+    node = llm(q).owner
+    trace = Trace()
+    recorder = trace.for_eval()
+    recorder.eval_started(Plan([node.out]), trace.origin)
+    recorder.node_started(node, trace.origin)  # ready at 0 s ...
+    recorder.batch_started(1, node.op.backend, [node.label], 2, trace.origin + 6.0)  # ... a slot at 6 s
+    recorder.batch_finished(1, trace.origin + 7.0, None, (0, 0), None)
+    recorder.batch_started(2, node.op.backend, [node.label], 2, trace.origin + 6.5)
+    recorder.batch_finished(2, trace.origin + 8.0, None, (0, 0), None)
+    recorder.node_finished(node, trace.origin + 8.0)
+    recorder.eval_finished(trace.origin + 8.0, None)
+    record = trace.nodes[node.label]
+    assert record.duration == pytest.approx(8.0)
+    assert record.compute == pytest.approx(2.0)  # 6..8, the two batches overlapping
+    assert record.queued == pytest.approx(6.0)
+    row = next(r for r in trace.summary().splitlines() if r.strip().startswith("generate"))
+    assert [float(x) for x in row.split()[2:5]] == pytest.approx([8.0, 2.0, 6.0])
+
+
+def test_requests_and_model_loads_are_stored_with_their_times() -> None:
+    llm = RecordingBackend().model()
+    q = outlines.string("q")
+    node = llm(q).owner
+    trace = Trace()
+    recorder = trace.for_eval()
+    recorder.eval_started(Plan([node.out]), trace.origin)
+    recorder.model_loaded(node.op.backend, trace.origin + 0.0, trace.origin + 3.0)
+    recorder.node_started(node, trace.origin + 3.0)
+    recorder.batch_started(4, node.op.backend, [node.label], 2, trace.origin + 3.0)
+    recorder.request_finished(4, trace.origin + 3.0, trace.origin + 3.5, None)
+    recorder.request_finished(4, trace.origin + 3.5, trace.origin + 4.0, RuntimeError("HTTP 500\nbody"))
+    recorder.batch_finished(4, trace.origin + 4.0, None, (0, 0), None)
+    recorder.node_finished(node, trace.origin + 4.0)
+    recorder.eval_finished(trace.origin + 4.0, None)
+    assert [(r.batch, r.start, r.end, r.error) for r in trace.requests] == [
+        (1, pytest.approx(3.0), pytest.approx(3.5), None),
+        (1, pytest.approx(3.5), pytest.approx(4.0), "RuntimeError: HTTP 500"),
+    ]
+    (load,) = trace.model_loads
+    assert (load.start, load.end) == (pytest.approx(0.0), pytest.approx(3.0)) and "rec" in load.backend
+    assert list(trace.http_requests_per_backend.values()) == [2]
+    assert "model load" in trace.summary()
+    data = trace.to_dict()
+    assert len(data["requests"]) == 2 and len(data["model_loads"]) == 1

@@ -1,4 +1,4 @@
 """Backends: the wire (or the model) behind each ``Model``; see ``base``."""
-from outlines.backends.base import Backend, BackendError, GenerationParams, Request, report_requests, report_usage
+from outlines.backends.base import Backend, BackendError, BatchReport, Draw, GenerationParams
 
-__all__ = ["Backend", "BackendError", "GenerationParams", "Request", "report_requests", "report_usage"]
+__all__ = ["Backend", "BackendError", "BatchReport", "Draw", "GenerationParams"]

@@ -305,6 +305,8 @@ def run_chunk(
             batch = {name: tensor.to(loaded.device) for name, tensor in padded.items()}
         width = batch["input_ids"].shape[1]
         processors = LogitsProcessorList()
+        if params.get("constraints"):  # masks first: the sampler draws among allowed tokens only
+            processors.append(_token_masks(loaded, params["constraints"]))
         if keys is not None:
             processors.append(DrawSampler(keys, width, params["temperature"], params.get("top_p"), params.get("top_k")))
         output = model.generate(
@@ -317,6 +319,14 @@ def run_chunk(
     new = output[:, width:].cpu()
     texts = tokenizer.batch_decode(new, skip_special_tokens=True)
     return texts, int(batch["attention_mask"].sum()), _count_generated(new, loaded)
+
+
+def _token_masks(loaded: Loaded, constraints: Sequence[Any]) -> Any:
+    from outlines.backends.constraints import TokenMasks, compiler_for
+
+    head = loaded.model.get_output_embeddings()
+    vocab_size = head.weight.shape[0] if head is not None else loaded.model.config.vocab_size
+    return TokenMasks(compiler_for(loaded.tokenizer, vocab_size), constraints, loaded.eos_token_ids)
 
 
 def _count_generated(new: torch.Tensor, loaded: Loaded) -> int:

@@ -3,34 +3,33 @@
 A backend owns only the wire (or the model) and its retries. The scheduler owns
 batching, deduplication, caching and concurrency. A backend is identified by a
 hashable, JSON-able ``identity``: equal identities batch together and share
-cache entries. Secrets never enter the identity.
+cache entries. Secrets never enter the identity. ``generate(draws, report)``
+receives a ``BatchReport``, the explicit channel back to the scheduler:
+finished and failed draws, token usage, wire requests and model loads.
 """
 from __future__ import annotations
 
 import abc
-import contextvars
+import asyncio
+import contextlib
+import copy
 import json
 from dataclasses import dataclass, field, replace
-from typing import Any, Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, AsyncIterator, Callable, Mapping, Sequence
+
+from outlines.cache.keys import canonical
+
+if TYPE_CHECKING:
+    from outlines.backends.constraints import Constraint
 
 __all__ = [
     "Backend",
     "BackendError",
+    "BatchReport",
+    "Draw",
     "GenerationParams",
-    "Request",
-    "report_requests",
-    "report_result",
-    "report_usage",
+    "check_limit",
 ]
-
-
-def _freeze(value: Any) -> Any:
-    """Turn a JSON-like value into a hashable, canonically ordered one."""
-    if isinstance(value, Mapping):
-        return tuple(sorted((str(k), _freeze(v)) for k, v in value.items()))
-    if isinstance(value, (list, tuple)):
-        return tuple(_freeze(v) for v in value)
-    return value
 
 
 @dataclass(frozen=True)
@@ -38,7 +37,10 @@ class GenerationParams:
     """Sampling parameters of one model call; hashable, part of the cache key.
 
     ``None`` means "the backend's default". ``extra`` holds further
-    backend-specific parameters (``logit_bias`` ...) as sorted frozen items.
+    backend-specific parameters (``logit_bias`` ...) as sorted items, values as
+    given; they compare and hash by their canonical JSON text
+    (``outlines.cache.keys.canonical``), so ``{"a": 1, "b": 2}`` equals
+    ``{"b": 2, "a": 1}`` and a list may be a value.
     """
 
     max_tokens: int | None = None
@@ -46,23 +48,34 @@ class GenerationParams:
     top_p: float | None = None
     stop: tuple[str, ...] = ()
     seed: int | None = None
-    extra: tuple[tuple[str, Any], ...] = ()
+    extra: tuple[tuple[str, Any], ...] = field(default=(), compare=False)
+    _extra_text: bytes = field(init=False, repr=False, default=b"")
+    #: Structured output (issue 13): choices, regex or JSON schema in its canonical
+    #: form (its text made by ``outlines.cache.keys.canonical``); see backends/constraints.py.
+    constraint: Constraint | None = None
+
+    def __post_init__(self) -> None:
+        if self.extra:
+            try:
+                text = canonical(dict(self.extra))
+            except TypeError as exc:
+                name = next(k for k, v in self.extra if not _keyable(v))
+                raise ValueError(f"generation parameter {name!r} must be JSON data (it is part of the cache key): {exc}") from None
+            object.__setattr__(self, "_extra_text", text)
 
     @classmethod
     def create(cls, **kwargs: Any) -> GenerationParams:
         """Build params from user keywords, validating and normalizing them."""
-        known = {f for f in cls.__dataclass_fields__ if f != "extra"}
-        extra = {k: v for k, v in kwargs.items() if k not in known and v is not None}
-        base = {k: v for k, v in kwargs.items() if k in known}
-        return cls(extra=_freeze(extra) if extra else (), **base)._validated()
+        extra = {k: v for k, v in kwargs.items() if k not in _NAMED and v is not None}
+        base = {k: v for k, v in kwargs.items() if k in _NAMED}
+        return cls(extra=_items(extra), **base)._validated()
 
     def merged(self, **overrides: Any) -> GenerationParams:
         """Return a copy with every non-``None`` override applied."""
-        known = {f for f in self.__dataclass_fields__ if f != "extra"}
-        changes = {k: v for k, v in overrides.items() if k in known and v is not None}
+        changes = {k: v for k, v in overrides.items() if k in _NAMED and v is not None}
         extra = dict(self.extra)
-        extra.update({k: _freeze(v) for k, v in overrides.items() if k not in known and v is not None})
-        return replace(self, extra=tuple(sorted(extra.items())), **changes)._validated()
+        extra.update({k: v for k, v in overrides.items() if k not in _NAMED and v is not None})
+        return replace(self, extra=_items(extra), **changes)._validated()
 
     def _validated(self) -> GenerationParams:
         stop = self.stop
@@ -77,6 +90,9 @@ class GenerationParams:
             raise ValueError(f"temperature must be between 0 and 10, got {self.temperature!r}")
         if self.seed is not None and not isinstance(self.seed, int):
             raise ValueError(f"seed must be an integer, got {self.seed!r}")
+        if self.constraint is not None and stop:
+            raise ValueError(f"stop={list(stop)!r} cannot be combined with {self.constraint.kind}=: the "
+                             "constraint decides where the text ends")
         if stop != self.stop:
             object.__setattr__(self, "stop", stop)
         return self
@@ -96,26 +112,36 @@ class GenerationParams:
         if self.stop:
             out["stop"] = list(self.stop)
         for key, value in self.extra:
-            out[key] = _thaw(value)
+            out[key] = copy.deepcopy(value)  # the wire may not change our value
+        if self.constraint is not None:
+            out["constraint"] = self.constraint.to_dict()
         return out
 
     def __str__(self) -> str:
         return json.dumps(self.to_dict(), sort_keys=True)
 
 
-def _thaw(value: Any) -> Any:
-    if isinstance(value, tuple) and value and all(isinstance(v, tuple) and len(v) == 2 for v in value):
-        return {k: _thaw(v) for k, v in value}
-    if isinstance(value, tuple):
-        return [_thaw(v) for v in value]
-    return value
+def _keyable(value: Any) -> bool:
+    try:
+        canonical(value)
+    except TypeError:
+        return False
+    return True
+
+
+_NAMED = frozenset({"max_tokens", "temperature", "top_p", "stop", "seed", "constraint"})
+
+
+def _items(extra: Mapping[str, Any]) -> tuple[tuple[str, Any], ...]:
+    """Sorted ``(name, value)`` items, each value a private copy (callers may mutate theirs)."""
+    return tuple(sorted((str(k), copy.deepcopy(v)) for k, v in extra.items()))
 
 
 @dataclass(frozen=True)
-class Request:
-    """One draw: a prompt, its parameters and its draw number.
+class Draw:
+    """One sample of one prompt: the prompt, its parameters and its draw number.
 
-    Draws of a deterministic request all carry ``draw=0`` (they collapse).
+    Draws of deterministic parameters all carry ``draw=0`` (they collapse).
     """
 
     prompt: str
@@ -157,8 +183,11 @@ class Backend(abc.ABC):
     """A place that turns prompts into text.
 
     Subclasses set ``kind`` and implement ``identity`` and ``generate``.
-    ``max_batch`` bounds the requests per ``generate`` call (``None``:
+    ``max_batch`` bounds the draws per ``generate`` call (``None``:
     unlimited); ``max_concurrency`` bounds ``generate`` calls in flight.
+    ``sends_requests`` is true for backends whose one call sends several wire
+    requests, each inside ``report.request_slot()``: the evaluation's
+    ``max_concurrency`` then bounds those requests rather than whole calls.
     """
 
     kind: str = "backend"
@@ -167,6 +196,10 @@ class Backend(abc.ABC):
     max_retries: int = 3
     #: True when generate blocks a CPU/GPU (local models); a hint for executors.
     local_compute: bool = False
+    sends_requests: bool = False
+    #: False when the identity cannot cover everything that changes the output
+    #: (it holds an object id): draws are then never read from or written to disk.
+    cacheable: bool = True
 
     @property
     @abc.abstractmethod
@@ -174,8 +207,15 @@ class Backend(abc.ABC):
         """Hashable, JSON-able identity (kind, model, base URL...); no secrets."""
 
     @abc.abstractmethod
-    async def generate(self, requests: Sequence[Request]) -> list[str]:
-        """Return one completion per request, in order."""
+    async def generate(self, draws: Sequence[Draw], report: BatchReport) -> list[str]:
+        """Return one completion per draw, in order.
+
+        ``report`` takes what the scheduler wants to know before the call
+        returns (finished or failed draws, usage, wire requests); a backend
+        may ignore it. A draw reported with ``report.failure`` may hold
+        anything in the returned list; raising after reporting every draw is
+        fine too (the reports win).
+        """
 
     async def aclose(self) -> None:
         """Release resources bound to the running event loop (sessions)."""
@@ -195,47 +235,93 @@ class Backend(abc.ABC):
         return f"{type(self).__name__}({fields})"
 
 
-UsageCallback = Callable[[int, int], None]
-_usage_callback: contextvars.ContextVar[UsageCallback | None] = contextvars.ContextVar(
-    "outlines_usage_callback", default=None
-)
+class BatchReport:
+    """What a backend tells the scheduler about one batch while it runs.
 
+    The scheduler builds one per ``generate`` call; a bare ``BatchReport()``
+    (for calling a backend directly) records results, failures, usage and
+    requests in its attributes and bounds nothing.
 
-ResultCallback = Callable[[int, str], None]
-_result_callback: contextvars.ContextVar[ResultCallback | None] = contextvars.ContextVar(
-    "outlines_result_callback", default=None
-)
-
-
-def report_result(index: int, text: str) -> None:
-    """Tell the running batch that its request ``index`` is done, before the rest.
-
-    The scheduler stores it in the cache at once, and keeps it when another
-    request of the batch fails (or the run is interrupted).
+    Parameters
+    ----------
+    on_result, on_failure
+        Called with ``(index, text)`` / ``(index, error)`` as each draw ends.
+    on_request
+        Called with ``(start, end, error)`` for each wire request.
+    on_model_loaded
+        Called with ``(start, end)`` when a local model was loaded.
+    request_limit
+        Shared bound on wire requests in flight (the evaluation's
+        ``max_concurrency``), taken by ``request_slot``; ``None``: unbounded.
     """
-    callback = _result_callback.get()
-    if callback is not None:
-        callback(index, text)
+
+    def __init__(
+        self,
+        *,
+        on_result: Callable[[int, str], None] | None = None,
+        on_failure: Callable[[int, BaseException], None] | None = None,
+        on_request: Callable[[float, float, BaseException | None], None] | None = None,
+        on_model_loaded: Callable[[float, float], None] | None = None,
+        request_limit: asyncio.Semaphore | None = None,
+    ) -> None:
+        self.results: dict[int, str] = {}
+        self.failures: dict[int, BaseException] = {}
+        self.tokens = [0, 0]  # prompt, completion
+        self.requests = 0
+        self.request_limit = request_limit
+        self._on_result = on_result
+        self._on_failure = on_failure
+        self._on_request = on_request
+        self._on_model_loaded = on_model_loaded
+
+    def result(self, index: int, text: str) -> None:
+        """Draw ``index`` of the batch finished: the scheduler caches it at once."""
+        if isinstance(text, str) and index not in self.results and index not in self.failures:
+            self.results[index] = text
+            if self._on_result is not None:
+                self._on_result(index, text)
+
+    def failure(self, index: int, error: BaseException) -> None:
+        """Draw ``index`` failed on its own; the other draws of the batch go on."""
+        if index not in self.results and index not in self.failures:
+            self.failures[index] = error
+            if self._on_failure is not None:
+                self._on_failure(index, error)
+
+    def usage(self, prompt_tokens: int, completion_tokens: int) -> None:
+        """Tokens the batch used (added up; shown in traces)."""
+        self.tokens[0] += int(prompt_tokens)
+        self.tokens[1] += int(completion_tokens)
+
+    def request(self, start: float, end: float, error: BaseException | None = None) -> None:
+        """One wire request (each retry counts) ran from ``start`` to ``end`` (``time.perf_counter()``)."""
+        self.requests += 1
+        if self._on_request is not None:
+            self._on_request(start, end, error)
+
+    def model_loaded(self, start: float, end: float) -> None:
+        """A local model was loaded from ``start`` to ``end`` (apart from the first batch)."""
+        if self._on_model_loaded is not None:
+            self._on_model_loaded(start, end)
+
+    @contextlib.asynccontextmanager
+    async def request_slot(self) -> AsyncIterator[None]:
+        """Hold one of the evaluation's request slots while one wire request is in flight."""
+        if self.request_limit is None:
+            yield
+            return
+        async with self.request_limit:
+            yield
 
 
-def report_usage(prompt_tokens: int, completion_tokens: int) -> None:
-    """Tell the running batch how many tokens it used (shown in traces)."""
-    callback = _usage_callback.get()
-    if callback is not None:
-        callback(int(prompt_tokens), int(completion_tokens))
+def check_limit(name: str, value: Any, *, where: str) -> int | None:
+    """``value`` as a positive int (``None`` stays ``None``); a clear ``ValueError`` otherwise.
 
-
-_requests_callback: contextvars.ContextVar[Callable[[int], None] | None] = contextvars.ContextVar(
-    "outlines_requests_callback", default=None
-)
-
-
-def report_requests(count: int = 1) -> None:
-    """Tell the running batch it sent ``count`` wire requests (retries included).
-
-    Backends whose one ``generate`` call may be many requests (chat: one per
-    prompt) call this, so traces count requests, not only backend calls.
+    Used by every constructor for ``max_batch`` and ``max_concurrency``: a
+    zero, negative or fractional limit would stall the scheduler instead.
     """
-    callback = _requests_callback.get()
-    if callback is not None:
-        callback(int(count))
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"{where}: {name} must be a positive integer or None, got {value!r}")
+    return int(value)

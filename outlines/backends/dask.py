@@ -22,6 +22,7 @@ with cloudpickle: an unpicklable function fails at once with a clear error.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import threading
 import uuid
 import weakref
@@ -29,7 +30,7 @@ from typing import Any, Callable
 
 from distributed.scheduler import KilledWorker
 
-from outlines.backends.base import Backend, Request, _usage_callback, report_usage
+from outlines.backends.base import Backend, BatchReport, Draw
 
 __all__ = ["DaskExecutor", "WorkerLostError", "as_executor", "runs_on_workers", "worker_stats"]
 
@@ -57,6 +58,8 @@ def runs_on_workers(backend: Backend, http: str = "local") -> bool:
 
 class DaskExecutor:
     """Send model batches and blocking Python calls to a ``distributed.Client``.
+
+    Implements ``outlines.runtime.executor.Executor``.
 
     Parameters
     ----------
@@ -94,11 +97,32 @@ class DaskExecutor:
             return None
         return backend.max_concurrency
 
-    async def generate(self, backend: Backend, requests: list[Request]) -> tuple[list[str], str | None]:
-        """Run one batch; returns the texts and the worker's address (``None``: here)."""
+    def check_not_on(self, blocked_loop: Any) -> None:
+        """Refuse an asynchronous client whose loop is ``blocked_loop`` (waiting for a sync eval)."""
+        if getattr(self.client, "_asynchronous", False) and self.client.loop.asyncio_loop is blocked_loop:
+            raise RuntimeError(
+                "an asynchronous distributed.Client lives on the loop that is waiting for this "
+                "sync outlines.eval(); use `await outlines.aeval(...)` (or `await program.acall(...)`) instead"
+            )
+
+    async def generate(self, backend: Backend, draws: list[Draw], report: BatchReport) -> tuple[list[str], str | None]:
+        """Run one batch; returns the texts and the worker's address (``None``: here).
+
+        On a worker the batch reports into a local ``BatchReport`` whose
+        results, failures, usage and request count are replayed into
+        ``report`` when it returns (request times are the worker's, so only
+        the count travels). A batch of a backend that sends its own requests
+        holds one of ``report``'s request slots while it runs there.
+        """
         if not runs_on_workers(backend, self.http):
-            return await backend.generate(requests), None
-        payload = _dumps((backend, requests), f"a batch for {backend!r}")
+            return await backend.generate(draws, report), None
+        async with report.request_slot() if backend.sends_requests else contextlib.nullcontext():
+            return await self._generate_on_worker(backend, draws, report)
+
+    async def _generate_on_worker(
+        self, backend: Backend, draws: list[Draw], report: BatchReport
+    ) -> tuple[list[str], str | None]:
+        payload = _dumps((backend, draws), f"a batch for {backend!r}")
         spec = backend.identity
         home = self._pick_home(spec) if backend.local_compute else None
         options: dict[str, Any] = {}
@@ -108,13 +132,21 @@ class DaskExecutor:
             options["resources"] = self.resources
         ran_on: str | None = None
         try:
-            texts, usage, ran_on = await self._run(_generate_task, payload, "outlines-generate", options)
+            outcome, ran_on = await self._run(_generate_task, payload, "outlines-generate", options)
         except KilledWorker as exc:
-            raise _lost(exc, f"a batch of {len(requests)} prompt(s) for {backend!r}") from exc
+            raise _lost(exc, f"a batch of {len(draws)} prompt(s) for {backend!r}") from exc
         finally:
             if backend.local_compute:
                 self._settle_home(spec, home, ran_on)
-        report_usage(*usage)
+        texts, error, worker_report = outcome
+        report.usage(*worker_report.tokens)
+        report.requests += worker_report.requests
+        for index, text in worker_report.results.items():
+            report.result(index, text)
+        for index, failure in worker_report.failures.items():
+            report.failure(index, failure)
+        if error is not None:
+            raise error
         return texts, ran_on
 
     async def call(self, fn: Callable[..., Any], *args: Any) -> Any:
@@ -162,11 +194,6 @@ class DaskExecutor:
         client_loop = client.loop.asyncio_loop
         if client_loop is asyncio.get_running_loop():
             return await submit_and_wait()
-        if getattr(client, "_asynchronous", False) and threading.current_thread().name == "outlines-eval":
-            raise RuntimeError(
-                "an asynchronous distributed.Client lives on the loop that is waiting for this "
-                "sync outlines.eval(); use `await outlines.aeval(...)` (or `await program.acall(...)`) instead"
-            )
         return await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(submit_and_wait(), client_loop))
 
 
@@ -286,28 +313,25 @@ def _worker_address() -> str | None:
         return None
 
 
-def _generate_task(payload: bytes) -> tuple[list[str], tuple[int, int], str | None]:
+def _generate_task(payload: bytes) -> tuple[tuple[list[str] | None, BaseException | None, BatchReport], str | None]:
+    """Run one batch on a worker: (texts or the error, what it reported), the worker's address."""
     import pickle
 
-    backend, requests = pickle.loads(payload)
+    backend, draws = pickle.loads(payload)
     _WORKER.prepare(backend)
-    usage = [0, 0]
-
-    def add_usage(prompt_tokens: int, completion_tokens: int) -> None:
-        usage[0] += prompt_tokens
-        usage[1] += completion_tokens
-
-    token = _usage_callback.set(add_usage)
+    report = BatchReport()
+    texts: list[str] | None = None
+    error: BaseException | None = None
     try:
-        texts = asyncio.run(_generate_then_close(backend, requests))
-    finally:
-        _usage_callback.reset(token)
-    return texts, (usage[0], usage[1]), _worker_address()
+        texts = asyncio.run(_generate_then_close(backend, draws, report))
+    except Exception as exc:  # noqa: BLE001 - sent back with what the batch reported before it
+        error = exc
+    return (texts, error, report), _worker_address()
 
 
-async def _generate_then_close(backend: Backend, requests: list[Request]) -> list[str]:
+async def _generate_then_close(backend: Backend, draws: list[Draw], report: BatchReport) -> list[str]:
     try:
-        return await backend.generate(requests)
+        return await backend.generate(draws, report)
     finally:
         await backend.aclose()  # sessions belong to this task's loop
 

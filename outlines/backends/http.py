@@ -5,15 +5,21 @@ lazily on the running loop and closed by ``aclose``; its connector's limit is
 the backend's ``max_concurrency``, and an ``AIMDLimiter`` per loop lowers the
 requests in flight when the server answers 429. ``post_json`` retries what
 ``retry.should_retry`` allows, honours Retry-After up to a cap, spends the
-optional requests/tokens-per-minute budgets, reports token usage, and turns
-every failure into a ``BackendError`` that never contains the API key.
+optional requests/tokens-per-minute budgets, reports each request and the
+token usage to the batch's ``BatchReport`` (holding one of its request slots
+while a request is in flight), and turns every failure into a
+``BackendError`` that never contains the API key.
 """
 from __future__ import annotations
 
 import asyncio
+import hashlib
+import hmac
 import json
 import logging
+import os
 import threading
+import time
 import weakref
 from dataclasses import dataclass
 from typing import Any, Awaitable, Iterable, Mapping, TypeVar
@@ -21,10 +27,10 @@ from typing import Any, Awaitable, Iterable, Mapping, TypeVar
 import aiohttp
 
 from outlines.backends import retry
-from outlines.backends.base import BackendError, report_requests, report_usage
+from outlines.backends.base import BackendError, BatchReport
 from outlines.backends.ratelimit import AIMDLimiter, TokenBucket
 
-__all__ = ["HTTPClient", "Secret", "gather_or_cancel"]
+__all__ = ["HTTPClient", "Secret", "credential_fingerprint", "gather_or_cancel"]
 
 logger = logging.getLogger("outlines.backends.http")
 T = TypeVar("T")
@@ -61,6 +67,36 @@ class Secret:
         self._value = state
 
 
+#: Keys the credential fingerprints; new in each process and never stored, so a
+#: fingerprint cannot be checked against guessed keys outside this process.
+_FINGERPRINT_SALT = os.urandom(32)
+
+
+def credential_fingerprint(api_key: str | None, headers: Mapping[str, str] | None = None) -> str:
+    """A digest that is equal for equal credentials (key and extra headers), in this process only.
+
+    Backends compare it so that two models differing only in their key never
+    share a batch (and so never send one's prompts with the other's key). It is
+    an HMAC under a per-process random salt: not reversible, not comparable
+    across processes, and never part of an identity, a cache key or a repr.
+    """
+    parts = [api_key or ""] + [f"{name}\0{value}" for name, value in sorted((headers or {}).items())]
+    return hmac.new(_FINGERPRINT_SALT, "\0\0".join(parts).encode("utf-8", "surrogatepass"), hashlib.sha256).hexdigest()
+
+
+def _positive_number(value: Any) -> bool:
+    return not isinstance(value, bool) and isinstance(value, (int, float)) and 0 < value < float("inf")
+
+
+def _seconds(name: str, value: Any, *, zero: bool = False) -> float:
+    """A duration option, checked: a negative or zero one would silently mean something else."""
+    if not isinstance(value, bool) and isinstance(value, (int, float)) and zero and value == 0:
+        return 0.0
+    if not _positive_number(value):
+        raise ValueError(f"{name} must be a positive number of seconds, got {value!r}")
+    return float(value)
+
+
 @dataclass
 class _LoopState:
     session: aiohttp.ClientSession
@@ -68,7 +104,7 @@ class _LoopState:
 
 
 @dataclass
-class _Failure:
+class _FailedAttempt:
     reason: str
     error: BackendError
     retry_after: float | None = None
@@ -89,6 +125,9 @@ class HTTPClient:
         Retries after the first attempt.
     timeout, connect_timeout
         Seconds allowed between bytes read, and to connect.
+    total_timeout
+        Seconds one request may take from start to last byte (``None``: no
+        bound); a trickling server then times out instead of holding it.
     rpm, tpm
         Optional requests-per-minute and tokens-per-minute budgets.
     max_retry_after
@@ -116,20 +155,27 @@ class HTTPClient:
         tpm: float | None = None,
         max_retry_after: float = retry.MAX_RETRY_AFTER,
         headers: Mapping[str, str] | None = None,
+        total_timeout: float | None = None,
     ) -> None:
-        if max_concurrency < 1 or max_retries < 0:
-            raise ValueError(f"need max_concurrency >= 1 and max_retries >= 0, got {max_concurrency}, {max_retries}")
+        if isinstance(max_concurrency, bool) or not isinstance(max_concurrency, int) or max_concurrency < 1:
+            raise ValueError(f"max_concurrency must be a positive integer, got {max_concurrency!r}")
+        if isinstance(max_retries, bool) or not isinstance(max_retries, int) or max_retries < 0:
+            raise ValueError(f"max_retries must be an integer >= 0, got {max_retries!r}")
         self.base_url = base_url.rstrip("/")
         self.max_concurrency = int(max_concurrency)
         self.max_retries = int(max_retries)
-        self.timeout = float(timeout)
-        self.connect_timeout = float(connect_timeout)
-        self.max_retry_after = float(max_retry_after)
+        self.timeout = _seconds("timeout", timeout)
+        self.connect_timeout = _seconds("connect_timeout", connect_timeout)
+        self.total_timeout = None if total_timeout is None else _seconds("total_timeout", total_timeout)
+        self.max_retry_after = _seconds("max_retry_after", max_retry_after, zero=True)
+        for name, rate in (("rpm", rpm), ("tpm", tpm)):
+            if rate is not None and not _positive_number(rate):
+                raise ValueError(f"{name} must be a positive number or None (no limit), got {rate!r}")
         # Extra headers may carry secrets too (api-key, organization): hide their values.
         self._headers = {str(name): Secret(str(value)) for name, value in (headers or {}).items()}
         self._api_key = Secret(api_key) if api_key else None
-        self.rpm = TokenBucket(rpm) if rpm else None
-        self.tpm = TokenBucket(tpm) if tpm else None
+        self.rpm = TokenBucket(rpm) if rpm is not None else None
+        self.tpm = TokenBucket(tpm) if tpm is not None else None
         self._init_runtime()
 
     def _init_runtime(self) -> None:
@@ -152,7 +198,9 @@ class HTTPClient:
             state = self._states.get(loop)
             if state is None or state.session.closed:
                 connector = aiohttp.TCPConnector(limit=self.max_concurrency, limit_per_host=self.max_concurrency)
-                timeout = aiohttp.ClientTimeout(total=None, sock_connect=self.connect_timeout, sock_read=self.timeout)
+                timeout = aiohttp.ClientTimeout(
+                    total=self.total_timeout, sock_connect=self.connect_timeout, sock_read=self.timeout
+                )
                 session = aiohttp.ClientSession(connector=connector, timeout=timeout, trust_env=False)
                 state = self._states[loop] = _LoopState(session, AIMDLimiter(self.max_concurrency))
             return state
@@ -167,13 +215,15 @@ class HTTPClient:
     def redact(self, text: str) -> str:
         """``text`` with every occurrence of the API key (or a header value) replaced by ``***``."""
         secrets = [self._api_key, *self._headers.values()] if self._api_key else list(self._headers.values())
-        for secret in secrets:
-            value = secret.reveal()
-            if len(value) >= 8 and value in text:
+        # Longest first, so a key that contains a shorter secret is hidden whole.
+        for value in sorted((s.reveal() for s in secrets), key=len, reverse=True):
+            if value and value in text:  # however short: a short key is still a key
                 text = text.replace(value, "***")
         return text
 
-    async def post_json(self, path: str, payload: Mapping[str, Any], *, tokens: float = 0.0) -> dict[str, Any]:
+    async def post_json(
+        self, path: str, payload: Mapping[str, Any], report: BatchReport, *, tokens: float = 0.0
+    ) -> dict[str, Any]:
         """POST ``payload`` to ``base_url + path`` and return the decoded JSON object.
 
         Parameters
@@ -182,6 +232,9 @@ class HTTPClient:
             Endpoint path, e.g. ``"/completions"``.
         payload
             JSON body; its ``"model"`` names the model in errors.
+        report
+            The batch's report: each attempt is a request (with its times),
+            holds one of its request slots, and the usage is added to it.
         tokens
             Estimated tokens the request spends, for the ``tpm`` budget.
 
@@ -202,9 +255,9 @@ class HTTPClient:
         attempt = 0
         while True:
             await self._throttle(tokens)
-            outcome = await self._attempt(state, path, payload, model)
+            outcome = await self._attempt(state, path, payload, model, report)
             if isinstance(outcome, bytes):
-                return self._decode(outcome, path, model, tokens)
+                return self._decode(outcome, path, model, tokens, report)
             error = outcome.error
             if not error.retryable:
                 raise error
@@ -221,30 +274,46 @@ class HTTPClient:
             attempt += 1
 
     async def _attempt(
+        self, state: _LoopState, path: str, payload: Mapping[str, Any], model: str | None, report: BatchReport
+    ) -> bytes | _FailedAttempt:
+        """One request, reported with its times: the body of a 2xx, or why it failed."""
+        async with report.request_slot():
+            start = time.perf_counter()
+            outcome = await self._attempt_once(state, path, payload, model)
+            report.request(start, time.perf_counter(), None if isinstance(outcome, bytes) else outcome.error)
+        return outcome
+
+    async def _attempt_once(
         self, state: _LoopState, path: str, payload: Mapping[str, Any], model: str | None
-    ) -> bytes | _Failure:
-        """One request: the body of a 2xx, or why it failed and whether to retry."""
+    ) -> bytes | _FailedAttempt:
         try:
             async with state.limiter:
                 status, headers, body = await self._send(state.session, path, payload)
+                # Adjust the limit while this request still holds its slot: a 429
+                # lowers it before the slot is freed, so no waiter is admitted
+                # under the old limit.
+                if 200 <= status < 300:
+                    state.limiter.on_success()
+                elif status == 429:
+                    self._overloaded(state)
         except TRANSIENT_ERRORS as exc:
             reason = f"{type(exc).__name__}: {exc}".rstrip(": ")
-            return _Failure(reason, self._error(reason, path, model, retryable=True))
+            return _FailedAttempt(reason, self._error(reason, path, model, retryable=True))
         except aiohttp.ClientError as exc:
             reason = f"{type(exc).__name__}: {exc}"
-            return _Failure(reason, self._error(reason, path, model))
+            return _FailedAttempt(reason, self._error(reason, path, model))
         if 200 <= status < 300:
-            state.limiter.on_success()
             return body
-        if status == 429:
-            before = state.limiter.limit
-            state.limiter.on_overload()
-            if state.limiter.limit < before:
-                logger.debug("%s answered 429: at most %d requests in flight for now", self.base_url, state.limiter.limit)
         retryable = retry.should_retry(status, headers)
         reason = f"HTTP {status}"
         error = self._error(reason, path, model, status=status, body=body, retryable=retryable)
-        return _Failure(reason, error, retry.parse_retry_after(headers))
+        return _FailedAttempt(reason, error, retry.parse_retry_after(headers))
+
+    def _overloaded(self, state: _LoopState) -> None:
+        before = state.limiter.limit
+        state.limiter.on_overload()
+        if state.limiter.limit < before:
+            logger.debug("%s answered 429: at most %d requests in flight for now", self.base_url, state.limiter.limit)
 
     async def _send(
         self, session: aiohttp.ClientSession, path: str, payload: Mapping[str, Any]
@@ -252,7 +321,6 @@ class HTTPClient:
         headers = {name: value.reveal() for name, value in self._headers.items()}
         if self._api_key is not None:
             headers["Authorization"] = f"Bearer {self._api_key.reveal()}"
-        report_requests()
         async with session.post(self.base_url + path, json=payload, headers=headers, max_redirects=3) as response:
             return response.status, response.headers, await response.read()
 
@@ -262,7 +330,7 @@ class HTTPClient:
         if self.tpm is not None and tokens > 0:
             await self.tpm.acquire(tokens, sleep=sleep)
 
-    def _decode(self, body: bytes, path: str, model: str | None, tokens: float) -> dict[str, Any]:
+    def _decode(self, body: bytes, path: str, model: str | None, tokens: float, report: BatchReport) -> dict[str, Any]:
         try:
             data = json.loads(body)
         except (ValueError, RecursionError):
@@ -273,7 +341,7 @@ class HTTPClient:
         if isinstance(usage, dict):
             prompt_tokens, completion_tokens = usage.get("prompt_tokens"), usage.get("completion_tokens")
             if isinstance(prompt_tokens, int) and isinstance(completion_tokens, int):
-                report_usage(prompt_tokens, completion_tokens)
+                report.usage(prompt_tokens, completion_tokens)
                 if self.tpm is not None:
                     self.tpm.refund(min(tokens, self.tpm.capacity) - prompt_tokens - completion_tokens)
         return data

@@ -3,6 +3,10 @@
 Both speak JSON through ``http.HTTPClient`` (sessions, retries, rate limits,
 secrets). The scheduler hands ``generate`` a batch of draws that share
 parameters; draws of the same prompt are grouped and sampled with ``n``.
+Each group (chat) or bucket of groups (completions) is its own request: its
+draws are reported to the batch's ``BatchReport`` as soon as it answers, and a
+failed request fails only its own draws (``report.failure``), never its
+siblings.
 ``OpenAICompletionBackend`` sends many prompts in one request (``prompt`` as a
 list; choice ``i`` belongs to prompt ``i // n``). Servers that refuse lists
 (``transformers serve`` answers 400 "prompt must be a string") or ignore ``n``
@@ -16,6 +20,8 @@ replays of the draws already made with the same seed.
 """
 from __future__ import annotations
 
+import asyncio
+import hmac
 import logging
 import os
 import re
@@ -23,9 +29,10 @@ from typing import Any, Callable, Mapping, NamedTuple, Sequence
 
 import yarl
 
-from outlines.backends.base import Backend, BackendError, GenerationParams, Request, report_result
+from outlines.backends.base import Backend, BackendError, BatchReport, Draw, GenerationParams, check_limit
+from outlines.backends.constraints import Constraint
 from outlines.backends import retry
-from outlines.backends.http import HTTPClient, gather_or_cancel
+from outlines.backends.http import HTTPClient, credential_fingerprint, gather_or_cancel
 from outlines.chat import messages_of
 
 __all__ = ["OpenAIChatBackend", "OpenAICompletionBackend"]
@@ -36,6 +43,10 @@ DEFAULT_BASE_URL = "https://api.openai.com/v1"
 #: Base URLs whose completions endpoint refuses a list of prompts / ignores ``n``.
 LISTS_REFUSED: set[str] = set()
 N_IGNORED: set[str] = set()
+#: Base URLs that answered 4xx to the structured-output fields (issue 13).
+CONSTRAINTS_REFUSED: set[str] = set()
+#: The fields ``wire_constraint`` may send.
+CONSTRAINT_FIELDS = ("response_format", "guided_choice", "guided_regex", "guided_json")
 #: How servers word "send one prompt, not a list": transformers serve says
 #: "prompt must be a string."; others name the type they wanted or got.
 _LIST_REFUSAL = re.compile(
@@ -43,7 +54,7 @@ _LIST_REFUSAL = re.compile(
 )
 
 
-class Group(NamedTuple):
+class PromptSamples(NamedTuple):
     """Draws of one prompt in one ``generate`` call, sampled together with ``n``."""
 
     params: GenerationParams
@@ -53,6 +64,8 @@ class Group(NamedTuple):
 
 #: Called with a group's position and its samples as soon as they arrive.
 GroupDone = Callable[[int, list[str]], None]
+#: Called with a group's position and the error of its request.
+GroupFailed = Callable[[int, Exception], None]
 
 
 class _NIgnored(Exception):
@@ -63,6 +76,7 @@ class _OpenAIBackend(Backend):
     """What both OpenAI backends share: options, identity, the client."""
 
     path = ""
+    sends_requests = True
 
     def __init__(
         self,
@@ -79,6 +93,7 @@ class _OpenAIBackend(Backend):
         tpm: float | None = None,
         max_retry_after: float = retry.MAX_RETRY_AFTER,
         headers: Mapping[str, str] | None = None,
+        total_timeout: float | None = None,
     ) -> None:
         if not isinstance(model, str) or not model:
             raise ValueError(f"model must be a non-empty string, got {model!r}")
@@ -88,8 +103,9 @@ class _OpenAIBackend(Backend):
             raise ValueError(f"base_url must be an http(s) URL, got {base_url!r}")
         if url.user or url.password:
             raise ValueError("base_url must not hold credentials; pass api_key= instead")
-        if max_batch is not None and max_batch < 1:
-            raise ValueError(f"max_batch must be >= 1, got {max_batch}")
+        where = f"{self.kind}({model!r})"
+        max_batch = check_limit("max_batch", max_batch, where=where)
+        max_concurrency = check_limit("max_concurrency", max_concurrency, where=where) or 32
         if api_key is None:
             api_key = os.environ.get("OPENAI_API_KEY")
         self.model = model
@@ -108,49 +124,86 @@ class _OpenAIBackend(Backend):
             tpm=tpm,
             max_retry_after=max_retry_after,
             headers=headers,
+            total_timeout=total_timeout,
         )
+        # Not in ``identity`` (cache keys, reprs): only equality, so that models that
+        # differ in credentials never share a batch, a session or a key.
+        self._credentials = credential_fingerprint(api_key, headers)
 
     @property
     def identity(self) -> tuple[Any, ...]:
         return (self.kind, self.model, self.base_url)
 
+    def __eq__(self, other: object) -> bool:
+        return (
+            isinstance(other, _OpenAIBackend)
+            and self.identity == other.identity
+            and hmac.compare_digest(self._credentials, other._credentials)
+        )
+
+    def __hash__(self) -> int:
+        return hash((self.identity, self._credentials))
+
     async def aclose(self) -> None:
         await self.client.aclose()
 
-    async def generate(self, requests: Sequence[Request]) -> list[str]:
+    async def generate(self, draws: Sequence[Draw], report: BatchReport) -> list[str]:
         by_prompt: dict[tuple[GenerationParams, str], list[int]] = {}
-        for index, request in enumerate(requests):
-            by_prompt.setdefault((request.params, request.prompt), []).append(index)
+        for index, draw in enumerate(draws):
+            by_prompt.setdefault((draw.params, draw.prompt), []).append(index)
         groups = []
         for (params, prompt), indices in by_prompt.items():
-            first_draw = min(requests[i].draw for i in indices)
+            first_draw = min(draws[i].draw for i in indices)
             # Greedy draws are all the same text: ask once.
             n = 1 if params.deterministic else len(indices)
-            groups.append(Group(_offset_seed(params, first_draw), prompt, n))
+            groups.append(PromptSamples(_offset_seed(params, first_draw), prompt, n))
         members = list(by_prompt.values())
+        out: list[str] = [""] * len(draws)
+        errors: list[Exception] = []
 
-        def spread(position: int, samples: list[str]) -> None:
+        def done(position: int, samples: list[str]) -> None:
             # Each draw is handed to the scheduler as soon as its request is
             # done, so it is cached even if a sibling request fails later.
             for k, index in enumerate(members[position]):
-                report_result(index, samples[k % len(samples)])
-
-        texts = await self._sample_groups(groups, spread)
-        out: list[str] = [""] * len(requests)
-        for indices, samples in zip(members, texts):
-            for k, index in enumerate(indices):
                 out[index] = samples[k % len(samples)]
+                report.result(index, out[index])
+
+        def failed(position: int, error: Exception) -> None:
+            errors.append(error)
+            for index in members[position]:
+                report.failure(index, error)
+
+        await self._sample_groups(groups, report, done, failed)
+        if errors:
+            raise errors[0]  # every draw is reported: this only tells direct callers
         return out
 
-    async def _sample_groups(self, groups: list[Group], done: GroupDone) -> list[list[str]]:
-        """``group.n`` samples per group, in group order; ``done(i, samples)`` as each finishes."""
+    async def _sample_groups(
+        self, groups: list[PromptSamples], report: BatchReport, done: GroupDone, failed: GroupFailed
+    ) -> None:
+        """``group.n`` samples per group: ``done(i, samples)`` or ``failed(i, error)`` as each ends."""
         raise NotImplementedError
 
     def _payload(self, params: GenerationParams, n: int, **fields: Any) -> dict[str, Any]:
         payload: dict[str, Any] = {"model": self.model, **fields, **params.to_dict()}
+        payload.pop("constraint", None)
+        if params.constraint is not None and self.base_url not in CONSTRAINTS_REFUSED:
+            payload.update(wire_constraint(params.constraint, chat=self.kind == "openai"))
         if n > 1:
             payload["n"] = n
         return payload
+
+    async def _post(self, payload: dict[str, Any], report: BatchReport, tokens: float) -> Any:
+        """POST ``payload``; a server that refuses the constraint fields is remembered and asked without them."""
+        try:
+            return await self.client.post_json(self.path, payload, report, tokens=tokens)
+        except BackendError as error:
+            fields = [k for k in CONSTRAINT_FIELDS if k in payload]
+            if not fields or error.status not in (400, 422) or not any(f in (error.body or "") for f in fields):
+                raise
+            self._note_once(CONSTRAINTS_REFUSED, f"refuses {', '.join(fields)}; checking outputs and retrying instead")
+            return await self.client.post_json(self.path, {k: v for k, v in payload.items() if k not in fields},
+                                               report, tokens=tokens)
 
     def _tokens(self, prompts: Sequence[str], params: GenerationParams, n: int) -> float:
         """A rough token estimate for the ``tpm`` budget (4 characters a token)."""
@@ -204,6 +257,10 @@ class OpenAICompletionBackend(_OpenAIBackend):
         Retries of a failed request (default 3).
     timeout, connect_timeout
         Seconds allowed between bytes read (default 600) and to connect (10).
+    total_timeout
+        Seconds one request may take from start to its last byte (default
+        ``None``: no bound), so a server that trickles bytes cannot hold it
+        forever; running past it counts as a timeout (retried).
     rpm, tpm
         Optional requests- and tokens-per-minute budgets.
     max_retry_after
@@ -224,46 +281,56 @@ class OpenAICompletionBackend(_OpenAIBackend):
     def __init__(self, model: str, *, max_batch: int | None = 128, **options: Any) -> None:
         super().__init__(model, max_batch=max_batch, **options)
 
-    async def _sample_groups(self, groups: list[Group], done: GroupDone) -> list[list[str]]:
+    async def _sample_groups(
+        self, groups: list[PromptSamples], report: BatchReport, done: GroupDone, failed: GroupFailed
+    ) -> None:
         # Prompts that need the same number of samples share one request.
         buckets: dict[tuple[GenerationParams, int], list[int]] = {}
         for position, group in enumerate(groups):
             buckets.setdefault((group.params, group.n), []).append(position)
-        results: list[list[str]] = [[] for _ in groups]
 
         async def job(params: GenerationParams, n: int, positions: list[int]) -> None:
-            samples = await self._complete([groups[p].prompt for p in positions], params, n)
+            try:
+                samples = await self._complete([groups[p].prompt for p in positions], params, n, report)
+            except Exception as error:  # noqa: BLE001 - fails this request's draws only
+                for position in positions:
+                    failed(position, error)
+                return
             for position, sample in zip(positions, samples):
-                results[position] = sample
                 done(position, sample)
 
-        await gather_or_cancel(job(params, n, positions) for (params, n), positions in buckets.items())
-        return results
+        await asyncio.gather(*(job(params, n, positions) for (params, n), positions in buckets.items()))
 
-    async def _complete(self, prompts: list[str], params: GenerationParams, n: int) -> list[list[str]]:
+    async def _complete(
+        self, prompts: list[str], params: GenerationParams, n: int, report: BatchReport
+    ) -> list[list[str]]:
         if len(prompts) > 1 and self.base_url not in LISTS_REFUSED:
             try:
-                return await self._request(prompts, params, n)
+                return await self._request(prompts, params, n, report)
             except BackendError as error:
                 if not _refuses_lists(error):
                     raise
                 self._note_once(LISTS_REFUSED, "refuses a list of prompts; sending one prompt per request")
-        rows = await gather_or_cancel(self._request([p], params, n) for p in prompts)
+        rows = await gather_or_cancel(self._request([p], params, n, report) for p in prompts)
         return [row[0] for row in rows]
 
-    async def _request(self, prompts: list[str], params: GenerationParams, n: int) -> list[list[str]]:
+    async def _request(
+        self, prompts: list[str], params: GenerationParams, n: int, report: BatchReport
+    ) -> list[list[str]]:
         """``n`` samples of each prompt, in as few requests as the server allows."""
         if n > 1 and self.base_url in N_IGNORED:
-            columns = await gather_or_cancel(self._request(prompts, _offset_seed(params, j), 1) for j in range(n))
+            columns = await gather_or_cancel(
+                self._request(prompts, _offset_seed(params, j), 1, report) for j in range(n)
+            )
             return [[column[i][0] for column in columns] for i in range(len(prompts))]
         prompt: str | list[str] = prompts[0] if len(prompts) == 1 else prompts
         payload = self._payload(params, n, prompt=prompt)
-        data = await self.client.post_json(self.path, payload, tokens=self._tokens(prompts, params, n))
+        data = await self._post(payload, report, self._tokens(prompts, params, n))
         try:
             choices = self._choices(data, len(prompts) * n, n)
         except _NIgnored:
             self._note_once(N_IGNORED, "ignores n; sending one request per sample")
-            return await self._request(prompts, params, n)
+            return await self._request(prompts, params, n, report)
         texts = [self._text(choice, data) for choice in choices]
         return [texts[i * n : (i + 1) * n] for i in range(len(prompts))]
 
@@ -302,26 +369,31 @@ class OpenAIChatBackend(_OpenAIBackend):
     def identity(self) -> tuple[Any, ...]:
         return (self.kind, self.model, self.base_url, self.system_prompt)
 
-    async def _sample_groups(self, groups: list[Group], done: GroupDone) -> list[list[str]]:
-        async def one(position: int, group: Group) -> list[str]:
-            samples = await self._chat(group.prompt, group.params, group.n)
+    async def _sample_groups(
+        self, groups: list[PromptSamples], report: BatchReport, done: GroupDone, failed: GroupFailed
+    ) -> None:
+        async def one(position: int, group: PromptSamples) -> None:
+            try:
+                samples = await self._chat(group.prompt, group.params, group.n, report)
+            except Exception as error:  # noqa: BLE001 - fails this prompt's draws only
+                failed(position, error)
+                return
             done(position, samples)
-            return samples
 
-        return await gather_or_cancel(one(i, g) for i, g in enumerate(groups))
+        await asyncio.gather(*(one(i, g) for i, g in enumerate(groups)))
 
-    async def _chat(self, prompt: str, params: GenerationParams, n: int) -> list[str]:
+    async def _chat(self, prompt: str, params: GenerationParams, n: int, report: BatchReport) -> list[str]:
         if n > 1 and self.base_url in N_IGNORED:
-            rows = await gather_or_cancel(self._chat(prompt, _offset_seed(params, j), 1) for j in range(n))
+            rows = await gather_or_cancel(self._chat(prompt, _offset_seed(params, j), 1, report) for j in range(n))
             return [row[0] for row in rows]
         messages = messages_of(prompt, self.system_prompt)  # a Conversation sends its own messages
         payload = self._payload(params, n, messages=messages)
-        data = await self.client.post_json(self.path, payload, tokens=self._tokens([prompt], params, n))
+        data = await self._post(payload, report, self._tokens([prompt], params, n))
         try:
             choices = self._choices(data, n, n)
         except _NIgnored:
             self._note_once(N_IGNORED, "ignores n; sending one request per sample")
-            return await self._chat(prompt, params, n)
+            return await self._chat(prompt, params, n, report)
         return [self._content(choice, data) for choice in choices]
 
     def _content(self, choice: Mapping[str, Any], data: Any) -> str:
@@ -332,6 +404,40 @@ class OpenAIChatBackend(_OpenAIBackend):
             reason = f"the model refused: {refusal!r:.200}" if isinstance(refusal, str) else "no message content"
             raise self._malformed(f"a choice has {reason}", data)
         return content
+
+
+def wire_constraint(constraint: Constraint, *, chat: bool) -> dict[str, Any]:
+    """The request fields asking a server to obey ``constraint``.
+
+    Chat sends a JSON schema as OpenAI's ``response_format`` (``strict`` when
+    the schema meets OpenAI's strict rules); choices and patterns, and schemas
+    on ``/completions``, use the guided-decoding names of vLLM and SGLang.
+    Outputs are checked either way (``constraints.generate_valid``).
+    """
+    if constraint.kind == "json_schema":
+        schema = constraint.schema
+        if chat:
+            spec: dict[str, Any] = {"name": "output", "schema": schema}
+            if _strict_compatible(schema):
+                spec["strict"] = True
+            return {"response_format": {"type": "json_schema", "json_schema": spec}}
+        return {"guided_json": schema}
+    if constraint.kind == "choices":
+        return {"guided_choice": constraint.choices}
+    return {"guided_regex": constraint.value}
+
+
+def _strict_compatible(schema: Any) -> bool:
+    """OpenAI's strict mode: every object closed and every property required."""
+    if isinstance(schema, list):
+        return all(_strict_compatible(s) for s in schema)
+    if not isinstance(schema, dict):
+        return True
+    if schema.get("type") == "object" or "properties" in schema:
+        properties = schema.get("properties", {})
+        if schema.get("additionalProperties", True) is not False or set(schema.get("required", [])) != set(properties):
+            return False
+    return all(_strict_compatible(v) for k, v in schema.items() if k not in ("required", "enum", "const", "default"))
 
 
 def _offset_seed(params: GenerationParams, offset: int) -> GenerationParams:

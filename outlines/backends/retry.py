@@ -3,7 +3,8 @@
 ``should_retry`` says whether a response status is worth another try,
 ``parse_retry_after`` reads the server's ``Retry-After`` / ``retry-after-ms``
 hint, and ``retry_delay`` turns an attempt number and that hint into seconds
-to wait (exponential backoff with jitter), or ``None`` when the server asks
+to wait (exponential backoff with jitter, or the hint when it is longer; a
+hint never shortens the backoff), or ``None`` when the server asks
 for a wait longer than the cap: the caller then fails fast instead of hanging.
 """
 from __future__ import annotations
@@ -127,22 +128,26 @@ def retry_delay(
     Returns
     -------
     float or None
-        The hint when given and within the cap, else jittered backoff;
-        ``None`` when the hint exceeds ``max_retry_after`` (do not retry).
+        Jittered backoff, or the hint when it is longer (and within the
+        cap); ``None`` when the hint exceeds ``max_retry_after`` (do not retry).
 
     Examples
     --------
     >>> retry_delay(0, 2.0)
     2.0
+    >>> retry_delay(0, 0.0, rand=lambda: 0.0)
+    0.5
     >>> retry_delay(2, rand=lambda: 0.0)
     2.0
     >>> retry_delay(0, 3600.0) is None
     True
     """
-    if retry_after is not None:
-        return retry_after if retry_after <= max_retry_after else None
-    backoff = min(maximum, initial * 2.0 ** min(attempt, 32))
-    return backoff * (1.0 - 0.25 * rand())
+    if retry_after is not None and retry_after > max_retry_after:
+        return None
+    backoff = min(maximum, initial * 2.0 ** min(attempt, 32)) * (1.0 - 0.25 * rand())
+    # The hint is a floor, never a way around backoff: ``Retry-After: 0`` or a
+    # date in the past still waits, so a failing server is not hammered.
+    return backoff if retry_after is None else max(retry_after, backoff)
 
 
 def _header(headers: Mapping[str, str] | None, name: str) -> str | None:

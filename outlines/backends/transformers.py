@@ -42,13 +42,14 @@ import json
 import os
 import secrets
 import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Sequence
 
 import numpy as np
 
-from outlines.backends.base import Backend, BackendError, GenerationParams, Request, report_usage
+from outlines.backends.base import Backend, BackendError, BatchReport, Draw, GenerationParams, check_limit
 from outlines.chat import Conversation, messages_of
 
 __all__ = ["TransformersBackend", "plan_chunks", "trim_at_stop"]
@@ -120,6 +121,14 @@ def trim_at_stop(text: str, stop: Sequence[str]) -> str:
 
 class GenerationCancelled(Exception):
     """The awaiting task was cancelled; the worker stopped the batch early."""
+
+
+def _split_rows(options: dict[str, Any], rows: int) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Options of the first ``rows`` rows and of the rest (per-row constraints are split)."""
+    rules = options.get("constraints")
+    if not rules:
+        return options, options
+    return {**options, "constraints": rules[:rows]}, {**options, "constraints": rules[rows:]}
 
 
 def _row_key(salt: str, prompt: str, draw: int) -> int:
@@ -198,9 +207,10 @@ class TransformersBackend(Backend):
         self.share_prefix = share_prefix
         self.device = device
         self.dtype = None if dtype is None else str(dtype).replace("torch.", "")
-        self.max_batch = max_batch
-        self.max_concurrency = max_concurrency
-        self.max_batch_tokens = max_batch_tokens
+        where = f"models.transformers({path!r})"
+        self.max_batch = check_limit("max_batch", max_batch, where=where)
+        self.max_concurrency = check_limit("max_concurrency", max_concurrency, where=where)
+        self.max_batch_tokens = check_limit("max_batch_tokens", max_batch_tokens, where=where)
         self.truncation = truncation
 
     @property
@@ -222,20 +232,22 @@ class TransformersBackend(Backend):
     def _key(self) -> tuple[str, ...]:
         return (self.path, self.gguf_file or "", self.device or "auto", self.dtype or "auto")
 
-    async def generate(self, requests: Sequence[Request]) -> list[str]:
-        if not requests:
+    async def generate(self, draws: Sequence[Draw], report: BatchReport) -> list[str]:
+        if not draws:
             return []
         slot = _slot(self._key())
         loop = asyncio.get_running_loop()
         salt = secrets.token_hex(8)
         cancelled = threading.Event()
-        future = loop.run_in_executor(slot.executor, self._generate_blocking, slot, list(requests), salt, cancelled)
+        future = loop.run_in_executor(slot.executor, self._generate_blocking, slot, list(draws), salt, cancelled)
         try:
-            texts, prompt_tokens, completion_tokens = await asyncio.shield(future)
+            texts, prompt_tokens, completion_tokens, load_times = await asyncio.shield(future)
         except asyncio.CancelledError:
             cancelled.set()  # the worker stops at its next decoding step
             raise
-        report_usage(prompt_tokens, completion_tokens)
+        if load_times is not None:
+            report.model_loaded(*load_times)
+        report.usage(prompt_tokens, completion_tokens)
         return texts
 
     def load(self) -> Any:
@@ -258,22 +270,26 @@ class TransformersBackend(Backend):
         return slot.loaded
 
     def _generate_blocking(
-        self, slot: _Slot, requests: list[Request], salt: str, cancelled: threading.Event | None = None
-    ) -> tuple[list[str], int, int]:
+        self, slot: _Slot, requests: list[Draw], salt: str, cancelled: threading.Event | None = None
+    ) -> tuple[list[str], int, int, tuple[float, float] | None]:
+        """Texts, token usage, and the (start, end) of the model load when this batch loaded it."""
+        start, fresh = time.perf_counter(), slot.loaded is None  # one thread per slot: no race
         loaded = self._loaded(slot)
+        load_times = (start, time.perf_counter()) if fresh else None
         texts: list[str] = [""] * len(requests)
         usage = [0, 0]
         groups: dict[GenerationParams, list[int]] = {}
         for index, request in enumerate(requests):
-            groups.setdefault(request.params, []).append(index)
+            # Rows under different constraints (or none) share one forward pass; see constraints.TokenMasks.
+            groups.setdefault(replace(request.params, constraint=None), []).append(index)
         for params, indices in groups.items():
             self._generate_group(
                 loaded, params, [requests[i] for i in indices], salt, texts, indices, usage, cancelled
             )
-        return texts, usage[0], usage[1]
+        return texts, usage[0], usage[1], load_times
 
     def _generate_group(
-        self, loaded: Any, params: GenerationParams, requests: list[Request], salt: str,
+        self, loaded: Any, params: GenerationParams, requests: list[Draw], salt: str,
         texts: list[str], positions: list[int], usage: list[int], cancelled: threading.Event | None,
     ) -> None:
         options = self._options(params)
@@ -295,7 +311,11 @@ class TransformersBackend(Backend):
                 keys = None
                 if not params.deterministic:
                     keys = [_row_key(seed, requests[m].prompt, requests[m].draw) for group in groups for m in group]
-                outputs = self._run(loaded, [ids[i] for i in chunk], count, keys, new_tokens, options, usage, cancelled)
+                rules = [requests[m].params.constraint for group in groups for m in group]
+                chunk_options = {**options, "constraints": rules if any(rules) else None}
+                outputs = self._run(
+                    loaded, [ids[i] for i in chunk], count, keys, new_tokens, chunk_options, usage, cancelled
+                )
                 for row, member in enumerate(m for group in groups for m in group):
                     texts[positions[member]] = trim_at_stop(outputs[row], params.stop)
 
@@ -374,12 +394,14 @@ class TransformersBackend(Backend):
                 ) from exc
             if len(ids) == 1:  # split the draws of one prompt: rows do not depend on their batch
                 half = count // 2
-                return self._run(loaded, ids, half, keys and keys[:half], new_tokens, options, usage, cancelled) + \
-                    self._run(loaded, ids, count - half, keys and keys[half:], new_tokens, options, usage, cancelled)
+                first, second = _split_rows(options, half)
+                return self._run(loaded, ids, half, keys and keys[:half], new_tokens, first, usage, cancelled) + \
+                    self._run(loaded, ids, count - half, keys and keys[half:], new_tokens, second, usage, cancelled)
             half = len(ids) // 2
-            first, rest = keys and keys[: half * count], keys and keys[half * count:]
-            return self._run(loaded, ids[:half], count, first, new_tokens, options, usage, cancelled) + \
-                self._run(loaded, ids[half:], count, rest, new_tokens, options, usage, cancelled)
+            first, second = _split_rows(options, half * count)
+            head, tail = keys and keys[: half * count], keys and keys[half * count:]
+            return self._run(loaded, ids[:half], count, head, new_tokens, first, usage, cancelled) + \
+                self._run(loaded, ids[half:], count, tail, new_tokens, second, usage, cancelled)
         if cancelled is not None and cancelled.is_set():
             raise GenerationCancelled()  # the texts were cut short: never report them
         usage[0] += prompt_tokens

@@ -2,211 +2,25 @@
 
 The key of one draw (``draw_key``, from ``outlines.cache.keys``) is a SHA-256
 of the format version, backend identity, parameters, prompt text and draw
-number. A ``Cache`` keeps a least-recently-used map in memory in front of a
-SQLite file (``outlines.cache.sqlite``) that a background writer commits to
-(``outlines.cache.disk``). The scheduler looks a whole batch up with one
-``get_many`` and stores each backend response with ``put_many`` as it arrives.
-Nothing here raises on a damaged or locked file: it warns and misses.
+number. A ``Cache`` (``outlines.cache.store``) keeps a least-recently-used map
+in memory in front of a SQLite file (``outlines.cache.sqlite``) that a
+background writer commits to (``outlines.cache.disk``). The scheduler looks a
+whole batch up with one ``get_many`` and stores each backend response with
+``put_many`` as it arrives. This module holds the process default cache and
+its controls: ``enable``, ``disable``, ``clear``, ``stats`` and ``resolve``.
 """
 from __future__ import annotations
 
-import json
 import os
 import threading
-import warnings
-import weakref
-from collections import OrderedDict
 from pathlib import Path
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Any
 
-from outlines.cache.disk import disk
 from outlines.cache.keys import draw_key
-from outlines.cache.sqlite import FORMAT, CacheWarning, encode
+from outlines.cache.sqlite import CacheWarning
+from outlines.cache.store import Cache, default_directory
 
 __all__ = ["Cache", "CacheWarning", "clear", "default_directory", "disable", "draw_key", "enable", "resolve", "stats"]
-
-
-# -- the cache ------------------------------------------------------------------
-_MISSING = object()
-_IMMUTABLE = frozenset({str, int, float, bool, type(None)})
-_live: weakref.WeakSet[Cache] = weakref.WeakSet()
-
-
-class Cache:
-    """Draws stored by key: an in-memory LRU in front of a SQLite file.
-
-    Parameters
-    ----------
-    path
-        A directory (created with mode 0700) holding ``draws-v<FORMAT>.sqlite3``,
-        or an existing ``.sqlite3``/``.db`` file. ``None``: the default directory
-        (``OUTLINES_CACHE_DIR``, else ``~/.cache/outlines``).
-    max_bytes
-        Keep at most this many bytes of entries on disk, evicting the least
-        recently used. ``None``: unlimited.
-    memory_entries, memory_bytes
-        Bounds of the in-memory LRU (entries, and characters of text held).
-    timeout
-        Seconds to wait for another process's write lock before giving up on
-        one write (with a warning).
-
-    Examples
-    --------
-    >>> cache = Cache("/tmp/outlines-doc-cache")  # doctest: +SKIP
-    >>> cache.put_many({"k": "v"}); cache.get_many(["k", "other"])  # doctest: +SKIP
-    {'k': 'v'}
-    """
-
-    def __init__(
-        self,
-        path: str | os.PathLike[str] | None = None,
-        max_bytes: int | None = None,
-        *,
-        memory_entries: int = 100_000,
-        memory_bytes: int = 64 << 20,
-        timeout: float = 30.0,
-    ) -> None:
-        if max_bytes is not None and max_bytes < 0:
-            raise ValueError(f"max_bytes must be >= 0, got {max_bytes}")
-        location = Path(path).expanduser() if path is not None else default_directory()
-        if location.suffix in (".sqlite3", ".sqlite", ".db") or location.is_file():
-            self.file = location.absolute()
-        else:
-            self.file = location.absolute() / f"draws-v{FORMAT}.sqlite3"
-        self.max_bytes = max_bytes
-        self.memory_entries = memory_entries
-        self.memory_bytes = memory_bytes
-        self._memory_size = 0
-        self.timeout = timeout
-        self.hits = 0
-        self.misses = 0
-        self._memory: OrderedDict[str, Any] = OrderedDict()
-        self._lock = threading.RLock()
-        self._disk = disk(self.file, timeout)
-        _live.add(self)
-
-    @property
-    def path(self) -> Path:
-        """The SQLite file."""
-        return self.file
-
-    def __repr__(self) -> str:
-        return f"Cache({str(self.file)!r}, max_bytes={self.max_bytes})"
-
-    def __reduce__(self) -> tuple[Any, ...]:
-        return (Cache, (str(self.file), self.max_bytes))
-
-    def get_many(self, keys: Sequence[str], *, record: bool = True) -> dict[str, Any]:
-        """Values of the ``keys`` that are stored; misses are absent. One query.
-
-        ``record=False`` (dry runs such as ``outlines.explain``) leaves the hit
-        and miss counters and the least-recently-used stamps alone.
-        """
-        found: dict[str, Any] = {}
-        with self._lock:
-            memory, missing = self._memory, []
-            for key in keys:
-                value = memory.get(key, _MISSING)
-                if value is _MISSING:
-                    missing.append(key)
-                else:
-                    memory.move_to_end(key)
-                    found[key] = value
-            if missing:
-                missing = self._from_queue(missing, found)
-            if missing:
-                stored, damaged = self._disk.get_many(missing)
-                if damaged:
-                    warnings.warn(
-                        f"outlines cache: {len(damaged)} damaged entr{'y' if len(damaged) == 1 else 'ies'} "
-                        f"in {self.file} (e.g. key {damaged[0][0][:16]}...) treated as misses; they will be "
-                        "recomputed",
-                        CacheWarning,
-                        stacklevel=2,
-                    )
-                self._remember(stored.items())
-                found.update(stored)
-            if record:
-                self.hits += len(found)
-                self.misses += len(keys) - len(found)
-        if record and self.max_bytes is not None and found:
-            self._disk.submit((), list(found), self.max_bytes)
-        return found
-
-    def _from_queue(self, keys: list[str], found: dict[str, Any]) -> list[str]:
-        """Serve keys written but not committed yet; return the rest."""
-        rest = []
-        for key in keys:
-            blob = self._disk.writer.pending(key)
-            if blob is None:
-                rest.append(key)
-            else:
-                found[key] = json.loads(blob)
-        return rest
-
-    def put_many(self, items: Mapping[str, Any]) -> None:
-        """Store ``items`` (key -> JSON value); each call is committed whole or not at all."""
-        rows: list[tuple[str, bytes]] = []
-        for key, value in items.items():
-            try:
-                rows.append((key, encode(value)))
-            except (TypeError, ValueError) as exc:
-                warnings.warn(f"outlines cache: not storing a non-JSON value ({exc})", CacheWarning, stacklevel=2)
-        if not rows:
-            return
-        with self._lock:
-            self._remember((key, items[key]) for key, _ in rows)
-        self._disk.submit(rows, (), self.max_bytes)
-
-    def flush(self) -> None:
-        """Wait until every entry put so far is committed to the file."""
-        self._disk.writer.flush()
-
-    def clear(self) -> None:
-        """Remove every entry (memory and disk); counters are kept."""
-        with self._lock:
-            self._memory.clear()
-            self._memory_size = 0
-            self._disk.clear()
-
-    def stats(self) -> dict[str, Any]:
-        """``entries`` and ``bytes`` on disk, this process's ``hits`` and ``misses``."""
-        totals = self._disk.totals()
-        with self._lock:
-            entries, size = totals if totals is not None else (len(self._memory), 0)
-            return {"entries": entries, "bytes": size, "hits": self.hits, "misses": self.misses,
-                    "path": str(self.file)}
-
-    def close(self) -> None:
-        """Commit what is queued and close the file (it reopens on next use)."""
-        self._disk.close()
-
-    def _remember(self, pairs: Iterable[tuple[str, Any]]) -> None:
-        memory, size = self._memory, self._memory_size
-        for key, value in pairs:
-            if type(value) not in _IMMUTABLE:
-                continue  # mutable values are always read fresh from disk
-            old = memory.pop(key, _MISSING)
-            if old is not _MISSING:
-                size -= _size(old)
-            memory[key] = value
-            size += _size(value)
-        while memory and (len(memory) > self.memory_entries or size > self.memory_bytes):
-            size -= _size(memory.popitem(last=False)[1])
-        self._memory_size = size
-
-
-def _size(value: Any) -> int:
-    return len(value) if type(value) is str else 8
-
-
-def _after_fork() -> None:
-    for cache in list(_live):
-        cache._lock = threading.RLock()
-
-
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_after_fork)
 
 
 # -- the process default and its controls ---------------------------------------
@@ -214,11 +28,6 @@ _enabled: bool | None = None  # None: follow OUTLINES_CACHE
 _path: str | None = None
 _defaults: dict[str, Cache] = {}
 _defaults_lock = threading.Lock()
-
-
-def default_directory() -> Path:
-    """``OUTLINES_CACHE_DIR``, else ``~/.cache/outlines`` (read at each call)."""
-    return Path(os.environ.get("OUTLINES_CACHE_DIR") or Path.home() / ".cache" / "outlines").expanduser()
 
 
 def _configured() -> Cache:

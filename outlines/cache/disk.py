@@ -6,8 +6,9 @@ on the caller's thread. Writes leave it (the event loop) through
 round, and everything queued is committed before the interpreter exits (Ctrl-C
 included; a SIGKILL loses at most the last few milliseconds, never half an
 entry). A failing file is never an exception: a locked one skips the operation
-with a warning, a damaged one is moved aside and replaced, and a file of
-another format leaves the cache in memory only.
+with a warning, a damaged one (unreadable, or with a table or column missing)
+is moved aside and replaced, and a file of another format leaves the cache in
+memory only.
 """
 from __future__ import annotations
 
@@ -185,6 +186,9 @@ class Disk:
         except FormatMismatch as exc:
             self._give_up(f"{self.file} has another cache format {exc}; using memory only")
         except sqlite3.OperationalError as exc:
+            if str(exc).startswith(("no such table", "no such column")):  # the schema broke under us
+                self._recover(what, exc)
+                return default
             warnings.warn(f"outlines cache: {what} skipped ({exc}) in {self.file}", CacheWarning, stacklevel=3)
         except sqlite3.DatabaseError as exc:
             self._recover(what, exc)

@@ -1,45 +1,111 @@
-"""Cache keys of draws: content hashes that every process computes alike.
+"""One normalize-then-hash for every key in the package (Dask ``tokenize`` style).
 
-The key of one draw is a SHA-256 over canonical JSON (sorted keys, ASCII,
-integral floats written as integers) of the cache format version, the backend
-identity (kind, model, base URL...; never a secret), the generation
-parameters (seed included), the prompt text and the draw number. Python's
-``hash`` is never involved, so keys do not depend on ``PYTHONHASHSEED``, dict
-order, the process or the Python version.
+``normalize`` turns a value into canonical JSON data through a per-type
+registry (``normalize.register``): mappings have string keys, tuples are
+lists, integral floats are integers (1.0 and 1 are one number), NumPy scalars
+are Python numbers, arrays carry their shape. ``canonical`` writes that as
+compact ASCII JSON with sorted keys. ``draw_key`` hashes it with SHA-256: the
+key of one cached draw. The planner (``outlines.runtime.plan``) keys
+interchangeable constants by their ``canonical`` text. Python's ``hash`` is
+never involved, so keys do not depend on ``PYTHONHASHSEED``, dict order, the
+process or the Python version.
 """
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
+from collections.abc import Mapping
 from json.encoder import encode_basestring_ascii  # type: ignore[attr-defined]
-from typing import Any, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Sequence
 
-from outlines.backends.base import Request
+import numpy as np
+
 from outlines.cache.sqlite import FORMAT
 
-__all__ = ["draw_key"]
+if TYPE_CHECKING:
+    from outlines.backends.base import Draw
+
+__all__ = ["canonical", "draw_key", "normalize"]
 
 
-def _normalize(value: Any) -> Any:
-    """A JSON value whose text depends only on content (1.0 and 1 are one number)."""
-    if value is None or isinstance(value, (str, bool)):
-        return value
-    if isinstance(value, int):
-        return int(value)
-    if isinstance(value, float):
-        return int(value) if value.is_integer() else value
-    if isinstance(value, Mapping):
-        return {str(k): _normalize(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_normalize(v) for v in value]
-    item = getattr(value, "item", None)  # NumPy scalars
+@functools.singledispatch
+def normalize(value: Any) -> Any:
+    """Canonical JSON data for ``value``: equal content gives equal data.
+
+    Parameters
+    ----------
+    value
+        JSON-like data (None, bool, int, float, str, mappings, lists, tuples),
+        NumPy scalars and arrays, or a type registered with
+        ``normalize.register(cls, function)``; the function returns
+        normalized data (it calls ``normalize`` on the parts it holds).
+
+    Returns
+    -------
+    Any
+        None, bool, int, float, str, lists and str-keyed dicts only.
+
+    Raises
+    ------
+    TypeError
+        For a value of no registered type, naming it.
+
+    Examples
+    --------
+    >>> normalize({"b": (1.0, 2.5), "a": None})
+    {'b': [1, 2.5], 'a': None}
+    """
+    item = getattr(value, "item", None)  # scalars of array libraries (and 0-d arrays)
     if callable(item) and not isinstance(value, (bytes, bytearray)):
-        return _normalize(item())
-    raise TypeError(f"cache keys need JSON values; got {type(value).__name__} {value!r:.60}")
+        return normalize(item())
+    raise TypeError(f"keys need JSON values; got {type(value).__name__} {value!r:.60}")
 
 
-def _canonical(value: Any) -> bytes:
-    text = json.dumps(_normalize(value), sort_keys=True, ensure_ascii=True, separators=(",", ":"))
+@normalize.register(type(None))
+@normalize.register(str)
+@normalize.register(bool)
+def _itself(value: Any) -> Any:
+    return value
+
+
+@normalize.register(int)
+def _integer(value: int) -> int:
+    return int(value)  # IntEnum members and other int subclasses: their number
+
+
+@normalize.register(float)
+def _number(value: float) -> int | float:
+    return int(value) if value.is_integer() else float(value)
+
+
+@normalize.register(Mapping)
+def _mapping(value: Mapping[Any, Any]) -> dict[str, Any]:
+    return {str(k): normalize(v) for k, v in value.items()}
+
+
+@normalize.register(list)
+@normalize.register(tuple)
+def _sequence(value: Sequence[Any]) -> list[Any]:
+    return [normalize(v) for v in value]
+
+
+@normalize.register(np.ndarray)
+def _array(value: np.ndarray) -> Any:
+    if value.ndim == 0:
+        return normalize(value.item())
+    return {"shape": list(value.shape), "items": [normalize(v) for v in value.reshape(-1).tolist()]}
+
+
+def canonical(value: Any) -> bytes:
+    """The canonical JSON text of ``normalize(value)``: the bytes every key hashes.
+
+    Examples
+    --------
+    >>> canonical({"b": 1.0, "a": "é"})
+    b'{"a":"\\\\u00e9","b":1}'
+    """
+    text = json.dumps(normalize(value), sort_keys=True, ensure_ascii=True, separators=(",", ":"))
     return text.encode("ascii")
 
 
@@ -48,11 +114,12 @@ def _same(first: Any, second: Any) -> bool:
     return first is second or (first == second and repr(first) == repr(second))
 
 
+# Draws of one node share one params object: the hash of everything but the
+# prompt and draw number is computed once per (params, identity).
 _prefixes: dict[int, tuple[Any, Any, Any]] = {}
-_recent: dict[int, tuple[Request, Any, str]] = {}
 
 
-def draw_key(identity: Sequence[Any], request: Request) -> str:
+def draw_key(identity: Sequence[Any], request: Draw) -> str:
     """The content hash of one draw.
 
     Parameters
@@ -66,35 +133,27 @@ def draw_key(identity: Sequence[Any], request: Request) -> str:
     Returns
     -------
     str
-        64 hex digits, equal across processes, Python versions, hash seeds and
-        dict orderings.
+        64 hex digits: SHA-256 of ``canonical(["outlines.draw", FORMAT,
+        identity, params])``, a NUL byte and ``canonical([prompt, draw])``.
 
     Examples
     --------
-    >>> from outlines.backends.base import GenerationParams
-    >>> key = draw_key(("function", "f"), Request("hi", GenerationParams(), 0))
+    >>> from outlines.backends.base import GenerationParams, Draw
+    >>> key = draw_key(("function", "f"), Draw("hi", GenerationParams(), 0))
     >>> len(key)
     64
     """
-    recent = _recent.get(id(request))
-    if recent is not None and recent[0] is request and _same(recent[1], identity):
-        return recent[2]  # the scheduler asks again when it stores the answer
     params = request.params
-    # Requests of one node share one params object: hash its part once.
     entry = _prefixes.get(id(params))
     if entry is None or entry[0] is not params or not _same(entry[1], identity):
-        prefix = hashlib.sha256(_canonical(["outlines.draw", FORMAT, list(identity), params.to_dict()]))
+        prefix = hashlib.sha256(canonical(["outlines.draw", FORMAT, list(identity), params.to_dict()]))
         if len(_prefixes) >= 1024:
             _prefixes.clear()
         entry = _prefixes[id(params)] = (params, identity, prefix)
     digest = entry[2].copy()
     prompt, draw = request.prompt, request.draw
-    if type(prompt) is str and type(draw) is int:
+    if type(prompt) is str and type(draw) is int:  # canonical([prompt, draw]) without the dispatch
         digest.update(b"\0[%s,%d]" % (encode_basestring_ascii(prompt).encode("ascii"), draw))
     else:
-        digest.update(b"\0" + _canonical([prompt, draw]))
-    key = digest.hexdigest()
-    if len(_recent) >= 8192:
-        _recent.clear()
-    _recent[id(request)] = (request, identity, key)
-    return key
+        digest.update(b"\0" + canonical([prompt, draw]))
+    return digest.hexdigest()

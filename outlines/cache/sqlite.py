@@ -21,7 +21,7 @@ from json.encoder import encode_basestring
 from pathlib import Path
 from typing import Any, Iterable, Sequence
 
-__all__ = ["FORMAT", "CacheWarning", "FormatMismatch", "SQLiteStore", "decode", "encode"]
+__all__ = ["FORMAT", "CacheWarning", "FormatMismatch", "SQLiteStore", "SchemaError", "decode", "encode"]
 
 #: Bumped on any change to keys or rows; the file name carries it, so a new
 #: format never reads an old file (and never returns a wrong value).
@@ -58,6 +58,14 @@ class FormatMismatch(RuntimeError):
     """The file was written by another cache format."""
 
 
+class SchemaError(sqlite3.DatabaseError):
+    """The file's tables are not the cache's (one is missing or lacks a column): a damaged file."""
+
+
+#: The columns each table must have; checked whenever a file is opened.
+_COLUMNS = {"meta": ("name", "value"), "entries": ("key", "value", "checksum", "size", "used")}
+
+
 def checksum(key: str, blob: bytes) -> bytes:
     """A checksum binding ``blob`` to ``key`` (a moved row fails it too)."""
     return hashlib.blake2b(key.encode("utf-8", "surrogatepass") + b"\0" + blob, digest_size=16).digest()
@@ -80,7 +88,7 @@ def decode(key: str, blob: Any, check: Any) -> Any:
         return _INVALID
     try:
         return json.loads(blob.decode("utf-8", "surrogatepass"))
-    except ValueError:
+    except Exception:  # noqa: BLE001 - deep nesting raises RecursionError: any failure is a miss
         return _INVALID
 
 
@@ -137,6 +145,7 @@ class SQLiteStore:
                 connection.execute("PRAGMA journal_mode=WAL")
                 connection.executescript(f"BEGIN IMMEDIATE;{_SCHEMA}COMMIT;")
                 self._check_format(connection)
+            self._check_schema(connection)
         except BaseException:
             connection.close()
             raise
@@ -153,6 +162,16 @@ class SQLiteStore:
         if row is not None and row[0] != str(FORMAT):
             raise FormatMismatch(f"{row[0]!r} (this version reads format {FORMAT})")
         return row is not None and connection.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+
+    @staticmethod
+    def _check_schema(connection: sqlite3.Connection) -> None:
+        for table, columns in _COLUMNS.items():
+            found = {row[1] for row in connection.execute(f"PRAGMA table_info({table})")}
+            if not found:
+                raise SchemaError(f"table {table!r} is missing")
+            lacking = [c for c in columns if c not in found]
+            if lacking:
+                raise SchemaError(f"table {table!r} lacks column(s) {', '.join(lacking)}")
 
     @staticmethod
     def _check_format(connection: sqlite3.Connection) -> None:

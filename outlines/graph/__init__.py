@@ -1,4 +1,4 @@
-"""The symbolic graph: Variables, Apply nodes, Ops, traversal and hashing."""
+"""The symbolic graph: Variables, Apply nodes, Ops, and traversal."""
 from outlines.graph.basic import Apply, Constant, Op, SymbolicValueError, Variable, as_variable
 from outlines.graph.traversal import ancestors, applies, graph_inputs, toposort
 

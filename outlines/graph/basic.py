@@ -14,6 +14,10 @@ from typing import TYPE_CHECKING, Any, Sequence
 
 import numpy as np
 
+from outlines.errors import GraphBuildError
+from outlines.graph.ragged import Ragged
+from outlines.graph.shapes import Shape, align, shape_of
+
 if TYPE_CHECKING:
     from outlines.graph.ops import Concat
 
@@ -42,14 +46,37 @@ class Variable:
         Which output of ``owner`` this is.
     name
         A human name; for free inputs, the name ``givens`` may use.
+    shape
+        The static shape when known (see ``outlines.graph.shapes``): ``None``
+        for an unknown rank, ``None`` sizes for sizes known only at run time.
+    ragged
+        Whether the value may be a ``Ragged`` (rows of different lengths).
+
+    Variables hash by identity (they are dict keys in ``givens``); comparing
+    them with ``==`` or ``<`` raises, like ``bool()``, because the answer is
+    only known after evaluation.
     """
 
-    __slots__ = ("owner", "index", "name", "__weakref__")
+    __slots__ = ("owner", "index", "name", "shape", "ragged", "__weakref__")
 
-    def __init__(self, owner: Apply | None = None, index: int = 0, name: str | None = None) -> None:
+    def __init__(
+        self,
+        owner: Apply | None = None,
+        index: int = 0,
+        name: str | None = None,
+        shape: Shape = None,
+        ragged: bool = False,
+    ) -> None:
         self.owner = owner
         self.index = index
         self.name = name
+        self.shape = shape
+        self.ragged = ragged
+
+    @property
+    def ndim(self) -> int | None:
+        """The rank when known, else ``None``."""
+        return None if self.shape is None else len(self.shape)
 
     # -- symbolic guards (Dask-style): fail loudly instead of guessing --------
     def __bool__(self) -> bool:
@@ -59,10 +86,60 @@ class Variable:
         raise SymbolicValueError(f"Iterating over {self!r} is not possible: it {_SYMBOLIC_HINT}")
 
     def __len__(self) -> int:
+        if self.shape and self.shape[0] is not None:
+            return self.shape[0]
         raise SymbolicValueError(f"len() of {self!r} is unknown: it {_SYMBOLIC_HINT}")
 
     def __index__(self) -> int:
         raise SymbolicValueError(f"{self!r} cannot be used as an index: it {_SYMBOLIC_HINT}")
+
+    def _compare(self, symbol: str) -> Any:
+        raise SymbolicValueError(
+            f"Comparing {self!r} with {symbol} is not possible: it {_SYMBOLIC_HINT} "
+            "(inside a @outlines.prompt template, compare in the template or in an outlines.fn)"
+        )
+
+    def __eq__(self, other: object) -> bool:
+        return self._compare("==")  # type: ignore[no-any-return]
+
+    def __ne__(self, other: object) -> bool:
+        return self._compare("!=")  # type: ignore[no-any-return]
+
+    def __lt__(self, other: object) -> bool:
+        return self._compare("<")  # type: ignore[no-any-return]
+
+    def __le__(self, other: object) -> bool:
+        return self._compare("<=")  # type: ignore[no-any-return]
+
+    def __gt__(self, other: object) -> bool:
+        return self._compare(">")  # type: ignore[no-any-return]
+
+    def __ge__(self, other: object) -> bool:
+        return self._compare(">=")  # type: ignore[no-any-return]
+
+    def __contains__(self, item: object) -> bool:
+        raise SymbolicValueError(f"`in` on {self!r} is not possible: it {_SYMBOLIC_HINT}")
+
+    __hash__ = object.__hash__
+
+    # -- arrays ---------------------------------------------------------------
+    def __getitem__(self, key: Any) -> Variable:
+        from outlines.graph.ops import Index
+
+        return Index.create(key)(self)
+
+    def reshape(self, *shape: Any) -> Variable:
+        """The same elements in another shape (one size may be -1)."""
+        from outlines.graph.ops import Reshape
+
+        sizes = shape[0] if len(shape) == 1 and isinstance(shape[0], (tuple, list)) else shape
+        return Reshape(tuple(int(n) for n in sizes))(self)
+
+    def expand_dims(self, axis: int) -> Variable:
+        """A size-1 axis inserted at ``axis`` (``v[..., None]`` is ``axis=-1``)."""
+        from outlines.graph.ops import expand_dims
+
+        return expand_dims(self, axis)
 
     # -- string building ------------------------------------------------------
     def __add__(self, other: Any) -> Variable:
@@ -111,7 +188,7 @@ class Constant(Variable):
     __slots__ = ("value",)
 
     def __init__(self, value: Any, name: str | None = None) -> None:
-        super().__init__(None, 0, name)
+        super().__init__(None, 0, name, shape_of(value), isinstance(value, Ragged))
         self.value = value
 
     @property
@@ -134,7 +211,12 @@ class Apply:
         self.op = op
         self.inputs = tuple(inputs)
         self.order = next(_creation_order)
-        self.outputs = tuple(Variable(self, i) for i in range(noutputs))
+        shapes = op.infer_shapes([v.shape for v in self.inputs], noutputs)
+        ragged = op.ragged_outputs([v.ragged for v in self.inputs], noutputs)
+        if noutputs == 1:  # the common case, kept cheap for deep graphs
+            self.outputs: tuple[Variable, ...] = (Variable(self, 0, None, shapes[0], ragged[0]),)
+        else:
+            self.outputs = tuple(Variable(self, i, None, shapes[i], ragged[i]) for i in range(noutputs))
 
     @property
     def out(self) -> Variable:
@@ -174,6 +256,20 @@ class Op:
         """Compute the output value(s) from the input values."""
         raise NotImplementedError(f"{type(self).__name__} does not implement perform")
 
+    def infer_shapes(self, shapes: list[Shape], noutputs: int) -> list[Shape]:
+        """Static output shapes from the inputs' (``GraphBuildError`` when they cannot pair).
+
+        Elementwise ops (``elementwise = True``) pair their inputs on leading
+        axes (``outlines.graph.shapes.align``); others do not know by default.
+        """
+        if getattr(self, "elementwise", False):
+            return [align(self.name, shapes)] * noutputs
+        return [None] * noutputs
+
+    def ragged_outputs(self, ragged: list[bool], noutputs: int) -> list[bool]:
+        """Which outputs may be ``Ragged``: elementwise ops keep their inputs' rows."""
+        return [bool(getattr(self, "elementwise", False) and any(ragged))] * noutputs
+
     def __getstate__(self) -> dict[str, Any]:
         # String hashes differ between processes: never ship the cached one.
         return {k: v for k, v in self.__dict__.items() if k != "_hash"}
@@ -181,13 +277,22 @@ class Op:
     def _props(self) -> tuple[Any, ...]:
         return tuple(getattr(self, p) for p in self.__props__)
 
-    def key(self) -> tuple[Any, ...]:
-        """A JSON-able description of this op, used in content hashes."""
-        return (type(self).__name__, *(_key_part(p) for p in self._props()))
-
     @property
     def name(self) -> str:
         return type(self).__name__
+
+    def describe(self) -> dict[str, Any]:
+        """How pictures show this op: fields of a ``DrawnNode`` (``graph.viz.drawing``).
+
+        ``kind`` (``"op"``, ``"prompt"``, ``"model"``, ``"python"``), ``title`` and
+        ``lines`` under it; model calls add ``backend``, ``params`` and
+        ``num_samples``. The default is a plain box titled with ``name``.
+        """
+        return {"kind": "op", "title": self.name}
+
+    def argument_name(self, position: int, ninputs: int) -> str:
+        """The label of the edge into input ``position`` in pictures."""
+        return str(position) if ninputs > 1 else ""
 
     def __eq__(self, other: object) -> bool:
         return type(self) is type(other) and self._props() == other._props()  # type: ignore[attr-defined]
@@ -203,20 +308,6 @@ class Op:
     def __repr__(self) -> str:
         props = ", ".join(f"{p}={getattr(self, p)!r}" for p in self.__props__)
         return f"{type(self).__name__}({props})"
-
-
-def _key_part(value: Any) -> Any:
-    if isinstance(value, (str, int, float, bool, type(None))):
-        return value
-    if isinstance(value, (tuple, list)):
-        return [_key_part(v) for v in value]
-    key = getattr(value, "key", None)
-    if callable(key):
-        return _key_part(key())
-    identity = getattr(value, "identity", None)
-    if identity is not None:
-        return _key_part(identity)
-    return repr(value)
 
 
 def as_object_array(values: Any) -> np.ndarray:
@@ -246,9 +337,17 @@ def as_variable(value: Any, *, array: bool = False) -> Variable:
         from outlines.graph.ops import Stack
 
         return Stack(len(value))(*value)
+    if isinstance(value, (list, tuple)) and _nests_variables(value):
+        raise GraphBuildError(
+            "a nested list holding Variables is ambiguous; build it with outlines.stack(..., axis=...)"
+        )
     if array and isinstance(value, (list, tuple)):
         return Constant(as_object_array(value))
     return Constant(value)
+
+
+def _nests_variables(value: Any) -> bool:
+    return any(isinstance(v, Variable) or (isinstance(v, (list, tuple)) and _nests_variables(v)) for v in value)
 
 
 def _concat() -> Concat:

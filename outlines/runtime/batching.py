@@ -1,40 +1,79 @@
-"""Model calls inside a schedule: draws, per-backend groups, batches, the cache.
+"""Model calls inside a schedule: draws, per-backend queues, batches, the cache.
 
-A ready ``Generate`` node turns into draws that join the ``Group`` of its
-(backend, params). After each dispatch round the scheduler flushes the groups:
-draws are deduplicated (waiters keyed by backend and request), looked up in
-the cache in one query, split by the backend's ``max_batch`` and sent as
-batch tasks, at most ``max_concurrency`` per backend. A group stays open for a
-short gathering window while other nodes that feed it are still running; a
-full group sends its whole batches at once and keeps the remainder open.
-Each finished draw is cached as its request completes.
+A ready ``Generate`` node turns into draws that join the ``BatchQueue`` of its
+(backend, params less the constraint: ``queue_key``). After each dispatch round the scheduler flushes the
+``Batcher``: queued draws are deduplicated (waiters keyed by backend and draw),
+looked up in the cache in one query (``lookup``), split by the backend's
+``max_batch`` (``batch_sizes``) and sent as batch tasks, at most
+``max_concurrency`` per backend. A queue stays open for a short gathering
+window while other nodes that feed it are still running; a full queue sends
+its whole batches at once and keeps the remainder open. Each finished draw is
+cached as soon as its backend reports it; constrained draws are checked first
+and retried while they break their constraint (``constraints.generate_valid``).
+
+The scheduler and the ``Batcher`` talk through the callbacks given to the
+constructor (``finish``, ``fail``, ``spawn``, ``wake``) and the methods
+``start``, ``flush`` and ``close``. The pure helpers are shared with
+``outlines.runtime.explain``.
 """
 from __future__ import annotations
 
 import asyncio
 import time
-from typing import Any, Callable
+from dataclasses import replace
+from typing import Any, Callable, Coroutine, Iterable, Sequence
 
 import numpy as np
 
 from outlines import cache as cache_module
-from outlines.backends.base import (
-    Backend,
-    BackendError,
-    Request,
-    _requests_callback,
-    _result_callback,
-    _usage_callback,
-)
+from outlines.backends.base import Backend, BackendError, BatchReport, Draw, GenerationParams
+from outlines.backends.constraints import generate_valid
 from outlines.errors import Failure
 from outlines.graph.basic import Apply
+from outlines.runtime.executor import Executor
 from outlines.runtime.plan import Plan
 from outlines.tracing import Recorder
 
-__all__ = ["Draws", "Group", "ModelCalls"]
+__all__ = ["BatchQueue", "Batcher", "NodeDraws", "batch_sizes", "lookup", "queue_key", "unique_draws"]
 
 
-class Draws:
+# -- pure helpers (explain uses them too) ------------------------------------------
+def queue_key(backend: Backend, params: GenerationParams) -> tuple[Backend, GenerationParams]:
+    """The ``BatchQueue`` a model call's draws join.
+
+    Draws that differ only in their constraint share a queue, so a batch
+    (issue 13): a local model masks each row under its own constraint in one
+    forward pass, and each draw keeps its params (so its cache key).
+    """
+    return backend, replace(params, constraint=None)
+
+
+def unique_draws(draws: Iterable[Draw]) -> list[Draw]:
+    """``draws`` without repeats, in first-seen order."""
+    return list(dict.fromkeys(draws))
+
+
+def batch_sizes(count: int, max_batch: int | None) -> list[int]:
+    """Sizes of the batches that send ``count`` draws, at most ``max_batch`` each."""
+    size = max_batch or count or 1
+    return [min(size, count - start) for start in range(0, count, size)]
+
+
+def lookup(cache: Any, backend: Backend, draws: Sequence[Draw], *, record: bool = True) -> dict[Draw, Any]:
+    """The cached texts of ``draws`` (one ``get_many``); ``record=False`` counts no hits.
+
+    A backend that is not ``cacheable`` (its identity holds an object id) never
+    reads the disk; a stored value that is not text is a miss.
+    """
+    if cache is None or not draws or not backend.cacheable:
+        return {}
+    keys = [cache_module.draw_key(backend.identity, d) for d in draws]
+    found = cache.get_many(keys, record=record, expect=str)
+    return {d: found[k] for d, k in zip(draws, keys) if k in found} if found else {}
+
+
+# -- state --------------------------------------------------------------------------
+class NodeDraws:
     """The outstanding draws of one running Generate node."""
 
     __slots__ = ("index", "shape", "results", "remaining", "hits")
@@ -47,249 +86,307 @@ class Draws:
         self.hits = 0
 
 
-class Group:
+class BatchQueue:
     """Draws waiting to be sent to one backend with one set of params."""
 
     __slots__ = ("backend", "pending", "since", "unready")
 
     def __init__(self, backend: Backend) -> None:
         self.backend = backend
-        self.pending: dict[Request, None] = {}
+        self.pending: dict[Draw, None] = {}
         self.since = 0.0
-        self.unready = 0  # Generate nodes of this group not dispatched yet
+        self.unready = 0  # Generate nodes of this queue not dispatched yet
 
 
-class ModelCalls:
-    """The model-call half of ``Scheduler`` (which provides the state below)."""
+Spawn = Callable[[Coroutine[Any, Any, Any], Callable[["asyncio.Task[Any]"], None]], None]
 
-    plan: Plan
-    cache: Any
-    recorder: Recorder
-    tracing: bool
-    executor: Any
-    batch_window: float
-    return_failures: bool
-    global_limit: asyncio.Semaphore | None
-    tasks: set[asyncio.Task[Any]]
-    wakeup: asyncio.Event
-    groups: dict[tuple[Backend, Any], Group]
-    waiters: dict[tuple[Backend, Request], list[tuple[Draws, int]]]
-    limits: dict[Backend, asyncio.Semaphore | None]
-    tainted: set[int]
-    batch_ids: int
-    timer: asyncio.TimerHandle | None
 
-    def _spawn(self, coroutine: Any, on_done: Callable[[asyncio.Task[Any]], None]) -> None:
-        raise NotImplementedError
+class Batcher:
+    """Queues, waiters and cache lookups of one evaluation's model calls.
 
-    def _finish(self, index: int, result: Any, error: BaseException | None = None) -> None:
-        raise NotImplementedError
+    Parameters
+    ----------
+    plan, cache, executor
+        The scheduler's plan, resolved cache (``None``: off) and executor.
+    recorder
+        Returns the scheduler's recorder, read at each event: progress puts a
+        ``Counter`` in front of it after the scheduler is built.
+    return_failures
+        ``errors="return"``: failed draws become ``Failure`` values.
+    batch_window
+        Seconds a queue waits for more draws while their producers run.
+    request_limit
+        The evaluation's bound on wire requests (or batches) in flight.
+    finish, fail
+        ``finish(index, value)`` / ``fail(index, error)`` a node of the plan.
+    spawn
+        ``spawn(coroutine, on_done)`` runs a task owned by the scheduler.
+    wake
+        Wakes the scheduler's loop when a gathering window closes.
+    """
 
-    def _fail_node(self, index: int, exc: BaseException) -> None:
-        raise NotImplementedError
+    def __init__(
+        self,
+        plan: Plan,
+        *,
+        cache: Any,
+        executor: Executor,
+        recorder: Callable[[], Recorder],
+        return_failures: bool,
+        batch_window: float,
+        request_limit: asyncio.Semaphore | None,
+        finish: Callable[[int, Any], None],
+        fail: Callable[[int, BaseException], None],
+        spawn: Spawn,
+        wake: Callable[[], None],
+    ) -> None:
+        self.plan = plan
+        self.cache = cache
+        self.executor = executor
+        self._recorder = recorder
+        self.return_failures = return_failures
+        self.batch_window = batch_window
+        self.request_limit = request_limit
+        self.finish = finish
+        self.fail = fail
+        self.spawn = spawn
+        self.wake = wake
+        self.queues: dict[tuple[Backend, Any], BatchQueue] = {}
+        self.waiters: dict[tuple[Backend, Draw], list[tuple[NodeDraws, int]]] = {}
+        self.limits: dict[Backend, asyncio.Semaphore | None] = {}
+        self.batch_ids = 0
+        self.timer: asyncio.TimerHandle | None = None
+        for node in plan.nodes:
+            if node.op.mode == "generate":
+                self._queue(node).unready += 1
 
-    def _group(self, node: Apply) -> Group:
-        key = (node.op.backend, node.op.params)  # type: ignore[attr-defined]
-        group = self.groups.get(key)
-        if group is None:
-            group = self.groups[key] = Group(node.op.backend)  # type: ignore[attr-defined]
-        return group
+    @property
+    def recorder(self) -> Recorder:
+        """The scheduler's recorder now (a progress ``Counter`` may stand in front of a trace)."""
+        return self._recorder()
 
-    def _start_generate(self, index: int, node: Apply, prompt: Any) -> None:
-        op = node.op
-        group = self._group(node)
-        group.unready -= 1
+    @property
+    def tracing(self) -> bool:
+        """Whether someone listens to batch details (a plain ``Recorder`` ignores them)."""
+        return type(self.recorder) is not Recorder
+
+    @property
+    def window_open(self) -> bool:
+        """Whether a gathering window will wake the scheduler later."""
+        return self.timer is not None
+
+    def _queue(self, node: Apply) -> BatchQueue:
+        key = queue_key(node.op.backend, node.op.params)  # type: ignore[attr-defined]
+        queue = self.queues.get(key)
+        if queue is None:
+            queue = self.queues[key] = BatchQueue(node.op.backend)  # type: ignore[attr-defined]
+        return queue
+
+    # -- draws in ------------------------------------------------------------------
+    def start(self, index: int, node: Apply, prompt: Any, failed_input: bool) -> None:
+        """Turn a ready Generate node into queued draws (``failed_input``: its prompt holds Failures)."""
+        op: Any = node.op
+        queue = self._queue(node)
+        queue.unready -= 1
         if isinstance(prompt, Failure):
-            self._finish(index, prompt.skipped(node.label, op.name))
+            self.finish(index, prompt.skipped(node.label, op.name))
             return
         failed: list[Failure | None] = []
-        if self.return_failures and isinstance(prompt, np.ndarray) and id(node.inputs[0]) in self.tainted:
+        if self.return_failures and isinstance(prompt, np.ndarray) and failed_input:
             failed = [x if isinstance(x, Failure) else None for x in prompt.reshape(-1)]
             prompt = np.where(np.vectorize(lambda x: isinstance(x, Failure), otypes=[bool])(prompt), "", prompt)
-        shape, requests = op.requests(prompt, self.plan.draw_offsets.get(id(node), 0))  # type: ignore[attr-defined]
-        draws = Draws(index, shape, len(requests))
-        per_element = op.num_samples  # type: ignore[attr-defined]
-        if not group.pending:
-            group.since = time.perf_counter()
-        for position, request in enumerate(requests):
+        shape, draws = op.draws(prompt, self.plan.draw_offsets.get(id(node), 0))
+        outstanding = NodeDraws(index, shape, len(draws))
+        per_element = op.num_samples
+        if not queue.pending:
+            queue.since = time.perf_counter()
+        for position, draw in enumerate(draws):
             upstream = failed[position // per_element] if failed else None
             if upstream is not None:
-                draws.results[position] = upstream.skipped(node.label, op.name)
-                draws.remaining -= 1
+                outstanding.results[position] = upstream.skipped(node.label, op.name)
+                outstanding.remaining -= 1
                 continue
-            waiting = self.waiters.get((group.backend, request))
+            waiting = self.waiters.get((queue.backend, draw))
             if waiting is None:
-                self.waiters[group.backend, request] = [(draws, position)]
-                group.pending[request] = None
+                self.waiters[queue.backend, draw] = [(outstanding, position)]
+                queue.pending[draw] = None
             else:
-                waiting.append((draws, position))
-        if draws.remaining == 0:
-            self._finish_draws(draws)
+                waiting.append((outstanding, position))
+        if outstanding.remaining == 0:
+            self._finish_node(outstanding)
 
-    def _flush_groups(self) -> None:
+    # -- batches out ---------------------------------------------------------------
+    def flush(self, others_running: bool) -> None:
+        """Send what is queued, unless a queue may still fill while ``others_running``."""
         now = time.perf_counter()
         wait_until = None
-        for group in self.groups.values():
-            if not group.pending:
+        for queue in self.queues.values():
+            if not queue.pending:
                 continue
-            full = group.backend.max_batch is not None and len(group.pending) >= group.backend.max_batch
-            deadline = group.since + self.batch_window
-            if group.unready and self.tasks and now < deadline:
+            full = queue.backend.max_batch is not None and len(queue.pending) >= queue.backend.max_batch
+            deadline = queue.since + self.batch_window
+            if queue.unready and others_running and now < deadline:
                 if full:  # send the whole batches now; the remainder may still fill up
-                    self._send(group, whole_batches=True)
-                if group.pending:
+                    self._send(queue, whole_batches=True)
+                if queue.pending:
                     wait_until = deadline if wait_until is None else min(wait_until, deadline)
                 continue
-            self._send(group)
+            self._send(queue)
         if wait_until is not None and self.timer is None:
             self.timer = asyncio.get_running_loop().call_later(max(0.0, wait_until - now), self._window_closed)
 
     def _window_closed(self) -> None:
         self.timer = None
-        self.wakeup.set()
+        self.wake()
 
-    def _send(self, group: Group, whole_batches: bool = False) -> None:
-        requests = list(group.pending)
+    async def close(self) -> None:
+        """Stop the window timer and release every backend's loop-bound resources."""
+        if self.timer is not None:
+            self.timer.cancel()
+            self.timer = None
+        for backend in sorted({queue.backend for queue in self.queues.values()}, key=repr):
+            await backend.aclose()
+
+    def _send(self, queue: BatchQueue, whole_batches: bool = False) -> None:
+        draws = list(queue.pending)
+        backend = queue.backend
         if whole_batches:
-            size = group.backend.max_batch or len(requests)
-            requests = requests[: len(requests) - len(requests) % size]
-            for request in requests:
-                del group.pending[request]
+            size = backend.max_batch or len(draws)
+            draws = draws[: len(draws) - len(draws) % size]
+            for draw in draws:
+                del queue.pending[draw]
         else:
-            group.pending.clear()
-        backend = group.backend
-        keys: list[str] = []
-        if self.cache is not None:
-            identity = backend.identity
-            keys = [cache_module.draw_key(identity, r) for r in requests]
-            found = self.cache.get_many(keys)
-            if found:
-                misses, miss_keys = [], []
-                for request, key in zip(requests, keys):
-                    if key in found:
-                        self._resolve(backend, request, found[key], hit=True)
-                    else:
-                        misses.append(request)
-                        miss_keys.append(key)
-                requests, keys = misses, miss_keys
-        size = backend.max_batch or len(requests) or 1
-        for start in range(0, len(requests), size):
-            self._start_batch(backend, requests[start : start + size], keys[start : start + size])
+            queue.pending.clear()
+        found = lookup(self.cache, backend, draws)
+        if found:
+            for draw in draws:
+                if draw in found:
+                    self._resolve(backend, draw, found[draw], hit=True)
+            draws = [d for d in draws if d not in found]
+        start = 0
+        for size in batch_sizes(len(draws), backend.max_batch) if draws else []:
+            self._start_batch(backend, draws[start : start + size])
+            start += size
 
-    def _start_batch(self, backend: Backend, requests: list[Request], keys: list[str]) -> None:
-        """Send one batch; ``keys`` are the draws' cache keys (empty: no cache)."""
+    def _start_batch(self, backend: Backend, draws: list[Draw]) -> None:
         self.batch_ids += 1
         batch_id = self.batch_ids
-        done: dict[int, str] = {}  # requests the backend reported before the batch ended
-        self._spawn(
-            self._run_batch(batch_id, backend, requests, keys, done),
-            lambda t: self._batch_done(backend, requests, t, done),
+        # Empty: no cache, or a backend that is not cacheable (nothing goes to disk).
+        cached = self.cache is not None and backend.cacheable
+        keys = [cache_module.draw_key(backend.identity, d) for d in draws] if cached else []
+
+        def on_result(index: int, text: str) -> None:
+            if keys and 0 <= index < len(keys):
+                self.cache.put_many({keys[index]: text})
+
+        def on_failure(index: int, error: BaseException) -> None:
+            if not self.return_failures and 0 <= index < len(draws):
+                self._fail_draw(backend, draws[index], error)
+
+        report = BatchReport(
+            on_result=on_result,
+            on_failure=on_failure,
+            on_request=lambda start, end, error: self.recorder.request_finished(batch_id, start, end, error),
+            on_model_loaded=lambda start, end: self.recorder.model_loaded(backend, start, end),
+            request_limit=self.request_limit if backend.sends_requests else None,
+        )
+        self.spawn(
+            self._run_batch(batch_id, backend, draws, keys, report),
+            lambda task: self._batch_done(backend, draws, task, report),
         )
 
     async def _run_batch(
-        self, batch_id: int, backend: Backend, requests: list[Request], keys: list[str], done: dict[int, str]
+        self, batch_id: int, backend: Backend, draws: list[Draw], keys: list[str], report: BatchReport
     ) -> list[str]:
         limit = self._limit(backend)
+        # A backend that sends its own requests takes one evaluation slot per request.
+        whole = self.request_limit if not backend.sends_requests else None
         if limit is not None:
             await limit.acquire()
-        if self.global_limit is not None:
-            await self.global_limit.acquire()
-        usage = [0, 0]
-
-        def add_usage(prompt_tokens: int, completion_tokens: int) -> None:
-            usage[0] += prompt_tokens
-            usage[1] += completion_tokens
-
-        requests_sent = [0]
-
-        def add_requests(count: int) -> None:
-            requests_sent[0] += count
-
-        def add_result(index: int, text: str) -> None:
-            if 0 <= index < len(requests) and index not in done and isinstance(text, str):
-                done[index] = text
-                if self.cache is not None:
-                    self.cache.put_many({keys[index]: text})
-
-        token = _usage_callback.set(add_usage)
-        requests_token = _requests_callback.set(add_requests)
-        result_token = _result_callback.set(add_result)
+        if whole is not None:
+            await whole.acquire()
         nodes: list[str] = []
-        if self.tracing:  # a waiter lookup per request: only when someone listens
-            indices = {d.index for r in requests for d, _ in self.waiters.get((backend, r), ())}
+        if self.tracing:  # a waiter lookup per draw: only when someone listens
+            indices = {d.index for r in draws for d, _ in self.waiters.get((backend, r), ())}
             nodes = sorted(self.plan.nodes[i].label for i in indices)
-        self.recorder.batch_started(batch_id, backend, nodes, len(requests), time.perf_counter())
+        self.recorder.batch_started(batch_id, backend, nodes, len(draws), time.perf_counter())
         error: BaseException | None = None
         worker = None
         try:
-            texts, worker = await self.executor.generate(backend, requests)
-            if not isinstance(texts, list) or len(texts) != len(requests):
-                raise BackendError(f"{backend!r} returned {len(texts)} completions for {len(requests)} prompts")
-            if self.cache is not None and len(done) < len(requests):
-                self.cache.put_many({k: t for i, (k, t) in enumerate(zip(keys, texts)) if i not in done})
+            # Constrained draws are checked, and retried while they break their constraint.
+            texts, worker = await generate_valid(self.executor.generate, backend, draws, report)
+            if not isinstance(texts, list) or len(texts) != len(draws):
+                raise BackendError(f"{backend!r} returned {len(texts)} completions for {len(draws)} prompts")
+            if keys:  # what the backend did not report (and cache) already
+                reported = report.results.keys() | report.failures.keys()
+                rest = {k: t for i, (k, t) in enumerate(zip(keys, texts)) if i not in reported}
+                if rest:
+                    self.cache.put_many(rest)
             return texts
         except BaseException as exc:
             error = exc
             raise
         finally:
-            _usage_callback.reset(token)
-            _requests_callback.reset(requests_token)
-            _result_callback.reset(result_token)
-            self.recorder.batch_finished(
-                batch_id, time.perf_counter(), error, (usage[0], usage[1]), worker, requests=requests_sent[0]
-            )
-            if self.global_limit is not None:
-                self.global_limit.release()
+            usage = (report.tokens[0], report.tokens[1])
+            self.recorder.batch_finished(batch_id, time.perf_counter(), error, usage, worker, requests=report.requests)
+            if whole is not None:
+                whole.release()
             if limit is not None:
                 limit.release()
 
     def _limit(self, backend: Backend) -> asyncio.Semaphore | None:
         if backend not in self.limits:
-            bound = backend.max_concurrency
-            per_executor = getattr(self.executor, "max_concurrency", None)
-            if per_executor is not None:  # a cluster holds one copy of a local model per worker
-                bound = per_executor(backend)
+            bound = self.executor.max_concurrency(backend)
             self.limits[backend] = asyncio.Semaphore(bound) if bound else None
         return self.limits[backend]
 
-    def _batch_done(
-        self, backend: Backend, requests: list[Request], task: asyncio.Task[Any], done: dict[int, str]
-    ) -> None:
+    # -- results back -------------------------------------------------------------
+    def _batch_done(self, backend: Backend, draws: list[Draw], task: asyncio.Task[Any], report: BatchReport) -> None:
         exc = task.exception()
         if exc is None:
-            for request, text in zip(requests, task.result()):
-                self._resolve(backend, request, text, hit=False)
+            texts = task.result()
+            for index, draw in enumerate(draws):
+                if index in report.failures:
+                    self._fail_draw(backend, draw, report.failures[index])
+                else:
+                    self._resolve(backend, draw, report.results.get(index, texts[index]), hit=False)
             return
-        if self.return_failures and done:  # what finished before the failure is kept
-            for index, text in done.items():
-                self._resolve(backend, requests[index], text, hit=False)
-            requests = [r for i, r in enumerate(requests) if i not in done]
         if not self.return_failures:
-            waiting = self.waiters.get((backend, requests[0]))
-            self._fail_node(waiting[0][0].index if waiting else 0, exc)
+            self._fail_draw(backend, draws[0], exc)
             return
-        for request in requests:
-            for draws, position in self.waiters.pop((backend, request), ()):
-                node = self.plan.nodes[draws.index]
-                self._resolve_one(draws, position, Failure.from_exception(node.label, node.op.name, exc))
+        # What finished before the failure is kept; each reported failure is its own.
+        for index, draw in enumerate(draws):
+            if index in report.results:
+                self._resolve(backend, draw, report.results[index], hit=False)
+            else:
+                self._fail_draw(backend, draw, report.failures.get(index, exc))
 
-    def _resolve(self, backend: Backend, request: Request, value: Any, *, hit: bool) -> None:
-        for draws, position in self.waiters.pop((backend, request), ()):
-            draws.hits += hit
-            self._resolve_one(draws, position, value)
-
-    def _resolve_one(self, draws: Draws, position: int, value: Any) -> None:
-        draws.results[position] = value
-        draws.remaining -= 1
-        if draws.remaining == 0:
-            self._finish_draws(draws)
-
-    def _finish_draws(self, draws: Draws) -> None:
-        node = self.plan.nodes[draws.index]
-        count = len(draws.results)
-        self.recorder.node_cache(node, draws.hits, count - draws.hits)
-        if not draws.shape:
-            self._finish(draws.index, draws.results[0])
+    def _fail_draw(self, backend: Backend, draw: Draw, exc: BaseException) -> None:
+        if not self.return_failures:
+            waiting = self.waiters.get((backend, draw))
+            self.fail(waiting[0][0].index if waiting else 0, exc)
             return
-        array = np.fromiter(draws.results, dtype=object, count=count).reshape(draws.shape)
-        self._finish(draws.index, array)
+        for outstanding, position in self.waiters.pop((backend, draw), ()):
+            node = self.plan.nodes[outstanding.index]
+            self._resolve_one(outstanding, position, Failure.from_exception(node.label, node.op.name, exc))
+
+    def _resolve(self, backend: Backend, draw: Draw, value: Any, *, hit: bool) -> None:
+        for outstanding, position in self.waiters.pop((backend, draw), ()):
+            outstanding.hits += hit
+            self._resolve_one(outstanding, position, value)
+
+    def _resolve_one(self, outstanding: NodeDraws, position: int, value: Any) -> None:
+        outstanding.results[position] = value
+        outstanding.remaining -= 1
+        if outstanding.remaining == 0:
+            self._finish_node(outstanding)
+
+    def _finish_node(self, outstanding: NodeDraws) -> None:
+        node = self.plan.nodes[outstanding.index]
+        count = len(outstanding.results)
+        self.recorder.node_cache(node, outstanding.hits, count - outstanding.hits)
+        if not outstanding.shape:
+            self.finish(outstanding.index, outstanding.results[0])
+            return
+        array = np.fromiter(outstanding.results, dtype=object, count=count).reshape(outstanding.shape)
+        self.finish(outstanding.index, array)

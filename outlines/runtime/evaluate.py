@@ -2,17 +2,23 @@
 
 Evaluation is asynchronous inside. The sync ``eval`` runs the schedule with
 ``asyncio.run`` in a plain script, and on a private event loop in a helper
-thread when the caller's thread already runs a loop (Jupyter), with no patching of
-the caller's loop.
+thread when the caller's thread already runs a loop (Jupyter, or sync code inside
+``asyncio.run``), with no patching of the caller's loop; Ctrl-C while it waits
+cancels the schedule at once (what finished stays cached) and raises
+``KeyboardInterrupt``.
 """
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import contextvars
+import signal
+import sys
 import threading
-from typing import Any, Awaitable, Callable, Mapping, TypeVar
+from typing import Any, Awaitable, Callable, Iterator, Mapping, TypeVar
 
 from outlines.graph.basic import Variable
+from outlines.runtime.executor import resolve_executor
 from outlines.runtime.plan import Plan, bind_givens
 from outlines.runtime.scheduler import Scheduler
 from outlines.tracing import active_recorder
@@ -36,22 +42,31 @@ def _check_options(options: Mapping[str, Any]) -> dict[str, Any]:
     unknown = sorted(set(options) - set(EVAL_OPTIONS))
     if unknown:
         raise TypeError(f"unknown evaluation option(s): {', '.join(unknown)}; expected {', '.join(EVAL_OPTIONS)}")
+    bound = options.get("max_concurrency")
+    if bound is not None and (isinstance(bound, bool) or not isinstance(bound, int) or bound < 1):
+        raise ValueError(f"max_concurrency must be a positive integer (requests in flight) or None, got {bound!r}")
     return {**EVAL_OPTIONS, **options}
 
 
-async def run_plan(plan: Plan, givens: Mapping[Any, Any] | None, **options: Any) -> list[Any]:
-    """Evaluate ``plan`` on the running loop; returns the output values in order."""
+async def run_plan(
+    plan: Plan,
+    givens: Mapping[Any, Any] | None,
+    blocked_loop: asyncio.AbstractEventLoop | None = None,
+    **options: Any,
+) -> list[Any]:
+    """Evaluate ``plan`` on the running loop; returns the output values in order.
+
+    ``blocked_loop`` is the caller's loop that a sync ``eval`` is blocking
+    (see ``run_sync``): an executor must not need it.
+    """
     options = _check_options(options)
     values = bind_givens(plan, givens)
-    executor = options["executor"]
-    if executor is None:
-        from outlines.config import default_executor
+    executor = resolve_executor(options["executor"])
+    if blocked_loop is not None and "outlines.backends.dask" in sys.modules:
+        from outlines.backends.dask import DaskExecutor
 
-        executor = default_executor()
-    if executor is not None and not hasattr(executor, "generate"):
-        from outlines.backends.dask import as_executor
-
-        executor = as_executor(executor)
+        if isinstance(executor, DaskExecutor):
+            executor.check_not_on(blocked_loop)
     scheduler = Scheduler(
         plan,
         values,
@@ -68,12 +83,38 @@ async def run_plan(plan: Plan, givens: Mapping[Any, Any] | None, **options: Any)
         return await scheduler.run()
 
 
-def run_sync(factory: Callable[[], Awaitable[T]]) -> T:
-    """Run a coroutine to completion from sync code, even inside a running loop."""
+@contextlib.contextmanager
+def _interrupt_raises() -> Iterator[None]:
+    """Make Ctrl-C raise ``KeyboardInterrupt`` in this (main) thread while it waits.
+
+    ``asyncio.run`` installs a SIGINT handler that only cancels its main task,
+    which cannot run while that task is blocked in this sync call: the
+    interrupt would wait for the whole evaluation. ``SIG_IGN``/``SIG_DFL`` stay.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.getsignal(signal.SIGINT)
+    if not callable(previous) or previous is signal.default_int_handler:
+        yield
+        return
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
-        asyncio.get_running_loop()
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
+def run_sync(factory: Callable[[asyncio.AbstractEventLoop | None], Awaitable[T]]) -> T:
+    """Run a coroutine to completion from sync code, even inside a running loop.
+
+    ``factory`` receives the caller's loop that this call blocks (``None``
+    when the caller runs no loop).
+    """
+    try:
+        caller_loop = asyncio.get_running_loop()
     except RuntimeError:
-        return asyncio.run(factory())  # type: ignore[arg-type]
+        return asyncio.run(factory(None))  # type: ignore[arg-type]
     outcome: dict[str, Any] = {}
     started = threading.Event()
     context = contextvars.copy_context()
@@ -81,7 +122,7 @@ def run_sync(factory: Callable[[], Awaitable[T]]) -> T:
     async def main() -> T:
         outcome["loop"], outcome["task"] = asyncio.get_running_loop(), asyncio.current_task()
         started.set()
-        return await factory()
+        return await factory(caller_loop)
 
     def target() -> None:
         try:
@@ -94,13 +135,15 @@ def run_sync(factory: Callable[[], Awaitable[T]]) -> T:
     thread = threading.Thread(target=target, name="outlines-eval", daemon=True)
     thread.start()
     try:
-        thread.join()
+        with _interrupt_raises():
+            thread.join()
     except KeyboardInterrupt:
         # Ctrl-C in the caller (a notebook): cancel the schedule so it stops
         # dispatching and cleans up, then re-raise.
         started.wait()
         if "task" in outcome:
-            outcome["loop"].call_soon_threadsafe(outcome["task"].cancel)
+            with contextlib.suppress(RuntimeError):  # the loop may have just closed: nothing to cancel
+                outcome["loop"].call_soon_threadsafe(outcome["task"].cancel)
         thread.join()
         raise
     if "error" in outcome:
@@ -112,7 +155,16 @@ async def aeval(*variables: Variable, givens: Mapping[Any, Any] | None = None, *
     """Evaluate Variables on the running event loop; see ``eval``."""
     if not variables:
         raise TypeError("aeval needs at least one Variable")
-    results = await run_plan(Plan(variables), givens, **options)
+    return await _evaluate(variables, givens, None, options)
+
+
+async def _evaluate(
+    variables: tuple[Variable, ...],
+    givens: Mapping[Any, Any] | None,
+    blocked_loop: asyncio.AbstractEventLoop | None,
+    options: dict[str, Any],
+) -> Any:
+    results = await run_plan(Plan(variables), givens, blocked_loop, **options)
     return results[0] if len(variables) == 1 else tuple(results)
 
 
@@ -129,7 +181,11 @@ def eval(*variables: Variable, givens: Mapping[Any, Any] | None = None, **option
     cache
         ``True`` (the default store), ``False``, or a ``outlines.cache.Cache``.
     max_concurrency
-        Bound on backend calls in flight across all backends.
+        Bound on wire requests in flight across the whole evaluation, all
+        backends together (a positive integer; ``None``: no bound beyond
+        each backend's own). A chat batch is one request per prompt, each
+        holding a slot; a backend that does not send its own requests
+        (a local model, a Python function) holds one slot per batch.
     errors
         ``"raise"`` (default): the first failure cancels the rest and raises a
         ``NodeError``. ``"return"``: failed elements hold ``outlines.Failure``.
@@ -137,7 +193,8 @@ def eval(*variables: Variable, givens: Mapping[Any, Any] | None = None, **option
         ``True``/``False`` to force the progress bar on/off; ``None`` shows it
         for evaluations that run longer than about two seconds.
     executor
-        A Dask ``distributed.Client`` to run model batches and blocking Python
+        An ``outlines.runtime.executor.Executor`` (e.g. ``LocalExecutor``), or
+        a Dask ``distributed.Client`` to run model batches and blocking Python
         ops on its workers.
 
     Returns
@@ -151,6 +208,10 @@ def eval(*variables: Variable, givens: Mapping[Any, Any] | None = None, **option
         When ``givens`` misses free inputs (all are listed).
     NodeError
         When a node fails (with ``errors="raise"``), naming the node and op.
+    ValueError
+        For ``max_concurrency`` that is not a positive integer.
+    TypeError
+        For an ``executor`` that is neither an Executor nor a Client.
 
     Examples
     --------
@@ -161,4 +222,4 @@ def eval(*variables: Variable, givens: Mapping[Any, Any] | None = None, **option
     """
     if not variables:
         raise TypeError("eval needs at least one Variable")
-    return run_sync(lambda: aeval(*variables, givens=givens, **options))
+    return run_sync(lambda blocked_loop: _evaluate(variables, givens, blocked_loop, options))

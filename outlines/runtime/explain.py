@@ -1,17 +1,27 @@
 """``outlines.explain``: the batches an evaluation would send, without sending any.
 
 The dry run walks the plan in order. Cheap text ops (``+``, templates) run on
-the values the givens make known; user functions never run; model calls turn
+the values the givens make known; user functions run only when declared
+``pure=True`` and synchronous (a splitter that sizes a ragged fan-out), never
+on unknown values; model calls turn
 their known prompts into draws exactly as the scheduler does and look them up
 in the cache with one ``get_many`` per node. A model call whose prompt is
 computed from an unknown value (a model output, a user function) is counted by
 shape when the shape is known, with an unknown cache status.
 
 Batching follows the scheduler's grouping under equal latencies: draws of the
-same (backend, params) whose model calls sit at the same *level* (number of
+same (backend, params; draws differing only in their constraint count as one:
+``batching.queue_key``) whose model calls sit at the same *level* (number of
 model calls with misses along the longest chain above them, themselves
 included) go out together, deduplicated, cache hits removed, split by the
-backend's ``max_batch``.
+backend's ``max_batch``; the deduplication, cache lookup and split are the
+scheduler's own helpers (``outlines.runtime.batching``).
+
+The prediction is exact when every prompt is known and no predicted batch
+gathers model calls that wait on different Python steps (user functions run
+off the loop for as long as they take): the scheduler holds a batch open only
+for ``batch_window``, so a slow step can split it. ``Explanation.exact`` says
+so, and ``timing_dependent`` names the model calls concerned.
 """
 from __future__ import annotations
 
@@ -22,11 +32,13 @@ from typing import Any, Mapping
 import numpy as np
 
 from outlines import cache as cache_module
-from outlines.backends.base import Request
-from outlines.runtime.evaluate import _check_options
+from outlines.backends.base import Draw
 from outlines.graph.basic import Variable
 from outlines.graph.ops import Stack, broadcast_map
-from outlines.runtime.plan import Plan, as_value
+from outlines.graph.ragged import Ragged
+from outlines.runtime.batching import BatchQueue, batch_sizes, lookup, queue_key, unique_draws
+from outlines.runtime.evaluate import _check_options
+from outlines.runtime.plan import Plan, bind_givens
 
 __all__ = ["Explanation", "PredictedBatch", "explain"]
 
@@ -52,11 +64,20 @@ class Explanation:
     deduplicated: int  # known draws that share another draw's request
     unknown_draws: int
     unknown_nodes: list[str]
+    #: model calls predicted in one batch although they wait on different Python steps
+    timing_dependent: list[str] = field(default_factory=list)
+    #: One line per loop or branch node: its body (not counted above: iterations are unknown in advance).
+    control: list[str] = field(default_factory=list)
 
     @property
     def requests(self) -> int:
         """Backend calls (batches) the evaluation would make."""
         return len(self.batches)
+
+    @property
+    def batching_exact(self) -> bool:
+        """Whether the predicted batches hold whatever the timing of Python steps."""
+        return not self.timing_dependent
 
     @property
     def requests_per_backend(self) -> dict[str, int]:
@@ -67,8 +88,11 @@ class Explanation:
 
     @property
     def exact(self) -> bool:
-        """Whether every prompt and cache status was known in advance."""
-        return self.unknown_draws == 0 and not self.unknown_nodes
+        """Whether the run will send exactly these batches: prompts, cache status and timing known.
+
+        Never with loops or branches: their bodies' calls are not counted.
+        """
+        return self.unknown_draws == 0 and not self.unknown_nodes and not self.control and self.batching_exact
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -81,7 +105,9 @@ class Explanation:
             "deduplicated": self.deduplicated,
             "unknown_draws": self.unknown_draws,
             "unknown_nodes": list(self.unknown_nodes),
+            "timing_dependent": list(self.timing_dependent),
             "exact": self.exact,
+            "control": list(self.control),
         }
 
     def summary(self) -> str:
@@ -112,19 +138,25 @@ class Explanation:
                 f"  {len(self.unknown_nodes)} model call(s) of unknown size (not counted): "
                 + ", ".join(self.unknown_nodes[:5])
             )
+        if self.timing_dependent:
+            lines.append(
+                f"  caveat: {len(self.timing_dependent)} model call(s) batched together here wait on different "
+                "Python steps; a step slower than batch_window splits their batch: "
+                + ", ".join(self.timing_dependent[:5])
+            )
+        lines.extend(f"  {line}" for line in self.control)
+        lines.append("  prediction: " + ("exact" if self.exact else "an estimate (see the lines above)"))
         return "\n".join(lines)
 
     __str__ = summary
 
+    def _repr_mimebundle_(self, include: Any = None, exclude: Any = None) -> dict[str, str]:
+        from outlines.graph.viz.jupyter import text_mimebundle
 
-class _Pending:
-    __slots__ = ("backend", "requests", "unknown", "nodes")
+        return text_mimebundle(self.summary(), "outlines-explain")
 
-    def __init__(self, backend: Any) -> None:
-        self.backend = backend
-        self.requests: dict[Request, None] = {}
-        self.unknown = 0
-        self.nodes: list[str] = []
+    def _repr_html_(self) -> str:
+        return self._repr_mimebundle_()["text/html"]
 
 
 class _Unknown:
@@ -144,27 +176,44 @@ def _unknown(shape: tuple[int, ...]) -> Any:
 
 
 def _flat(value: Any) -> list[Any]:
+    if isinstance(value, Ragged):
+        value = value.values
     return list(value.reshape(-1)) if isinstance(value, np.ndarray) else [value]
 
 
+#: Draws of one model call that explain checks one by one (cache, dedup); a
+#: bigger call is counted by shape only, so explain stays quick.
+MAX_CHECKED_DRAWS = 100_000
+
+
 class _DryRun:
-    """The walk: each Variable's value (elements may be UNKNOWN) and level.
+    """The walk: each Variable's value (elements may be UNKNOWN), level and waits.
 
     A Variable whose shape cannot be known has no entry in ``values``.
+    ``waits`` holds, per Variable, the Python steps (node positions) that run
+    off the loop upstream of it: their durations decide when it is known.
     """
 
-    def __init__(self, plan: Plan, cache: Any) -> None:
+    def __init__(self, plan: Plan, cache: Any, values: dict[int, Any]) -> None:
         self.plan = plan
         self.cache = cache
-        self.values: dict[int, Any] = {}
+        self.values = values
         self.levels: dict[int, int] = {}
-        self.pending: dict[tuple[int, Any, Any], _Pending] = {}
-        self.sent: dict[Request, int] = {}  # level each request is first sent at
+        self.waits: dict[int, frozenset[int]] = {}
+        self.queues: dict[tuple[int, Any, Any], BatchQueue] = {}
+        self.unknown: dict[tuple[int, Any, Any], int] = {}  # per queue: draws of unknown prompts
+        self.nodes: dict[tuple[int, Any, Any], list[tuple[str, frozenset[int]]]] = {}
+        self.sent: dict[Draw, int] = {}  # level each draw is first sent at
         self.draws = self.hits = self.unknown_draws = 0
         self.unknown_nodes: list[str] = []
+        self.current_waits: frozenset[int] = frozenset()
 
     def run(self) -> None:
-        for node in self.plan.nodes:
+        for position, node in enumerate(self.plan.nodes):
+            waits: frozenset[int] = frozenset().union(*(self.waits.get(id(v), frozenset()) for v in node.inputs))
+            if node.op.mode == "python" and getattr(getattr(node.op, "function", None), "blocking", None) is not False:
+                waits = waits | {position}
+            self.current_waits = waits
             level = max((self.levels.get(id(v), 0) for v in node.inputs), default=0)
             inputs = [self.values.get(id(v), None) for v in node.inputs]
             if any(id(v) not in self.values for v in node.inputs):
@@ -178,6 +227,8 @@ class _DryRun:
                 results = self.compute(node, inputs)
             for output, value in zip(node.outputs, results):
                 self.levels[id(output)] = level
+                if waits:
+                    self.waits[id(output)] = waits
                 if value is not None:
                     self.values[id(output)] = value
 
@@ -185,9 +236,12 @@ class _DryRun:
         """Run cheap inline ops on what is known; only shapes for user functions."""
         op = node.op
         partial = any(x is UNKNOWN for value in inputs for x in _flat(value))
-        if op.mode == "inline" and not partial:
+        pure_python = op.mode == "python" and op.pure and not getattr(getattr(op, "function", None), "is_async", True)
+        if (op.mode == "inline" or pure_python) and not partial:
             result = op.perform(*inputs)
             return list(result) if len(node.outputs) > 1 else [result]
+        if op.mode == "inline" and getattr(op, "moves_unknown", False):
+            return [op.perform(*inputs, unknown=UNKNOWN)]  # structural or template ops
         if op.mode == "inline" and (getattr(op, "elementwise", False) or isinstance(op, Stack)):
             perform = op.perform
             scalar = lambda *xs: UNKNOWN if any(x is UNKNOWN for x in xs) else perform(*xs)  # noqa: E731
@@ -197,58 +251,69 @@ class _DryRun:
 
     def generate(self, node: Any, level: int, prompt: Any) -> tuple[int, list[Any]]:
         op = node.op
+        count = int(np.size(prompt)) * op.num_samples
+        if count > MAX_CHECKED_DRAWS:  # too many to look up one by one: count them, cache unchecked
+            self.draws += count
+            self.unknown_draws += count
+            self.queue(level + 1, op, node.label, int(np.size(prompt)) if op.params.deterministic else count)
+            shape = np.shape(prompt) + ((op.num_samples,) if op.num_samples > 1 else ())
+            return level + 1, [_unknown(shape)]
         elements = _flat(prompt)
         known = [x is not UNKNOWN for x in elements]
         texts = [x if ok else "" for x, ok in zip(elements, known)]
         value = np.array(texts, dtype=object).reshape(np.shape(prompt)) if np.ndim(prompt) else texts[0]
-        shape, requests = op.requests(value, self.plan.draw_offsets.get(id(node), 0))
+        shape, draws = op.draws(value, self.plan.draw_offsets.get(id(node), 0))
         k = op.num_samples
-        self.draws += len(requests)
-        mask = [known[i // k] for i in range(len(requests))]
-        unique = list(dict.fromkeys(r for r, ok in zip(requests, mask) if ok))
-        found = self.lookup(op.backend, unique)
+        self.draws += len(draws)
+        mask = [known[i // k] for i in range(len(draws))]
+        unique = unique_draws(d for d, ok in zip(draws, mask) if ok)
+        found = lookup(self.cache, op.backend, unique, record=False)  # a dry run counts no hits
         # With a cache, a draw sent at an earlier level is stored by the time it recurs.
         earlier = self.sent if self.cache is not None else {}
-        hit = {r for r in unique if r in found or earlier.get(r, level + 1) <= level}
-        self.hits += sum(1 for r, ok in zip(requests, mask) if ok and r in hit)
-        misses = [r for r in unique if r not in hit]
+        hit = {d for d in unique if d in found or earlier.get(d, level + 1) <= level}
+        self.hits += sum(1 for d, ok in zip(draws, mask) if ok and d in hit)
+        misses = [d for d in unique if d not in hit]
         unknown = known.count(False) * (1 if op.params.deterministic else k)
         self.unknown_draws += known.count(False) * k
-        results = [found.get(r, UNKNOWN) if ok else UNKNOWN for r, ok in zip(requests, mask)]
+        results = [found.get(d, UNKNOWN) if ok else UNKNOWN for d, ok in zip(draws, mask)]
         output = results[0] if not shape else np.array(results, dtype=object).reshape(shape)
         if not misses and not unknown:
             return level, [output]
-        group = self.group(level + 1, (op.backend, op.params), node.label)
-        group.unknown += unknown
-        for request in misses:
-            group.requests[request] = None
-            self.sent.setdefault(request, level + 1)
+        queue = self.queue(level + 1, op, node.label, unknown)
+        for draw in misses:
+            queue.pending[draw] = None
+            self.sent.setdefault(draw, level + 1)
         return level + 1, [output]
 
-    def lookup(self, backend: Any, requests: list[Request]) -> dict[Request, Any]:
-        if self.cache is None or not requests:
-            return {}
-        keys = [cache_module.draw_key(backend.identity, r) for r in requests]
-        stored = self.cache.get_many(keys, record=False)  # a dry run counts no hits
-        return {r: stored[k] for r, k in zip(requests, keys) if k in stored}
-
-    def group(self, level: int, key: tuple[Any, Any], label: str) -> _Pending:
-        group = self.pending.get((level, *key))
-        if group is None:
-            group = self.pending[(level, *key)] = _Pending(key[0])
-        group.nodes.append(label)
-        return group
+    def queue(self, level: int, op: Any, label: str, unknown: int) -> BatchQueue:
+        """The predicted queue of ``op``'s backend and params at ``level``, with ``unknown`` draws more."""
+        key = (level, *queue_key(op.backend, op.params))  # the scheduler's queues (constraints share one)
+        queue = self.queues.get(key)
+        if queue is None:
+            queue = self.queues[key] = BatchQueue(op.backend)
+        self.nodes.setdefault(key, []).append((label, self.current_waits))
+        self.unknown[key] = self.unknown.get(key, 0) + unknown
+        return queue
 
     def batches(self) -> list[PredictedBatch]:
         out: list[PredictedBatch] = []
-        for (level, *_), group in sorted(self.pending.items(), key=lambda item: item[0][0]):
-            known, total = len(group.requests), len(group.requests) + group.unknown
-            size = group.backend.max_batch or total or 1
-            for start in range(0, total, size):
-                count = min(size, total - start)
+        for key, queue in sorted(self.queues.items(), key=lambda item: item[0][0]):
+            known, total = len(queue.pending), len(queue.pending) + self.unknown[key]
+            labels = [label for label, _ in self.nodes[key]]
+            start = 0
+            for count in batch_sizes(total, queue.backend.max_batch):
                 unknown = max(0, min(count, start + count - known))
-                out.append(PredictedBatch(repr(group.backend), level, count, unknown, list(group.nodes)))
+                out.append(PredictedBatch(repr(queue.backend), key[0], count, unknown, list(labels)))
+                start += count
         return out
+
+    def timing_dependent(self) -> list[str]:
+        """Model calls sharing a predicted batch while waiting on different Python steps."""
+        labels: list[str] = []
+        for members in self.nodes.values():
+            if len({waits for _, waits in members}) > 1:
+                labels.extend(label for label, _ in members)
+        return labels
 
 
 _CORE = re.compile(r"\(([^()]*)\)")
@@ -287,18 +352,6 @@ def _gufunc_shapes(signature: str, shapes: list[tuple[int, ...]]) -> list[Any]:
     return [loop + tuple(sizes[d] for d in core) if all(d in sizes for d in core) else None for core in out_cores]
 
 
-def _bind(plan: Plan, givens: Mapping[Any, Any] | None, run: _DryRun) -> None:
-    """Known values of constants and of the inputs ``givens`` binds; others stay unknown."""
-    givens = dict(givens or {})
-    for constant in plan.constants:
-        run.values[id(constant)] = constant.value
-    for variable in plan.inputs:
-        if variable in givens:
-            run.values[id(variable)] = as_value(givens[variable])
-        elif variable.name is not None and variable.name in givens:
-            run.values[id(variable)] = as_value(givens[variable.name])
-
-
 def explain(*variables: Variable, givens: Mapping[Any, Any] | None = None, cache: Any = True, **options: Any) -> Explanation:
     """A dry-run plan of evaluating ``variables``: sends nothing.
 
@@ -318,8 +371,10 @@ def explain(*variables: Variable, givens: Mapping[Any, Any] | None = None, cache
     -------
     Explanation
         ``nodes_by_kind``, ``batches`` (backend, level, size), ``requests``,
-        ``requests_per_backend``, ``cache_hits``, ``unknown_draws``;
-        ``summary()`` and ``to_dict()``.
+        ``requests_per_backend``, ``cache_hits``, ``unknown_draws``,
+        ``timing_dependent`` and ``exact`` (the run will send exactly these
+        batches); ``summary()`` (with a caveat line when timing can split a
+        batch) and ``to_dict()``.
 
     Examples
     --------
@@ -333,13 +388,25 @@ def explain(*variables: Variable, givens: Mapping[Any, Any] | None = None, cache
         raise TypeError("explain needs at least one Variable")
     _check_options(options)
     plan = Plan(variables)
-    run = _DryRun(plan, cache_module.resolve(cache))
-    _bind(plan, givens, run)
+    run = _DryRun(plan, cache_module.resolve(cache), bind_givens(plan, givens, partial=True))
     run.run()
     kinds = {"input": len(plan.inputs), "inline": 0, "python": 0, "generate": 0}
     for node in plan.nodes:
         kinds[node.op.mode] = kinds.get(node.op.mode, 0) + 1
     batches = run.batches()
-    sent = sum(len(group.requests) for group in run.pending.values())
+    sent = sum(len(queue.pending) for queue in run.queues.values())
     merged = run.draws - run.unknown_draws - run.hits - sent
-    return Explanation(kinds, batches, run.draws, run.hits, merged, run.unknown_draws, run.unknown_nodes)
+    from outlines.runtime.control import describe
+
+    control = [describe(node) for node in plan.nodes if node.op.mode == "control"]
+    return Explanation(
+        kinds,
+        batches,
+        run.draws,
+        run.hits,
+        merged,
+        run.unknown_draws,
+        run.unknown_nodes,
+        run.timing_dependent(),
+        control,
+    )

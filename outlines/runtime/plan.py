@@ -1,32 +1,58 @@
-"""The static part of an evaluation: which nodes run, in what dependency order.
+"""The static part of an evaluation, built in one pass over the graph.
 
-A ``Plan`` is built once per set of outputs (a ``Program`` keeps its own) and
-holds the nodes in topological order, the in-degree and consumers of each, the
-free inputs, and the draw number of each random model call.
+A ``Plan`` is built once per set of outputs (a ``Program`` keeps its own). One
+walk over the Apply nodes in creation order (a topological order) does three
+things at once:
+
+- rewrites: a pure node whose op (equal by its parameters) and inputs match an
+  earlier one is replaced by it, so two identical prompt renders, or two greedy
+  calls on one prompt, become one node; a pure inline op whose inputs are all
+  Constants is evaluated now into a Constant (folded);
+- numbering: the k draws of a random model call get numbers ``n..n+k-1``, where
+  ``n`` counts earlier draws of the same backend, params and prompt, so
+  rebuilding the same program replays the same draws;
+- structure: the kept nodes in order, the in-degree and consumers of each.
+
+Inputs match when they are the same Variable, or Constants of simple values
+whose ``canonical`` text (``outlines.cache.keys``) is equal. Random draws and
+impure ops are never merged; free inputs and Constants are kept as the same
+objects, so givens still bind. Nothing recurses.
 """
 from __future__ import annotations
 
-from typing import Any, Iterable, Mapping
+import warnings
+from typing import Any, Hashable, Iterable, Mapping, Sequence
 
 import numpy as np
 
+from outlines.cache.keys import canonical
 from outlines.errors import UnboundInputError
 from outlines.graph.basic import Apply, Constant, Variable, as_object_array
-from outlines.graph.hashing import graph_keys, number_draws
 from outlines.graph.traversal import toposort
 
 __all__ = ["Plan", "bind_givens"]
+
+# Constants of these exact types (and object arrays of them) are keyed by value.
+# Integral floats are not: canonical text writes 1.0 as 1 and -0.0 as 0, which
+# is right for a backend's parameters but not for a value a Python op reads.
+_SCALARS = (str, int, bool, type(None))
 
 
 class Plan:
     """Nodes of a graph in topological order, with their dependency structure.
 
+    Parameters
+    ----------
+    outputs
+        The Variables to compute.
+
     Attributes
     ----------
     outputs
-        The (possibly rewritten) output Variables.
+        Variables computing the same values in the same order: the originals
+        where nothing was rewritten, otherwise merged or folded ones.
     nodes
-        Apply nodes, each after the owners of its inputs.
+        Apply nodes, each after the owners of its inputs (creation order).
     indegree
         For node ``i``, how many distinct nodes it waits for.
     consumers
@@ -34,36 +60,112 @@ class Plan:
     inputs, constants
         The free input Variables and the Constants the graph reads.
     draw_offsets
-        ``id(apply) -> first draw number`` of each random model call.
+        ``id(apply) -> first draw number`` of each random model call whose
+        first draw is not 0 (absent means 0: keeps the plan small).
+
+    Examples
+    --------
+    >>> from outlines.graph.ops import Concat
+    >>> plan = Plan([Concat()("a", "b")])
+    >>> plan.outputs[0].value, len(plan.nodes)
+    ('ab', 0)
     """
 
-    def __init__(self, outputs: Iterable[Variable], *, rewrite: bool = True) -> None:
+    def __init__(self, outputs: Iterable[Variable]) -> None:
         outputs = list(outputs)
         for argument, output in enumerate(outputs):
             if not isinstance(output, Variable):
                 raise TypeError(f"eval expects symbolic Variables; argument {argument} is {type(output).__name__}")
-        if rewrite:
-            outputs = _rewrite(outputs)
-        self.outputs = outputs
-        self.nodes: list[Apply] = toposort(outputs)
-        position = {id(node): i for i, node in enumerate(self.nodes)}
-        self.indegree = [0] * len(self.nodes)
-        self.consumers: list[list[int]] = [[] for _ in self.nodes]
-        for i, node in enumerate(self.nodes):
-            parents = {position[id(v.owner)] for v in node.inputs if v.owner is not None}
-            self.indegree[i] = len(parents)
-            for parent in sorted(parents):
-                self.consumers[parent].append(i)
-        leaves = list({id(v): v for v in _leaves(self.nodes, outputs)}.values())
+        self.nodes: list[Apply] = []
+        self.indegree: list[int] = []
+        self.consumers: list[list[int]] = []
+        self.draw_offsets: dict[int, int] = {}
+        replaced: dict[int, Variable] = {}  # id(original Variable) -> its replacement
+        merged: dict[Hashable, Apply] = {}  # (op, noutputs, input keys) of a pure node -> the node computing it
+        draws: dict[Hashable, int] = {}  # (backend, params, prompt key) -> draws numbered so far
+        position: dict[int, int] = {}
+        for node in toposort(outputs):
+            inputs = [replaced.get(id(v), v) for v in node.inputs]
+            op, key = node.op, None
+            if op.pure:
+                if all(isinstance(v, Constant) for v in inputs):
+                    constant = _fold(node, inputs)
+                    if constant is not None:
+                        replaced[id(node.outputs[0])] = constant
+                        continue
+                key = (op, len(node.outputs), tuple(_input_key(v) for v in inputs))
+                try:
+                    found = merged.get(key)
+                except TypeError:  # an op with unhashable parameters is never merged
+                    found, key = None, None
+                if found is not None:
+                    replaced.update((id(old), new) for old, new in zip(node.outputs, found.outputs))
+                    continue
+            kept = node if all(a is b for a, b in zip(inputs, node.inputs)) else _rebuild(node, inputs)
+            if key is not None:
+                merged[key] = kept
+            if kept is not node:
+                replaced.update((id(old), new) for old, new in zip(node.outputs, kept.outputs))
+            if op.mode == "generate" and not op.pure:
+                # Draws are numbered per (backend, params, prompt), whatever num_samples.
+                stream = (op.backend, op.params, _input_key(inputs[0]))  # type: ignore[attr-defined]
+                offset = draws.get(stream, 0)
+                if offset:
+                    self.draw_offsets[id(kept)] = offset
+                draws[stream] = offset + op.num_samples  # type: ignore[attr-defined]
+            index = position[id(kept)] = len(self.nodes)
+            parents = sorted({position[id(v.owner)] for v in inputs if v.owner is not None})
+            self.nodes.append(kept)
+            self.indegree.append(len(parents))
+            self.consumers.append([])
+            for parent in parents:
+                self.consumers[parent].append(index)
+        self.outputs = [replaced.get(id(v), v) for v in outputs]
+        leaves = list({id(v): v for v in _leaves(self.nodes, self.outputs)}.values())
         self.inputs = [v for v in leaves if not isinstance(v, Constant)]
         self.constants = [v for v in leaves if isinstance(v, Constant)]
-        if rewrite:  # equal pure prompts are one Variable now: a cheap numbering suffices
-            self.draw_offsets: dict[int, int] = number_draws(self.nodes)
-        else:
-            self.draw_offsets = graph_keys(self.nodes).draw_offsets
 
     def __len__(self) -> int:
         return len(self.nodes)
+
+
+def _input_key(variable: Variable) -> Hashable:
+    """Equal keys: interchangeable inputs (the same Variable, or equal simple constants)."""
+    if isinstance(variable, Constant):
+        value = variable.value
+        if type(value) is str:
+            return value  # most constants; their canonical text is one-to-one with them
+        if _keyed(value) or (
+            isinstance(value, np.ndarray) and value.dtype == object and value.size <= 4096
+            and all(_keyed(v) for v in value.reshape(-1).tolist())
+        ):
+            return canonical(value)
+    return id(variable)
+
+
+def _keyed(value: Any) -> bool:
+    kind = type(value)
+    return kind in _SCALARS or (kind is float and not value.is_integer())
+
+
+def _fold(node: Apply, inputs: Sequence[Variable]) -> Constant | None:
+    """The value of a pure inline op on Constants, or ``None`` to leave it to eval."""
+    if node.op.mode != "inline" or len(node.outputs) != 1:
+        return None
+    try:
+        value = node.op.perform(*(v.value for v in inputs))  # type: ignore[attr-defined]
+    except Exception:  # noqa: BLE001 - eval raises it again, naming the node
+        return None
+    return Constant(value, name=node.outputs[0].name)
+
+
+def _rebuild(node: Apply, inputs: Sequence[Variable]) -> Apply:
+    """``node``'s op on rewritten inputs, keeping its creation order and output names."""
+    new = Apply(node.op, inputs, len(node.outputs))
+    new.order = node.order
+    for old, output in zip(node.outputs, new.outputs):
+        output.name = old.name
+    return new
 
 
 def _leaves(nodes: list[Apply], outputs: list[Variable]) -> Iterable[Variable]:
@@ -76,14 +178,6 @@ def _leaves(nodes: list[Apply], outputs: list[Variable]) -> Iterable[Variable]:
                 yield variable
 
 
-def _rewrite(outputs: list[Variable]) -> list[Variable]:
-    try:
-        from outlines.graph.rewrites import rewrite
-    except ImportError:  # rewrites are an optimisation; the graph is valid without them
-        return outputs
-    return rewrite(outputs)
-
-
 def as_value(value: Any) -> Any:
     """Normalize a given: lists and tuples become NumPy object arrays."""
     if isinstance(value, (list, tuple)):
@@ -93,8 +187,12 @@ def as_value(value: Any) -> Any:
     return value
 
 
-def bind_givens(plan: Plan, givens: Mapping[Any, Any] | None) -> dict[int, Any]:
+def bind_givens(plan: Plan, givens: Mapping[Any, Any] | None, *, partial: bool = False) -> dict[int, Any]:
     """Values of the plan's inputs and constants, keyed by ``id(variable)``.
+
+    ``partial=True`` (a dry run) leaves unbound inputs out instead of raising;
+    a name the graph does not have warns either way (a misspelt name would
+    otherwise look like an input left unknown on purpose).
 
     Raises
     ------
@@ -102,6 +200,11 @@ def bind_givens(plan: Plan, givens: Mapping[Any, Any] | None) -> dict[int, Any]:
         Listing every free input that ``givens`` leaves unbound.
     TypeError
         When a key of ``givens`` is neither a Variable nor a name.
+
+    Warns
+    -----
+    UserWarning
+        When ``givens`` names (by string) inputs that the graph does not have.
     """
     givens = dict(givens or {})
     by_name: dict[str, Any] = {}
@@ -122,6 +225,19 @@ def bind_givens(plan: Plan, givens: Mapping[Any, Any] | None) -> dict[int, Any]:
             values[id(variable)] = as_value(by_name[variable.name])
         else:
             missing.append(variable.label)
-    if missing:
+    names = {variable.name for variable in plan.inputs if variable.name is not None}
+    unknown = [name for name in by_name if name not in names]
+    if unknown:
+        # Said, not raised: one givens dict for a whole program may bind inputs
+        # that the part being evaluated does not use. A misspelt name still
+        # shows here (and as a missing input below).
+        known = ", ".join(repr(n) for n in sorted(names)) or "none"
+        warnings.warn(
+            f"givens name input(s) this graph does not have, ignored: {', '.join(repr(n) for n in unknown)} "
+            f"(its inputs: {known})",
+            UserWarning,
+            stacklevel=3,
+        )
+    if missing and not partial:
         raise UnboundInputError(missing)
     return values

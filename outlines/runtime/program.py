@@ -4,7 +4,10 @@ Tracing is JAX-style but needs no interception: each parameter becomes a free
 input Variable named after it, the function is called once on those, and the
 Variables it returns are frozen with their plan (rewritten and ordered once).
 Calling the Program binds the inputs and runs one schedule; an array argument
-flows through as one node per op, so all its elements batch together.
+flows through as one node per op, so all its elements batch together. Before
+running, the inputs' shapes are propagated through the graph
+(``outlines.graph.shapes.propagate``), so a pairing that cannot work raises
+``GraphBuildError`` naming both shapes before any model is called.
 """
 from __future__ import annotations
 
@@ -14,10 +17,11 @@ from typing import Any, Callable, Sequence
 from outlines.errors import GraphBuildError, UnboundInputError
 from outlines.runtime.evaluate import _check_options, run_plan, run_sync
 from outlines.graph.basic import Variable, as_variable
-from outlines.runtime.plan import Plan
+from outlines.graph.shapes import Shape, propagate, shape_of
+from outlines.runtime.plan import Plan, as_value
 from outlines.text import string
 
-__all__ = ["Program", "compile"]
+__all__ = ["Program", "chain", "compile"]
 
 
 class Program:
@@ -52,6 +56,18 @@ class Program:
         self.options = _check_options(options or {})
         self.plan = _plan or Plan(outs)
         self._positions = {v.name or f"arg{i}": v for i, v in enumerate(self.inputs)}
+        self._checked: set[tuple[Shape, ...]] = set()
+
+    def check_shapes(self, givens: dict[Variable, Any]) -> None:
+        """Raise ``GraphBuildError`` when the inputs' shapes cannot pair in the graph.
+
+        Checked once per combination of input shapes.
+        """
+        shapes = tuple(shape_of(as_value(givens[v])) if v in givens else None for v in self.inputs)
+        if shapes in self._checked:
+            return
+        propagate(self.plan.nodes, {id(v): s for v, s in zip(self.inputs, shapes)})
+        self._checked.add(shapes)
 
     def _givens(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[Variable, Any]:
         if len(args) > len(self.inputs):
@@ -67,6 +83,7 @@ class Program:
         missing = [name for name, v in self._positions.items() if v not in givens]
         if missing:
             raise UnboundInputError(missing)
+        self.check_shapes(givens)
         return givens
 
     async def acall(self, *args: Any, **kwargs: Any) -> Any:
@@ -76,10 +93,10 @@ class Program:
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         """Evaluate; a scalar for str arguments, arrays for list/array arguments."""
         givens = self._givens(args, kwargs)
-        return run_sync(lambda: self._run(givens))
+        return run_sync(lambda blocked_loop: self._run(givens, blocked_loop))
 
-    async def _run(self, givens: dict[Variable, Any]) -> Any:
-        results = await run_plan(self.plan, givens, **self.options)
+    async def _run(self, givens: dict[Variable, Any], blocked_loop: Any = None) -> Any:
+        results = await run_plan(self.plan, givens, blocked_loop, **self.options)
         return results[0] if self._single else tuple(results)
 
     def with_options(self, **options: Any) -> Program:
@@ -147,3 +164,23 @@ def compile(  # noqa: A001
         traced = tuple(traced)
     name = getattr(fn, "__name__", "program")
     return Program(inputs, traced, name=name if name != "<lambda>" else "program", options=options)
+
+
+def chain(fn: Callable[..., Any] | None = None, /, **options: Any) -> Any:
+    """``compile`` as a decorator: ``@outlines.chain`` or ``@outlines.chain(**options)``.
+
+    A seed name of the original proposal. The Program maps over several
+    inputs at once: array arguments broadcast together, every element in one
+    batched schedule.
+
+    Examples
+    --------
+    >>> @chain
+    ... def greet(greeting, name):
+    ...     return greeting + ", " + name
+    >>> list(greet(["hi", "bye"], ["Ann", "Bob"]))
+    ['hi, Ann', 'bye, Bob']
+    """
+    if fn is None:
+        return lambda f: compile(f, **options)
+    return compile(fn, **options)

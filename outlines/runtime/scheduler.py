@@ -7,8 +7,12 @@ once its output values are stored. Kahn-style: finishing a node decrements its
 consumers' counters and readies those that reach zero.
 
 Model calls are not run one node at a time: a ready ``Generate`` node turns
-into draws that join a per-(backend, params) group, flushed after every round
-of dispatching (see ``outlines.runtime.batching``, the other half of ``Scheduler``).
+into draws that join a per-(backend, params) queue, flushed after every round
+of dispatching. The scheduler owns a ``Batcher`` (``outlines.runtime.batching``)
+and talks to it through ``start``/``flush``/``close``; the batcher calls back
+``finish``, ``fail``, ``spawn`` and ``wake``. ``max_concurrency`` becomes the
+batcher's request limit: one slot per wire request (or per batch of a backend
+that sends none of its own).
 """
 from __future__ import annotations
 
@@ -20,16 +24,15 @@ from typing import Any, Callable
 import numpy as np
 
 from outlines import cache as cache_module
-from outlines.threads import run_blocking
-from outlines.backends.base import Backend, Request
-from outlines.runtime.batching import ModelCalls, Draws, Group
 from outlines.errors import Failure, NodeError
 from outlines.graph.basic import Apply
 from outlines.graph.ops import scalar_or_array
+from outlines.runtime.batching import Batcher
+from outlines.runtime.executor import Executor, LocalExecutor
 from outlines.runtime.plan import Plan
 from outlines.tracing import Recorder
 
-__all__ = ["LocalExecutor", "Scheduler"]
+__all__ = ["Scheduler"]
 
 FAST_CALL_SECONDS = 1e-3
 #: Blocking Python calls made ready together go to the thread pool in at most
@@ -38,17 +41,7 @@ FAST_CALL_SECONDS = 1e-3
 PYTHON_CHUNKS = 32
 
 
-class LocalExecutor:
-    """Runs batches and blocking Python calls in this process."""
-
-    async def generate(self, backend: Backend, requests: list[Request]) -> tuple[list[str], str | None]:
-        return await backend.generate(requests), None
-
-    async def call(self, fn: Callable[..., Any], *args: Any) -> Any:
-        return await run_blocking(fn, *args)
-
-
-class Scheduler(ModelCalls):
+class Scheduler:
     """Evaluate one Plan; see the module docstring."""
 
     def __init__(
@@ -60,37 +53,38 @@ class Scheduler(ModelCalls):
         errors: str = "raise",
         max_concurrency: int | None = None,
         recorder: Recorder | None = None,
-        executor: Any = None,
+        executor: Executor | None = None,
         batch_window: float = 0.005,
     ) -> None:
         if errors not in ("raise", "return"):
             raise ValueError(f"errors must be 'raise' or 'return', got {errors!r}")
         self.plan = plan
         self.values = values
-        self.cache = cache_module.resolve(cache)
         self.return_failures = errors == "return"
         self.recorder = recorder or Recorder()
-        self.tracing = type(self.recorder) is not Recorder
         self.executor = executor or LocalExecutor()
-        self.batch_window = batch_window
-        self.global_limit = asyncio.Semaphore(max_concurrency) if max_concurrency else None
         self.waiting = list(plan.indegree)
         self.ready: deque[int] = deque(i for i, n in enumerate(self.waiting) if n == 0)
         self.remaining = len(plan.nodes)
         self.tasks: set[asyncio.Task[Any]] = set()
-        self.done: deque[Callable[[], None]] = deque()
+        self.callbacks: deque[Callable[[], None]] = deque()  # finished tasks' continuations
         self.wakeup = asyncio.Event()
-        self.groups: dict[tuple[Backend, Any], Group] = {}
-        self.waiters: dict[tuple[Backend, Request], list[tuple[Draws, int]]] = {}
-        self.limits: dict[Backend, asyncio.Semaphore | None] = {}
-        self.tainted: set[int] = set()
+        self.failed_values: set[int] = set()  # ids of outputs holding a Failure (errors="return")
         self.python_pending: list[tuple[int, Callable[[], Any]]] = []
         self.error: BaseException | None = None
-        self.batch_ids = 0
-        self.timer: asyncio.TimerHandle | None = None
-        for node in plan.nodes:
-            if node.op.mode == "generate":
-                self._group(node).unready += 1
+        self.batcher = Batcher(
+            plan,
+            cache=cache_module.resolve(cache),
+            executor=self.executor,
+            recorder=lambda: self.recorder,  # read at each event: progress wraps it later
+            return_failures=self.return_failures,
+            batch_window=batch_window,
+            request_limit=asyncio.Semaphore(max_concurrency) if max_concurrency else None,
+            finish=self._finish,
+            fail=self._fail_node,
+            spawn=self._spawn,
+            wake=self.wakeup.set,
+        )
 
     # -- the loop ---------------------------------------------------------------
     async def run(self) -> list[Any]:
@@ -102,16 +96,16 @@ class Scheduler(ModelCalls):
                     break
                 if self.python_pending:
                     self._flush_python()
-                self._flush_groups()
+                self.batcher.flush(others_running=bool(self.tasks))
                 if self.ready or not self.remaining:
-                    continue  # cache hits finished nodes synchronously in _flush_groups
-                if not self.done:
-                    if not self.tasks and self.timer is None and not self.ready:
+                    continue  # cache hits finished nodes synchronously in flush
+                if not self.callbacks:
+                    if not self.tasks and not self.batcher.window_open and not self.ready:
                         raise RuntimeError(f"scheduler stalled with {self.remaining} node(s) unfinished")
                     self.wakeup.clear()
                     await self.wakeup.wait()
-                while self.done and self.error is None:
-                    self.done.popleft()()
+                while self.callbacks and self.error is None:
+                    self.callbacks.popleft()()
         except BaseException as exc:
             self.recorder.eval_finished(time.perf_counter(), exc)
             raise
@@ -123,15 +117,11 @@ class Scheduler(ModelCalls):
         return [scalar_or_array(self.values[id(v)]) for v in self.plan.outputs]
 
     async def _cleanup(self) -> None:
-        if self.timer is not None:
-            self.timer.cancel()
         for task in self.tasks:
             task.cancel()
         if self.tasks:
             await asyncio.gather(*self.tasks, return_exceptions=True)
-        backends = {group.backend for group in self.groups.values()}
-        for backend in sorted(backends, key=repr):
-            await backend.aclose()
+        await self.batcher.close()
 
     def _spawn(self, coroutine: Any, on_done: Callable[[asyncio.Task[Any]], None]) -> None:
         task = asyncio.ensure_future(coroutine)
@@ -141,7 +131,7 @@ class Scheduler(ModelCalls):
             self.tasks.discard(task)
             if not task.cancelled():
                 task.exception()  # retrieved now: after a first error the rest are never handled
-                self.done.append(lambda: on_done(task))
+                self.callbacks.append(lambda: on_done(task))
                 self.wakeup.set()
 
         task.add_done_callback(finished)
@@ -157,16 +147,18 @@ class Scheduler(ModelCalls):
             mode = node.op.mode
             try:
                 if mode == "generate":
-                    self._start_generate(index, node, inputs[0])
+                    self.batcher.start(index, node, inputs[0], self._has_failed_input(node))
                 elif mode == "python":
                     self._start_python(index, node, inputs)
+                elif mode == "control":  # loops and branches: one task each (outlines.runtime.control)
+                    self._start_control(index, node, inputs)
                 else:
                     self._finish(index, self._perform_inline(node, inputs))
             except Exception as exc:  # noqa: BLE001 - reported against the node
                 self._fail_node(index, exc)
 
-    def _tainted(self, node: Apply) -> bool:
-        return bool(self.tainted) and any(id(v) in self.tainted for v in node.inputs)
+    def _has_failed_input(self, node: Apply) -> bool:
+        return bool(self.failed_values) and any(id(v) in self.failed_values for v in node.inputs)
 
     def _guards(self, node: Apply) -> dict[str, Any]:
         if not self.return_failures:
@@ -178,7 +170,7 @@ class Scheduler(ModelCalls):
         }
 
     def _perform_inline(self, node: Apply, inputs: list[Any]) -> Any:
-        if self._tainted(node) and getattr(node.op, "elementwise", False):
+        if self._has_failed_input(node) and getattr(node.op, "elementwise", False):
             from outlines.graph.ops import broadcast_map
 
             return broadcast_map(node.op.perform, inputs, **self._guards(node))
@@ -203,6 +195,11 @@ class Scheduler(ModelCalls):
             return
 
         self.python_pending.append((index, lambda: op.perform(*inputs, **guards)))
+
+    def _start_control(self, index: int, node: Apply, inputs: list[Any]) -> None:
+        from outlines.runtime.control import run_control
+
+        self._spawn(run_control(self, node, inputs), lambda task: self._task_done(index, task))
 
     def _flush_python(self) -> None:
         """Send the blocking Python calls made ready this round, in a few chunks."""
@@ -238,10 +235,14 @@ class Scheduler(ModelCalls):
         node = self.plan.nodes[index]
         outputs = node.outputs
         results = result if len(outputs) > 1 else (result,)
+        failed = False
         for output, value in zip(outputs, results):
             self.values[id(output)] = value
             if self.return_failures and _has_failure(value):
-                self.tainted.add(id(output))
+                self.failed_values.add(id(output))
+                failed = True
+        if failed:  # a trace counts the Failure elements, which node_finished does not see
+            self.recorder.node_failures(node, tuple(results))
         self.recorder.node_finished(node, time.perf_counter(), error)
         self.remaining -= 1
         for consumer in self.plan.consumers[index]:
@@ -256,6 +257,7 @@ class Scheduler(ModelCalls):
                 self.error = exc if isinstance(exc, NodeError) else NodeError(node.label, node.op.name, exc)
                 if self.error is not exc:
                     self.error.__cause__ = exc
+                self.wakeup.set()  # a batch may report a failed draw while the loop waits
             self.recorder.node_finished(node, time.perf_counter(), exc)
             return
         failure = Failure.from_exception(node.label, node.op.name, exc)

@@ -14,7 +14,7 @@ import pytest
 import outlines
 from outlines import models
 from outlines.backends import openai as openai_backends
-from outlines.backends.base import BackendError, GenerationParams, Request, _usage_callback
+from outlines.backends.base import BackendError, BatchReport, Draw, GenerationParams
 from outlines.backends.openai import OpenAIChatBackend, OpenAICompletionBackend
 from tests.fixtures.fake_openai import (
     OK,
@@ -42,23 +42,23 @@ def chat(server: FakeOpenAI, **options: Any) -> OpenAIChatBackend:
     return OpenAIChatBackend("fake-model", base_url=server.base_url, api_key=KEY, **options)
 
 
-def run(backend: Any, requests: Sequence[Request]) -> list[str]:
+def run(backend: Any, requests: Sequence[Draw], report: BatchReport | None = None) -> list[str]:
     """One ``generate`` on a fresh loop, closing the session like the scheduler does."""
 
     async def main() -> list[str]:
         try:
-            return await backend.generate(requests)
+            return await backend.generate(requests, report or BatchReport())
         finally:
             await backend.aclose()
 
     return asyncio.run(main())
 
 
-def draws(*prompts: str, params: GenerationParams = SAMPLING) -> list[Request]:
+def draws(*prompts: str, params: GenerationParams = SAMPLING) -> list[Draw]:
     counts: dict[str, int] = {}
     out = []
     for prompt in prompts:
-        out.append(Request(prompt, params, counts.get(prompt, 0)))
+        out.append(Draw(prompt, params, counts.get(prompt, 0)))
         counts[prompt] = counts.get(prompt, 0) + 1
     return out
 
@@ -91,7 +91,7 @@ def test_generation_params_pass_through(fake_openai: FakeOpenAI) -> None:
     params = GenerationParams.create(
         max_tokens=7, temperature=0.3, top_p=0.9, stop=["\n", "END"], seed=11, logit_bias={"50256": -100}
     )
-    run(completion(fake_openai), [Request("x", params)])
+    run(completion(fake_openai), [Draw("x", params)])
     body = fake_openai.requests[0].body
     assert body["max_tokens"] == 7 and body["temperature"] == 0.3 and body["top_p"] == 0.9
     assert body["stop"] == ["\n", "END"] and body["seed"] == 11 and body["logit_bias"] == {"50256": -100}
@@ -99,7 +99,7 @@ def test_generation_params_pass_through(fake_openai: FakeOpenAI) -> None:
 
 def test_later_draws_with_a_seed_get_a_shifted_seed(fake_openai: FakeOpenAI) -> None:
     params = GenerationParams.create(temperature=1.0, seed=100)
-    run(completion(fake_openai), [Request("x", params, 3), Request("x", params, 4)])
+    run(completion(fake_openai), [Draw("x", params, 3), Draw("x", params, 4)])
     body = fake_openai.requests[0].body
     assert body["seed"] == 103 and body["n"] == 2
 
@@ -117,11 +117,11 @@ def test_chat_sends_a_conversation_as_its_messages(fake_openai: FakeOpenAI) -> N
     from outlines.chat import Conversation
 
     conversation = Conversation.of([("user", "hi"), ("assistant", "hello"), ("user", "more")])
-    run(chat(fake_openai, system_prompt="Be terse."), [Request(conversation, GenerationParams())])
+    run(chat(fake_openai, system_prompt="Be terse."), [Draw(conversation, GenerationParams())])
     assert fake_openai.requests[0].body["messages"] == [{"role": "system", "content": "Be terse."}] + \
         conversation.messages
     own_system = Conversation.of([("system", "Mine."), ("user", "hi")])
-    run(chat(fake_openai, system_prompt="Be terse."), [Request(own_system, GenerationParams())])
+    run(chat(fake_openai, system_prompt="Be terse."), [Draw(own_system, GenerationParams())])
     assert fake_openai.requests[1].body["messages"] == own_system.messages  # its own system message wins
 
 
@@ -138,7 +138,9 @@ def test_identity_and_defaults() -> None:
     assert backend.max_batch == 128 and backend.max_concurrency == 32 and backend.max_retries == 3
     other = OpenAIChatBackend("m", base_url="http://127.0.0.1:1/v1", api_key="another key")
     assert other.identity == ("openai", "m", "http://127.0.0.1:1/v1", None)
-    assert other == OpenAIChatBackend("m", base_url="http://127.0.0.1:1/v1", api_key=KEY)
+    # Same identity (cache keys), but another key never shares a batch.
+    same_but_key = OpenAIChatBackend("m", base_url="http://127.0.0.1:1/v1", api_key=KEY)
+    assert other.identity == same_but_key.identity and other != same_but_key
 
 
 def test_environment_configuration(monkeypatch: pytest.MonkeyPatch, fake_openai: FakeOpenAI) -> None:
@@ -184,7 +186,7 @@ def test_refused_lists_fall_back_to_one_prompt_per_request_and_say_so_once(
 def test_ignored_n_falls_back_to_one_request_per_sample(fake_openai: FakeOpenAI) -> None:
     fake_openai.ignore_n = True
     seeded = GenerationParams.create(temperature=1.0, seed=5)
-    out = run(chat(fake_openai), [Request("a", seeded, 0), Request("a", seeded, 1), Request("a", seeded, 2)])
+    out = run(chat(fake_openai), [Draw("a", seeded, 0), Draw("a", seeded, 1), Draw("a", seeded, 2)])
     assert out == ["a#0"] * 3  # the fake answers sample 0 each time; a real server samples anew
     bodies = [r.body for r in fake_openai.requests]
     assert bodies[0]["n"] == 3 and all("n" not in b for b in bodies[1:]) and len(bodies) == 4
@@ -225,7 +227,7 @@ def test_a_400_about_something_else_is_not_a_list_refusal(fake_openai: FakeOpenA
         (Status(429, {"Retry-After": "-10"}), "backoff"),
         (Status(500), "backoff"),
         (Status(502), "backoff"),
-        (Status(503, {"Retry-After": "0"}), 0.0),
+        (Status(503, {"Retry-After": "0"}), "backoff"),
         (Status(408), "backoff"),
         (Status(409), "backoff"),
         (Close(), "backoff"),
@@ -338,9 +340,9 @@ def test_429_lowers_concurrency_and_successes_restore_it(fake_openai: FakeOpenAI
     async def main() -> tuple[int, int]:
         try:
             fake_openai.script(Status(429))
-            await backend.generate(draws("first"))
+            await backend.generate(draws("first"), BatchReport())
             lowered = backend.client.state().limiter.limit
-            await backend.generate(draws(*[f"p{i}" for i in range(200)]))
+            await backend.generate(draws(*[f"p{i}" for i in range(200)]), BatchReport())
             return lowered, backend.client.state().limiter.limit
         finally:
             await backend.aclose()
@@ -359,19 +361,9 @@ def test_rpm_and_tpm_budgets_pace_requests(fake_openai: FakeOpenAI, sleeps: list
 
 
 def test_usage_is_reported(fake_openai: FakeOpenAI) -> None:
-    seen: list[tuple[int, int]] = []
-    backend = completion(fake_openai)
-
-    async def main() -> None:
-        token = _usage_callback.set(lambda p, c: seen.append((p, c)))
-        try:
-            await backend.generate(draws("one two", "three"))
-        finally:
-            _usage_callback.reset(token)
-            await backend.aclose()
-
-    asyncio.run(main())
-    assert seen == [(3, 2)]
+    report = BatchReport()
+    run(completion(fake_openai), draws("one two", "three"), report)
+    assert report.tokens == [3, 2] and report.requests == 1
 
 
 def test_two_consecutive_runs_and_errors_leave_no_open_session(fake_openai: FakeOpenAI, sleeps: list[float]) -> None:
@@ -399,7 +391,7 @@ def test_cancelling_20_in_flight_requests_returns_every_connection(fake_openai: 
     async def main() -> list[str]:
         try:
             fake_openai.script(*[Stall(30.0)] * 20)
-            task = asyncio.ensure_future(backend.generate(draws(*[f"slow{i}" for i in range(20)])))
+            task = asyncio.ensure_future(backend.generate(draws(*[f"slow{i}" for i in range(20)]), BatchReport()))
             while fake_openai.in_flight < 20:
                 await asyncio.sleep(0.01)
             task.cancel()
@@ -409,7 +401,7 @@ def test_cancelling_20_in_flight_requests_returns_every_connection(fake_openai: 
             assert state.limiter.in_flight == 0
             connector = state.session.connector
             assert connector is not None and not connector._acquired  # type: ignore[attr-defined]
-            return await asyncio.wait_for(backend.generate(draws(*[f"p{i}" for i in range(20)])), 10)
+            return await asyncio.wait_for(backend.generate(draws(*[f"p{i}" for i in range(20)]), BatchReport()), 10)
         finally:
             await backend.aclose()
 
@@ -420,7 +412,7 @@ def test_backends_pickle_without_sessions_and_keep_working(fake_openai: FakeOpen
     backend = completion(fake_openai, rpm=1000)
 
     async def use_then_pickle() -> bytes:
-        await backend.generate(draws("a"))
+        await backend.generate(draws("a"), BatchReport())
         try:
             return pickle.dumps(backend)
         finally:
@@ -438,11 +430,11 @@ def test_the_key_never_shows(fake_openai: FakeOpenAI, sleeps: list[float], caplo
     backend = chat(fake_openai)
     llm = models.openai("fake-model", base_url=fake_openai.base_url, api_key=KEY)
     shown = [repr(backend), str(backend), repr(vars(backend)), repr(vars(backend.client)), str(backend.identity),
-             repr(llm), str(llm("x").owner.op.key())]  # type: ignore[union-attr]
+             repr(llm), repr(llm("x").owner.op)]  # type: ignore[union-attr]
 
     async def in_debug_mode() -> list[str]:
         try:
-            return await backend.generate(draws("a"))
+            return await backend.generate(draws("a"), BatchReport())
         finally:
             await backend.aclose()
 
@@ -458,10 +450,7 @@ def test_the_key_never_shows(fake_openai: FakeOpenAI, sleeps: list[float], caplo
 
 
 def test_the_key_never_shows_in_traces(fake_openai: FakeOpenAI, tmp_path: Any) -> None:
-    try:
-        recorder = outlines.trace()
-    except (ImportError, AttributeError) as error:
-        pytest.skip(f"outlines.trace() is not available yet: {error}")
+    recorder = outlines.trace()
     llm = models.openai("fake-model", base_url=fake_openai.base_url, api_key=KEY)
     with recorder as trace:
         llm("traced").eval(cache=False)
@@ -517,14 +506,14 @@ def test_greedy_draws_collapse_and_per_call_overrides_apply(fake_openai: FakeOpe
 
 def test_repeated_greedy_requests_are_asked_once(fake_openai: FakeOpenAI) -> None:
     greedy = GenerationParams.create(temperature=0)
-    assert run(completion(fake_openai), [Request("g", greedy), Request("h", greedy), Request("g", greedy)]) == [
+    assert run(completion(fake_openai), [Draw("g", greedy), Draw("h", greedy), Draw("g", greedy)]) == [
         "g#0", "h#0", "g#0"]
     assert fake_openai.prompts() == [["g", "h"]] and "n" not in fake_openai.requests[0].body
 
 
 def test_mixed_params_in_one_call_stay_apart(fake_openai: FakeOpenAI) -> None:
     one, two = GenerationParams.create(temperature=1.0, seed=1), GenerationParams.create(temperature=1.0, seed=2)
-    out = run(completion(fake_openai), [Request("x", one, 0), Request("x", one, 1), Request("x", two, 0)])
+    out = run(completion(fake_openai), [Draw("x", one, 0), Draw("x", one, 1), Draw("x", two, 0)])
     assert out == ["x#0", "x#1", "x#0"]
     assert sorted((r.body["seed"], r.body.get("n", 1)) for r in fake_openai.requests) == [(1, 2), (2, 1)]
 

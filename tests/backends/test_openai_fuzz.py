@@ -14,14 +14,14 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from outlines.backends import http
-from outlines.backends.base import BackendError, GenerationParams, Request
+from outlines.backends.base import BackendError, BatchReport, Draw, GenerationParams
 from outlines.backends.openai import OpenAIChatBackend, OpenAICompletionBackend
 from tests.fixtures.fake_openai import FakeOpenAI, Status
 
 pytestmark = pytest.mark.filterwarnings("error::ResourceWarning")
 
 PARAMS = GenerationParams.create(temperature=0.5)
-REQUESTS = [Request("a", PARAMS, 0), Request("b", PARAMS, 0), Request("a", PARAMS, 1)]
+REQUESTS = [Draw("a", PARAMS, 0), Draw("b", PARAMS, 0), Draw("a", PARAMS, 1)]
 
 json_values = st.recursive(
     st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=10),
@@ -64,14 +64,14 @@ def test_parsing_arbitrary_json_raises_only_backend_errors(
 ) -> None:
     backend = backend_type("m", base_url="http://127.0.0.1:9/v1", api_key="sk-fuzz")
 
-    async def post_json(path: str, payload: Any, *, tokens: float = 0.0) -> Any:
+    async def post_json(path: str, payload: Any, report: Any, *, tokens: float = 0.0) -> Any:
         if not isinstance(body, dict):
             raise BackendError("response is not a JSON object", status=200)
         return body
 
     monkeypatch.setattr(backend.client, "post_json", post_json)
     try:
-        outputs = asyncio.run(backend.generate(REQUESTS))
+        outputs = asyncio.run(backend.generate(REQUESTS, BatchReport()))
     except BackendError:
         return
     _check(outputs)
@@ -110,7 +110,7 @@ def test_the_wire_raises_only_backend_errors(
 
     async def main() -> list[str]:
         try:
-            return await backend.generate(REQUESTS)
+            return await backend.generate(REQUESTS, BatchReport())
         finally:
             await backend.aclose()
 

@@ -67,7 +67,9 @@ def test_retry_after_ms_wins_and_headers_are_case_insensitive() -> None:
 @pytest.mark.parametrize(
     "value, delay",
     [
-        ("0", 0.0),
+        ("0", "backoff"),  # a zero, tiny or past hint never skips the backoff
+        ("0.1", "backoff"),
+        (email.utils.formatdate(NOW - 3600, usegmt=True), "backoff"),
         ("2", 2.0),
         ("-10", "backoff"),
         ("nan", "backoff"),

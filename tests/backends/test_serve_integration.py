@@ -165,3 +165,19 @@ def test_smollm2_samples_differ_through_the_chat_endpoint(served_smollm2: tuple[
     llm = models.openai(model_name, base_url=base_url, api_key="sk-local", max_tokens=12, temperature=1.0)
     samples = llm("Write a random word.", num_samples=4).eval(cache=False)
     assert np.asarray(samples).shape == (4,) and len(set(samples)) > 1, samples
+
+
+def test_a_constraint_transformers_serve_refuses_is_checked_and_retried(
+    served: tuple[str, str, Path], caplog: pytest.LogCaptureFixture
+) -> None:
+    base_url, model_name, log = served
+    llm = models.openai_completion(model_name, base_url=base_url, api_key="sk-local", max_tokens=4, temperature=0,
+                                   max_retries=2)
+    before = log.read_text().splitlines()
+    with caplog.at_level(logging.WARNING, logger="outlines.backends.openai"):
+        result = llm("Answer yes or no:", choices=["certainly", "never"]).eval(cache=False, errors="return")
+    lines = [line for line in log.read_text().splitlines()[len(before):] if "POST /v1/completions" in line]
+    assert isinstance(result, outlines.Failure) and "is not one of the choices ['certainly', 'never']" in result.message
+    # serve answers 422 to guided_choice: remembered, then the draw and 2 retries without it
+    assert [line.split('HTTP/1.1" ')[1][:3] for line in lines] == ["422", "200", "200", "200"]
+    assert any("refuses guided_choice" in r.getMessage() for r in caplog.records)

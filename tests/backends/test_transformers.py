@@ -13,19 +13,20 @@ import pytest
 pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
-from outlines.backends import base  # noqa: E402
 from outlines.backends import transformers as tf  # noqa: E402
-from outlines.backends.base import BackendError, GenerationParams, Request  # noqa: E402
+from outlines.backends.base import BackendError, BatchReport, Draw, GenerationParams  # noqa: E402
 from outlines.backends.transformers import TransformersBackend, plan_chunks, trim_at_stop  # noqa: E402
 from outlines.testing import build_tiny_model, tiny_model_is_complete  # noqa: E402
+from tests.fixtures.recording import RecordingBackend  # noqa: E402
+from tests.fixtures.subprocesses import ROOT, python_env  # noqa: E402
 
 GREEDY = GenerationParams.create(max_tokens=8, temperature=0)
 SAMPLED = GenerationParams.create(max_tokens=10, temperature=1.0, seed=7)
 PROMPTS = [f"Q: What is {i} * 7?" + " Think step by step." * (i % 4) + " A:" for i in range(6)]
 
 
-def run(backend: TransformersBackend, requests: list[Request]) -> list[str]:
-    return asyncio.run(backend.generate(requests))
+def run(backend: TransformersBackend, requests: list[Draw], report: BatchReport | None = None) -> list[str]:
+    return asyncio.run(backend.generate(requests, report or BatchReport()))
 
 
 @pytest.fixture
@@ -89,21 +90,21 @@ def test_import_outlines_does_not_import_torch(tiny_model_path: str) -> None:
         "heavy = [n for n in ('torch', 'transformers') if n in sys.modules]\n"
         "assert not heavy, heavy\n"
     )
-    subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=60, env=python_env())
 
 
 # -- generation ---------------------------------------------------------------------------
 
 
 def test_greedy_batched_equals_each_prompt_alone(backend: TransformersBackend) -> None:
-    batched = run(backend, [Request(p, GREEDY) for p in PROMPTS])
-    alone = [run(backend, [Request(p, GREEDY)])[0] for p in PROMPTS]
+    batched = run(backend, [Draw(p, GREEDY) for p in PROMPTS])
+    alone = [run(backend, [Draw(p, GREEDY)])[0] for p in PROMPTS]
     assert batched == alone
     assert all(isinstance(text, str) and text for text in batched)
 
 
 def test_a_draw_does_not_depend_on_its_batch(backend: TransformersBackend) -> None:
-    requests = [Request(p, SAMPLED, draw) for p in PROMPTS[:3] for draw in range(3)]
+    requests = [Draw(p, SAMPLED, draw) for p in PROMPTS[:3] for draw in range(3)]
     together = run(backend, requests)
     assert run(backend, requests) == together  # same seed, same texts
     assert run(backend, [requests[4], requests[0]]) == [together[4], together[0]]
@@ -111,34 +112,34 @@ def test_a_draw_does_not_depend_on_its_batch(backend: TransformersBackend) -> No
 
 
 def test_seeds_select_streams(backend: TransformersBackend) -> None:
-    requests = [Request(p, SAMPLED) for p in PROMPTS[:3]]
-    other = [Request(p, SAMPLED.merged(seed=8)) for p in PROMPTS[:3]]
+    requests = [Draw(p, SAMPLED) for p in PROMPTS[:3]]
+    other = [Draw(p, SAMPLED.merged(seed=8)) for p in PROMPTS[:3]]
     assert run(backend, requests) != run(backend, other)
-    unseeded = [Request(p, SAMPLED.merged(seed=None)) for p in PROMPTS[:3]]
-    unseeded = [Request(r.prompt, GenerationParams.create(max_tokens=10, temperature=1.0)) for r in unseeded]
+    unseeded = [Draw(p, SAMPLED.merged(seed=None)) for p in PROMPTS[:3]]
+    unseeded = [Draw(r.prompt, GenerationParams.create(max_tokens=10, temperature=1.0)) for r in unseeded]
     assert run(backend, unseeded) != run(backend, unseeded)  # fresh salt per call
 
 
 def test_top_k_1_and_a_tiny_top_p_are_greedy(backend: TransformersBackend) -> None:
-    greedy = run(backend, [Request(p, GREEDY) for p in PROMPTS])
+    greedy = run(backend, [Draw(p, GREEDY) for p in PROMPTS])
     for extra in ({"top_k": 1}, {"top_p": 1e-9}):
         params = GenerationParams.create(max_tokens=8, temperature=1.0, seed=3, **extra)
-        assert run(backend, [Request(p, params, 2) for p in PROMPTS]) == greedy
+        assert run(backend, [Draw(p, params, 2) for p in PROMPTS]) == greedy
     wide = GenerationParams.create(max_tokens=8, temperature=1.0, seed=3, top_k=50, top_p=0.9)
-    assert run(backend, [Request(p, wide) for p in PROMPTS]) != greedy
+    assert run(backend, [Draw(p, wide) for p in PROMPTS]) != greedy
 
 
 def test_stop_strings_trim_the_same_draw(backend: TransformersBackend) -> None:
-    full = run(backend, [Request(p, SAMPLED.merged(max_tokens=20)) for p in PROMPTS])
+    full = run(backend, [Draw(p, SAMPLED.merged(max_tokens=20)) for p in PROMPTS])
     stop = next(ch for ch in full[0][3:] if ch.strip())  # a character that occurs in the text
-    stopped = run(backend, [Request(p, SAMPLED.merged(max_tokens=20, stop=[stop])) for p in PROMPTS])
+    stopped = run(backend, [Draw(p, SAMPLED.merged(max_tokens=20, stop=[stop])) for p in PROMPTS])
     assert stopped == [trim_at_stop(text, [stop]) for text in full]
     assert all(stop not in text for text in stopped)
 
 
 def test_mixed_params_and_draw_counts_in_one_call(backend: TransformersBackend) -> None:
-    requests = [Request(PROMPTS[0], SAMPLED, 0), Request(PROMPTS[0], SAMPLED, 1), Request(PROMPTS[1], SAMPLED, 0),
-                Request(PROMPTS[2], GREEDY)]
+    requests = [Draw(PROMPTS[0], SAMPLED, 0), Draw(PROMPTS[0], SAMPLED, 1), Draw(PROMPTS[1], SAMPLED, 0),
+                Draw(PROMPTS[2], GREEDY)]
     texts = run(backend, requests)
     assert texts[0] != texts[1]
     assert run(backend, [requests[2]]) == [texts[2]]
@@ -146,21 +147,16 @@ def test_mixed_params_and_draw_counts_in_one_call(backend: TransformersBackend) 
 
 
 def test_usage_is_reported(backend: TransformersBackend) -> None:
-    seen: list[tuple[int, int]] = []
-
-    async def main() -> None:
-        base._usage_callback.set(lambda p, c: seen.append((p, c)))
-        await backend.generate([Request(p, GREEDY) for p in PROMPTS[:2]])
-
-    asyncio.run(main())
-    assert len(seen) == 1 and seen[0][0] > 10 and 0 < seen[0][1] <= 16
+    report = BatchReport()
+    run(backend, [Draw(p, GREEDY) for p in PROMPTS[:2]], report)
+    assert report.tokens[0] > 10 and 0 < report.tokens[1] <= 16
 
 
 def test_the_backend_pickles_and_shares_the_loaded_model(backend: TransformersBackend) -> None:
-    run(backend, [Request(PROMPTS[0], GREEDY)])
+    run(backend, [Draw(PROMPTS[0], GREEDY)])
     clone = pickle.loads(pickle.dumps(backend))
     assert clone == backend and hash(clone) == hash(backend)
-    assert run(clone, [Request(PROMPTS[0], GREEDY)]) == run(backend, [Request(PROMPTS[0], GREEDY)])
+    assert run(clone, [Draw(PROMPTS[0], GREEDY)]) == run(backend, [Draw(PROMPTS[0], GREEDY)])
     assert backend.load() is clone.load()
 
 
@@ -169,7 +165,7 @@ def test_generation_runs_off_the_event_loop(backend: TransformersBackend, monkey
 
     from outlines.backends import _hf_generation as hf
 
-    run(backend, [Request(PROMPTS[0], GREEDY)])  # load first
+    run(backend, [Draw(PROMPTS[0], GREEDY)])  # load first
     started, release = threading.Event(), threading.Event()
     real = hf.run_chunk
 
@@ -179,7 +175,7 @@ def test_generation_runs_off_the_event_loop(backend: TransformersBackend, monkey
         return real(*args, **kwargs)
 
     async def main() -> list[str]:
-        task = asyncio.create_task(backend.generate([Request(PROMPTS[0], GREEDY)]))
+        task = asyncio.create_task(backend.generate([Draw(PROMPTS[0], GREEDY)], BatchReport()))
         while not started.is_set():
             await asyncio.sleep(0.005)
         release.set()  # only reachable if the loop keeps running during generation
@@ -194,37 +190,37 @@ def test_generation_runs_off_the_event_loop(backend: TransformersBackend, monkey
 
 def test_a_path_without_a_model_is_a_clear_error(tmp_path) -> None:
     with pytest.raises(BackendError, match="no model folder at .*missing"):
-        run(TransformersBackend(str(tmp_path / "missing")), [Request("hi", GREEDY)])
+        run(TransformersBackend(str(tmp_path / "missing")), [Draw("hi", GREEDY)])
     with pytest.raises(BackendError, match="cannot load a model from"):
-        run(TransformersBackend(str(tmp_path)), [Request("hi", GREEDY)])
+        run(TransformersBackend(str(tmp_path)), [Draw("hi", GREEDY)])
 
 
 def test_a_prompt_longer_than_the_context(backend: TransformersBackend, tiny_model_path: str) -> None:
     long_prompt = "step " * 600
     with pytest.raises(BackendError, match=r"prompt of \d+ tokens \+ max_tokens 8 exceeds the context of 512"):
-        run(backend, [Request(long_prompt, GREEDY)])
+        run(backend, [Draw(long_prompt, GREEDY)])
     with pytest.raises(BackendError, match=r"max_tokens 256 exceeds the context of 512"):
-        run(backend, [Request(long_prompt, GenerationParams.create(temperature=0))])
+        run(backend, [Draw(long_prompt, GenerationParams.create(temperature=0))])
     truncating = TransformersBackend(tiny_model_path, device="cpu", truncation=True)
-    assert isinstance(run(truncating, [Request(long_prompt, GREEDY)])[0], str)
+    assert isinstance(run(truncating, [Draw(long_prompt, GREEDY)])[0], str)
     default_length = GenerationParams.create(temperature=0)
-    assert isinstance(run(truncating, [Request(long_prompt, default_length)])[0], str)
-    short = run(backend, [Request("step " * 500, default_length)])[0]  # the rest of the context
+    assert isinstance(run(truncating, [Draw(long_prompt, default_length)])[0], str)
+    short = run(backend, [Draw("step " * 500, default_length)])[0]  # the rest of the context
     assert isinstance(short, str)
 
 
 def test_unsupported_parameters_are_refused(backend: TransformersBackend) -> None:
     params = GenerationParams.create(max_tokens=4, logit_bias={"1": 5})
     with pytest.raises(BackendError, match="does not support logit_bias"):
-        run(backend, [Request("hi", params)])
+        run(backend, [Draw("hi", params)])
 
 
 def test_missing_pad_token_is_said_once(tiny_model_path: str, caplog: pytest.LogCaptureFixture) -> None:
     tf.clear_registry()
     backend = TransformersBackend(tiny_model_path, device="cpu")
     with caplog.at_level(logging.WARNING, logger="outlines"):
-        run(backend, [Request("hi", GREEDY)])
-        run(TransformersBackend(tiny_model_path, device="cpu", max_batch=4), [Request("ho", GREEDY)])
+        run(backend, [Draw("hi", GREEDY)])
+        run(TransformersBackend(tiny_model_path, device="cpu", max_batch=4), [Draw("ho", GREEDY)])
     assert [r.message for r in caplog.records].count(
         f"transformers model {tiny_model_path}: the tokenizer has no pad token; padding with eos '<|endoftext|>'"
     ) == 1
@@ -235,7 +231,7 @@ def test_out_of_memory_retries_with_half_the_batch(backend: TransformersBackend,
 
     from outlines.backends import _hf_generation as hf
 
-    expected = run(backend, [Request(p, GREEDY) for p in PROMPTS[:4]])
+    expected = run(backend, [Draw(p, GREEDY) for p in PROMPTS[:4]])
     real = hf.run_chunk
     sizes: list[int] = []
 
@@ -247,9 +243,9 @@ def test_out_of_memory_retries_with_half_the_batch(backend: TransformersBackend,
 
     limit = 1
     monkeypatch.setattr(hf, "run_chunk", small_memory)
-    assert run(backend, [Request(p, GREEDY) for p in PROMPTS[:4]]) == expected
+    assert run(backend, [Draw(p, GREEDY) for p in PROMPTS[:4]]) == expected
     assert sizes == [4, 2, 1, 1, 2, 1, 1]
-    draws = [Request(PROMPTS[0], SAMPLED, d) for d in range(3)]
+    draws = [Draw(PROMPTS[0], SAMPLED, d) for d in range(3)]
     limit = 3
     together = run(backend, draws)
     limit, sizes[:] = 1, []
@@ -263,23 +259,11 @@ def test_out_of_memory_retries_with_half_the_batch(backend: TransformersBackend,
 # -- as graph nodes -----------------------------------------------------------------------
 
 
-class RecordingBackend(TransformersBackend):
-    """Records the size of each ``generate`` call the scheduler makes."""
-
-    def __init__(self, *args, **kwargs) -> None:  # type: ignore[no-untyped-def]
-        super().__init__(*args, **kwargs)
-        self.calls: list[int] = []
-
-    async def generate(self, requests):  # type: ignore[no-untyped-def]
-        self.calls.append(len(requests))
-        return await super().generate(requests)
-
-
 def model(path: str, **options):  # type: ignore[no-untyped-def]
     from outlines.models import Model
 
     defaults = {k: options.pop(k) for k in ("max_tokens", "temperature", "seed") if k in options}
-    backend = RecordingBackend(path, device="cpu", **options)
+    backend = RecordingBackend(inner=TransformersBackend(path, device="cpu", **options))
     return backend, Model(backend, **defaults)
 
 
@@ -299,7 +283,7 @@ def test_shapes(tiny_model_path: str, prompt, num_samples: int) -> None:
         assert all(isinstance(text, str) for text in value.reshape(-1))
     else:
         assert isinstance(value, str)
-    assert backend.calls == [(1 if isinstance(prompt, str) else 2) * num_samples]
+    assert backend.sizes == [(1 if isinstance(prompt, str) else 2) * num_samples]
 
 
 def test_greedy_samples_collapse_to_one_request(tiny_model_path: str) -> None:
@@ -307,7 +291,7 @@ def test_greedy_samples_collapse_to_one_request(tiny_model_path: str) -> None:
 
     backend, llm = model(tiny_model_path, max_tokens=3, temperature=0)
     texts = llm(outlines.constant("Q: 2 + 2? A:"), num_samples=4).eval(cache=False, progress=False)
-    assert len(set(texts)) == 1 and backend.calls == [1]
+    assert len(set(texts)) == 1 and backend.sizes == [1]
 
 
 def test_64_prompts_with_max_batch_16_make_4_calls(tiny_model_path: str) -> None:
@@ -318,7 +302,7 @@ def test_64_prompts_with_max_batch_16_make_4_calls(tiny_model_path: str) -> None
     prompts = [f"Q: what is {i} + 1? A:" for i in range(64)]
     answers = llm(question).eval({question: prompts}, cache=False, progress=False)
     assert answers.shape == (64,)
-    assert backend.calls == [16, 16, 16, 16]
+    assert backend.sizes == [16, 16, 16, 16]
 
 
 @pytest.mark.slow
@@ -327,7 +311,7 @@ def test_a_model_branch_and_an_http_like_branch_overlap(tiny_model_path: str) ->
     from outlines import models
 
     backend, llm = model(tiny_model_path, max_tokens=80, temperature=0)
-    backend.load()
+    backend.inner.load()
 
     async def remote(prompt: str) -> str:
         await asyncio.sleep(0.5)
@@ -349,9 +333,9 @@ def test_a_model_branch_and_an_http_like_branch_overlap(tiny_model_path: str) ->
 @pytest.mark.slow
 @pytest.mark.parametrize("flag", ["tiny", "function"])
 def test_the_main_job_runs_offline(tiny_model_path: str, tmp_path, flag: str) -> None:
-    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    root = str(ROOT)
     spec, problems = (f"tiny:{tiny_model_path}", 3) if flag == "tiny" else ("function", 30)
-    env = {**os.environ, "OUTLINES_CACHE_DIR": str(tmp_path / "cache"), "PYTHONPATH": root}
+    env = python_env(OUTLINES_CACHE_DIR=str(tmp_path / "cache"))
     command = [sys.executable, os.path.join(root, "examples", "self_consistency.py"), "--model", spec, "-k", "3",
                "--problems", str(problems), "--max-tokens", "8", "--out", str(tmp_path)]
     output = subprocess.run(command, env=env, capture_output=True, text=True, timeout=120, check=True).stdout
@@ -398,7 +382,7 @@ def test_a_chat_template_wraps_each_prompt_as_a_user_message(tiny_chat_path: str
     # the template, the system prompt and chat=False are part of the identity (and the cache key)
     assert len({chat.identity, with_system.identity, raw.identity}) == 3
     # the model reads exactly the rendered text
-    assert run(chat, [Request("hi", GREEDY)]) == run(raw, [Request("<|user|>hi\n<|assistant|>", GREEDY)])
+    assert run(chat, [Draw("hi", GREEDY)]) == run(raw, [Draw("<|user|>hi\n<|assistant|>", GREEDY)])
 
 
 def test_a_conversation_renders_as_apply_chat_template(tiny_chat_path: str) -> None:
@@ -421,9 +405,9 @@ def test_chat_without_a_template_is_a_clear_error(backend: TransformersBackend, 
     from outlines.chat import Conversation
 
     with pytest.raises(BackendError, match="chat=True but the tokenizer has no chat template"):
-        run(TransformersBackend(tiny_model_path, device="cpu", chat=True), [Request("hi", GREEDY)])
+        run(TransformersBackend(tiny_model_path, device="cpu", chat=True), [Draw("hi", GREEDY)])
     with pytest.raises(BackendError, match="a conversation needs a chat template"):
-        run(backend, [Request(Conversation.of([("user", "hi")]), GREEDY)])
+        run(backend, [Draw(Conversation.of([("user", "hi")]), GREEDY)])
     with pytest.raises(ValueError, match="system_prompt needs a chat template"):
         TransformersBackend(tiny_model_path, chat=False, system_prompt="x")
     assert len(backend.identity) == 4  # a plain folder keeps its cache keys
@@ -445,7 +429,7 @@ FEW_SHOT = [HEADER + f"Q: What is {i} * 7?" + " Think." * (i % 3) + " A:" for i 
 def test_prefix_sharing_gives_the_texts_of_the_unshared_path(tiny_model_path: str, params, samples: int) -> None:
     from outlines.backends import _hf_generation as hf
 
-    requests = [Request(p, params, d) for p in FEW_SHOT for d in range(samples)]
+    requests = [Draw(p, params, d) for p in FEW_SHOT for d in range(samples)]
     shared = TransformersBackend(tiny_model_path, device="cpu")
     unshared = TransformersBackend(tiny_model_path, device="cpu", share_prefix=False)
     assert run(shared, requests) == run(unshared, requests)
@@ -477,7 +461,7 @@ def test_cancelling_frees_the_worker_at_the_next_decoding_step(tiny_model_path: 
     params = GenerationParams.create(max_tokens=400, temperature=1.0, seed=1)
 
     async def main() -> None:
-        task = asyncio.ensure_future(backend.generate([Request("Q: 1", params, d) for d in range(4)]))
+        task = asyncio.ensure_future(backend.generate([Draw("Q: 1", params, d) for d in range(4)], BatchReport()))
         await asyncio.get_running_loop().run_in_executor(None, third_step.wait, 30)
         task.cancel()
         with pytest.raises(asyncio.CancelledError):
@@ -485,7 +469,7 @@ def test_cancelling_frees_the_worker_at_the_next_decoding_step(tiny_model_path: 
 
     asyncio.run(main())
     assert tf._slot(backend._key()).executor.submit(len, steps).result() == 3  # no step after the flag
-    assert run(backend, [Request("Q: 1", GREEDY)])  # the worker serves the next batch
+    assert run(backend, [Draw("Q: 1", GREEDY)])  # the worker serves the next batch
 
 
 # -- SmolLM2-135M-Instruct (GGUF, a real chat model; loaded once per session) -------------
@@ -495,15 +479,15 @@ def test_cancelling_frees_the_worker_at_the_next_decoding_step(tiny_model_path: 
 def test_smollm2_answers_2_plus_2_through_its_chat_template(smollm2: TransformersBackend) -> None:
     loaded = smollm2.load()
     assert smollm2.uses_chat(loaded) and smollm2.model_name == "SmolLM2-135M-Instruct.Q4_1"
-    assert "4" in run(smollm2, [Request("What is 2 + 2?", GenerationParams.create(max_tokens=24, temperature=0))])[0]
+    assert "4" in run(smollm2, [Draw("What is 2 + 2?", GenerationParams.create(max_tokens=24, temperature=0))])[0]
 
 
 @pytest.mark.slow
 def test_smollm2_batch_equals_each_prompt_alone(smollm2: TransformersBackend) -> None:
     params = GenerationParams.create(max_tokens=12, temperature=0)
     prompts = ["What is 3 + 5?", "Name a fruit.", "What is the capital of France?"]
-    together = run(smollm2, [Request(p, params) for p in prompts])
-    assert together == [run(smollm2, [Request(p, params)])[0] for p in prompts]
+    together = run(smollm2, [Draw(p, params) for p in prompts])
+    assert together == [run(smollm2, [Draw(p, params)])[0] for p in prompts]
 
 
 @pytest.mark.slow
@@ -527,7 +511,7 @@ def test_smollm2_shared_few_shot_prefix_gives_the_unshared_texts(smollm2: Transf
     unshared = TransformersBackend(smollm2.path, gguf_file=smollm2.gguf_file, device="cpu", share_prefix=False)
     for params, samples in ((GenerationParams.create(max_tokens=8, temperature=0), 1),
                             (GenerationParams.create(max_tokens=8, temperature=0.7, seed=3), 3)):
-        requests = [Request(p, params, d) for p in prompts for d in range(samples)]
+        requests = [Draw(p, params, d) for p in prompts for d in range(samples)]
         assert run(smollm2, requests) == run(unshared, requests)
 
 

@@ -28,9 +28,10 @@ import outlines.backends.base
 from outlines import cache as cache_module
 from outlines.cache import keys as cache_keys
 from outlines import models
-from outlines.backends.base import GenerationParams, Request
+from outlines.backends.base import GenerationParams, Draw
 from outlines.cache import Cache, CacheWarning, draw_key
 from outlines.cache.sqlite import FORMAT
+from tests.fixtures.subprocesses import python_env
 
 IDENTITY = ("function", "echo", "0123abcd", False)
 
@@ -48,7 +49,7 @@ def _private_default(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterato
 
 
 def key(prompt: str = "hi", draw: int = 0, **params: Any) -> str:
-    return draw_key(IDENTITY, Request(prompt, GenerationParams.create(**params), draw))
+    return draw_key(IDENTITY, Draw(prompt, GenerationParams.create(**params), draw))
 
 
 def rows(cache: Cache) -> sqlite3.Connection:
@@ -80,7 +81,6 @@ def test_key_holds_the_format_version(monkeypatch: pytest.MonkeyPatch) -> None:
     before = key()
     monkeypatch.setattr(cache_keys, "FORMAT", FORMAT + 1)
     monkeypatch.setattr(cache_keys, "_prefixes", {})
-    monkeypatch.setattr(cache_keys, "_recent", {})
     assert key() != before
 
 
@@ -94,9 +94,10 @@ def test_key_memo_never_confuses_equal_but_different_params() -> None:
 _KEY_SCRIPT = """
 import json, sys
 from outlines.cache import draw_key
-from outlines.backends.base import GenerationParams, Request
+from outlines.backends.base import GenerationParams, Draw
+from tests.fixtures.subprocesses import python_env
 orders = [{"a": 1, "b": [1, 2], "c": {"x": 1, "y": 2}}, {"c": {"y": 2, "x": 1}, "b": [1, 2], "a": 1}]
-keys = [draw_key(("openai", "m", "http://h/v1"), Request("p\\u00e9", GenerationParams.create(seed=3, **o), 4))
+keys = [draw_key(("openai", "m", "http://h/v1"), Draw("p\\u00e9", GenerationParams.create(seed=3, **o), 4))
         for o in orders]
 print(json.dumps(keys))
 """
@@ -105,7 +106,7 @@ print(json.dumps(keys))
 def test_keys_are_equal_across_hash_seeds_and_processes() -> None:
     results = set()
     for seed in ("0", "1", "4242", "random"):
-        env = dict(os.environ, PYTHONHASHSEED=seed)
+        env = python_env(PYTHONHASHSEED=seed)
         out = subprocess.run([sys.executable, "-c", _KEY_SCRIPT], env=env, capture_output=True, text=True, check=True)
         first, second = json.loads(out.stdout)
         assert first == second
@@ -142,21 +143,21 @@ def test_any_change_changes_the_key(
     one = (("function", models_[0]), GenerationParams.create(**params[0]), prompts[0], draws[0])
     two = (("function", second[0]), GenerationParams.create(**second[1]), second[2], second[3])
     same = (one[0], one[1].to_dict(), one[2], one[3]) == (two[0], two[1].to_dict(), two[2], two[3])
-    key_one = draw_key(one[0], Request(one[2], one[1], one[3]))
-    key_two = draw_key(two[0], Request(two[2], two[1], two[3]))
+    key_one = draw_key(one[0], Draw(one[2], one[1], one[3]))
+    key_two = draw_key(two[0], Draw(two[2], two[1], two[3]))
     assert (key_one == key_two) == same
 
 
 @settings(max_examples=100, deadline=None)
 @given(prompt=st.text(), draw=st.integers(0, 10**9), field=st.sampled_from(["model", "param", "prompt", "draw"]))
 def test_each_single_change_changes_the_key(prompt: str, draw: int, field: str) -> None:
-    base = draw_key(IDENTITY, Request(prompt, GenerationParams.create(temperature=0.7), draw))
+    base = draw_key(IDENTITY, Draw(prompt, GenerationParams.create(temperature=0.7), draw))
     changed = {
         "model": lambda: draw_key(IDENTITY[:1] + ("other",) + IDENTITY[2:],
-                                  Request(prompt, GenerationParams.create(temperature=0.7), draw)),
-        "param": lambda: draw_key(IDENTITY, Request(prompt, GenerationParams.create(temperature=0.8), draw)),
-        "prompt": lambda: draw_key(IDENTITY, Request(prompt + "x", GenerationParams.create(temperature=0.7), draw)),
-        "draw": lambda: draw_key(IDENTITY, Request(prompt, GenerationParams.create(temperature=0.7), draw + 1)),
+                                  Draw(prompt, GenerationParams.create(temperature=0.7), draw)),
+        "param": lambda: draw_key(IDENTITY, Draw(prompt, GenerationParams.create(temperature=0.8), draw)),
+        "prompt": lambda: draw_key(IDENTITY, Draw(prompt + "x", GenerationParams.create(temperature=0.7), draw)),
+        "draw": lambda: draw_key(IDENTITY, Draw(prompt, GenerationParams.create(temperature=0.7), draw + 1)),
     }[field]()
     assert changed != base
 
@@ -362,9 +363,7 @@ def test_a_planted_pickle_is_never_executed(tmp_path: Path) -> None:
     with pytest.warns(CacheWarning, match="damaged"):
         assert Cache(tmp_path / "c").get_many([key("a"), key("b")]) == {}
     assert not (tmp_path / "pwned").exists()
-    import outlines.cache.sqlite as store_module
-
-    source = Path(cache_module.__file__).read_text() + Path(store_module.__file__).read_text()
+    source = "".join(f.read_text() for f in Path(cache_module.__file__).parent.glob("*.py"))
     assert "import pickle" not in source and "pickle.load" not in source
 
 
@@ -454,7 +453,7 @@ class Counting:
 
 def test_eval_replays_draws_and_extends_samples(tmp_path: Path) -> None:
     fn = Counting()
-    llm = models.from_function(fn, name="counting", temperature=0.7)
+    llm = models.from_function(fn, name="counting", version="1", temperature=0.7)
     question = outlines.string("question")
     store = Cache(tmp_path)
     five = llm(question + "?", num_samples=5).eval({question: "q"}, cache=store)
@@ -467,7 +466,7 @@ def test_eval_replays_draws_and_extends_samples(tmp_path: Path) -> None:
 
 def test_greedy_draws_share_one_entry(tmp_path: Path) -> None:
     fn = Counting()
-    llm = models.from_function(fn, name="counting", temperature=0)
+    llm = models.from_function(fn, name="counting", version="1", temperature=0)
     out = llm("p", num_samples=4).eval(cache=Cache(tmp_path))
     assert len(fn.prompts) == 1 and len(set(out)) == 1
     assert Cache(tmp_path).stats()["entries"] == 1
@@ -475,7 +474,7 @@ def test_greedy_draws_share_one_entry(tmp_path: Path) -> None:
 
 def test_cache_false_and_disable_send_everything(tmp_path: Path) -> None:
     fn = Counting()
-    llm = models.from_function(fn, name="counting", temperature=0.7)
+    llm = models.from_function(fn, name="counting", version="1", temperature=0.7)
     llm("p").eval(cache=False)
     llm("p").eval(cache=False)
     assert len(fn.prompts) == 2
@@ -496,7 +495,7 @@ def test_cache_false_and_disable_send_everything(tmp_path: Path) -> None:
 def test_partial_failure_caches_the_successes(tmp_path: Path, max_batch: int | None) -> None:
     prompts = np.array([f"item {i}" + (" bad" if i in (3, 7) else "") for i in range(10)], dtype=object)
     fn = Counting(fail_on=("bad",))
-    llm = models.from_function(fn, name="counting", temperature=0.7, max_batch=max_batch)
+    llm = models.from_function(fn, name="counting", version="1", temperature=0.7, max_batch=max_batch)
     question = outlines.string("question")
     out = llm(question).eval({question: prompts}, cache=Cache(tmp_path), errors="return")
     failed = [i for i, v in enumerate(out) if isinstance(v, outlines.Failure)]
@@ -532,7 +531,7 @@ def test_api_key_never_reaches_the_cache_files(tmp_path: Path) -> None:
 def test_a_bad_cache_never_breaks_eval(tmp_path: Path) -> None:
     store = Cache(tmp_path)
     fn = Counting()
-    llm = models.from_function(fn, name="counting", temperature=0.7)
+    llm = models.from_function(fn, name="counting", version="1", temperature=0.7)
     first = llm("p").eval(cache=store)
     store.close()
     store.file.write_bytes(b"garbage" * 1000)
@@ -554,7 +553,7 @@ def test_memory_lru_is_bounded_by_entries_and_text(tmp_path: Path) -> None:
 @pytest.mark.parametrize("damage", list(DAMAGE))
 def test_eval_recomputes_and_rewrites_a_damaged_draw(tmp_path: Path, damage: str) -> None:
     fn = Counting()
-    llm = models.from_function(fn, name="counting", temperature=0.7)
+    llm = models.from_function(fn, name="counting", version="1", temperature=0.7)
     first = llm("only prompt").eval(cache=Cache(tmp_path))
     raw = rows(Cache(tmp_path))
     ((stored_key, blob, check),) = raw.execute("SELECT key, value, checksum FROM entries").fetchall()
@@ -582,7 +581,7 @@ def test_eval_inside_a_running_loop_uses_the_cache_from_its_helper_thread(tmp_pa
     import asyncio
 
     fn = Counting()
-    llm = models.from_function(fn, name="counting", temperature=0.7)
+    llm = models.from_function(fn, name="counting", version="1", temperature=0.7)
     store = Cache(tmp_path)
 
     async def notebook_cell() -> tuple[Any, Any]:

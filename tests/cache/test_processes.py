@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import multiprocessing
-import os
 import random
 import signal
 import sqlite3
@@ -22,12 +21,10 @@ import pytest
 
 from outlines.cache import Cache, CacheWarning
 from tests.fixtures import cache_workers
-
-ROOT = Path(__file__).resolve().parents[2]
-
+from tests.fixtures.subprocesses import ROOT, python_env
 
 def _env(tmp_path: Path) -> dict[str, str]:
-    return dict(os.environ, PYTHONPATH=str(ROOT), OUTLINES_CACHE_DIR=str(tmp_path / "default"))
+    return python_env(OUTLINES_CACHE_DIR=str(tmp_path / "default"))
 
 
 def run_program(tmp_path: Path, log: str, *options: str) -> tuple[list[Any], list[str]]:

@@ -6,9 +6,11 @@ with:
 - ``model(**defaults) -> outlines Model`` : a model on that backend;
 - ``calls() -> int`` : how many backend requests (or generate calls) were made
   so far;
+- ``batches() -> int`` : how many ``generate`` calls (batches) the backend
+  received so far (models built on ``tests.fixtures.recording.RecordingBackend``);
 - ``distinct_samples: bool`` : whether sampled draws of one prompt are expected
   to differ (false for backends that may legitimately repeat themselves);
-- ``failing_model() -> Model`` (optional): a model whose calls fail.
+- ``failing_model() -> Model`` : a model whose calls fail.
 
 and does ``from tests.conformance.suite import *`` to collect these tests.
 """
@@ -28,6 +30,7 @@ __all__ = [
     "test_returns_text",
     "test_samples_add_trailing_axis",
     "test_same_results_through_program",
+    "test_siblings_go_out_as_one_batch",
 ]
 
 
@@ -84,6 +87,15 @@ def test_batched_siblings_share_requests(conformance):
     assert list(results[:2]) == alone
 
 
+def test_siblings_go_out_as_one_batch(conformance):
+    model = conformance.model(max_tokens=4, temperature=0)
+    before = conformance.batches()
+    results = outlines.eval(*[model(f"sibling {i}") for i in range(6)], cache=False)
+    assert len(results) == 6 and all(isinstance(r, str) for r in results)
+    # One backend call for the whole group: switching batching off makes six.
+    assert conformance.batches() - before == 1
+
+
 def test_same_results_through_program(conformance):
     model = conformance.model(max_tokens=4, temperature=0)
     program = outlines.compile(lambda text: model(text + "!"), cache=False)
@@ -93,10 +105,7 @@ def test_same_results_through_program(conformance):
 
 
 def test_failure_names_the_node(conformance):
-    failing = getattr(conformance, "failing_model", None)
-    if failing is None:
-        pytest.skip("this backend has no failing variant")
-    model = failing()
+    model = conformance.failing_model()
     node = model("x")
     with pytest.raises(outlines.NodeError) as info:
         node.eval(cache=False)

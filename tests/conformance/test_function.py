@@ -8,7 +8,9 @@ import random
 import pytest
 
 from outlines import models
+from outlines.models import Model
 from tests.conformance.suite import *  # noqa: F401,F403
+from tests.fixtures.recording import RecordingBackend
 
 
 def _fake_completion(prompt: str, temperature: float | None, rng: random.Random) -> str:
@@ -24,11 +26,20 @@ class FunctionConformance:
         self.flavour = flavour
         self.count = 0
         self.rng = random.Random(0)
+        self.recordings: list[RecordingBackend] = []
 
     def calls(self) -> int:
         return self.count
 
+    def batches(self) -> int:
+        return sum(len(r.batches) for r in self.recordings)
+
     def model(self, **defaults):
+        function_model = self._function_model(**defaults)
+        self.recordings.append(RecordingBackend(inner=function_model.backend))
+        return Model(self.recordings[-1], **defaults)
+
+    def _function_model(self, **defaults):
         temperature = defaults.get("temperature")
         if self.flavour == "batched":
 

@@ -14,6 +14,7 @@ from outlines import models
 from outlines.models import Model
 from tests.conformance.suite import *  # noqa: F401,F403
 from tests.fixtures.fake_openai import FakeOpenAI
+from tests.fixtures.recording import RecordingBackend
 
 pytestmark = pytest.mark.filterwarnings("error::ResourceWarning")
 
@@ -36,14 +37,21 @@ class OpenAIConformance:
     def __init__(self, server: FakeOpenAI, flavour: str) -> None:
         self.server = server
         self.flavour = flavour
+        self.recordings: list[RecordingBackend] = []
 
     def calls(self) -> int:
         return len(self.server.requests)
 
+    def batches(self) -> int:
+        return sum(len(r.batches) for r in self.recordings)
+
     def model(self, **defaults: Any) -> Model:
         if self.flavour == "chat":
-            return models.openai("fake", base_url=self.server.base_url, api_key=KEY, **defaults)
-        return models.openai_completion("fake", base_url=self.server.base_url, api_key=KEY, **defaults)
+            model = models.openai("fake", base_url=self.server.base_url, api_key=KEY, **defaults)
+        else:
+            model = models.openai_completion("fake", base_url=self.server.base_url, api_key=KEY, **defaults)
+        self.recordings.append(RecordingBackend(inner=model.backend))
+        return Model(self.recordings[-1], **defaults)
 
     def failing_model(self) -> Model:
         # Port 9 (discard) refuses connections on 127.0.0.1.

@@ -9,35 +9,27 @@ pytest.importorskip("transformers")
 from outlines.backends.transformers import TransformersBackend  # noqa: E402
 from outlines.models import Model  # noqa: E402
 from tests.conformance.suite import *  # noqa: E402,F401,F403
-
-
-class CountingBackend(TransformersBackend):
-    """Counts ``generate`` calls into a list shared with the fixture."""
-
-    def __init__(self, path: str, counter: list[int]) -> None:
-        super().__init__(path, device="cpu")
-        self.counter = counter
-
-    async def generate(self, requests):  # type: ignore[no-untyped-def]
-        self.counter.append(len(requests))
-        return await super().generate(requests)
+from tests.fixtures.recording import RecordingBackend  # noqa: E402
 
 
 class TransformersConformance:
     distinct_samples = True
 
     def __init__(self, path: str) -> None:
+        self.recording = RecordingBackend(inner=TransformersBackend(path, device="cpu"))
         self.path = path
-        self.counter: list[int] = []
 
     def calls(self) -> int:
-        return len(self.counter)
+        return len(self.recording.batches)
+
+    def batches(self) -> int:
+        return len(self.recording.batches)
 
     def model(self, **defaults) -> Model:  # type: ignore[no-untyped-def]
-        return Model(CountingBackend(self.path, self.counter), **defaults)
+        return Model(self.recording, **defaults)
 
     def failing_model(self) -> Model:
-        return Model(CountingBackend(self.path + "-missing", self.counter), max_tokens=2)
+        return Model(RecordingBackend(inner=TransformersBackend(self.path + "-missing", device="cpu")), max_tokens=2)
 
 
 @pytest.fixture

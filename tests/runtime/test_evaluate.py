@@ -11,17 +11,8 @@ import pytest
 
 import outlines
 from outlines import models
-
-
-class Recorder:
-    """A batched fake backend that records every batch it receives."""
-
-    def __init__(self):
-        self.batches = []
-
-    def __call__(self, prompts):
-        self.batches.append(list(prompts))
-        return [p.upper() for p in prompts]
+from tests.fixtures.subprocesses import python_env
+from tests.fixtures.recording import RecordingBackend
 
 
 def test_building_calls_nothing_and_eval_calls_each_node_once():
@@ -41,31 +32,30 @@ def test_building_calls_nothing_and_eval_calls_each_node_once():
 
 
 def test_sibling_calls_to_a_batched_backend_arrive_as_one_call():
-    rec = Recorder()
-    llm = models.from_function(rec, batched=True)
+    rec = RecordingBackend(str.upper)
+    llm = rec.model()
     outs = [llm(f"p{i}") for i in range(10)]
     assert outlines.eval(*outs, cache=False) == tuple(f"P{i}" for i in range(10))
     assert len(rec.batches) == 1 and len(rec.batches[0]) == 10
 
 
 def test_batches_are_split_by_max_batch():
-    rec = Recorder()
-    llm = models.from_function(rec, batched=True, max_batch=4)
+    rec = RecordingBackend(str.upper, max_batch=4)
+    llm = rec.model()
     outlines.eval(*[llm(f"p{i}") for i in range(10)], cache=False)
     assert sorted(len(b) for b in rec.batches) == [2, 4, 4]
 
 
 def test_two_backends_get_two_calls():
-    one, two = Recorder(), Recorder()
-    a = models.from_function(one, batched=True, name="one")
-    b = models.from_function(two, batched=True, name="two")
+    one, two = RecordingBackend(str.upper, name="one"), RecordingBackend(str.upper, name="two")
+    a, b = one.model(), two.model()
     outlines.eval(a("x"), a("y"), b("x"), b("y"), cache=False)
     assert len(one.batches) == 1 and len(two.batches) == 1
 
 
 def test_different_params_are_different_batches():
-    rec = Recorder()
-    llm = models.from_function(rec, batched=True)
+    rec = RecordingBackend(str.upper)
+    llm = rec.model()
     outlines.eval(llm("x", max_tokens=5), llm("y", max_tokens=5), llm("z", max_tokens=9), cache=False)
     assert sorted(len(b) for b in rec.batches) == [1, 2]
 
@@ -106,8 +96,8 @@ def test_output_shape_is_prompt_shape_plus_samples():
 
 
 def test_greedy_draws_collapse_to_one_request():
-    rec = Recorder()
-    llm = models.from_function(rec, batched=True, temperature=0)
+    rec = RecordingBackend(str.upper)
+    llm = rec.model(temperature=0)
     out = llm("x", num_samples=5).eval(cache=False)
     assert list(out) == ["X"] * 5 and rec.batches == [["x"]]
 
@@ -233,6 +223,7 @@ def test_several_failures_leave_no_unretrieved_task_exception(tmp_path):
         "    pass\n"
         "gc.collect()\n"
     )
-    done = subprocess.run([sys.executable, "-X", "dev", "-W", "error", str(script)], capture_output=True, text=True)
+    done = subprocess.run([sys.executable, "-X", "dev", "-W", "error", str(script)], capture_output=True, text=True,
+                          env=python_env())
     assert done.returncode == 0, done.stderr
     assert "never retrieved" not in done.stderr and "destroyed" not in done.stderr

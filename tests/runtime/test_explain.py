@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import asyncio
+import time
 from collections import Counter
 
 import pytest
@@ -9,19 +10,11 @@ import pytest
 import outlines
 from outlines import models
 from outlines.cache import Cache
+from tests.fixtures.recording import RecordingBackend
 
 
-class Recording:
-    """A batched async fake model that records every batch it receives."""
-
-    def __init__(self, delay: float = 0.005) -> None:
-        self.batches: list[list[str]] = []
-        self.delay = delay
-
-    async def __call__(self, prompts: list[str]) -> list[str]:
-        self.batches.append(list(prompts))
-        await asyncio.sleep(self.delay)
-        return [f"{p}|{len(p) % 3}" for p in prompts]
+def answer(prompt: str) -> str:
+    return f"{prompt}|{len(prompt) % 3}"
 
 
 @outlines.fn(signature="(n)->()", name="majority")
@@ -92,8 +85,8 @@ def _real(outs, givens, **options):  # type: ignore[no-untyped-def]
 @pytest.mark.parametrize("shape", SHAPES, ids=lambda f: f.__name__)
 @pytest.mark.parametrize("max_batch", [None, 4])
 def test_predicted_requests_equal_real_ones(shape, max_batch) -> None:  # type: ignore[no-untyped-def]
-    recording = Recording()
-    llm = models.from_function(recording, batched=True, name="rec", max_batch=max_batch)
+    recording = RecordingBackend(answer, delay=0.005, max_batch=max_batch)
+    llm = recording.model()
     outs, givens = shape(llm)
     plan = outlines.explain(*outs, givens=givens, cache=False)
     assert recording.batches == []  # a dry run sends nothing
@@ -105,18 +98,21 @@ def test_predicted_requests_equal_real_ones(shape, max_batch) -> None:  # type: 
 
 
 def test_python_steps_in_the_thread_pool_keep_the_predicted_count() -> None:
-    recording = Recording()
-    llm = models.from_function(recording, batched=True, name="rec", max_batch=4)
+    recording = RecordingBackend(answer, delay=0.005, max_batch=4)
+    llm = recording.model()
     outs, givens = chains_with_python_steps(llm)
     plan = outlines.explain(*outs, givens=givens, cache=False)
+    # Each model call waits on its own thread-pool step: the prediction says timing matters ...
+    assert not plan.batching_exact and len(plan.timing_dependent) == 36
     for _ in range(5):
         before = len(recording.batches)
-        outlines.eval(*outs, givens=givens, cache=False)
+        # ... and holds while the steps return within the gathering window (wide on a loaded machine).
+        outlines.eval(*outs, givens=givens, cache=False, batch_window=0.25)
         assert len(recording.batches) - before == plan.requests == 9
 
 
 def test_known_prompts_are_exact_and_unknown_ones_are_counted_by_shape() -> None:
-    llm = models.from_function(Recording(), batched=True, name="rec")
+    llm = RecordingBackend(answer, delay=0.005).model()
     outs, givens = vectorized_chain(llm, n=7)
     plan = outlines.explain(*outs, givens=givens, cache=False)
     assert (plan.draws, plan.unknown_draws, plan.cache_hits) == (21, 14, 0)
@@ -126,8 +122,8 @@ def test_known_prompts_are_exact_and_unknown_ones_are_counted_by_shape() -> None
 
 
 def test_cache_hits_known_in_advance(tmp_path) -> None:
-    recording = Recording()
-    llm = models.from_function(recording, batched=True, name="rec", max_batch=3)
+    recording = RecordingBackend(answer, delay=0.005, max_batch=3)
+    llm = recording.model()
     cache = Cache(tmp_path)
     outs, givens = vectorized_chain(llm, n=5)
     outlines.eval(*outs, givens=givens, cache=cache)
@@ -144,8 +140,8 @@ def test_cache_hits_known_in_advance(tmp_path) -> None:
 
 
 def test_greedy_duplicates_collapse() -> None:
-    recording = Recording()
-    llm = models.from_function(recording, batched=True, name="rec", temperature=0)
+    recording = RecordingBackend(answer, delay=0.005)
+    llm = recording.model(temperature=0)
     q = outlines.string("q")
     outs = [llm(q, num_samples=3), llm(q), llm(q + "!")]
     givens = {"q": ["a", "b", "a"]}
@@ -157,7 +153,7 @@ def test_greedy_duplicates_collapse() -> None:
 
 
 def test_unbound_inputs_make_sizes_unknown() -> None:
-    llm = models.from_function(Recording(), batched=True, name="rec")
+    llm = RecordingBackend(answer, delay=0.005).model()
     q = outlines.string("q")
     plan = outlines.explain(llm(outlines.fn(str.upper)(llm(q))), cache=False)
     assert plan.nodes_by_kind == {"input": 1, "inline": 0, "python": 1, "generate": 2}
@@ -173,3 +169,40 @@ def test_explain_rejects_unknown_options() -> None:
         outlines.explain(q, givens={"q": "x"}, bogus=1)
     with pytest.raises(TypeError):
         outlines.explain()
+
+
+def test_a_python_step_on_one_branch_is_a_caveat_not_an_exact_prediction() -> None:
+    recording = RecordingBackend(answer)
+    llm = recording.model()
+
+    @outlines.fn(blocking=True, name="slow")
+    def slow(x: str) -> str:
+        time.sleep(0.2)
+        return x
+
+    q = outlines.string("q")
+    fast_branch, slow_branch = llm(q + "a"), llm(slow(q))
+    plan = outlines.explain(fast_branch, slow_branch, givens={"q": "x"}, cache=False)
+    assert plan.requests == 1 and not plan.batching_exact and not plan.exact
+    assert plan.timing_dependent == [fast_branch.owner.label, slow_branch.owner.label]
+    assert "caveat" in plan.summary() and "prediction: an estimate" in plan.summary()
+    assert plan.to_dict()["timing_dependent"] == plan.timing_dependent
+    # ... and the run does split the predicted batch: the slow step outlasts the window.
+    outlines.eval(fast_branch, slow_branch, givens={"q": "x"}, cache=False)
+    assert recording.sizes == [1, 1]
+
+
+def test_branches_waiting_on_the_same_step_stay_exact() -> None:
+    llm = RecordingBackend(answer).model()
+    q = outlines.string("q")
+    shared = outlines.fn(str.strip, name="strip", blocking=True)(q)
+    plan = outlines.explain(llm(shared + "a"), llm(shared + "b"), givens={"q": " x "}, cache=False)
+    assert plan.requests == 1 and plan.batching_exact and plan.timing_dependent == []
+    assert "caveat" not in plan.summary()
+
+
+def test_known_prompts_without_python_steps_are_exact() -> None:
+    llm = RecordingBackend(answer).model()
+    q = outlines.string("q")
+    plan = outlines.explain(llm(q + "a"), llm(q + "b"), givens={"q": "x"}, cache=False)
+    assert plan.requests == 1 and plan.exact and "prediction: exact" in plan.summary()

@@ -9,15 +9,11 @@ import pytest
 
 import outlines
 from outlines import models
+from tests.fixtures.recording import RecordingBackend
 
 
-class Recorder:
-    def __init__(self):
-        self.batches = []
-
-    def __call__(self, prompts):
-        self.batches.append(list(prompts))
-        return [f"answer to {p}" for p in prompts]
+def answer(prompt: str) -> str:
+    return f"answer to {prompt}"
 
 
 @outlines.prompt
@@ -40,8 +36,8 @@ def test_traced_once_called_many_times():
 
 
 def test_array_call_is_one_backend_call_for_100_elements():
-    rec = Recorder()
-    llm = models.from_function(rec, batched=True)
+    rec = RecordingBackend(answer)
+    llm = rec.model()
     prog = outlines.compile(lambda question: llm(ask(question)), cache=False)
     out = prog([f"q{i}" for i in range(100)])
     assert isinstance(out, np.ndarray) and out.shape == (100,)
@@ -103,3 +99,37 @@ def test_with_options_returns_failures():
         prog(["a", "b"])
     out = prog.with_options(errors="return")(["a", "b"])
     assert out[0] == "a" and isinstance(out[1], outlines.Failure)
+
+
+@outlines.prompt
+def judge(task, candidates):
+    """Task: {{ task }}
+    {% for c in candidates %}- {{ c }}
+    {% endfor %}"""
+
+
+def test_judge_pairs_each_task_with_its_own_samples_when_t_equals_k():
+    # NumPy's trailing alignment paired task 2 with task 1's answers here (T = k = 3)
+    model = RecordingBackend(answer, name="answers").model()
+
+    @outlines.compile
+    def best_of(task):
+        return judge(task, model(ask(task), num_samples=3))
+
+    prompts = best_of(["t0", "t1", "t2"])
+    assert prompts.shape == (3,)
+    for i, text in enumerate(prompts):
+        assert text.count(f"answer to Q: t{i}") == 3 and text.startswith(f"Task: t{i}\n"), text
+
+
+def test_shapes_of_a_program_are_checked_at_call_time():
+    model = RecordingBackend(answer, name="answers").model()
+
+    @outlines.fn
+    def pair(a, b):
+        return a + b
+
+    prog = outlines.compile(lambda task, hint: pair(model(task, num_samples=2), hint))
+    assert prog(["a", "b", "c"], ["x", "y", "z"]).shape == (3, 2)
+    with pytest.raises(outlines.GraphBuildError, match=r"cannot pair shapes \(3, 2\) and \(2,\)"):
+        prog(["a", "b", "c"], ["x", "y"])

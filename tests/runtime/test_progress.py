@@ -1,46 +1,34 @@
-"""The progress bar: nodes done / total and batches in flight; on, off or automatic."""
+"""Progress: draws done / total, batches running, tokens; terminal, log and Jupyter views."""
 from __future__ import annotations
 
 import asyncio
+import io
+import os
+import subprocess
+import sys
+import types
 
 import pytest
-import tqdm.auto
 
 import outlines
 from outlines import models
 from outlines.runtime import progress
 
 
-class FakeBar:
-    """Stands in for tqdm: records what the bar was told."""
+class Screen(io.StringIO):
+    """A stream that says whether it is a terminal."""
 
-    bars: list[FakeBar] = []
+    def __init__(self, tty: bool) -> None:
+        super().__init__()
+        self.tty = tty
 
-    def __init__(self, total: int, **kwargs: object) -> None:
-        self.total = total
-        self.kwargs = kwargs
-        self.n = 0
-        self.seen: list[tuple[int, int]] = []  # (n, in_flight) at each refresh
-        self.in_flight = 0
-        self.closed_at: int | None = None
-        FakeBar.bars.append(self)
-
-    def set_postfix(self, refresh: bool = True, **values: int) -> None:
-        self.in_flight = values["in_flight"]
-
-    def refresh(self) -> None:
-        self.seen.append((self.n, self.in_flight))
-
-    def close(self) -> None:
-        self.closed_at = self.n
+    def isatty(self) -> bool:
+        return self.tty
 
 
 @pytest.fixture
-def bars(monkeypatch: pytest.MonkeyPatch) -> list[FakeBar]:
-    FakeBar.bars = []
-    monkeypatch.setattr(tqdm.auto, "tqdm", FakeBar)
+def fast(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(progress, "REFRESH", 0.005)
-    return FakeBar.bars
 
 
 def _slow_chain(delay: float, fail: bool = False) -> tuple[outlines.Variable, dict[str, list[str]]]:
@@ -52,43 +40,83 @@ def _slow_chain(delay: float, fail: bool = False) -> tuple[outlines.Variable, di
 
     llm = models.from_function(slow, batched=True, max_batch=2)
     q = outlines.string("q")
-    return llm(llm(q)), {"q": ["a", "b", "c", "d"]}
+    return llm(llm(q), num_samples=2), {"q": ["a", "b", "c", "d"]}  # 4 draws, then 8
 
 
-def test_forced_bar_counts_nodes_and_batches_in_flight(bars: list[FakeBar]) -> None:
-    out, givens = _slow_chain(0.03)
-    out.eval(givens, cache=False, progress=True)
-    (bar,) = bars
-    assert bar.total == 2 and bar.kwargs["unit"] == "node"
-    assert bar.closed_at == 2  # the bar ends full
-    assert max(in_flight for _, in_flight in bar.seen) == 2  # two batches of two prompts
-    assert [n for n, _ in bar.seen] == sorted(n for n, _ in bar.seen)
+def _run(monkeypatch: pytest.MonkeyPatch, tty: bool, delay: float = 0.03, **options: object) -> str:
+    screen = Screen(tty)
+    monkeypatch.setattr(sys, "stderr", screen)
+    out, givens = _slow_chain(delay)
+    out.eval(givens, cache=False, **options)
+    return screen.getvalue()
 
 
-def test_no_bar_with_progress_false(bars: list[FakeBar]) -> None:
-    out, givens = _slow_chain(0.03)
-    out.eval(givens, cache=False, progress=False)
-    assert bars == []
+def test_the_terminal_line_counts_draws_not_nodes(monkeypatch: pytest.MonkeyPatch, fast: None) -> None:
+    text = _run(monkeypatch, tty=True, progress=True)
+    frames = [frame.strip() for frame in text.split("\r") if frame.strip()]
+    assert len(frames) > 3  # redrawn in place while it ran
+    assert frames[-1].startswith("outlines: 12/12 draws | 0 batches running")  # 4 draws, then 4 x 2 samples
+    done = [int(frame.split()[1].split("/")[0]) for frame in frames]
+    assert done == sorted(done) and done[0] == 0 and any(0 < d < 12 for d in done)
+    assert any("batches running" in f and not f.split("|")[1].strip().startswith("0") for f in frames)
+    assert text.endswith("\n") and text.count("\n") == 1
 
 
-def test_automatic_bar_only_for_long_evaluations(bars: list[FakeBar], monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_log_gets_a_start_and_an_end_line_only(monkeypatch: pytest.MonkeyPatch, fast: None) -> None:
+    text = _run(monkeypatch, tty=False, delay=0.05, progress=True)
+    lines = text.splitlines()
+    assert len(lines) == 2, text
+    assert lines[0].startswith("outlines: 0/") and lines[1].startswith("outlines: 12/12 draws")
+    assert lines[1].endswith("(finished)")
+    assert len(text.encode()) < 300
+
+
+def test_a_log_line_at_most_every_log_every_seconds(monkeypatch: pytest.MonkeyPatch, fast: None) -> None:
+    monkeypatch.setattr(progress, "LOG_EVERY", 0.05)
+    text = _run(monkeypatch, tty=False, delay=0.06, progress=True)
+    lines = text.splitlines()
+    assert 3 <= len(lines) <= 8  # ~0.25 s of work: a handful of lines, not one per redraw (~50)
+
+
+def test_non_tty_progress_output_stays_small() -> None:
+    """A real run with stderr piped: a few hundred bytes, where refreshing lines wrote hundreds of KB."""
+    script = """
+import asyncio, outlines
+from outlines import models
+async def slow(prompts):
+    await asyncio.sleep(0.05)
+    return [p + "." for p in prompts]
+llm = models.from_function(slow, batched=True, max_batch=1)
+q = outlines.string("q")
+outlines.eval(llm(q, num_samples=4), givens={q: [str(i) for i in range(10)]}, cache=False, progress=True)
+"""
+    env = dict(os.environ, PYTHONPATH=os.getcwd())
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=120, check=True)
+    assert "outlines: 40/40 draws" in done.stderr
+    assert len(done.stderr.encode()) < 400, done.stderr
+
+
+def test_no_progress_with_progress_false(monkeypatch: pytest.MonkeyPatch, fast: None) -> None:
+    assert _run(monkeypatch, tty=True, progress=False) == ""
+
+
+def test_automatic_progress_only_for_long_evaluations(monkeypatch: pytest.MonkeyPatch, fast: None) -> None:
     monkeypatch.setattr(progress, "AUTO_DELAY", 0.04)
-    quick, givens = _slow_chain(0.0)
-    quick.eval(givens, cache=False)
-    assert bars == []
-    slow, givens = _slow_chain(0.05)
-    slow.eval(givens, cache=False)
-    assert len(bars) == 1 and bars[0].closed_at == 2
+    assert _run(monkeypatch, tty=False, delay=0.0) == ""
+    assert "12/12 draws" in _run(monkeypatch, tty=False, delay=0.05)
 
 
-def test_bar_closes_when_the_evaluation_fails(bars: list[FakeBar]) -> None:
+def test_progress_ends_when_the_evaluation_fails(monkeypatch: pytest.MonkeyPatch, fast: None) -> None:
+    screen = Screen(False)
+    monkeypatch.setattr(sys, "stderr", screen)
     out, givens = _slow_chain(0.02, fail=True)
     with pytest.raises(outlines.NodeError):
         out.eval(givens, cache=False, progress=True)
-    assert len(bars) == 1 and bars[0].closed_at is not None
+    assert screen.getvalue().splitlines()[-1].endswith("(finished)")
 
 
-def test_bar_task_does_not_outlive_aeval(bars: list[FakeBar]) -> None:
+def test_progress_task_does_not_outlive_aeval(monkeypatch: pytest.MonkeyPatch, fast: None) -> None:
+    monkeypatch.setattr(sys, "stderr", Screen(False))
     out, givens = _slow_chain(0.01)
 
     async def main() -> int:
@@ -98,8 +126,85 @@ def test_bar_task_does_not_outlive_aeval(bars: list[FakeBar]) -> None:
     assert asyncio.run(main()) == 0
 
 
-def test_real_tqdm_writes_to_stderr(capsys: pytest.CaptureFixture[str]) -> None:
+def test_cache_hits_count_as_done_draws(monkeypatch: pytest.MonkeyPatch, fast: None, tmp_path) -> None:
+    from outlines.cache import Cache
+
+    cache = Cache(tmp_path)
     out, givens = _slow_chain(0.01)
-    out.eval(givens, cache=False, progress=True)
-    err = capsys.readouterr().err
-    assert "outlines" in err and "node" in err
+    out.eval(givens, cache=cache, progress=False)
+    screen = Screen(False)
+    monkeypatch.setattr(sys, "stderr", screen)
+    out.eval(givens, cache=cache, progress=True)
+    assert screen.getvalue().splitlines()[-1].startswith("outlines: 12/12 draws | 12 cached")
+
+
+def test_progress_keeps_the_trace_recording(monkeypatch: pytest.MonkeyPatch, fast: None) -> None:
+    monkeypatch.setattr(sys, "stderr", Screen(False))
+    out, givens = _slow_chain(0.01)
+    with outlines.trace() as trace:
+        out.eval(givens, cache=False, progress=True)
+    assert len(trace.batches) == 6 and trace.cache_misses == 12
+
+
+class FakeHandle:
+    def __init__(self, log: list) -> None:
+        self.log = log
+
+    def update(self, obj: object) -> None:
+        self.log.append(("update", obj))
+
+
+def test_jupyter_shows_one_html_block_updated_in_place(monkeypatch: pytest.MonkeyPatch, fast: None) -> None:
+    """In a kernel: display(..., display_id=True) once, then update(); no ipywidgets, nothing on stderr."""
+    log: list = []
+
+    class ZMQInteractiveShell:
+        pass
+
+    def display(obj: object, display_id: bool = False) -> FakeHandle:
+        assert display_id is True
+        log.append(("display", obj))
+        return FakeHandle(log)
+
+    class HTML:
+        def __init__(self, data: str) -> None:
+            self.data = data
+
+    ipython = types.ModuleType("IPython")
+    ipython.get_ipython = ZMQInteractiveShell  # type: ignore[attr-defined]
+    ipython_display = types.ModuleType("IPython.display")
+    ipython_display.display, ipython_display.HTML = display, HTML  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "IPython", ipython)
+    monkeypatch.setitem(sys.modules, "IPython.display", ipython_display)
+    monkeypatch.setitem(sys.modules, "ipywidgets", None)  # importing it would fail
+    text = _run(monkeypatch, tty=False, progress=True)
+    assert text == ""
+    assert [kind for kind, _ in log][0] == "display" and {kind for kind, _ in log[1:]} == {"update"}
+    assert len(log) > 2
+    last = log[-1][1].data
+    assert last.startswith('<div class="outlines-progress"') and "<progress" in last
+    assert "12/12 draws" in last and 'value="1.000"' in last
+
+
+def test_known_shapes_give_the_total_before_the_draws_start() -> None:
+    counter = progress.Counter(outlines.tracing.Recorder(), types.SimpleNamespace(batcher=types.SimpleNamespace(queues={}), plan=types.SimpleNamespace(
+        nodes=[types.SimpleNamespace(op=types.SimpleNamespace(mode="generate"),
+                                     outputs=[types.SimpleNamespace(shape=(3, 5))])])))
+    assert counter.total() == (15, True)
+    assert counter.line().startswith("outlines: 0/15 draws | 0 batches running")
+    unknown = progress.Counter(outlines.tracing.Recorder(), types.SimpleNamespace(batcher=types.SimpleNamespace(queues={}), plan=types.SimpleNamespace(
+        nodes=[types.SimpleNamespace(op=types.SimpleNamespace(mode="generate"), outputs=[object()])])))
+    assert unknown.line().startswith("outlines: 0/0+ draws")
+
+
+def test_the_counter_passes_on_every_recorder_event():
+    """A recorder event the Counter does not override would stop at Recorder's no-op."""
+    from outlines.runtime.control import _Forward
+    from outlines.tracing import Recorder
+
+    events = {name for name, value in vars(Recorder).items() if callable(value) and not name.startswith("_")}
+    events.discard("for_eval")  # a factory called before the Counter exists, not an event
+    # A nested schedule (one loop iteration) is not an evaluation of its own.
+    for wrapper, own in ((progress.Counter, set()), (_Forward, {"eval_started", "eval_finished"})):
+        missing = sorted(name for name in events - own if name not in vars(wrapper))
+        assert not missing, f"{wrapper.__name__} drops {missing}"

@@ -2,6 +2,8 @@
 from __future__ import annotations
 
 import hypothesis.strategies as st
+import numpy as np
+import pytest
 from hypothesis import HealthCheck, given, settings
 
 import outlines
@@ -75,6 +77,7 @@ def _naive(description, values):
     return [value(i) for i in range(len(description))]
 
 
+@pytest.mark.filterwarnings("ignore:givens name input")  # random DAGs may not use every input
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(dags(), st.sampled_from([None, 1, 2, 5]))
 def test_scheduled_random_dags_equal_naive_evaluation(description, max_batch):
@@ -87,6 +90,7 @@ def test_scheduled_random_dags_equal_naive_evaluation(description, max_batch):
     assert list(scheduled) == _naive(description, ["X", "Y"])
 
 
+@pytest.mark.filterwarnings("ignore:givens name input")  # random DAGs may not use every input
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(dags(), st.integers(1, 4))
 def test_batched_equals_unbatched_elementwise(description, width):
@@ -100,3 +104,72 @@ def test_batched_equals_unbatched_elementwise(description, width):
     apart = apart if isinstance(apart, tuple) else (apart,)
     for a, b in zip(together, apart):
         assert list(getattr(a, "flat", [a])) == list(getattr(b, "flat", [b]))
+
+
+@outlines.fn(signature="(n)->()")
+def _vote(items):
+    return max(sorted(items), key=list(items).count)
+
+
+@outlines.prompt
+def _judge(task, candidates):
+    """{{ task }}:{{ candidates | join(",") }}"""
+
+
+@st.composite
+def sampling_programs(draw):
+    """Steps over values of known per-input rank: sample (+1), pair, judge or vote (-1)."""
+    steps = []
+    ranks = [0]
+    for _ in range(draw(st.integers(1, 6))):
+        kind = draw(st.sampled_from(["sample", "pair", "judge", "vote"]))
+        i = draw(st.integers(0, len(ranks) - 1))
+        j = draw(st.integers(0, len(ranks) - 1))
+        if kind == "sample" and ranks[i] < 2:
+            steps.append(("sample", i, draw(st.integers(1, 3))))
+            ranks.append(ranks[i] + (steps[-1][2] > 1))
+        elif kind in ("judge", "vote") and ranks[i] >= 1:
+            steps.append((kind, i, j))
+            ranks.append(ranks[i] - 1 if kind == "vote" else max(ranks[i] - 1, ranks[j]))
+        elif kind == "pair":
+            steps.append(("pair", i, j))
+            ranks.append(max(ranks[i], ranks[j]))
+    return steps
+
+
+def _program(steps, model):
+    def program(x):
+        values = [x]
+        for kind, i, j in steps:
+            if kind == "sample":
+                values.append(model(values[i], num_samples=j))
+            elif kind == "pair":
+                values.append(values[i] + "&" + values[j])
+            elif kind == "vote":
+                values.append(_vote(values[i]))
+            else:
+                values.append(_judge(values[j], values[i]))
+        return values[-1]
+
+    return outlines.compile(program)
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(steps=sampling_programs(), inputs=st.lists(st.sampled_from(["a", "b", "c"]), min_size=1, max_size=3))
+def test_a_program_over_t_inputs_equals_the_program_per_input(steps, inputs):
+    # the sample axis is appended last, and operands pair on leading axes, so
+    # adding the input axis in front never changes which values meet
+    model = models.from_function(_fake_batch, batched=True, name="fake")
+    program = _program(steps, model)
+    try:
+        alone_first = program(inputs[0])
+    except outlines.GraphBuildError:  # samples of different counts cannot pair: refused both ways
+        with pytest.raises(outlines.GraphBuildError):
+            program(inputs)
+        return
+    together = program(inputs)
+    assert np.asarray(together[0], dtype=object).tolist() == np.asarray(alone_first, dtype=object).tolist()
+    for i, x in enumerate(inputs):
+        alone = program(x)
+        row = together[i]
+        assert np.asarray(row, dtype=object).tolist() == np.asarray(alone, dtype=object).tolist()

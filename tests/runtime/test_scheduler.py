@@ -1,6 +1,6 @@
 """Scheduler behaviour seen from a recording fake backend.
 
-Request and batch counts for each benchmark shape at small N; batched results
+Batch counts for each benchmark shape at small N; batched results
 equal unbatched ones for random DAGs (hypothesis); ``errors="return"`` keeps
 every branch that can finish; cancellation and Ctrl-C leave nothing pending
 (checked in a subprocess under ``python -X dev -W error``).
@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import math
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -23,26 +22,9 @@ from hypothesis import strategies as st
 import outlines
 from outlines import models
 from outlines.cache import Cache
+from tests.fixtures.recording import RecordingBackend
+from tests.fixtures.subprocesses import ROOT, python_env
 
-ROOT = Path(__file__).resolve().parents[2]
-
-
-class Recording:
-    """A batched async fake model that records every batch it receives."""
-
-    def __init__(self, delay: float | Callable[[list[str]], float] = 0.005, tag: str = "") -> None:
-        self.batches: list[list[str]] = []
-        self.delay = delay
-        self.tag = tag
-
-    async def __call__(self, prompts: list[str]) -> list[str]:
-        self.batches.append(list(prompts))
-        await asyncio.sleep(self.delay(prompts) if callable(self.delay) else self.delay)
-        return [reply(p, self.tag) for p in prompts]
-
-    @property
-    def sizes(self) -> list[int]:
-        return sorted(len(b) for b in self.batches)
 
 
 def reply(prompt: str, tag: str = "") -> str:
@@ -64,8 +46,8 @@ def chains(llm: models.Model, n: int, depth: int = 3) -> list[outlines.Variable]
 # -- counts per benchmark shape ----------------------------------------------------
 @pytest.mark.parametrize("max_batch", [None, 5])
 def test_independent_chains_send_depth_times_ceil_n_over_max_batch(max_batch: int | None) -> None:
-    recording = Recording()
-    llm = models.from_function(recording, batched=True, max_batch=max_batch)
+    recording = RecordingBackend(reply, delay=0.005, max_batch=max_batch)
+    llm = recording.model()
     n = 12
     with outlines.trace() as trace:
         values = outlines.eval(*chains(llm, n), givens={"q": "s"}, cache=False)
@@ -76,8 +58,8 @@ def test_independent_chains_send_depth_times_ceil_n_over_max_batch(max_batch: in
 
 
 def test_program_over_an_array_is_one_node_per_op() -> None:
-    recording = Recording()
-    llm = models.from_function(recording, batched=True, max_batch=8)
+    recording = RecordingBackend(reply, delay=0.005, max_batch=8)
+    llm = recording.model()
     program = outlines.compile(lambda q: llm(llm(llm(q))), cache=False)
     inputs = [f"q{i}" for i in range(20)]
     out = program(inputs)
@@ -109,8 +91,10 @@ def test_trivial_fn_chains_run_every_node_once() -> None:
 
 def test_chains_of_different_latencies_batch_per_level() -> None:
     """Batches that come back at different times keep the ideal request count."""
-    recording = Recording(delay=lambda prompts: 0.004 * (1 + int(prompts[0].split("/")[1][:1]) % 3))
-    llm = models.from_function(recording, batched=True, max_batch=4)
+    recording = RecordingBackend(
+        reply, delay=lambda prompts: 0.004 * (1 + int(prompts[0].split("/")[1][:1]) % 3), max_batch=4
+    )
+    llm = recording.model()
     n = 12
     outlines.eval(*chains(llm, n), givens={"q": "s"}, cache=False)
     assert len(recording.batches) == 3 * math.ceil(n / 4)
@@ -124,14 +108,14 @@ def test_gathering_window_merges_siblings_ready_at_slightly_different_times() ->
         await asyncio.sleep(0.01 * (int(x.split("/")[1]) % 3))
         return x
 
-    def build(recording: Recording) -> list[outlines.Variable]:
-        llm = models.from_function(recording, batched=True)
-        slow = models.from_function(Recording(delay=0.15, tag="slow"), batched=True, name="slow")
+    def build(recording: RecordingBackend) -> list[outlines.Variable]:
+        llm = recording.model()
+        slow = RecordingBackend(lambda p: reply(p, "slow"), delay=0.15, name="slow").model()
         q = outlines.string("q")
         outs = [llm(tool(q + f"/{i}")) for i in range(9)]
         return outs + [slow(q)]  # keeps a batch in flight, so the window applies
 
-    merged, split = Recording(), Recording()
+    merged, split = RecordingBackend(reply, delay=0.005), RecordingBackend(reply, delay=0.005)
     outlines.eval(*build(merged), givens={"q": "s"}, cache=False, batch_window=0.1)
     outlines.eval(*build(split), givens={"q": "s"}, cache=False, batch_window=0)
     assert merged.sizes == [9]
@@ -209,8 +193,8 @@ def test_batched_equals_unbatched_element_by_element(dag, width, max_batch) -> N
 
     def evaluate(batched: bool) -> list[list[str]]:
         if batched:
-            a = models.from_function(Recording(0, "a"), batched=True, name="a", max_batch=max_batch)
-            b = models.from_function(Recording(0, "b"), batched=True, name="b", max_batch=max_batch)
+            a = RecordingBackend(lambda p: reply(p, "a"), name="a", max_batch=max_batch).model()
+            b = RecordingBackend(lambda p: reply(p, "b"), name="b", max_batch=max_batch).model()
         else:
             a = models.from_function(lambda p: reply(p, "a"), name="a")
             b = models.from_function(lambda p: reply(p, "b"), name="b")
@@ -225,8 +209,8 @@ def test_batched_equals_unbatched_element_by_element(dag, width, max_batch) -> N
 
 # -- errors="return" -------------------------------------------------------------------
 def test_five_of_a_hundred_failing_elements(tmp_path: Path) -> None:
-    recording = Recording()
-    llm = models.from_function(recording, batched=True, max_batch=32)
+    recording = RecordingBackend(reply, delay=0.005, max_batch=32)
+    llm = recording.model()
     broken = {7, 21, 42, 63, 99}
     attempts: dict[str, int] = {}
 
@@ -287,7 +271,7 @@ def test_errors_raise_names_the_node() -> None:
 @pytest.mark.parametrize("mode", ["cancel", "sigint", "raise"])
 def test_cancellation_leaves_nothing_pending(mode: str, tmp_path: Path) -> None:
     script = ROOT / "tests" / "fixtures" / "cancel_script.py"
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "OUTLINES_CACHE_DIR": str(tmp_path / "default")}
+    env = python_env(OUTLINES_CACHE_DIR=str(tmp_path / "default"))
     result = subprocess.run(
         [sys.executable, "-X", "dev", "-W", "error", str(script), mode, str(tmp_path / "cache")],
         capture_output=True, text=True, timeout=120, cwd=ROOT, env=env,
@@ -299,7 +283,7 @@ def test_cancellation_leaves_nothing_pending(mode: str, tmp_path: Path) -> None:
 
 
 def test_values_are_arrays_of_the_prompt_shape() -> None:
-    llm = models.from_function(Recording(), batched=True)
+    llm = RecordingBackend(reply, delay=0.005).model()
     q = outlines.string("q")
     value = llm(q, num_samples=3).eval({"q": [["a", "b"], ["c", "d"]]}, cache=False)
     assert isinstance(value, np.ndarray) and value.shape == (2, 2, 3)

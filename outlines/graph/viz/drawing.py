@@ -1,14 +1,17 @@
 """A graph as a picture's data: ``describe`` builds a ``Drawing``.
 
 One ``DrawnNode`` per free input, constant and Apply (a shared node once),
-edges in argument order, one colour per backend. With a ``Trace``, each node
+edges in argument order, one colour per backend. A constant whose value occurs
+more than once (a default system prompt in every call) is not boxed each time:
+its consumers show it as an argument line. Where known, a node shows its
+output's shape. With a ``Trace``, each node
 also carries what happened when it ran: time, batches, cache, the first line of
 its error. Every walk is iterative, and every piece of text passes a redactor,
 so no API key reaches a picture. The writers live in ``visualize``.
 """
 from __future__ import annotations
 
-import json
+import hashlib
 import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -17,7 +20,7 @@ from typing import Any
 from outlines.graph.basic import Apply, Constant, Variable
 from outlines.graph.traversal import ancestors, toposort
 
-__all__ = ["Drawing", "DrawnNode", "backend_name", "describe", "first_line", "hide_keys", "shorten"]
+__all__ = ["Drawing", "DrawnNode", "backend_name", "describe", "first_line", "hide_keys", "shorten", "structure_keys"]
 
 #: Light colours for backends (ColorBrewer Set3 without its red: red means failure).
 PALETTE = ("#8dd3c7", "#fdb462", "#bebada", "#80b1d3", "#b3de69", "#fccde5", "#ffffb3", "#bc80bd", "#ccebc5", "#ffed6f")
@@ -41,6 +44,11 @@ class DrawnNode:
     output: bool = False
     status: list[str] = field(default_factory=list)
     failed: bool = False
+    #: The loop or branch whose body this box belongs to (drawn as a cluster), if any.
+    cluster: str | None = None
+    #: What the node computes from what (``structure_keys``): how a trace of
+    #: another, structurally identical graph finds this node.
+    structure: str | None = None
 
 
 @dataclass
@@ -99,42 +107,8 @@ def _constant_title(value: Any) -> str:
 
 
 def _describe_apply(node: Apply, key: str) -> DrawnNode:
-    op = node.op
-    drawn = DrawnNode(key, node.label, "op", op.name, op=type(op).__name__)
-    if type(op).__name__ == "Render":
-        drawn.kind, drawn.title = "prompt", f"prompt {op.template_name}"  # type: ignore[attr-defined]
-        drawn.lines = ['"' + shorten(op.source, 40) + '"']  # type: ignore[attr-defined]
-    elif op.mode == "generate":
-        backend, params = op.backend, op.params.to_dict()  # type: ignore[attr-defined]
-        drawn.kind, drawn.title, drawn.backend = "model", backend_name(backend), backend_name(backend)
-        drawn.params, drawn.num_samples = params, op.num_samples  # type: ignore[attr-defined]
-        drawn.lines = [shorten(", ".join(f"{k}={json.dumps(v)}" for k, v in params.items()), 60)] if params else []
-        if drawn.num_samples and drawn.num_samples > 1:
-            drawn.lines.append(f"num_samples={drawn.num_samples}")
-    elif op.mode == "python":
-        function = op.function  # type: ignore[attr-defined]
-        drawn.kind, drawn.title = "python", function.__name__
-        drawn.lines = [function.signature] if function.signature else []
-    elif type(op).__name__ == "Concat":
-        drawn.title = "+ (concat)"
-    elif type(op).__name__ == "Stack":
-        drawn.title = f"stack {op.n}"  # type: ignore[attr-defined]
-    return drawn
-
-
-def _argument_name(node: Apply, position: int) -> str:
-    op = node.op
-    if type(op).__name__ == "Render":
-        return str(op.names[position])  # type: ignore[attr-defined]
-    if op.mode == "python":
-        kwnames = op.kwnames  # type: ignore[attr-defined]
-        npositional = len(node.inputs) - len(kwnames)
-        if position >= npositional:
-            return str(kwnames[position - npositional])
-        signature = op.function.python_signature  # type: ignore[attr-defined]
-        names = [p.name for p in signature.parameters.values() if p.kind <= p.POSITIONAL_OR_KEYWORD] if signature else []
-        return names[position] if position < len(names) else str(position)
-    return str(position) if len(node.inputs) > 1 else ""
+    fields: dict[str, Any] = {"kind": "op", "title": node.op.name, **node.op.describe()}
+    return DrawnNode(key, node.label, op=type(node.op).__name__, **fields)
 
 
 def describe(*variables: Variable, trace: Any = None) -> Drawing:
@@ -160,14 +134,36 @@ def describe(*variables: Variable, trace: Any = None) -> Drawing:
     drawn: list[DrawnNode] = []
     keys: dict[int, str] = {}
     labels: dict[str, int] = {}
-    for leaf in (v for v in ancestors(variables) if v.owner is None):
+    leaves = [v for v in ancestors(variables) if v.owner is None]
+    repeats: dict[tuple[str | None, str], int] = {}
+    for leaf in leaves:
+        if isinstance(leaf, Constant):
+            same = (leaf.name, _value_text(leaf.value))
+            repeats[same] = repeats.get(same, 0) + 1
+    inline: dict[int, str] = {}  # a constant repeated across the graph: written in its consumers, not boxed
+    for leaf in leaves:
+        if isinstance(leaf, Constant) and repeats[(leaf.name, _value_text(leaf.value))] > 1:
+            inline[id(leaf)] = leaf.name or _constant_title(leaf.value)
+            continue
         keys[id(leaf)] = _add(drawn, labels, _describe_leaf(leaf, f"n{len(drawn)}"))
+    structure = structure_keys(nodes)
     for node in nodes:
         keys[id(node)] = _add(drawn, labels, _describe_apply(node, f"n{len(drawn)}"))
+        drawn[-1].structure = structure[id(node)]
+        _add_shape(drawn[-1], node.outputs[0])
+        for position, variable in enumerate(node.inputs):
+            if id(variable) in inline:
+                name = node.op.argument_name(position, len(node.inputs))
+                drawn[-1].lines.append(f"{name + ' = ' if name else ''}{inline[id(variable)]}")
     edges = _edges(nodes, keys, redact)
+    for node in nodes:  # control flow (outlines.graph.control): each body drawn as a cluster
+        for role, subgraph in getattr(node.op, "subgraphs", ()):
+            edges.extend(_describe_body(node, role, subgraph, drawn, labels, keys, redact))
     index = {d.key: d for d in drawn}
     for variable in variables:
-        index[keys[id(variable.owner) if variable.owner is not None else id(variable)]].output = True
+        output = keys.get(id(variable.owner) if variable.owner is not None else id(variable))
+        if output is not None:
+            index[output].output = True
     backends: list[str] = []
     for box in drawn:
         box.title, box.lines = redact(box.title), [redact(line) for line in box.lines]
@@ -176,6 +172,31 @@ def describe(*variables: Variable, trace: Any = None) -> Drawing:
     if trace is not None:
         _overlay(drawn, trace, redact)
     return Drawing(drawn, edges, backends)
+
+
+def _describe_body(node: Apply, role: str, subgraph: Any, drawn: list[DrawnNode], labels: dict[str, int],
+                   keys: dict[int, str], redact: Callable[[str], str]) -> list[tuple[str, str, int, str]]:
+    """Boxes of a loop's (or branch's) sub-graph in one cluster; its outputs feed the node."""
+    cluster = f"{node.label} {role}"
+    local = dict(keys)
+    for slot, outer in zip(subgraph.slots, subgraph.captured):  # captured values: edges from the outer boxes
+        local[id(slot)] = keys[id(outer.owner) if outer.owner is not None else id(outer)]
+    for leaf in (v for v in ancestors(subgraph.outputs) if v.owner is None and id(v) not in local):
+        box = _describe_leaf(leaf, f"n{len(drawn)}")
+        if leaf in subgraph.parameters:
+            box.lines = ["loop state" if role == "body" else "operand"]
+        box.cluster = cluster
+        local[id(leaf)] = _add(drawn, labels, box)
+    inner = subgraph.nodes
+    for apply in inner:
+        box = _describe_apply(apply, f"n{len(drawn)}")
+        box.cluster = cluster
+        local[id(apply)] = _add(drawn, labels, box)
+    edges = _edges(inner, local, redact)
+    for position, output in enumerate(subgraph.outputs):  # a loop's body ends with cond on the new state
+        source = local[id(output.owner) if output.owner is not None else id(output)]
+        edges.append((source, keys[id(node)], position, role if position < len(node.outputs) else "cond"))
+    return edges
 
 
 def _as_variables(value: Any) -> tuple[Variable, ...]:
@@ -191,8 +212,10 @@ def _edges(nodes: list[Apply], keys: dict[int, str], redact: Callable[[str], str
     edges = []
     for node in nodes:
         for position, variable in enumerate(node.inputs):
-            source = keys[id(variable.owner) if variable.owner is not None else id(variable)]
-            label = _argument_name(node, position)
+            source = keys.get(id(variable.owner) if variable.owner is not None else id(variable))
+            if source is None:  # a repeated constant, written inside the node
+                continue
+            label = node.op.argument_name(position, len(node.inputs))
             if variable.owner is not None and len(variable.owner.outputs) > 1:
                 label = f"{label} (output {variable.index})".strip()
             edges.append((source, keys[id(node)], position, redact(label)))
@@ -211,8 +234,62 @@ def _add(drawn: list[DrawnNode], labels: dict[str, int], node: DrawnNode) -> str
 def _describe_leaf(variable: Variable, key: str) -> DrawnNode:
     if isinstance(variable, Constant):
         title = variable.name or _constant_title(variable.value)
-        return DrawnNode(key, variable.label, "constant", title, op="Constant")
-    return DrawnNode(key, variable.label, "input", variable.label, ["input"])
+        return _add_shape(DrawnNode(key, variable.label, "constant", title, op="Constant"), variable)
+    return _add_shape(DrawnNode(key, variable.label, "input", variable.label, ["input"]), variable)
+
+
+def _add_shape(drawn: DrawnNode, variable: Variable) -> DrawnNode:
+    """Show the Variable's shape where it is known (``Variable.shape``; None: unknown)."""
+    shape = getattr(variable, "shape", None)
+    if shape is not None and drawn.kind != "constant":
+        try:
+            text = "scalar" if len(shape) == 0 else "shape (" + ", ".join("?" if n is None else str(n) for n in shape) + (",)" if len(shape) == 1 else ")")
+        except TypeError:
+            return drawn
+        drawn.lines.append(text)
+    return drawn
+
+
+def _value_text(value: Any) -> str:
+    if isinstance(getattr(value, "shape", None), tuple):
+        return f"{type(value).__name__}{value.shape}:" + hashlib.sha1(repr(value.tolist()).encode()).hexdigest()
+    return f"{type(value).__name__}:{value!r}"
+
+
+def structure_keys(nodes: Sequence[Apply]) -> dict[int, str]:
+    """``id(node) -> key`` naming what each node computes from what.
+
+    The key hashes the op's name and its inputs' keys (free inputs by name,
+    constants by value), so two graphs built by the same code get the same keys
+    though their labels differ. Nodes computing the same thing (independent
+    draws of one prompt) are told apart by their order in ``nodes``.
+
+    Parameters
+    ----------
+    nodes
+        Apply nodes in dependency order (``toposort``, or a ``Plan``'s nodes).
+
+    Returns
+    -------
+    dict
+    """
+    keys: dict[int, str] = {}
+    seen: dict[str, int] = {}
+
+    def of(variable: Variable) -> str:
+        if variable.owner is not None:
+            return f"{keys.get(id(variable.owner), '?')}.{variable.index}"
+        if isinstance(variable, Constant):
+            return "constant " + _value_text(variable.value)
+        return f"input {variable.label}"
+
+    for node in nodes:
+        text = f"{type(node.op).__name__} {node.op.name}(" + ", ".join(of(v) for v in node.inputs) + ")"
+        key = hashlib.sha1(text.encode()).hexdigest()[:16]
+        count = seen.get(key, 0)
+        seen[key] = count + 1
+        keys[id(node)] = f"{key}~{count}" if count else key
+    return keys
 
 
 def _duration(seconds: float) -> str:
@@ -233,17 +310,22 @@ def first_line(error: Any) -> str:
 
 def _overlay(drawn: list[DrawnNode], trace: Any, redact: Callable[[str], str]) -> None:
     records = getattr(trace, "nodes", {}) or {}
+    by_structure = {r.structure: r for r in records.values() if getattr(r, "structure", None)}
     batches = {b.id: b for b in getattr(trace, "batches", []) or []}
     for node in drawn:
-        record = records.get(node.label)
         if node.kind in ("input", "constant"):
             continue
+        # By what it computes first: labels differ between two builds of one graph.
+        record = by_structure.get(node.structure) if node.structure else None
+        record = record or records.get(node.label)
         if record is None:
             node.status = ["not run"]
             continue
         status = []
         if record.start is not None and record.end is not None:
-            status.append(_duration(record.end - record.start))
+            queued = getattr(record, "queued", 0.0)
+            wait = f" ({_duration(queued)} queued)" if queued >= 0.01 and queued >= 0.05 * (record.end - record.start) else ""
+            status.append(_duration(record.end - record.start) + wait)
         ids = list(record.batch_ids or ())
         if ids:
             sizes = ", ".join(str(getattr(batches.get(i), "size", "?")) for i in ids[:4])
@@ -255,5 +337,7 @@ def _overlay(drawn: list[DrawnNode], trace: Any, redact: Callable[[str], str]) -
         error = record.error or (failed_batch.error if failed_batch is not None else None)
         if error:
             node.failed = True
-            status.append("FAILED: " + shorten(redact(first_line(error)), 60))
+            count = getattr(record, "failures", 0)
+            where = f"{count} elements, first " if count > 1 else ""
+            status.append("FAILED: " + where + shorten(redact(first_line(error)), 60))
         node.status = [redact(line) for line in status]

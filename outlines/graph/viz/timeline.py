@@ -1,8 +1,10 @@
 """What ran when: a ``Trace`` as a Gantt chart in SVG, and as a self-contained page.
 
 One lane per backend (and per worker when batches name one), with a bar per
-backend call, and one lane for Python ops. Concurrent bars of a lane stack in
-rows. Bars on the critical path are outlined; failed ones are red. The SVG
+backend call and one for each local model load; a lane of wire requests per
+backend that reported their start and end times; a lane of cache hits per
+backend (a mark when a model node was served from the cache); and one lane for
+Python ops. Concurrent bars of a lane stack in rows. Bars on the critical path are outlined; failed ones are red. The SVG
 carries its hover text in ``<title>`` elements, so it works as a picture on its
 own; the HTML page adds a small inline script for a nicer tooltip. Nothing
 refers to any URL: the page works offline and fetches nothing.
@@ -23,6 +25,7 @@ __all__ = ["timeline_html", "timeline_svg", "write_timeline"]
 
 WIDTH, LABEL_WIDTH, ROW, LANE_GAP, TOP = 1000, 210, 14, 8, 48
 PYTHON_COLOUR, CRITICAL_LINE, FAILED_FILL = "#9ecae1", "#111111", "#f28e8e"
+LOAD_COLOUR, REQUEST_COLOUR, HIT_COLOUR = "#d9d9d9", "#fdd0a2", "#74c476"
 _KINDS = {"OpenAIChatBackend": "openai", "OpenAICompletionBackend": "openai_completion",
           "FunctionBackend": "function", "TransformersBackend": "transformers"}
 
@@ -39,6 +42,8 @@ class Bar:
     colour: str
     critical: bool = False
     failed: bool = False
+    #: Drawn as a narrow mark at ``end`` (an event, such as cache hits), not as an interval.
+    mark: bool = False
     row: int = 0
 
 
@@ -86,14 +91,34 @@ def _bars(trace: Any) -> list[Lane]:
             details.append(f"tokens: {batch.prompt_tokens} prompt, {batch.completion_tokens} completion")
         on_path = batch.id in gating
         _add(lanes, Bar(lane, batch.start, end, f"batch {batch.id} ({batch.size})", details, colour, on_path), batch.error)
+    for load in getattr(trace, "model_loads", []) or []:
+        name = backend_label(load.backend)
+        colours.setdefault(name, PALETTE[len(colours) % len(PALETTE)])
+        details = [f"loading the model of {name}", f"{load.start:.3f} s to {load.end:.3f} s ({_ms(load.end - load.start)})"]
+        _add(lanes, Bar(name, load.start, load.end, "load model", details, LOAD_COLOUR), None)
+    by_id = {batch.id: batch for batch in trace.batches}
+    for number, request in enumerate(getattr(trace, "requests", []) or [], 1):
+        batch = by_id.get(request.batch)
+        name = backend_label(batch.backend) if batch is not None else "backend"
+        size = batch.size if batch is not None else "?"
+        details = [f"request {number} of batch {request.batch} (of {size} prompt(s)) to {name}",
+                   f"{request.start:.3f} s to {request.end:.3f} s ({_ms(request.end - request.start)})"]
+        _add(lanes, Bar(f"{name}: requests", request.start, request.end, f"request {number}", details, REQUEST_COLOUR),
+             request.error)
     for record in trace.nodes.values():
+        if record.kind == "generate" and record.cache_hits and record.end is not None:
+            name = backend_label(record.backend)
+            details = [record.label, f"{record.cache_hits} draw(s) from the cache, {record.cache_misses} sent",
+                       f"finished at {record.end:.3f} s"]
+            _add(lanes, Bar(f"{name}: cache hits", record.end, record.end, f"{record.cache_hits} hit(s)", details, HIT_COLOUR,
+                            mark=True), None)
         if record.kind != "python" or record.start is None:
             continue
         end = record.end if record.end is not None else now
         details = [record.label, f"{record.start:.3f} s to {end:.3f} s ({_ms(end - record.start)})"]
         bar = Bar("python", record.start, end, record.op, details, PYTHON_COLOUR, record.label in critical)
         _add(lanes, bar, record.error)
-    ordered = sorted(lanes.values(), key=lambda item: item.name == "python")
+    ordered = sorted(lanes.values(), key=lambda item: (item.name == "python", item.name.split(": requests")[0].split(": cache hits")[0]))
     for item in ordered:
         item.rows = _pack(item.bars)
     return ordered
@@ -189,7 +214,8 @@ def timeline_svg(trace: Any, *, standalone: bool = True) -> str:
         out.append(f'<text class="lane-label" x="10" y="{y + 11}">{_escape(shorten(lane.name, 32))}<title>{_escape(lane.name)}</title></text>')
         row_height = _row_height(lane.rows)
         for bar in lane.bars:
-            out.append(_bar_svg(bar, x(bar.start), max(x(bar.end) - x(bar.start), 1.5), y + bar.row * row_height, row_height - 2))
+            left, width = (x(bar.end) - 2, 4.0) if bar.mark else (x(bar.start), max(x(bar.end) - x(bar.start), 1.5))
+            out.append(_bar_svg(bar, left, width, y + bar.row * row_height, row_height - 2))
         y += lane_height
     out.append(_legend(height - 22))
     out.append("</svg>")
@@ -201,7 +227,7 @@ def _row_height(rows: int) -> int:
 
 
 def _bar_svg(bar: Bar, x: float, width: float, y: float, height: float) -> str:
-    classes = "bar" + (" critical" if bar.critical else "") + (" failed" if bar.failed else "")
+    classes = "bar" + (" critical" if bar.critical else "") + (" failed" if bar.failed else "") + (" mark" if bar.mark else "")
     stroke = CRITICAL_LINE if bar.critical else (FAILED_LINE if bar.failed else "#555555")
     fill = FAILED_FILL if bar.failed else bar.colour
     stroke_width = 2 if bar.critical or bar.failed else 0.5
@@ -214,13 +240,18 @@ def _bar_svg(bar: Bar, x: float, width: float, y: float, height: float) -> str:
 
 
 def _header(trace: Any, lanes: list[Lane]) -> str:
-    bars = sum(len(lane.bars) for lane in lanes)
+    bars = sum(len(lane.bars) for lane in lanes if not lane.name.endswith(": cache hits"))
     wall, path = getattr(trace, "wall", 0.0), getattr(trace, "critical_path", 0.0)
-    return f"outlines timeline: {len(trace.batches)} backend call(s), {bars} bar(s), wall {_ms(wall)}, critical path {_ms(path)}"
+    hits = getattr(trace, "cache_hits", 0)
+    cached = f", {hits} draw(s) from the cache" if hits else ""
+    return (f"outlines timeline: {len(trace.batches)} backend call(s){cached}, {bars} bar(s), "
+            f"wall {_ms(wall)}, critical path {_ms(path)}")
 
 
 def _legend(y: float) -> str:
-    items = [("backend call", PALETTE[0], "#555555", 0.5), ("Python op", PYTHON_COLOUR, "#555555", 0.5),
+    items = [("backend call", PALETTE[0], "#555555", 0.5), ("model load", LOAD_COLOUR, "#555555", 0.5),
+             ("HTTP request", REQUEST_COLOUR, "#555555", 0.5), ("cache hit", HIT_COLOUR, "#555555", 0.5),
+             ("Python op", PYTHON_COLOUR, "#555555", 0.5),
              ("critical path", "#ffffff", CRITICAL_LINE, 2), ("failed", FAILED_FILL, FAILED_LINE, 2)]
     parts, x = [], 10
     for label, fill, stroke, width in items:

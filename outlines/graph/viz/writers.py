@@ -44,6 +44,7 @@ def to_graphviz(drawing: Drawing, name: str = "outlines") -> Any:
     graph = graphviz.Digraph(name, graph_attr={"rankdir": "TB", "fontname": "Helvetica"},
                              node_attr={"fontname": "Helvetica", "fontsize": "11", "style": "filled"},
                              edge_attr={"fontname": "Helvetica", "fontsize": "9", "color": "#555555"})
+    clusters: dict[str, list[tuple[str, dict[str, str]]]] = {}
     for node in drawing.nodes:
         shape, fill = KIND_STYLE[node.kind]
         if node.backend is not None:
@@ -54,7 +55,15 @@ def to_graphviz(drawing: Drawing, name: str = "outlines") -> Any:
             attrs["style"] = "filled,rounded"
         if node.output or node.failed:
             attrs["penwidth"] = "2"
+        if node.cluster is not None:  # a loop's body: drawn below, inside its cluster
+            clusters.setdefault(node.cluster, []).append((node.key, attrs))
+            continue
         graph.node(node.key, **attrs)
+    for number, (title, members) in enumerate(clusters.items()):
+        with graph.subgraph(name=f"cluster_body{number}") as body:
+            body.attr(label=_plain(title), style="rounded", color="#7f7f7f", fontname="Helvetica", fontsize="10")
+            for key, attrs in members:
+                body.node(key, **attrs)
     for source, target, _, label in drawing.edges:
         graph.edge(source, target, label=_plain(label)) if label else graph.edge(source, target)
     if drawing.backends:
@@ -87,10 +96,19 @@ def to_mermaid(drawing: Drawing) -> str:
     """Mermaid ``flowchart`` text of ``drawing`` (GitHub and Jupyter render it)."""
     shapes = {"input": ('(["', '"])'), "prompt": ('[/"', '"/]'), "python": ('("', '")')}
     out = ["flowchart TD"]
+    clusters: dict[str, list[str]] = {}
     for node in drawing.nodes:
         opening, closing = shapes.get(node.kind, ('["', '"]'))
         text = "<br/>".join([f"<b>{_mermaid_text(node.title)}</b>"] + [_mermaid_text(x) for x in node.lines + node.status])
-        out.append(f"    {node.key}{opening}{text}{closing}")
+        line = f"{node.key}{opening}{text}{closing}"
+        if node.cluster is not None:  # a loop's body
+            clusters.setdefault(node.cluster, []).append(line)
+        else:
+            out.append(f"    {line}")
+    for number, (title, lines) in enumerate(clusters.items()):
+        out.append(f'    subgraph body{number} ["{_mermaid_text(title)}"]')
+        out.extend(f"        {line}" for line in lines)
+        out.append("    end")
     for source, target, _, label in drawing.edges:
         out.append(f'    {source} -->|"{_mermaid_text(label)}"| {target}' if label else f"    {source} --> {target}")
     for i, backend in enumerate(drawing.backends):
@@ -130,6 +148,7 @@ def to_ascii(drawing: Drawing) -> str:
         mark = f" {{{letters[node.backend]}}}" if node.backend is not None else ""
         title = node.title.removeprefix(f"{node.kind} ")
         head = f"[{number[node.key]}] {node.kind:<8} {title}{mark}"
+        head += f"  (in {node.cluster})" if node.cluster is not None else ""
         details = "  ".join(node.lines)
         out.append(_ascii(f"{head}  {details}".rstrip() + ("  => output" if node.output else "")))
         if node.key in inputs:
@@ -167,7 +186,8 @@ def visualize(*variables: Variable, filename: str | None = None, format: str | N
     -------
     graphviz.Digraph or str
         A Digraph for the graphviz formats (it renders itself in Jupyter), the
-        text for ``mermaid`` and ``ascii``.
+        text for ``mermaid`` and ``ascii`` (a ``str`` that Jupyter shows as
+        text rather than as an escaped string).
 
     Raises
     ------
@@ -192,7 +212,9 @@ def visualize(*variables: Variable, filename: str | None = None, format: str | N
         if filename is not None:
             with open(filename, "w", encoding="utf-8") as handle:
                 handle.write(text)
-        return text
+        from outlines.graph.viz.jupyter import TextPicture
+
+        return TextPicture(text, "markdown" if text.startswith("```") else fmt)
     graph = to_graphviz(drawing)
     graph.format = "svg" if fmt == "dot" else fmt
     if filename is not None:

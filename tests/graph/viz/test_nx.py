@@ -42,7 +42,7 @@ def test_nodes_carry_op_kind_backend_and_params():
     (render,) = [n for n, d in data.items() if d["kind"] == "prompt"]
     assert render.startswith("Render[ask]#") and data[render]["title"] == "prompt ask"
     (vote,) = [n for n, d in data.items() if d["kind"] == "python"]
-    assert data[vote]["op"] == "PyFunc" and data[vote]["output"] is True
+    assert data[vote]["op"] == "CallFunction" and data[vote]["output"] is True
     assert sum(d["output"] for d in data.values()) == 1
 
 

@@ -16,7 +16,7 @@ import outlines
 from outlines import models
 from outlines.graph.viz import jupyter as display
 from outlines.graph.viz.timeline import backend_label, timeline_html, timeline_svg, write_timeline
-from outlines.tracing import BatchRecord, NodeRecord
+from outlines.tracing import BatchRecord, ModelLoadRecord, NodeRecord, RequestRecord, Trace
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 needs_chromium = pytest.mark.skipif(CHROMIUM is None, reason="Chromium is not installed (apt-get install chromium; "
@@ -218,3 +218,121 @@ def test_a_thousand_bars_draw_quickly():
     assert time.perf_counter() - start < 2.0
     assert len(bars(svg)) == 1000 and svg.count("bar critical") == 1
     ET.fromstring(svg)
+
+
+def _lane_of(svg, bar_title):
+    """The label of the lane whose band holds the bar whose hover text starts with ``bar_title``."""
+    lanes = [(float(y), name) for y, name in re.findall(r'<rect class="lane" x="0" y="([\d.]+)".*?\n<text class="lane-label"[^>]*>([^<]*)<', svg)]
+    match = re.search(r'<g class="bar[^"]*"><rect x="[\d.]+" y="([\d.]+)"[^>]*>(?:<text[^<]*</text>)?<title>' + re.escape(bar_title), svg)
+    y = float(match.group(1))
+    return [name for top, name in lanes if top <= y][-1]
+
+
+def _x_span(svg, bar_title):
+    match = re.search(r'<rect x="([\d.]+)" y="[\d.]+" width="([\d.]+)"[^>]*>(?:<text[^<]*</text>)?<title>' + re.escape(bar_title), svg)
+    return float(match.group(1)), float(match.group(1)) + float(match.group(2))
+
+
+def test_http_bars_start_and_end_when_the_requests_did():
+    """One batch of three requests that a server served one after another: three consecutive bars."""
+    backend = "OpenAIChatBackend('gpt-x', 'http://127.0.0.1:9')"
+    trace = SimpleNamespace(
+        batches=[BatchRecord(1, backend, 3, 0.0, 3.0, ["Generate#1"])],
+        requests=[RequestRecord(1, 0.0, 1.0), RequestRecord(1, 1.0, 2.0),
+                  RequestRecord(1, 2.0, 3.0, "HTTPError: 500")],
+        nodes={}, model_loads=[], critical_path_nodes=[], wall=3.0, critical_path=3.0)
+    svg = timeline_svg(trace)
+    spans = [_x_span(svg, f"request {i} of batch 1") for i in (1, 2, 3)]
+    assert spans[0][0] < spans[1][0] < spans[2][0]  # not all at 0
+    for (_, end), (start, _) in zip(spans, spans[1:]):
+        assert end == pytest.approx(start, abs=0.2)  # each starts where the previous ended
+    assert all(_lane_of(svg, f"request {i} of batch 1") == "openai: gpt-x: requests" for i in (1, 2, 3))
+    assert "FAILED: HTTPError: 500" in svg
+    widths = [end - start for start, end in spans]
+    assert max(widths) - min(widths) < 0.5
+
+
+def test_model_load_is_its_own_bar_before_the_first_batch():
+    backend = "TransformersBackend('/models/tiny', 'cpu', None)"
+    trace = SimpleNamespace(
+        batches=[BatchRecord(1, backend, 4, 5.0, 6.0, ["Generate#1"]), BatchRecord(2, backend, 4, 6.0, 7.0, ["Generate#1"])],
+        model_loads=[ModelLoadRecord(backend, 0.0, 5.0)], requests=[], nodes={}, critical_path_nodes=[], wall=7.0, critical_path=7.0)
+    svg = timeline_svg(trace)
+    load, first = _x_span(svg, "loading the model of transformers: tiny"), _x_span(svg, "batch 1:")
+    assert _lane_of(svg, "loading the model") == "transformers: tiny"
+    assert load[1] == pytest.approx(first[0], abs=0.2)  # the batch starts when the load ended
+    assert first[1] - first[0] == pytest.approx(_x_span(svg, "batch 2:")[1] - _x_span(svg, "batch 2:")[0], abs=0.2)
+
+
+def test_a_real_trace_records_model_loads_through_the_recorder():
+    upper = models.from_function(lambda ps: [p.upper() for p in ps], batched=True, name="upper")
+    backend = upper(outlines.string("q")).owner.op.backend
+    trace = Trace()
+    recorder = trace.for_eval()
+    recorder.model_loaded(backend, trace.origin + 0.5, trace.origin + 2.0)
+    svg = timeline_svg(trace)
+    assert _lane_of(svg, "loading the model of function: upper") == "function: upper"
+
+
+def test_a_fully_cached_run_shows_its_cache_hits(tmp_path):
+    from outlines.cache import Cache
+
+    upper = models.from_function(lambda ps: [p.upper() for p in ps], batched=True, name="upper")
+    q = outlines.string("q")
+    cache = Cache(tmp_path / "cache")
+    outlines.eval(upper(q, num_samples=2), givens={q: ["a", "b"]}, cache=cache)
+    with outlines.trace() as trace:
+        outlines.eval(upper(q, num_samples=2), givens={q: ["a", "b"]}, cache=cache)
+    assert trace.batches == [] and trace.cache_hits == 4
+    svg = timeline_svg(trace)
+    assert _lane_of(svg, "Generate") == "function: upper: cache hits"
+    assert "4 draw(s) from the cache, 0 sent" in svg
+    assert 'class="bar mark"' in svg
+
+
+def test_a_real_openai_run_draws_each_request_at_its_recorded_times(fake_openai):
+    """The chat backend reports every wire request (``BatchReport.request``); with progress on, the
+    ``Counter`` in front of the trace passes them on, and each becomes a bar at its own times."""
+    fake_openai.latency = 0.05
+    llm = models.openai("fake-model", base_url=fake_openai.base_url, api_key="sk-timeline", max_retries=0)
+    q = outlines.string("q")
+    with outlines.trace() as trace:
+        llm(q).eval({"q": ["a", "b", "c"]}, cache=False, max_concurrency=1, progress=True)
+    (batch,) = trace.batches
+    assert len(trace.requests) == 3 == len(fake_openai.requests)
+    starts = [r.start for r in trace.requests]
+    assert starts == sorted(starts) and starts[-1] - starts[0] >= 0.09  # one after another, not all at once
+    assert all(batch.start <= r.start <= r.end <= batch.end for r in trace.requests)
+    svg = timeline_svg(trace)
+    assert "sk-timeline" not in svg
+    spans = []
+    for number, request in enumerate(trace.requests, 1):
+        title = f"request {number} of batch {batch.id}"
+        assert _lane_of(svg, title) == "openai: fake-model: requests"
+        assert f"{request.start:.3f} s to {request.end:.3f} s" in svg
+        spans.append(_x_span(svg, title))
+    whole = _x_span(svg, f"batch {batch.id}:")
+    scale = (whole[1] - whole[0]) / (batch.end - batch.start)
+    for (left, right), request in zip(spans, trace.requests):
+        # Where the bar is drawn is where the request was recorded, within a pixel or two.
+        assert left - whole[0] == pytest.approx((request.start - batch.start) * scale, abs=2.0)
+        assert right - whole[0] == pytest.approx((request.end - batch.start) * scale, abs=2.0)
+
+
+@pytest.mark.slow
+def test_a_real_transformers_run_draws_its_model_load(tiny_model_path):
+    from outlines.backends.transformers import clear_registry
+
+    clear_registry()
+    llm = models.transformers(tiny_model_path, device="cpu", max_tokens=2, temperature=0)
+    q = outlines.string("q")
+    with outlines.trace() as trace:
+        llm(q).eval({"q": ["load me"]}, cache=False, progress=True)
+        llm(q).eval({"q": ["loaded"]}, cache=False)
+    (load,) = trace.model_loads
+    assert len(trace.batches) == 2 and trace.batches[0].start <= load.start < load.end <= trace.batches[0].end
+    svg = timeline_svg(trace)
+    lane = _lane_of(svg, "loading the model of transformers")
+    assert lane == _lane_of(svg, "batch 1:") and lane.startswith("transformers")
+    assert f"{load.start:.3f} s to {load.end:.3f} s" in svg
+    assert "model load" in trace.summary()

@@ -1,0 +1,362 @@
+"""Evaluating control-flow nodes: each iteration or branch is one batched schedule.
+
+The outer scheduler runs a ``WhileLoop`` or ``Cond`` node as one task
+(``run_control``), so independent work goes on meanwhile. A loop keeps its
+state as flat arrays over the broadcast shape of its inputs; each iteration
+plans nothing new: it evaluates the body's plan on the still-active elements
+as ONE schedule with the outer evaluation's cache, executor, limits, error
+mode and recorder, then ``cond`` on the new state decides who stays. Draws
+inside a control node carry its iteration in their number (see
+``DRAW_SHIFT``), so a repeated prompt is a new draw and a re-run replays
+finished iterations from the cache.
+"""
+from __future__ import annotations
+
+import copy
+import itertools
+import time
+from typing import Any, Sequence
+
+import numpy as np
+
+from outlines.errors import Failure, NodeError
+from outlines.graph.basic import Apply
+from outlines.graph.control import Cond, Subgraph, WhileLoop, _truth
+from outlines.runtime.batching import BatchQueue
+from outlines.runtime.plan import Plan
+from outlines.runtime.scheduler import Scheduler
+from outlines.tracing import Recorder
+
+__all__ = ["run_control"]
+
+#: Draw numbers inside control flow: ``draw_offset + (namespace << DRAW_SHIFT)``,
+#: the namespace holding the iteration (TAG_BITS each level of nesting); outer
+#: draws stay below ``1 << DRAW_SHIFT``, and the numbers fit a 64-bit seed.
+DRAW_SHIFT = 20
+TAG_BITS = 16
+_batch_ids = itertools.count(1 << 40)  # nested schedules' batches, apart from the outer ones
+
+
+async def run_control(outer: Scheduler, node: Apply, inputs: list[Any]) -> Any:
+    """Evaluate a control node's output value(s) from its input values."""
+    if isinstance(node.op, WhileLoop):
+        return await _run_loop(outer, node, node.op, inputs)
+    if isinstance(node.op, Cond):
+        return await _run_cond(outer, node, node.op, inputs)
+    raise TypeError(f"{node.label}: {type(node.op).__name__} is not a control-flow op")
+
+
+# -- plans --------------------------------------------------------------------------
+def _plan(op: Any, outputs: Sequence[Any]) -> Plan:
+    """The plan of a sub-graph, built once per op and set of outputs."""
+    plans: dict[tuple[int, ...], Plan] = op.__dict__.setdefault("_plans", {})
+    key = tuple(id(v) for v in outputs)
+    found = plans.get(key)
+    if found is None:
+        found = plans[key] = Plan(list(outputs))
+    return found
+
+
+def _tagged(plan: Plan, base: int) -> Plan:
+    """A copy of ``plan`` whose random draws are numbered in the namespace ``base``."""
+    tagged = copy.copy(plan)
+    shift, offsets = base << DRAW_SHIFT, plan.draw_offsets
+    tagged.draw_offsets = {
+        id(n): offsets.get(id(n), 0) + shift for n in plan.nodes if n.op.mode == "generate" and not n.op.pure
+    }
+    return tagged
+
+
+# -- one schedule -----------------------------------------------------------------
+class _Forward(Recorder):
+    """Passes a nested schedule's events to the outer recorder; counts its batches."""
+
+    def __init__(self, outer: Recorder) -> None:
+        self.outer = outer
+        self.batches = 0
+        self.ids: dict[int, int] = {}
+
+    def node_started(self, node: Any, t: float) -> None:
+        self.outer.node_started(node, t)
+
+    def node_finished(self, node: Any, t: float, error: BaseException | None = None) -> None:
+        self.outer.node_finished(node, t, error)
+
+    def node_cache(self, node: Any, hits: int, misses: int) -> None:
+        self.outer.node_cache(node, hits, misses)
+
+    def node_failures(self, node: Any, outputs: tuple[Any, ...]) -> None:
+        self.outer.node_failures(node, outputs)
+
+    def batch_started(self, batch_id: int, backend: Any, nodes: list[Any], size: int, t: float) -> None:
+        self.batches += 1
+        self.ids[batch_id] = next(_batch_ids)
+        self.outer.batch_started(self.ids[batch_id], backend, nodes, size, t)
+
+    def batch_finished(self, batch_id: int, t: float, error: BaseException | None, usage: tuple[int, int],
+                       worker: str | None, requests: int = 0) -> None:
+        self.outer.batch_finished(self.ids.get(batch_id, batch_id), t, error, usage, worker, requests)
+
+    def request_finished(self, batch_id: int, start: float, end: float, error: BaseException | None = None) -> None:
+        self.outer.request_finished(self.ids.get(batch_id, batch_id), start, end, error)
+
+    def model_loaded(self, backend: Any, start: float, end: float) -> None:
+        self.outer.model_loaded(backend, start, end)
+
+    def loop_iteration(self, node: Any, iteration: int, active: int, batches: int, start: float, end: float) -> None:
+        self.outer.loop_iteration(node, iteration, active, batches, start, end)  # a loop nested in a body
+
+
+async def _schedule(outer: Scheduler, plan: Plan, values: dict[int, Any], tag: int) -> tuple[list[Any], int]:
+    """Run ``plan`` as one schedule sharing the outer evaluation's options; (outputs, batches).
+
+    ``tag`` (the iteration) joins the draw namespace of the enclosing control
+    node, so a loop nested in a loop draws anew at each outer iteration.
+    """
+    base = (getattr(outer, "draw_base", 0) << TAG_BITS) + tag + 1
+    forward = _Forward(outer.recorder)
+    batcher = outer.batcher
+    scheduler = _Nested(
+        _tagged(plan, base),
+        {**{id(c): c.value for c in plan.constants}, **values},
+        cache=batcher.cache if batcher.cache is not None else False,
+        errors="return" if outer.return_failures else "raise",
+        recorder=forward if batcher.tracing else None,  # untraced: skip the per-batch bookkeeping
+        executor=outer.executor,
+        batch_window=batcher.batch_window,
+    )
+    scheduler.outer = outer
+    # One bound on wire requests for the whole evaluation, and one per backend (the executor's).
+    scheduler.batcher.request_limit = batcher.request_limit
+    scheduler.batcher.limits = batcher.limits
+    scheduler.draw_base = base
+    return await scheduler.run(), forward.batches
+
+
+class _Nested(Scheduler):
+    """The schedule of one iteration (or of a cond's branches) inside an outer schedule."""
+
+    outer: Scheduler
+    draw_base = 0
+
+    async def _cleanup(self) -> None:
+        # Backends stay open: the outer schedule may use them too, and closes them at its end.
+        queues, self.batcher.queues = self.batcher.queues, {}
+        try:
+            await super()._cleanup()
+        finally:
+            outer = self.outer.batcher.queues
+            for key, queue in queues.items():
+                outer.setdefault(key, BatchQueue(queue.backend))
+
+
+# -- values -----------------------------------------------------------------------
+def _shape(node: Apply, values: Sequence[Any]) -> tuple[int, ...]:
+    shapes = [np.shape(v) if isinstance(v, np.ndarray) else () for v in values]
+    try:
+        return tuple(np.broadcast_shapes(*shapes))
+    except ValueError:
+        raise ValueError(
+            f"{node.label}: the state and the outer values it reads do not broadcast together: "
+            + ", ".join(str(s) for s in shapes)
+        ) from None
+
+
+def _flat(value: Any, shape: tuple[int, ...]) -> np.ndarray:
+    if isinstance(value, np.ndarray):
+        return np.broadcast_to(value, shape).reshape(-1)
+    out = np.empty(int(np.prod(shape, dtype=np.int64)), dtype=object)
+    for index in range(out.size):  # element by element: a list value is one element, not a row
+        out[index] = value
+    return out
+
+
+def _per_element(node: Apply, what: str, value: Any, count: int) -> np.ndarray:
+    """``value`` as ``count`` elements, one per active element."""
+    if not isinstance(value, np.ndarray):
+        return _flat(value, (count,))
+    if value.shape != (count,):
+        raise ValueError(
+            f"{node.label}: {what} has shape {value.shape} for {count} active element(s); it must give "
+            f"one value per element, shape ({count},) (reduce a samples axis with an outlines.fn "
+            "signature such as '(n)->()')"
+        )
+    return value
+
+
+def _failed(arrays: Sequence[Any], size: int) -> np.ndarray:
+    mask = np.zeros(size, dtype=bool)
+    for array in arrays:
+        if isinstance(array, np.ndarray):
+            mask |= np.fromiter((isinstance(x, Failure) for x in array), dtype=bool, count=size)
+        elif isinstance(array, Failure):
+            mask[:] = True
+    return mask
+
+
+def _first_failure(arrays: Sequence[Any], index: Any) -> Failure:
+    for array in arrays:
+        value = array[index] if isinstance(array, np.ndarray) else array
+        if isinstance(value, Failure):
+            return value
+    raise AssertionError("no failure at this element")
+
+
+def _result(node: Apply, arrays: list[np.ndarray], shape: tuple[int, ...]) -> Any:
+    outs = [a.reshape(shape) if shape else a[0] for a in arrays]
+    return outs[0] if len(node.outputs) == 1 else tuple(outs)
+
+
+# -- while_loop -------------------------------------------------------------------
+async def _run_loop(outer: Scheduler, node: Apply, op: WhileLoop, inputs: list[Any]) -> Any:
+    body = op.body
+    count = len(body.parameters)
+    shape = _shape(node, inputs)
+    size = int(np.prod(shape, dtype=np.int64))
+    state = [_flat(v, shape).copy() for v in inputs[:count]]
+    captured = [_flat(v, shape) if isinstance(v, np.ndarray) else v for v in inputs[count:]]
+    active = np.arange(size)
+    failed = _failed([*state, *captured], size)
+    if failed.any():  # an element whose inputs failed never enters the loop
+        for index in np.flatnonzero(failed):
+            failure = _first_failure([*state, *captured], index).skipped(node.label, op.name)
+            for array in state:
+                array[index] = failure
+        active = active[~failed]
+
+    def values(subgraph: Subgraph) -> dict[int, Any]:
+        out = {id(p): s[active] for p, s in zip(subgraph.parameters, state)}
+        for slot, value in zip(subgraph.slots, captured):
+            out[id(slot)] = value[active] if isinstance(value, np.ndarray) else value
+        return out
+
+    if active.size:
+        check = _plan(op, op.condition.outputs)
+        schedule = _schedule(outer, check, values(op.condition), 0)
+        (pred,), _ = await _guarded(node, "cond on the initial state", schedule)
+        active = _stay(node, pred, active, state)
+    step, last = _plan(op, body.outputs), _plan(op, body.outputs[:count])
+    iteration = 0
+    while active.size and iteration < op.max_iter:
+        final = iteration == op.max_iter - 1
+        start = time.perf_counter()
+        schedule = _schedule(outer, last if final else step, values(body), iteration + 1)
+        results, batches = await _guarded(node, f"iteration {iteration + 1}", schedule)
+        for position, array in enumerate(state):
+            array[active] = _per_element(node, f"body output {position}", results[position], active.size)
+        _record(outer.recorder, node, iteration + 1, int(active.size), batches, start)
+        if final:
+            break
+        active = _stay(node, results[count], active, state)
+        iteration += 1
+    return _result(node, state, shape)
+
+
+async def _guarded(node: Apply, what: str, schedule: Any) -> Any:
+    try:
+        return await schedule
+    except NodeError as exc:
+        raise NodeError(node.label, f"{node.op.name}, {what}", exc) from exc
+
+
+def _stay(node: Apply, pred: Any, active: np.ndarray, state: list[np.ndarray]) -> np.ndarray:
+    """The active elements whose ``cond`` holds; a failed element leaves holding its Failure."""
+    values = _per_element(node, "cond", pred, active.size).tolist()
+    if all(type(v) is bool for v in values):  # the common case, in one pass
+        keep = np.array(values, dtype=bool)
+    else:
+        keep = np.zeros(active.size, dtype=bool)
+        for position, value in enumerate(values):
+            if isinstance(value, Failure):
+                for array in state:  # cond failed on this element: it leaves holding why
+                    if not isinstance(array[active[position]], Failure):
+                        array[active[position]] = value
+            else:
+                keep[position] = _truth(f"{node.label}: cond", value)
+    current = [array[active] for array in state]
+    failed = _failed(current, active.size)  # the body failed on these: they leave holding the Failure
+    return active[keep & ~failed]
+
+
+def _record(recorder: Recorder, node: Apply, iteration: int, active: int, batches: int, start: float) -> None:
+    recorder.loop_iteration(node, iteration, active, batches, start, time.perf_counter())
+
+
+# -- cond -----------------------------------------------------------------------------
+async def _run_cond(outer: Scheduler, node: Apply, op: Cond, inputs: list[Any]) -> Any:
+    noperands = op.noperands
+    true_branch, false_branch = op.branches
+    ntrue = len(true_branch.captured)
+    pred, operands = inputs[0], inputs[1 : 1 + noperands]
+    captured_t = inputs[1 + noperands : 1 + noperands + ntrue]
+    captured_f = inputs[1 + noperands + ntrue :]
+    shape = _shape(node, inputs)
+    size = int(np.prod(shape, dtype=np.int64))
+    flat = [_flat(v, shape) if isinstance(v, np.ndarray) else v for v in inputs]
+    failed = _failed(flat, size)
+    pred_flat = _flat(pred, shape)
+    chosen = np.zeros(size, dtype=bool)
+    for index in np.flatnonzero(~failed):
+        chosen[index] = _truth(f"{node.label}: pred", pred_flat[index])
+    sides = [np.flatnonzero(chosen & ~failed), np.flatnonzero(~chosen & ~failed)]
+    outputs: list[Any] = []
+    values: dict[int, Any] = {}
+    for branch, captured, rows in zip(op.branches, (captured_t, captured_f), sides):
+        if rows.size:
+            outputs.extend(branch.outputs)
+            for parameter, operand in zip(branch.parameters, operands):
+                values[id(parameter)] = _flat(operand, shape)[rows]
+            for slot, value in zip(branch.slots, captured):
+                values[id(slot)] = _flat(value, shape)[rows] if isinstance(value, np.ndarray) else value
+    results: list[Any] = []
+    if outputs:
+        results, _ = await _guarded(node, "branches", _schedule(outer, _plan(op, outputs), values, 0))
+    merged = _merge(node, results, sides, size, len(node.outputs))
+    for index in np.flatnonzero(failed):
+        failure = _first_failure(flat, index).skipped(node.label, op.name)
+        for array in merged:
+            array[index] = failure
+    outs = [a.reshape(shape + a.shape[1:]) if shape else a[0] for a in merged]
+    return outs[0] if len(outs) == 1 else tuple(outs)
+
+
+def _merge(node: Apply, results: list[Any], sides: list[np.ndarray], size: int, count: int) -> list[np.ndarray]:
+    """Each output's values from the branches that ran, scattered to their elements."""
+    per_side: list[list[np.ndarray]] = []
+    position = 0
+    for rows in sides:
+        if not rows.size:
+            per_side.append([])
+            continue
+        side = []
+        for value in results[position : position + count]:
+            array = value if isinstance(value, np.ndarray) and value.ndim else _flat(value, (rows.size,))
+            if array.shape[0] != rows.size:
+                raise ValueError(f"{node.label}: a branch returned shape {array.shape} for {rows.size} element(s)")
+            side.append(array)
+        per_side.append(side)
+        position += count
+    trailing = [next((s[k].shape[1:] for s in per_side if s), ()) for k in range(count)]
+    for k in range(count):
+        shapes = {s[k].shape[1:] for s in per_side if s}
+        if len(shapes) > 1:
+            raise ValueError(f"{node.label}: the branches' output {k} differ in shape per element: {sorted(shapes)}")
+    merged = [np.empty((size, *trailing[k]), dtype=object) for k in range(count)]
+    for rows, side in zip(sides, per_side):
+        for k, array in enumerate(side):
+            merged[k][rows] = array
+    return merged
+
+
+def describe(node: Apply) -> str:
+    """One line for ``explain``: the control node and the model calls of its body."""
+    op: Any = node.op
+    parts = []
+    for role, subgraph in op.subgraphs:
+        calls = [n.op.name for n in subgraph.nodes if n.op.mode == "generate"]
+        called = ", ".join(dict.fromkeys(calls)) if calls else "no model calls"
+        parts.append(f"{role}: {len(subgraph.nodes)} node(s), {called}")
+    if isinstance(op, WhileLoop):
+        head = f"{node.label} (max_iter={op.max_iter}): one batched schedule per iteration over active elements"
+        return f"{head}; {'; '.join(parts)}; iterations unknown in advance"
+    return f"{node.label}: each element runs one branch; {'; '.join(parts)}"

@@ -1,0 +1,141 @@
+"""Building control-flow nodes: tracing once, captured outer Variables, build-time errors."""
+from __future__ import annotations
+
+import pytest
+
+import outlines
+from outlines import models
+from outlines.errors import GraphBuildError
+from outlines.graph.control import Cond, WhileLoop
+from outlines.graph.traversal import graph_inputs
+
+grow = outlines.fn(lambda s: s + "a", name="grow")
+short = outlines.fn(lambda s: len(s) < 3, name="short")
+
+
+def test_while_loop_traces_cond_and_body_once() -> None:
+    calls = {"cond": 0, "body": 0}
+
+    def cond(s):  # noqa: ANN001, ANN202
+        calls["cond"] += 1
+        return short(s)
+
+    def body(s):  # noqa: ANN001, ANN202
+        calls["body"] += 1
+        return grow(s)
+
+    out = outlines.while_loop(cond, body, init="", max_iter=4)
+    assert calls == {"cond": 1, "body": 1}
+    assert isinstance(out.owner.op, WhileLoop)
+    assert out.owner.label.startswith("while_loop#")
+
+
+def test_outer_variables_become_inputs_of_the_loop_node() -> None:
+    question = outlines.string("question")
+    hint = question + "?"  # an earlier result, computed once outside the loop
+    llm = models.from_function(lambda p: p, name="echo")
+    out = outlines.while_loop(short, lambda s: s + llm(hint + s), init="", max_iter=2)
+    node = out.owner
+    assert node.inputs[1] is hint  # state first, then what the body captures
+    assert [v.name for v in graph_inputs([out])] == ["question"]
+    body = node.op.body
+    assert len(body.slots) == 1 and all(v.owner is None for v in body.slots)
+    assert hint.owner not in body.nodes  # the body's private graph stops at the slot
+
+
+def test_tuple_state_keeps_its_structure() -> None:
+    step = outlines.fn(lambda n: n + 1, name="step")
+    below = outlines.fn(lambda n: n < 3, name="below")
+    text, count = outlines.while_loop(lambda s, n: below(n), lambda s, n: (grow(s), step(n)), init=("", 0), max_iter=9)
+    assert text.owner is count.owner and len(text.owner.outputs) == 2
+    assert outlines.eval(text, count) == ("aaa", 3)
+
+
+@pytest.mark.parametrize("max_iter", [0, -1, 2.5, True, None])
+def test_max_iter_must_be_a_positive_integer(max_iter: object) -> None:
+    with pytest.raises(GraphBuildError, match=r"while_loop\(cond=short, body=grow\): max_iter"):
+        outlines.while_loop(short, grow, init="", max_iter=max_iter)  # type: ignore[arg-type]
+
+
+def test_max_iter_is_required() -> None:
+    with pytest.raises(TypeError, match="max_iter"):
+        outlines.while_loop(short, grow, init="")  # type: ignore[call-arg]
+
+
+def test_body_of_the_wrong_structure_is_named() -> None:
+    with pytest.raises(GraphBuildError, match=r"while_loop\(.*body returned 2 value\(s\); it must return 1"):
+        outlines.while_loop(short, lambda s: (grow(s), grow(s)), init="", max_iter=2)
+    with pytest.raises(GraphBuildError, match="body returned 1 value"):
+        outlines.while_loop(lambda s, n: short(s), lambda s, n: grow(s), init=("", ""), max_iter=2)
+    with pytest.raises(GraphBuildError, match="cond returned 2 value"):
+        outlines.while_loop(lambda s: (short(s), short(s)), grow, init="", max_iter=2)
+
+
+def test_body_or_cond_that_ignore_the_state_are_errors() -> None:
+    q = outlines.string("q")
+    with pytest.raises(GraphBuildError, match="body does not depend on the state"):
+        outlines.while_loop(short, lambda s: grow(q), init="", max_iter=2)
+    with pytest.raises(GraphBuildError, match="cond does not depend on the state"):
+        outlines.while_loop(lambda s: short(q), grow, init="", max_iter=2)
+    with pytest.raises(GraphBuildError, match="cond does not depend on the state"):
+        outlines.while_loop(lambda s: True, grow, init="", max_iter=2)
+
+
+def test_python_branching_on_the_state_is_explained() -> None:
+    def body(s):  # noqa: ANN001, ANN202
+        return s + "a" if s else s
+
+    with pytest.raises(GraphBuildError, match="traced once over symbolic values.*outlines.cond"):
+        outlines.while_loop(short, body, init="", max_iter=2)
+
+
+def test_cond_branches_must_agree_and_where_builds_one_node() -> None:
+    q = outlines.string("q")
+    with pytest.raises(GraphBuildError, match="both branches must return the same structure"):
+        outlines.cond(short(q), lambda s: s, lambda s: (s, s), q)
+    out = outlines.cond(short(q), lambda s: s + "!", lambda s: s + "?", q)
+    assert isinstance(out.owner.op, Cond)
+    picked = outlines.where(short(q), q, "long")
+    assert picked.owner.op.name == "Where"
+
+
+def test_a_non_boolean_condition_fails_naming_the_loop() -> None:
+    label = outlines.fn(lambda s: "yes", name="label")
+    out = outlines.while_loop(label, grow, init="", max_iter=2)
+    with pytest.raises(outlines.NodeError, match=r"while_loop#\d+: cond: the condition must be a boolean per element, got str"):
+        out.eval()
+    with pytest.raises(outlines.NodeError, match="where: the condition must be a boolean"):
+        outlines.where(label(outlines.constant("x")), "a", "b").eval()
+
+
+def test_pictures_draw_the_body_as_a_cluster() -> None:
+    question = outlines.string("question")
+    llm = models.from_function(lambda p: p, name="echo")
+    out = outlines.while_loop(short, lambda s: s + llm(question + s), init="", max_iter=3)
+    label = out.owner.label
+    text = outlines.visualize(out, format="ascii")
+    assert f"op       while_loop  max_iter=3  => output" in text
+    assert f"model    function: echo {{A}}  (in {label} body)" in text
+    assert "input    s  (in " in text  # the state parameter, inside the cluster
+    mermaid = outlines.visualize(out, format="mermaid")
+    assert f'subgraph body0 ["{label.replace("#", "&num;")} body"]' in mermaid
+    assert '-->|"cond"|' in mermaid and '-->|"body"|' in mermaid
+    assert "input    question  input" in text  # captured: drawn once, outside, feeding the body
+
+
+def test_conditions_that_are_text_by_construction_are_build_errors() -> None:
+    llm = models.from_function(lambda p: p, name="echo")
+    with pytest.raises(GraphBuildError, match=r"while_loop\(.*cond must be a boolean per element, but it is text from "
+                                              r"Generate\[function:echo\]"):
+        outlines.while_loop(lambda s: llm(s), grow, init="", max_iter=2)
+    with pytest.raises(GraphBuildError, match="cond must be a boolean per element, but it is text from Concat"):
+        outlines.while_loop(lambda s: s + "?", grow, init="", max_iter=2)
+    q = outlines.string("q")
+    with pytest.raises(GraphBuildError, match=r"cond: pred must be a boolean per element, but it is the constant 'yes'"):
+        outlines.cond("yes", lambda s: s, lambda s: s, q)
+
+
+def test_a_body_that_adds_a_samples_axis_is_a_build_error() -> None:
+    llm = models.from_function(lambda p: p, name="echo")
+    with pytest.raises(GraphBuildError, match=r"body output 0 adds an axis \(num_samples=3\)"):
+        outlines.while_loop(short, lambda s: llm(s, num_samples=3), init="", max_iter=2)
