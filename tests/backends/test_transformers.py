@@ -439,6 +439,22 @@ def test_prefix_sharing_gives_the_texts_of_the_unshared_path(tiny_model_path: st
     assert hf.shared_prefix_length(ids) >= len(loaded.tokenizer(HEADER)["input_ids"]) - 1
 
 
+def test_prefix_sharing_keeps_each_rows_token_mask(tiny_model_path: str) -> None:
+    pytest.importorskip("xgrammar")
+    import re
+    from dataclasses import replace
+
+    from outlines.backends.constraints import make_constraint
+
+    digits, word = make_constraint(regex=r"[0-9]{3}"), make_constraint(choices=["red", "blue"])
+    requests = [Draw(p, replace(SAMPLED, constraint=digits if i % 2 else word), d)
+                for i, p in enumerate(FEW_SHOT) for d in range(2)] + [Draw(FEW_SHOT[0], SAMPLED, 5)]
+    shared = run(TransformersBackend(tiny_model_path, device="cpu"), requests)
+    assert shared == run(TransformersBackend(tiny_model_path, device="cpu", share_prefix=False), requests)
+    for request, text in zip(requests[:-1], shared[:-1]):
+        assert re.fullmatch(r"[0-9]{3}", text) if request.params.constraint is digits else text in {"red", "blue"}
+
+
 def test_cancelling_frees_the_worker_at_the_next_decoding_step(tiny_model_path: str, monkeypatch) -> None:
     import threading
 
