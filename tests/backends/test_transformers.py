@@ -547,3 +547,13 @@ def test_a_gguf_path_names_the_folder_and_the_file(tmp_path) -> None:
     assert backend.identity[-3:] == ("model.Q4.gguf", "auto", "Be brief.")
     with pytest.raises(ValueError, match="gguf_file must be a file name"):
         TransformersBackend(str(tmp_path), gguf_file="sub/model.gguf")
+
+
+@pytest.mark.parametrize("option", ["max_batch", "max_concurrency", "max_batch_tokens"])
+@pytest.mark.parametrize("value", [0, -1, 2.5, True])
+def test_limits_are_validated_when_the_model_is_built(tiny_model_path: str, option: str, value: object) -> None:
+    from outlines import models
+
+    with pytest.raises(ValueError, match=rf"models.transformers\(.*\): {option} must be a positive integer or None"):
+        models.transformers(tiny_model_path, device="cpu", **{option: value})
+    assert getattr(models.transformers(tiny_model_path, **{option: None}).backend, option) is None
