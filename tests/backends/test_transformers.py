@@ -455,8 +455,12 @@ def test_prefix_sharing_keeps_each_rows_token_mask(tiny_model_path: str) -> None
         assert re.fullmatch(r"[0-9]{3}", text) if request.params.constraint is digits else text in {"red", "blue"}
 
 
-def test_cancelling_frees_the_worker_at_the_next_decoding_step(tiny_model_path: str, monkeypatch) -> None:
+@pytest.mark.parametrize("through", ["backend", "aeval"])
+def test_cancelling_frees_the_worker_at_the_next_decoding_step(tiny_model_path: str, monkeypatch, through: str) -> None:
     import threading
+
+    import outlines
+    from outlines import models
 
     from outlines.backends import _hf_generation as hf
 
@@ -477,7 +481,11 @@ def test_cancelling_frees_the_worker_at_the_next_decoding_step(tiny_model_path: 
     params = GenerationParams.create(max_tokens=400, temperature=1.0, seed=1)
 
     async def main() -> None:
-        task = asyncio.ensure_future(backend.generate([Draw("Q: 1", params, d) for d in range(4)], BatchReport()))
+        if through == "backend":
+            task = asyncio.ensure_future(backend.generate([Draw("Q: 1", params, d) for d in range(4)], BatchReport()))
+        else:  # the scheduler's executor path: cancelling the evaluation reaches the worker too
+            llm = models.transformers(tiny_model_path, device="cpu", max_tokens=400, temperature=1.0, seed=1)
+            task = asyncio.ensure_future(outlines.aeval(llm("Q: 1", num_samples=4), cache=False, progress=False))
         await asyncio.get_running_loop().run_in_executor(None, third_step.wait, 30)
         task.cancel()
         with pytest.raises(asyncio.CancelledError):
