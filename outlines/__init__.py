@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from outlines import cache, config, models, text
+from outlines import cache, chat, config, models, text
 from outlines.runtime.program import Program, chain, compile
 from outlines.errors import Failure, GraphBuildError, NodeError, UnboundInputError
 from outlines.runtime.evaluate import aeval, eval
@@ -33,6 +33,7 @@ __all__ = [
     "aeval",
     "cache",
     "chain",
+    "chat",
     "compile",
     "cond",
     "concatenate",

@@ -292,27 +292,57 @@ def openai_completion(
 
 
 def transformers(
-    model_id_or_path: str, *, device: str | None = None, dtype: str | None = None, **options: Any
+    model_id_or_path: str,
+    *,
+    device: str | None = None,
+    dtype: str | None = None,
+    gguf_file: str | None = None,
+    chat: bool | None = None,
+    system_prompt: str | None = None,
+    **options: Any,
 ) -> Model:
     """A HuggingFace causal LM, generating in batches with left padding.
 
     Parameters
     ----------
     model_id_or_path
-        Hub id or local folder, loaded with ``from_pretrained``.
+        Hub id or local folder, loaded with ``from_pretrained``; or a
+        ``.gguf`` file (read by transformers with the ``gguf`` package).
     device
         ``"cuda"``, ``"mps"``, ``"cpu"``; default: the first available.
     dtype
         Torch dtype name (``"float16"``...); default: the model's.
+    gguf_file
+        A GGUF checkpoint inside the folder ``model_id_or_path``.
+    chat
+        ``None``: prompts go through the tokenizer's chat template when it has
+        one (a plain prompt is one user message, an ``outlines.chat``
+        conversation its own messages); ``True``: require a template;
+        ``False``: raw text.
+    system_prompt
+        A system message before each prompt (chat templates only).
     **options
         Generation defaults (``max_tokens``, ``temperature``, ``top_p``,
         ``stop``, ``seed``; extras ``top_k``, ``repetition_penalty``) and
         backend options: ``max_batch`` (default 32), ``max_batch_tokens``
         (token budget of one forward batch), ``truncation`` (keep the end of
-        a prompt too long for the context instead of raising). Seeds and the
-        worker thread are described in ``outlines.backends.transformers``.
+        a prompt too long for the context instead of raising),
+        ``share_prefix`` (default ``True``: prefill each prompt and a batch's
+        common prefix once). Seeds, prefix sharing and the worker thread are
+        described in ``outlines.backends.transformers``.
+
+    Examples
+    --------
+    >>> from outlines.testing import smollm2_gguf
+    >>> llm = transformers(smollm2_gguf(), system_prompt="Be brief.", max_tokens=32)  # doctest: +SKIP
+    >>> llm("What is 2 + 2?").eval()  # doctest: +SKIP
+    'The answer is 4.'
     """
     from outlines.backends.transformers import TransformersBackend
 
     params, backend_options = _split(dict(options))
-    return Model(TransformersBackend(model_id_or_path, device=device, dtype=dtype, **backend_options), **params)
+    backend = TransformersBackend(
+        model_id_or_path, device=device, dtype=dtype, gguf_file=gguf_file, chat=chat, system_prompt=system_prompt,
+        **backend_options,
+    )
+    return Model(backend, **params)

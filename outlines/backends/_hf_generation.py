@@ -10,7 +10,9 @@ the prompt and the draw number. A draw's text therefore depends on its own
 """
 from __future__ import annotations
 
+import inspect
 import logging
+import threading
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
@@ -22,6 +24,7 @@ from transformers import (
     GenerationConfig,
     LogitsProcessor,
     LogitsProcessorList,
+    StoppingCriteria,
     StoppingCriteriaList,
     StopStringCriteria,
 )
@@ -64,16 +67,25 @@ def _dtype(dtype: str | None) -> Any:
     return value
 
 
-def load(path: str, device: str | None, dtype: str | None) -> Loaded:
-    """Load ``path`` with ``from_pretrained``, left-padding, with a pad token."""
+def load(path: str, device: str | None, dtype: str | None, gguf_file: str | None = None) -> Loaded:
+    """Load ``path`` (or its ``gguf_file``) with ``from_pretrained``, left-padding, with a pad token."""
     bars = hf_logging.is_progress_bar_enabled()
     hf_logging.disable_progress_bar()
+    extra = {} if gguf_file is None else {"gguf_file": gguf_file}
+    if gguf_file is not None:
+        try:
+            import gguf  # noqa: F401  # transformers needs it to read GGUF
+        except ImportError:
+            raise ImportError("loading a GGUF checkpoint needs the gguf package: pip install gguf") from None
+    quiet = _quiet_gguf_bar() if gguf_file is not None else None
     try:
-        tokenizer = AutoTokenizer.from_pretrained(path)
-        model = AutoModelForCausalLM.from_pretrained(path, dtype=_dtype(dtype))
+        tokenizer = AutoTokenizer.from_pretrained(path, **extra)
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=_dtype(dtype), **extra)
     finally:
         if bars:
             hf_logging.enable_progress_bar()
+        if quiet is not None:
+            quiet()
     resolved = resolve_device(device)
     model.to(resolved).eval()  # type: ignore[arg-type]  # transformers types .to() narrowly
     tokenizer.padding_side = "left"
@@ -88,6 +100,25 @@ def load(path: str, device: str | None, dtype: str | None) -> Loaded:
     if not eos_ids and tokenizer.eos_token_id is not None:
         eos_ids = [tokenizer.eos_token_id]
     return Loaded(model, tokenizer, resolved, _context_length(model, tokenizer), eos_ids)
+
+
+def _quiet_gguf_bar() -> Any:
+    """Silence the GGUF converter's own tqdm bar (it ignores transformers' switch); returns the undo."""
+    import functools
+
+    try:
+        from transformers import modeling_gguf_pytorch_utils as gguf_utils
+    except ImportError:
+        return None
+    bar = getattr(gguf_utils, "tqdm", None)
+    if bar is None:
+        return None
+    gguf_utils.tqdm = functools.partial(bar, disable=True)
+
+    def undo() -> None:
+        gguf_utils.tqdm = bar
+
+    return undo
 
 
 def _context_length(model: Any, tokenizer: Any) -> int | None:
@@ -150,6 +181,79 @@ def _stopping(loaded: Loaded, stop: Sequence[str]) -> StoppingCriteriaList | Non
     return StoppingCriteriaList([criteria])
 
 
+class Cancellation(StoppingCriteria):
+    """Stop every row at the next decoding step once ``flag`` is set (Ctrl-C)."""
+
+    def __init__(self, flag: threading.Event) -> None:
+        self.flag = flag
+
+    def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor, **kwargs: Any) -> torch.BoolTensor:
+        done = self.flag.is_set()
+        return torch.full((input_ids.shape[0],), done, dtype=torch.bool, device=input_ids.device)  # type: ignore[return-value]
+
+
+#: A common prefix shorter than this is not worth a separate prefill.
+MIN_SHARED_PREFIX = 8
+
+
+def shared_prefix_length(prompt_ids: Sequence[Sequence[int]]) -> int:
+    """Tokens every prompt starts with, leaving each at least one token of its own."""
+    shortest = min(len(ids) for ids in prompt_ids)
+    first = prompt_ids[0]
+    length = 0
+    while length < shortest - 1 and all(ids[length] == first[length] for ids in prompt_ids):
+        length += 1
+    return length
+
+
+def _layout(prompt_ids: Sequence[Sequence[int]], shared: int, pad: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Rows of [shared prefix][padding][own tokens]: ids and attention mask."""
+    width = shared + max(len(ids) - shared for ids in prompt_ids)
+    ids = torch.full((len(prompt_ids), width), pad, dtype=torch.long)
+    mask = torch.zeros((len(prompt_ids), width), dtype=torch.long)
+    for row, tokens in enumerate(prompt_ids):
+        own = len(tokens) - shared
+        ids[row, :shared] = torch.tensor(tokens[:shared], dtype=torch.long)
+        mask[row, :shared] = 1
+        ids[row, width - own:] = torch.tensor(tokens[shared:], dtype=torch.long)
+        mask[row, width - own:] = 1
+    return ids, mask
+
+
+def _cache_keyword(model: Any) -> str:
+    """``cache`` in recent transformers, ``past_key_values`` before."""
+    return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+
+
+def _prefill(
+    model: Any, ids: torch.Tensor, mask: torch.Tensor, shared: int, copies: int
+) -> tuple[Any, torch.Tensor, torch.Tensor]:
+    """Fill a key/value cache with all but the last column, computing each prefix once.
+
+    The shared prefix runs once (batch 1), is copied to every prompt, then each
+    prompt's own tokens run once and are copied to its ``copies`` rows. Returns
+    the cache and the ids and mask of the expanded rows; ``generate`` then only
+    runs the last column.
+    """
+    from transformers import DynamicCache
+
+    cache = DynamicCache()
+    kw = _cache_keyword(model)
+    if shared:
+        model(input_ids=ids[:1, :shared], attention_mask=mask[:1, :shared], use_cache=True, **{kw: cache})
+        cache.batch_repeat_interleave(ids.shape[0])
+    end = ids.shape[1] - 1
+    if end > shared:
+        positions = (mask.cumsum(dim=-1) - 1).clamp_(min=0)
+        model(
+            input_ids=ids[:, shared:end], attention_mask=mask[:, :end], position_ids=positions[:, shared:end],
+            use_cache=True, **{kw: cache},
+        )
+    if copies > 1:
+        cache.batch_repeat_interleave(copies)
+    return cache, ids.repeat_interleave(copies, dim=0), mask.repeat_interleave(copies, dim=0)
+
+
 def run_chunk(
     loaded: Loaded,
     prompt_ids: Sequence[Sequence[int]],
@@ -157,38 +261,60 @@ def run_chunk(
     keys: np.ndarray | None,
     max_new_tokens: int,
     params: dict[str, Any],
+    *,
+    share_prefix: bool = True,
+    cancelled: threading.Event | None = None,
 ) -> tuple[list[str], int, int]:
     """Generate ``num_sequences`` rows per prompt; return texts (prompt-major) and token counts.
 
     ``keys`` (one uint64 per output row) selects sampling; ``None`` is greedy.
+    With ``share_prefix``, each prompt (and the chunk's common prefix) is
+    prefilled once and its key/value cache copied to its rows; otherwise every
+    row is run on its own (``num_return_sequences`` done by hand, which
+    ``generate`` refuses for the greedy search our sampler steers).
     """
     tokenizer, model = loaded.tokenizer, loaded.model
-    # Repeat each prompt for its rows (what ``num_return_sequences`` does inside
-    # ``generate``, which refuses it for the greedy search our sampler steers).
-    rows = [list(ids) for ids in prompt_ids for _ in range(num_sequences)]
-    batch = tokenizer.pad({"input_ids": rows}, padding=True, return_tensors="pt")
-    batch = {name: tensor.to(loaded.device) for name, tensor in batch.items()}
-    width = batch["input_ids"].shape[1]
     config = GenerationConfig(
         max_new_tokens=max_new_tokens,
         do_sample=False,
         pad_token_id=tokenizer.pad_token_id,
         eos_token_id=loaded.eos_token_ids or None,
     )
-    processors = LogitsProcessorList()
-    if params.get("constraints"):  # masks first: the sampler draws among allowed tokens only
-        processors.append(_token_masks(loaded, params["constraints"]))
-    if keys is not None:
-        processors.append(DrawSampler(keys, width, params["temperature"], params.get("top_p"), params.get("top_k")))
     for name in ("repetition_penalty", "no_repeat_ngram_size"):
         if params.get(name) is not None:
             setattr(config, name, params[name])
+    stopping = _stopping(loaded, params.get("stop") or ()) or StoppingCriteriaList()
+    if cancelled is not None:
+        stopping.append(Cancellation(cancelled))
+    extra: dict[str, Any] = {}
     with torch.inference_mode():
+        if share_prefix and model.config.is_encoder_decoder is False:
+            shared = shared_prefix_length(prompt_ids) if len(prompt_ids) > 1 else 0
+            shared = shared if shared >= MIN_SHARED_PREFIX else 0
+            ids, mask = _layout(prompt_ids, shared, tokenizer.pad_token_id)
+            ids, mask = ids.to(loaded.device), mask.to(loaded.device)
+            if ids.shape[1] > 1:
+                cache, ids, mask = _prefill(model, ids, mask, shared, num_sequences)
+                extra[_cache_keyword(model)] = cache
+            else:
+                ids, mask = ids.repeat_interleave(num_sequences, dim=0), mask.repeat_interleave(num_sequences, dim=0)
+            batch = {"input_ids": ids, "attention_mask": mask}
+        else:
+            rows = [list(ids) for ids in prompt_ids for _ in range(num_sequences)]
+            padded = tokenizer.pad({"input_ids": rows}, padding=True, return_tensors="pt")
+            batch = {name: tensor.to(loaded.device) for name, tensor in padded.items()}
+        width = batch["input_ids"].shape[1]
+        processors = LogitsProcessorList()
+        if params.get("constraints"):  # masks first: the sampler draws among allowed tokens only
+            processors.append(_token_masks(loaded, params["constraints"]))
+        if keys is not None:
+            processors.append(DrawSampler(keys, width, params["temperature"], params.get("top_p"), params.get("top_k")))
         output = model.generate(
             **batch,
+            **extra,
             generation_config=config,
             logits_processor=processors,
-            stopping_criteria=_stopping(loaded, params.get("stop") or ()),
+            stopping_criteria=stopping,
         )
     new = output[:, width:].cpu()
     texts = tokenizer.batch_decode(new, skip_special_tokens=True)

