@@ -22,6 +22,7 @@ __all__ = [
     "IterationRecord",
     "ModelLoadRecord",
     "NodeRecord",
+    "Forwarding",
     "Recorder",
     "RequestRecord",
     "Trace",
@@ -70,6 +71,59 @@ class Recorder:
     def for_eval(self) -> Recorder:
         """The recorder one evaluation reports to (a Trace gives each its own view)."""
         return self
+
+
+class Forwarding(Recorder):
+    """Passes every event on to ``inner``; subclasses override the events they act on.
+
+    Wrappers (the progress ``Counter``, a loop's nested schedules) derive from
+    this, so an event added to ``Recorder`` reaches the wrapped recorder
+    instead of stopping at a no-op.
+    """
+
+    def __init__(self, inner: Recorder) -> None:
+        self.inner = inner
+
+    def eval_started(self, plan: Any, t: float) -> None:
+        self.inner.eval_started(plan, t)
+
+    def eval_finished(self, t: float, error: BaseException | None) -> None:
+        self.inner.eval_finished(t, error)
+
+    def node_started(self, node: Any, t: float) -> None:
+        self.inner.node_started(node, t)
+
+    def node_finished(self, node: Any, t: float, error: BaseException | None = None) -> None:
+        self.inner.node_finished(node, t, error)
+
+    def node_cache(self, node: Any, hits: int, misses: int) -> None:
+        self.inner.node_cache(node, hits, misses)
+
+    def node_failures(self, node: Any, outputs: tuple[Any, ...]) -> None:
+        self.inner.node_failures(node, outputs)
+
+    def batch_started(self, batch_id: int, backend: Any, nodes: list[Any], size: int, t: float) -> None:
+        self.inner.batch_started(batch_id, backend, nodes, size, t)
+
+    def batch_finished(
+        self,
+        batch_id: int,
+        t: float,
+        error: BaseException | None,
+        usage: tuple[int, int],
+        worker: str | None,
+        requests: int = 0,
+    ) -> None:
+        self.inner.batch_finished(batch_id, t, error, usage, worker, requests=requests)
+
+    def request_finished(self, batch_id: int, start: float, end: float, error: BaseException | None = None) -> None:
+        self.inner.request_finished(batch_id, start, end, error)
+
+    def model_loaded(self, backend: Any, start: float, end: float) -> None:
+        self.inner.model_loaded(backend, start, end)
+
+    def loop_iteration(self, node: Any, iteration: int, active: int, batches: int, start: float, end: float) -> None:
+        self.inner.loop_iteration(node, iteration, active, batches, start, end)
 
 
 NULL_RECORDER = Recorder()

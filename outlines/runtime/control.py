@@ -25,7 +25,7 @@ from outlines.graph.control import Cond, Subgraph, WhileLoop, _truth
 from outlines.runtime.batching import BatchQueue
 from outlines.runtime.plan import Plan
 from outlines.runtime.scheduler import Scheduler
-from outlines.tracing import Recorder
+from outlines.tracing import Forwarding, Recorder
 
 __all__ = ["run_control"]
 
@@ -68,43 +68,35 @@ def _tagged(plan: Plan, base: int) -> Plan:
 
 
 # -- one schedule -----------------------------------------------------------------
-class _Forward(Recorder):
-    """Passes a nested schedule's events to the outer recorder; counts its batches."""
+class _Forward(Forwarding):
+    """Passes a nested schedule's events to the outer recorder; counts its batches.
+
+    A nested schedule is not an evaluation of its own: its start and end are
+    not passed on, and its batch ids are renumbered into the outer trace's.
+    """
 
     def __init__(self, outer: Recorder) -> None:
-        self.outer = outer
+        super().__init__(outer)
         self.batches = 0
         self.ids: dict[int, int] = {}
 
-    def node_started(self, node: Any, t: float) -> None:
-        self.outer.node_started(node, t)
+    def eval_started(self, plan: Any, t: float) -> None:
+        pass
 
-    def node_finished(self, node: Any, t: float, error: BaseException | None = None) -> None:
-        self.outer.node_finished(node, t, error)
-
-    def node_cache(self, node: Any, hits: int, misses: int) -> None:
-        self.outer.node_cache(node, hits, misses)
-
-    def node_failures(self, node: Any, outputs: tuple[Any, ...]) -> None:
-        self.outer.node_failures(node, outputs)
+    def eval_finished(self, t: float, error: BaseException | None) -> None:
+        pass
 
     def batch_started(self, batch_id: int, backend: Any, nodes: list[Any], size: int, t: float) -> None:
         self.batches += 1
         self.ids[batch_id] = next(_batch_ids)
-        self.outer.batch_started(self.ids[batch_id], backend, nodes, size, t)
+        super().batch_started(self.ids[batch_id], backend, nodes, size, t)
 
     def batch_finished(self, batch_id: int, t: float, error: BaseException | None, usage: tuple[int, int],
                        worker: str | None, requests: int = 0) -> None:
-        self.outer.batch_finished(self.ids.get(batch_id, batch_id), t, error, usage, worker, requests)
+        super().batch_finished(self.ids.get(batch_id, batch_id), t, error, usage, worker, requests)
 
     def request_finished(self, batch_id: int, start: float, end: float, error: BaseException | None = None) -> None:
-        self.outer.request_finished(self.ids.get(batch_id, batch_id), start, end, error)
-
-    def model_loaded(self, backend: Any, start: float, end: float) -> None:
-        self.outer.model_loaded(backend, start, end)
-
-    def loop_iteration(self, node: Any, iteration: int, active: int, batches: int, start: float, end: float) -> None:
-        self.outer.loop_iteration(node, iteration, active, batches, start, end)  # a loop nested in a body
+        super().request_finished(self.ids.get(batch_id, batch_id), start, end, error)
 
 
 async def _schedule(outer: Scheduler, plan: Plan, values: dict[int, Any], tag: int) -> tuple[list[Any], int]:

@@ -19,7 +19,7 @@ import sys
 import time
 from typing import Any, AsyncIterator, TextIO
 
-from outlines.tracing import Recorder
+from outlines.tracing import Forwarding, Recorder
 
 __all__ = ["AUTO_DELAY", "Counter", "LOG_EVERY", "REFRESH", "progress_for"]
 
@@ -30,11 +30,11 @@ REFRESH = 0.5
 LOG_EVERY = 30.0
 
 
-class Counter(Recorder):
+class Counter(Forwarding):
     """Counts draws, batches and tokens, and passes every event on to ``inner``."""
 
     def __init__(self, inner: Recorder, scheduler: Any) -> None:
-        self.inner = inner
+        super().__init__(inner)
         self.scheduler = scheduler
         self.started = time.perf_counter()
         self.hits = 0
@@ -43,27 +43,21 @@ class Counter(Recorder):
         self.tokens = 0
         self.dispatched: set[int] = set()  # id() of Generate nodes already turned into draws
 
-    def __getattr__(self, name: str) -> Any:  # events this class does not count
+    def __getattr__(self, name: str) -> Any:  # anything else a recorder offers (``for_eval`` ...)
         return getattr(self.inner, name)
 
     def node_started(self, node: Any, t: float) -> None:
         if node.op.mode == "generate":
             self.dispatched.add(id(node))
-        self.inner.node_started(node, t)
-
-    def node_finished(self, node: Any, t: float, error: BaseException | None = None) -> None:
-        self.inner.node_finished(node, t, error)
+        super().node_started(node, t)
 
     def node_cache(self, node: Any, hits: int, misses: int) -> None:
         self.hits += hits
-        self.inner.node_cache(node, hits, misses)
-
-    def node_failures(self, node: Any, outputs: tuple[Any, ...]) -> None:
-        self.inner.node_failures(node, outputs)
+        super().node_cache(node, hits, misses)
 
     def batch_started(self, batch_id: int, backend: Any, nodes: list[Any], size: int, t: float) -> None:
         self.running[batch_id] = size
-        self.inner.batch_started(batch_id, backend, nodes, size, t)
+        super().batch_started(batch_id, backend, nodes, size, t)
 
     def batch_finished(
         self,
@@ -76,22 +70,7 @@ class Counter(Recorder):
     ) -> None:
         self.sent_done += self.running.pop(batch_id, 0)
         self.tokens += int(usage[1])
-        self.inner.batch_finished(batch_id, t, error, usage, worker, requests=requests)
-
-    def request_finished(self, batch_id: int, start: float, end: float, error: BaseException | None = None) -> None:
-        self.inner.request_finished(batch_id, start, end, error)
-
-    def model_loaded(self, backend: Any, start: float, end: float) -> None:
-        self.inner.model_loaded(backend, start, end)
-
-    def loop_iteration(self, node: Any, iteration: int, active: int, batches: int, start: float, end: float) -> None:
-        self.inner.loop_iteration(node, iteration, active, batches, start, end)
-
-    def eval_started(self, plan: Any, t: float) -> None:
-        self.inner.eval_started(plan, t)
-
-    def eval_finished(self, t: float, error: BaseException | None) -> None:
-        self.inner.eval_finished(t, error)
+        super().batch_finished(batch_id, t, error, usage, worker, requests=requests)
 
     # -- the figures shown ---------------------------------------------------------
     @property
