@@ -114,6 +114,7 @@ class SQLiteStore:
         self._estimate: int | None = None  # bytes of entries, for max_bytes
         self._connections: dict[str, sqlite3.Connection] = {}
         self._locks = {"read": threading.RLock(), "write": threading.RLock()}
+        self._setup = threading.Lock()  # one connection at a time sets a new file up
         self._pid = os.getpid()
 
     def _lock(self, role: str) -> Any:
@@ -121,6 +122,7 @@ class SQLiteStore:
             # Connections (and locks) inherited through fork must not be used here.
             self._pid, self._connections = os.getpid(), {}
             self._locks = {"read": threading.RLock(), "write": threading.RLock()}
+            self._setup = threading.Lock()
         return self._locks[role]
 
     def _connection(self, role: str) -> sqlite3.Connection:
@@ -128,8 +130,24 @@ class SQLiteStore:
             raise sqlite3.OperationalError("the cache file was given up")
         connection = self._connections.get(role)
         if connection is None:
-            connection = self._connections[role] = self._open()
+            with self._setup:
+                connection = self._connections[role] = self._open_retrying()
         return connection
+
+    def _open_retrying(self) -> sqlite3.Connection:
+        # Setting a new file up (WAL mode, tables) can fail with "database is
+        # locked" at once, without SQLite's busy wait, while another process
+        # sets it up too: retry until the timeout.
+        deadline = time.monotonic() + self.timeout
+        pause = 0.001
+        while True:
+            try:
+                return self._open()
+            except sqlite3.OperationalError as exc:
+                if "locked" not in str(exc) or time.monotonic() + pause > deadline:
+                    raise
+            time.sleep(pause)
+            pause = min(pause * 2, 0.1)
 
     def _open(self) -> sqlite3.Connection:
         self.file.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
