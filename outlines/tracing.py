@@ -59,8 +59,13 @@ class Recorder:
     def node_failures(self, node: Any, outputs: tuple[Any, ...]) -> None:
         """``node`` finished with ``outputs`` holding ``outlines.Failure`` elements (``errors="return"``)."""
 
-    def request_finished(self, batch_id: int, start: float, end: float, error: BaseException | None = None) -> None:
-        """One wire request of batch ``batch_id`` ran from ``start`` to ``end`` (retries count)."""
+    def request_finished(
+        self, batch_id: int, start: float, end: float, error: BaseException | None = None, model: str | None = None
+    ) -> None:
+        """One wire request of batch ``batch_id`` ran from ``start`` to ``end`` (retries count).
+
+        ``model`` names the model asked when it is not the batch's backend (a fallback chain).
+        """
 
     def model_loaded(self, backend: Any, start: float, end: float) -> None:
         """``backend`` loaded its local model from ``start`` to ``end``."""
@@ -116,8 +121,10 @@ class Forwarding(Recorder):
     ) -> None:
         self.inner.batch_finished(batch_id, t, error, usage, worker, requests=requests)
 
-    def request_finished(self, batch_id: int, start: float, end: float, error: BaseException | None = None) -> None:
-        self.inner.request_finished(batch_id, start, end, error)
+    def request_finished(
+        self, batch_id: int, start: float, end: float, error: BaseException | None = None, model: str | None = None
+    ) -> None:
+        self.inner.request_finished(batch_id, start, end, error, model=model)
 
     def model_loaded(self, backend: Any, start: float, end: float) -> None:
         self.inner.model_loaded(backend, start, end)
@@ -231,6 +238,8 @@ class RequestRecord:
     start: float
     end: float
     error: str | None = None
+    #: The model asked (its repr): the batch's backend, or the member of a fallback chain.
+    model: str | None = None
 
 
 @dataclass(slots=True)
@@ -633,11 +642,15 @@ class _EvalRecorder(Recorder):
         record.worker = worker
         record.requests = requests
 
-    def request_finished(self, batch_id: int, start: float, end: float, error: BaseException | None = None) -> None:
+    def request_finished(
+        self, batch_id: int, start: float, end: float, error: BaseException | None = None, model: str | None = None
+    ) -> None:
         record = self.batches.get(batch_id)
         if record is not None:
             trace = self.trace
-            trace.requests.append(RequestRecord(record.id, trace._time(start), trace._time(end), _first_line(error)))
+            trace.requests.append(
+                RequestRecord(record.id, trace._time(start), trace._time(end), _first_line(error), model or record.backend)
+            )
 
     def model_loaded(self, backend: Any, start: float, end: float) -> None:
         trace = self.trace
