@@ -311,6 +311,10 @@ class Trace(Recorder):
         self.evals: list[_Eval] = []
         self.iterations: list[IterationRecord] = []
         self.closed_at: float | None = None
+        #: Wall-clock nanoseconds at ``origin`` (for exporters: ``outlines.otel``).
+        self.origin_ns = time.time_ns()
+        #: ``repr(backend) -> (model name, its own price or None)``, for ``cost``.
+        self.models: dict[str, tuple[str, Any]] = {}
 
     def for_eval(self) -> Recorder:
         return _EvalRecorder(self)
@@ -366,6 +370,34 @@ class Trace(Recorder):
         return (sum(b.prompt_tokens for b in self.batches), sum(b.completion_tokens for b in self.batches))
 
     @property
+    def tokens_per_backend(self) -> dict[str, tuple[int, int]]:
+        """``repr(backend) -> (prompt tokens, completion tokens)`` as reported."""
+        out: dict[str, tuple[int, int]] = {}
+        for b in self.batches:
+            prompt, completion = out.get(b.backend, (0, 0))
+            out[b.backend] = (prompt + b.prompt_tokens, completion + b.completion_tokens)
+        return out
+
+    def cost_per_backend(self, prices: Any = None) -> dict[str, float | None]:
+        """``repr(backend) -> money`` spent, from reported usage: the model's ``price``, else ``prices[model name]``.
+
+        ``None`` for a backend without a price.
+        """
+        from outlines.backends.usage import Price
+
+        out: dict[str, float | None] = {}
+        for name, (prompt, completion) in self.tokens_per_backend.items():
+            model, own = self.models.get(name, (name, None))
+            price = own if own is not None else (prices or {}).get(model, (prices or {}).get(name))
+            out[name] = None if price is None else Price.of(price).cost(prompt, completion)
+        return out
+
+    def cost(self, prices: Any = None) -> float | None:
+        """Money spent, from the usage backends reported (``None`` when a backend has no price)."""
+        costs = list(self.cost_per_backend(prices).values())
+        return None if None in costs else sum(c for c in costs if c is not None)
+
+    @property
     def errors(self) -> ErrorList:
         """One line per failed node (with its count of failed elements) and per failed batch.
 
@@ -402,6 +434,7 @@ class Trace(Recorder):
             "cache_misses": self.cache_misses,
             "prompt_tokens": prompt_tokens,
             "completion_tokens": completion_tokens,
+            "cost": self.cost(),
             "errors": list(self.errors),
             "nodes": [dict(asdict(n), queued=n.queued) for n in self.nodes.values()],
             "batches": [asdict(b) for b in self.batches],
@@ -421,8 +454,8 @@ class Trace(Recorder):
 
         return write_timeline(self, path)
 
-    def summary(self) -> str:
-        """A readable text table of the trace."""
+    def summary(self, prices: Any = None) -> str:
+        """A readable text table of the trace; ``prices``: model name -> (input, output) per 1M tokens."""
         lines = [f"outlines trace: {len(self.evals)} evaluation(s), {len(self.nodes)} node(s)"]
         kinds: dict[str, list[NodeRecord]] = {}
         for record in self.nodes.values():
@@ -458,6 +491,10 @@ class Trace(Recorder):
         prompt_tokens, completion_tokens = self.tokens
         lines.append(f"  cache: {self.cache_hits} hit(s), {self.cache_misses} miss(es)")
         lines.append(f"  tokens: {prompt_tokens} prompt, {completion_tokens} completion")
+        for name, cost in self.cost_per_backend(prices).items():
+            if cost is not None:
+                used = self.tokens_per_backend[name]
+                lines.append(f"  cost {_clip(name, 40)}: {cost:.6g} ({used[0]} prompt + {used[1]} completion tokens)")
         wall, path = self.wall, self.critical_path
         ratio = f" ({wall / path:.2f}x)" if path > 0 else ""
         lines.append(f"  wall {wall:.3f} s, critical path {path:.3f} s{ratio}")
@@ -616,6 +653,8 @@ class _EvalRecorder(Recorder):
         name = self._name(backend, repr)
         labels = [n if isinstance(n, str) else n.label for n in nodes]
         record = BatchRecord(len(trace.batches) + 1, name, size, trace._time(t), nodes=labels)
+        if name not in trace.models:
+            trace.models[name] = (getattr(backend, "model_name", name), getattr(backend, "price", None))
         trace.batches.append(record)
         self.batches[batch_id] = record
         trace.requests_per_backend[name] = trace.requests_per_backend.get(name, 0) + 1

@@ -251,6 +251,10 @@ class Backend(abc.ABC):
                 completion += params.max_tokens * (1 if params.deterministic else count)
         return prompt_tokens, completion
 
+    def requests_for(self, draws: Sequence[Draw]) -> int:
+        """Wire requests one ``generate(draws)`` call sends (here: one)."""
+        return 1
+
     @property
     def cache_identities(self) -> tuple[tuple[Any, ...], ...]:
         """The identities whose cache entries answer this backend's draws, tried in order."""

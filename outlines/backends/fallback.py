@@ -121,6 +121,9 @@ class FallbackBackend(Backend):
         """The primary's bound (a draw that falls back is sent again: the bound then undercounts)."""
         return self.backends[0].usage_bound(draws)
 
+    def requests_for(self, draws: Sequence[Draw]) -> int:
+        return self.backends[0].requests_for(draws)
+
     async def aclose(self) -> None:
         for backend in self.backends:
             await backend.aclose()

@@ -151,6 +151,13 @@ class _OpenAIBackend(Backend):
         """Prompt tokens of one request (the user's tokenizer, tiktoken, or ``usage.estimate_tokens``)."""
         return self._count(prompt)
 
+    def requests_for(self, draws: Sequence[Draw]) -> int:
+        """Requests of one call on a server that takes lists and ``n``: one per request group."""
+        return len(self._request_groups(draws))
+
+    def _request_groups(self, draws: Sequence[Draw]) -> set[Any]:
+        return {(d.params, d.prompt) for d in draws}
+
     @property
     def identity(self) -> tuple[Any, ...]:
         return (self.kind, self.model, self.base_url)
@@ -298,6 +305,12 @@ class OpenAICompletionBackend(_OpenAIBackend):
 
     kind = "openai_completion"
     path = "/completions"
+
+    def _request_groups(self, draws: Sequence[Draw]) -> set[Any]:
+        samples: dict[tuple[GenerationParams, str], int] = {}
+        for d in draws:
+            samples[d.params, d.prompt] = samples.get((d.params, d.prompt), 0) + 1
+        return {(params, 1 if params.deterministic else n) for (params, _), n in samples.items()}
 
     def __init__(self, model: str, *, max_batch: int | None = 128, **options: Any) -> None:
         super().__init__(model, max_batch=max_batch, **options)
