@@ -165,12 +165,12 @@ class FallbackBackend(Backend):
             on_model_loaded=report.model_loaded,
             request_limit=report.request_limit,
         )
+        texts: list[str] | None = None
+        error: Exception | None = None
         try:
             texts = await backend.generate([draws[p] for p in positions], sub)
         except Exception as exc:  # noqa: BLE001 - the draws it did not report fail (or fall back) with it
-            texts, error = None, exc
-        else:
-            error = None
+            error = exc
         report.usage(*sub.tokens)
         for index in range(len(positions)):
             if index in sub.results or index in sub.failures:

@@ -69,9 +69,10 @@ class BackendUsage:
     prompt_tokens: int = 0
     #: Upper bound (``max_tokens`` x samples); ``None`` where a call sets no ``max_tokens``.
     completion_tokens: int | None = 0
-    #: Prompt tokens counted with the model's tokenizer (else the 4-characters estimate)
-    #: and every prompt known in advance.
+    #: Prompt tokens counted with the model's tokenizer (else the 4-characters estimate).
     exact: bool = True
+    #: Prompts not known in advance (computed from model outputs): their tokens are not counted.
+    unknown_prompts: int = 0
     #: Money, from the model's price or the ``prices`` table (``None``: no price).
     prompt_cost: float | None = None
     #: Upper bound of the completions' cost (``None``: no price or no bound).
@@ -182,7 +183,9 @@ class Explanation:
         )
         for name, usage in self.usage.items():
             bound = "unbounded (no max_tokens)" if usage.completion_tokens is None else f"<= {usage.completion_tokens}"
-            counted = "exact" if usage.exact else "estimated"
+            counted = "exact" if usage.exact else "estimated: 4 characters a token"
+            if usage.unknown_prompts:
+                counted += f"; {usage.unknown_prompts} prompt(s) computed from model outputs not counted"
             cost = "" if usage.cost is None else f"; cost <= {usage.cost:.6g} (prompts {usage.prompt_cost:.6g})"
             name = name if len(name) <= 60 else name[:57] + "..."
             lines.append(
@@ -370,7 +373,9 @@ class _DryRun:
                 prompt_tokens, completion = backend.usage_bound(draws) if draws else (0, 0)
                 if completion is not None and unknown:
                     completion = None if max_tokens is None else completion + max_tokens * unknown
-                requests = (backend.requests_for(draws) if draws else 0) + unknown
+                requests = backend.requests_for(draws) if draws else 0
+                if unknown:  # an HTTP backend: one request per unknown prompt at most; others: one call
+                    requests += unknown if backend.sends_requests else (0 if draws else 1)
                 out.append(PredictedBatch(repr(backend), key[0], count, unknown, list(labels), prompt_tokens,
                                           completion, requests))
                 start += count
@@ -385,7 +390,8 @@ class _DryRun:
             usage.batches += 1
             usage.requests += batch.wire_requests
             usage.prompt_tokens += batch.prompt_tokens
-            usage.exact = usage.exact and not batch.unknown and backends[batch.backend].tokens_exact
+            usage.exact = backends[batch.backend].tokens_exact
+            usage.unknown_prompts += batch.unknown
             if usage.completion_tokens is not None:
                 usage.completion_tokens = None if batch.completion_tokens is None else (
                     usage.completion_tokens + batch.completion_tokens)

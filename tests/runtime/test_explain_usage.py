@@ -86,7 +86,7 @@ def test_prices_from_a_user_table_and_prompts_computed_from_model_outputs(server
     chain = llm(judge(q, llm(ask(q), num_samples=2)))
     plan = outlines.explain(chain, givens={q: "hi there"}, cache=False, prices={"fake": (1.0, 1.0)})
     usage = plan.usage[repr(llm.backend)]
-    assert not usage.exact  # the judge's prompt is computed from model outputs
+    assert usage.exact and usage.unknown_prompts == 1  # the judge's prompt is computed from model outputs
     assert usage.prompt_tokens == words(ask("hi there").eval(cache=False))
     assert usage.completion_tokens == 2 * 4 + 4
     assert usage.cost == pytest.approx((usage.prompt_tokens + usage.completion_tokens) / 1e6)
