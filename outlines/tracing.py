@@ -381,7 +381,8 @@ class Trace(Recorder):
     def cost_per_backend(self, prices: Any = None) -> dict[str, float | None]:
         """``repr(backend) -> money`` spent, from reported usage: the model's ``price``, else ``prices[model name]``.
 
-        ``None`` for a backend without a price.
+        ``None`` for a backend without a price, or that reported no usage
+        (a ``from_function`` model): its cost is unknown, not zero.
         """
         from outlines.backends.usage import Price
 
@@ -389,7 +390,8 @@ class Trace(Recorder):
         for name, (prompt, completion) in self.tokens_per_backend.items():
             model, own = self.models.get(name, (name, None))
             price = own if own is not None else (prices or {}).get(model, (prices or {}).get(name))
-            out[name] = None if price is None else Price.of(price).cost(prompt, completion)
+            reported = prompt or completion
+            out[name] = None if price is None or not reported else Price.of(price).cost(prompt, completion)
         return out
 
     def cost(self, prices: Any = None) -> float | None:
@@ -492,9 +494,11 @@ class Trace(Recorder):
         lines.append(f"  cache: {self.cache_hits} hit(s), {self.cache_misses} miss(es)")
         lines.append(f"  tokens: {prompt_tokens} prompt, {completion_tokens} completion")
         for name, cost in self.cost_per_backend(prices).items():
+            used = self.tokens_per_backend[name]
             if cost is not None:
-                used = self.tokens_per_backend[name]
                 lines.append(f"  cost {_clip(name, 40)}: {cost:.6g} ({used[0]} prompt + {used[1]} completion tokens)")
+            elif not any(used):
+                lines.append(f"  cost {_clip(name, 40)}: unknown (no usage reported)")
         wall, path = self.wall, self.critical_path
         ratio = f" ({wall / path:.2f}x)" if path > 0 else ""
         lines.append(f"  wall {wall:.3f} s, critical path {path:.3f} s{ratio}")
