@@ -147,3 +147,13 @@ def test_guard_settles_a_batch_at_its_reported_usage() -> None:
     guard.settle(ticket, backend, (3, 4), failed=False)
     assert guard.tokens == 7 and guard.reserved == {}
     np.testing.assert_equal(guard.exhausted, None)
+
+
+def test_a_program_carries_its_budget(server: FakeOpenAI, tmp_path: Any) -> None:
+    llm = completion(server)
+    program = outlines.compile(lambda q: llm(q), cache=Cache(tmp_path), errors="return",
+                               budget=Budget(tokens=PER_BATCH))
+    values = program(PROMPTS[:8])
+    assert len(server.requests) == 1 and sum(isinstance(v, outlines.Failure) for v in values) == 4
+    assert list(program.with_options(budget=Budget(tokens=PER_BATCH))(PROMPTS[:8])) == ["short answer"] * 8
+    assert len(server.requests) == 2

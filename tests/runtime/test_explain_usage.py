@@ -108,3 +108,17 @@ def test_without_a_tokenizer_chat_prompts_are_estimated_with_the_chat_format() -
         models.openai("m", api_key="k", tokenizer="cl100k_base")
     with pytest.raises(ValueError, match="price input must be a number"):
         models.openai("m", api_key="k", price=(-1, 2))
+
+
+def test_a_local_model_counts_prompt_tokens_exactly_with_its_own_tokenizer(tiny_model_path: str, tmp_path: Any) -> None:
+    pytest.importorskip("transformers")
+    llm = models.transformers(tiny_model_path, max_tokens=3, temperature=0, max_batch=2)
+    q = outlines.string("q")
+    questions = ["a short one", "a somewhat longer question here", "x"]
+    cache = Cache(tmp_path)
+    plan = outlines.explain(llm(ask(q)), givens={q: questions}, cache=cache)
+    assert plan.usage[repr(llm.backend)].exact and plan.usage[repr(llm.backend)].batches == 2
+    with outlines.trace() as trace:
+        llm(ask(q)).eval({q: questions}, cache=cache)
+    assert plan.prompt_tokens == trace.tokens[0] > 0
+    assert plan.completion_tokens == 3 * 3 >= trace.tokens[1]
