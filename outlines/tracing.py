@@ -70,6 +70,9 @@ class Recorder:
     def model_loaded(self, backend: Any, start: float, end: float) -> None:
         """``backend`` loaded its local model from ``start`` to ``end``."""
 
+    def draws_answered(self, batch_id: int, answered_by: dict[str, int]) -> None:
+        """Draws of batch ``batch_id`` answered per model (``repr``), for a fallback chain's batches."""
+
     def loop_iteration(self, node: Any, iteration: int, active: int, batches: int, start: float, end: float) -> None:
         """One iteration of a loop (``outlines.runtime.control``) finished."""
 
@@ -128,6 +131,9 @@ class Forwarding(Recorder):
 
     def model_loaded(self, backend: Any, start: float, end: float) -> None:
         self.inner.model_loaded(backend, start, end)
+
+    def draws_answered(self, batch_id: int, answered_by: dict[str, int]) -> None:
+        self.inner.draws_answered(batch_id, answered_by)
 
     def loop_iteration(self, node: Any, iteration: int, active: int, batches: int, start: float, end: float) -> None:
         self.inner.loop_iteration(node, iteration, active, batches, start, end)
@@ -216,6 +222,8 @@ class BatchRecord:
     error: str | None = None
     #: Wire requests the backend reported (``BatchReport.request``); 0: not reported.
     requests: int = 0
+    #: A fallback chain's batch: draws answered per model (``repr``); empty otherwise.
+    answered_by: dict[str, int] = field(default_factory=dict)
 
 
 @dataclass(slots=True)
@@ -484,6 +492,12 @@ class Trace(Recorder):
                 spread = f"{min(sizes)}/{sum(sizes) / len(sizes):.1f}/{max(sizes)}"
                 http = str(wire[backend]) if backend in wire else "-"
                 lines.append(f"  {_clip(backend, 39):<40}{count:>7}{http:>7}{sum(sizes):>9}{spread:>20}")
+        answered: dict[str, int] = {}
+        for batch in self.batches:
+            for model, count in batch.answered_by.items():
+                answered[model] = answered.get(model, 0) + count
+        if answered:
+            lines.append("  fallback chains answered: " + ", ".join(f"{m} {n}" for m, n in answered.items()))
         loops: dict[str, list[IterationRecord]] = {}
         for iteration in self.iterations:
             loops.setdefault(iteration.loop, []).append(iteration)
@@ -694,6 +708,11 @@ class _EvalRecorder(Recorder):
             trace.requests.append(
                 RequestRecord(record.id, trace._time(start), trace._time(end), _first_line(error), model or record.backend)
             )
+
+    def draws_answered(self, batch_id: int, answered_by: dict[str, int]) -> None:
+        record = self.batches.get(batch_id)
+        if record is not None:
+            record.answered_by = dict(answered_by)
 
     def model_loaded(self, backend: Any, start: float, end: float) -> None:
         trace = self.trace

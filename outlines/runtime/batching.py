@@ -375,6 +375,11 @@ class Batcher:
             usage = (report.tokens[0], report.tokens[1])
             if ticket is not None and self.budget is not None:
                 self.budget.settle(ticket, backend, usage, failed=error is not None)
+            if report.answered_by:  # a fallback chain: which model answered how many draws
+                answered: dict[str, int] = {}
+                for member in report.answered_by.values():
+                    answered[repr(member)] = answered.get(repr(member), 0) + 1
+                self.recorder.draws_answered(batch_id, answered)
             self.recorder.batch_finished(batch_id, time.perf_counter(), error, usage, worker, requests=report.requests)
             if whole is not None:
                 whole.release()

@@ -100,6 +100,9 @@ class _Forward(Forwarding):
     ) -> None:
         super().request_finished(self.ids.get(batch_id, batch_id), start, end, error, model=model)
 
+    def draws_answered(self, batch_id: int, answered_by: dict[str, int]) -> None:
+        super().draws_answered(self.ids.get(batch_id, batch_id), answered_by)
+
 
 async def _schedule(outer: Scheduler, plan: Plan, values: dict[int, Any], tag: int) -> tuple[list[Any], int]:
     """Run ``plan`` as one schedule sharing the outer evaluation's options; (outputs, batches).

@@ -65,8 +65,10 @@ def test_draws_that_exhaust_their_retries_on_429_go_to_the_fallback(
     # The trace names the model each request asked.
     asked = [r.model for r in trace.requests]
     assert sum("'main'" in m for m in asked) == 5 and sum("'spare'" in m for m in asked) == 1
-    # Each draw is cached under the model that answered it.
     main, spare = llm.backend.backends
+    assert trace.batches[0].answered_by == {repr(main): 2, repr(spare): 1}
+    assert f"fallback chains answered: {repr(main)} 2, {repr(spare)} 1" in trace.summary()
+    # Each draw is cached under the model that answered it.
     draw = lambda p: Draw(p, llm.defaults, 0)  # noqa: E731
     keys = {p: (cache_module.draw_key(main.identity, draw(p)), cache_module.draw_key(spare.identity, draw(p)))
             for p in "abc"}
