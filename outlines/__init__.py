@@ -9,7 +9,8 @@ from typing import Any
 
 from outlines import cache, chat, config, models, text
 from outlines.runtime.program import Program, chain, compile
-from outlines.errors import Failure, GraphBuildError, NodeError, UnboundInputError
+from outlines.errors import BudgetExceeded, Failure, GraphBuildError, NodeError, UnboundInputError
+from outlines.runtime.budget import Budget
 from outlines.runtime.evaluate import aeval, eval
 from outlines.runtime.explain import explain
 from outlines.fn import elemwise, fn
@@ -22,6 +23,8 @@ from outlines.text import constant, prompt, string
 __version__ = "0.1.0"
 
 __all__ = [
+    "Budget",
+    "BudgetExceeded",
     "Constant",
     "Failure",
     "GraphBuildError",

@@ -7,9 +7,9 @@ nodes computed from it carry a Failure naming the upstream cause.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Iterable
+from typing import Any, Iterable
 
-__all__ = ["Failure", "GraphBuildError", "NodeError", "UnboundInputError"]
+__all__ = ["BudgetExceeded", "Failure", "GraphBuildError", "NodeError", "UnboundInputError"]
 
 
 class GraphBuildError(TypeError):
@@ -39,6 +39,48 @@ class NodeError(RuntimeError):
         self.op = op
         self.cause = cause
         super().__init__(f"node {node} ({op}) failed: {type(cause).__name__}: {cause}")
+
+
+class BudgetExceeded(NodeError):
+    """The next batch could pass the evaluation's ``outlines.Budget``: nothing more was sent.
+
+    Names the budget, what was spent (batches in flight counted at their
+    upper bound) and what the refused batch would have needed. Everything
+    that finished is cached: a re-run with a larger budget sends only the rest.
+    """
+
+    def __init__(
+        self,
+        node: str,
+        budget: Any,
+        *,
+        spent_tokens: int,
+        spent_cost: float,
+        needed_tokens: int,
+        needed_cost: float | None,
+        backend: str,
+        draws: int,
+    ) -> None:
+        self.budget = budget
+        self.spent_tokens, self.spent_cost = spent_tokens, spent_cost
+        self.needed_tokens, self.needed_cost = needed_tokens, needed_cost
+        self.backend, self.draws = backend, draws
+        money = budget.cost is not None
+        spent = f"{spent_tokens} tokens" + (f" (cost {spent_cost:.6g})" if money else "")
+        needed = f"{needed_tokens} tokens" + (f" (cost {needed_cost:.6g})" if money and needed_cost is not None else "")
+        self.message = (
+            f"budget exhausted: {budget!r} has spent {spent}; the next batch ({draws} draw(s) to {backend}) "
+            f"would need up to {needed}"
+        )
+        RuntimeError.__init__(self, self.message)
+        self.node, self.op, self.cause = node, "Generate", self
+
+    def again(self, node: str) -> BudgetExceeded:
+        """The same refusal, for the draws of another node refused after it."""
+        return BudgetExceeded(
+            node, self.budget, spent_tokens=self.spent_tokens, spent_cost=self.spent_cost,
+            needed_tokens=self.needed_tokens, needed_cost=self.needed_cost, backend=self.backend, draws=self.draws,
+        )
 
 
 @dataclass(frozen=True)

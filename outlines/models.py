@@ -30,7 +30,7 @@ from outlines.graph.ops import Flatten, Regroup, check_text_input
 from outlines.graph.shapes import Shape
 from outlines.graph.viz.drawing import backend_name, shorten
 
-__all__ = ["Generate", "Model", "from_function", "openai", "openai_completion", "transformers"]
+__all__ = ["Generate", "Model", "fallback", "from_function", "openai", "openai_completion", "transformers"]
 
 
 class Generate(Op):
@@ -267,7 +267,13 @@ def openai(model: str, *, base_url: str | None = None, api_key: str | None = Non
         in seconds; ``total_timeout``, the most seconds one request may take;
         ``rpm`` and ``tpm`` budgets; ``max_retry_after``; ``headers``). Models
         that differ only in ``api_key`` (or ``headers``) never share a batch,
-        and share cache entries. See ``outlines.backends.openai``.
+        and share cache entries. ``price=(input_per_1M, output_per_1M)`` is
+        what the model costs (for ``explain``, traces and ``Budget(cost=)``);
+        ``tokenizer=`` is a callable ``text -> tokens (or count)`` that counts
+        prompt tokens the way the server does (else tiktoken, when it knows
+        the model and its encoding is already on disk, else an estimate of 4
+        characters per token: ``outlines.backends.usage``). See
+        ``outlines.backends.openai``.
     """
     from outlines.backends.openai import OpenAIChatBackend
 
@@ -289,6 +295,44 @@ def openai_completion(
 
     params, backend_options = _split(dict(options))
     return Model(OpenAICompletionBackend(model, base_url=base_url, api_key=api_key, **backend_options), **params)
+
+
+def fallback(primary: Model, *others: Model, on: Any = (429, "5xx", "timeout")) -> Model:
+    """A model whose draws that fail on ``primary`` (after its retries) go to the next of ``others``.
+
+    Parameters
+    ----------
+    primary, *others
+        Models tried in order, each with its own retries, limits and
+        credentials. Draws carry the generation parameters of the call (the
+        primary's defaults, overridden per call) to whichever model answers.
+    on
+        What fails over: HTTP statuses (``429``), ``"5xx"``, ``"4xx"``, and
+        ``"timeout"`` (timeouts and dropped connections). Other errors fail
+        the draw at once.
+
+    Returns
+    -------
+    Model
+        Its draws are cached under the key of the model that answered them
+        (cache keys stay per model); a trace's ``RequestRecord.model`` names
+        the model each wire request asked. See ``outlines.backends.fallback``.
+
+    Examples
+    --------
+    >>> a = openai("gpt-4o-mini", base_url="http://127.0.0.1:1/v1", api_key="k", max_tokens=64)
+    >>> b = openai("gpt-4o", base_url="http://127.0.0.1:2/v1", api_key="k")
+    >>> fallback(a, b).backend.model_name
+    'gpt-4o-mini'
+    """
+    from outlines.backends.fallback import FallbackBackend
+
+    chain = (primary, *others)
+    if not all(isinstance(m, Model) for m in chain):
+        raise TypeError(f"models.fallback takes models (models.openai(...)...), got {[type(m).__name__ for m in chain]}")
+    model = Model(FallbackBackend([m.backend for m in chain], on=on))
+    model.defaults = primary.defaults
+    return model
 
 
 def transformers(

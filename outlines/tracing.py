@@ -59,11 +59,19 @@ class Recorder:
     def node_failures(self, node: Any, outputs: tuple[Any, ...]) -> None:
         """``node`` finished with ``outputs`` holding ``outlines.Failure`` elements (``errors="return"``)."""
 
-    def request_finished(self, batch_id: int, start: float, end: float, error: BaseException | None = None) -> None:
-        """One wire request of batch ``batch_id`` ran from ``start`` to ``end`` (retries count)."""
+    def request_finished(
+        self, batch_id: int, start: float, end: float, error: BaseException | None = None, model: str | None = None
+    ) -> None:
+        """One wire request of batch ``batch_id`` ran from ``start`` to ``end`` (retries count).
+
+        ``model`` names the model asked when it is not the batch's backend (a fallback chain).
+        """
 
     def model_loaded(self, backend: Any, start: float, end: float) -> None:
         """``backend`` loaded its local model from ``start`` to ``end``."""
+
+    def draws_answered(self, batch_id: int, answered_by: dict[str, int]) -> None:
+        """Draws of batch ``batch_id`` answered per model (``repr``), for a fallback chain's batches."""
 
     def loop_iteration(self, node: Any, iteration: int, active: int, batches: int, start: float, end: float) -> None:
         """One iteration of a loop (``outlines.runtime.control``) finished."""
@@ -116,11 +124,16 @@ class Forwarding(Recorder):
     ) -> None:
         self.inner.batch_finished(batch_id, t, error, usage, worker, requests=requests)
 
-    def request_finished(self, batch_id: int, start: float, end: float, error: BaseException | None = None) -> None:
-        self.inner.request_finished(batch_id, start, end, error)
+    def request_finished(
+        self, batch_id: int, start: float, end: float, error: BaseException | None = None, model: str | None = None
+    ) -> None:
+        self.inner.request_finished(batch_id, start, end, error, model=model)
 
     def model_loaded(self, backend: Any, start: float, end: float) -> None:
         self.inner.model_loaded(backend, start, end)
+
+    def draws_answered(self, batch_id: int, answered_by: dict[str, int]) -> None:
+        self.inner.draws_answered(batch_id, answered_by)
 
     def loop_iteration(self, node: Any, iteration: int, active: int, batches: int, start: float, end: float) -> None:
         self.inner.loop_iteration(node, iteration, active, batches, start, end)
@@ -209,6 +222,8 @@ class BatchRecord:
     error: str | None = None
     #: Wire requests the backend reported (``BatchReport.request``); 0: not reported.
     requests: int = 0
+    #: A fallback chain's batch: draws answered per model (``repr``); empty otherwise.
+    answered_by: dict[str, int] = field(default_factory=dict)
 
 
 @dataclass(slots=True)
@@ -231,6 +246,8 @@ class RequestRecord:
     start: float
     end: float
     error: str | None = None
+    #: The model asked (its repr): the batch's backend, or the member of a fallback chain.
+    model: str | None = None
 
 
 @dataclass(slots=True)
@@ -302,6 +319,10 @@ class Trace(Recorder):
         self.evals: list[_Eval] = []
         self.iterations: list[IterationRecord] = []
         self.closed_at: float | None = None
+        #: Wall-clock nanoseconds at ``origin`` (for exporters: ``outlines.otel``).
+        self.origin_ns = time.time_ns()
+        #: ``repr(backend) -> (model name, its own price or None)``, for ``cost``.
+        self.models: dict[str, tuple[str, Any]] = {}
 
     def for_eval(self) -> Recorder:
         return _EvalRecorder(self)
@@ -357,6 +378,36 @@ class Trace(Recorder):
         return (sum(b.prompt_tokens for b in self.batches), sum(b.completion_tokens for b in self.batches))
 
     @property
+    def tokens_per_backend(self) -> dict[str, tuple[int, int]]:
+        """``repr(backend) -> (prompt tokens, completion tokens)`` as reported."""
+        out: dict[str, tuple[int, int]] = {}
+        for b in self.batches:
+            prompt, completion = out.get(b.backend, (0, 0))
+            out[b.backend] = (prompt + b.prompt_tokens, completion + b.completion_tokens)
+        return out
+
+    def cost_per_backend(self, prices: Any = None) -> dict[str, float | None]:
+        """``repr(backend) -> money`` spent, from reported usage: the model's ``price``, else ``prices[model name]``.
+
+        ``None`` for a backend without a price, or that reported no usage
+        (a ``from_function`` model): its cost is unknown, not zero.
+        """
+        from outlines.backends.usage import Price
+
+        out: dict[str, float | None] = {}
+        for name, (prompt, completion) in self.tokens_per_backend.items():
+            model, own = self.models.get(name, (name, None))
+            price = own if own is not None else (prices or {}).get(model, (prices or {}).get(name))
+            reported = prompt or completion
+            out[name] = None if price is None or not reported else Price.of(price).cost(prompt, completion)
+        return out
+
+    def cost(self, prices: Any = None) -> float | None:
+        """Money spent, from the usage backends reported (``None`` when a backend has no price)."""
+        costs = list(self.cost_per_backend(prices).values())
+        return None if None in costs else sum(c for c in costs if c is not None)
+
+    @property
     def errors(self) -> ErrorList:
         """One line per failed node (with its count of failed elements) and per failed batch.
 
@@ -393,6 +444,7 @@ class Trace(Recorder):
             "cache_misses": self.cache_misses,
             "prompt_tokens": prompt_tokens,
             "completion_tokens": completion_tokens,
+            "cost": self.cost(),
             "errors": list(self.errors),
             "nodes": [dict(asdict(n), queued=n.queued) for n in self.nodes.values()],
             "batches": [asdict(b) for b in self.batches],
@@ -412,8 +464,8 @@ class Trace(Recorder):
 
         return write_timeline(self, path)
 
-    def summary(self) -> str:
-        """A readable text table of the trace."""
+    def summary(self, prices: Any = None) -> str:
+        """A readable text table of the trace; ``prices``: model name -> (input, output) per 1M tokens."""
         lines = [f"outlines trace: {len(self.evals)} evaluation(s), {len(self.nodes)} node(s)"]
         kinds: dict[str, list[NodeRecord]] = {}
         for record in self.nodes.values():
@@ -440,6 +492,12 @@ class Trace(Recorder):
                 spread = f"{min(sizes)}/{sum(sizes) / len(sizes):.1f}/{max(sizes)}"
                 http = str(wire[backend]) if backend in wire else "-"
                 lines.append(f"  {_clip(backend, 39):<40}{count:>7}{http:>7}{sum(sizes):>9}{spread:>20}")
+        answered: dict[str, int] = {}
+        for batch in self.batches:
+            for model, count in batch.answered_by.items():
+                answered[model] = answered.get(model, 0) + count
+        if answered:
+            lines.append("  fallback chains answered: " + ", ".join(f"{m} {n}" for m, n in answered.items()))
         loops: dict[str, list[IterationRecord]] = {}
         for iteration in self.iterations:
             loops.setdefault(iteration.loop, []).append(iteration)
@@ -449,6 +507,12 @@ class Trace(Recorder):
         prompt_tokens, completion_tokens = self.tokens
         lines.append(f"  cache: {self.cache_hits} hit(s), {self.cache_misses} miss(es)")
         lines.append(f"  tokens: {prompt_tokens} prompt, {completion_tokens} completion")
+        for name, cost in self.cost_per_backend(prices).items():
+            used = self.tokens_per_backend[name]
+            if cost is not None:
+                lines.append(f"  cost {_clip(name, 40)}: {cost:.6g} ({used[0]} prompt + {used[1]} completion tokens)")
+            elif not any(used):
+                lines.append(f"  cost {_clip(name, 40)}: unknown (no usage reported)")
         wall, path = self.wall, self.critical_path
         ratio = f" ({wall / path:.2f}x)" if path > 0 else ""
         lines.append(f"  wall {wall:.3f} s, critical path {path:.3f} s{ratio}")
@@ -607,6 +671,8 @@ class _EvalRecorder(Recorder):
         name = self._name(backend, repr)
         labels = [n if isinstance(n, str) else n.label for n in nodes]
         record = BatchRecord(len(trace.batches) + 1, name, size, trace._time(t), nodes=labels)
+        if name not in trace.models:
+            trace.models[name] = (getattr(backend, "model_name", name), getattr(backend, "price", None))
         trace.batches.append(record)
         self.batches[batch_id] = record
         trace.requests_per_backend[name] = trace.requests_per_backend.get(name, 0) + 1
@@ -633,11 +699,20 @@ class _EvalRecorder(Recorder):
         record.worker = worker
         record.requests = requests
 
-    def request_finished(self, batch_id: int, start: float, end: float, error: BaseException | None = None) -> None:
+    def request_finished(
+        self, batch_id: int, start: float, end: float, error: BaseException | None = None, model: str | None = None
+    ) -> None:
         record = self.batches.get(batch_id)
         if record is not None:
             trace = self.trace
-            trace.requests.append(RequestRecord(record.id, trace._time(start), trace._time(end), _first_line(error)))
+            trace.requests.append(
+                RequestRecord(record.id, trace._time(start), trace._time(end), _first_line(error), model or record.backend)
+            )
+
+    def draws_answered(self, batch_id: int, answered_by: dict[str, int]) -> None:
+        record = self.batches.get(batch_id)
+        if record is not None:
+            record.answered_by = dict(answered_by)
 
     def model_loaded(self, backend: Any, start: float, end: float) -> None:
         trace = self.trace

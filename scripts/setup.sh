@@ -5,7 +5,7 @@
 # packages the picture tests use (graphviz, chromium) when they are missing.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-EXTRAS="transformers,serving,dask,viz,structured,test,bench,docs"
+EXTRAS="transformers,serving,dask,viz,structured,cost,otel,test,bench,docs"
 SYSTEM=0
 for arg in "$@"; do
   case "$arg" in

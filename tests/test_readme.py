@@ -1,9 +1,13 @@
 """README.md tells the truth about the tree: its Layout block is generated from it."""
 from __future__ import annotations
 
+import os
+import re
 import subprocess
 import sys
 from pathlib import Path
+
+import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -20,3 +24,18 @@ def test_readme_leads_with_the_two_commands():
     commands = [line for line in readme.split("---", 1)[0].splitlines() if line.startswith("./scripts/")]
     assert commands == ["./scripts/example.sh", "./scripts/test.sh"]
     assert "./scripts/test.sh" in (ROOT / ".ci" / "run").read_text()
+
+
+@pytest.mark.slow
+def test_the_cost_section_example_runs_and_its_figures_hold(tmp_path):
+    pytest.importorskip("transformers")
+    readme = (ROOT / "README.md").read_text()
+    section = readme[readme.index("## Cost\n"):readme.index("\n## ", readme.index("## Cost\n") + 1)]
+    code = re.search(r"```python\n(.*?)```", section, re.DOTALL).group(1)
+    script = tmp_path / "cost.py"
+    script.write_text(code, encoding="utf-8")
+    env = dict(os.environ, PYTHONPATH=str(ROOT), OUTLINES_CACHE_DIR=str(tmp_path / "cache"))
+    done = subprocess.run([sys.executable, str(script)], cwd=tmp_path, env=env, capture_output=True, text=True,
+                          timeout=240)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "budget exhausted: Budget(tokens=300)" in done.stdout

@@ -17,6 +17,7 @@ import json
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, AsyncIterator, Callable, Mapping, Sequence
 
+from outlines.backends.usage import Price, estimate_tokens
 from outlines.cache.keys import canonical
 
 if TYPE_CHECKING:
@@ -200,6 +201,11 @@ class Backend(abc.ABC):
     #: False when the identity cannot cover everything that changes the output
     #: (it holds an object id): draws are then never read from or written to disk.
     cacheable: bool = True
+    #: Money per million tokens (``backends.usage.Price``), set by the user; not
+    #: part of the identity (it changes the bill, not the text).
+    price: Price | None = None
+    #: True when ``count_tokens`` uses the model's own tokenizer, not the estimate.
+    tokens_exact: bool = False
 
     @property
     @abc.abstractmethod
@@ -219,6 +225,40 @@ class Backend(abc.ABC):
 
     async def aclose(self) -> None:
         """Release resources bound to the running event loop (sessions)."""
+
+    def count_tokens(self, prompt: str) -> int:
+        """Prompt tokens one request for ``prompt`` costs (here: ``usage.estimate_tokens``)."""
+        return estimate_tokens(str(prompt))
+
+    def usage_bound(self, draws: Sequence[Draw]) -> tuple[int, int | None]:
+        """``(prompt tokens, most completion tokens)`` of one ``generate(draws)`` call.
+
+        Prompt tokens count each (params, prompt) once, as a server bills one
+        request asking ``n`` samples; completions are bounded by
+        ``max_tokens`` per sample (greedy samples collapse to one), ``None``
+        when a draw sets no ``max_tokens``.
+        """
+        samples: dict[tuple[GenerationParams, str], int] = {}
+        for draw in draws:
+            samples[draw.params, draw.prompt] = samples.get((draw.params, draw.prompt), 0) + 1
+        prompt_tokens = 0
+        completion: int | None = 0
+        for (params, prompt), count in samples.items():
+            prompt_tokens += self.count_tokens(prompt)
+            if params.max_tokens is None:
+                completion = None
+            elif completion is not None:
+                completion += params.max_tokens * (1 if params.deterministic else count)
+        return prompt_tokens, completion
+
+    def requests_for(self, draws: Sequence[Draw]) -> int:
+        """Wire requests one ``generate(draws)`` call sends (here: one)."""
+        return 1
+
+    @property
+    def cache_identities(self) -> tuple[tuple[Any, ...], ...]:
+        """The identities whose cache entries answer this backend's draws, tried in order."""
+        return (self.identity,)
 
     @property
     def model_name(self) -> str:
@@ -247,7 +287,9 @@ class BatchReport:
     on_result, on_failure
         Called with ``(index, text)`` / ``(index, error)`` as each draw ends.
     on_request
-        Called with ``(start, end, error)`` for each wire request.
+        Called with ``(start, end, error, model)`` for each wire request;
+        ``model`` names the model that was asked when it is not the batch's
+        own backend (a fallback chain), else ``None``.
     on_model_loaded
         Called with ``(start, end)`` when a local model was loaded.
     request_limit
@@ -260,7 +302,7 @@ class BatchReport:
         *,
         on_result: Callable[[int, str], None] | None = None,
         on_failure: Callable[[int, BaseException], None] | None = None,
-        on_request: Callable[[float, float, BaseException | None], None] | None = None,
+        on_request: Callable[[float, float, BaseException | None, str | None], None] | None = None,
         on_model_loaded: Callable[[float, float], None] | None = None,
         request_limit: asyncio.Semaphore | None = None,
     ) -> None:
@@ -268,6 +310,9 @@ class BatchReport:
         self.failures: dict[int, BaseException] = {}
         self.tokens = [0, 0]  # prompt, completion
         self.requests = 0
+        #: draw index -> the backend that answered it, where that is not the batch's
+        #: own (a fallback chain): the draw is cached under that backend's key.
+        self.answered_by: dict[int, Backend] = {}
         self.request_limit = request_limit
         self._on_result = on_result
         self._on_failure = on_failure
@@ -293,11 +338,14 @@ class BatchReport:
         self.tokens[0] += int(prompt_tokens)
         self.tokens[1] += int(completion_tokens)
 
-    def request(self, start: float, end: float, error: BaseException | None = None) -> None:
-        """One wire request (each retry counts) ran from ``start`` to ``end`` (``time.perf_counter()``)."""
+    def request(self, start: float, end: float, error: BaseException | None = None, model: str | None = None) -> None:
+        """One wire request (each retry counts) ran from ``start`` to ``end`` (``time.perf_counter()``).
+
+        ``model``: the model asked, when it is not the batch's backend (a fallback).
+        """
         self.requests += 1
         if self._on_request is not None:
-            self._on_request(start, end, error)
+            self._on_request(start, end, error, model)
 
     def model_loaded(self, start: float, end: float) -> None:
         """A local model was loaded from ``start`` to ``end`` (apart from the first batch)."""

@@ -33,6 +33,7 @@ from outlines.backends.base import Backend, BackendError, BatchReport, Draw, Gen
 from outlines.backends.constraints import Constraint
 from outlines.backends import retry
 from outlines.backends.http import HTTPClient, credential_fingerprint, gather_or_cancel
+from outlines.backends.usage import Price, estimate_tokens, tiktoken_counter, user_counter
 from outlines.chat import messages_of
 
 __all__ = ["OpenAIChatBackend", "OpenAICompletionBackend"]
@@ -94,6 +95,8 @@ class _OpenAIBackend(Backend):
         max_retry_after: float = retry.MAX_RETRY_AFTER,
         headers: Mapping[str, str] | None = None,
         total_timeout: float | None = None,
+        tokenizer: Any = None,
+        price: Any = None,
     ) -> None:
         if not isinstance(model, str) or not model:
             raise ValueError(f"model must be a non-empty string, got {model!r}")
@@ -129,6 +132,31 @@ class _OpenAIBackend(Backend):
         # Not in ``identity`` (cache keys, reprs): only equality, so that models that
         # differ in credentials never share a batch, a session or a key.
         self._credentials = credential_fingerprint(api_key, headers)
+        # Token counting (``backends.usage``): the user's tokenizer, else tiktoken
+        # when its encoding is on disk, else the estimate. Neither is in the identity.
+        self.price = None if price is None else Price.of(price)
+        if tokenizer is not None:
+            user_counter(tokenizer)  # checks it is callable
+        self._tokenizer = tokenizer  # kept as given (no closure): backends travel to Dask workers
+        self._user_tokenizer = tokenizer is not None
+        self.tokens_exact = tokenizer is not None or tiktoken_counter(model) is not None
+
+    def _count(self, text: str) -> int:
+        if self._tokenizer is not None:
+            return user_counter(self._tokenizer)(text)
+        counter = tiktoken_counter(self.model)
+        return counter(text) if counter is not None else estimate_tokens(text)
+
+    def count_tokens(self, prompt: str) -> int:
+        """Prompt tokens of one request (the user's tokenizer, tiktoken, or ``usage.estimate_tokens``)."""
+        return self._count(prompt)
+
+    def requests_for(self, draws: Sequence[Draw]) -> int:
+        """Requests of one call on a server that takes lists and ``n``: one per request group."""
+        return len(self._request_groups(draws))
+
+    def _request_groups(self, draws: Sequence[Draw]) -> set[Any]:
+        return {(d.params, d.prompt) for d in draws}
 
     @property
     def identity(self) -> tuple[Any, ...]:
@@ -278,6 +306,12 @@ class OpenAICompletionBackend(_OpenAIBackend):
     kind = "openai_completion"
     path = "/completions"
 
+    def _request_groups(self, draws: Sequence[Draw]) -> set[Any]:
+        samples: dict[tuple[GenerationParams, str], int] = {}
+        for d in draws:
+            samples[d.params, d.prompt] = samples.get((d.params, d.prompt), 0) + 1
+        return {(params, 1 if params.deterministic else n) for (params, _), n in samples.items()}
+
     def __init__(self, model: str, *, max_batch: int | None = 128, **options: Any) -> None:
         super().__init__(model, max_batch=max_batch, **options)
 
@@ -368,6 +402,17 @@ class OpenAIChatBackend(_OpenAIBackend):
     @property
     def identity(self) -> tuple[Any, ...]:
         return (self.kind, self.model, self.base_url, self.system_prompt)
+
+    def count_tokens(self, prompt: str) -> int:
+        """Prompt tokens of one chat request: its messages' contents.
+
+        With a user ``tokenizer`` the contents are summed as they are (the
+        tokenizer describes the server); with tiktoken or the estimate,
+        OpenAI's chat format adds 3 tokens per message and 3 for the reply.
+        """
+        messages = messages_of(prompt, self.system_prompt)
+        tokens = sum(self._count(str(m.get("content", ""))) for m in messages)
+        return tokens if self._user_tokenizer else tokens + 3 * len(messages) + 3
 
     async def _sample_groups(
         self, groups: list[PromptSamples], report: BatchReport, done: GroupDone, failed: GroupFailed

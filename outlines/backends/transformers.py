@@ -89,6 +89,29 @@ def clear_registry() -> None:
         slot.executor.shutdown(wait=True)
 
 
+@dataclass
+class _Counting:
+    """A tokenizer without its model, shaped like a loaded model for ``render``."""
+
+    tokenizer: Any
+
+
+_counting: dict[tuple[str, str | None], _Counting] = {}
+
+
+def _counting_tokenizer(path: str, gguf_file: str | None) -> _Counting:
+    with _registry_lock:
+        found = _counting.get((path, gguf_file))
+    if found is None:
+        from transformers import AutoTokenizer
+
+        extra = {} if gguf_file is None else {"gguf_file": gguf_file}
+        found = _Counting(AutoTokenizer.from_pretrained(path, **extra))
+        with _registry_lock:
+            found = _counting.setdefault((path, gguf_file), found)
+    return found
+
+
 def plan_chunks(
     lengths: Sequence[int], rows_per_prompt: int, max_rows: int, max_tokens: int | None, new_tokens: int
 ) -> list[list[int]]:
@@ -231,6 +254,30 @@ class TransformersBackend(Backend):
 
     def _key(self) -> tuple[str, ...]:
         return (self.path, self.gguf_file or "", self.device or "auto", self.dtype or "auto")
+
+    tokens_exact = True
+
+    def count_tokens(self, prompt: str) -> int:
+        """Prompt tokens of one row, exactly: the model's tokenizer on the rendered (chat-templated) prompt.
+
+        Uses a tokenizer of its own (loaded once per model files, without the
+        weights), so counting never waits for, nor races, a generating batch.
+        """
+        counting = _counting_tokenizer(self.path, self.gguf_file)
+        if self.uses_chat(counting):  # the template writes the special tokens itself
+            return len(counting.tokenizer(self.render(counting, prompt), add_special_tokens=False)["input_ids"])
+        return len(counting.tokenizer(self.render(counting, prompt))["input_ids"])
+
+    def usage_bound(self, draws: Sequence[Draw]) -> tuple[int, int | None]:
+        """As ``Backend.usage_bound``, but each draw is its own row (its prompt is read once per sample)."""
+        counts: dict[str, int] = {}
+        prompt_tokens = 0
+        for draw in draws:
+            if draw.prompt not in counts:
+                counts[draw.prompt] = self.count_tokens(draw.prompt)
+            prompt_tokens += counts[draw.prompt]
+        bounds = [d.params.max_tokens for d in draws]
+        return prompt_tokens, None if None in bounds else sum(b for b in bounds if b is not None)
 
     async def generate(self, draws: Sequence[Draw], report: BatchReport) -> list[str]:
         if not draws:

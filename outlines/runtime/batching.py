@@ -31,6 +31,7 @@ from outlines.backends.constraints import generate_valid
 from outlines.errors import Failure
 from outlines.graph.basic import Apply
 from outlines.runtime.executor import Executor
+from outlines.runtime.budget import BudgetGuard
 from outlines.runtime.plan import Plan
 from outlines.tracing import Recorder
 
@@ -67,9 +68,16 @@ def lookup(cache: Any, backend: Backend, draws: Sequence[Draw], *, record: bool 
     """
     if cache is None or not draws or not backend.cacheable:
         return {}
-    keys = [cache_module.draw_key(backend.identity, d) for d in draws]
-    found = cache.get_many(keys, record=record, expect=str)
-    return {d: found[k] for d, k in zip(draws, keys) if k in found} if found else {}
+    out: dict[Draw, Any] = {}
+    for identity in backend.cache_identities:  # a fallback chain: each model's own entries, in order
+        rest = [d for d in draws if d not in out] if out else list(draws)
+        if not rest:
+            break
+        keys = [cache_module.draw_key(identity, d) for d in rest]
+        found = cache.get_many(keys, record=record, expect=str)
+        if found:
+            out.update({d: found[k] for d, k in zip(rest, keys) if k in found})
+    return out
 
 
 # -- state --------------------------------------------------------------------------
@@ -123,6 +131,9 @@ class Batcher:
         ``spawn(coroutine, on_done)`` runs a task owned by the scheduler.
     wake
         Wakes the scheduler's loop when a gathering window closes.
+    budget
+        The evaluation's ``BudgetGuard`` (``outlines.runtime.budget``), asked
+        before each batch is sent; ``None``: no budget.
     """
 
     def __init__(
@@ -139,8 +150,12 @@ class Batcher:
         fail: Callable[[int, BaseException], None],
         spawn: Spawn,
         wake: Callable[[], None],
+        budget: BudgetGuard | None = None,
     ) -> None:
         self.plan = plan
+        self.budget = budget
+        self.running = 0  # batches in flight
+        self.refused: tuple[int, BaseException] | None = None  # (node, error) raised once the running end
         self.cache = cache
         self.executor = executor
         self._recorder = recorder
@@ -265,10 +280,35 @@ class Batcher:
             draws = [d for d in draws if d not in found]
         start = 0
         for size in batch_sizes(len(draws), backend.max_batch) if draws else []:
-            self._start_batch(backend, draws[start : start + size])
+            batch = draws[start : start + size]
             start += size
+            ticket = self._admit(backend, batch) if self.budget is not None else None
+            if ticket != -1:
+                self._start_batch(backend, batch, ticket)
 
-    def _start_batch(self, backend: Backend, draws: list[Draw]) -> None:
+    def _admit(self, backend: Backend, draws: list[Draw]) -> int:
+        """The budget's ticket for sending ``draws``, or -1: refused (their draws fail)."""
+        assert self.budget is not None
+        waiting = self.waiters.get((backend, draws[0]))
+        node = waiting[0][0].index if waiting else 0
+        try:
+            return self.budget.admit(backend, draws, self.plan.nodes[node].label)
+        except Exception as exc:  # noqa: BLE001 - the refused draws fail with it
+            if self.return_failures:
+                for draw in draws:
+                    self._fail_draw(backend, draw, exc)
+            elif self.refused is None:
+                self.refused = (node, exc)
+                self._raise_refusal()
+            return -1
+
+    def _raise_refusal(self) -> None:
+        """Fail the evaluation for the refused batch once no batch is in flight (theirs get cached first)."""
+        if self.refused is not None and self.running == 0:
+            self.fail(*self.refused)
+
+    def _start_batch(self, backend: Backend, draws: list[Draw], ticket: int | None = None) -> None:
+        self.running += 1
         self.batch_ids += 1
         batch_id = self.batch_ids
         # Empty: no cache, or a backend that is not cacheable (nothing goes to disk).
@@ -277,7 +317,9 @@ class Batcher:
 
         def on_result(index: int, text: str) -> None:
             if keys and 0 <= index < len(keys):
-                self.cache.put_many({keys[index]: text})
+                answered = report.answered_by.get(index)  # a fallback's draw: under the model that answered
+                key = keys[index] if answered is None else cache_module.draw_key(answered.identity, draws[index])
+                self.cache.put_many({key: text})
 
         def on_failure(index: int, error: BaseException) -> None:
             if not self.return_failures and 0 <= index < len(draws):
@@ -286,17 +328,20 @@ class Batcher:
         report = BatchReport(
             on_result=on_result,
             on_failure=on_failure,
-            on_request=lambda start, end, error: self.recorder.request_finished(batch_id, start, end, error),
+            on_request=lambda start, end, error, model: self.recorder.request_finished(
+                batch_id, start, end, error, model=model
+            ),
             on_model_loaded=lambda start, end: self.recorder.model_loaded(backend, start, end),
             request_limit=self.request_limit if backend.sends_requests else None,
         )
         self.spawn(
-            self._run_batch(batch_id, backend, draws, keys, report),
+            self._run_batch(batch_id, backend, draws, keys, report, ticket),
             lambda task: self._batch_done(backend, draws, task, report),
         )
 
     async def _run_batch(
-        self, batch_id: int, backend: Backend, draws: list[Draw], keys: list[str], report: BatchReport
+        self, batch_id: int, backend: Backend, draws: list[Draw], keys: list[str], report: BatchReport,
+        ticket: int | None = None,
     ) -> list[str]:
         limit = self._limit(backend)
         # A backend that sends its own requests takes one evaluation slot per request.
@@ -328,6 +373,13 @@ class Batcher:
             raise
         finally:
             usage = (report.tokens[0], report.tokens[1])
+            if ticket is not None and self.budget is not None:
+                self.budget.settle(ticket, backend, usage, failed=error is not None)
+            if report.answered_by:  # a fallback chain: which model answered how many draws
+                answered: dict[str, int] = {}
+                for member in report.answered_by.values():
+                    answered[repr(member)] = answered.get(repr(member), 0) + 1
+                self.recorder.draws_answered(batch_id, answered)
             self.recorder.batch_finished(batch_id, time.perf_counter(), error, usage, worker, requests=report.requests)
             if whole is not None:
                 whole.release()
@@ -342,6 +394,13 @@ class Batcher:
 
     # -- results back -------------------------------------------------------------
     def _batch_done(self, backend: Backend, draws: list[Draw], task: asyncio.Task[Any], report: BatchReport) -> None:
+        self.running -= 1
+        try:
+            self._batch_results(backend, draws, task, report)
+        finally:
+            self._raise_refusal()
+
+    def _batch_results(self, backend: Backend, draws: list[Draw], task: asyncio.Task[Any], report: BatchReport) -> None:
         exc = task.exception()
         if exc is None:
             texts = task.result()

@@ -95,8 +95,13 @@ class _Forward(Forwarding):
                        worker: str | None, requests: int = 0) -> None:
         super().batch_finished(self.ids.get(batch_id, batch_id), t, error, usage, worker, requests)
 
-    def request_finished(self, batch_id: int, start: float, end: float, error: BaseException | None = None) -> None:
-        super().request_finished(self.ids.get(batch_id, batch_id), start, end, error)
+    def request_finished(
+        self, batch_id: int, start: float, end: float, error: BaseException | None = None, model: str | None = None
+    ) -> None:
+        super().request_finished(self.ids.get(batch_id, batch_id), start, end, error, model=model)
+
+    def draws_answered(self, batch_id: int, answered_by: dict[str, int]) -> None:
+        super().draws_answered(self.ids.get(batch_id, batch_id), answered_by)
 
 
 async def _schedule(outer: Scheduler, plan: Plan, values: dict[int, Any], tag: int) -> tuple[list[Any], int]:
@@ -121,6 +126,7 @@ async def _schedule(outer: Scheduler, plan: Plan, values: dict[int, Any], tag: i
     # One bound on wire requests for the whole evaluation, and one per backend (the executor's).
     scheduler.batcher.request_limit = batcher.request_limit
     scheduler.batcher.limits = batcher.limits
+    scheduler.batcher.budget = batcher.budget  # one budget for the whole evaluation
     scheduler.draw_base = base
     return await scheduler.run(), forward.batches
 

@@ -35,6 +35,7 @@ EVAL_OPTIONS = {
     "progress": None,
     "executor": None,
     "batch_window": 0.005,
+    "budget": None,
 }
 
 
@@ -45,6 +46,9 @@ def _check_options(options: Mapping[str, Any]) -> dict[str, Any]:
     bound = options.get("max_concurrency")
     if bound is not None and (isinstance(bound, bool) or not isinstance(bound, int) or bound < 1):
         raise ValueError(f"max_concurrency must be a positive integer (requests in flight) or None, got {bound!r}")
+    from outlines.runtime.budget import resolve_budget
+
+    resolve_budget(options.get("budget"))
     return {**EVAL_OPTIONS, **options}
 
 
@@ -76,6 +80,7 @@ async def run_plan(
         recorder=active_recorder(),
         executor=executor,
         batch_window=options["batch_window"],
+        budget=options["budget"],
     )
     from outlines.runtime.progress import progress_for
 
@@ -196,6 +201,11 @@ def eval(*variables: Variable, givens: Mapping[Any, Any] | None = None, **option
         An ``outlines.runtime.executor.Executor`` (e.g. ``LocalExecutor``), or
         a Dask ``distributed.Client`` to run model batches and blocking Python
         ops on its workers.
+    budget
+        An ``outlines.Budget(tokens=..., cost=...)``: no batch is sent that
+        could take the evaluation past it (prompt tokens counted, completions
+        bounded by ``max_tokens``). Refused draws fail with ``BudgetExceeded``
+        (a ``Failure`` with ``errors="return"``); what finished is cached.
 
     Returns
     -------
@@ -208,6 +218,9 @@ def eval(*variables: Variable, givens: Mapping[Any, Any] | None = None, **option
         When ``givens`` misses free inputs (all are listed).
     NodeError
         When a node fails (with ``errors="raise"``), naming the node and op.
+    BudgetExceeded
+        When the next batch could pass ``budget`` (with ``errors="raise"``),
+        after the batches in flight have finished and been cached.
     ValueError
         For ``max_concurrency`` that is not a positive integer.
     TypeError

@@ -33,6 +33,7 @@ import numpy as np
 
 from outlines import cache as cache_module
 from outlines.backends.base import Draw
+from outlines.backends.usage import PriceTable, price_of
 from outlines.graph.basic import Variable
 from outlines.graph.ops import Stack, broadcast_map
 from outlines.graph.ragged import Ragged
@@ -51,6 +52,38 @@ class PredictedBatch:
     size: int
     unknown: int  # prompts not known in advance (computed from model outputs)
     nodes: list[str] = field(default_factory=list)
+    #: Prompt tokens of the known prompts (the backend's count: ``Backend.usage_bound``).
+    prompt_tokens: int = 0
+    #: The most completion tokens (``max_tokens`` per sample); ``None``: a call sets no ``max_tokens``.
+    completion_tokens: int | None = 0
+    #: Wire requests (a chat batch sends one per prompt); unknown prompts count one each.
+    wire_requests: int = 1
+
+
+@dataclass
+class BackendUsage:
+    """What one backend would be asked for: batches, requests, tokens and their cost."""
+
+    batches: int = 0
+    requests: int = 0
+    prompt_tokens: int = 0
+    #: Upper bound (``max_tokens`` x samples); ``None`` where a call sets no ``max_tokens``.
+    completion_tokens: int | None = 0
+    #: Prompt tokens counted with the model's tokenizer (else the 4-characters estimate).
+    exact: bool = True
+    #: Prompts not known in advance (computed from model outputs): their tokens are not counted.
+    unknown_prompts: int = 0
+    #: Money, from the model's price or the ``prices`` table (``None``: no price).
+    prompt_cost: float | None = None
+    #: Upper bound of the completions' cost (``None``: no price or no bound).
+    completion_cost: float | None = None
+
+    @property
+    def cost(self) -> float | None:
+        """Upper bound of the whole cost (``None`` when unknown)."""
+        if self.prompt_cost is None or self.completion_cost is None:
+            return None
+        return self.prompt_cost + self.completion_cost
 
 
 @dataclass
@@ -68,6 +101,25 @@ class Explanation:
     timing_dependent: list[str] = field(default_factory=list)
     #: One line per loop or branch node: its body (not counted above: iterations are unknown in advance).
     control: list[str] = field(default_factory=list)
+    #: ``repr(backend) -> BackendUsage``: tokens (after cache hits and dedup), requests, cost.
+    usage: dict[str, BackendUsage] = field(default_factory=dict)
+
+    @property
+    def prompt_tokens(self) -> int:
+        """Prompt tokens of every predicted batch (known prompts)."""
+        return sum(u.prompt_tokens for u in self.usage.values())
+
+    @property
+    def completion_tokens(self) -> int | None:
+        """Upper bound of the completion tokens (``None``: some call sets no ``max_tokens``)."""
+        bounds = [u.completion_tokens for u in self.usage.values()]
+        return None if None in bounds else sum(b for b in bounds if b is not None)
+
+    @property
+    def cost(self) -> float | None:
+        """Upper bound of the money spent (``None`` when a backend has no price or no bound)."""
+        costs = [u.cost for u in self.usage.values()]
+        return None if None in costs else sum(c for c in costs if c is not None)
 
     @property
     def requests(self) -> int:
@@ -108,6 +160,7 @@ class Explanation:
             "timing_dependent": list(self.timing_dependent),
             "exact": self.exact,
             "control": list(self.control),
+            "usage": {name: dict(asdict(u), cost=u.cost) for name, u in self.usage.items()},
         }
 
     def summary(self) -> str:
@@ -128,6 +181,17 @@ class Explanation:
             f"  draws: {self.draws}; cache hits known in advance: {self.cache_hits}; "
             f"duplicates merged: {self.deduplicated}"
         )
+        for name, usage in self.usage.items():
+            bound = "unbounded (no max_tokens)" if usage.completion_tokens is None else f"<= {usage.completion_tokens}"
+            counted = "exact" if usage.exact else "estimated: 4 characters a token"
+            if usage.unknown_prompts:
+                counted += f"; {usage.unknown_prompts} prompt(s) computed from model outputs not counted"
+            cost = "" if usage.cost is None else f"; cost <= {usage.cost:.6g} (prompts {usage.prompt_cost:.6g})"
+            name = name if len(name) <= 60 else name[:57] + "..."
+            lines.append(
+                f"  {name}: {usage.requests} request(s) in {usage.batches} batch(es); tokens: "
+                f"{usage.prompt_tokens} prompt ({counted}), completion {bound}{cost}"
+            )
         if self.unknown_draws:
             lines.append(
                 f"  {self.unknown_draws} draw(s) have prompts computed from model outputs or functions: "
@@ -300,12 +364,44 @@ class _DryRun:
         for key, queue in sorted(self.queues.items(), key=lambda item: item[0][0]):
             known, total = len(queue.pending), len(queue.pending) + self.unknown[key]
             labels = [label for label, _ in self.nodes[key]]
+            pending = list(queue.pending)
+            backend, max_tokens = queue.backend, key[2].max_tokens
             start = 0
-            for count in batch_sizes(total, queue.backend.max_batch):
+            for count in batch_sizes(total, backend.max_batch):
                 unknown = max(0, min(count, start + count - known))
-                out.append(PredictedBatch(repr(queue.backend), key[0], count, unknown, list(labels)))
+                draws = pending[start : start + count - unknown]
+                prompt_tokens, completion = backend.usage_bound(draws) if draws else (0, 0)
+                if completion is not None and unknown:
+                    completion = None if max_tokens is None else completion + max_tokens * unknown
+                requests = backend.requests_for(draws) if draws else 0
+                if unknown:  # an HTTP backend: one request per unknown prompt at most; others: one call
+                    requests += unknown if backend.sends_requests else (0 if draws else 1)
+                out.append(PredictedBatch(repr(backend), key[0], count, unknown, list(labels), prompt_tokens,
+                                          completion, requests))
                 start += count
         return out
+
+    def usage(self, batches: list[PredictedBatch], prices: Any) -> dict[str, BackendUsage]:
+        """Per backend: batches, requests, tokens and cost of ``batches``."""
+        backends = {repr(queue.backend): queue.backend for queue in self.queues.values()}
+        out: dict[str, BackendUsage] = {}
+        for batch in batches:
+            usage = out.setdefault(batch.backend, BackendUsage())
+            usage.batches += 1
+            usage.requests += batch.wire_requests
+            usage.prompt_tokens += batch.prompt_tokens
+            usage.exact = backends[batch.backend].tokens_exact
+            usage.unknown_prompts += batch.unknown
+            if usage.completion_tokens is not None:
+                usage.completion_tokens = None if batch.completion_tokens is None else (
+                    usage.completion_tokens + batch.completion_tokens)
+        for name, usage in out.items():
+            price = price_of(backends[name], prices)
+            if price is not None:
+                usage.prompt_cost = price.cost(usage.prompt_tokens, 0)
+                if usage.completion_tokens is not None:
+                    usage.completion_cost = price.cost(0, usage.completion_tokens)
+        return dict(sorted(out.items()))
 
     def timing_dependent(self) -> list[str]:
         """Model calls sharing a predicted batch while waiting on different Python steps."""
@@ -352,7 +448,13 @@ def _gufunc_shapes(signature: str, shapes: list[tuple[int, ...]]) -> list[Any]:
     return [loop + tuple(sizes[d] for d in core) if all(d in sizes for d in core) else None for core in out_cores]
 
 
-def explain(*variables: Variable, givens: Mapping[Any, Any] | None = None, cache: Any = True, **options: Any) -> Explanation:
+def explain(
+    *variables: Variable,
+    givens: Mapping[Any, Any] | None = None,
+    cache: Any = True,
+    prices: PriceTable | None = None,
+    **options: Any,
+) -> Explanation:
     """A dry-run plan of evaluating ``variables``: sends nothing.
 
     Parameters
@@ -364,6 +466,9 @@ def explain(*variables: Variable, givens: Mapping[Any, Any] | None = None, cache
         model calls that depend on them of unknown size.
     cache
         As for ``eval``: hits known in advance are not counted as requests.
+    prices
+        A price table, model name -> ``(input_per_1M, output_per_1M)``, for
+        models without their own ``price=`` (``outlines.backends.usage``).
     **options
         Other evaluation options (accepted for symmetry with ``eval``).
 
@@ -373,8 +478,12 @@ def explain(*variables: Variable, givens: Mapping[Any, Any] | None = None, cache
         ``nodes_by_kind``, ``batches`` (backend, level, size), ``requests``,
         ``requests_per_backend``, ``cache_hits``, ``unknown_draws``,
         ``timing_dependent`` and ``exact`` (the run will send exactly these
-        batches); ``summary()`` (with a caveat line when timing can split a
-        batch) and ``to_dict()``.
+        batches); ``usage`` per backend: batches, wire requests, prompt
+        tokens (after cache hits and dedup; exact with the model's tokenizer,
+        else estimated), completion tokens as an upper bound (``max_tokens``
+        x samples) and cost where a price is known, with the totals
+        ``prompt_tokens``, ``completion_tokens`` and ``cost``; ``summary()``
+        (with a caveat line when timing can split a batch) and ``to_dict()``.
 
     Examples
     --------
@@ -394,6 +503,7 @@ def explain(*variables: Variable, givens: Mapping[Any, Any] | None = None, cache
     for node in plan.nodes:
         kinds[node.op.mode] = kinds.get(node.op.mode, 0) + 1
     batches = run.batches()
+    usage = run.usage(batches, prices)
     sent = sum(len(queue.pending) for queue in run.queues.values())
     merged = run.draws - run.unknown_draws - run.hits - sent
     from outlines.runtime.control import describe
@@ -409,4 +519,5 @@ def explain(*variables: Variable, givens: Mapping[Any, Any] | None = None, cache
         run.unknown_nodes,
         run.timing_dependent(),
         control,
+        usage,
     )

@@ -28,6 +28,7 @@ from outlines.errors import Failure, NodeError
 from outlines.graph.basic import Apply
 from outlines.graph.ops import scalar_or_array
 from outlines.runtime.batching import Batcher
+from outlines.runtime.budget import BudgetGuard
 from outlines.runtime.executor import Executor, LocalExecutor
 from outlines.runtime.plan import Plan
 from outlines.tracing import Recorder
@@ -55,6 +56,7 @@ class Scheduler:
         recorder: Recorder | None = None,
         executor: Executor | None = None,
         batch_window: float = 0.005,
+        budget: Any = None,
     ) -> None:
         if errors not in ("raise", "return"):
             raise ValueError(f"errors must be 'raise' or 'return', got {errors!r}")
@@ -84,6 +86,7 @@ class Scheduler:
             fail=self._fail_node,
             spawn=self._spawn,
             wake=self.wakeup.set,
+            budget=BudgetGuard(budget) if budget is not None else None,
         )
 
     # -- the loop ---------------------------------------------------------------
@@ -97,8 +100,8 @@ class Scheduler:
                 if self.python_pending:
                     self._flush_python()
                 self.batcher.flush(others_running=bool(self.tasks))
-                if self.ready or not self.remaining:
-                    continue  # cache hits finished nodes synchronously in flush
+                if self.ready or not self.remaining or self.error is not None:
+                    continue  # cache hits finished nodes synchronously in flush (a refused batch failed)
                 if not self.callbacks:
                     if not self.tasks and not self.batcher.window_open and not self.ready:
                         raise RuntimeError(f"scheduler stalled with {self.remaining} node(s) unfinished")

@@ -1,0 +1,147 @@
+"""Budgets: stop sending batches before an evaluation spends more than allowed.
+
+``Budget(tokens=..., cost=...)`` is what the user allows one evaluation to
+spend. The scheduler's ``Batcher`` asks a ``BudgetGuard`` before it sends each
+batch: the batch needs its prompt tokens (counted by the backend:
+``Backend.usage_bound``) plus ``max_tokens`` per sample, an upper bound on its
+completion; it goes out only if what is spent, plus what batches in flight may
+still spend, plus that need stays within the budget. Once a batch is refused
+no later batch is sent (``exhausted``): refused draws fail with
+``BudgetExceeded`` ("budget exhausted: ..."). When a batch ends its reservation
+is replaced by the usage the backend reported (or kept whole when it reported
+none). Cache hits cost nothing, so raising the budget and running again sends
+only what was refused.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+from outlines.backends.usage import Price, PriceTable, price_of
+from outlines.errors import BudgetExceeded
+
+__all__ = ["Budget", "BudgetGuard"]
+
+
+@dataclass(frozen=True, eq=False)
+class Budget:
+    """The most one evaluation may spend: ``tokens`` (prompt + completion) and/or ``cost``.
+
+    Parameters
+    ----------
+    tokens
+        Prompt plus completion tokens, all backends together (``None``: no bound).
+    cost
+        Money, in the unit of the prices (``None``: no bound). Every model
+        called must have a price: ``models.openai(..., price=(in, out))`` per
+        million tokens, or an entry of ``prices``.
+    prices
+        A user price table, model name (or backend repr) -> ``(input_per_1M,
+        output_per_1M)``; a model's own ``price`` wins.
+
+    Examples
+    --------
+    >>> import outlines
+    >>> outlines.Budget(tokens=10_000)
+    Budget(tokens=10000)
+    """
+
+    tokens: int | None = None
+    cost: float | None = None
+    prices: PriceTable | None = None
+
+    def __post_init__(self) -> None:
+        if self.tokens is None and self.cost is None:
+            raise ValueError("Budget needs tokens=, cost= or both")
+        if self.tokens is not None and (isinstance(self.tokens, bool) or not isinstance(self.tokens, int)
+                                        or self.tokens < 0):
+            raise ValueError(f"Budget tokens must be an integer >= 0, got {self.tokens!r}")
+        if self.cost is not None and (isinstance(self.cost, bool) or not isinstance(self.cost, (int, float))
+                                      or not 0 <= self.cost < float("inf")):
+            raise ValueError(f"Budget cost must be a number >= 0, got {self.cost!r}")
+
+    def __repr__(self) -> str:
+        parts = [f"tokens={self.tokens}"] if self.tokens is not None else []
+        parts += [f"cost={self.cost:g}"] if self.cost is not None else []
+        return f"Budget({', '.join(parts)})"
+
+
+def resolve_budget(option: Any) -> Budget | None:
+    """The ``budget=`` evaluation option, checked."""
+    if option is None or isinstance(option, Budget):
+        return option
+    raise TypeError(f"budget must be an outlines.Budget or None, got {type(option).__name__}")
+
+
+class BudgetGuard:
+    """One evaluation's spending against its ``Budget``; see the module docstring."""
+
+    def __init__(self, budget: Budget) -> None:
+        self.budget = budget
+        self.tokens = 0  # spent, as reported (or reserved, where nothing was reported)
+        self.cost = 0.0
+        self.reserved: dict[int, tuple[int, float]] = {}  # ticket -> (tokens, cost) in flight
+        self.tickets = 0
+        self.exhausted: BudgetExceeded | None = None
+
+    def _price(self, backend: Any) -> Price | None:
+        price = price_of(backend, self.budget.prices)
+        if price is None and self.budget.cost is not None:
+            raise ValueError(
+                f"{self.budget!r} needs a price for {backend!r}: pass price=(input_per_1M, output_per_1M) "
+                f"to its model, or Budget(prices={{{backend.model_name!r}: (input, output)}})"
+            )
+        return price
+
+    def admit(self, backend: Any, draws: Sequence[Any], node: str) -> int:
+        """Reserve what sending ``draws`` to ``backend`` may cost; a ticket for ``settle``.
+
+        Raises
+        ------
+        BudgetExceeded
+            When the batch might pass the budget, or an earlier one was refused.
+        ValueError
+            When a draw has no ``max_tokens`` (its completion is unbounded), or
+            a cost budget meets a backend without a price.
+        """
+        if self.exhausted is not None:
+            raise self.exhausted.again(node)
+        prompt_tokens, completion = backend.usage_bound(draws)
+        if completion is None:
+            raise ValueError(
+                f"{self.budget!r} needs max_tokens on every model call (it bounds what a completion "
+                f"may cost); a call to {backend!r} sets none"
+            )
+        price = self._price(backend)
+        tokens = prompt_tokens + completion
+        cost = price.cost(prompt_tokens, completion) if price is not None else 0.0
+        in_flight_tokens = sum(t for t, _ in self.reserved.values())
+        in_flight_cost = sum(c for _, c in self.reserved.values())
+        over_tokens = self.budget.tokens is not None and self.tokens + in_flight_tokens + tokens > self.budget.tokens
+        over_cost = self.budget.cost is not None and self.cost + in_flight_cost + cost > self.budget.cost
+        if over_tokens or over_cost:
+            self.exhausted = BudgetExceeded(
+                node, self.budget, spent_tokens=self.tokens + in_flight_tokens, spent_cost=self.cost + in_flight_cost,
+                needed_tokens=tokens, needed_cost=cost if price is not None else None,
+                backend=repr(backend), draws=len(draws),
+            )
+            raise self.exhausted
+        self.tickets += 1
+        self.reserved[self.tickets] = (tokens, cost)
+        return self.tickets
+
+    def settle(self, ticket: int, backend: Any, usage: tuple[int, int], failed: bool) -> None:
+        """The batch of ``ticket`` ended: charge its reported ``usage`` instead of its reservation.
+
+        A batch that reported no usage is charged its whole reservation if it
+        succeeded (its real use is unknown) and nothing if it failed.
+        """
+        tokens, cost = self.reserved.pop(ticket, (0, 0.0))
+        if usage[0] or usage[1]:
+            price = price_of(backend, self.budget.prices)
+            tokens = usage[0] + usage[1]
+            cost = price.cost(*usage) if price is not None else 0.0
+        elif failed:
+            tokens, cost = 0, 0.0
+        self.tokens += tokens
+        self.cost += cost

@@ -1,0 +1,159 @@
+"""Budgets (issue 17): no batch is sent that could pass ``outlines.Budget``.
+
+Against the fake OpenAI server on 127.0.0.1, whose replies carry ``usage``
+counted with the same tokenizer the model is given (one token per word), so
+every figure below is exact: prompt tokens plus ``max_tokens`` per sample is
+what a batch may need; what it spent is what the server reported.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pytest
+
+import outlines
+from outlines import models
+from outlines.cache import Cache
+from outlines.errors import BudgetExceeded
+from outlines.runtime.budget import Budget, BudgetGuard
+from tests.fixtures.fake_openai import FakeOpenAI
+from tests.fixtures.recording import RecordingBackend
+
+
+def words(text: str) -> int:
+    return len(text.split())
+
+
+#: 16 prompts of 3 words: a batch of 4 needs 4 * 3 prompt tokens + 4 * 5 completion tokens = 32.
+PROMPTS = [f"prompt number {i}" for i in range(16)]
+PER_BATCH = 4 * 3 + 4 * 5
+
+
+@pytest.fixture
+def server() -> Any:
+    # Replies of 2 words: a batch of 4 spends 12 + 8 = 20 tokens, less than its bound of 32.
+    with FakeOpenAI(tokenizer=words, reply=lambda prompt, sample, body: "short answer") as fake:
+        yield fake
+
+
+def completion(server: FakeOpenAI, **options: Any) -> models.Model:
+    return models.openai_completion(
+        "fake", base_url=server.base_url, api_key="sk-budget", max_batch=4, max_tokens=5, tokenizer=words,
+        max_retries=0, **options,
+    )
+
+
+def test_budget_stops_sending_within_one_batch_of_the_limit(server: FakeOpenAI, tmp_path: Any) -> None:
+    q = outlines.string("q")
+    llm = completion(server)
+    # Room for two batches sent together (2 * 32 = 64), not a third.
+    budget = Budget(tokens=2 * PER_BATCH + PER_BATCH - 1)
+    with outlines.trace() as trace:
+        values = llm(q).eval({"q": PROMPTS}, cache=Cache(tmp_path), errors="return", budget=budget)
+    assert len(server.requests) == 2
+    failures = [v for v in values if isinstance(v, outlines.Failure)]
+    assert len(failures) == 8 and all(f.error_type == "BudgetExceeded" for f in failures)
+    assert failures[0].message.startswith("budget exhausted")
+    assert sum(trace.tokens) == 2 * 20  # actual usage of the two batches sent
+    assert budget.tokens - 2 * PER_BATCH < PER_BATCH  # the unspent room was less than one batch
+
+
+def test_usage_reported_by_finished_batches_frees_room_for_later_ones(server: FakeOpenAI, tmp_path: Any) -> None:
+    q = outlines.string("q")
+    llm = completion(server)
+    # Two levels of one batch each: the second prompt is "short answer" (2 words).
+    chain = llm(llm(q))
+    first_bound, first_spent = 3 + 5, 3 + 2
+    second_bound = 2 + 5
+    # The second batch fits only once the first is charged what it really spent.
+    budget = Budget(tokens=first_spent + second_bound)
+    assert first_bound + second_bound > budget.tokens
+    value = chain.eval({"q": "prompt number one"}, cache=Cache(tmp_path), budget=budget)
+    assert value == "short answer" and len(server.requests) == 2
+
+
+def test_a_rerun_with_a_larger_budget_sends_only_the_rest(server: FakeOpenAI, tmp_path: Any) -> None:
+    q = outlines.string("q")
+    llm = completion(server)
+    cache = Cache(tmp_path)
+    first = llm(q).eval({"q": PROMPTS}, cache=cache, errors="return", budget=Budget(tokens=2 * PER_BATCH))
+    sent = [p for r in server.requests for p in r.body["prompt"]]
+    assert len(sent) == 8 and sum(isinstance(v, outlines.Failure) for v in first) == 8
+    server.reset()
+    second = llm(q).eval({"q": PROMPTS}, cache=cache, budget=Budget(tokens=2 * PER_BATCH))
+    rest = [p for r in server.requests for p in r.body["prompt"]]
+    assert sorted(rest) == sorted(set(PROMPTS) - set(sent))
+    assert list(second) == ["short answer"] * 16
+
+
+def test_errors_raise_names_the_budget_after_the_running_batches_are_cached(server: FakeOpenAI, tmp_path: Any) -> None:
+    q = outlines.string("q")
+    llm = completion(server)
+    cache = Cache(tmp_path)
+    budget = Budget(tokens=PER_BATCH)
+    with pytest.raises(BudgetExceeded) as caught:
+        llm(q).eval({"q": PROMPTS}, cache=cache, budget=budget)
+    error = caught.value
+    assert isinstance(error, outlines.NodeError)
+    assert error.needed_tokens == PER_BATCH and error.spent_tokens == PER_BATCH
+    assert "Budget(tokens=32)" in str(error) and "would need up to 32 tokens" in str(error)
+    assert len(server.requests) == 1
+    server.reset()
+    values = llm(q).eval({"q": PROMPTS[:4]}, cache=cache, budget=Budget(tokens=0))  # all cached: free
+    assert list(values) == ["short answer"] * 4 and server.requests == []
+
+
+def test_a_cost_budget_prices_prompt_and_completion_tokens(server: FakeOpenAI, tmp_path: Any) -> None:
+    q = outlines.string("q")
+    llm = completion(server, price=(1.0, 2.0))  # per million tokens
+    per_batch = (12 * 1.0 + 20 * 2.0) / 1e6
+    values = llm(q).eval({"q": PROMPTS}, cache=Cache(tmp_path), errors="return",
+                         budget=Budget(cost=3 * per_batch))
+    assert len(server.requests) == 3
+    assert sum(isinstance(v, outlines.Failure) for v in values) == 4
+
+
+def test_a_cost_budget_needs_a_price_and_a_token_budget_needs_max_tokens(tmp_path: Any) -> None:
+    backend = RecordingBackend()
+    q = outlines.string("q")
+    llm = models.Model(backend)
+    with pytest.raises(outlines.NodeError, match="needs max_tokens"):
+        llm(q).eval({"q": "a"}, cache=False, budget=Budget(tokens=100))
+    with pytest.raises(outlines.NodeError, match="needs a price"):
+        llm(q, max_tokens=4).eval({"q": "a"}, cache=False, budget=Budget(cost=1.0))
+    value = llm(q, max_tokens=4).eval({"q": "a"}, cache=False, budget=Budget(cost=1.0, prices={backend.model_name: (1, 1)}))
+    assert isinstance(value, str)
+    assert len(backend.batches) == 1
+
+
+def test_budget_validates_its_arguments() -> None:
+    with pytest.raises(ValueError, match="tokens=, cost= or both"):
+        Budget()
+    with pytest.raises(ValueError, match="integer >= 0"):
+        Budget(tokens=-1)
+    with pytest.raises(TypeError, match="outlines.Budget"):
+        outlines.eval(outlines.constant("x"), budget=100)
+
+
+def test_guard_settles_a_batch_at_its_reported_usage() -> None:
+    backend = RecordingBackend()
+    guard = BudgetGuard(Budget(tokens=100))
+    from outlines.backends.base import Draw, GenerationParams
+
+    draws = [Draw("a b c d", GenerationParams(max_tokens=10), 0)]
+    ticket = guard.admit(backend, draws, "node")
+    assert guard.reserved[ticket] == (2 + 10, 0.0)  # "a b c d": 7 characters, 2 tokens by the estimate
+    guard.settle(ticket, backend, (3, 4), failed=False)
+    assert guard.tokens == 7 and guard.reserved == {}
+    np.testing.assert_equal(guard.exhausted, None)
+
+
+def test_a_program_carries_its_budget(server: FakeOpenAI, tmp_path: Any) -> None:
+    llm = completion(server)
+    program = outlines.compile(lambda q: llm(q), cache=Cache(tmp_path), errors="return",
+                               budget=Budget(tokens=PER_BATCH))
+    values = program(PROMPTS[:8])
+    assert len(server.requests) == 1 and sum(isinstance(v, outlines.Failure) for v in values) == 4
+    assert list(program.with_options(budget=Budget(tokens=PER_BATCH))(PROMPTS[:8])) == ["short answer"] * 8
+    assert len(server.requests) == 2

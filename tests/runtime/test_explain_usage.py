@@ -1,0 +1,124 @@
+"""Token and cost plans (issue 17): ``explain`` counts what a run will be billed.
+
+The fake OpenAI server reports ``usage`` counted with the tokenizer the model
+is given (one token per word; every message's content for chat), so the
+prompt tokens ``explain`` predicts, after cache hits and deduplication, must
+equal what the server reports for the run. Completion tokens are bounded by
+``max_tokens`` per sample.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+import outlines
+from outlines import models
+from outlines.backends.usage import Price, estimate_tokens, tiktoken_counter
+from outlines.cache import Cache
+from tests.fixtures.fake_openai import FakeOpenAI
+
+
+def words(text: str) -> int:
+    return len(text.split())
+
+
+@pytest.fixture
+def server() -> Any:
+    with FakeOpenAI(tokenizer=words, reply=lambda prompt, sample, body: f"answer-{sample}") as fake:
+        yield fake
+
+
+@outlines.prompt
+def ask(question):
+    """Question: {{ question }}
+    Answer briefly."""
+
+
+@outlines.prompt
+def judge(question, answers):
+    """Which answer to {{ question }} is best?
+    {% for a in answers %}- {{ a }}
+    {% endfor %}"""
+
+
+@pytest.mark.parametrize("constructor", [models.openai, models.openai_completion])
+def test_predicted_prompt_tokens_equal_the_usage_the_server_reports(
+    server: FakeOpenAI, tmp_path: Any, constructor: Any
+) -> None:
+    llm = constructor("fake", base_url=server.base_url, api_key="sk-x", tokenizer=words, max_tokens=7,
+                      max_batch=4, price=(2.0, 8.0))
+    q = outlines.string("q")
+    answers = llm(ask(q), num_samples=3)
+    questions = ["what is two plus two", "name a colour", "what is two plus two", "why is the sky blue"]
+    cache = Cache(tmp_path)
+    plan = outlines.explain(answers, givens={q: questions}, cache=cache)
+    usage = plan.usage[repr(llm.backend)]
+    assert usage.exact and plan.exact
+    with outlines.trace() as trace:
+        answers.eval({q: questions}, cache=cache)
+    reported = trace.tokens
+    assert plan.prompt_tokens == reported[0] > 0
+    assert usage.requests == len(server.requests) and usage.batches == len(trace.batches)
+    # 3 unique questions x 3 samples, at most 7 tokens each.
+    assert plan.completion_tokens == 3 * 3 * 7 >= reported[1]
+    assert plan.cost == pytest.approx(Price(2.0, 8.0).cost(plan.prompt_tokens, 63))
+    assert trace.cost() == pytest.approx(Price(2.0, 8.0).cost(*reported))
+    assert "cost" in trace.summary() and "tokens:" in plan.summary()
+
+
+def test_cache_hits_and_duplicates_cost_no_tokens(server: FakeOpenAI, tmp_path: Any) -> None:
+    llm = models.openai("fake", base_url=server.base_url, api_key="sk-x", tokenizer=words, max_tokens=5)
+    q = outlines.string("q")
+    cache = Cache(tmp_path)
+    llm(q).eval({q: ["one two"]}, cache=cache)
+    server.reset()
+    plan = outlines.explain(llm(q), givens={q: ["one two", "three four five", "three four five"]}, cache=cache)
+    assert plan.prompt_tokens == 3 and plan.completion_tokens == 5
+    with outlines.trace() as trace:
+        llm(q).eval({q: ["one two", "three four five", "three four five"]}, cache=cache)
+    assert trace.tokens[0] == 3 and len(server.requests) == 1
+
+
+def test_prices_from_a_user_table_and_prompts_computed_from_model_outputs(server: FakeOpenAI) -> None:
+    llm = models.openai("fake", base_url=server.base_url, api_key="sk-x", tokenizer=words, max_tokens=4)
+    q = outlines.string("q")
+    chain = llm(judge(q, llm(ask(q), num_samples=2)))
+    plan = outlines.explain(chain, givens={q: "hi there"}, cache=False, prices={"fake": (1.0, 1.0)})
+    usage = plan.usage[repr(llm.backend)]
+    assert usage.exact and usage.unknown_prompts == 1  # the judge's prompt is computed from model outputs
+    assert usage.prompt_tokens == words(ask("hi there").eval(cache=False))
+    assert usage.completion_tokens == 2 * 4 + 4
+    assert usage.cost == pytest.approx((usage.prompt_tokens + usage.completion_tokens) / 1e6)
+    no_price = outlines.explain(chain, givens={q: "hi"}, cache=False)
+    assert no_price.cost is None
+    unbounded = outlines.explain(models.openai("fake", base_url=server.base_url, api_key="k")(q), givens={q: "x"})
+    assert unbounded.completion_tokens is None and "unbounded" in unbounded.summary()
+
+
+def test_without_a_tokenizer_chat_prompts_are_estimated_with_the_chat_format() -> None:
+    llm = models.openai("some-unknown-model", base_url="http://127.0.0.1:9/v1", api_key="k", max_tokens=1)
+    backend = llm.backend
+    assert tiktoken_counter("some-unknown-model") is None and not backend.tokens_exact
+    # One user message: its content's estimate, 3 tokens for the message, 3 for the reply.
+    assert backend.count_tokens("abcdefgh") == estimate_tokens("abcdefgh") + 3 + 3 == 8
+    completion = models.openai_completion("some-unknown-model", base_url="http://127.0.0.1:9/v1", api_key="k")
+    assert completion.backend.count_tokens("abcdefgh") == 2
+    with pytest.raises(TypeError, match="tokenizer must be a callable"):
+        models.openai("m", api_key="k", tokenizer="cl100k_base")
+    with pytest.raises(ValueError, match="price input must be a number"):
+        models.openai("m", api_key="k", price=(-1, 2))
+
+
+def test_a_local_model_counts_prompt_tokens_exactly_with_its_own_tokenizer(tiny_model_path: str, tmp_path: Any) -> None:
+    pytest.importorskip("transformers")
+    llm = models.transformers(tiny_model_path, max_tokens=3, temperature=0, max_batch=2)
+    q = outlines.string("q")
+    questions = ["a short one", "a somewhat longer question here", "x"]
+    cache = Cache(tmp_path)
+    plan = outlines.explain(llm(ask(q)), givens={q: questions}, cache=cache)
+    assert plan.usage[repr(llm.backend)].exact and plan.usage[repr(llm.backend)].batches == 2
+    with outlines.trace() as trace:
+        llm(ask(q)).eval({q: questions}, cache=cache)
+    assert plan.prompt_tokens == trace.tokens[0] > 0
+    assert plan.completion_tokens == 3 * 3 >= trace.tokens[1]
