@@ -1,8 +1,11 @@
 """Model calls inside a schedule: draws, per-backend queues, batches, the cache.
 
 A ready ``Generate`` node turns into draws that join the ``BatchQueue`` of its
-(backend, params less the constraint: ``queue_key``). After each dispatch round the scheduler flushes the
-``Batcher``: queued draws are deduplicated (waiters keyed by backend and draw),
+(backend, params less the constraint: ``queue_key``). Inside the batcher a draw
+is a plain tuple ``(prompt, draw number, params number in its queue)``, which
+hashes in C; ``Draw`` objects are made only for what a backend is sent, as a
+column-wise ``DrawBatch``. After each dispatch round the scheduler flushes the
+``Batcher``: queued draws are deduplicated (the queue's waiters, by that tuple),
 looked up in the cache in one query (``lookup``), split by the backend's
 ``max_batch`` (``batch_sizes``) and sent as batch tasks, at most
 ``max_concurrency`` per backend. A queue stays open for a short gathering
@@ -21,12 +24,13 @@ from __future__ import annotations
 import asyncio
 import time
 from dataclasses import replace
+from operator import itemgetter
 from typing import Any, Callable, Coroutine, Iterable, Sequence
 
 import numpy as np
 
 from outlines import cache as cache_module
-from outlines.backends.base import Backend, BackendError, BatchReport, Draw, GenerationParams
+from outlines.backends.base import Backend, BackendError, BatchReport, Draw, DrawBatch, GenerationParams
 from outlines.backends.constraints import generate_valid
 from outlines.errors import Failure
 from outlines.graph.basic import Apply
@@ -45,7 +49,7 @@ def queue_key(backend: Backend, params: GenerationParams) -> tuple[Backend, Gene
     (issue 13): a local model masks each row under its own constraint in one
     forward pass, and each draw keeps its params (so its cache key).
     """
-    return backend, replace(params, constraint=None)
+    return backend, (params if params.constraint is None else replace(params, constraint=None))
 
 
 def unique_draws(draws: Iterable[Draw]) -> list[Draw]:
@@ -86,16 +90,57 @@ class NodeDraws:
         self.hits = 0
 
 
-class BatchQueue:
-    """Draws waiting to be sent to one backend with one set of params."""
+_first, _second, _third = itemgetter(0), itemgetter(1), itemgetter(2)
 
-    __slots__ = ("backend", "pending", "since", "unready")
+#: A draw inside the batcher: (prompt, draw number, index of its params in ``BatchQueue.params``).
+DrawKey = tuple[Any, int, int]
+Waiters = list[tuple[NodeDraws, int]]
+
+
+class BatchQueue:
+    """Draws waiting to be sent to one backend with one set of params (constraints aside).
+
+    ``pending`` holds the draws not sent yet, in arrival order; ``waiters``
+    maps each draw in flight or pending to the (node, position) pairs that
+    want its text; ``params`` numbers the params of the queue's draws
+    (several only when constraints differ).
+    """
+
+    __slots__ = ("backend", "pending", "since", "unready", "waiters", "params", "param_ids")
 
     def __init__(self, backend: Backend) -> None:
         self.backend = backend
-        self.pending: dict[Draw, None] = {}
+        self.pending: dict[Any, None] = {}
         self.since = 0.0
         self.unready = 0  # Generate nodes of this queue not dispatched yet
+        self.waiters: dict[DrawKey, Waiters] = {}
+        self.params: list[GenerationParams] = []
+        self.param_ids: dict[GenerationParams, int] = {}
+
+    def param_id(self, params: GenerationParams) -> int:
+        """The number of ``params`` in this queue (added on first use)."""
+        number = self.param_ids.get(params)
+        if number is None:
+            number = self.param_ids[params] = len(self.params)
+            self.params.append(params)
+        return number
+
+    def batch(self, keys: Sequence[DrawKey]) -> DrawBatch:
+        """The ``DrawBatch`` of ``keys``."""
+        if not keys:
+            return DrawBatch([], [], [])
+        prompts = list(map(_first, keys))
+        numbers = list(map(_second, keys))
+        if len(self.params) == 1:
+            params = [self.params[0]] * len(keys)
+        else:
+            params = [self.params[i] for i in map(_third, keys)]
+        return DrawBatch(prompts, params, numbers)
+
+    @property
+    def constrained(self) -> bool:
+        """Whether any of the queue's draws carries a constraint (then texts are checked)."""
+        return any(p.constraint is not None for p in self.params)
 
 
 Spawn = Callable[[Coroutine[Any, Any, Any], Callable[["asyncio.Task[Any]"], None]], None]
@@ -152,7 +197,7 @@ class Batcher:
         self.spawn = spawn
         self.wake = wake
         self.queues: dict[tuple[Backend, Any], BatchQueue] = {}
-        self.waiters: dict[tuple[Backend, Draw], list[tuple[NodeDraws, int]]] = {}
+        self.routes: dict[int, tuple[BatchQueue, int]] = {}  # id(Generate op) -> its queue, params number
         self.limits: dict[Backend, asyncio.Semaphore | None] = {}
         self.batch_ids = 0
         self.timer: asyncio.TimerHandle | None = None
@@ -176,17 +221,24 @@ class Batcher:
         return self.timer is not None
 
     def _queue(self, node: Apply) -> BatchQueue:
-        key = queue_key(node.op.backend, node.op.params)  # type: ignore[attr-defined]
-        queue = self.queues.get(key)
-        if queue is None:
-            queue = self.queues[key] = BatchQueue(node.op.backend)  # type: ignore[attr-defined]
-        return queue
+        return self._route(node.op)[0]
+
+    def _route(self, op: Any) -> tuple[BatchQueue, int]:
+        """The queue of a Generate op and its params' number there (looked up once per op)."""
+        route = self.routes.get(id(op))
+        if route is None:
+            key = queue_key(op.backend, op.params)
+            queue = self.queues.get(key)
+            if queue is None:
+                queue = self.queues[key] = BatchQueue(op.backend)
+            route = self.routes[id(op)] = (queue, queue.param_id(op.params))
+        return route
 
     # -- draws in ------------------------------------------------------------------
     def start(self, index: int, node: Apply, prompt: Any, failed_input: bool) -> None:
         """Turn a ready Generate node into queued draws (``failed_input``: its prompt holds Failures)."""
         op: Any = node.op
-        queue = self._queue(node)
+        queue, params_id = self._route(op)
         queue.unready -= 1
         if isinstance(prompt, Failure):
             self.finish(index, prompt.skipped(node.label, op.name))
@@ -195,23 +247,38 @@ class Batcher:
         if self.return_failures and isinstance(prompt, np.ndarray) and failed_input:
             failed = [x if isinstance(x, Failure) else None for x in prompt.reshape(-1)]
             prompt = np.where(np.vectorize(lambda x: isinstance(x, Failure), otypes=[bool])(prompt), "", prompt)
-        shape, draws = op.draws(prompt, self.plan.draw_offsets.get(id(node), 0))
-        outstanding = NodeDraws(index, shape, len(draws))
-        per_element = op.num_samples
+        shape, texts, numbers = op.columns(prompt, self.plan.draw_offsets.get(id(node), 0))
+        outstanding = NodeDraws(index, shape, len(texts) * len(numbers))
         if not queue.pending:
             queue.since = time.perf_counter()
-        for position, draw in enumerate(draws):
-            upstream = failed[position // per_element] if failed else None
-            if upstream is not None:
-                outstanding.results[position] = upstream.skipped(node.label, op.name)
-                outstanding.remaining -= 1
-                continue
-            waiting = self.waiters.get((queue.backend, draw))
-            if waiting is None:
-                self.waiters[queue.backend, draw] = [(outstanding, position)]
-                queue.pending[draw] = None
-            else:
-                waiting.append((outstanding, position))
+        waiters, pending = queue.waiters, queue.pending
+        if len(numbers) == 1 and not failed:  # the hot path: one draw per element
+            number = numbers[0]
+            for position, text in enumerate(texts):
+                key = (text, number, params_id)
+                waiting = waiters.get(key)
+                if waiting is None:
+                    waiters[key] = [(outstanding, position)]
+                    pending[key] = None
+                else:
+                    waiting.append((outstanding, position))
+        else:
+            position = 0
+            for element, text in enumerate(texts):
+                upstream = failed[element] if failed else None
+                for number in numbers:
+                    if upstream is not None:
+                        outstanding.results[position] = upstream.skipped(node.label, op.name)
+                        outstanding.remaining -= 1
+                    else:
+                        key = (text, number, params_id)
+                        waiting = waiters.get(key)
+                        if waiting is None:
+                            waiters[key] = [(outstanding, position)]
+                            pending[key] = None
+                        else:
+                            waiting.append((outstanding, position))
+                    position += 1
         if outstanding.remaining == 0:
             self._finish_node(outstanding)
 
@@ -248,40 +315,50 @@ class Batcher:
             await backend.aclose()
 
     def _send(self, queue: BatchQueue, whole_batches: bool = False) -> None:
-        draws = list(queue.pending)
+        keys = list(queue.pending)
         backend = queue.backend
         if whole_batches:
-            size = backend.max_batch or len(draws)
-            draws = draws[: len(draws) - len(draws) % size]
-            for draw in draws:
-                del queue.pending[draw]
+            size = backend.max_batch or len(keys)
+            keys = keys[: len(keys) - len(keys) % size]
+            for key in keys:
+                del queue.pending[key]
         else:
             queue.pending.clear()
-        found = lookup(self.cache, backend, draws)
+        draws = queue.batch(keys)
+        # Each draw's cache key is computed once: for the lookup and for storing its text.
+        cached = self.cache is not None and backend.cacheable
+        cache_keys = [cache_module.draw_key(backend.identity, d) for d in draws] if cached else []
+        found = self.cache.get_many(cache_keys, record=True, expect=str) if cache_keys else None
         if found:
-            for draw in draws:
-                if draw in found:
-                    self._resolve(backend, draw, found[draw], hit=True)
-            draws = [d for d in draws if d not in found]
+            missing = []
+            for position, cache_key in enumerate(cache_keys):
+                if cache_key in found:
+                    self._resolve(queue, keys[position], found[cache_key], hit=True)
+                else:
+                    missing.append(position)
+            keys = [keys[i] for i in missing]
+            cache_keys = [cache_keys[i] for i in missing]
+            draws = queue.batch(keys)
         start = 0
-        for size in batch_sizes(len(draws), backend.max_batch) if draws else []:
-            self._start_batch(backend, draws[start : start + size])
-            start += size
+        for size in batch_sizes(len(keys), backend.max_batch) if keys else []:
+            end = start + size
+            self._start_batch(queue, keys[start:end], draws[start:end] if size < len(keys) else draws,
+                              cache_keys[start:end])
+            start = end
 
-    def _start_batch(self, backend: Backend, draws: list[Draw]) -> None:
+    def _start_batch(self, queue: BatchQueue, keys: list[DrawKey], draws: DrawBatch, cache_keys: list[str]) -> None:
+        """Send one batch; ``cache_keys`` is empty when its texts are not cached."""
         self.batch_ids += 1
         batch_id = self.batch_ids
-        # Empty: no cache, or a backend that is not cacheable (nothing goes to disk).
-        cached = self.cache is not None and backend.cacheable
-        keys = [cache_module.draw_key(backend.identity, d) for d in draws] if cached else []
+        backend = queue.backend
 
         def on_result(index: int, text: str) -> None:
-            if keys and 0 <= index < len(keys):
-                self.cache.put_many({keys[index]: text})
+            if cache_keys and 0 <= index < len(cache_keys):
+                self.cache.put_many({cache_keys[index]: text})
 
         def on_failure(index: int, error: BaseException) -> None:
-            if not self.return_failures and 0 <= index < len(draws):
-                self._fail_draw(backend, draws[index], error)
+            if not self.return_failures and 0 <= index < len(keys):
+                self._fail_draw(queue, keys[index], error)
 
         report = BatchReport(
             on_result=on_result,
@@ -291,13 +368,15 @@ class Batcher:
             request_limit=self.request_limit if backend.sends_requests else None,
         )
         self.spawn(
-            self._run_batch(batch_id, backend, draws, keys, report),
-            lambda task: self._batch_done(backend, draws, task, report),
+            self._run_batch(batch_id, queue, keys, draws, cache_keys, report),
+            lambda task: self._batch_done(queue, keys, task, report),
         )
 
     async def _run_batch(
-        self, batch_id: int, backend: Backend, draws: list[Draw], keys: list[str], report: BatchReport
+        self, batch_id: int, queue: BatchQueue, draw_keys: list[DrawKey], draws: DrawBatch, keys: list[str],
+        report: BatchReport,
     ) -> list[str]:
+        backend = queue.backend
         limit = self._limit(backend)
         # A backend that sends its own requests takes one evaluation slot per request.
         whole = self.request_limit if not backend.sends_requests else None
@@ -307,14 +386,17 @@ class Batcher:
             await whole.acquire()
         nodes: list[str] = []
         if self.tracing:  # a waiter lookup per draw: only when someone listens
-            indices = {d.index for r in draws for d, _ in self.waiters.get((backend, r), ())}
+            indices = {d.index for key in draw_keys for d, _ in queue.waiters.get(key, ())}
             nodes = sorted(self.plan.nodes[i].label for i in indices)
         self.recorder.batch_started(batch_id, backend, nodes, len(draws), time.perf_counter())
         error: BaseException | None = None
         worker = None
         try:
             # Constrained draws are checked, and retried while they break their constraint.
-            texts, worker = await generate_valid(self.executor.generate, backend, draws, report)
+            if queue.constrained:
+                texts, worker = await generate_valid(self.executor.generate, backend, draws, report)
+            else:
+                texts, worker = await self.executor.generate(backend, draws, report)
             if not isinstance(texts, list) or len(texts) != len(draws):
                 raise BackendError(f"{backend!r} returned {len(texts)} completions for {len(draws)} prompts")
             if keys:  # what the backend did not report (and cache) already
@@ -341,37 +423,47 @@ class Batcher:
         return self.limits[backend]
 
     # -- results back -------------------------------------------------------------
-    def _batch_done(self, backend: Backend, draws: list[Draw], task: asyncio.Task[Any], report: BatchReport) -> None:
+    def _batch_done(self, queue: BatchQueue, keys: list[DrawKey], task: asyncio.Task[Any], report: BatchReport) -> None:
         exc = task.exception()
         if exc is None:
             texts = task.result()
-            for index, draw in enumerate(draws):
-                if index in report.failures:
-                    self._fail_draw(backend, draw, report.failures[index])
+            failures, results = report.failures, report.results
+            if not failures and not results:  # the common case: one loop, no lookups
+                waiters = queue.waiters
+                for key, text in zip(keys, texts):
+                    for outstanding, position in waiters.pop(key, ()):
+                        outstanding.results[position] = text
+                        outstanding.remaining -= 1
+                        if outstanding.remaining == 0:
+                            self._finish_node(outstanding)
+                return
+            for index, key in enumerate(keys):
+                if index in failures:
+                    self._fail_draw(queue, key, failures[index])
                 else:
-                    self._resolve(backend, draw, report.results.get(index, texts[index]), hit=False)
+                    self._resolve(queue, key, results.get(index, texts[index]), hit=False)
             return
         if not self.return_failures:
-            self._fail_draw(backend, draws[0], exc)
+            self._fail_draw(queue, keys[0], exc)
             return
         # What finished before the failure is kept; each reported failure is its own.
-        for index, draw in enumerate(draws):
+        for index, key in enumerate(keys):
             if index in report.results:
-                self._resolve(backend, draw, report.results[index], hit=False)
+                self._resolve(queue, key, report.results[index], hit=False)
             else:
-                self._fail_draw(backend, draw, report.failures.get(index, exc))
+                self._fail_draw(queue, key, report.failures.get(index, exc))
 
-    def _fail_draw(self, backend: Backend, draw: Draw, exc: BaseException) -> None:
+    def _fail_draw(self, queue: BatchQueue, key: DrawKey, exc: BaseException) -> None:
         if not self.return_failures:
-            waiting = self.waiters.get((backend, draw))
+            waiting = queue.waiters.get(key)
             self.fail(waiting[0][0].index if waiting else 0, exc)
             return
-        for outstanding, position in self.waiters.pop((backend, draw), ()):
+        for outstanding, position in queue.waiters.pop(key, ()):
             node = self.plan.nodes[outstanding.index]
             self._resolve_one(outstanding, position, Failure.from_exception(node.label, node.op.name, exc))
 
-    def _resolve(self, backend: Backend, draw: Draw, value: Any, *, hit: bool) -> None:
-        for outstanding, position in self.waiters.pop((backend, draw), ()):
+    def _resolve(self, queue: BatchQueue, key: DrawKey, value: Any, *, hit: bool) -> None:
+        for outstanding, position in queue.waiters.pop(key, ()):
             outstanding.hits += hit
             self._resolve_one(outstanding, position, value)
 
