@@ -36,3 +36,57 @@ def test_lookup_finds_cached_draws_in_one_query(tmp_path: Path) -> None:
     assert lookup(None, backend, [hit]) == {} and lookup(cache, backend, []) == {}
     other = RecordingBackend(name="other")
     assert lookup(cache, other, [hit]) == {}  # keys hold the backend identity
+
+
+# -- the batcher's draw form (issue 15) ---------------------------------------------------------
+def test_a_draw_batch_is_a_sequence_of_draws_held_as_columns() -> None:
+    import pickle
+
+    from outlines.backends.base import DrawBatch
+
+    draws = [Draw("a", PARAMS, 0), Draw("b", PARAMS, 2), Draw("a", GenerationParams(), 1)]
+    batch = DrawBatch.of(draws)
+    assert batch.prompts == ["a", "b", "a"] and batch.numbers == [0, 2, 1]
+    assert list(batch) == draws and batch[1] == draws[1] and len(batch) == 3
+    assert batch[1:] == draws[1:] and isinstance(batch[1:], DrawBatch)
+    assert batch == draws and batch == DrawBatch.of(draws) and batch != draws[:2]
+    assert DrawBatch.of(batch) is batch
+    assert pickle.loads(pickle.dumps(batch)) == batch  # it crosses to Dask workers
+
+
+def test_queues_key_draws_by_prompt_number_and_params_and_build_batches_of_them() -> None:
+    from outlines.backends.constraints import make_constraint
+    from outlines.runtime.batching import BatchQueue
+
+    queue = BatchQueue(RecordingBackend())
+    plain = GenerationParams.create(temperature=0.5)
+    constrained = GenerationParams.create(temperature=0.5, constraint=make_constraint(choices=["y", "n"]))
+    assert queue.param_id(plain) == 0 and queue.param_id(GenerationParams.create(temperature=0.5)) == 0
+    assert not queue.constrained
+    assert queue.param_id(constrained) == 1 and queue.constrained
+    batch = queue.batch([("p", 3, 0), ("q", 0, 1)])
+    assert list(batch) == [Draw("p", plain, 3), Draw("q", constrained, 0)]
+    assert len(queue.batch([])) == 0
+
+
+def test_params_hash_once_equal_params_hash_equal_and_pickle_without_their_hash() -> None:
+    import pickle
+
+    first = GenerationParams.create(temperature=0.5, stop=["\n"], logit_bias={"1": 2})
+    second = GenerationParams.create(logit_bias={"1": 2}, stop="\n", temperature=0.5)
+    assert first == second and hash(first) == hash(second)
+    assert {first: 1}[second] == 1
+    assert hash(first) != hash(GenerationParams.create(temperature=0.6, stop=["\n"], logit_bias={"1": 2}))
+    copy = pickle.loads(pickle.dumps(first))
+    assert copy == first and "_hash" not in pickle.loads(pickle.dumps(GenerationParams())).__dict__
+
+
+def test_merged_without_overrides_is_the_same_params_and_with_them_a_validated_copy() -> None:
+    base = GenerationParams.create(temperature=0.5, logit_bias={"1": 2})
+    assert base.merged() is base and base.merged(max_tokens=None, stop=None) is base
+    changed = base.merged(max_tokens=8, stop="x", presence_penalty=0.1)
+    assert changed.max_tokens == 8 and changed.stop == ("x",) and changed.temperature == 0.5
+    assert dict(changed.extra) == {"logit_bias": {"1": 2}, "presence_penalty": 0.1}
+    assert base.max_tokens is None and dict(base.extra) == {"logit_bias": {"1": 2}}
+    with pytest.raises(ValueError, match="max_tokens"):
+        base.merged(max_tokens=0)
