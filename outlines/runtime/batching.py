@@ -24,6 +24,8 @@ from __future__ import annotations
 import asyncio
 import time
 from dataclasses import replace
+from collections import deque
+from itertools import repeat
 from operator import itemgetter
 from typing import Any, Callable, Coroutine, Iterable, Sequence
 
@@ -78,9 +80,16 @@ def lookup(cache: Any, backend: Backend, draws: Sequence[Draw], *, record: bool 
 
 # -- state --------------------------------------------------------------------------
 class NodeDraws:
-    """The outstanding draws of one running Generate node."""
+    """The outstanding draws of one running Generate node.
 
-    __slots__ = ("index", "shape", "results", "remaining", "hits")
+    A node waits per element (``results[position]``, ``remaining`` counts
+    positions) or, for a large prompt array, in bulk: ``keys`` holds the draw
+    of each position, ``found`` the values of its distinct draws as they
+    arrive, ``remaining`` counts distinct draws, and the results are read out
+    of ``found`` in one pass at the end.
+    """
+
+    __slots__ = ("index", "shape", "results", "remaining", "hits", "keys", "found", "hit_keys")
 
     def __init__(self, index: int, shape: tuple[int, ...], count: int) -> None:
         self.index = index
@@ -88,9 +97,32 @@ class NodeDraws:
         self.results: list[Any] = [None] * count
         self.remaining = count
         self.hits = 0
+        self.keys: list[Any] | None = None
+        self.found: dict[Any, Any] = {}
+        self.hit_keys: set[Any] = set()
+
+
+#: Prompt arrays of at least this many elements wait in bulk (see ``NodeDraws``).
+BULK_MIN = 64
+#: The position a bulk node waits at in a shared waiter list.
+BULK = -1
 
 
 _first, _second, _third = itemgetter(0), itemgetter(1), itemgetter(2)
+
+
+def _pairs(entry: Any) -> list[tuple[NodeDraws, int]]:
+    """The (node, position) pairs of a waiter entry: a list of them, or a bulk node alone."""
+    if entry is None:
+        return []
+    if entry.__class__ is NodeDraws:
+        return [(entry, BULK)]
+    return entry  # type: ignore[no-any-return]
+
+
+def _waiting_nodes(entry: Any) -> list[NodeDraws]:
+    return [node for node, _ in _pairs(entry)]
+
 
 #: A draw inside the batcher: (prompt, draw number, index of its params in ``BatchQueue.params``).
 DrawKey = tuple[Any, int, int]
@@ -113,7 +145,7 @@ class BatchQueue:
         self.pending: dict[Any, None] = {}
         self.since = 0.0
         self.unready = 0  # Generate nodes of this queue not dispatched yet
-        self.waiters: dict[DrawKey, Waiters] = {}
+        self.waiters: dict[DrawKey, Waiters | NodeDraws] = {}  # a bulk node alone: itself (see NodeDraws)
         self.params: list[GenerationParams] = []
         self.param_ids: dict[GenerationParams, int] = {}
 
@@ -252,7 +284,15 @@ class Batcher:
         if not queue.pending:
             queue.since = time.perf_counter()
         waiters, pending = queue.waiters, queue.pending
-        if len(numbers) == 1 and not failed:  # the hot path: one draw per element
+        if len(numbers) == 1 and not failed and len(texts) >= BULK_MIN:
+            keys = list(zip(texts, repeat(numbers[0]), repeat(params_id)))
+            unique = dict.fromkeys(keys)
+            if waiters.keys().isdisjoint(unique):  # nothing shared with draws already queued: C-speed steps only
+                outstanding.keys, outstanding.remaining = keys, len(unique)
+                waiters.update(zip(unique, repeat(outstanding)))
+                pending.update(unique)
+                return
+        if len(numbers) == 1 and not failed:  # one draw per element
             number = numbers[0]
             for position, text in enumerate(texts):
                 key = (text, number, params_id)
@@ -260,8 +300,10 @@ class Batcher:
                 if waiting is None:
                     waiters[key] = [(outstanding, position)]
                     pending[key] = None
-                else:
+                elif isinstance(waiting, list):
                     waiting.append((outstanding, position))
+                else:  # a bulk node's draw, now shared
+                    waiters[key] = [(waiting, BULK), (outstanding, position)]
         else:
             position = 0
             for element, text in enumerate(texts):
@@ -276,8 +318,10 @@ class Batcher:
                         if waiting is None:
                             waiters[key] = [(outstanding, position)]
                             pending[key] = None
-                        else:
+                        elif isinstance(waiting, list):
                             waiting.append((outstanding, position))
+                        else:  # a bulk node's draw, now shared
+                            waiters[key] = [(waiting, BULK), (outstanding, position)]
                     position += 1
         if outstanding.remaining == 0:
             self._finish_node(outstanding)
@@ -330,12 +374,13 @@ class Batcher:
         cache_keys = [cache_module.draw_key(backend.identity, d) for d in draws] if cached else []
         found = self.cache.get_many(cache_keys, record=True, expect=str) if cache_keys else None
         if found:
-            missing = []
+            missing, hits = [], []
             for position, cache_key in enumerate(cache_keys):
                 if cache_key in found:
-                    self._resolve(queue, keys[position], found[cache_key], hit=True)
+                    hits.append(position)
                 else:
                     missing.append(position)
+            self._resolve_many(queue, [keys[i] for i in hits], [found[cache_keys[i]] for i in hits], hit=True)
             keys = [keys[i] for i in missing]
             cache_keys = [cache_keys[i] for i in missing]
             draws = queue.batch(keys)
@@ -386,7 +431,7 @@ class Batcher:
             await whole.acquire()
         nodes: list[str] = []
         if self.tracing:  # a waiter lookup per draw: only when someone listens
-            indices = {d.index for key in draw_keys for d, _ in queue.waiters.get(key, ())}
+            indices = {d.index for key in draw_keys for d in _waiting_nodes(queue.waiters.get(key))}
             nodes = sorted(self.plan.nodes[i].label for i in indices)
         self.recorder.batch_started(batch_id, backend, nodes, len(draws), time.perf_counter())
         error: BaseException | None = None
@@ -428,14 +473,8 @@ class Batcher:
         if exc is None:
             texts = task.result()
             failures, results = report.failures, report.results
-            if not failures and not results:  # the common case: one loop, no lookups
-                waiters = queue.waiters
-                for key, text in zip(keys, texts):
-                    for outstanding, position in waiters.pop(key, ()):
-                        outstanding.results[position] = text
-                        outstanding.remaining -= 1
-                        if outstanding.remaining == 0:
-                            self._finish_node(outstanding)
+            if not failures and not results:  # the common case
+                self._resolve_many(queue, keys, texts, hit=False)
                 return
             for index, key in enumerate(keys):
                 if index in failures:
@@ -455,20 +494,45 @@ class Batcher:
 
     def _fail_draw(self, queue: BatchQueue, key: DrawKey, exc: BaseException) -> None:
         if not self.return_failures:
-            waiting = queue.waiters.get(key)
-            self.fail(waiting[0][0].index if waiting else 0, exc)
+            nodes = _waiting_nodes(queue.waiters.get(key))
+            self.fail(nodes[0].index if nodes else 0, exc)
             return
-        for outstanding, position in queue.waiters.pop(key, ()):
+        for outstanding, position in _pairs(queue.waiters.pop(key, None)):
             node = self.plan.nodes[outstanding.index]
-            self._resolve_one(outstanding, position, Failure.from_exception(node.label, node.op.name, exc))
+            self._resolve_one(outstanding, position, key, Failure.from_exception(node.label, node.op.name, exc))
 
     def _resolve(self, queue: BatchQueue, key: DrawKey, value: Any, *, hit: bool) -> None:
-        for outstanding, position in queue.waiters.pop(key, ()):
-            outstanding.hits += hit
-            self._resolve_one(outstanding, position, value)
+        for outstanding, position in _pairs(queue.waiters.pop(key, None)):
+            if hit:
+                outstanding.hits += 1
+                if position == BULK:
+                    outstanding.hit_keys.add(key)
+            self._resolve_one(outstanding, position, key, value)
 
-    def _resolve_one(self, outstanding: NodeDraws, position: int, value: Any) -> None:
-        outstanding.results[position] = value
+    def _resolve_many(self, queue: BatchQueue, keys: list[DrawKey], values: list[Any], *, hit: bool) -> None:
+        """Resolve distinct draws; a batch that only one bulk node waits for is handed over in C-speed steps."""
+        if not keys:
+            return
+        waiters = queue.waiters
+        owner = waiters.get(keys[0])
+        if owner.__class__ is NodeDraws and len(set(map(id, map(waiters.get, keys)))) == 1:
+            bulk: NodeDraws = owner  # type: ignore[assignment]
+            bulk.found.update(zip(keys, values))
+            if hit:
+                bulk.hit_keys.update(keys)
+            deque(map(waiters.pop, keys), maxlen=0)
+            bulk.remaining -= len(keys)
+            if bulk.remaining == 0:
+                self._finish_node(bulk)
+            return
+        for key, value in zip(keys, values):
+            self._resolve(queue, key, value, hit=hit)
+
+    def _resolve_one(self, outstanding: NodeDraws, position: int, key: DrawKey, value: Any) -> None:
+        if position == BULK:
+            outstanding.found[key] = value
+        else:
+            outstanding.results[position] = value
         outstanding.remaining -= 1
         if outstanding.remaining == 0:
             self._finish_node(outstanding)
@@ -476,7 +540,17 @@ class Batcher:
     def _finish_node(self, outstanding: NodeDraws) -> None:
         node = self.plan.nodes[outstanding.index]
         count = len(outstanding.results)
-        self.recorder.node_cache(node, outstanding.hits, count - outstanding.hits)
+        hits = outstanding.hits
+        if outstanding.keys is not None:  # bulk: one pass over the positions; hits count positions too
+            outstanding.results = list(map(outstanding.found.__getitem__, outstanding.keys))
+            hit_keys = outstanding.hit_keys
+            if not hit_keys:
+                hits = 0
+            elif len(hit_keys) == len(outstanding.found):
+                hits = count
+            else:
+                hits = sum(map(hit_keys.__contains__, outstanding.keys))
+        self.recorder.node_cache(node, hits, count - hits)
         if not outstanding.shape:
             self.finish(outstanding.index, outstanding.results[0])
             return

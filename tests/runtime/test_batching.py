@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -90,3 +91,69 @@ def test_merged_without_overrides_is_the_same_params_and_with_them_a_validated_c
     assert base.max_tokens is None and dict(base.extra) == {"logit_bias": {"1": 2}}
     with pytest.raises(ValueError, match="max_tokens"):
         base.merged(max_tokens=0)
+
+
+# -- bulk waiting for large prompt arrays (issue 15) ------------------------------------------------
+def _plain(value: Any) -> Any:
+    """A Failure without its node's label (creation numbers differ between two builds)."""
+    from outlines.errors import Failure
+
+    import re
+
+    if isinstance(value, Failure):
+        return "failure", value.error_type, re.sub(r"#\d+", "#N", value.message)
+    return value
+
+
+def _run_graph(build: str, tmp_path: Path, bulk_min: int, monkeypatch: pytest.MonkeyPatch) -> tuple[Any, ...]:
+    """Evaluate one of a few graphs twice (cold, then warm with more inputs); what a caller can observe."""
+    import numpy as np
+
+    import outlines
+    from outlines.runtime import batching
+
+    monkeypatch.setattr(batching, "BULK_MIN", bulk_min)
+    recording = RecordingBackend(name=f"bulk-{build}", max_batch=48 if build == "split" else None,
+                                 fail_on="boom" if build == "failing" else None)
+    llm = recording.model(temperature=0.5)
+    cache = Cache(tmp_path / f"cache-{bulk_min}")
+    prompts = [f"p{i % 70}" for i in range(100)]  # 70 distinct prompts, 30 repeated
+    if build == "failing":
+        prompts[7] = "boom"
+
+    def graph(values: list[str]) -> list[Any]:
+        array = outlines.constant(np.array(values, dtype=object))
+        first = llm(array)
+        if build == "shared-small-first":
+            return [llm(outlines.constant("p5")), first, llm(first)]
+        if build == "shared-small-last":
+            return [first, llm(outlines.constant("p5")), llm(first)]
+        if build == "samples":
+            return [first, llm(array, num_samples=2)]
+        return [first, llm(first)]
+
+    observed = []
+    for values in (prompts, prompts + ["new1", "new2"]):
+        with outlines.trace() as trace:
+            errors = "return" if build == "failing" else "raise"
+            results = outlines.eval(*graph(values), cache=cache, errors=errors)
+        cache.flush()
+        values_seen = [[_plain(v) for v in np.asarray(r, dtype=object).reshape(-1).tolist()] for r in results]
+        observed.append((values_seen,
+                         (trace.cache_hits, trace.cache_misses)))
+    return tuple(observed), [list(b) for b in recording.batches]
+
+
+@pytest.mark.parametrize("build", ["chain", "split", "shared-small-first", "shared-small-last", "samples", "failing"])
+def test_bulk_waiting_sends_and_returns_what_waiting_per_element_does(
+    build: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    per_element = _run_graph(build, tmp_path, 10**9, monkeypatch)
+    bulk = _run_graph(build, tmp_path, 8, monkeypatch)
+    assert bulk == per_element
+    (cold, _), (warm, (hits, misses)) = per_element[0]
+    if build == "failing":  # the batch holding "boom" fails whole: every element holds a Failure
+        assert all(v[0] == "failure" for v in cold[0])
+    else:
+        assert hits > 0 and misses > 0  # the warm run mixes hits and misses
+        assert "p1." in sum(cold, []) and "new2." in sum(warm, [])
