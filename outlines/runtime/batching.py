@@ -26,7 +26,7 @@ import time
 from dataclasses import replace
 from collections import deque
 from itertools import repeat
-from operator import itemgetter
+from operator import is_, itemgetter
 from typing import Any, Callable, Coroutine, Iterable, Sequence
 
 import numpy as np
@@ -124,8 +124,17 @@ def _waiting_nodes(entry: Any) -> list[NodeDraws]:
     return [node for node, _ in _pairs(entry)]
 
 
-#: A draw inside the batcher: (prompt, draw number, index of its params in ``BatchQueue.params``).
-DrawKey = tuple[Any, int, int]
+#: A draw inside the batcher: ``(prompt, draw number, index of its params in
+#: BatchQueue.params)``, or the prompt itself when it is a ``str`` and both numbers
+#: are 0 (most draws: a string's hash is cached, a tuple's is not). A tuple key is
+#: always the long form, so the two never collide.
+DrawKey = Any
+
+
+def _key(text: Any, number: int, params_id: int) -> DrawKey:
+    if number == 0 and params_id == 0 and isinstance(text, str):  # np.str_ equals and hashes as its str
+        return text
+    return (text, number, params_id)
 Waiters = list[tuple[NodeDraws, int]]
 
 
@@ -161,12 +170,15 @@ class BatchQueue:
         """The ``DrawBatch`` of ``keys``."""
         if not keys:
             return DrawBatch([], [], [])
-        prompts = list(map(_first, keys))
-        numbers = list(map(_second, keys))
+        if not set(map(type, keys)) - {str}:  # all short keys: the prompts themselves
+            return DrawBatch(list(keys), [self.params[0]] * len(keys), [0] * len(keys))
+        long = [k if k.__class__ is tuple else (k, 0, 0) for k in keys]
+        prompts = list(map(_first, long))
+        numbers = list(map(_second, long))
         if len(self.params) == 1:
             params = [self.params[0]] * len(keys)
         else:
-            params = [self.params[i] for i in map(_third, keys)]
+            params = [self.params[i] for i in map(_third, long)]
         return DrawBatch(prompts, params, numbers)
 
     @property
@@ -285,7 +297,10 @@ class Batcher:
             queue.since = time.perf_counter()
         waiters, pending = queue.waiters, queue.pending
         if len(numbers) == 1 and not failed and len(texts) >= BULK_MIN:
-            keys = list(zip(texts, repeat(numbers[0]), repeat(params_id)))
+            if numbers[0] == 0 and params_id == 0 and not set(map(type, texts)) - {str}:
+                keys = texts  # short keys: the prompts themselves
+            else:
+                keys = [_key(text, numbers[0], params_id) for text in texts]
             unique = dict.fromkeys(keys)
             if waiters.keys().isdisjoint(unique):  # nothing shared with draws already queued: C-speed steps only
                 outstanding.keys, outstanding.remaining = keys, len(unique)
@@ -295,7 +310,7 @@ class Batcher:
         if len(numbers) == 1 and not failed:  # one draw per element
             number = numbers[0]
             for position, text in enumerate(texts):
-                key = (text, number, params_id)
+                key = _key(text, number, params_id)
                 waiting = waiters.get(key)
                 if waiting is None:
                     waiters[key] = [(outstanding, position)]
@@ -313,7 +328,7 @@ class Batcher:
                         outstanding.results[position] = upstream.skipped(node.label, op.name)
                         outstanding.remaining -= 1
                     else:
-                        key = (text, number, params_id)
+                        key = _key(text, number, params_id)
                         waiting = waiters.get(key)
                         if waiting is None:
                             waiters[key] = [(outstanding, position)]
@@ -515,7 +530,7 @@ class Batcher:
             return
         waiters = queue.waiters
         owner = waiters.get(keys[0])
-        if owner.__class__ is NodeDraws and len(set(map(id, map(waiters.get, keys)))) == 1:
+        if owner.__class__ is NodeDraws and all(map(is_, map(waiters.get, keys), repeat(owner))):
             bulk: NodeDraws = owner  # type: ignore[assignment]
             bulk.found.update(zip(keys, values))
             if hit:
