@@ -305,7 +305,10 @@ class Batcher:
             if waiters.keys().isdisjoint(unique):  # nothing shared with draws already queued: C-speed steps only
                 outstanding.keys, outstanding.remaining = keys, len(unique)
                 waiters.update(zip(unique, repeat(outstanding)))
-                pending.update(unique)
+                if pending:
+                    pending.update(unique)
+                else:  # its distinct draws, in order, are what the queue has to send: no second table
+                    queue.pending = unique
                 return
         if len(numbers) == 1 and not failed:  # one draw per element
             number = numbers[0]
@@ -532,10 +535,19 @@ class Batcher:
         owner = waiters.get(keys[0])
         if owner.__class__ is NodeDraws and all(map(is_, map(waiters.get, keys), repeat(owner))):
             bulk: NodeDraws = owner  # type: ignore[assignment]
+            if len(waiters) == len(keys):  # each entry is one of these keys (checked above)
+                waiters.clear()
+            else:
+                deque(map(waiters.pop, keys), maxlen=0)
+            if bulk.remaining == len(keys) and not bulk.found and keys == bulk.keys:
+                # One batch holds every draw of the node, in its order, without repeats: the values are its results.
+                bulk.results, bulk.keys, bulk.remaining = list(values), None, 0
+                bulk.hits = len(keys) if hit else 0
+                self._finish_node(bulk)
+                return
             bulk.found.update(zip(keys, values))
             if hit:
                 bulk.hit_keys.update(keys)
-            deque(map(waiters.pop, keys), maxlen=0)
             bulk.remaining -= len(keys)
             if bulk.remaining == 0:
                 self._finish_node(bulk)

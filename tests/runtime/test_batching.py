@@ -118,6 +118,8 @@ def _run_graph(build: str, tmp_path: Path, bulk_min: int, monkeypatch: pytest.Mo
     llm = recording.model(temperature=0.5)
     cache = Cache(tmp_path / f"cache-{bulk_min}")
     prompts = [f"p{i % 70}" for i in range(100)]  # 70 distinct prompts, 30 repeated
+    if build == "distinct":  # one batch holds each node's draws in order: handed over as they are
+        prompts = [f"p{i}" for i in range(100)]
     if build == "failing":
         prompts[7] = "boom"
 
@@ -133,7 +135,7 @@ def _run_graph(build: str, tmp_path: Path, bulk_min: int, monkeypatch: pytest.Mo
         return [first, llm(first)]
 
     observed = []
-    for values in (prompts, prompts + ["new1", "new2"]):
+    for values in (prompts, prompts + ["new1", "new2"], prompts + ["new1", "new2"]):  # cold, partly warm, warm
         with outlines.trace() as trace:
             errors = "return" if build == "failing" else "raise"
             results = outlines.eval(*graph(values), cache=cache, errors=errors)
@@ -144,16 +146,17 @@ def _run_graph(build: str, tmp_path: Path, bulk_min: int, monkeypatch: pytest.Mo
     return tuple(observed), [list(b) for b in recording.batches]
 
 
-@pytest.mark.parametrize("build", ["chain", "split", "shared-small-first", "shared-small-last", "samples", "failing"])
+@pytest.mark.parametrize("build", ["chain", "distinct", "split", "shared-small-first", "shared-small-last", "samples", "failing"])
 def test_bulk_waiting_sends_and_returns_what_waiting_per_element_does(
     build: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     per_element = _run_graph(build, tmp_path, 10**9, monkeypatch)
     bulk = _run_graph(build, tmp_path, 8, monkeypatch)
     assert bulk == per_element
-    (cold, _), (warm, (hits, misses)) = per_element[0]
+    (cold, _), (warm, (hits, misses)) = per_element[0][:2]
     if build == "failing":  # the batch holding "boom" fails whole: every element holds a Failure
         assert all(v[0] == "failure" for v in cold[0])
     else:
         assert hits > 0 and misses > 0  # the warm run mixes hits and misses
         assert "p1." in sum(cold, []) and "new2." in sum(warm, [])
+        assert per_element[0][2][1][1] == 0  # the third run: all hits
