@@ -90,17 +90,27 @@ class Generate(Op):
 
         Draws are ordered element-major: all samples of element 0 first.
         """
+        shape, texts, numbers = self.columns(prompt, draw_offset)
+        return shape, [Draw(text, self.params, d) for text in texts for d in numbers]
+
+    def columns(self, prompt: Any, draw_offset: int) -> tuple[tuple[int, ...], list[Any], list[int]]:
+        """``draws`` without the ``Draw`` objects: output shape, flat prompt texts, draw numbers.
+
+        Each text is drawn once per number (element-major); the scheduler
+        keeps draws in this form until a batch needs them.
+        """
         if isinstance(prompt, np.ndarray):
-            texts = list(prompt.reshape(-1))
+            texts = prompt.reshape(-1).tolist()
             shape: tuple[int, ...] = prompt.shape
         else:
             texts, shape = [prompt], ()
-        for text in texts:
-            if not isinstance(text, str):
-                raise TypeError(f"the prompt must be text, got {type(text).__name__} {text!r:.60}")
+        if set(map(type, texts)) - {str}:  # the exact type first: one C-speed pass
+            for text in texts:
+                if not isinstance(text, str):
+                    raise TypeError(f"the prompt must be text, got {type(text).__name__} {text!r:.60}")
         k = self.num_samples
         numbers = [0] * k if self.params.deterministic else list(range(draw_offset, draw_offset + k))
-        return (shape + (k,) if k > 1 else shape), [Draw(text, self.params, d) for text in texts for d in numbers]
+        return (shape + (k,) if k > 1 else shape), texts, numbers
 
 
 class Model:

@@ -15,7 +15,7 @@ import contextlib
 import copy
 import json
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Any, AsyncIterator, Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, AsyncIterator, Callable, Iterable, Iterator, Mapping, Sequence, overload
 
 from outlines.backends.usage import Price, estimate_tokens
 from outlines.cache.keys import canonical
@@ -28,6 +28,7 @@ __all__ = [
     "BackendError",
     "BatchReport",
     "Draw",
+    "DrawBatch",
     "GenerationParams",
     "check_limit",
 ]
@@ -64,6 +65,24 @@ class GenerationParams:
                 raise ValueError(f"generation parameter {name!r} must be JSON data (it is part of the cache key): {exc}") from None
             object.__setattr__(self, "_extra_text", text)
 
+    def __hash__(self) -> int:
+        # Computed once: params are dict keys in planning and batching (draw
+        # numbering, queues), and the generated dataclass hash runs in Python.
+        try:
+            return self._hash  # type: ignore[attr-defined,no-any-return]
+        except AttributeError:
+            value = hash((self.max_tokens, self.temperature, self.top_p, self.stop, self.seed,
+                          self._extra_text, self.constraint))
+            object.__setattr__(self, "_hash", value)
+            return value
+
+    def __getstate__(self) -> dict[str, Any]:
+        # String hashes differ between processes: never ship the cached one.
+        return {k: v for k, v in self.__dict__.items() if k != "_hash"}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+
     @classmethod
     def create(cls, **kwargs: Any) -> GenerationParams:
         """Build params from user keywords, validating and normalizing them."""
@@ -72,11 +91,17 @@ class GenerationParams:
         return cls(extra=_items(extra), **base)._validated()
 
     def merged(self, **overrides: Any) -> GenerationParams:
-        """Return a copy with every non-``None`` override applied."""
-        changes = {k: v for k, v in overrides.items() if k in _NAMED and v is not None}
-        extra = dict(self.extra)
-        extra.update({k: v for k, v in overrides.items() if k not in _NAMED and v is not None})
-        return replace(self, extra=_items(extra), **changes)._validated()
+        """Return a copy with every non-``None`` override applied (``self`` when there is none)."""
+        set_ = {k: v for k, v in overrides.items() if v is not None}
+        if not set_:  # the common call: a model's defaults as they are, no copy, no validation
+            return self
+        changes = {k: v for k, v in set_.items() if k in _NAMED}
+        others = {k: v for k, v in set_.items() if k not in _NAMED}
+        if others:
+            extra = dict(self.extra)
+            extra.update(others)
+            changes["extra"] = _items(extra)
+        return replace(self, **changes)._validated()
 
     def _validated(self) -> GenerationParams:
         stop = self.stop
@@ -148,6 +173,64 @@ class Draw:
     prompt: str
     params: GenerationParams = field(default_factory=GenerationParams)
     draw: int = 0
+
+
+class DrawBatch(Sequence[Draw]):
+    """The draws of one batch held as columns: prompts, params and draw numbers.
+
+    The scheduler hands a backend's ``generate`` one of these: a batch of
+    100,000 prompts costs three lists, not 100,000 ``Draw`` objects. It is a
+    ``Sequence[Draw]`` (indexing and iterating make the ``Draw`` objects on
+    demand); a backend that needs only the text reads ``prompts``.
+
+    Examples
+    --------
+    >>> batch = DrawBatch(["a", "b"], [GenerationParams()] * 2, [0, 3])
+    >>> batch.prompts, batch[1].draw, len(batch)
+    (['a', 'b'], 3, 2)
+    """
+
+    __slots__ = ("prompts", "params", "numbers")
+
+    def __init__(self, prompts: list[Any], params: list[GenerationParams], numbers: list[int]) -> None:
+        self.prompts = prompts
+        self.params = params
+        self.numbers = numbers
+
+    @classmethod
+    def of(cls, draws: Iterable[Draw]) -> DrawBatch:
+        """The batch of ``draws`` (already a ``DrawBatch``: itself)."""
+        if isinstance(draws, DrawBatch):
+            return draws
+        draws = list(draws)
+        return cls([d.prompt for d in draws], [d.params for d in draws], [d.draw for d in draws])
+
+    def __len__(self) -> int:
+        return len(self.prompts)
+
+    @overload
+    def __getitem__(self, index: int) -> Draw: ...
+
+    @overload
+    def __getitem__(self, index: slice) -> DrawBatch: ...
+
+    def __getitem__(self, index: int | slice) -> Draw | DrawBatch:
+        if isinstance(index, slice):
+            return DrawBatch(self.prompts[index], self.params[index], self.numbers[index])
+        return Draw(self.prompts[index], self.params[index], self.numbers[index])
+
+    def __iter__(self) -> Iterator[Draw]:
+        return map(Draw, self.prompts, self.params, self.numbers)
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, DrawBatch):
+            return (self.prompts, self.numbers, self.params) == (other.prompts, other.numbers, other.params)
+        return isinstance(other, (list, tuple)) and list(self) == list(other)
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __repr__(self) -> str:
+        return f"DrawBatch({len(self)} draws)"
 
 
 class BackendError(RuntimeError):

@@ -392,11 +392,11 @@ class TokenMasks:
 
 # -- checking texts from any backend ----------------------------------------------------------
 
-Generate = Callable[[Any, list[Any], BatchReport], Awaitable[tuple[list[str], Any]]]
+Generate = Callable[[Any, Sequence[Any], BatchReport], Awaitable[tuple[list[str], Any]]]
 
 
 async def generate_valid(
-    generate: Generate, backend: Any, draws: list[Draw], report: BatchReport
+    generate: Generate, backend: Any, draws: Sequence[Draw], report: BatchReport
 ) -> tuple[list[str], Any]:
     """Run ``generate(backend, draws, report)``, asking again for draws whose text breaks its constraint.
 

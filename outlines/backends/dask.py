@@ -26,7 +26,7 @@ import contextlib
 import threading
 import uuid
 import weakref
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 from distributed.scheduler import KilledWorker
 
@@ -105,7 +105,7 @@ class DaskExecutor:
                 "sync outlines.eval(); use `await outlines.aeval(...)` (or `await program.acall(...)`) instead"
             )
 
-    async def generate(self, backend: Backend, draws: list[Draw], report: BatchReport) -> tuple[list[str], str | None]:
+    async def generate(self, backend: Backend, draws: Sequence[Draw], report: BatchReport) -> tuple[list[str], str | None]:
         """Run one batch; returns the texts and the worker's address (``None``: here).
 
         On a worker the batch reports into a local ``BatchReport`` whose
@@ -120,7 +120,7 @@ class DaskExecutor:
             return await self._generate_on_worker(backend, draws, report)
 
     async def _generate_on_worker(
-        self, backend: Backend, draws: list[Draw], report: BatchReport
+        self, backend: Backend, draws: Sequence[Draw], report: BatchReport
     ) -> tuple[list[str], str | None]:
         payload = _dumps((backend, draws), f"a batch for {backend!r}")
         spec = backend.identity
@@ -329,7 +329,7 @@ def _generate_task(payload: bytes) -> tuple[tuple[list[str] | None, BaseExceptio
     return (texts, error, report), _worker_address()
 
 
-async def _generate_then_close(backend: Backend, draws: list[Draw], report: BatchReport) -> list[str]:
+async def _generate_then_close(backend: Backend, draws: Sequence[Draw], report: BatchReport) -> list[str]:
     try:
         return await backend.generate(draws, report)
     finally:

@@ -29,7 +29,7 @@ from typing import Any, Callable, Sequence
 
 from outlines.cache.sqlite import CacheWarning
 from outlines.threads import run_blocking
-from outlines.backends.base import Backend, BatchReport, Draw, check_limit
+from outlines.backends.base import Backend, BatchReport, Draw, DrawBatch, check_limit
 
 __all__ = ["FunctionBackend", "Unhashable", "code_hash", "state_hash"]
 
@@ -319,13 +319,16 @@ class FunctionBackend(Backend):
         self._semaphores = weakref.WeakKeyDictionary()
 
     async def generate(self, draws: Sequence[Draw], report: BatchReport) -> list[str]:
-        prompts = [d.prompt for d in draws]
+        # A DrawBatch (what the scheduler sends) already holds the prompts as a list.
+        prompts = list(draws.prompts) if isinstance(draws, DrawBatch) else [d.prompt for d in draws]
         if self.batched:
             outputs = await self._call(prompts)
             if not isinstance(outputs, (list, tuple)) or len(outputs) != len(prompts):
                 got = f"{len(outputs)} outputs" if isinstance(outputs, (list, tuple)) else type(outputs).__name__
                 raise ValueError(f"batched function {self.name!r} returned {got} for {len(prompts)} prompts")
-            return [self._check(o) for o in outputs]
+            if set(map(type, outputs)) - {str}:  # one C-speed pass over the exact types first
+                return [self._check(o) for o in outputs]
+            return list(outputs)
         semaphore = self._semaphore()
         # Every call finishes or fails on its own (each reports itself); the first failure is raised last.
         outcomes = await asyncio.gather(

@@ -317,7 +317,8 @@ def as_object_array(values: Any) -> np.ndarray:
     if isinstance(values, np.ndarray):
         return values.astype(object)
     array = np.empty(len(values), dtype=object)
-    nested = any(isinstance(v, (list, tuple, np.ndarray)) for v in values)
+    types = set(map(type, values))  # one C-speed pass; then a check per distinct type
+    nested = any(issubclass(t, (list, tuple, np.ndarray)) for t in types)
     if nested:
         return np.array(values, dtype=object)
     array[:] = list(values)

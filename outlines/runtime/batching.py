@@ -1,8 +1,11 @@
 """Model calls inside a schedule: draws, per-backend queues, batches, the cache.
 
 A ready ``Generate`` node turns into draws that join the ``BatchQueue`` of its
-(backend, params less the constraint: ``queue_key``). After each dispatch round the scheduler flushes the
-``Batcher``: queued draws are deduplicated (waiters keyed by backend and draw),
+(backend, params less the constraint: ``queue_key``). Inside the batcher a draw
+is a plain tuple ``(prompt, draw number, params number in its queue)``, which
+hashes in C; ``Draw`` objects are made only for what a backend is sent, as a
+column-wise ``DrawBatch``. After each dispatch round the scheduler flushes the
+``Batcher``: queued draws are deduplicated (the queue's waiters, by that tuple),
 looked up in the cache in one query (``lookup``), split by the backend's
 ``max_batch`` (``batch_sizes``) and sent as batch tasks, at most
 ``max_concurrency`` per backend. A queue stays open for a short gathering
@@ -21,17 +24,20 @@ from __future__ import annotations
 import asyncio
 import time
 from dataclasses import replace
+from collections import deque
+from itertools import repeat
+from operator import is_, itemgetter
 from typing import Any, Callable, Coroutine, Iterable, Sequence
 
 import numpy as np
 
 from outlines import cache as cache_module
-from outlines.backends.base import Backend, BackendError, BatchReport, Draw, GenerationParams
+from outlines.backends.base import Backend, BackendError, BatchReport, Draw, DrawBatch, GenerationParams
 from outlines.backends.constraints import generate_valid
 from outlines.errors import Failure
 from outlines.graph.basic import Apply
-from outlines.runtime.executor import Executor
 from outlines.runtime.budget import BudgetGuard
+from outlines.runtime.executor import Executor
 from outlines.runtime.plan import Plan
 from outlines.tracing import Recorder
 
@@ -46,7 +52,7 @@ def queue_key(backend: Backend, params: GenerationParams) -> tuple[Backend, Gene
     (issue 13): a local model masks each row under its own constraint in one
     forward pass, and each draw keeps its params (so its cache key).
     """
-    return backend, replace(params, constraint=None)
+    return backend, (params if params.constraint is None else replace(params, constraint=None))
 
 
 def unique_draws(draws: Iterable[Draw]) -> list[Draw]:
@@ -82,9 +88,16 @@ def lookup(cache: Any, backend: Backend, draws: Sequence[Draw], *, record: bool 
 
 # -- state --------------------------------------------------------------------------
 class NodeDraws:
-    """The outstanding draws of one running Generate node."""
+    """The outstanding draws of one running Generate node.
 
-    __slots__ = ("index", "shape", "results", "remaining", "hits")
+    A node waits per element (``results[position]``, ``remaining`` counts
+    positions) or, for a large prompt array, in bulk: ``keys`` holds the draw
+    of each position, ``found`` the values of its distinct draws as they
+    arrive, ``remaining`` counts distinct draws, and the results are read out
+    of ``found`` in one pass at the end.
+    """
+
+    __slots__ = ("index", "shape", "results", "remaining", "hits", "keys", "found", "hit_keys")
 
     def __init__(self, index: int, shape: tuple[int, ...], count: int) -> None:
         self.index = index
@@ -92,18 +105,94 @@ class NodeDraws:
         self.results: list[Any] = [None] * count
         self.remaining = count
         self.hits = 0
+        self.keys: list[Any] | None = None
+        self.found: dict[Any, Any] = {}
+        self.hit_keys: set[Any] = set()
+
+
+#: Prompt arrays of at least this many elements wait in bulk (see ``NodeDraws``).
+BULK_MIN = 64
+#: The position a bulk node waits at in a shared waiter list.
+BULK = -1
+
+
+_first, _second, _third = itemgetter(0), itemgetter(1), itemgetter(2)
+
+
+def _pairs(entry: Any) -> list[tuple[NodeDraws, int]]:
+    """The (node, position) pairs of a waiter entry: a list of them, or a bulk node alone."""
+    if entry is None:
+        return []
+    if entry.__class__ is NodeDraws:
+        return [(entry, BULK)]
+    return entry  # type: ignore[no-any-return]
+
+
+def _waiting_nodes(entry: Any) -> list[NodeDraws]:
+    return [node for node, _ in _pairs(entry)]
+
+
+#: A draw inside the batcher: ``(prompt, draw number, index of its params in
+#: BatchQueue.params)``, or the prompt itself when it is a ``str`` and both numbers
+#: are 0 (most draws: a string's hash is cached, a tuple's is not). A tuple key is
+#: always the long form, so the two never collide.
+DrawKey = Any
+
+
+def _key(text: Any, number: int, params_id: int) -> DrawKey:
+    if number == 0 and params_id == 0 and isinstance(text, str):  # np.str_ equals and hashes as its str
+        return text
+    return (text, number, params_id)
+Waiters = list[tuple[NodeDraws, int]]
 
 
 class BatchQueue:
-    """Draws waiting to be sent to one backend with one set of params."""
+    """Draws waiting to be sent to one backend with one set of params (constraints aside).
 
-    __slots__ = ("backend", "pending", "since", "unready")
+    ``pending`` holds the draws not sent yet, in arrival order; ``waiters``
+    maps each draw in flight or pending to the (node, position) pairs that
+    want its text; ``params`` numbers the params of the queue's draws
+    (several only when constraints differ).
+    """
+
+    __slots__ = ("backend", "pending", "since", "unready", "waiters", "params", "param_ids")
 
     def __init__(self, backend: Backend) -> None:
         self.backend = backend
-        self.pending: dict[Draw, None] = {}
+        self.pending: dict[Any, None] = {}
         self.since = 0.0
         self.unready = 0  # Generate nodes of this queue not dispatched yet
+        self.waiters: dict[DrawKey, Waiters | NodeDraws] = {}  # a bulk node alone: itself (see NodeDraws)
+        self.params: list[GenerationParams] = []
+        self.param_ids: dict[GenerationParams, int] = {}
+
+    def param_id(self, params: GenerationParams) -> int:
+        """The number of ``params`` in this queue (added on first use)."""
+        number = self.param_ids.get(params)
+        if number is None:
+            number = self.param_ids[params] = len(self.params)
+            self.params.append(params)
+        return number
+
+    def batch(self, keys: Sequence[DrawKey]) -> DrawBatch:
+        """The ``DrawBatch`` of ``keys``."""
+        if not keys:
+            return DrawBatch([], [], [])
+        if not set(map(type, keys)) - {str}:  # all short keys: the prompts themselves
+            return DrawBatch(list(keys), [self.params[0]] * len(keys), [0] * len(keys))
+        long = [k if k.__class__ is tuple else (k, 0, 0) for k in keys]
+        prompts = list(map(_first, long))
+        numbers = list(map(_second, long))
+        if len(self.params) == 1:
+            params = [self.params[0]] * len(keys)
+        else:
+            params = [self.params[i] for i in map(_third, long)]
+        return DrawBatch(prompts, params, numbers)
+
+    @property
+    def constrained(self) -> bool:
+        """Whether any of the queue's draws carries a constraint (then texts are checked)."""
+        return any(p.constraint is not None for p in self.params)
 
 
 Spawn = Callable[[Coroutine[Any, Any, Any], Callable[["asyncio.Task[Any]"], None]], None]
@@ -167,7 +256,7 @@ class Batcher:
         self.spawn = spawn
         self.wake = wake
         self.queues: dict[tuple[Backend, Any], BatchQueue] = {}
-        self.waiters: dict[tuple[Backend, Draw], list[tuple[NodeDraws, int]]] = {}
+        self.routes: dict[int, tuple[BatchQueue, int]] = {}  # id(Generate op) -> its queue, params number
         self.limits: dict[Backend, asyncio.Semaphore | None] = {}
         self.batch_ids = 0
         self.timer: asyncio.TimerHandle | None = None
@@ -191,17 +280,24 @@ class Batcher:
         return self.timer is not None
 
     def _queue(self, node: Apply) -> BatchQueue:
-        key = queue_key(node.op.backend, node.op.params)  # type: ignore[attr-defined]
-        queue = self.queues.get(key)
-        if queue is None:
-            queue = self.queues[key] = BatchQueue(node.op.backend)  # type: ignore[attr-defined]
-        return queue
+        return self._route(node.op)[0]
+
+    def _route(self, op: Any) -> tuple[BatchQueue, int]:
+        """The queue of a Generate op and its params' number there (looked up once per op)."""
+        route = self.routes.get(id(op))
+        if route is None:
+            key = queue_key(op.backend, op.params)
+            queue = self.queues.get(key)
+            if queue is None:
+                queue = self.queues[key] = BatchQueue(op.backend)
+            route = self.routes[id(op)] = (queue, queue.param_id(op.params))
+        return route
 
     # -- draws in ------------------------------------------------------------------
     def start(self, index: int, node: Apply, prompt: Any, failed_input: bool) -> None:
         """Turn a ready Generate node into queued draws (``failed_input``: its prompt holds Failures)."""
         op: Any = node.op
-        queue = self._queue(node)
+        queue, params_id = self._route(op)
         queue.unready -= 1
         if isinstance(prompt, Failure):
             self.finish(index, prompt.skipped(node.label, op.name))
@@ -210,23 +306,56 @@ class Batcher:
         if self.return_failures and isinstance(prompt, np.ndarray) and failed_input:
             failed = [x if isinstance(x, Failure) else None for x in prompt.reshape(-1)]
             prompt = np.where(np.vectorize(lambda x: isinstance(x, Failure), otypes=[bool])(prompt), "", prompt)
-        shape, draws = op.draws(prompt, self.plan.draw_offsets.get(id(node), 0))
-        outstanding = NodeDraws(index, shape, len(draws))
-        per_element = op.num_samples
+        shape, texts, numbers = op.columns(prompt, self.plan.draw_offsets.get(id(node), 0))
+        outstanding = NodeDraws(index, shape, len(texts) * len(numbers))
         if not queue.pending:
             queue.since = time.perf_counter()
-        for position, draw in enumerate(draws):
-            upstream = failed[position // per_element] if failed else None
-            if upstream is not None:
-                outstanding.results[position] = upstream.skipped(node.label, op.name)
-                outstanding.remaining -= 1
-                continue
-            waiting = self.waiters.get((queue.backend, draw))
-            if waiting is None:
-                self.waiters[queue.backend, draw] = [(outstanding, position)]
-                queue.pending[draw] = None
+        waiters, pending = queue.waiters, queue.pending
+        if len(numbers) == 1 and not failed and len(texts) >= BULK_MIN:
+            if numbers[0] == 0 and params_id == 0 and not set(map(type, texts)) - {str}:
+                keys = texts  # short keys: the prompts themselves
             else:
-                waiting.append((outstanding, position))
+                keys = [_key(text, numbers[0], params_id) for text in texts]
+            unique = dict.fromkeys(keys)
+            if waiters.keys().isdisjoint(unique):  # nothing shared with draws already queued: C-speed steps only
+                outstanding.keys, outstanding.remaining = keys, len(unique)
+                waiters.update(zip(unique, repeat(outstanding)))
+                if pending:
+                    pending.update(unique)
+                else:  # its distinct draws, in order, are what the queue has to send: no second table
+                    queue.pending = unique
+                return
+        if len(numbers) == 1 and not failed:  # one draw per element
+            number = numbers[0]
+            for position, text in enumerate(texts):
+                key = _key(text, number, params_id)
+                waiting = waiters.get(key)
+                if waiting is None:
+                    waiters[key] = [(outstanding, position)]
+                    pending[key] = None
+                elif isinstance(waiting, list):
+                    waiting.append((outstanding, position))
+                else:  # a bulk node's draw, now shared
+                    waiters[key] = [(waiting, BULK), (outstanding, position)]
+        else:
+            position = 0
+            for element, text in enumerate(texts):
+                upstream = failed[element] if failed else None
+                for number in numbers:
+                    if upstream is not None:
+                        outstanding.results[position] = upstream.skipped(node.label, op.name)
+                        outstanding.remaining -= 1
+                    else:
+                        key = _key(text, number, params_id)
+                        waiting = waiters.get(key)
+                        if waiting is None:
+                            waiters[key] = [(outstanding, position)]
+                            pending[key] = None
+                        elif isinstance(waiting, list):
+                            waiting.append((outstanding, position))
+                        else:  # a bulk node's draw, now shared
+                            waiters[key] = [(waiting, BULK), (outstanding, position)]
+                    position += 1
         if outstanding.remaining == 0:
             self._finish_node(outstanding)
 
@@ -263,40 +392,59 @@ class Batcher:
             await backend.aclose()
 
     def _send(self, queue: BatchQueue, whole_batches: bool = False) -> None:
-        draws = list(queue.pending)
+        keys = list(queue.pending)
         backend = queue.backend
         if whole_batches:
-            size = backend.max_batch or len(draws)
-            draws = draws[: len(draws) - len(draws) % size]
-            for draw in draws:
-                del queue.pending[draw]
+            size = backend.max_batch or len(keys)
+            keys = keys[: len(keys) - len(keys) % size]
+            for key in keys:
+                del queue.pending[key]
         else:
             queue.pending.clear()
-        found = lookup(self.cache, backend, draws)
+        draws = queue.batch(keys)
+        # Each draw's cache key is computed once: for the lookup and for storing its text.
+        cached = self.cache is not None and backend.cacheable
+        cache_keys = [cache_module.draw_key(backend.identity, d) for d in draws] if cached else []
+        found = self.cache.get_many(cache_keys, record=True, expect=str) if cache_keys else None
         if found:
-            for draw in draws:
-                if draw in found:
-                    self._resolve(backend, draw, found[draw], hit=True)
-            draws = [d for d in draws if d not in found]
+            missing, hits = [], []
+            for position, cache_key in enumerate(cache_keys):
+                if cache_key in found:
+                    hits.append(position)
+                else:
+                    missing.append(position)
+            self._resolve_many(queue, [keys[i] for i in hits], [found[cache_keys[i]] for i in hits], hit=True)
+            keys = [keys[i] for i in missing]
+            cache_keys = [cache_keys[i] for i in missing]
+            draws = queue.batch(keys)
+        if cached and keys and len(backend.cache_identities) > 1:  # a fallback chain: its other models' entries
+            others = lookup(self.cache, backend, list(draws))
+            if others:
+                rest = [i for i, d in enumerate(draws) if d not in others]
+                self._resolve_many(queue, [keys[i] for i, d in enumerate(draws) if d in others],
+                                   [others[d] for d in draws if d in others], hit=True)
+                keys, cache_keys = [keys[i] for i in rest], [cache_keys[i] for i in rest]
+                draws = queue.batch(keys)
         start = 0
-        for size in batch_sizes(len(draws), backend.max_batch) if draws else []:
-            batch = draws[start : start + size]
-            start += size
-            ticket = self._admit(backend, batch) if self.budget is not None else None
+        for size in batch_sizes(len(keys), backend.max_batch) if keys else []:
+            end = start + size
+            batch_keys, batch = keys[start:end], draws[start:end] if size < len(keys) else draws
+            ticket = self._admit(queue, batch_keys, batch) if self.budget is not None else None
             if ticket != -1:
-                self._start_batch(backend, batch, ticket)
+                self._start_batch(queue, batch_keys, batch, cache_keys[start:end], ticket)
+            start = end
 
-    def _admit(self, backend: Backend, draws: list[Draw]) -> int:
+    def _admit(self, queue: BatchQueue, keys: list[DrawKey], draws: DrawBatch) -> int:
         """The budget's ticket for sending ``draws``, or -1: refused (their draws fail)."""
         assert self.budget is not None
-        waiting = self.waiters.get((backend, draws[0]))
-        node = waiting[0][0].index if waiting else 0
+        waiting = _waiting_nodes(queue.waiters.get(keys[0]))
+        node = waiting[0].index if waiting else 0
         try:
-            return self.budget.admit(backend, draws, self.plan.nodes[node].label)
+            return self.budget.admit(queue.backend, draws, self.plan.nodes[node].label)
         except Exception as exc:  # noqa: BLE001 - the refused draws fail with it
             if self.return_failures:
-                for draw in draws:
-                    self._fail_draw(backend, draw, exc)
+                for key in keys:
+                    self._fail_draw(queue, key, exc)
             elif self.refused is None:
                 self.refused = (node, exc)
                 self._raise_refusal()
@@ -307,23 +455,24 @@ class Batcher:
         if self.refused is not None and self.running == 0:
             self.fail(*self.refused)
 
-    def _start_batch(self, backend: Backend, draws: list[Draw], ticket: int | None = None) -> None:
+    def _start_batch(
+        self, queue: BatchQueue, keys: list[DrawKey], draws: DrawBatch, cache_keys: list[str], ticket: int | None = None
+    ) -> None:
+        """Send one batch; ``cache_keys`` is empty when its texts are not cached."""
         self.running += 1
         self.batch_ids += 1
         batch_id = self.batch_ids
-        # Empty: no cache, or a backend that is not cacheable (nothing goes to disk).
-        cached = self.cache is not None and backend.cacheable
-        keys = [cache_module.draw_key(backend.identity, d) for d in draws] if cached else []
+        backend = queue.backend
 
         def on_result(index: int, text: str) -> None:
-            if keys and 0 <= index < len(keys):
+            if cache_keys and 0 <= index < len(cache_keys):
                 answered = report.answered_by.get(index)  # a fallback's draw: under the model that answered
-                key = keys[index] if answered is None else cache_module.draw_key(answered.identity, draws[index])
+                key = cache_keys[index] if answered is None else cache_module.draw_key(answered.identity, draws[index])
                 self.cache.put_many({key: text})
 
         def on_failure(index: int, error: BaseException) -> None:
-            if not self.return_failures and 0 <= index < len(draws):
-                self._fail_draw(backend, draws[index], error)
+            if not self.return_failures and 0 <= index < len(keys):
+                self._fail_draw(queue, keys[index], error)
 
         report = BatchReport(
             on_result=on_result,
@@ -335,14 +484,15 @@ class Batcher:
             request_limit=self.request_limit if backend.sends_requests else None,
         )
         self.spawn(
-            self._run_batch(batch_id, backend, draws, keys, report, ticket),
-            lambda task: self._batch_done(backend, draws, task, report),
+            self._run_batch(batch_id, queue, keys, draws, cache_keys, report, ticket),
+            lambda task: self._batch_done(queue, keys, task, report),
         )
 
     async def _run_batch(
-        self, batch_id: int, backend: Backend, draws: list[Draw], keys: list[str], report: BatchReport,
-        ticket: int | None = None,
+        self, batch_id: int, queue: BatchQueue, draw_keys: list[DrawKey], draws: DrawBatch, keys: list[str],
+        report: BatchReport, ticket: int | None = None,
     ) -> list[str]:
+        backend = queue.backend
         limit = self._limit(backend)
         # A backend that sends its own requests takes one evaluation slot per request.
         whole = self.request_limit if not backend.sends_requests else None
@@ -352,14 +502,17 @@ class Batcher:
             await whole.acquire()
         nodes: list[str] = []
         if self.tracing:  # a waiter lookup per draw: only when someone listens
-            indices = {d.index for r in draws for d, _ in self.waiters.get((backend, r), ())}
+            indices = {d.index for key in draw_keys for d in _waiting_nodes(queue.waiters.get(key))}
             nodes = sorted(self.plan.nodes[i].label for i in indices)
         self.recorder.batch_started(batch_id, backend, nodes, len(draws), time.perf_counter())
         error: BaseException | None = None
         worker = None
         try:
             # Constrained draws are checked, and retried while they break their constraint.
-            texts, worker = await generate_valid(self.executor.generate, backend, draws, report)
+            if queue.constrained:
+                texts, worker = await generate_valid(self.executor.generate, backend, draws, report)
+            else:
+                texts, worker = await self.executor.generate(backend, draws, report)
             if not isinstance(texts, list) or len(texts) != len(draws):
                 raise BackendError(f"{backend!r} returned {len(texts)} completions for {len(draws)} prompts")
             if keys:  # what the backend did not report (and cache) already
@@ -393,49 +546,89 @@ class Batcher:
         return self.limits[backend]
 
     # -- results back -------------------------------------------------------------
-    def _batch_done(self, backend: Backend, draws: list[Draw], task: asyncio.Task[Any], report: BatchReport) -> None:
+    def _batch_done(self, queue: BatchQueue, keys: list[DrawKey], task: asyncio.Task[Any], report: BatchReport) -> None:
         self.running -= 1
         try:
-            self._batch_results(backend, draws, task, report)
+            self._batch_results(queue, keys, task, report)
         finally:
             self._raise_refusal()
 
-    def _batch_results(self, backend: Backend, draws: list[Draw], task: asyncio.Task[Any], report: BatchReport) -> None:
+    def _batch_results(
+        self, queue: BatchQueue, keys: list[DrawKey], task: asyncio.Task[Any], report: BatchReport
+    ) -> None:
         exc = task.exception()
         if exc is None:
             texts = task.result()
-            for index, draw in enumerate(draws):
-                if index in report.failures:
-                    self._fail_draw(backend, draw, report.failures[index])
+            failures, results = report.failures, report.results
+            if not failures and not results:  # the common case
+                self._resolve_many(queue, keys, texts, hit=False)
+                return
+            for index, key in enumerate(keys):
+                if index in failures:
+                    self._fail_draw(queue, key, failures[index])
                 else:
-                    self._resolve(backend, draw, report.results.get(index, texts[index]), hit=False)
+                    self._resolve(queue, key, results.get(index, texts[index]), hit=False)
             return
         if not self.return_failures:
-            self._fail_draw(backend, draws[0], exc)
+            self._fail_draw(queue, keys[0], exc)
             return
         # What finished before the failure is kept; each reported failure is its own.
-        for index, draw in enumerate(draws):
+        for index, key in enumerate(keys):
             if index in report.results:
-                self._resolve(backend, draw, report.results[index], hit=False)
+                self._resolve(queue, key, report.results[index], hit=False)
             else:
-                self._fail_draw(backend, draw, report.failures.get(index, exc))
+                self._fail_draw(queue, key, report.failures.get(index, exc))
 
-    def _fail_draw(self, backend: Backend, draw: Draw, exc: BaseException) -> None:
+    def _fail_draw(self, queue: BatchQueue, key: DrawKey, exc: BaseException) -> None:
         if not self.return_failures:
-            waiting = self.waiters.get((backend, draw))
-            self.fail(waiting[0][0].index if waiting else 0, exc)
+            nodes = _waiting_nodes(queue.waiters.get(key))
+            self.fail(nodes[0].index if nodes else 0, exc)
             return
-        for outstanding, position in self.waiters.pop((backend, draw), ()):
+        for outstanding, position in _pairs(queue.waiters.pop(key, None)):
             node = self.plan.nodes[outstanding.index]
-            self._resolve_one(outstanding, position, Failure.from_exception(node.label, node.op.name, exc))
+            self._resolve_one(outstanding, position, key, Failure.from_exception(node.label, node.op.name, exc))
 
-    def _resolve(self, backend: Backend, draw: Draw, value: Any, *, hit: bool) -> None:
-        for outstanding, position in self.waiters.pop((backend, draw), ()):
-            outstanding.hits += hit
-            self._resolve_one(outstanding, position, value)
+    def _resolve(self, queue: BatchQueue, key: DrawKey, value: Any, *, hit: bool) -> None:
+        for outstanding, position in _pairs(queue.waiters.pop(key, None)):
+            if hit:
+                outstanding.hits += 1
+                if position == BULK:
+                    outstanding.hit_keys.add(key)
+            self._resolve_one(outstanding, position, key, value)
 
-    def _resolve_one(self, outstanding: NodeDraws, position: int, value: Any) -> None:
-        outstanding.results[position] = value
+    def _resolve_many(self, queue: BatchQueue, keys: list[DrawKey], values: list[Any], *, hit: bool) -> None:
+        """Resolve distinct draws; a batch that only one bulk node waits for is handed over in C-speed steps."""
+        if not keys:
+            return
+        waiters = queue.waiters
+        owner = waiters.get(keys[0])
+        if owner.__class__ is NodeDraws and all(map(is_, map(waiters.get, keys), repeat(owner))):
+            bulk: NodeDraws = owner  # type: ignore[assignment]
+            if len(waiters) == len(keys):  # each entry is one of these keys (checked above)
+                waiters.clear()
+            else:
+                deque(map(waiters.pop, keys), maxlen=0)
+            if bulk.remaining == len(keys) and not bulk.found and keys == bulk.keys:
+                # One batch holds every draw of the node, in its order, without repeats: the values are its results.
+                bulk.results, bulk.keys, bulk.remaining = list(values), None, 0
+                bulk.hits = len(keys) if hit else 0
+                self._finish_node(bulk)
+                return
+            bulk.found.update(zip(keys, values))
+            if hit:
+                bulk.hit_keys.update(keys)
+            bulk.remaining -= len(keys)
+            if bulk.remaining == 0:
+                self._finish_node(bulk)
+            return
+        for key, value in zip(keys, values):
+            self._resolve(queue, key, value, hit=hit)
+
+    def _resolve_one(self, outstanding: NodeDraws, position: int, key: DrawKey, value: Any) -> None:
+        if position == BULK:
+            outstanding.found[key] = value
+        else:
+            outstanding.results[position] = value
         outstanding.remaining -= 1
         if outstanding.remaining == 0:
             self._finish_node(outstanding)
@@ -443,7 +636,17 @@ class Batcher:
     def _finish_node(self, outstanding: NodeDraws) -> None:
         node = self.plan.nodes[outstanding.index]
         count = len(outstanding.results)
-        self.recorder.node_cache(node, outstanding.hits, count - outstanding.hits)
+        hits = outstanding.hits
+        if outstanding.keys is not None:  # bulk: one pass over the positions; hits count positions too
+            outstanding.results = list(map(outstanding.found.__getitem__, outstanding.keys))
+            hit_keys = outstanding.hit_keys
+            if not hit_keys:
+                hits = 0
+            elif len(hit_keys) == len(outstanding.found):
+                hits = count
+            else:
+                hits = sum(map(hit_keys.__contains__, outstanding.keys))
+        self.recorder.node_cache(node, hits, count - hits)
         if not outstanding.shape:
             self.finish(outstanding.index, outstanding.results[0])
             return

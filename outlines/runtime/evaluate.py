@@ -20,7 +20,7 @@ from typing import Any, Awaitable, Callable, Iterator, Mapping, TypeVar
 from outlines.graph.basic import Variable
 from outlines.runtime.executor import resolve_executor
 from outlines.runtime.plan import Plan, bind_givens
-from outlines.runtime.scheduler import Scheduler
+from outlines.runtime.scheduler import Scheduler, quiet_collector
 from outlines.tracing import active_recorder
 
 __all__ = ["aeval", "eval", "run_plan", "run_sync"]
@@ -169,7 +169,9 @@ async def _evaluate(
     blocked_loop: asyncio.AbstractEventLoop | None,
     options: dict[str, Any],
 ) -> Any:
-    results = await run_plan(Plan(variables), givens, blocked_loop, **options)
+    with quiet_collector():  # planning walks and copies the whole graph: no collections over it meanwhile
+        plan = Plan(variables)
+    results = await run_plan(plan, givens, blocked_loop, **options)
     return results[0] if len(variables) == 1 else tuple(results)
 
 

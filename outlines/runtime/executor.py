@@ -6,7 +6,7 @@ implements the same protocol on a Dask cluster.
 """
 from __future__ import annotations
 
-from typing import Any, Callable, Protocol, runtime_checkable
+from typing import Any, Callable, Protocol, Sequence, runtime_checkable
 
 from outlines.backends.base import Backend, BatchReport, Draw
 from outlines.threads import run_blocking
@@ -18,7 +18,7 @@ __all__ = ["Executor", "LocalExecutor", "resolve_executor"]
 class Executor(Protocol):
     """Runs one batch or one blocking call for the scheduler, awaited on its loop."""
 
-    async def generate(self, backend: Backend, draws: list[Draw], report: BatchReport) -> tuple[list[str], str | None]:
+    async def generate(self, backend: Backend, draws: Sequence[Draw], report: BatchReport) -> tuple[list[str], str | None]:
         """One completion per draw, and where the batch ran (``None``: in this process)."""
 
     async def call(self, fn: Callable[..., Any], *args: Any) -> Any:
@@ -31,7 +31,7 @@ class Executor(Protocol):
 class LocalExecutor:
     """Runs batches on this event loop and blocking calls in the shared thread pool."""
 
-    async def generate(self, backend: Backend, draws: list[Draw], report: BatchReport) -> tuple[list[str], str | None]:
+    async def generate(self, backend: Backend, draws: Sequence[Draw], report: BatchReport) -> tuple[list[str], str | None]:
         return await backend.generate(draws, report), None
 
     async def call(self, fn: Callable[..., Any], *args: Any) -> Any:

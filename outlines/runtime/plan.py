@@ -82,12 +82,15 @@ class Plan:
         self.draw_offsets: dict[int, int] = {}
         replaced: dict[int, Variable] = {}  # id(original Variable) -> its replacement
         merged: dict[Hashable, Apply] = {}  # (op, noutputs, input keys) of a pure node -> the node computing it
-        draws: dict[Hashable, int] = {}  # (backend, params, prompt key) -> draws numbered so far
+        draws: dict[Hashable, int] = {}  # (stream number, prompt key) -> draws numbered so far
+        streams: dict[int, int] = {}  # id(Generate op) -> number of its (backend, params)
+        stream_numbers: dict[Hashable, int] = {}  # (backend, params) -> its number
         position: dict[int, int] = {}
         for node in toposort(outputs):
-            inputs = [replaced.get(id(v), v) for v in node.inputs]
+            inputs = [replaced.get(id(v), v) for v in node.inputs] if replaced else list(node.inputs)
             op, key = node.op, None
-            if op.pure:
+            pure = op.pure
+            if pure:
                 if all(isinstance(v, Constant) for v in inputs):
                     constant = _fold(node, inputs)
                     if constant is not None:
@@ -106,15 +109,24 @@ class Plan:
                 merged[key] = kept
             if kept is not node:
                 replaced.update((id(old), new) for old, new in zip(node.outputs, kept.outputs))
-            if op.mode == "generate" and not op.pure:
-                # Draws are numbered per (backend, params, prompt), whatever num_samples.
-                stream = (op.backend, op.params, _input_key(inputs[0]))  # type: ignore[attr-defined]
+            if not pure and op.mode == "generate":
+                # Draws are numbered per (backend, params, prompt), whatever num_samples;
+                # (backend, params) is numbered once per op, its hash runs in Python.
+                number = streams.get(id(op))
+                if number is None:
+                    base = (op.backend, op.params)  # type: ignore[attr-defined]
+                    number = streams[id(op)] = stream_numbers.setdefault(base, len(stream_numbers))
+                stream = (number, _input_key(inputs[0]))
                 offset = draws.get(stream, 0)
                 if offset:
                     self.draw_offsets[id(kept)] = offset
                 draws[stream] = offset + op.num_samples  # type: ignore[attr-defined]
             index = position[id(kept)] = len(self.nodes)
-            parents = sorted({position[id(v.owner)] for v in inputs if v.owner is not None})
+            if len(inputs) == 1:  # the common case: one input, at most one parent
+                owner = inputs[0].owner
+                parents = [position[id(owner)]] if owner is not None else []
+            else:
+                parents = sorted({position[id(v.owner)] for v in inputs if v.owner is not None})
             self.nodes.append(kept)
             self.indegree.append(len(parents))
             self.consumers.append([])

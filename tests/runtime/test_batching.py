@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -36,3 +37,126 @@ def test_lookup_finds_cached_draws_in_one_query(tmp_path: Path) -> None:
     assert lookup(None, backend, [hit]) == {} and lookup(cache, backend, []) == {}
     other = RecordingBackend(name="other")
     assert lookup(cache, other, [hit]) == {}  # keys hold the backend identity
+
+
+# -- the batcher's draw form (issue 15) ---------------------------------------------------------
+def test_a_draw_batch_is_a_sequence_of_draws_held_as_columns() -> None:
+    import pickle
+
+    from outlines.backends.base import DrawBatch
+
+    draws = [Draw("a", PARAMS, 0), Draw("b", PARAMS, 2), Draw("a", GenerationParams(), 1)]
+    batch = DrawBatch.of(draws)
+    assert batch.prompts == ["a", "b", "a"] and batch.numbers == [0, 2, 1]
+    assert list(batch) == draws and batch[1] == draws[1] and len(batch) == 3
+    assert batch[1:] == draws[1:] and isinstance(batch[1:], DrawBatch)
+    assert batch == draws and batch == DrawBatch.of(draws) and batch != draws[:2]
+    assert DrawBatch.of(batch) is batch
+    assert pickle.loads(pickle.dumps(batch)) == batch  # it crosses to Dask workers
+
+
+def test_queues_key_draws_by_prompt_number_and_params_and_build_batches_of_them() -> None:
+    from outlines.backends.constraints import make_constraint
+    from outlines.runtime.batching import BatchQueue
+
+    queue = BatchQueue(RecordingBackend())
+    plain = GenerationParams.create(temperature=0.5)
+    constrained = GenerationParams.create(temperature=0.5, constraint=make_constraint(choices=["y", "n"]))
+    assert queue.param_id(plain) == 0 and queue.param_id(GenerationParams.create(temperature=0.5)) == 0
+    assert not queue.constrained
+    assert queue.param_id(constrained) == 1 and queue.constrained
+    batch = queue.batch([("p", 3, 0), ("q", 0, 1)])
+    assert list(batch) == [Draw("p", plain, 3), Draw("q", constrained, 0)]
+    assert len(queue.batch([])) == 0
+
+
+def test_params_hash_once_equal_params_hash_equal_and_pickle_without_their_hash() -> None:
+    import pickle
+
+    first = GenerationParams.create(temperature=0.5, stop=["\n"], logit_bias={"1": 2})
+    second = GenerationParams.create(logit_bias={"1": 2}, stop="\n", temperature=0.5)
+    assert first == second and hash(first) == hash(second)
+    assert {first: 1}[second] == 1
+    assert hash(first) != hash(GenerationParams.create(temperature=0.6, stop=["\n"], logit_bias={"1": 2}))
+    copy = pickle.loads(pickle.dumps(first))
+    assert copy == first and "_hash" not in pickle.loads(pickle.dumps(GenerationParams())).__dict__
+
+
+def test_merged_without_overrides_is_the_same_params_and_with_them_a_validated_copy() -> None:
+    base = GenerationParams.create(temperature=0.5, logit_bias={"1": 2})
+    assert base.merged() is base and base.merged(max_tokens=None, stop=None) is base
+    changed = base.merged(max_tokens=8, stop="x", presence_penalty=0.1)
+    assert changed.max_tokens == 8 and changed.stop == ("x",) and changed.temperature == 0.5
+    assert dict(changed.extra) == {"logit_bias": {"1": 2}, "presence_penalty": 0.1}
+    assert base.max_tokens is None and dict(base.extra) == {"logit_bias": {"1": 2}}
+    with pytest.raises(ValueError, match="max_tokens"):
+        base.merged(max_tokens=0)
+
+
+# -- bulk waiting for large prompt arrays (issue 15) ------------------------------------------------
+def _plain(value: Any) -> Any:
+    """A Failure without its node's label (creation numbers differ between two builds)."""
+    from outlines.errors import Failure
+
+    import re
+
+    if isinstance(value, Failure):
+        return "failure", value.error_type, re.sub(r"#\d+", "#N", value.message)
+    return value
+
+
+def _run_graph(build: str, tmp_path: Path, bulk_min: int, monkeypatch: pytest.MonkeyPatch) -> tuple[Any, ...]:
+    """Evaluate one of a few graphs twice (cold, then warm with more inputs); what a caller can observe."""
+    import numpy as np
+
+    import outlines
+    from outlines.runtime import batching
+
+    monkeypatch.setattr(batching, "BULK_MIN", bulk_min)
+    recording = RecordingBackend(name=f"bulk-{build}", max_batch=48 if build == "split" else None,
+                                 fail_on="boom" if build == "failing" else None)
+    llm = recording.model(temperature=0.5)
+    cache = Cache(tmp_path / f"cache-{bulk_min}")
+    prompts = [f"p{i % 70}" for i in range(100)]  # 70 distinct prompts, 30 repeated
+    if build == "distinct":  # one batch holds each node's draws in order: handed over as they are
+        prompts = [f"p{i}" for i in range(100)]
+    if build == "failing":
+        prompts[7] = "boom"
+
+    def graph(values: list[str]) -> list[Any]:
+        array = outlines.constant(np.array(values, dtype=object))
+        first = llm(array)
+        if build == "shared-small-first":
+            return [llm(outlines.constant("p5")), first, llm(first)]
+        if build == "shared-small-last":
+            return [first, llm(outlines.constant("p5")), llm(first)]
+        if build == "samples":
+            return [first, llm(array, num_samples=2)]
+        return [first, llm(first)]
+
+    observed = []
+    for values in (prompts, prompts + ["new1", "new2"], prompts + ["new1", "new2"]):  # cold, partly warm, warm
+        with outlines.trace() as trace:
+            errors = "return" if build == "failing" else "raise"
+            results = outlines.eval(*graph(values), cache=cache, errors=errors)
+        cache.flush()
+        values_seen = [[_plain(v) for v in np.asarray(r, dtype=object).reshape(-1).tolist()] for r in results]
+        observed.append((values_seen,
+                         (trace.cache_hits, trace.cache_misses)))
+    return tuple(observed), [list(b) for b in recording.batches]
+
+
+@pytest.mark.parametrize("build", ["chain", "distinct", "split", "shared-small-first", "shared-small-last", "samples", "failing"])
+def test_bulk_waiting_sends_and_returns_what_waiting_per_element_does(
+    build: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    per_element = _run_graph(build, tmp_path, 10**9, monkeypatch)
+    bulk = _run_graph(build, tmp_path, 8, monkeypatch)
+    assert bulk == per_element
+    (cold, _), (warm, (hits, misses)) = per_element[0][:2]
+    if build == "failing":  # the batch holding "boom" fails whole: every element holds a Failure
+        assert all(v[0] == "failure" for v in cold[0])
+    else:
+        assert hits > 0 and misses > 0  # the warm run mixes hits and misses
+        assert "p1." in sum(cold, []) and "new2." in sum(warm, [])
+        assert per_element[0][2][1][1] == 0  # the third run: all hits

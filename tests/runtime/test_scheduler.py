@@ -12,7 +12,7 @@ import math
 import subprocess
 import sys
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable
 
 import numpy as np
 import pytest
@@ -287,3 +287,57 @@ def test_values_are_arrays_of_the_prompt_shape() -> None:
     q = outlines.string("q")
     value = llm(q, num_samples=3).eval({"q": [["a", "b"], ["c", "d"]]}, cache=False)
     assert isinstance(value, np.ndarray) and value.shape == (2, 2, 3)
+
+
+# -- the collector during an evaluation (issue 15) ------------------------------------------------
+def test_the_collector_is_off_in_the_schedulers_bursts_and_back_on_after_an_error() -> None:
+    import gc
+
+    from outlines.runtime.scheduler import quiet_collector
+
+    seen: list[bool] = []
+
+    @outlines.fn(name="probe", blocking=False)  # runs inline, inside a scheduler round
+    def probe(x: str) -> str:
+        seen.append(gc.isenabled())
+        if x == "boom":
+            raise ValueError("boom")
+        return x
+
+    assert outlines.eval(probe(outlines.constant("a")), cache=False) == "a"
+    with pytest.raises(outlines.NodeError):
+        outlines.eval(probe(outlines.constant("boom")), cache=False)
+    assert seen == [False, False] and gc.isenabled()
+    with pytest.raises(KeyError):
+        with quiet_collector():
+            raise KeyError("x")
+    assert gc.isenabled()
+    gc.disable()  # a caller's choice is left as it is
+    try:
+        with quiet_collector():
+            pass
+        assert not gc.isenabled()
+    finally:
+        gc.enable()
+
+
+def test_backends_receive_one_draw_batch_of_unique_draws_per_batch() -> None:
+    from outlines.backends.base import DrawBatch
+
+    received: list[Any] = []
+    backend = RecordingBackend()
+    original = backend.generate
+
+    async def generate(draws: Any, report: Any) -> list[str]:
+        received.append(draws)
+        return await original(draws, report)
+
+    backend.generate = generate  # type: ignore[method-assign]
+    llm = backend.model(temperature=0.5)
+    prompts = outlines.constant(["a", "b", "a", "c"])
+    first, second = llm(prompts), llm(prompts)  # two draws of each prompt: numbers 0 and 1
+    a, b = outlines.eval(first, second, cache=False)
+    assert list(a) == ["a.", "b.", "a.", "c."] and list(b) == list(a)
+    assert len(received) == 1 and isinstance(received[0], DrawBatch)
+    assert list(zip(received[0].prompts, received[0].numbers)) == [
+        ("a", 0), ("b", 0), ("c", 0), ("a", 1), ("b", 1), ("c", 1)]

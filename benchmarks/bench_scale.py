@@ -1,0 +1,342 @@
+"""The runtime at scale, side by side with hand-written asyncio, LangChain and Dask (issue 15).
+
+The model is ``models.from_function`` over an async batched function that
+sleeps 100 ms per call, so a chain of 3 model calls has a 0.3 s critical path.
+Every case runs in a fresh process (``--runs`` times: min and median walls);
+"cache on" is the default cache in a fresh temporary ``OUTLINES_CACHE_DIR``.
+
+Cases (targets in brackets):
+
+- 1k / 5k / 20k independent chains x 3 via ``outlines.eval``, cache off and on
+  (wall / critical path; 20k: [<= 1.3x off, <= 1.6x on]);
+- a Program over 10k and 100k inputs, 3 model calls, cache off and on
+  (100k: [<= 1.3x off, <= 1.6x on]); warm re-eval of the same 100k with the
+  cache on [<= 0.5 s]; peak RSS added per element in the child [<= 1 KB];
+- 10k-node build + eval (2,000 chains x 5 trivial ``outlines.fn`` steps,
+  cache off) against ``dask.delayed`` (sync scheduler) in the same process
+  [>= 20x faster];
+- peers on the chains workload (5k chains x 3; ``--quick``: 500): hand-written
+  asyncio batching (one call per level: the floor), ``asyncio.gather`` of one
+  coroutine per element (one call per element per step), and LangChain
+  ``RunnableLambda`` ``.abatch``; ratios to outlines' eval of the same chains.
+  Dask is compared on the trivial-step graph only: its schedulers run a
+  100 ms call per task on a thread pool, which says nothing about batching.
+
+The load average (``os.getloadavg``) is printed at the start and with each
+case: on a shared machine walls include time spent waiting for a core, so
+each case also prints the CPU seconds of its process.
+
+Run: ``python benchmarks/bench_scale.py [--quick] [--runs 3] [--only TEXT]``.
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import gc
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+LATENCY = 0.1
+DEPTH = 3
+CRITICAL = DEPTH * LATENCY
+
+
+class Backend:
+    """An async batched function: sleeps once per call, counts calls."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    async def __call__(self, prompts: list[str]) -> list[str]:
+        self.calls += 1
+        await asyncio.sleep(LATENCY)
+        return [p[-16:] + "." for p in prompts]
+
+
+def expected(prompt: str) -> str:
+    for _ in range(DEPTH):
+        prompt = prompt[-16:] + "."
+    return prompt
+
+
+def _rss_kb(field: str) -> int:
+    with open("/proc/self/status") as status:
+        for line in status:
+            if line.startswith(field + ":"):
+                return int(line.split()[1])
+    return 0
+
+
+def _reset_peak() -> int:
+    """Reset the peak RSS (VmHWM) to the current RSS; returns the current RSS in KB."""
+    gc.collect()
+    try:
+        with open("/proc/self/clear_refs", "w") as refs:
+            refs.write("5")
+    except OSError:
+        pass
+    return _rss_kb("VmRSS")
+
+
+def _clock(fn: Callable[[], Any]) -> tuple[float, float, Any]:
+    gc.collect()
+    start, cpu = time.perf_counter(), time.process_time()
+    result = fn()
+    return time.perf_counter() - start, time.process_time() - cpu, result
+
+
+# -- one case, in the child ------------------------------------------------------------------
+def case_chains(n: int, cache: bool) -> dict[str, Any]:
+    import outlines
+    from outlines import models
+
+    backend = Backend()
+    llm = models.from_function(backend, batched=True, name="sleepy")
+    start = time.perf_counter()
+    outs = []
+    for i in range(n):
+        x: Any = outlines.constant(f"Question {i}:")
+        for _ in range(DEPTH):
+            x = llm(x)
+        outs.append(x)
+    build = time.perf_counter() - start
+    wall, cpu, values = _clock(lambda: outlines.eval(*outs, cache=cache, progress=False))
+    assert n == 0 or values[-1] == expected(f"Question {n - 1}:")
+    return {"wall": wall, "cpu": cpu, "build": build, "calls": backend.calls}
+
+
+def case_program(n: int, cache: bool, warm: bool = False) -> dict[str, Any]:
+    import outlines
+    from outlines import models
+
+    backend = Backend()
+    llm = models.from_function(backend, batched=True, name="sleepy")
+    program = outlines.compile(lambda question: llm(llm(llm(question))), cache=cache, progress=False)
+    inputs = [f"Question {i}:" for i in range(n)]
+    before = _reset_peak()
+    wall, cpu, values = _clock(lambda: program(inputs))
+    peak_kb = _rss_kb("VmHWM") - before
+    assert len(values) == n and values[-1] == expected(inputs[-1])
+    out: dict[str, Any] = {"wall": wall, "cpu": cpu, "calls": backend.calls, "kb_per_element": peak_kb / max(n, 1)}
+    if warm:
+        calls = backend.calls
+        wall, cpu, again = _clock(lambda: program(inputs))
+        assert list(again) == list(values)
+        out.update(warm_wall=wall, warm_cpu=cpu, warm_calls=backend.calls - calls)
+    return out
+
+
+def case_fn_nodes(chains: int, steps: int) -> dict[str, Any]:
+    import dask
+    from dask import delayed
+
+    import outlines
+
+    def step(x: str) -> str:
+        return x + "+"
+
+    op = outlines.fn(step, name="step")
+
+    def build_outlines() -> list[Any]:
+        outs = []
+        for i in range(chains):
+            x: Any = f"s{i}"
+            for _ in range(steps):
+                x = op(x)
+            outs.append(x)
+        return outs
+
+    def build_dask() -> list[Any]:
+        outs = []
+        for i in range(chains):
+            x: Any = f"s{i}"
+            for _ in range(steps):
+                x = delayed(step, pure=False)(x)
+            outs.append(x)
+        return outs
+
+    ours, theirs = [], []
+    for _ in range(3):  # interleaved, best of 3: both see the same load
+        build, _, outs = _clock(build_outlines)
+        run, _, values = _clock(lambda: outlines.eval(*outs, cache=False, progress=False))
+        ours.append(build + run)
+        build, _, douts = _clock(build_dask)
+        run, _, dvalues = _clock(lambda: dask.compute(*douts, scheduler="sync"))
+        theirs.append(build + run)
+        assert list(values) == list(dvalues)
+    return {"wall": min(ours), "dask": min(theirs), "nodes": chains * steps}
+
+
+def case_peers(n: int, peer: str) -> dict[str, Any]:
+    backend = Backend()
+    inputs = [f"Question {i}:" for i in range(n)]
+    if peer == "asyncio-batched":
+        async def run() -> list[str]:
+            prompts = inputs
+            for _ in range(DEPTH):
+                prompts = await backend(prompts)
+            return prompts
+        wall, cpu, values = _clock(lambda: asyncio.run(run()))
+    elif peer == "asyncio-gather":
+        async def chain(prompt: str) -> str:
+            for _ in range(DEPTH):
+                prompt = (await backend([prompt]))[0]
+            return prompt
+
+        async def gathered() -> list[str]:
+            return list(await asyncio.gather(*(chain(p) for p in inputs)))
+        wall, cpu, values = _clock(lambda: asyncio.run(gathered()))
+    elif peer == "langchain":
+        from langchain_core.runnables import RunnableLambda
+
+        async def step(x: str) -> str:
+            return (await backend([x]))[0]
+
+        chain_ = RunnableLambda(step) | RunnableLambda(step) | RunnableLambda(step)
+        wall, cpu, values = _clock(lambda: asyncio.run(chain_.abatch(inputs)))
+    else:
+        raise ValueError(f"unknown peer {peer!r}")
+    assert values[-1] == expected(inputs[-1])
+    return {"wall": wall, "cpu": cpu, "calls": backend.calls}
+
+
+def run_case(spec: dict[str, Any]) -> dict[str, Any]:
+    kind = spec["kind"]
+    if kind == "chains":
+        return case_chains(spec["n"], spec["cache"])
+    if kind == "program":
+        return case_program(spec["n"], spec["cache"], spec.get("warm", False))
+    if kind == "fn":
+        return case_fn_nodes(spec["n"] // 5, 5)
+    return case_peers(spec["n"], spec["peer"])
+
+
+# -- the parent: fresh processes, ratios, PASS/FAIL --------------------------------------------
+def spawn(spec: dict[str, Any], runs: int) -> list[dict[str, Any]]:
+    results = []
+    for _ in range(runs):
+        with tempfile.TemporaryDirectory(prefix="outlines-bench-") as cache_dir:
+            env = {**os.environ, "OUTLINES_CACHE_DIR": cache_dir, "PYTHONPATH": str(ROOT)}
+            env.pop("OUTLINES_CACHE", None)
+            out = subprocess.run([sys.executable, __file__, "--child", json.dumps(spec)], capture_output=True,
+                                 text=True, cwd=ROOT, env=env)
+        if out.returncode != 0:
+            raise RuntimeError(f"case {spec} failed:\n{out.stderr[-2000:]}")
+        results.append(json.loads(out.stdout.strip().splitlines()[-1]))
+    return results
+
+
+ROWS: list[str] = []
+QUICK = "--quick" in sys.argv  # targets are for the full sizes: a smoke run shows no verdicts
+
+
+def report(what: str, measured: str, target: str = "", ok: bool | None = None) -> None:
+    verdict = "" if ok is None or QUICK else ("PASS" if ok else "FAIL")
+    line = f"  {what:<44} {measured:<52} {target:<12} {verdict}"
+    ROWS.append(line)
+    print(line, flush=True)
+
+
+def summary(results: list[dict[str, Any]], key: str = "wall") -> tuple[float, float]:
+    values = [r[key] for r in results]
+    return min(values), statistics.median(values)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="a tenth of each size, one run: a smoke test")
+    parser.add_argument("--runs", type=int, default=3, help="fresh processes per case (min and median)")
+    parser.add_argument("--only", default="", help="run only the cases whose title contains this text")
+    parser.add_argument("--child", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.child:
+        print(json.dumps(run_case(json.loads(args.child))))
+        return
+    scale, runs = (10, 1) if args.quick else (1, args.runs)
+    print(f"outlines scale benchmarks (python {sys.version.split()[0]}, {os.cpu_count()} CPUs, "
+          f"load {os.getloadavg()[0]:.1f}; {runs} run(s) per case; walls min / median)")
+
+    def wanted(title: str) -> bool:
+        return args.only.lower() in title.lower()
+
+    def load() -> str:
+        return f"load {os.getloadavg()[0]:.1f}"
+
+    targets = {(20_000, False): 1.3, (20_000, True): 1.6}
+    print(f"\nchains x {DEPTH} via outlines.eval (critical path {CRITICAL:.1f} s)")
+    for n in (1_000, 5_000, 20_000):
+        for cache in (False, True):
+            title = f"{n // scale} chains, cache {'on' if cache else 'off'}"
+            if not wanted(title):
+                continue
+            results = spawn({"kind": "chains", "n": n // scale, "cache": cache}, runs)
+            low, mid = summary(results)
+            bound = targets.get((n, cache))
+            report(f"{title} ({results[0]['calls']} calls)",
+                   f"{low:.3f} / {mid:.3f} s = {low / CRITICAL:.2f}x cp (cpu {results[0]['cpu']:.2f} s, {load()})",
+                   f"<= {bound}x" if bound else "", None if bound is None else low <= bound * CRITICAL)
+
+    print(f"\nProgram over N inputs, {DEPTH} model calls")
+    targets = {(100_000, False): 1.3, (100_000, True): 1.6}
+    for n in (10_000, 100_000):
+        for cache in (False, True):
+            title = f"Program {n // scale}, cache {'on' if cache else 'off'}"
+            if not wanted(title):
+                continue
+            warm = cache and n == 100_000
+            results = spawn({"kind": "program", "n": n // scale, "cache": cache, "warm": warm}, runs)
+            low, mid = summary(results)
+            bound = targets.get((n, cache))
+            report(f"{title} ({results[0]['calls']} calls)",
+                   f"{low:.3f} / {mid:.3f} s = {low / CRITICAL:.2f}x cp (cpu {results[0]['cpu']:.2f} s, {load()})",
+                   f"<= {bound}x" if bound else "", None if bound is None else low <= bound * CRITICAL)
+            if n == 100_000 and not cache:
+                kb = min(r["kb_per_element"] for r in results)
+                report("  peak RSS added per element", f"{kb:.2f} KB", "<= 1 KB", kb <= 1.0)
+            if warm:
+                wlow, wmid = summary(results, "warm_wall")
+                report(f"  warm re-eval ({results[0]['warm_calls']} calls)",
+                       f"{wlow:.3f} / {wmid:.3f} s (cpu {results[0]['warm_cpu']:.2f} s)", "<= 0.5 s", wlow <= 0.5)
+
+    title = f"{10_000 // scale}-node build + eval vs dask.delayed"
+    if wanted(title):
+        print("\ntrivial outlines.fn steps, cache off (interleaved with dask in one process, best of 3)")
+        results = spawn({"kind": "fn", "n": 10_000 // scale}, runs)
+        ours, theirs = min(r["wall"] for r in results), min(r["dask"] for r in results)
+        report(title, f"{ours * 1e3:.0f} ms; dask {theirs * 1e3:.0f} ms = {theirs / ours:.1f}x ({load()})",
+               ">= 20x", theirs >= 20 * ours)
+
+    n = 5_000 // scale
+    if wanted(f"peers {n} chains"):
+        print(f"\npeers on {n} chains x {DEPTH} (ratios: their wall / outlines eval)")
+        base, _ = summary(spawn({"kind": "chains", "n": n, "cache": False}, runs))
+        report(f"outlines.eval, {n} chains, cache off", f"{base:.3f} s = {base / CRITICAL:.2f}x cp")
+        for peer, label in (("asyncio-batched", "hand-written asyncio batching (floor)"),
+                            ("asyncio-gather", "asyncio.gather per element"),
+                            ("langchain", "LangChain RunnableLambda .abatch")):
+            try:
+                results = spawn({"kind": "peer", "n": n, "peer": peer}, runs)
+            except RuntimeError as exc:
+                report(label, f"not run: {str(exc).splitlines()[-1][:50]}")
+                continue
+            low, mid = summary(results)
+            report(f"{label} ({results[0]['calls']} calls)", f"{low:.3f} / {mid:.3f} s = {low / base:.2f}x outlines")
+
+    failed = [r for r in ROWS if r.endswith("FAIL")]
+    print(f"\n{sum(r.endswith('PASS') for r in ROWS)} PASS, {len(failed)} FAIL (load {os.getloadavg()[0]:.1f})")
+    for line in failed:
+        print(line)
+
+
+if __name__ == "__main__":
+    main()
