@@ -4,7 +4,9 @@ A ready ``Generate`` node turns into draws that join the ``BatchQueue`` of its
 (backend, params less the constraint: ``queue_key``). After each dispatch round the scheduler flushes the
 ``Batcher``: queued draws are deduplicated (waiters keyed by backend and draw),
 looked up in the cache in one query (``lookup``), split by the backend's
-``max_batch`` (``batch_sizes``) and sent as batch tasks, at most
+``max_batch`` at prompt boundaries (``prompt_batches``: the samples of one
+prompt travel in one batch, so an HTTP backend sends them as one prompt with
+``n``) and sent as batch tasks, at most
 ``max_concurrency`` per backend. A queue stays open for a short gathering
 window while other nodes that feed it are still running; a full queue sends
 its whole batches at once and keeps the remainder open. Each finished draw is
@@ -21,7 +23,7 @@ from __future__ import annotations
 import asyncio
 import time
 from dataclasses import replace
-from typing import Any, Callable, Coroutine, Iterable, Sequence
+from typing import Any, Callable, Coroutine, Iterable, Sequence, TypeVar
 
 import numpy as np
 
@@ -34,7 +36,20 @@ from outlines.runtime.executor import Executor
 from outlines.runtime.plan import Plan
 from outlines.tracing import Recorder
 
-__all__ = ["BatchQueue", "Batcher", "NodeDraws", "batch_sizes", "lookup", "queue_key", "unique_draws"]
+__all__ = [
+    "BatchQueue",
+    "Batcher",
+    "NodeDraws",
+    "batch_sizes",
+    "lookup",
+    "pack_groups",
+    "prompt_batches",
+    "queue_key",
+    "unique_draws",
+]
+
+
+T = TypeVar("T")
 
 
 # -- pure helpers (explain uses them too) ------------------------------------------
@@ -53,10 +68,96 @@ def unique_draws(draws: Iterable[Draw]) -> list[Draw]:
     return list(dict.fromkeys(draws))
 
 
-def batch_sizes(count: int, max_batch: int | None) -> list[int]:
-    """Sizes of the batches that send ``count`` draws, at most ``max_batch`` each."""
-    size = max_batch or count or 1
-    return [min(size, count - start) for start in range(0, count, size)]
+def batch_sizes(runs: Iterable[tuple[int, int]], max_batch: int | None) -> list[int]:
+    """Sizes of the batches ``pack_groups`` makes of groups given as runs ``(group size, how many)``.
+
+    The arithmetic twin of ``pack_groups`` for ``explain``, which knows how
+    many draws each prompt has but not always the prompts.
+
+    Examples
+    --------
+    >>> batch_sizes([(3, 200)], 128)
+    [126, 126, 126, 126, 96]
+    >>> batch_sizes([(1, 7)], 3), batch_sizes([(5, 1), (1, 1)], 2)
+    ([3, 3, 1], [2, 2, 2])
+    """
+    sizes: list[int] = []
+    current = 0
+    for size, count in runs:
+        if size <= 0 or count <= 0:
+            continue
+        if max_batch is None:
+            current += size * count
+            continue
+        if size > max_batch:  # cut into pieces of max_batch, the last packing like a group
+            whole, rest = divmod(size, max_batch)
+            for _ in range(count):
+                if current:
+                    sizes.append(current)
+                sizes.extend([max_batch] * (whole - 1))
+                current = max_batch
+                if rest:
+                    sizes.append(current)
+                    current = rest
+            continue
+        take = min((max_batch - current) // size, count)
+        current += take * size
+        count -= take
+        if count:
+            sizes.append(current)
+            per_batch = max_batch // size
+            full, left = divmod(count, per_batch)
+            sizes.extend([per_batch * size] * full)
+            current = left * size
+            if not left:
+                current = sizes.pop()
+    if current:
+        sizes.append(current)
+    return sizes
+
+
+def pack_groups(groups: Sequence[Sequence[T]], max_batch: int | None) -> list[list[T]]:
+    """Batches of at most ``max_batch`` items that never split a group between two batches.
+
+    Groups are packed in order, a batch closing when the next group does not
+    fit. A group larger than ``max_batch`` is the one exception: it is cut
+    into pieces of ``max_batch`` items (the last piece packs like a group).
+
+    Examples
+    --------
+    >>> pack_groups([[1, 1, 1], [2, 2, 2], [3, 3, 3]], 7)
+    [[1, 1, 1, 2, 2, 2], [3, 3, 3]]
+    >>> pack_groups([[1] * 5, [2]], 2)
+    [[1, 1], [1, 1], [1, 2]]
+    """
+    batches: list[list[T]] = []
+    current: list[T] = []
+    for group in groups:
+        pieces = [group] if max_batch is None else [group[i : i + max_batch] for i in range(0, len(group), max_batch)]
+        for piece in pieces:
+            if current and max_batch is not None and len(current) + len(piece) > max_batch:
+                batches.append(current)
+                current = []
+            current.extend(piece)
+    if current:
+        batches.append(current)
+    return batches
+
+
+def prompt_batches(draws: Sequence[Draw], max_batch: int | None) -> list[list[Draw]]:
+    """``draws`` split into batches of at most ``max_batch``, each prompt's draws together.
+
+    Draws of one prompt (and params) are its samples: a backend asks for them
+    at once (``n`` on the wire, one encoded prompt in a local model), so
+    splitting them would cost a request and a prompt more. A prompt with more
+    samples than ``max_batch`` is the exception: it goes in pieces of
+    ``max_batch`` samples, each its own batch (the OpenAI backends offset the
+    seed of each piece, so the pieces stay independent draws).
+    """
+    groups: dict[tuple[str, GenerationParams], list[Draw]] = {}
+    for draw in draws:
+        groups.setdefault((draw.prompt, draw.params), []).append(draw)
+    return pack_groups(list(groups.values()), max_batch)
 
 
 def lookup(cache: Any, backend: Backend, draws: Sequence[Draw], *, record: bool = True) -> dict[Draw, Any]:
@@ -248,25 +349,23 @@ class Batcher:
             await backend.aclose()
 
     def _send(self, queue: BatchQueue, whole_batches: bool = False) -> None:
-        draws = list(queue.pending)
         backend = queue.backend
+        draws = list(queue.pending)
+        queue.pending.clear()
         if whole_batches:
-            size = backend.max_batch or len(draws)
-            draws = draws[: len(draws) - len(draws) % size]
-            for draw in draws:
-                del queue.pending[draw]
-        else:
-            queue.pending.clear()
+            batches = prompt_batches(draws, backend.max_batch)
+            if len(batches[-1]) < (backend.max_batch or 0):
+                for draw in batches.pop():  # the remainder may still fill up
+                    queue.pending[draw] = None
+            draws = [draw for batch in batches for draw in batch]
         found = lookup(self.cache, backend, draws)
         if found:
             for draw in draws:
                 if draw in found:
                     self._resolve(backend, draw, found[draw], hit=True)
             draws = [d for d in draws if d not in found]
-        start = 0
-        for size in batch_sizes(len(draws), backend.max_batch) if draws else []:
-            self._start_batch(backend, draws[start : start + size])
-            start += size
+        for batch in prompt_batches(draws, backend.max_batch):
+            self._start_batch(backend, batch)
 
     def _start_batch(self, backend: Backend, draws: list[Draw]) -> None:
         self.batch_ids += 1
