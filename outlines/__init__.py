@@ -12,6 +12,7 @@ from outlines.runtime.program import Program, chain, compile
 from outlines.errors import Failure, GraphBuildError, NodeError, UnboundInputError
 from outlines.runtime.evaluate import aeval, eval
 from outlines.runtime.explain import explain
+from outlines.runtime.stream import Stream, as_completed
 from outlines.fn import elemwise, fn
 from outlines.graph.control import cond, where, while_loop
 from outlines.graph.basic import Constant, Variable
@@ -28,9 +29,11 @@ __all__ = [
     "NodeError",
     "Program",
     "Ragged",
+    "Stream",
     "UnboundInputError",
     "Variable",
     "aeval",
+    "as_completed",
     "cache",
     "chain",
     "chat",
