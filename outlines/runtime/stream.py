@@ -39,6 +39,7 @@ from outlines.backends.base import Backend
 from outlines.graph.basic import Variable
 from outlines.graph.ops import scalar_or_array
 from outlines.runtime.evaluate import _check_options, _interrupt_raises
+from outlines.runtime.control import _Forward
 from outlines.runtime.executor import resolve_executor
 from outlines.runtime.plan import Plan, as_value, bind_givens
 from outlines.runtime.scheduler import Scheduler
@@ -277,16 +278,6 @@ class _Chunk(Scheduler):
         await super()._cleanup()
 
 
-class _Forward(Forwarding):
-    """A chunk's events for the outer recorder: the stream is one evaluation, not one per chunk."""
-
-    def eval_started(self, plan: Any, t: float) -> None:
-        pass
-
-    def eval_finished(self, t: float, error: BaseException | None) -> None:
-        pass
-
-
 def default_chunk_size(plan: Plan) -> int:
     """The smallest ``max_batch`` among the plan's model calls; 1 when none sets one."""
     sizes = [n.op.backend.max_batch for n in plan.nodes if n.op.mode == "generate"]  # type: ignore[attr-defined]
@@ -326,6 +317,7 @@ def stream_program(program: Program, givens: dict[Variable, Any], chunk_size: in
         _check_executor(executor, blocked_loop)
         cache = cache_module.resolve(options["cache"])
         recorder = active_recorder()
+        # A chunk's events reach the trace as a loop iteration's do: one evaluation, batch ids renumbered.
         forward = _Forward(recorder) if recorder is not NULL_RECORDER else None
         bound = options["max_concurrency"]
         request_limit = asyncio.Semaphore(bound) if bound else None

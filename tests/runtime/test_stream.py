@@ -236,3 +236,32 @@ def test_as_completed_checks_its_inputs_at_the_call() -> None:
         outlines.as_completed(outlines.string("missing") + "!")
     with pytest.raises(TypeError, match="at least one Variable"):
         outlines.as_completed()
+
+
+# -- over HTTP ---------------------------------------------------------------------------
+
+
+def test_an_http_stream_stopped_early_closes_its_sessions_and_sends_nothing_more(fake_openai: Any) -> None:
+    """Completions, 2 requests in flight at most, one prompt per chunk: break after the first answer."""
+    import gc
+
+    fake_openai.latency = 0.05
+    llm = models.openai_completion(
+        "fake-model", base_url=fake_openai.base_url, api_key="sk-test", temperature=0.7, max_concurrency=2
+    )
+    prog = outlines.compile(lambda q: llm(q, num_samples=2)).with_options(cache=False)
+    for index, samples in prog.stream([f"p{i}" for i in range(30)], chunk_size=1):
+        assert samples.tolist() == [f"p{index}#0", f"p{index}#1"]
+        break
+    sent = len(fake_openai.requests)
+    assert sent <= 4 and all(r.body["n"] == 2 for r in fake_openai.requests)
+    gc.collect()  # an unclosed aiohttp session would warn here (an error in this module)
+    assert prog(["x"]).shape == (1, 2)  # the backend still works on another loop
+    assert len(fake_openai.requests) == sent + 1
+
+
+def test_a_traced_stream_is_one_evaluation_with_every_chunks_batches() -> None:
+    with outlines.trace() as trace:
+        assert len(list(program().with_options(cache=False).stream(ORDER, chunk_size=2))) == 6
+    assert len(trace.evals) == 1
+    assert sorted(b.size for b in trace.batches) == [2, 2, 2] and len({b.id for b in trace.batches}) == 3
