@@ -151,9 +151,12 @@ def prompt_batches(draws: Sequence[Draw], max_batch: int | None) -> list[list[Dr
     at once (``n`` on the wire, one encoded prompt in a local model), so
     splitting them would cost a request and a prompt more. A prompt with more
     samples than ``max_batch`` is the exception: it goes in pieces of
-    ``max_batch`` samples, each its own batch (the OpenAI backends offset the
-    seed of each piece, so the pieces stay independent draws).
+    ``max_batch`` samples (the last one may share a batch with other
+    prompts); the OpenAI backends offset the seed of each piece, so the
+    pieces stay independent draws.
     """
+    if max_batch is None or len(draws) <= max_batch:  # one batch: nothing to cut, order kept
+        return [list(draws)] if draws else []
     groups: dict[tuple[str, GenerationParams], list[Draw]] = {}
     for draw in draws:
         groups.setdefault((draw.prompt, draw.params), []).append(draw)

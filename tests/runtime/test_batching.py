@@ -50,7 +50,8 @@ def test_prompt_batches_group_interleaved_draws_and_split_oversized_prompts() ->
     other = GenerationParams.create(temperature=0.9)
     a = [Draw("a", PARAMS, d) for d in range(5)]
     b, c = Draw("b", PARAMS, 0), Draw("a", other, 0)  # same text, other params: another prompt
-    assert prompt_batches([a[0], b, a[1], c, a[2]], None) == [[a[0], a[1], a[2], b, c]]
+    assert prompt_batches([a[0], b, a[1], c, a[2]], None) == [[a[0], b, a[1], c, a[2]]]  # one batch: as queued
+    assert prompt_batches([a[0], b, a[1], c, a[2]], 4) == [[a[0], a[1], a[2], b], [c]]  # cut: grouped by prompt
     assert prompt_batches([*a, b], 2) == [[a[0], a[1]], [a[2], a[3]], [a[4], b]]
 
 
