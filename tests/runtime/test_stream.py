@@ -265,3 +265,14 @@ def test_a_traced_stream_is_one_evaluation_with_every_chunks_batches() -> None:
         assert len(list(program().with_options(cache=False).stream(ORDER, chunk_size=2))) == 6
     assert len(trace.evals) == 1
     assert sorted(b.size for b in trace.batches) == [2, 2, 2] and len({b.id for b in trace.batches}) == 3
+
+
+def test_as_completed_over_a_loop_reports_the_loop_once_it_is_done() -> None:
+    @outlines.fn
+    def short(text: str) -> bool:
+        return len(text) < 6
+
+    q = outlines.string("q")
+    final = outlines.while_loop(short, lambda text: text + "x", init=q, max_iter=10)
+    results = list(outlines.as_completed(final, q + "!", givens={"q": "ab"}, cache=False))
+    assert sorted(results) == [(0, "abxxxx"), (1, "ab!")]  # the body's nested nodes are not reported
