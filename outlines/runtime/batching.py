@@ -89,16 +89,9 @@ def batch_sizes(runs: Iterable[tuple[int, int]], max_batch: int | None) -> list[
         if max_batch is None:
             current += size * count
             continue
-        if size > max_batch:  # cut into pieces of max_batch, the last packing like a group
-            whole, rest = divmod(size, max_batch)
-            for _ in range(count):
-                if current:
-                    sizes.append(current)
-                sizes.extend([max_batch] * (whole - 1))
-                current = max_batch
-                if rest:
-                    sizes.append(current)
-                    current = rest
+        if size > max_batch:  # cut anyway: its pieces fill the current batch, then whole ones
+            full, current = divmod(current + size * count, max_batch)
+            sizes.extend([max_batch] * full)
             continue
         take = min((max_batch - current) // size, count)
         current += take * size
@@ -120,8 +113,9 @@ def pack_groups(groups: Sequence[Sequence[T]], max_batch: int | None) -> list[li
     """Batches of at most ``max_batch`` items that never split a group between two batches.
 
     Groups are packed in order, a batch closing when the next group does not
-    fit. A group larger than ``max_batch`` is the one exception: it is cut
-    into pieces of ``max_batch`` items (the last piece packs like a group).
+    fit. A group larger than ``max_batch`` is the one exception: it has to be
+    cut anyway, so it fills the room left in the current batch, then whole
+    batches, and its remainder starts the next one.
 
     Examples
     --------
@@ -129,16 +123,26 @@ def pack_groups(groups: Sequence[Sequence[T]], max_batch: int | None) -> list[li
     [[1, 1, 1, 2, 2, 2], [3, 3, 3]]
     >>> pack_groups([[1] * 5, [2]], 2)
     [[1, 1], [1, 1], [1, 2]]
+    >>> pack_groups([[1] * 3, [2] * 3], 2)
+    [[1, 1], [1, 2], [2, 2]]
     """
     batches: list[list[T]] = []
     current: list[T] = []
     for group in groups:
-        pieces = [group] if max_batch is None else [group[i : i + max_batch] for i in range(0, len(group), max_batch)]
-        for piece in pieces:
-            if current and max_batch is not None and len(current) + len(piece) > max_batch:
-                batches.append(current)
-                current = []
-            current.extend(piece)
+        if max_batch is not None and len(group) > max_batch:  # cut anyway: its pieces fill what is left
+            rest = list(group)
+            while rest:
+                room = max_batch - len(current)
+                current.extend(rest[:room])
+                rest = rest[room:]
+                if len(current) == max_batch:
+                    batches.append(current)
+                    current = []
+            continue
+        if current and max_batch is not None and len(current) + len(group) > max_batch:
+            batches.append(current)
+            current = []
+        current.extend(group)
     if current:
         batches.append(current)
     return batches
@@ -150,10 +154,9 @@ def prompt_batches(draws: Sequence[Draw], max_batch: int | None) -> list[list[Dr
     Draws of one prompt (and params) are its samples: a backend asks for them
     at once (``n`` on the wire, one encoded prompt in a local model), so
     splitting them would cost a request and a prompt more. A prompt with more
-    samples than ``max_batch`` is the exception: it goes in pieces of
-    ``max_batch`` samples (the last one may share a batch with other
-    prompts); the OpenAI backends offset the seed of each piece, so the
-    pieces stay independent draws.
+    samples than ``max_batch`` is the exception: it goes in pieces that fill
+    the batches (``pack_groups``); the OpenAI backends offset the seed of
+    each piece, so the pieces stay independent draws.
     """
     if max_batch is None or len(draws) <= max_batch:  # one batch: nothing to cut, order kept
         return [list(draws)] if draws else []

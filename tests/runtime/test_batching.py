@@ -27,6 +27,7 @@ PARAMS = GenerationParams.create(temperature=0.5)
         ([(3, 2), (1, 2)], 4, [3, 4, 1]),  # a 1-sample prompt fills the gap a 3-sample one leaves
         ([(10, 1), (1, 1)], 4, [4, 4, 3]),  # a prompt larger than a batch goes in pieces
         ([(8, 1)], 4, [4, 4]),
+        ([(3, 2)], 2, [2, 2, 2]),  # prompts cut anyway fill each other's gaps: no extra batch
     ],
 )
 def test_batch_sizes_pack_whole_prompts(runs: list[tuple[int, int]], max_batch: int | None, sizes: list[int]) -> None:
