@@ -13,6 +13,7 @@ from outlines.errors import BudgetExceeded, Failure, GraphBuildError, NodeError,
 from outlines.runtime.budget import Budget
 from outlines.runtime.evaluate import aeval, eval
 from outlines.runtime.explain import explain
+from outlines.runtime.stream import Stream, as_completed
 from outlines.fn import elemwise, fn
 from outlines.graph.control import cond, where, while_loop
 from outlines.graph.basic import Constant, Variable
@@ -31,9 +32,11 @@ __all__ = [
     "NodeError",
     "Program",
     "Ragged",
+    "Stream",
     "UnboundInputError",
     "Variable",
     "aeval",
+    "as_completed",
     "cache",
     "chain",
     "chat",

@@ -12,7 +12,8 @@ independent draws and a re-run replays the same numbers from the cache.
 
 Every constructor takes default generation parameters (``max_tokens``,
 ``temperature``, ``stop``, ``seed``, ``top_p``...) and the limits
-``max_batch`` (prompts per backend call) and ``max_concurrency`` (backend calls
+``max_batch`` (draws per backend call, a prompt's samples never split
+between two calls unless they outnumber it) and ``max_concurrency`` (backend calls
 in flight). Backend modules are imported lazily, so HTTP users never import
 torch.
 """
@@ -297,7 +298,8 @@ def openai_completion(
     """A legacy ``/v1/completions`` model that sends many prompts per request.
 
     Takes the same options as ``openai`` except ``system_prompt``;
-    ``max_batch`` (default 128) bounds the prompts in one request. Servers
+    ``max_batch`` (default 128) bounds the draws in one request: prompts x
+    ``n``, whole prompts only (a prompt with more samples goes in pieces). Servers
     that refuse a list of prompts (``transformers serve``) get one prompt per
     request, and servers that ignore ``n`` one request per sample.
     """

@@ -278,7 +278,9 @@ class OpenAICompletionBackend(_OpenAIBackend):
     api_key
         Secret key (default ``OPENAI_API_KEY``); never shown, logged or cached.
     max_batch
-        Prompts per request (default 128).
+        Draws per request (default 128): whole prompts with all their
+        samples (prompts x ``n``); a prompt with more samples than this goes
+        in pieces of ``max_batch`` samples, each with its own seed.
     max_concurrency
         Requests in flight (default 32); lowered for a while after a 429.
     max_retries

@@ -7,7 +7,9 @@ hashes in C; ``Draw`` objects are made only for what a backend is sent, as a
 column-wise ``DrawBatch``. After each dispatch round the scheduler flushes the
 ``Batcher``: queued draws are deduplicated (the queue's waiters, by that tuple),
 looked up in the cache in one query (``lookup``), split by the backend's
-``max_batch`` (``batch_sizes``) and sent as batch tasks, at most
+``max_batch`` at prompt boundaries (``prompt_batches``: the samples of one
+prompt travel in one batch, so an HTTP backend sends them as one prompt with
+``n``) and sent as batch tasks, at most
 ``max_concurrency`` per backend. A queue stays open for a short gathering
 window while other nodes that feed it are still running; a full queue sends
 its whole batches at once and keeps the remainder open. Each finished draw is
@@ -27,7 +29,7 @@ from dataclasses import replace
 from collections import deque
 from itertools import repeat
 from operator import is_, itemgetter
-from typing import Any, Callable, Coroutine, Iterable, Sequence
+from typing import Any, Callable, Coroutine, Hashable, Iterable, Sequence, TypeVar
 
 import numpy as np
 
@@ -41,7 +43,20 @@ from outlines.runtime.executor import Executor
 from outlines.runtime.plan import Plan
 from outlines.tracing import Recorder
 
-__all__ = ["BatchQueue", "Batcher", "NodeDraws", "batch_sizes", "lookup", "queue_key", "unique_draws"]
+__all__ = [
+    "BatchQueue",
+    "Batcher",
+    "NodeDraws",
+    "batch_sizes",
+    "lookup",
+    "pack_groups",
+    "prompt_batches",
+    "queue_key",
+    "unique_draws",
+]
+
+
+T = TypeVar("T")
 
 
 # -- pure helpers (explain uses them too) ------------------------------------------
@@ -60,10 +75,118 @@ def unique_draws(draws: Iterable[Draw]) -> list[Draw]:
     return list(dict.fromkeys(draws))
 
 
-def batch_sizes(count: int, max_batch: int | None) -> list[int]:
-    """Sizes of the batches that send ``count`` draws, at most ``max_batch`` each."""
-    size = max_batch or count or 1
-    return [min(size, count - start) for start in range(0, count, size)]
+def batch_sizes(runs: Iterable[tuple[int, int]], max_batch: int | None) -> list[int]:
+    """Sizes of the batches ``pack_groups`` makes of groups given as runs ``(group size, how many)``.
+
+    The arithmetic twin of ``pack_groups`` for ``explain``, which knows how
+    many draws each prompt has but not always the prompts.
+
+    Examples
+    --------
+    >>> batch_sizes([(3, 200)], 128)
+    [126, 126, 126, 126, 96]
+    >>> batch_sizes([(1, 7)], 3), batch_sizes([(5, 1), (1, 1)], 2)
+    ([3, 3, 1], [2, 2, 2])
+    """
+    sizes: list[int] = []
+    current = 0
+    for size, count in runs:
+        if size <= 0 or count <= 0:
+            continue
+        if max_batch is None:
+            current += size * count
+            continue
+        if size > max_batch:  # cut anyway: its pieces fill the current batch, then whole ones
+            full, current = divmod(current + size * count, max_batch)
+            sizes.extend([max_batch] * full)
+            continue
+        take = min((max_batch - current) // size, count)
+        current += take * size
+        count -= take
+        if count:
+            sizes.append(current)
+            per_batch = max_batch // size
+            full, left = divmod(count, per_batch)
+            sizes.extend([per_batch * size] * full)
+            current = left * size
+            if not left:
+                current = sizes.pop()
+    if current:
+        sizes.append(current)
+    return sizes
+
+
+def pack_groups(groups: Sequence[Sequence[T]], max_batch: int | None) -> list[list[T]]:
+    """Batches of at most ``max_batch`` items that never split a group between two batches.
+
+    Groups are packed in order, a batch closing when the next group does not
+    fit. A group larger than ``max_batch`` is the one exception: it has to be
+    cut anyway, so it fills the room left in the current batch, then whole
+    batches, and its remainder starts the next one.
+
+    Examples
+    --------
+    >>> pack_groups([[1, 1, 1], [2, 2, 2], [3, 3, 3]], 7)
+    [[1, 1, 1, 2, 2, 2], [3, 3, 3]]
+    >>> pack_groups([[1] * 5, [2]], 2)
+    [[1, 1], [1, 1], [1, 2]]
+    >>> pack_groups([[1] * 3, [2] * 3], 2)
+    [[1, 1], [1, 2], [2, 2]]
+    """
+    batches: list[list[T]] = []
+    current: list[T] = []
+    for group in groups:
+        if max_batch is not None and len(group) > max_batch:  # cut anyway: its pieces fill what is left
+            rest = list(group)
+            while rest:
+                room = max_batch - len(current)
+                current.extend(rest[:room])
+                rest = rest[room:]
+                if len(current) == max_batch:
+                    batches.append(current)
+                    current = []
+            continue
+        if current and max_batch is not None and len(current) + len(group) > max_batch:
+            batches.append(current)
+            current = []
+        current.extend(group)
+    if current:
+        batches.append(current)
+    return batches
+
+
+def _prompt_and_params(draw: Draw) -> tuple[str, GenerationParams]:
+    return draw.prompt, draw.params
+
+
+def prompt_batches(
+    draws: Sequence[T], max_batch: int | None, group: Callable[[T], Hashable] = _prompt_and_params  # type: ignore[assignment]
+) -> list[list[T]]:
+    """``draws`` split into batches of at most ``max_batch``, each prompt's draws together.
+
+    Draws of one prompt (and params: ``group``) are its samples: a backend asks
+    for them at once (``n`` on the wire, one encoded prompt in a local model),
+    so splitting them would cost a request and a prompt more. A prompt with
+    more samples than ``max_batch`` is the exception: it goes in pieces that
+    fill the batches (``pack_groups``); the OpenAI backends offset the seed of
+    each piece, so the pieces stay independent draws.
+    """
+    if max_batch is None or len(draws) <= max_batch:  # one batch: nothing to cut, order kept
+        return [list(draws)] if draws else []
+    groups: dict[Hashable, list[T]] = {}
+    for draw in draws:
+        groups.setdefault(group(draw), []).append(draw)
+    return pack_groups(list(groups.values()), max_batch)
+
+
+def _positions(keys: Sequence[DrawKey], max_batch: int | None) -> list[range] | list[list[int]]:
+    """The positions of ``keys`` (a queue's draws) in each batch: ``prompt_batches`` of the draws they stand for."""
+    count = len(keys)
+    if max_batch is None or count <= max_batch:
+        return [range(count)] if count else []
+    if not set(map(type, keys)) - {str}:  # short keys: one draw per prompt, nothing to keep together
+        return [range(start, min(start + max_batch, count)) for start in range(0, count, max_batch)]
+    return prompt_batches(range(count), max_batch, lambda i: _prompt_of(keys[i]))
 
 
 def lookup(cache: Any, backend: Backend, draws: Sequence[Draw], *, record: bool = True) -> dict[Draw, Any]:
@@ -137,6 +260,11 @@ def _waiting_nodes(entry: Any) -> list[NodeDraws]:
 #: are 0 (most draws: a string's hash is cached, a tuple's is not). A tuple key is
 #: always the long form, so the two never collide.
 DrawKey = Any
+
+
+def _prompt_of(key: DrawKey) -> tuple[Any, int]:
+    """The (prompt, params number) a draw key belongs to: what ``prompt_batches`` keeps together."""
+    return (key[0], key[2]) if key.__class__ is tuple else (key, 0)
 
 
 def _key(text: Any, number: int, params_id: int) -> DrawKey:
@@ -392,15 +520,14 @@ class Batcher:
             await backend.aclose()
 
     def _send(self, queue: BatchQueue, whole_batches: bool = False) -> None:
-        keys = list(queue.pending)
         backend = queue.backend
+        keys = list(queue.pending)
+        queue.pending.clear()
         if whole_batches:
-            size = backend.max_batch or len(keys)
-            keys = keys[: len(keys) - len(keys) % size]
-            for key in keys:
-                del queue.pending[key]
-        else:
-            queue.pending.clear()
+            batches = _positions(keys, backend.max_batch)
+            if len(batches[-1]) < (backend.max_batch or 0):  # the remainder may still fill up
+                queue.pending.update(dict.fromkeys(keys[i] for i in batches.pop()))
+            keys = [keys[i] for batch in batches for i in batch]
         draws = queue.batch(keys)
         # Each draw's cache key is computed once: for the lookup and for storing its text.
         cached = self.cache is not None and backend.cacheable
@@ -425,14 +552,19 @@ class Batcher:
                                    [others[d] for d in draws if d in others], hit=True)
                 keys, cache_keys = [keys[i] for i in rest], [cache_keys[i] for i in rest]
                 draws = queue.batch(keys)
-        start = 0
-        for size in batch_sizes(len(keys), backend.max_batch) if keys else []:
-            end = start + size
-            batch_keys, batch = keys[start:end], draws[start:end] if size < len(keys) else draws
+        batches = _positions(keys, backend.max_batch)
+        for positions in batches:
+            if len(batches) == 1:
+                batch_keys, batch, batch_cache_keys = keys, draws, cache_keys
+            elif isinstance(positions, range):
+                first, last = positions.start, positions.stop
+                batch_keys, batch, batch_cache_keys = keys[first:last], draws[first:last], cache_keys[first:last]
+            else:
+                batch_keys = [keys[i] for i in positions]
+                batch, batch_cache_keys = queue.batch(batch_keys), [cache_keys[i] for i in positions] if cache_keys else []
             ticket = self._admit(queue, batch_keys, batch) if self.budget is not None else None
             if ticket != -1:
-                self._start_batch(queue, batch_keys, batch, cache_keys[start:end], ticket)
-            start = end
+                self._start_batch(queue, batch_keys, batch, batch_cache_keys, ticket)
 
     def _admit(self, queue: BatchQueue, keys: list[DrawKey], draws: DrawBatch) -> int:
         """The budget's ticket for sending ``draws``, or -1: refused (their draws fail)."""

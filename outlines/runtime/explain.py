@@ -265,7 +265,8 @@ class _DryRun:
         self.levels: dict[int, int] = {}
         self.waits: dict[int, frozenset[int]] = {}
         self.queues: dict[tuple[int, Any, Any], BatchQueue] = {}
-        self.unknown: dict[tuple[int, Any, Any], int] = {}  # per queue: draws of unknown prompts
+        # per queue: draws of unknown prompts, as runs of (draws per prompt, prompts)
+        self.unknown: dict[tuple[int, Any, Any], list[tuple[int, int]]] = {}
         self.nodes: dict[tuple[int, Any, Any], list[tuple[str, frozenset[int]]]] = {}
         self.sent: dict[Draw, int] = {}  # level each draw is first sent at
         self.draws = self.hits = self.unknown_draws = 0
@@ -319,7 +320,7 @@ class _DryRun:
         if count > MAX_CHECKED_DRAWS:  # too many to look up one by one: count them, cache unchecked
             self.draws += count
             self.unknown_draws += count
-            self.queue(level + 1, op, node.label, int(np.size(prompt)) if op.params.deterministic else count)
+            self.queue(level + 1, op, node.label, (1 if op.params.deterministic else op.num_samples, int(np.size(prompt))))
             shape = np.shape(prompt) + ((op.num_samples,) if op.num_samples > 1 else ())
             return level + 1, [_unknown(shape)]
         elements = _flat(prompt)
@@ -343,31 +344,38 @@ class _DryRun:
         output = results[0] if not shape else np.array(results, dtype=object).reshape(shape)
         if not misses and not unknown:
             return level, [output]
-        queue = self.queue(level + 1, op, node.label, unknown)
+        queue = self.queue(level + 1, op, node.label, (1 if op.params.deterministic else k, known.count(False)))
         for draw in misses:
             queue.pending[draw] = None
             self.sent.setdefault(draw, level + 1)
         return level + 1, [output]
 
-    def queue(self, level: int, op: Any, label: str, unknown: int) -> BatchQueue:
-        """The predicted queue of ``op``'s backend and params at ``level``, with ``unknown`` draws more."""
+    def queue(self, level: int, op: Any, label: str, unknown: tuple[int, int]) -> BatchQueue:
+        """The predicted queue of ``op``'s backend and params at ``level``, with ``unknown`` prompts more.
+
+        ``unknown`` is (draws per prompt, prompts): unknown prompts batch like known ones.
+        """
         key = (level, *queue_key(op.backend, op.params))  # the scheduler's queues (constraints share one)
         queue = self.queues.get(key)
         if queue is None:
             queue = self.queues[key] = BatchQueue(op.backend)
         self.nodes.setdefault(key, []).append((label, self.current_waits))
-        self.unknown[key] = self.unknown.get(key, 0) + unknown
+        self.unknown.setdefault(key, []).append(unknown)
         return queue
 
     def batches(self) -> list[PredictedBatch]:
         out: list[PredictedBatch] = []
         for key, queue in sorted(self.queues.items(), key=lambda item: item[0][0]):
-            known, total = len(queue.pending), len(queue.pending) + self.unknown[key]
+            known = len(queue.pending)
+            groups: dict[tuple[str, Any], int] = {}  # the known draws per prompt, as prompt_batches groups them
+            for draw in queue.pending:
+                groups[draw.prompt, draw.params] = groups.get((draw.prompt, draw.params), 0) + 1
+            runs = [(size, 1) for size in groups.values()] + self.unknown[key]
             labels = [label for label, _ in self.nodes[key]]
             pending = list(queue.pending)
             backend, max_tokens = queue.backend, key[2].max_tokens
             start = 0
-            for count in batch_sizes(total, backend.max_batch):
+            for count in batch_sizes(runs, backend.max_batch):
                 unknown = max(0, min(count, start + count - known))
                 draws = pending[start : start + count - unknown]
                 prompt_tokens, completion = backend.usage_bound(draws) if draws else (0, 0)

@@ -12,7 +12,7 @@ running, the inputs' shapes are propagated through the graph
 from __future__ import annotations
 
 import inspect
-from typing import Any, Callable, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 from outlines.errors import GraphBuildError, UnboundInputError
 from outlines.runtime.evaluate import _check_options, run_plan, run_sync
@@ -20,6 +20,9 @@ from outlines.graph.basic import Variable, as_variable
 from outlines.graph.shapes import Shape, propagate, shape_of
 from outlines.runtime.plan import Plan, as_value
 from outlines.text import string
+
+if TYPE_CHECKING:
+    from outlines.runtime.stream import Stream
 
 __all__ = ["Program", "chain", "compile"]
 
@@ -98,6 +101,53 @@ class Program:
     async def _run(self, givens: dict[Variable, Any], blocked_loop: Any = None) -> Any:
         results = await run_plan(self.plan, givens, blocked_loop, **self.options)
         return results[0] if self._single else tuple(results)
+
+    def stream(self, *args: Any, chunk_size: int | None = None, **kwargs: Any) -> Stream:
+        """Evaluate over arrays of inputs, yielding ``(index, value)`` as elements finish.
+
+        ``index`` is the element's position along the leading axis of the
+        array inputs (scalar inputs, and arrays of length 1, broadcast);
+        ``value`` is what the Program returns for that element: a ``str``, a
+        row of samples (an array), or a tuple for several outputs. The leading
+        axis is cut into chunks of ``chunk_size`` elements, one schedule each,
+        all running at once within one evaluation's limits; the elements of a
+        chunk come out together, chunks in the order they finish.
+
+        Parameters
+        ----------
+        *args, **kwargs
+            The inputs, as for calling the Program.
+        chunk_size
+            Elements per schedule (default: the smallest ``max_batch`` of the
+            program's models, 1 when none sets one). Smaller chunks yield
+            sooner; larger ones batch more model calls together.
+
+        Returns
+        -------
+        Stream
+            Iterate it with ``for`` (sync code, Jupyter included) or
+            ``async for``. Finished draws are cached as they finish;
+            ``errors="return"`` yields failed elements holding
+            ``outlines.Failure``; ``errors="raise"`` raises a chunk's
+            ``NodeError`` where that chunk would have been yielded, after the
+            chunks that finished before it. Leaving the loop early cancels
+            the rest.
+
+        Raises
+        ------
+        ValueError
+            When no input is an array, the array inputs' leading axes differ,
+            or ``chunk_size`` is not a positive integer.
+
+        Examples
+        --------
+        >>> shout = compile(lambda text: text + "!")
+        >>> sorted(shout.stream(["a", "b"]))
+        [(0, 'a!'), (1, 'b!')]
+        """
+        from outlines.runtime.stream import stream_program
+
+        return stream_program(self, self._givens(args, kwargs), chunk_size)
 
     def with_options(self, **options: Any) -> Program:
         """The same program evaluated with other options (``cache``, ``errors``...)."""

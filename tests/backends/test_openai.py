@@ -539,3 +539,43 @@ def test_finished_chat_requests_are_cached_when_a_sibling_fails(fake_openai: Fak
     kept = [i for i, v in enumerate(out) if not isinstance(v, outlines.Failure)]
     assert [again[i] for i in kept] == [out[i] for i in kept]
     assert not any(isinstance(v, outlines.Failure) for v in again)
+
+
+# -- max_batch splits by prompts (issue 15) ----------------------------------------------
+
+
+@pytest.mark.parametrize("cached", [False, True], ids=["no-cache", "cache"])
+def test_max_batch_keeps_each_prompts_samples_in_one_request(fake_openai: FakeOpenAI, cached: bool, tmp_path) -> None:
+    """200 prompts x 3 samples, max_batch 128: 5 requests of whole prompts (42, 42, 42, 42, 32), 200 prompts in all."""
+    from outlines.cache import Cache
+
+    llm = models.openai_completion("fake-model", base_url=fake_openai.base_url, api_key=KEY, temperature=0.7)
+    question = outlines.string("question")
+    prompts = [f"q{i}" for i in range(200)]
+    result = llm(question, num_samples=3).eval({question: prompts}, cache=Cache(tmp_path) if cached else False)
+    assert result.tolist() == [[f"{p}#0", f"{p}#1", f"{p}#2"] for p in prompts]
+    bodies = [r.body for r in fake_openai.requests]
+    assert sorted(len(b["prompt"]) for b in bodies) == [32, 42, 42, 42, 42]
+    assert all(b["n"] == 3 for b in bodies)
+    sent = [p for b in bodies for p in b["prompt"]]
+    assert sorted(sent) == sorted(prompts)  # each prompt once: its 3 samples travel together
+
+
+def test_a_prompt_with_more_samples_than_max_batch_goes_in_pieces(fake_openai: FakeOpenAI) -> None:
+    """10 samples of one prompt with max_batch 4: pieces of 4, 4 and 2, each with its own seed."""
+    llm = models.openai_completion(
+        "fake-model", base_url=fake_openai.base_url, api_key=KEY, temperature=0.7, seed=100, max_batch=4
+    )
+    result = llm("p", num_samples=10).eval(cache=False)
+    assert result.shape == (10,)
+    pieces = sorted((r.body["seed"], r.body["n"]) for r in fake_openai.requests)
+    assert pieces == [(100, 4), (104, 4), (108, 2)]
+
+
+def test_chat_max_batch_keeps_each_prompts_samples_in_one_request(fake_openai: FakeOpenAI) -> None:
+    """Chat sends one request per prompt: 20 prompts x 3 samples with max_batch 16 are 20 requests with n=3."""
+    llm = models.openai("fake-model", base_url=fake_openai.base_url, api_key=KEY, temperature=0.7, max_batch=16)
+    question = outlines.string("question")
+    result = llm(question, num_samples=3).eval({question: [f"q{i}" for i in range(20)]}, cache=False)
+    assert result.shape == (20, 3)
+    assert len(fake_openai.requests) == 20 and all(r.body["n"] == 3 for r in fake_openai.requests)

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import asyncio
+import itertools
 import time
 from collections import Counter
 
@@ -206,3 +207,19 @@ def test_known_prompts_without_python_steps_are_exact() -> None:
     q = outlines.string("q")
     plan = outlines.explain(llm(q + "a"), llm(q + "b"), givens={"q": "x"}, cache=False)
     assert plan.requests == 1 and plan.exact and "prediction: exact" in plan.summary()
+
+
+def test_predicted_batches_keep_each_prompts_samples_together() -> None:
+    """5 prompts x 3 samples at max_batch 4: one prompt per batch, predicted and real (issue 15)."""
+    numbers = itertools.count()
+    recording = RecordingBackend(lambda prompt: f"{prompt}|{next(numbers)}", delay=0.005, max_batch=4)
+    llm = recording.model(temperature=0.7)  # every sample a distinct text, so a distinct prompt next
+    q = outlines.string("q")
+    first = llm(q, num_samples=3)
+    second = llm(first + "?", num_samples=2)  # unknown prompts: counted by shape, packed the same way
+    givens = {"q": [f"q{i}" for i in range(5)]}
+    plan = outlines.explain(second, givens=givens, cache=False)
+    outlines.eval(second, givens=givens, cache=False)
+    assert sorted(b.size for b in plan.batches) == recording.sizes == [2] + [3] * 5 + [4] * 7
+    for batch in recording.batches:  # every prompt of a batch with all its samples
+        assert all(batch.count(p) == (2 if p.endswith("?") else 3) for p in batch)

@@ -1,0 +1,370 @@
+"""Results as they finish: ``Program.stream`` and ``outlines.as_completed``.
+
+``outlines.as_completed(*variables)`` runs ONE schedule, like ``eval``, and
+hands out each Variable's value as soon as the node computing it finishes
+(watched through the scheduler's recorder events: ``Watcher``).
+
+``Program.stream(inputs)`` cuts the leading axis of the array inputs into
+chunks and runs one schedule per chunk, all at once on one event loop and
+sharing one evaluation's bounds: the per-backend concurrency, the
+``max_concurrency`` slots, the cache, the executor; backends are closed once,
+at the end. Each element of a finished chunk is yielded as ``(index, value)``,
+``index`` being its position along the leading axis. A chunk batches its own
+model calls; the default chunk is the smallest ``max_batch`` of the program's
+models (1 when none sets one), so a stream sends about the requests of one
+``eval``.
+
+Both are a ``Stream``: ``for`` in sync code (the schedule runs on a private
+loop in a helper thread, so it keeps working while the caller handles a
+result, and works inside a running loop such as Jupyter's), ``async for`` on
+the caller's loop. Leaving the iteration early (``break``, an exception,
+``close()``) cancels what is still running; what finished stays cached.
+"""
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import contextvars
+import queue
+import sys
+import threading
+import time
+import weakref
+from typing import TYPE_CHECKING, Any, AsyncIterator, Callable, Iterator, Mapping, Sequence
+
+import numpy as np
+
+from outlines import cache as cache_module
+from outlines.backends.base import Backend
+from outlines.graph.basic import Variable
+from outlines.graph.ops import scalar_or_array
+from outlines.runtime.evaluate import _check_options, _interrupt_raises
+from outlines.runtime.control import _Forward
+from outlines.runtime.executor import resolve_executor
+from outlines.runtime.plan import Plan, as_value, bind_givens
+from outlines.runtime.scheduler import Scheduler
+from outlines.tracing import NULL_RECORDER, Forwarding, Recorder, active_recorder
+
+if TYPE_CHECKING:
+    from outlines.runtime.program import Program
+
+__all__ = ["Stream", "Watcher", "as_completed", "default_chunk_size", "stream_program"]
+
+#: An async iterator of results, made for the loop that a sync caller blocks (or ``None``).
+Factory = Callable[[asyncio.AbstractEventLoop | None], AsyncIterator[tuple[int, Any]]]
+
+
+class Stream:
+    """``(index, value)`` pairs in the order they finish; iterate once, with ``for`` or ``async for``.
+
+    Nothing runs before the iteration starts. ``close()`` (or leaving a
+    ``for`` loop) cancels what is still running; in async code, wrap it in
+    ``contextlib.aclosing`` to cancel at once when leaving the loop early
+    (otherwise the loop's async-generator hook cancels it a moment later).
+    """
+
+    def __init__(self, factory: Factory, what: str) -> None:
+        self._factory = factory
+        self._what = what
+        self._used = False
+        self._iterator: Any = None  # a weak reference: leaving a ``for`` loop must free (so close) it
+
+    def _claim(self) -> None:
+        if self._used:
+            raise RuntimeError(f"{self._what} was iterated already; a Stream runs once (call it again for a new one)")
+        self._used = True
+
+    def __iter__(self) -> Iterator[tuple[int, Any]]:
+        self._claim()
+        iterator = _iterate_sync(self._factory)
+        self._iterator = weakref.ref(iterator)
+        return iterator
+
+    def __aiter__(self) -> AsyncIterator[tuple[int, Any]]:
+        self._claim()
+        iterator = self._factory(None)
+        self._iterator = weakref.ref(iterator)
+        return iterator
+
+    def close(self) -> None:
+        """Cancel what is still running (a sync iteration; see ``aclose`` for ``async for``)."""
+        iterator = self._iterator() if self._iterator is not None else None
+        if iterator is not None and hasattr(iterator, "close"):
+            iterator.close()
+
+    async def aclose(self) -> None:
+        """Cancel what is still running (an ``async for`` iteration)."""
+        iterator = self._iterator() if self._iterator is not None else None
+        if iterator is not None and hasattr(iterator, "aclose"):
+            await iterator.aclose()
+
+    def __repr__(self) -> str:
+        return f"Stream({self._what})"
+
+
+# -- sync iteration ---------------------------------------------------------------------
+_ITEM, _DONE, _ERROR = "item", "done", "error"
+
+
+def _iterate_sync(factory: Factory) -> Iterator[tuple[int, Any]]:
+    """Iterate ``factory``'s results from sync code: its loop runs in a helper thread.
+
+    Results cross through a queue, so the schedule goes on while the caller
+    handles one. Closing this generator cancels the schedule and waits for
+    its cleanup (tasks cancelled, backends closed) before returning.
+    """
+    try:
+        caller_loop: asyncio.AbstractEventLoop | None = asyncio.get_running_loop()
+    except RuntimeError:
+        caller_loop = None
+    results: queue.SimpleQueue[tuple[str, Any]] = queue.SimpleQueue()
+    control: dict[str, Any] = {}
+    started = threading.Event()
+    context = contextvars.copy_context()
+
+    async def main() -> None:
+        control["loop"], control["task"] = asyncio.get_running_loop(), asyncio.current_task()
+        started.set()
+        iterator = factory(caller_loop)
+        try:
+            async for item in iterator:
+                results.put((_ITEM, item))
+        finally:
+            await iterator.aclose()  # type: ignore[attr-defined]
+
+    def target() -> None:
+        try:
+            context.run(asyncio.run, main())
+            results.put((_DONE, None))
+        except asyncio.CancelledError:  # closed by the caller: nobody reads on
+            results.put((_DONE, None))
+        except BaseException as exc:  # noqa: BLE001 - re-raised in the caller's thread
+            results.put((_ERROR, exc))
+        finally:
+            started.set()
+
+    thread = threading.Thread(target=target, name="outlines-stream", daemon=True)
+    thread.start()
+    try:
+        while True:
+            with _interrupt_raises():
+                kind, payload = results.get()
+            if kind == _DONE:
+                return
+            if kind == _ERROR:
+                raise payload
+            yield payload
+    finally:
+        started.wait()
+        if thread.is_alive() and "task" in control:
+            with contextlib.suppress(RuntimeError):  # the loop may have just closed: nothing to cancel
+                control["loop"].call_soon_threadsafe(control["task"].cancel)
+        thread.join()
+
+
+def _check_executor(executor: Any, blocked_loop: asyncio.AbstractEventLoop | None) -> None:
+    if blocked_loop is not None and "outlines.backends.dask" in sys.modules:
+        from outlines.backends.dask import DaskExecutor
+
+        if isinstance(executor, DaskExecutor):
+            executor.check_not_on(blocked_loop)
+
+
+# -- as_completed: one schedule, outputs as their nodes finish ----------------------------
+class Watcher(Forwarding):
+    """Passes every event on, and reports each output Variable once its node has finished."""
+
+    def __init__(self, inner: Recorder, scheduler: Scheduler, report: Callable[[int, Any], None]) -> None:
+        super().__init__(inner)
+        self.scheduler = scheduler
+        self.report = report
+        self.positions: dict[int, list[int]] = {}  # id(output Variable) -> its positions in the arguments
+        for position, variable in enumerate(scheduler.plan.outputs):
+            self.positions.setdefault(id(variable), []).append(position)
+
+    def node_finished(self, node: Any, t: float, error: BaseException | None = None) -> None:
+        super().node_finished(node, t, error)
+        if error is not None and not self.scheduler.return_failures:
+            return  # the scheduler raises it
+        for output in node.outputs:
+            for position in self.positions.get(id(output), ()):
+                self.report(position, scalar_or_array(self.scheduler.values[id(output)]))
+
+
+def as_completed(*variables: Variable, givens: Mapping[Any, Any] | None = None, **options: Any) -> Stream:
+    """Evaluate Variables in ONE schedule, yielding each value as soon as it is computed.
+
+    Like ``concurrent.futures.as_completed`` over the arguments: yields
+    ``(position, value)``, ``position`` being the Variable's place among
+    ``variables``, in the order they finish (work they share is done once,
+    as with ``eval``). Iterate with ``for`` or ``async for``.
+
+    Parameters
+    ----------
+    *variables
+        The Variables to compute.
+    givens
+        Values of the free inputs, keyed by Variable or by name.
+    **options
+        As for ``eval`` (``cache``, ``errors``, ``max_concurrency``,
+        ``executor``, ``batch_window``); there is no progress bar.
+
+    Returns
+    -------
+    Stream
+        With ``errors="return"`` a failed Variable yields its value holding
+        ``outlines.Failure``; with ``errors="raise"`` the first failure
+        raises its ``NodeError`` from the iteration after the values that
+        finished before it, and cancels the rest.
+
+    Examples
+    --------
+    >>> import outlines
+    >>> q = outlines.string("q")
+    >>> sorted(outlines.as_completed(q + "!", q + "?", givens={"q": "hi"}))
+    [(0, 'hi!'), (1, 'hi?')]
+    """
+    if not variables:
+        raise TypeError("as_completed needs at least one Variable")
+    options = _check_options(options)
+    plan = Plan(variables)
+    bind_givens(plan, givens)  # a missing input raises here, not at the first iteration
+
+    async def results(blocked_loop: asyncio.AbstractEventLoop | None) -> AsyncIterator[tuple[int, Any]]:
+        ready: asyncio.Queue[tuple[int, Any]] = asyncio.Queue()
+        executor = resolve_executor(options["executor"])
+        _check_executor(executor, blocked_loop)
+        scheduler = Scheduler(
+            plan,
+            bind_givens(plan, givens),
+            cache=options["cache"],
+            errors=options["errors"],
+            max_concurrency=options["max_concurrency"],
+            recorder=active_recorder(),
+            executor=executor,
+            batch_window=options["batch_window"],
+        )
+        scheduler.recorder = Watcher(scheduler.recorder, scheduler, lambda i, v: ready.put_nowait((i, v)))
+        for position, variable in enumerate(plan.outputs):
+            if variable.owner is None:  # an input or a constant: known before anything runs
+                ready.put_nowait((position, scalar_or_array(scheduler.values[id(variable)])))
+        run = asyncio.ensure_future(scheduler.run())
+        try:
+            for _ in range(len(variables)):
+                getter = asyncio.ensure_future(ready.get())
+                await asyncio.wait([getter, run], return_when=asyncio.FIRST_COMPLETED)
+                if not getter.done():
+                    getter.cancel()
+                    run.result()  # the schedule failed: raise its error
+                    getter = asyncio.ensure_future(ready.get())  # it finished: the rest are queued
+                yield await getter
+        finally:
+            if not run.done():
+                run.cancel()
+            await asyncio.gather(run, return_exceptions=True)
+
+    return Stream(results, f"as_completed({len(variables)} variable(s))")
+
+
+# -- Program.stream: one schedule per chunk of the leading axis ------------------------
+class _Chunk(Scheduler):
+    """The schedule of one chunk: its backends stay open for the other chunks."""
+
+    backends: set[Backend]
+
+    async def _cleanup(self) -> None:
+        queues, self.batcher.queues = self.batcher.queues, {}
+        self.backends.update(q.backend for q in queues.values())
+        await super()._cleanup()
+
+
+def default_chunk_size(plan: Plan) -> int:
+    """The smallest ``max_batch`` among the plan's model calls; 1 when none sets one."""
+    sizes = [n.op.backend.max_batch for n in plan.nodes if n.op.mode == "generate"]  # type: ignore[attr-defined]
+    return min((s for s in sizes if s), default=1)
+
+
+def _leading_length(program: Program, givens: dict[Variable, Any]) -> int:
+    lengths = {v.name or "?": np.shape(value)[0] for v, value in givens.items() if np.ndim(value) > 0}
+    if not lengths:
+        raise ValueError(
+            f"{program.name}.stream needs at least one array input to stream over; call the program for one value"
+        )
+    sizes = set(lengths.values()) - {1} or {1}
+    if len(sizes) > 1:
+        shown = ", ".join(f"{name}: {length}" for name, length in lengths.items())
+        raise ValueError(f"{program.name}.stream: the array inputs must share their leading axis, got {shown}")
+    return sizes.pop()
+
+
+def stream_program(program: Program, givens: dict[Variable, Any], chunk_size: int | None) -> Stream:
+    """The ``Stream`` of ``Program.stream``: see the module docstring."""
+    options = program.options
+    givens = {v: as_value(value) for v, value in givens.items()}
+    length = _leading_length(program, givens)
+    size = default_chunk_size(program.plan) if chunk_size is None else chunk_size
+    if isinstance(size, bool) or not isinstance(size, int) or size < 1:
+        raise ValueError(f"chunk_size must be a positive integer (elements per schedule) or None, got {chunk_size!r}")
+
+    def chunk(start: int) -> dict[Variable, Any]:
+        return {
+            v: value[start : start + size] if np.ndim(value) > 0 and np.shape(value)[0] == length else value
+            for v, value in givens.items()
+        }
+
+    async def results(blocked_loop: asyncio.AbstractEventLoop | None) -> AsyncIterator[tuple[int, Any]]:
+        executor = resolve_executor(options["executor"])
+        _check_executor(executor, blocked_loop)
+        cache = cache_module.resolve(options["cache"])
+        recorder = active_recorder()
+        # A chunk's events reach the trace as a loop iteration's do: one evaluation, batch ids renumbered.
+        forward = _Forward(recorder) if recorder is not NULL_RECORDER else None
+        bound = options["max_concurrency"]
+        request_limit = asyncio.Semaphore(bound) if bound else None
+        limits: dict[Backend, asyncio.Semaphore | None] = {}
+        backends: set[Backend] = set()
+
+        async def run_chunk(start: int) -> tuple[int, list[Any]]:
+            scheduler = _Chunk(
+                program.plan,
+                bind_givens(program.plan, chunk(start)),
+                cache=cache if cache is not None else False,
+                errors=options["errors"],
+                recorder=forward,
+                executor=executor,
+                batch_window=options["batch_window"],
+            )
+            scheduler.backends = backends
+            # One evaluation's bounds for all chunks (as a loop's nested schedules share them).
+            scheduler.batcher.request_limit = request_limit
+            scheduler.batcher.limits = limits
+            return start, await scheduler.run()
+
+        recorder.eval_started(program.plan, time.perf_counter())
+        tasks = [asyncio.ensure_future(run_chunk(start)) for start in range(0, length, size)]
+        error: BaseException | None = None
+        try:
+            for finished in asyncio.as_completed(tasks):
+                start, outputs = await finished
+                count = min(size, length - start)
+                for output, value in zip(program._outputs, outputs):
+                    if not isinstance(value, np.ndarray) or value.ndim == 0 or value.shape[0] != count:
+                        raise ValueError(
+                            f"{program.name}.stream: output {output.name or output!r} has shape {np.shape(value)} "
+                            f"for {count} input element(s); every output must keep the inputs' leading axis"
+                        )
+                for offset in range(count):
+                    row = [scalar_or_array(value[offset]) for value in outputs]
+                    yield start + offset, row[0] if program._single else tuple(row)
+        except Exception as exc:  # a cancelled or closed stream is no error of the evaluation
+            error = exc
+            raise
+        finally:
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+            for backend in sorted(backends, key=repr):
+                await backend.aclose()
+            recorder.eval_finished(time.perf_counter(), error)
+
+    return Stream(results, f"{program.name}.stream({length} element(s), chunks of {size})")
