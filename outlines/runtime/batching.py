@@ -59,15 +59,19 @@ def batch_sizes(count: int, max_batch: int | None) -> list[int]:
     return [min(size, count - start) for start in range(0, count, size)]
 
 
-def lookup(cache: Any, backend: Backend, draws: Sequence[Draw], *, record: bool = True) -> dict[Draw, Any]:
+def lookup(
+    cache: Any, backend: Backend, draws: Sequence[Draw], *, record: bool = True, keys: Sequence[bytes] | None = None
+) -> dict[Draw, Any]:
     """The cached texts of ``draws`` (one ``get_many``); ``record=False`` counts no hits.
 
     A backend that is not ``cacheable`` (its identity holds an object id) never
-    reads the disk; a stored value that is not text is a miss.
+    reads the disk; a stored value that is not text is a miss. ``keys``: the
+    draws' keys, when the caller has them already.
     """
     if cache is None or not draws or not backend.cacheable:
         return {}
-    keys = [cache_module.draw_key(backend.identity, d) for d in draws]
+    if keys is None:
+        keys = cache_module.draw_keys(backend.identity, draws)
     found = cache.get_many(keys, record=record, expect=str)
     return {d: found[k] for d, k in zip(draws, keys) if k in found} if found else {}
 
@@ -257,23 +261,25 @@ class Batcher:
                 del queue.pending[draw]
         else:
             queue.pending.clear()
-        found = lookup(self.cache, backend, draws)
+        # Each draw is keyed once: for the lookup and, on a miss, for storing its text.
+        # Empty: no cache, or a backend that is not cacheable (nothing goes to disk).
+        cached = self.cache is not None and backend.cacheable and bool(draws)
+        keys = cache_module.draw_keys(backend.identity, draws) if cached else []
+        found = lookup(self.cache, backend, draws, keys=keys) if cached else {}
         if found:
             for draw in draws:
                 if draw in found:
                     self._resolve(backend, draw, found[draw], hit=True)
+            keys = [k for d, k in zip(draws, keys) if d not in found]
             draws = [d for d in draws if d not in found]
         start = 0
         for size in batch_sizes(len(draws), backend.max_batch) if draws else []:
-            self._start_batch(backend, draws[start : start + size])
+            self._start_batch(backend, draws[start : start + size], keys[start : start + size])
             start += size
 
-    def _start_batch(self, backend: Backend, draws: list[Draw]) -> None:
+    def _start_batch(self, backend: Backend, draws: list[Draw], keys: list[bytes]) -> None:
         self.batch_ids += 1
         batch_id = self.batch_ids
-        # Empty: no cache, or a backend that is not cacheable (nothing goes to disk).
-        cached = self.cache is not None and backend.cacheable
-        keys = [cache_module.draw_key(backend.identity, d) for d in draws] if cached else []
 
         def on_result(index: int, text: str) -> None:
             if keys and 0 <= index < len(keys):
@@ -296,7 +302,7 @@ class Batcher:
         )
 
     async def _run_batch(
-        self, batch_id: int, backend: Backend, draws: list[Draw], keys: list[str], report: BatchReport
+        self, batch_id: int, backend: Backend, draws: list[Draw], keys: list[bytes], report: BatchReport
     ) -> list[str]:
         limit = self._limit(backend)
         # A backend that sends its own requests takes one evaluation slot per request.
