@@ -23,11 +23,12 @@ import sqlite3
 import threading
 import warnings
 import weakref
+from json.encoder import encode_basestring
 from operator import itemgetter
 from pathlib import Path
 from typing import Any, Callable, Iterable, Sequence
 
-from outlines.cache.sqlite import CacheWarning, FormatMismatch, SQLiteStore, encode
+from outlines.cache.sqlite import CacheWarning, FormatMismatch, SQLiteStore
 
 __all__ = ["Disk", "WriteBehind", "disk"]
 
@@ -116,7 +117,9 @@ class WriteBehind:
                 queued, touched, damaged = list(self._rows.items()), list(self._touched), self._damaged
                 self._writing, self._touched, self._damaged = True, {}, []
             try:
-                rows = [(key, encode(value) if type(value) is str else value) for key, value in queued]
+                escape = encode_basestring  # encode() of text, without a call per row
+                rows = [(key, escape(value).encode("utf-8", "surrogatepass") if type(value) is str else value)
+                        for key, value in queued]
                 self._write(rows, touched, damaged, self._max_bytes)  # type: ignore[arg-type]
             except Exception as exc:  # noqa: BLE001 - a writer that dies would hang flush()
                 warnings.warn(f"outlines cache: write failed ({exc!r})", CacheWarning, stacklevel=1)

@@ -79,7 +79,10 @@ _COLUMNS = {"meta": ("name", "value"), "entries": ("key", "value", "checksum", "
 
 
 def row_ids(keys: Sequence[bytes]) -> list[int]:
-    """The row of each key: its first 8 bytes as a signed big-endian integer.
+    """The row of each key: its first 8 bytes, big-endian, less 2**63 (a signed 64-bit integer).
+
+    The order of rows is the order of the keys' bytes, so sorting ``(key,
+    value)`` pairs sorts them by row.
 
     Raises
     ------
@@ -90,7 +93,8 @@ def row_ids(keys: Sequence[bytes]) -> list[int]:
     if len(joined) != KEY_BYTES * len(keys):
         bad = next((k for k in keys if type(k) is not bytes or len(k) != KEY_BYTES), None)
         raise TypeError(f"cache keys are {KEY_BYTES}-byte digests from draw_key, got {bad!r:.60}")
-    return np.frombuffer(joined, dtype=">i8")[::2].tolist()  # type: ignore[no-any-return]
+    # Flipping the top bit of the unsigned number is subtracting 2**63.
+    return (np.frombuffer(joined, dtype=">i8")[::2] ^ np.int64(-(2**63))).tolist()  # type: ignore[no-any-return]
 
 
 def checksum(key: bytes, blob: bytes) -> int:
@@ -313,7 +317,7 @@ class SQLiteStore:
 
     def put_many(
         self,
-        rows: Sequence[tuple[bytes, bytes]],
+        rows: Iterable[tuple[bytes, bytes]],
         touched: Sequence[bytes] = (),
         max_bytes: int | None = None,
         damaged: Iterable[tuple[int, Any]] = (),
@@ -324,12 +328,14 @@ class SQLiteStore:
         B-tree once from left to right instead of jumping around it.
         """
         now = time.time_ns()
-        ids = row_ids([key for key, _ in rows])
-        order = sorted(range(len(rows)), key=ids.__getitem__)
-        params: list[Any] = []
-        for index in order:
-            key, blob = rows[index]
-            params += (ids[index], blob, zlib.crc32(blob, zlib.crc32(key)))
+        ordered = sorted(rows)  # key order is row order; keys are distinct
+        keys = [key for key, _ in ordered]
+        blobs = [blob for _, blob in ordered]
+        crc32 = zlib.crc32
+        params: list[Any] = [None] * (3 * len(ordered))
+        params[0::3] = row_ids(keys)
+        params[1::3] = blobs
+        params[2::3] = [crc32(blob, crc32(key)) for key, blob in ordered]
         with self._lock("write"):
             connection = self._connection("write")
             connection.execute("BEGIN IMMEDIATE")
@@ -349,7 +355,7 @@ class SQLiteStore:
                 stamps = [(now + 1, row) for row in row_ids(touched)] if touched else []
                 connection.executemany("UPDATE entries SET used = ? WHERE key = ?", stamps)
                 if max_bytes is not None:
-                    added = sum(len(blob) for _, blob in rows) + _ROW_OVERHEAD * len(rows)
+                    added = sum(map(len, blobs)) + _ROW_OVERHEAD * len(blobs)
                     self._evict(connection, max_bytes, added)
                 connection.execute("COMMIT")
             except BaseException:

@@ -216,7 +216,9 @@ class Cache:
         kept = {key: value for key, value in items.items() if type(value) in _IMMUTABLE}  # mutable: read fresh
         replaced = [memory.pop(key) for key in kept.keys() & memory.keys()]
         memory.update(kept)
-        size = self._memory_size + sum(map(_size, kept.values())) - sum(map(_size, replaced))
+        values = kept.values()
+        text = sum(map(len, values)) if set(map(type, values)) <= {str} else sum(map(_size, values)) - _ENTRY_BYTES * len(kept)
+        size = self._memory_size + text + _ENTRY_BYTES * len(kept) - sum(map(_size, replaced))
         while memory and (len(memory) > self.memory_entries or size > self.memory_bytes):
             size -= _size(memory.popitem(last=False)[1])
         self._memory_size = size

@@ -243,6 +243,42 @@ def test_cold_batch_lookup_reads_many_keys_in_one_pass(tmp_path: Path) -> None:
     assert len(found) == 3000 and all(found[k] == k.hex()[:6] for k in keys)
 
 
+def selects(cache: Cache) -> list[str]:
+    """The SELECTs the cache's read connection runs from now on."""
+    statements: list[str] = []
+    cache._disk.store._connection("read").set_trace_callback(statements.append)
+    return statements
+
+
+def test_a_new_file_answers_misses_without_a_query(tmp_path: Path) -> None:
+    cache = Cache(tmp_path, memory_entries=0)
+    seen = selects(cache)
+    assert cache.get_many([key("never")]) == {}
+    cache.put_many({key("a"): "A"})
+    cache.flush()
+    assert cache.get_many([key(str(i)) for i in range(100)]) == {}
+    assert [s for s in seen if s.startswith("SELECT")] == []
+    assert cache.get_many([key("a"), key("b")]) == {key("a"): "A"}  # what it wrote still reads the file
+    assert len([s for s in seen if "FROM entries WHERE key IN" in s]) == 1
+
+
+def test_a_new_file_that_another_writer_touched_is_read_again(tmp_path: Path) -> None:
+    cache = Cache(tmp_path, memory_entries=0)
+    assert cache.get_many([key("theirs")]) == {}  # new: answered from memory
+    other = Cache(tmp_path, timeout=7.0)  # another store on the file, as another process has
+    other.put_many({key("theirs"): "T"})
+    other.flush()
+    assert cache.get_many([key("theirs")]) == {key("theirs"): "T"}
+    assert Cache(tmp_path, timeout=9.0).get_many([key("theirs")]) == {key("theirs"): "T"}  # not new when opened
+
+
+def test_rows_sort_like_keys_and_fit_64_bits(tmp_path: Path) -> None:
+    keys = sorted(key(str(i)) for i in range(1000))
+    rows = row_ids(keys)
+    assert rows == sorted(rows) and all(-(2**63) <= r < 2**63 for r in rows)
+    assert row_ids([b"\x00" * 16, b"\xff" * 16]) == [-(2**63), 2**63 - 1]
+
+
 def test_size_limit_evicts_least_recently_used(tmp_path: Path) -> None:
     cache = Cache(tmp_path, max_bytes=20_000)
     keep = key("keep")
