@@ -133,6 +133,14 @@ def decode(key: bytes, blob: Any, check: Any) -> Any:
         return _INVALID
 
 
+def _power_of_two(limit: int) -> int:
+    """The largest power of two not above ``limit`` (at least 1)."""
+    size = 1
+    while size * 2 <= limit:
+        size *= 2
+    return size
+
+
 def _padded(items: Sequence[Any]) -> list[Any]:
     """``items`` repeated at the end up to a power of two, so few SQL texts exist."""
     size = 1
@@ -173,6 +181,7 @@ class SQLiteStore:
         self._setup = threading.Lock()  # one connection at a time sets a new file up
         self._pid = os.getpid()
         self._fresh: bool | None = None  # None: not looked yet
+        self._rows, self._chunk = _ROWS, _CHUNK  # per statement, lowered to what the SQLite build binds
         self._version = 0  # the write connection's data_version when it looked
 
     def _lock(self, role: str) -> Any:
@@ -215,6 +224,9 @@ class SQLiteStore:
         if connection is None:
             with self._setup:
                 connection = self._connections[role] = self._open_retrying()
+            # Older SQLite builds bind at most 999 parameters per statement.
+            variables = connection.getlimit(sqlite3.SQLITE_LIMIT_VARIABLE_NUMBER)
+            self._rows, self._chunk = _power_of_two(min(_ROWS, (variables - 1) // 3)), _power_of_two(min(_CHUNK, variables))
         return connection
 
     def _open_retrying(self) -> sqlite3.Connection:
@@ -292,8 +304,8 @@ class SQLiteStore:
         crc32 = zlib.crc32
         with self._lock("read"):
             connection = self._connection("read")
-            for start in range(0, len(rows), _CHUNK):
-                chunk = _padded(rows[start : start + _CHUNK])
+            for start in range(0, len(rows), self._chunk):
+                chunk = _padded(rows[start : start + self._chunk])
                 sql = f"SELECT key, value, checksum FROM entries WHERE key IN ({','.join('?' * len(chunk))})"
                 for row, blob, check in connection.execute(sql, chunk):
                     key = owners[row]
@@ -343,8 +355,8 @@ class SQLiteStore:
                 if self._fresh is None:
                     self._look(connection)  # before our rows land: was the file empty?
                 connection.executemany("DELETE FROM entries WHERE key = ? AND checksum IS ?", damaged)
-                for start in range(0, len(params), 3 * _ROWS):
-                    chunk = params[start : start + 3 * _ROWS]
+                for start in range(0, len(params), 3 * self._rows):
+                    chunk = params[start : start + 3 * self._rows]
                     count = len(chunk) // 3
                     size = 1
                     while size < count:

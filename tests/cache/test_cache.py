@@ -279,6 +279,26 @@ def test_rows_sort_like_keys_and_fit_64_bits(tmp_path: Path) -> None:
     assert row_ids([b"\x00" * 16, b"\xff" * 16]) == [-(2**63), 2**63 - 1]
 
 
+def test_a_sqlite_build_that_binds_999_parameters_still_writes_and_reads_big_batches(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    connect = sqlite3.connect
+
+    def old_build(*args: Any, **kwargs: Any) -> sqlite3.Connection:
+        connection = connect(*args, **kwargs)
+        connection.setlimit(sqlite3.SQLITE_LIMIT_VARIABLE_NUMBER, 999)  # the default before SQLite 3.32
+        return connection
+
+    monkeypatch.setattr(sqlite3, "connect", old_build)
+    keys = [key(str(i)) for i in range(3000)]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", CacheWarning)
+        Cache(tmp_path).put_many({k: k.hex() for k in keys})
+        Cache(tmp_path).flush()
+        found = Cache(tmp_path, timeout=5.0, memory_entries=0).get_many(keys)
+    assert found == {k: k.hex() for k in keys}
+
+
 def test_size_limit_evicts_least_recently_used(tmp_path: Path) -> None:
     cache = Cache(tmp_path, max_bytes=20_000)
     keep = key("keep")
