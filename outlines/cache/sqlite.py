@@ -56,8 +56,10 @@ CREATE TABLE IF NOT EXISTS entries (
 #: Rows per INSERT and keys per SELECT. One statement step covers a whole
 #: chunk, and Python's sqlite3 releases the GIL around each step: the SQLite
 #: work of a chunk runs beside the event loop instead of trading the GIL with
-#: it row by row. Chunks are padded to a power of two so few SQL texts exist.
-_ROWS = 4096
+#: it row by row. Sizes are powers of two so few SQL texts exist. A multi-row
+#: INSERT compiles in time that grows faster than its rows (4,096 rows: 0.65 s
+#: once per connection; 512: about 0.02 s), so inserts stay at 512.
+_ROWS = 512
 _CHUNK = 4096
 #: Bytes a row costs beyond its value (key, checksum, size, stamp), for ``size``.
 _ROW_OVERHEAD = 32
@@ -355,14 +357,12 @@ class SQLiteStore:
                 if self._fresh is None:
                     self._look(connection)  # before our rows land: was the file empty?
                 connection.executemany("DELETE FROM entries WHERE key = ? AND checksum IS ?", damaged)
-                for start in range(0, len(params), 3 * self._rows):
-                    chunk = params[start : start + 3 * self._rows]
-                    count = len(chunk) // 3
-                    size = 1
-                    while size < count:
-                        size *= 2
-                    chunk += chunk[-3:] * (size - count)  # repeats of the last row are harmless
-                    connection.execute(_insert_sql(size), [now, *chunk])
+                start, left = 0, len(ordered)
+                while left:
+                    # Whole statements, then the rest in powers of two: no row twice, few SQL texts.
+                    size = _power_of_two(min(left, self._rows))
+                    connection.execute(_insert_sql(size), [now, *params[3 * start : 3 * (start + size)]])
+                    start, left = start + size, left - size
                 # Entries read count as newer than those written in the same round.
                 stamps = [(now + 1, row) for row in row_ids(touched)] if touched else []
                 connection.executemany("UPDATE entries SET used = ? WHERE key = ?", stamps)
