@@ -21,6 +21,7 @@ import os
 import sqlite3
 import threading
 import time
+import weakref
 import zlib
 from json.decoder import scanstring  # type: ignore[attr-defined]
 from json.encoder import encode_basestring
@@ -83,20 +84,23 @@ _COLUMNS = {"meta": ("name", "value"), "entries": ("key", "value", "checksum", "
 def row_ids(keys: Sequence[bytes]) -> list[int]:
     """The row of each key: its first 8 bytes, big-endian, less 2**63 (a signed 64-bit integer).
 
-    The order of rows is the order of the keys' bytes, so sorting ``(key,
-    value)`` pairs sorts them by row.
+    The order of rows is the order of the keys' bytes.
 
     Raises
     ------
     TypeError
         When a key is not ``KEY_BYTES`` bytes (keys come from ``draw_key``).
     """
+    return _row_array(keys).tolist()  # type: ignore[no-any-return]
+
+
+def _row_array(keys: Sequence[bytes]) -> Any:
     joined = b"".join(keys) if all(type(k) is bytes for k in keys) else b""
     if len(joined) != KEY_BYTES * len(keys):
         bad = next((k for k in keys if type(k) is not bytes or len(k) != KEY_BYTES), None)
         raise TypeError(f"cache keys are {KEY_BYTES}-byte digests from draw_key, got {bad!r:.60}")
     # Flipping the top bit of the unsigned number is subtracting 2**63.
-    return (np.frombuffer(joined, dtype=">i8")[::2] ^ np.int64(-(2**63))).tolist()  # type: ignore[no-any-return]
+    return np.frombuffer(joined, dtype=">i8")[::2] ^ np.int64(-(2**63))
 
 
 def checksum(key: bytes, blob: bytes) -> int:
@@ -160,6 +164,34 @@ def _insert_sql(rows: int) -> str:
     return f"INSERT OR REPLACE INTO entries (key, value, checksum, size, used) VALUES {values}"
 
 
+_stores: weakref.WeakSet[SQLiteStore] = weakref.WeakSet()
+_held: list[threading.RLock] = []
+
+
+def _before_fork() -> None:
+    # A thread inside SQLite at the fork would leave its global mutexes (memory,
+    # VFS) locked in the child, whose first connection then hangs: wait until no
+    # store of this process is inside SQLite, and keep them out until the fork is done.
+    for store in list(_stores):
+        if store._pid == os.getpid():
+            for role in ("read", "write"):  # the order close() and quarantine() take them in
+                lock = store._locks[role]
+                lock.acquire()
+                _held.append(lock)
+
+
+def _after_fork_in_parent() -> None:
+    while _held:
+        _held.pop().release()
+
+
+def _after_fork_in_child() -> None:
+    _held.clear()  # the child's stores make new locks (SQLiteStore._lock)
+
+
+os.register_at_fork(before=_before_fork, after_in_parent=_after_fork_in_parent, after_in_child=_after_fork_in_child)
+
+
 class SQLiteStore:
     """One SQLite file, with a connection for reads and one for writes.
 
@@ -182,6 +214,7 @@ class SQLiteStore:
         self._locks = {"read": threading.RLock(), "write": threading.RLock()}
         self._setup = threading.Lock()  # one connection at a time sets a new file up
         self._pid = os.getpid()
+        _stores.add(self)
         self._fresh: bool | None = None  # None: not looked yet
         self._rows, self._chunk = _ROWS, _CHUNK  # per statement, lowered to what the SQLite build binds
         self._version = 0  # the write connection's data_version when it looked
@@ -342,14 +375,16 @@ class SQLiteStore:
         B-tree once from left to right instead of jumping around it.
         """
         now = time.time_ns()
-        ordered = sorted(rows)  # key order is row order; keys are distinct
-        keys = [key for key, _ in ordered]
-        blobs = [blob for _, blob in ordered]
+        rows = list(rows)
+        ids = _row_array([key for key, _ in rows])
+        order = ids.argsort(kind="stable").tolist()  # one C sort; keys are distinct
+        keys = [rows[i][0] for i in order]
+        blobs = [rows[i][1] for i in order]
         crc32 = zlib.crc32
-        params: list[Any] = [None] * (3 * len(ordered))
-        params[0::3] = row_ids(keys)
+        params: list[Any] = [None] * (3 * len(rows))
+        params[0::3] = ids[order].tolist()
         params[1::3] = blobs
-        params[2::3] = [crc32(blob, crc32(key)) for key, blob in ordered]
+        params[2::3] = list(map(crc32, blobs, map(crc32, keys)))  # checksum(), without a frame per row
         with self._lock("write"):
             connection = self._connection("write")
             connection.execute("BEGIN IMMEDIATE")
@@ -357,7 +392,7 @@ class SQLiteStore:
                 if self._fresh is None:
                     self._look(connection)  # before our rows land: was the file empty?
                 connection.executemany("DELETE FROM entries WHERE key = ? AND checksum IS ?", damaged)
-                start, left = 0, len(ordered)
+                start, left = 0, len(rows)
                 while left:
                     # Whole statements, then the rest in powers of two: no row twice, few SQL texts.
                     size = _power_of_two(min(left, self._rows))
