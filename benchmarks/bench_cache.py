@@ -12,8 +12,16 @@
    (batches of 128, as the scheduler calls it, and one key at a time) vs
    ``joblib.Memory`` and LangChain's ``SQLiteCache``, all reading from disk in
    this run: microseconds per draw and ratios.
+4. The cache at scale (issue 15): 100,000 inputs x 3 model calls (300,000
+   draws). (a) The store alone: ``draw_key`` per draw, ``put_many`` of each
+   100,000-draw batch on the caller's thread, the flush lag (last put to
+   everything committed), warm lookups from the memory LRU and from disk only,
+   and file bytes per entry. (b) A compiled Program on 100,000 inputs (3
+   batched model calls of 100 ms: critical path 0.3 s): cold eval wall with
+   the cache off and on, the writer's lag after the eval returned, and the
+   warm re-eval (memory, then disk only). ``--scale-only`` runs just this.
 
-Run: ``.venv/bin/python benchmarks/bench_cache.py [--chains 1000] [--keys 10000]``.
+Run: ``.venv/bin/python benchmarks/bench_cache.py [--chains 1000] [--keys 10000] [--scale 100000]``.
 """
 from __future__ import annotations
 
@@ -34,6 +42,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 import outlines  # noqa: E402
+import outlines.cache.keys  # noqa: E402
 from outlines import models  # noqa: E402
 from outlines.backends.base import Draw, GenerationParams  # noqa: E402
 from outlines.cache import Cache, draw_key  # noqa: E402
@@ -201,18 +210,111 @@ def lookups(directory: Path, count: int) -> None:
         print(f"   {label:48s} {seconds / count * 1e6:8.2f} us/draw   {seconds / base:7.1f}x outlines batched")
 
 
+def scale_store(directory: Path, count: int) -> None:
+    """4a: the store alone, on 3 x ``count`` draws put and read as the scheduler does."""
+    identity = ("function", "chain", "0123abcd", True)
+    params = GenerationParams.create(temperature=0.7)
+    levels = [[Draw(f"Question {i}: what is {i} * 3? Step {step}:", params, 0) for i in range(count)]
+              for step in range(3)]
+    texts = [f"answer {i}, thought through" for i in range(count)]
+    many = getattr(outlines.cache.keys, "draw_keys", None)  # the batch form, where it exists
+    start = time.perf_counter()
+    keys = [[draw_key(identity, d) for d in level] for level in levels]
+    single = time.perf_counter() - start
+    batched = None
+    if many is not None:
+        start = time.perf_counter()
+        for level in levels:
+            many(identity, level)
+        batched = time.perf_counter() - start
+    cache = Cache(directory / "scale")
+    cache.get_many(keys[0][:1])  # opens the new file, as a first lookup does
+    lookup_cold = put = 0.0
+    for level_keys in keys:
+        start = time.perf_counter()
+        cache.get_many(level_keys)  # every draw misses: the scheduler's lookup before sending
+        lookup_cold += time.perf_counter() - start
+        start = time.perf_counter()
+        cache.put_many(dict(zip(level_keys, texts)))
+        put += time.perf_counter() - start
+    start = time.perf_counter()
+    cache.flush()
+    lag = time.perf_counter() - start
+    start = time.perf_counter()
+    hits = sum(len(cache.get_many(level_keys)) for level_keys in keys)
+    memory = time.perf_counter() - start
+    fresh = Cache(directory / "scale", memory_entries=0)
+    start = time.perf_counter()
+    hits_disk = sum(len(fresh.get_many(level_keys)) for level_keys in keys)
+    disk = time.perf_counter() - start
+    cache.close()
+    size = sum(f.stat().st_size for f in (directory / "scale").iterdir())
+    total = 3 * count
+    print(f"\n4a. the store alone, 3 x {count} draws (load {os.getloadavg()[0]:.2f})")
+    print(f"   draw_key, one per draw        {single * 1e3:8.1f} ms = {single / total * 1e6:5.2f} us/draw")
+    if batched is not None:
+        print(f"   draw_keys, one per batch      {batched * 1e3:8.1f} ms = {batched / total * 1e6:5.2f} us/draw")
+    print(f"   lookups on the new file (all miss) {lookup_cold * 1e3:8.1f} ms")
+    print(f"   put_many (caller's thread)    {put * 1e3:8.1f} ms = {put / total * 1e6:5.2f} us/draw")
+    print(f"   flush lag after the last put  {lag * 1e3:8.1f} ms")
+    print(f"   warm lookups, memory LRU      {memory * 1e3:8.1f} ms = {memory / total * 1e6:5.2f} us/draw ({hits} hits)")
+    print(f"   warm lookups, disk only       {disk * 1e3:8.1f} ms = {disk / total * 1e6:5.2f} us/draw ({hits_disk} hits)")
+    print(f"   file                          {size / 1e6:8.1f} MB = {size / total:5.0f} bytes/entry")
+
+
+def scale_program(directory: Path, count: int) -> None:
+    """4b: a compiled 3-call Program on ``count`` inputs, cache off, cold, warm."""
+    import asyncio
+
+    async def respond(prompts: list[str]) -> list[str]:
+        await asyncio.sleep(0.1)
+        return [p[-12:] + " ok" for p in prompts]
+
+    llm = models.from_function(respond, batched=True, name="scale", temperature=0.7)
+    program = outlines.compile(lambda q: llm(llm(llm(q + " A:") + " B:") + " C:"))
+    inputs = [f"Question {i}: what is {i} * 3?" for i in range(count)]
+    cache = Cache(directory / "program")
+
+    def run(option: Any) -> tuple[float, float]:
+        gc.collect()
+        cpu, start = time.process_time(), time.perf_counter()
+        program.with_options(cache=option)(inputs)
+        return time.perf_counter() - start, time.process_time() - cpu
+
+    off = run(False)
+    cold = run(cache)
+    start = time.perf_counter()
+    cache.flush()
+    lag = time.perf_counter() - start
+    warm = run(cache)
+    disk = run(Cache(directory / "program", memory_entries=0))
+    print(f"\n4b. Program on {count} inputs x 3 model calls of 100 ms (load {os.getloadavg()[0]:.2f})")
+    for label, (wall, cpu) in (("cache off", off), ("cache on, cold", cold), ("warm, memory LRU", warm),
+                               ("warm, disk only", disk)):
+        print(f"   {label:20s} {wall:7.2f} s = {wall / 0.3:5.2f}x the critical path  (cpu {cpu:5.2f} s)")
+    print(f"   writer still busy after the cold eval returned: {lag * 1e3:8.1f} ms")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--chains", type=int, default=1000)
     parser.add_argument("--depth", type=int, default=3)
     parser.add_argument("--keys", type=int, default=10_000)
     parser.add_argument("--latency", type=float, nargs="+", default=[0.02, 0.1])
+    parser.add_argument("--scale", type=int, default=100_000)
+    parser.add_argument("--scale-only", action="store_true")
     args = parser.parse_args()
     directory = Path(tempfile.mkdtemp(prefix="outlines-bench-cache-"))
     try:
+        if args.scale_only:
+            scale_store(directory, args.scale)
+            scale_program(directory, args.scale)
+            return
         warm_reeval(directory, args.chains, args.depth)
         cold_overhead(directory, args.chains, args.depth, args.latency)
         lookups(directory, args.keys)
+        scale_store(directory, args.scale)
+        scale_program(directory, args.scale)
     finally:
         shutil.rmtree(directory, ignore_errors=True)
 

@@ -1,8 +1,8 @@
 """Content-addressed cache of model draws: keys, the ``Cache`` and its controls.
 
-The key of one draw (``draw_key``, from ``outlines.cache.keys``) is a SHA-256
-of the format version, backend identity, parameters, prompt text and draw
-number. A ``Cache`` (``outlines.cache.store``) keeps a least-recently-used map
+The key of one draw (``draw_key``, or ``draw_keys`` for a batch, from
+``outlines.cache.keys``) is a 16-byte BLAKE2b digest of the format version,
+backend identity, parameters, prompt text and draw number. A ``Cache`` (``outlines.cache.store``) keeps a least-recently-used map
 in memory in front of a SQLite file (``outlines.cache.sqlite``) that a
 background writer commits to (``outlines.cache.disk``). The scheduler looks a
 whole batch up with one ``get_many`` and stores each backend response with
@@ -16,11 +16,11 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from outlines.cache.keys import draw_key
+from outlines.cache.keys import draw_key, draw_keys
 from outlines.cache.sqlite import CacheWarning
 from outlines.cache.store import Cache, default_directory
 
-__all__ = ["Cache", "CacheWarning", "clear", "default_directory", "disable", "draw_key", "enable", "resolve", "stats"]
+__all__ = ["Cache", "CacheWarning", "clear", "default_directory", "disable", "draw_key", "draw_keys", "enable", "resolve", "stats"]
 
 
 # -- the process default and its controls ---------------------------------------

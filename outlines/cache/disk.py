@@ -5,9 +5,13 @@ on the caller's thread. Writes leave it (the event loop) through
 ``WriteBehind``: a daemon thread commits what was queued, one transaction per
 round, and everything queued is committed before the interpreter exits (Ctrl-C
 included; a SIGKILL loses at most the last few milliseconds, never half an
-entry). A failing file is never an exception: a locked one skips the operation
-with a warning, a damaged one (unreadable, or with a table or column missing)
-is moved aside and replaced, and a file of another format leaves the cache in
+entry). The queue holds completions as text and encodes them on the writer
+thread, off the event loop. A lookup on a fresh file (empty when first seen,
+written only by this process since: ``SQLiteStore.fresh``) sends only the keys
+this process queued to SQLite; every other key is a miss without a query. A
+failing file is never an exception: a locked one skips the operation with a
+warning, a damaged one (unreadable, or with a table or column missing) is
+moved aside and replaced, and a file of another format leaves the cache in
 memory only.
 """
 from __future__ import annotations
@@ -19,6 +23,8 @@ import sqlite3
 import threading
 import warnings
 import weakref
+from json.encoder import encode_basestring
+from operator import itemgetter
 from pathlib import Path
 from typing import Any, Callable, Iterable, Sequence
 
@@ -29,16 +35,22 @@ __all__ = ["Disk", "WriteBehind", "disk"]
 _writers: weakref.WeakSet[WriteBehind] = weakref.WeakSet()
 #: An idle writer thread ends after this many seconds (a new one starts on demand).
 IDLE_SECONDS = 2.0
+#: A fresh file stops being treated as fresh once this process has queued
+#: more keys than this (the set of them is what answers its misses).
+FRESH_KEYS = 4_000_000
 
-Write = Callable[[list[tuple[str, bytes]], list[str], list[tuple[str, Any]], "int | None"], None]
+Write = Callable[[list[tuple[bytes, bytes]], list[bytes], list[tuple[int, Any]], "int | None"], None]
 
 
 class WriteBehind:
     """Rows queued by the caller and committed by a daemon thread, in order.
 
-    ``write(rows, touched, damaged, max_bytes)`` runs on the thread with
-    everything queued since its last call; each ``submit`` stays whole inside
-    one call, so each stays atomic. It must not raise.
+    A queued value is a ``str`` (encoded to JSON on the thread) or the JSON
+    ``bytes`` of any other value (encoded by the caller, so a later change to
+    a list or dict does not reach the file). ``write(rows, touched, damaged,
+    max_bytes)`` runs on the thread with everything queued since its last
+    call, encoded; each ``submit`` stays whole inside one call, so each stays
+    atomic. It must not raise.
     """
 
     def __init__(self, write: Write) -> None:
@@ -49,17 +61,17 @@ class WriteBehind:
     def _reset(self) -> None:
         self._pid = os.getpid()
         self._condition = threading.Condition()
-        self._rows: dict[str, bytes] = {}
-        self._touched: dict[str, None] = {}
-        self._damaged: list[tuple[str, Any]] = []
+        self._rows: dict[bytes, str | bytes] = {}
+        self._touched: dict[bytes, None] = {}
+        self._damaged: list[tuple[int, Any]] = []
         self._max_bytes: int | None = None
         self._writing = False
         self._thread: threading.Thread | None = None
 
     def submit(
         self,
-        rows: Iterable[tuple[str, bytes]] = (),
-        touched: Iterable[str] = (),
+        rows: Iterable[tuple[bytes, str | bytes]] = (),
+        touched: Iterable[bytes] = (),
         damaged: Iterable[Any] = (),
         max_bytes: int | None = None,
     ) -> None:
@@ -74,11 +86,16 @@ class WriteBehind:
                 _hook_exit()
                 self._thread = threading.Thread(target=self._run, name="outlines-cache-writer", daemon=True)
                 self._thread.start()
-            self._condition.notify_all()
+            if not self._writing:  # a busy writer takes the rest when its commit ends
+                self._condition.notify_all()
 
-    def pending(self, key: str) -> bytes | None:
-        """The queued blob of ``key``, if it is not committed yet."""
-        return self._rows.get(key) if self._rows else None
+    def pending(self, keys: Iterable[bytes]) -> dict[bytes, str | bytes]:
+        """The queued values (text, or JSON bytes) of those ``keys`` not committed yet."""
+        rows = self._rows
+        if not rows:
+            return {}
+        get = rows.get
+        return {key: value for key in keys if (value := get(key)) is not None}
 
     def flush(self) -> None:
         """Wait until everything submitted so far is committed (or given up)."""
@@ -97,17 +114,21 @@ class WriteBehind:
                 if not (self._rows or self._touched or self._damaged):
                     self._thread = None  # idle: end, so nothing is kept alive for nothing
                     return
-                rows, touched, damaged = list(self._rows.items()), list(self._touched), self._damaged
+                queued, touched, damaged = list(self._rows.items()), list(self._touched), self._damaged
                 self._writing, self._touched, self._damaged = True, {}, []
             try:
-                self._write(rows, touched, damaged, self._max_bytes)
+                escape = encode_basestring  # encode() of text, without a call per row
+                rows = [(key, escape(value).encode("utf-8", "surrogatepass") if type(value) is str else value)
+                        for key, value in queued]
+                self._write(rows, touched, damaged, self._max_bytes)  # type: ignore[arg-type]
             except Exception as exc:  # noqa: BLE001 - a writer that dies would hang flush()
                 warnings.warn(f"outlines cache: write failed ({exc!r})", CacheWarning, stacklevel=1)
             finally:
                 with condition:
-                    for key, blob in rows:
-                        if self._rows.get(key) is blob:
-                            del self._rows[key]
+                    rows_left = self._rows
+                    for key, value in queued:
+                        if rows_left.get(key) is value:
+                            del rows_left[key]
                     self._writing = False
                     condition.notify_all()
 
@@ -144,22 +165,37 @@ class Disk:
         self.file = file
         self.store: SQLiteStore | None = SQLiteStore(file, timeout)
         self.writer = WriteBehind(self._write)
+        # Keys this process queued while the file is fresh: the only ones it can hold.
+        self._queued: set[bytes] | None = set()
 
-    def get_many(self, keys: Sequence[str]) -> tuple[dict[str, Any], list[tuple[str, Any]]]:
+    def get_many(self, keys: Sequence[bytes]) -> tuple[dict[bytes, Any], list[tuple[int, Any]]]:
         """Committed values found, and damaged rows (already queued for deletion)."""
         store = self.store
         if store is None:
             return {}, []
+        queued = self._queued
+        if queued is not None:
+            if self.guard("read", store.fresh, default=False):
+                keys = [key for key in keys if key in queued]
+                if not keys:
+                    return {}, []
+            else:
+                self._queued = None  # shared with another writer: every key may be there
         found, damaged = self.guard("read", store.get_many, keys, default=({}, []))
         if damaged:
             self.writer.submit(damaged=damaged)
         return found, damaged
 
-    def submit(self, rows: Iterable[tuple[str, bytes]], touched: Iterable[str], max_bytes: int | None) -> None:
+    def submit(self, rows: Sequence[tuple[bytes, str | bytes]], touched: Iterable[bytes], max_bytes: int | None) -> None:
         if self.store is not None:
+            queued = self._queued
+            if queued is not None:
+                queued.update(map(itemgetter(0), rows))
+                if len(queued) > FRESH_KEYS:
+                    self._queued = None
             self.writer.submit(rows, touched, (), max_bytes)
 
-    def _write(self, rows: list[tuple[str, bytes]], touched: list[str], damaged: list[Any], max_bytes: int | None) -> None:
+    def _write(self, rows: list[tuple[bytes, bytes]], touched: list[bytes], damaged: list[Any], max_bytes: int | None) -> None:
         store = self.store
         if store is not None:
             self.guard("write", store.put_many, rows, touched, max_bytes, damaged)
@@ -202,6 +238,7 @@ class Disk:
             return
         try:
             moved = store.quarantine()
+            self._queued = set()  # the new file starts empty
         except (OSError, sqlite3.Error) as again:
             self._give_up(f"{self.file} is damaged ({exc}) and cannot be replaced ({again}); using memory only")
             return

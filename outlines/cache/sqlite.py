@@ -1,54 +1,69 @@
 """The on-disk half of the draw cache: one SQLite file in WAL mode.
 
 Each row holds a draw's key, its value as JSON bytes, a checksum over key and
-value, its size and a last-use stamp (for least-recently-used eviction). Every
-write is one transaction, so a crash or a kill leaves each entry absent or
-whole, and several processes may read and write at once. Values are only ever
-decoded with ``json.loads`` after their checksum verifies: nothing in the file
-can run code, and a damaged row is reported as corrupt, never raised.
-Reads and writes use separate connections, so a lookup never waits for a
-commit made on another thread.
+value, its size and a last-use stamp (for least-recently-used eviction). The
+table is keyed by an INTEGER PRIMARY KEY: the first 8 bytes of the 16-byte
+draw key, so each row lives in the one B-tree SQLite keeps anyway, found by
+integer comparisons, and writes insert sorted runs of it. The checksum binds
+the whole key, so two keys that share those 8 bytes read as a miss, never as
+each other's value. Every write is one transaction, so a crash or a kill
+leaves each entry absent or whole, and several processes may read and write
+at once. Values are only ever decoded as JSON after their checksum verifies:
+nothing in the file can run code, and a damaged row is reported as corrupt,
+never raised. Reads and writes use separate connections, so a lookup never
+waits for a commit made on another thread.
 """
 from __future__ import annotations
 
-import hashlib
+import functools
 import json
 import os
 import sqlite3
 import threading
 import time
+import weakref
+import zlib
+from json.decoder import scanstring  # type: ignore[attr-defined]
 from json.encoder import encode_basestring
 from pathlib import Path
 from typing import Any, Iterable, Sequence
 
-__all__ = ["FORMAT", "CacheWarning", "FormatMismatch", "SQLiteStore", "SchemaError", "decode", "encode"]
+import numpy as np
+
+__all__ = [
+    "FORMAT", "KEY_BYTES", "CacheWarning", "FormatMismatch", "SQLiteStore", "SchemaError", "checksum", "decode",
+    "encode", "row_ids",
+]
 
 #: Bumped on any change to keys or rows; the file name carries it, so a new
 #: format never reads an old file (and never returns a wrong value).
-FORMAT = 1
+#: 2: 16-byte BLAKE2b keys, rows keyed by their first 8 bytes, CRC-32 checksums.
+FORMAT = 2
+
+#: Bytes in a draw key (``outlines.cache.keys.draw_key``).
+KEY_BYTES = 16
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (name TEXT PRIMARY KEY, value TEXT NOT NULL);
 CREATE TABLE IF NOT EXISTS entries (
-    key TEXT PRIMARY KEY NOT NULL,
+    key INTEGER PRIMARY KEY NOT NULL,
     value BLOB NOT NULL,
-    checksum BLOB NOT NULL,
+    checksum INTEGER NOT NULL,
     size INTEGER NOT NULL,
     used INTEGER NOT NULL
 );
 """
 
-_UPSERT = (
-    "INSERT INTO entries (key, value, checksum, size, used) VALUES {rows} "
-    "ON CONFLICT(key) DO UPDATE SET value = excluded.value, checksum = excluded.checksum, "
-    "size = excluded.size, used = excluded.used"
-)
-#: Rows per INSERT: one statement step per chunk, so a writer thread takes the
-#: GIL back once per chunk rather than once per row.
-_ROWS = 256
-#: Keys per SELECT; batches are padded to a power of two so few statements exist.
-_CHUNK = 512
-
+#: Rows per INSERT and keys per SELECT. One statement step covers a whole
+#: chunk, and Python's sqlite3 releases the GIL around each step: the SQLite
+#: work of a chunk runs beside the event loop instead of trading the GIL with
+#: it row by row. Sizes are powers of two so few SQL texts exist. A multi-row
+#: INSERT compiles in time that grows faster than its rows (4,096 rows: 0.65 s
+#: once per connection; 512: about 0.02 s), so inserts stay at 512.
+_ROWS = 512
+_CHUNK = 4096
+#: Bytes a row costs beyond its value (key, checksum, size, stamp), for ``size``.
+_ROW_OVERHEAD = 32
 
 class CacheWarning(UserWarning):
     """The cache skipped something (a damaged entry, a locked file...); work goes on."""
@@ -66,9 +81,36 @@ class SchemaError(sqlite3.DatabaseError):
 _COLUMNS = {"meta": ("name", "value"), "entries": ("key", "value", "checksum", "size", "used")}
 
 
-def checksum(key: str, blob: bytes) -> bytes:
-    """A checksum binding ``blob`` to ``key`` (a moved row fails it too)."""
-    return hashlib.blake2b(key.encode("utf-8", "surrogatepass") + b"\0" + blob, digest_size=16).digest()
+def row_ids(keys: Sequence[bytes]) -> list[int]:
+    """The row of each key: its first 8 bytes, big-endian, less 2**63 (a signed 64-bit integer).
+
+    The order of rows is the order of the keys' bytes.
+
+    Raises
+    ------
+    TypeError
+        When a key is not ``KEY_BYTES`` bytes (keys come from ``draw_key``).
+    """
+    return _row_array(keys).tolist()  # type: ignore[no-any-return]
+
+
+def _row_array(keys: Sequence[bytes]) -> Any:
+    joined = b"".join(keys) if all(type(k) is bytes for k in keys) else b""
+    if len(joined) != KEY_BYTES * len(keys):
+        bad = next((k for k in keys if type(k) is not bytes or len(k) != KEY_BYTES), None)
+        raise TypeError(f"cache keys are {KEY_BYTES}-byte digests from draw_key, got {bad!r:.60}")
+    # Flipping the top bit of the unsigned number is subtracting 2**63.
+    return np.frombuffer(joined, dtype=">i8")[::2] ^ np.int64(-(2**63))
+
+
+def checksum(key: bytes, blob: bytes) -> int:
+    """A CRC-32 binding ``blob`` to the whole ``key`` (a moved row fails it too).
+
+    The file is trusted no more than any unkeyed hash could make it (whoever
+    can write it can recompute one), so this only has to catch accidents:
+    bit flips, torn or truncated values, rows moved between keys.
+    """
+    return zlib.crc32(blob, zlib.crc32(key))
 
 
 def encode(value: Any) -> bytes:
@@ -82,14 +124,27 @@ def encode(value: Any) -> bytes:
 _INVALID = object()
 
 
-def decode(key: str, blob: Any, check: Any) -> Any:
+def decode(key: bytes, blob: Any, check: Any) -> Any:
     """The value of a row, or ``_INVALID`` when it does not verify."""
-    if not isinstance(blob, bytes) or not isinstance(check, bytes) or checksum(key, blob) != check:
+    if type(blob) is not bytes or type(check) is not int or checksum(key, blob) != check:
         return _INVALID
     try:
-        return json.loads(blob.decode("utf-8", "surrogatepass"))
+        text = blob.decode("utf-8", "surrogatepass")
+        if text[:1] == '"':  # a completion: the C string scanner, without json.loads' layers
+            value, end = scanstring(text, 1)
+            if end == len(text):
+                return value
+        return json.loads(text)
     except Exception:  # noqa: BLE001 - deep nesting raises RecursionError: any failure is a miss
         return _INVALID
+
+
+def _power_of_two(limit: int) -> int:
+    """The largest power of two not above ``limit`` (at least 1)."""
+    size = 1
+    while size * 2 <= limit:
+        size *= 2
+    return size
 
 
 def _padded(items: Sequence[Any]) -> list[Any]:
@@ -100,11 +155,54 @@ def _padded(items: Sequence[Any]) -> list[Any]:
     return list(items) + [items[-1]] * (size - len(items))
 
 
+@functools.lru_cache(maxsize=None)
+def _insert_sql(rows: int) -> str:
+    # ?1 is the stamp shared by every row; each row binds its key, value, checksum.
+    values = ",".join(
+        f"(?{3 * i + 2},?{3 * i + 3},?{3 * i + 4},length(?{3 * i + 3})+{_ROW_OVERHEAD},?1)" for i in range(rows)
+    )
+    return f"INSERT OR REPLACE INTO entries (key, value, checksum, size, used) VALUES {values}"
+
+
+_stores: weakref.WeakSet[SQLiteStore] = weakref.WeakSet()
+_held: list[threading.RLock] = []
+
+
+def _before_fork() -> None:
+    # A thread inside SQLite at the fork would leave its global mutexes (memory,
+    # VFS) locked in the child, whose first connection then hangs: wait until no
+    # store of this process is inside SQLite, and keep them out until the fork is done.
+    for store in list(_stores):
+        if store._pid == os.getpid():
+            for role in ("read", "write"):  # the order close() and quarantine() take them in
+                lock = store._locks[role]
+                lock.acquire()
+                _held.append(lock)
+
+
+def _after_fork_in_parent() -> None:
+    while _held:
+        _held.pop().release()
+
+
+def _after_fork_in_child() -> None:
+    _held.clear()  # the child's stores make new locks (SQLiteStore._lock)
+
+
+os.register_at_fork(before=_before_fork, after_in_parent=_after_fork_in_parent, after_in_child=_after_fork_in_child)
+
+
 class SQLiteStore:
     """One SQLite file, with a connection for reads and one for writes.
 
     Each connection has its own lock, so the methods are thread-safe. They raise
     ``sqlite3.Error``; the caller decides how to degrade.
+
+    ``fresh()`` says whether every row of the file came from this store: the
+    file had no entries when it first looked, and no other connection (another
+    process, or another store on the file) has committed since. The write
+    connection's ``PRAGMA data_version`` changes exactly when another
+    connection commits, and only the writer writes here, so it tells.
     """
 
     def __init__(self, file: Path, timeout: float = 30.0) -> None:
@@ -116,14 +214,43 @@ class SQLiteStore:
         self._locks = {"read": threading.RLock(), "write": threading.RLock()}
         self._setup = threading.Lock()  # one connection at a time sets a new file up
         self._pid = os.getpid()
+        _stores.add(self)
+        self._fresh: bool | None = None  # None: not looked yet
+        self._rows, self._chunk = _ROWS, _CHUNK  # per statement, lowered to what the SQLite build binds
+        self._version = 0  # the write connection's data_version when it looked
 
     def _lock(self, role: str) -> Any:
         if self._pid != os.getpid():
-            # Connections (and locks) inherited through fork must not be used here.
+            # Connections (and locks) inherited through fork must not be used here;
+            # the parent's writer still writes, so the file is shared from now on.
             self._pid, self._connections = os.getpid(), {}
             self._locks = {"read": threading.RLock(), "write": threading.RLock()}
             self._setup = threading.Lock()
+            self._fresh = False
         return self._locks[role]
+
+    def fresh(self) -> bool:
+        """Whether only this store has written the file since it was empty (see the class)."""
+        lock = self._lock("write")
+        if self._fresh is False:
+            return False
+        if not lock.acquire(blocking=False):
+            return bool(self._fresh)  # the writer is committing; it looks again when done
+        try:
+            self._look(self._connection("write"))
+        finally:
+            lock.release()
+        return bool(self._fresh)
+
+    def _look(self, connection: sqlite3.Connection) -> None:
+        # Called with the write lock held. The version is read before the
+        # emptiness, so a commit made in between shows as a changed version.
+        (version,) = connection.execute("PRAGMA data_version").fetchone()
+        if self._fresh is None:
+            self._version = version
+            self._fresh = connection.execute("SELECT 1 FROM entries LIMIT 1").fetchone() is None
+        elif self._fresh and version != self._version:
+            self._fresh = False
 
     def _connection(self, role: str) -> sqlite3.Connection:
         if self.disabled:
@@ -132,6 +259,9 @@ class SQLiteStore:
         if connection is None:
             with self._setup:
                 connection = self._connections[role] = self._open_retrying()
+            # Older SQLite builds bind at most 999 parameters per statement.
+            variables = connection.getlimit(sqlite3.SQLITE_LIMIT_VARIABLE_NUMBER)
+            self._rows, self._chunk = _power_of_two(min(_ROWS, (variables - 1) // 3)), _power_of_two(min(_CHUNK, variables))
         return connection
 
     def _open_retrying(self) -> sqlite3.Connection:
@@ -198,51 +328,89 @@ class SQLiteStore:
         if found != str(FORMAT):
             raise FormatMismatch(f"{found!r} (this version reads format {FORMAT})")
 
-    def get_many(self, keys: Sequence[str]) -> tuple[dict[str, Any], list[tuple[str, bytes]]]:
-        """Verified values of ``keys`` found, and the ``(key, checksum)`` of damaged rows."""
-        found: dict[str, Any] = {}
-        damaged: list[tuple[str, bytes]] = []
+    def get_many(self, keys: Sequence[bytes]) -> tuple[dict[bytes, Any], list[tuple[int, Any]]]:
+        """Verified values of ``keys`` found, and the ``(row, checksum)`` of damaged rows."""
+        found: dict[bytes, Any] = {}
+        damaged: list[tuple[int, Any]] = []
+        if not keys:
+            return found, damaged
+        rows = row_ids(keys)
+        owners = dict(zip(rows, keys))
+        crc32 = zlib.crc32
         with self._lock("read"):
             connection = self._connection("read")
-            for start in range(0, len(keys), _CHUNK):
-                chunk = _padded(keys[start : start + _CHUNK])
+            for start in range(0, len(rows), self._chunk):
+                chunk = _padded(rows[start : start + self._chunk])
                 sql = f"SELECT key, value, checksum FROM entries WHERE key IN ({','.join('?' * len(chunk))})"
-                for key, blob, check in connection.execute(sql, chunk):
+                for row, blob, check in connection.execute(sql, chunk):
+                    key = owners[row]
+                    # decode(), inlined for the common row: verified text.
+                    if type(blob) is bytes and type(check) is int and crc32(blob, crc32(key)) == check:
+                        try:
+                            text = blob.decode("utf-8", "surrogatepass")
+                            if text[:1] == '"':
+                                value, end = scanstring(text, 1)
+                                if end == len(text):
+                                    found[key] = value
+                                    continue
+                        except ValueError:
+                            pass
                     value = decode(key, blob, check)
                     if value is _INVALID:
-                        damaged.append((key, check))
+                        damaged.append((row, check))
                     else:
                         found[key] = value
         return found, damaged
 
     def put_many(
         self,
-        rows: Iterable[tuple[str, bytes]],
-        touched: Iterable[str] = (),
+        rows: Iterable[tuple[bytes, bytes]],
+        touched: Sequence[bytes] = (),
         max_bytes: int | None = None,
-        damaged: Iterable[tuple[str, Any]] = (),
+        damaged: Iterable[tuple[int, Any]] = (),
     ) -> None:
-        """Write ``(key, blob)`` rows, refresh ``touched`` stamps, evict: one transaction."""
+        """Write ``(key, blob)`` rows, refresh ``touched`` stamps, evict: one transaction.
+
+        Rows are inserted in key order, so each chunk walks the table's
+        B-tree once from left to right instead of jumping around it.
+        """
         now = time.time_ns()
-        records = [(key, blob, checksum(key, blob), len(key) + len(blob) + 16, now) for key, blob in rows]
+        rows = list(rows)
+        ids = _row_array([key for key, _ in rows])
+        order = ids.argsort(kind="stable").tolist()  # one C sort; keys are distinct
+        keys = [rows[i][0] for i in order]
+        blobs = [rows[i][1] for i in order]
+        crc32 = zlib.crc32
+        params: list[Any] = [None] * (3 * len(rows))
+        params[0::3] = ids[order].tolist()
+        params[1::3] = blobs
+        params[2::3] = list(map(crc32, blobs, map(crc32, keys)))  # checksum(), without a frame per row
         with self._lock("write"):
             connection = self._connection("write")
             connection.execute("BEGIN IMMEDIATE")
             try:
+                if self._fresh is None:
+                    self._look(connection)  # before our rows land: was the file empty?
                 connection.executemany("DELETE FROM entries WHERE key = ? AND checksum IS ?", damaged)
-                for start in range(0, len(records), _ROWS):
-                    chunk = _padded(records[start : start + _ROWS])  # repeats are harmless upserts
-                    sql = _UPSERT.format(rows=",".join(["(?, ?, ?, ?, ?)"] * len(chunk)))
-                    connection.execute(sql, [field for record in chunk for field in record])
+                start, left = 0, len(rows)
+                while left:
+                    # Whole statements, then the rest in powers of two: no row twice, few SQL texts.
+                    size = _power_of_two(min(left, self._rows))
+                    connection.execute(_insert_sql(size), [now, *params[3 * start : 3 * (start + size)]])
+                    start, left = start + size, left - size
                 # Entries read count as newer than those written in the same round.
-                connection.executemany("UPDATE entries SET used = ? WHERE key = ?", ((now + 1, k) for k in touched))
+                stamps = [(now + 1, row) for row in row_ids(touched)] if touched else []
+                connection.executemany("UPDATE entries SET used = ? WHERE key = ?", stamps)
                 if max_bytes is not None:
-                    self._evict(connection, max_bytes, sum(record[3] for record in records))
+                    added = sum(map(len, blobs)) + _ROW_OVERHEAD * len(blobs)
+                    self._evict(connection, max_bytes, added)
                 connection.execute("COMMIT")
             except BaseException:
                 if connection.in_transaction:
                     connection.execute("ROLLBACK")
                 raise
+            if self._fresh:
+                self._look(connection)  # another connection's commit before ours shows now
 
     def _evict(self, connection: sqlite3.Connection, max_bytes: int, added: int) -> None:
         # Sizes are summed by a scan only when this process's running estimate
@@ -282,6 +450,8 @@ class SQLiteStore:
                 connection.execute("DELETE FROM entries")
                 connection.execute("COMMIT")
                 self._estimate = 0
+                if self._fresh:
+                    self._look(connection)
             except BaseException:
                 if connection.in_transaction:
                     connection.execute("ROLLBACK")
@@ -300,6 +470,7 @@ class SQLiteStore:
             self.close()
             target = self.file.with_name(f"{self.file.name}.corrupt-{os.getpid()}-{time.time_ns()}")
             os.replace(self.file, target)
+            self._fresh, self._estimate = None, None
             for suffix in ("-wal", "-shm"):
                 try:
                     os.replace(f"{self.file}{suffix}", f"{target}{suffix}")

@@ -1,8 +1,9 @@
 """The ``Cache``: draws stored by key, an in-memory LRU in front of a SQLite file.
 
 The file (``outlines.cache.sqlite``) is written by a background writer
-(``outlines.cache.disk``); reads of a whole batch are one query. Nothing here
-raises on a damaged or locked file: it warns and misses.
+(``outlines.cache.disk``); reads of a whole batch are one query. Keys are the
+16-byte digests of ``outlines.cache.keys.draw_key``. Nothing here raises on a
+damaged or locked file: it warns and misses.
 """
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence
 
 from outlines.cache.disk import disk
-from outlines.cache.sqlite import FORMAT, CacheWarning, encode
+from outlines.cache.sqlite import FORMAT, KEY_BYTES, CacheWarning, encode
 
 __all__ = ["Cache", "default_directory"]
 
@@ -38,16 +39,21 @@ class Cache:
         Keep at most this many bytes of entries on disk, evicting the least
         recently used. ``None``: unlimited.
     memory_entries, memory_bytes
-        Bounds of the in-memory LRU (entries, and characters of text held).
+        Bounds of the in-memory LRU: entries, and bytes held (the text, plus
+        about 120 bytes per entry). The default holds some 400,000 short
+        completions, so re-evaluating a program over 100,000 inputs with
+        three model calls reads no disk.
     timeout
         Seconds to wait for another process's write lock before giving up on
         one write (with a warning).
 
     Examples
     --------
+    >>> from outlines.backends.base import Draw, GenerationParams
+    >>> key = draw_key(("function", "f"), Draw("hi", GenerationParams(), 0))
     >>> cache = Cache("/tmp/outlines-doc-cache")  # doctest: +SKIP
-    >>> cache.put_many({"k": "v"}); cache.get_many(["k", "other"])  # doctest: +SKIP
-    {'k': 'v'}
+    >>> cache.put_many({key: "v"}); cache.get_many([key])  # doctest: +SKIP
+    {b'...': 'v'}
     """
 
     def __init__(
@@ -55,7 +61,7 @@ class Cache:
         path: str | os.PathLike[str] | None = None,
         max_bytes: int | None = None,
         *,
-        memory_entries: int = 100_000,
+        memory_entries: int = 1_000_000,
         memory_bytes: int = 64 << 20,
         timeout: float = 30.0,
     ) -> None:
@@ -73,7 +79,7 @@ class Cache:
         self.timeout = timeout
         self.hits = 0
         self.misses = 0
-        self._memory: OrderedDict[str, Any] = OrderedDict()
+        self._memory: OrderedDict[bytes, Any] = OrderedDict()
         self._lock = threading.RLock()
         self._disk = disk(self.file, timeout)
         _live.add(self)
@@ -90,25 +96,29 @@ class Cache:
         return (Cache, (str(self.file), self.max_bytes))
 
     def get_many(
-        self, keys: Sequence[str], *, record: bool = True, expect: type | None = None
-    ) -> dict[str, Any]:
+        self, keys: Sequence[bytes], *, record: bool = True, expect: type | None = None
+    ) -> dict[bytes, Any]:
         """Values of the ``keys`` that are stored; misses are absent. One query.
 
         ``record=False`` (dry runs such as ``outlines.explain``) leaves the hit
         and miss counters and the least-recently-used stamps alone. With
         ``expect`` (``str`` for model draws), a value of another type is a miss,
         with a warning, and is overwritten when the draw is stored again.
+
+        Raises
+        ------
+        TypeError
+            When a key is not a ``draw_key`` digest (16 bytes).
         """
-        found: dict[str, Any] = {}
+        _check_keys(keys)
         with self._lock:
-            memory, missing = self._memory, []
-            for key in keys:
-                value = memory.get(key, _MISSING)
-                if value is _MISSING:
-                    missing.append(key)
-                else:
-                    memory.move_to_end(key)
-                    found[key] = value
+            memory = self._memory
+            get, touch = memory.get, memory.move_to_end
+            values = [get(key, _MISSING) for key in keys]
+            found = {key: value for key, value in zip(keys, values) if value is not _MISSING}
+            for key in found:
+                touch(key)  # hits become the most recently used
+            missing = [key for key, value in zip(keys, values) if value is _MISSING] if len(found) < len(keys) else []
             if missing:
                 missing = self._from_queue(missing, found)
             if missing:
@@ -116,19 +126,19 @@ class Cache:
                 if damaged:
                     warnings.warn(
                         f"outlines cache: {len(damaged)} damaged entr{'y' if len(damaged) == 1 else 'ies'} "
-                        f"in {self.file} (e.g. key {damaged[0][0][:16]}...) treated as misses; they will be "
+                        f"in {self.file} (e.g. key {damaged[0][0] & 0xFFFFFFFFFFFFFFFF:016x}...) treated as misses; they will be "
                         "recomputed",
                         CacheWarning,
                         stacklevel=2,
                     )
-                self._remember(stored.items())
+                self._remember(stored)
                 found.update(stored)
             if expect is not None:
                 wrong = [key for key, value in found.items() if not isinstance(value, expect)]
                 if wrong:
                     warnings.warn(
                         f"outlines cache: {len(wrong)} entr{'y' if len(wrong) == 1 else 'ies'} in {self.file} "
-                        f"not of type {expect.__name__} (e.g. key {wrong[0][:16]}...) treated as misses; "
+                        f"not of type {expect.__name__} (e.g. key {wrong[0].hex()[:16]}...) treated as misses; "
                         "they will be recomputed",
                         CacheWarning,
                         stacklevel=2,
@@ -142,29 +152,38 @@ class Cache:
             self._disk.submit((), list(found), self.max_bytes)
         return found
 
-    def _from_queue(self, keys: list[str], found: dict[str, Any]) -> list[str]:
+    def _from_queue(self, keys: list[bytes], found: dict[bytes, Any]) -> list[bytes]:
         """Serve keys written but not committed yet; return the rest."""
-        rest = []
-        for key in keys:
-            blob = self._disk.writer.pending(key)
-            if blob is None:
-                rest.append(key)
-            else:
-                found[key] = json.loads(blob)
-        return rest
+        queued = self._disk.writer.pending(keys)
+        for key, value in queued.items():
+            found[key] = value if type(value) is str else json.loads(value)
+        return [key for key in keys if key not in queued] if queued else keys
 
-    def put_many(self, items: Mapping[str, Any]) -> None:
-        """Store ``items`` (key -> JSON value); each call is committed whole or not at all."""
-        rows: list[tuple[str, bytes]] = []
-        for key, value in items.items():
-            try:
-                rows.append((key, encode(value)))
-            except (TypeError, ValueError) as exc:
-                warnings.warn(f"outlines cache: not storing a non-JSON value ({exc})", CacheWarning, stacklevel=2)
+    def put_many(self, items: Mapping[bytes, Any]) -> None:
+        """Store ``items`` (key -> JSON value); each call is committed whole or not at all.
+
+        Raises
+        ------
+        TypeError
+            When a key is not a ``draw_key`` digest (16 bytes).
+        """
+        _check_keys(items)
+        rows: list[tuple[bytes, str | bytes]]
+        if set(map(type, items.values())) <= {str}:
+            rows = list(items.items())  # text is JSON-safe: encoded on the writer thread
+            kept: Mapping[bytes, Any] = items
+        else:
+            rows = []
+            for key, value in items.items():
+                try:
+                    rows.append((key, value if type(value) is str else encode(value)))
+                except (TypeError, ValueError) as exc:
+                    warnings.warn(f"outlines cache: not storing a non-JSON value ({exc})", CacheWarning, stacklevel=2)
+            kept = {key: items[key] for key, _ in rows}
         if not rows:
             return
         with self._lock:
-            self._remember((key, items[key]) for key, _ in rows)
+            self._remember(kept)
         self._disk.submit(rows, (), self.max_bytes)
 
     def flush(self) -> None:
@@ -190,23 +209,38 @@ class Cache:
         """Commit what is queued and close the file (it reopens on next use)."""
         self._disk.close()
 
-    def _remember(self, pairs: Iterable[tuple[str, Any]]) -> None:
-        memory, size = self._memory, self._memory_size
-        for key, value in pairs:
-            if type(value) not in _IMMUTABLE:
-                continue  # mutable values are always read fresh from disk
-            old = memory.pop(key, _MISSING)
-            if old is not _MISSING:
-                size -= _size(old)
-            memory[key] = value
-            size += _size(value)
+    def _remember(self, items: Mapping[bytes, Any]) -> None:
+        memory = self._memory
+        if len(items) > self.memory_entries:  # only the last ones could stay
+            items = dict(list(items.items())[len(items) - self.memory_entries :])
+        kept = {key: value for key, value in items.items() if type(value) in _IMMUTABLE}  # mutable: read fresh
+        replaced = [memory.pop(key) for key in kept.keys() & memory.keys()]
+        memory.update(kept)
+        values = kept.values()
+        text = sum(map(len, values)) if set(map(type, values)) <= {str} else sum(map(_size, values)) - _ENTRY_BYTES * len(kept)
+        size = self._memory_size + text + _ENTRY_BYTES * len(kept) - sum(map(_size, replaced))
         while memory and (len(memory) > self.memory_entries or size > self.memory_bytes):
             size -= _size(memory.popitem(last=False)[1])
         self._memory_size = size
 
 
+def _check_keys(keys: Iterable[bytes]) -> None:
+    keys = list(keys)
+    try:
+        whole = len(b"".join(keys)) == KEY_BYTES * len(keys)  # one C pass; no key is longer or shorter
+    except TypeError:
+        whole = False
+    if not whole:
+        bad = next(k for k in keys if type(k) is not bytes or len(k) != KEY_BYTES)
+        raise TypeError(f"cache keys are {KEY_BYTES}-byte digests from outlines.cache.draw_key, got {bad!r:.60}")
+
+
+#: What an entry of the memory layer costs beyond its text (key, node, links), roughly.
+_ENTRY_BYTES = 120
+
+
 def _size(value: Any) -> int:
-    return len(value) if type(value) is str else 8
+    return _ENTRY_BYTES + (len(value) if type(value) is str else 8)
 
 
 def _after_fork() -> None:

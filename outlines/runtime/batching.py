@@ -189,23 +189,35 @@ def _positions(keys: Sequence[DrawKey], max_batch: int | None) -> list[range] | 
     return prompt_batches(range(count), max_batch, lambda i: _prompt_of(keys[i]))
 
 
-def lookup(cache: Any, backend: Backend, draws: Sequence[Draw], *, record: bool = True) -> dict[Draw, Any]:
-    """The cached texts of ``draws`` (one ``get_many``); ``record=False`` counts no hits.
+def lookup(
+    cache: Any,
+    backend: Backend,
+    draws: Sequence[Draw],
+    *,
+    record: bool = True,
+    keys: Sequence[bytes] | None = None,
+    identities: Sequence[Any] | None = None,
+) -> dict[Draw, Any]:
+    """The cached texts of ``draws`` (one ``get_many`` per identity); ``record=False`` counts no hits.
 
     A backend that is not ``cacheable`` (its identity holds an object id) never
-    reads the disk; a stored value that is not text is a miss.
+    reads the disk; a stored value that is not text is a miss. A fallback
+    chain looks under each model's identity in turn (``identities``, default
+    ``backend.cache_identities``). ``keys``: the draws' keys under the first
+    identity, when the caller has them already.
     """
     if cache is None or not draws or not backend.cacheable:
         return {}
     out: dict[Draw, Any] = {}
-    for identity in backend.cache_identities:  # a fallback chain: each model's own entries, in order
+    for number, identity in enumerate(backend.cache_identities if identities is None else identities):
         rest = [d for d in draws if d not in out] if out else list(draws)
         if not rest:
             break
-        keys = [cache_module.draw_key(identity, d) for d in rest]
-        found = cache.get_many(keys, record=record, expect=str)
+        known = keys if number == 0 and keys is not None else None
+        rest_keys = known if known is not None else cache_module.draw_keys(identity, rest)
+        found = cache.get_many(rest_keys, record=record, expect=str)
         if found:
-            out.update({d: found[k] for d, k in zip(rest, keys) if k in found})
+            out.update({d: found[k] for d, k in zip(rest, rest_keys) if k in found})
     return out
 
 
@@ -531,7 +543,8 @@ class Batcher:
         draws = queue.batch(keys)
         # Each draw's cache key is computed once: for the lookup and for storing its text.
         cached = self.cache is not None and backend.cacheable
-        cache_keys = [cache_module.draw_key(backend.identity, d) for d in draws] if cached else []
+        # A fallback chain's first lookup is its primary's own entries (cache_identities[0]).
+        cache_keys = cache_module.draw_keys(backend.cache_identities[0], draws) if cached else []
         found = self.cache.get_many(cache_keys, record=True, expect=str) if cache_keys else None
         if found:
             missing, hits = [], []
@@ -545,7 +558,7 @@ class Batcher:
             cache_keys = [cache_keys[i] for i in missing]
             draws = queue.batch(keys)
         if cached and keys and len(backend.cache_identities) > 1:  # a fallback chain: its other models' entries
-            others = lookup(self.cache, backend, list(draws))
+            others = lookup(self.cache, backend, list(draws), identities=backend.cache_identities[1:])
             if others:
                 rest = [i for i, d in enumerate(draws) if d not in others]
                 self._resolve_many(queue, [keys[i] for i, d in enumerate(draws) if d in others],
@@ -588,7 +601,7 @@ class Batcher:
             self.fail(*self.refused)
 
     def _start_batch(
-        self, queue: BatchQueue, keys: list[DrawKey], draws: DrawBatch, cache_keys: list[str], ticket: int | None = None
+        self, queue: BatchQueue, keys: list[DrawKey], draws: DrawBatch, cache_keys: list[bytes], ticket: int | None = None
     ) -> None:
         """Send one batch; ``cache_keys`` is empty when its texts are not cached."""
         self.running += 1
@@ -621,7 +634,7 @@ class Batcher:
         )
 
     async def _run_batch(
-        self, batch_id: int, queue: BatchQueue, draw_keys: list[DrawKey], draws: DrawBatch, keys: list[str],
+        self, batch_id: int, queue: BatchQueue, draw_keys: list[DrawKey], draws: DrawBatch, keys: list[bytes],
         report: BatchReport, ticket: int | None = None,
     ) -> list[str]:
         backend = queue.backend

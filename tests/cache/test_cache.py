@@ -30,7 +30,7 @@ from outlines.cache import keys as cache_keys
 from outlines import models
 from outlines.backends.base import GenerationParams, Draw
 from outlines.cache import Cache, CacheWarning, draw_key
-from outlines.cache.sqlite import FORMAT
+from outlines.cache.sqlite import FORMAT, row_ids
 from tests.fixtures.subprocesses import python_env
 
 IDENTITY = ("function", "echo", "0123abcd", False)
@@ -48,8 +48,13 @@ def _private_default(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterato
     yield directory
 
 
-def key(prompt: str = "hi", draw: int = 0, **params: Any) -> str:
+def key(prompt: str = "hi", draw: int = 0, **params: Any) -> bytes:
     return draw_key(IDENTITY, Draw(prompt, GenerationParams.create(**params), draw))
+
+
+def row(key: bytes) -> int:
+    """The ``entries.key`` of a draw key (for raw SQL)."""
+    return row_ids([key])[0]
 
 
 def rows(cache: Cache) -> sqlite3.Connection:
@@ -66,9 +71,16 @@ def checkpoint(file: Path) -> None:
 
 
 # -- keys -------------------------------------------------------------------------
-def test_key_is_a_stable_hex_digest() -> None:
-    assert key() == key()
-    assert len(key()) == 64 and int(key(), 16) >= 0
+def test_key_is_a_stable_16_byte_digest() -> None:
+    assert key() == key() and type(key()) is bytes and len(key()) == 16
+
+
+def test_keys_that_are_not_digests_are_refused_naming_them(tmp_path: Path) -> None:
+    cache = Cache(tmp_path)
+    with pytest.raises(TypeError, match="16-byte digests.*'some text'"):
+        cache.put_many({"some text": "v"})  # type: ignore[dict-item]
+    with pytest.raises(TypeError, match=r"16-byte digests.*b'short'"):
+        cache.get_many([key(), b"short"])
 
 
 def test_key_ignores_dict_order_and_int_float_spelling() -> None:
@@ -97,7 +109,7 @@ from outlines.cache import draw_key
 from outlines.backends.base import GenerationParams, Draw
 from tests.fixtures.subprocesses import python_env
 orders = [{"a": 1, "b": [1, 2], "c": {"x": 1, "y": 2}}, {"c": {"y": 2, "x": 1}, "b": [1, 2], "a": 1}]
-keys = [draw_key(("openai", "m", "http://h/v1"), Draw("p\\u00e9", GenerationParams.create(seed=3, **o), 4))
+keys = [draw_key(("openai", "m", "http://h/v1"), Draw("p\\u00e9", GenerationParams.create(seed=3, **o), 4)).hex()
         for o in orders]
 print(json.dumps(keys))
 """
@@ -226,9 +238,65 @@ def test_warm_batch_lookup_is_fast(tmp_path: Path) -> None:
 
 def test_cold_batch_lookup_reads_many_keys_in_one_pass(tmp_path: Path) -> None:
     keys = [key(str(i)) for i in range(3000)]
-    Cache(tmp_path).put_many({k: k[:6] for k in keys})
-    found = Cache(tmp_path).get_many(keys + ["missing"])
-    assert len(found) == 3000 and all(found[k] == k[:6] for k in keys)
+    Cache(tmp_path).put_many({k: k.hex()[:6] for k in keys})
+    found = Cache(tmp_path).get_many(keys + [key("missing")])
+    assert len(found) == 3000 and all(found[k] == k.hex()[:6] for k in keys)
+
+
+def selects(cache: Cache) -> list[str]:
+    """The SELECTs the cache's read connection runs from now on."""
+    statements: list[str] = []
+    cache._disk.store._connection("read").set_trace_callback(statements.append)
+    return statements
+
+
+def test_a_new_file_answers_misses_without_a_query(tmp_path: Path) -> None:
+    cache = Cache(tmp_path, memory_entries=0)
+    seen = selects(cache)
+    assert cache.get_many([key("never")]) == {}
+    cache.put_many({key("a"): "A"})
+    cache.flush()
+    assert cache.get_many([key(str(i)) for i in range(100)]) == {}
+    assert [s for s in seen if s.startswith("SELECT")] == []
+    assert cache.get_many([key("a"), key("b")]) == {key("a"): "A"}  # what it wrote still reads the file
+    assert len([s for s in seen if "FROM entries WHERE key IN" in s]) == 1
+
+
+def test_a_new_file_that_another_writer_touched_is_read_again(tmp_path: Path) -> None:
+    cache = Cache(tmp_path, memory_entries=0)
+    assert cache.get_many([key("theirs")]) == {}  # new: answered from memory
+    other = Cache(tmp_path, timeout=7.0)  # another store on the file, as another process has
+    other.put_many({key("theirs"): "T"})
+    other.flush()
+    assert cache.get_many([key("theirs")]) == {key("theirs"): "T"}
+    assert Cache(tmp_path, timeout=9.0).get_many([key("theirs")]) == {key("theirs"): "T"}  # not new when opened
+
+
+def test_rows_sort_like_keys_and_fit_64_bits(tmp_path: Path) -> None:
+    keys = sorted(key(str(i)) for i in range(1000))
+    rows = row_ids(keys)
+    assert rows == sorted(rows) and all(-(2**63) <= r < 2**63 for r in rows)
+    assert row_ids([b"\x00" * 16, b"\xff" * 16]) == [-(2**63), 2**63 - 1]
+
+
+def test_a_sqlite_build_that_binds_999_parameters_still_writes_and_reads_big_batches(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    connect = sqlite3.connect
+
+    def old_build(*args: Any, **kwargs: Any) -> sqlite3.Connection:
+        connection = connect(*args, **kwargs)
+        connection.setlimit(sqlite3.SQLITE_LIMIT_VARIABLE_NUMBER, 999)  # the default before SQLite 3.32
+        return connection
+
+    monkeypatch.setattr(sqlite3, "connect", old_build)
+    keys = [key(str(i)) for i in range(3000)]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", CacheWarning)
+        Cache(tmp_path).put_many({k: k.hex() for k in keys})
+        Cache(tmp_path).flush()
+        found = Cache(tmp_path, timeout=5.0, memory_entries=0).get_many(keys)
+    assert found == {k: k.hex() for k in keys}
 
 
 def test_size_limit_evicts_least_recently_used(tmp_path: Path) -> None:
@@ -295,9 +363,10 @@ DAMAGE = {
     "truncated": lambda blob, check: (blob[: len(blob) // 2], check),
     "zero-length": lambda blob, check: (b"", check),
     "bit-flipped": lambda blob, check: (_flip(blob), check),
-    "bad checksum": lambda blob, check: (blob, _flip(check)),
+    "bad checksum": lambda blob, check: (blob, check ^ 0x04),
     "text not bytes": lambda blob, check: (blob.decode(), check),
-    "integer checksum": lambda blob, check: (blob, 7),
+    "bytes checksum": lambda blob, check: (blob, check.to_bytes(4, "big")),
+    "text checksum": lambda blob, check: (blob, f"{check}!"),  # digits alone would be stored as a number
 }
 
 
@@ -306,8 +375,8 @@ def test_damaged_entry_warns_misses_and_is_rewritten(tmp_path: Path, damage: str
     cache = Cache(tmp_path)
     cache.put_many({key("a"): "the value of a", key("b"): "B"})
     raw = rows(cache)
-    blob, check = raw.execute("SELECT value, checksum FROM entries WHERE key = ?", (key("a"),)).fetchone()
-    raw.execute("UPDATE entries SET value = ?, checksum = ? WHERE key = ?", (*DAMAGE[damage](blob, check), key("a")))
+    blob, check = raw.execute("SELECT value, checksum FROM entries WHERE key = ?", (row(key("a")),)).fetchone()
+    raw.execute("UPDATE entries SET value = ?, checksum = ? WHERE key = ?", (*DAMAGE[damage](blob, check), row(key("a"))))
     fresh = Cache(tmp_path)
     with pytest.warns(CacheWarning, match="damaged"):
         assert fresh.get_many([key("a"), key("b")]) == {key("b"): "B"}
@@ -321,8 +390,8 @@ def test_a_row_moved_to_another_key_fails_its_checksum(tmp_path: Path) -> None:
     cache = Cache(tmp_path)
     cache.put_many({key("a"): "A", key("b"): "B"})
     raw = rows(cache)
-    blob, check = raw.execute("SELECT value, checksum FROM entries WHERE key = ?", (key("a"),)).fetchone()
-    raw.execute("UPDATE entries SET value = ?, checksum = ? WHERE key = ?", (blob, check, key("b")))
+    blob, check = raw.execute("SELECT value, checksum FROM entries WHERE key = ?", (row(key("a")),)).fetchone()
+    raw.execute("UPDATE entries SET value = ?, checksum = ? WHERE key = ?", (blob, check, row(key("b"))))
     with pytest.warns(CacheWarning, match="damaged"):
         assert Cache(tmp_path).get_many([key("b")]) == {}
 
@@ -358,8 +427,10 @@ def test_a_planted_pickle_is_never_executed(tmp_path: Path) -> None:
     cache.put_many({key("a"): "A"})
     raw = rows(cache)
     # Even with a valid checksum the bytes are only ever parsed as JSON.
-    raw.execute("UPDATE entries SET value = ?, checksum = ? WHERE key = ?", (payload, checksum(key("a"), payload), key("a")))
-    raw.execute("INSERT INTO entries VALUES (?, ?, ?, 1, 1)", (key("b"), payload, b"x"))
+    raw.execute(
+        "UPDATE entries SET value = ?, checksum = ? WHERE key = ?", (payload, checksum(key("a"), payload), row(key("a")))
+    )
+    raw.execute("INSERT INTO entries VALUES (?, ?, ?, 1, 1)", (row(key("b")), payload, 7))
     with pytest.warns(CacheWarning, match="damaged"):
         assert Cache(tmp_path / "c").get_many([key("a"), key("b")]) == {}
     assert not (tmp_path / "pwned").exists()
@@ -541,12 +612,12 @@ def test_a_bad_cache_never_breaks_eval(tmp_path: Path) -> None:
     assert len(fn.prompts) == 2 and second != first
 
 
-def test_memory_lru_is_bounded_by_entries_and_text(tmp_path: Path) -> None:
-    cache = Cache(tmp_path, memory_entries=50, memory_bytes=10_000)
+def test_memory_lru_is_bounded_by_entries_and_bytes(tmp_path: Path) -> None:
+    cache = Cache(tmp_path, memory_entries=50, memory_bytes=20_000)
     cache.put_many({key(str(i)): "x" * 100 for i in range(200)})
-    assert len(cache._memory) == 50
-    cache.put_many({key("big"): "y" * 9_950})
-    assert cache._memory_size <= 10_000 and key("big") in cache._memory
+    assert list(cache._memory) == [key(str(i)) for i in range(150, 200)]  # the last 50
+    cache.put_many({key("big"): "y" * 19_800})  # with its ~120 bytes of bookkeeping: all the room there is
+    assert cache._memory_size <= 20_000 and list(cache._memory) == [key("big")]
     assert len(Cache(tmp_path).get_many([key(str(i)) for i in range(200)])) == 200  # all still on disk
 
 

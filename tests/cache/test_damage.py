@@ -15,7 +15,7 @@ import outlines
 from outlines import models
 from outlines.backends.base import Draw, GenerationParams
 from outlines.cache import Cache, CacheWarning, draw_key
-from outlines.cache.sqlite import checksum
+from outlines.cache.sqlite import checksum, row_ids
 
 
 def shout(prompt: str) -> str:
@@ -26,7 +26,7 @@ def model() -> outlines.models.Model:
     return models.from_function(shout, temperature=0.7)
 
 
-def planted(tmp_path: Path, blob: bytes) -> tuple[Cache, str]:
+def planted(tmp_path: Path, blob: bytes) -> tuple[Cache, bytes]:
     """A cache holding ``blob`` (with a valid checksum) as the draw of ``model()("p")``."""
     llm = model()
     cache = Cache(tmp_path)
@@ -35,7 +35,7 @@ def planted(tmp_path: Path, blob: bytes) -> tuple[Cache, str]:
     key = draw_key(llm.backend.identity, Draw("p", GenerationParams.create(temperature=0.7), 0))
     raw = sqlite3.connect(cache.file, isolation_level=None)
     changed = raw.execute(
-        "UPDATE entries SET value = ?, checksum = ? WHERE key = ?", (blob, checksum(key, blob), key)
+        "UPDATE entries SET value = ?, checksum = ? WHERE key = ?", (blob, checksum(key, blob), row_ids([key])[0])
     ).rowcount
     raw.close()
     assert changed == 1

@@ -56,7 +56,7 @@ def test_a_second_run_replays_and_more_samples_send_only_the_new_ones(tmp_path: 
 
 def test_concurrent_writer_processes_and_a_reader(tmp_path: Path) -> None:
     directory = str(tmp_path / "cache")
-    Cache(directory).put_many({"warm-up": "x"})  # create the file before the race
+    Cache(directory).put_many(cache_workers.entries(["warm-up"]))  # create the file before the race
     context = multiprocessing.get_context("spawn")
     queue = context.Queue()
     names, count = ["left", "right"], 200
@@ -71,11 +71,11 @@ def test_concurrent_writer_processes_and_a_reader(tmp_path: Path) -> None:
     (reader_report,) = [m for m in messages if m[0] == "reader"]
     assert reader_report[2] == []  # every value read was complete
     cache = Cache(directory)
-    keys = [f"shared-{i}" for i in range(count)] + [f"{n}-{i}" for n in names for i in range(count)]
+    wanted = cache_workers.entries([f"shared-{i}" for i in range(count)] + [f"{n}-{i}" for n in names for i in range(count)])
     with warnings.catch_warnings():
         warnings.simplefilter("error", CacheWarning)
-        found = cache.get_many(keys)
-    assert found == {k: cache_workers.expected(k) for k in keys}
+        found = cache.get_many(list(wanted))
+    assert found == wanted
     assert cache.stats()["entries"] == 3 * count + 1
     assert integrity(cache.file) == "ok"
 
@@ -84,15 +84,15 @@ def test_concurrent_writer_processes_and_a_reader(tmp_path: Path) -> None:
 def test_a_child_process_that_returns_at_once_keeps_its_puts(tmp_path: Path, method: str) -> None:
     directory = str(tmp_path / "cache")
     parent = Cache(directory)
-    parent.put_many({"parent": "p"})  # the parent's writer thread exists when it forks
+    parent.put_many({cache_workers.key("parent"): "p"})  # the parent's writer thread exists when it forks
     context = multiprocessing.get_context(method)
     child = context.Process(target=cache_workers.put_and_leave, args=(directory, method, 300))
     child.start()
     child.join(timeout=60)
     assert child.exitcode == 0
-    keys = [f"{method}-{i}" for i in range(300)]
-    assert Cache(directory, memory_entries=0).get_many(keys) == {k: cache_workers.expected(k) for k in keys}
-    assert parent.get_many(["parent"]) == {"parent": "p"}
+    wanted = cache_workers.entries([f"{method}-{i}" for i in range(300)])
+    assert Cache(directory, memory_entries=0).get_many(list(wanted)) == wanted
+    assert parent.get_many([cache_workers.key("parent")]) == {cache_workers.key("parent"): "p"}
 
 
 @pytest.mark.slow
@@ -114,9 +114,9 @@ def test_a_writer_killed_at_random_points_leaves_whole_entries(tmp_path: Path) -
         cache = Cache(directory, memory_entries=0)
         with warnings.catch_warnings():
             warnings.simplefilter("error", CacheWarning)
-            batches = [cache_workers.batch_keys(b) for b in range(2000)]
-            found = cache.get_many([k for keys in batches for k in keys])
-        assert all(value == cache_workers.expected(k) for k, value in found.items())
+            batches = [cache_workers.entries(cache_workers.batch_names(b)) for b in range(2000)]
+            found = cache.get_many([k for batch in batches for k in batch])
+        assert all(value == batch[k] for batch in batches for k, value in found.items() if k in batch)
         present = [sum(k in found for k in keys) for keys in batches]
         assert set(present) <= {0, cache_workers.BATCH}  # each put_many is all or nothing
         assert present[0] == cache_workers.BATCH
