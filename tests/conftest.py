@@ -20,9 +20,27 @@ def _isolated_default_cache(tmp_path_factory: pytest.TempPathFactory) -> None:
     os.environ["OUTLINES_CACHE_DIR"] = str(tmp_path_factory.mktemp("outlines-cache"))
 
 
+@pytest.fixture(autouse=True)
+def _forget_server_quirks():  # noqa: ANN202
+    """Each test starts with no remembered server quirks.
+
+    The OpenAI backends remember, per base URL and for the process, a server
+    that ignores ``n`` or refuses prompt lists or constraint fields. Fake
+    servers bind free ports, and the OS hands a freed port out again, so a
+    quirk noted in one test would change how a later test talks to a new
+    server on the same port (it once made a 2-sample request go out as two
+    ``n=1`` requests).
+    """
+    yield
+    from outlines.backends import openai
+
+    for registry in (openai.LISTS_REFUSED, openai.N_IGNORED, openai.CONSTRAINTS_REFUSED):
+        registry.clear()
+
+
 @pytest.fixture
 def fake_openai():  # noqa: ANN201
-    """A fresh fake OpenAI server on 127.0.0.1 (new port, so no remembered fallbacks)."""
+    """A fresh fake OpenAI server on 127.0.0.1 (its port may be a freed one: see _forget_server_quirks)."""
     from tests.fixtures.fake_openai import FakeOpenAI
 
     with FakeOpenAI() as server:
