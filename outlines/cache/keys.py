@@ -18,7 +18,7 @@ import hashlib
 import json
 from collections.abc import Mapping
 from json.encoder import encode_basestring_ascii  # type: ignore[attr-defined]
-from typing import TYPE_CHECKING, Any, Sequence
+from typing import TYPE_CHECKING, Any, Iterable, Sequence
 
 import numpy as np
 
@@ -180,14 +180,18 @@ def draw_keys(identity: Sequence[Any], requests: Sequence[Draw]) -> list[bytes]:
     keys: list[bytes] = []
     append = keys.append
     params: Any = None
-    prefix: Any = None
+    copy: Any = None
     escape = encode_basestring_ascii
-    for request in requests:
-        if request.params is not params:
-            params = request.params
-            prefix = _prefix(identity, params)
-        digest = prefix.copy()
-        prompt, draw = request.prompt, request.draw
+    prompts = getattr(requests, "prompts", None)  # a DrawBatch: read its columns, make no Draw objects
+    if prompts is not None:
+        columns: Iterable[tuple[Any, Any, Any]] = zip(prompts, requests.params, requests.numbers)  # type: ignore[attr-defined]
+    else:
+        columns = ((r.prompt, r.params, r.draw) for r in requests)
+    for prompt, each, draw in columns:
+        if each is not params:
+            params = each
+            copy = _prefix(identity, params).copy
+        digest = copy()
         if type(prompt) is str and type(draw) is int:  # canonical([prompt, draw]) without the dispatch
             digest.update(b"[%s,%d]" % (escape(prompt).encode("ascii"), draw))
         else:
