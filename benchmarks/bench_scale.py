@@ -46,21 +46,10 @@ from typing import Any, Callable
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-LATENCY = 0.1
-DEPTH = 3
+# The model (sleeps 100 ms per call) and the trivial-step chains are bench_scheduler's.
+from bench_scheduler import DEPTH, LATENCY, Backend, dask_chains, outlines_fn_chains  # noqa: E402
+
 CRITICAL = DEPTH * LATENCY
-
-
-class Backend:
-    """An async batched function: sleeps once per call, counts calls."""
-
-    def __init__(self) -> None:
-        self.calls = 0
-
-    async def __call__(self, prompts: list[str]) -> list[str]:
-        self.calls += 1
-        await asyncio.sleep(LATENCY)
-        return [p[-16:] + "." for p in prompts]
 
 
 def expected(prompt: str) -> str:
@@ -138,39 +127,15 @@ def case_program(n: int, cache: bool, warm: bool = False) -> dict[str, Any]:
 
 def case_fn_nodes(chains: int, steps: int) -> dict[str, Any]:
     import dask
-    from dask import delayed
 
     import outlines
 
-    def step(x: str) -> str:
-        return x + "+"
-
-    op = outlines.fn(step, name="step")
-
-    def build_outlines() -> list[Any]:
-        outs = []
-        for i in range(chains):
-            x: Any = f"s{i}"
-            for _ in range(steps):
-                x = op(x)
-            outs.append(x)
-        return outs
-
-    def build_dask() -> list[Any]:
-        outs = []
-        for i in range(chains):
-            x: Any = f"s{i}"
-            for _ in range(steps):
-                x = delayed(step, pure=False)(x)
-            outs.append(x)
-        return outs
-
     ours, theirs = [], []
     for _ in range(3):  # interleaved, best of 3: both see the same load
-        build, _, outs = _clock(build_outlines)
+        build, _, outs = _clock(lambda: outlines_fn_chains(chains, steps))
         run, _, values = _clock(lambda: outlines.eval(*outs, cache=False, progress=False))
         ours.append(build + run)
-        build, _, douts = _clock(build_dask)
+        build, _, douts = _clock(lambda: dask_chains(chains, steps))
         run, _, dvalues = _clock(lambda: dask.compute(*douts, scheduler="sync"))
         theirs.append(build + run)
         assert list(values) == list(dvalues)
