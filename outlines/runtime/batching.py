@@ -29,7 +29,7 @@ from dataclasses import replace
 from collections import deque
 from itertools import repeat
 from operator import is_, itemgetter
-from typing import Any, Callable, Coroutine, Hashable, Iterable, Sequence, TypeVar
+from typing import Any, Callable, Coroutine, Hashable, Iterable, Iterator, Sequence, TypeVar
 
 import numpy as np
 
@@ -465,39 +465,41 @@ class Batcher:
                 else:  # its distinct draws, in order, are what the queue has to send: no second table
                     queue.pending = unique
                 return
+        entries: Iterable[tuple[int, DrawKey]]
         if len(numbers) == 1 and not failed:  # one draw per element
             number = numbers[0]
-            for position, text in enumerate(texts):
-                key = _key(text, number, params_id)
-                waiting = waiters.get(key)
-                if waiting is None:
-                    waiters[key] = [(outstanding, position)]
-                    pending[key] = None
-                elif isinstance(waiting, list):
-                    waiting.append((outstanding, position))
-                else:  # a bulk node's draw, now shared
-                    waiters[key] = [(waiting, BULK), (outstanding, position)]
+            entries = ((position, _key(text, number, params_id)) for position, text in enumerate(texts))
         else:
-            position = 0
-            for element, text in enumerate(texts):
-                upstream = failed[element] if failed else None
-                for number in numbers:
-                    if upstream is not None:
-                        outstanding.results[position] = upstream.skipped(node.label, op.name)
-                        outstanding.remaining -= 1
-                    else:
-                        key = _key(text, number, params_id)
-                        waiting = waiters.get(key)
-                        if waiting is None:
-                            waiters[key] = [(outstanding, position)]
-                            pending[key] = None
-                        elif isinstance(waiting, list):
-                            waiting.append((outstanding, position))
-                        else:  # a bulk node's draw, now shared
-                            waiters[key] = [(waiting, BULK), (outstanding, position)]
-                    position += 1
+            entries = self._sampled(node, outstanding, texts, numbers, params_id, failed)
+        for position, key in entries:
+            waiting = waiters.get(key)
+            if waiting is None:
+                waiters[key] = [(outstanding, position)]
+                pending[key] = None
+            elif isinstance(waiting, list):
+                waiting.append((outstanding, position))
+            else:  # a bulk node's draw, now shared
+                waiters[key] = [(waiting, BULK), (outstanding, position)]
         if outstanding.remaining == 0:
             self._finish_node(outstanding)
+
+    @staticmethod
+    def _sampled(
+        node: Apply, outstanding: NodeDraws, texts: list[Any], numbers: list[int], params_id: int,
+        failed: list[Failure | None],
+    ) -> Iterator[tuple[int, DrawKey]]:
+        """(position, key) of each draw to wait for, element-major; a failed input's positions are settled here."""
+        op: Any = node.op
+        position = 0
+        for element, text in enumerate(texts):
+            upstream = failed[element] if failed else None
+            for number in numbers:
+                if upstream is not None:
+                    outstanding.results[position] = upstream.skipped(node.label, op.name)
+                    outstanding.remaining -= 1
+                else:
+                    yield position, _key(text, number, params_id)
+                position += 1
 
     # -- batches out ---------------------------------------------------------------
     def flush(self, others_running: bool) -> None:
