@@ -17,6 +17,7 @@ memory only.
 from __future__ import annotations
 
 import atexit
+import json
 import multiprocessing.util
 import os
 import sqlite3
@@ -28,9 +29,10 @@ from operator import itemgetter
 from pathlib import Path
 from typing import Any, Callable, Iterable, Sequence
 
+from outlines.cache.keys import Slot, prompt_keys
 from outlines.cache.sqlite import CacheWarning, FormatMismatch, SQLiteStore
 
-__all__ = ["Disk", "WriteBehind", "disk"]
+__all__ = ["FOREGROUND", "Block", "Disk", "WriteBehind", "disk"]
 
 _writers: weakref.WeakSet[WriteBehind] = weakref.WeakSet()
 #: An idle writer thread ends after this many seconds (a new one starts on demand).
@@ -42,19 +44,91 @@ FRESH_KEYS = 4_000_000
 Write = Callable[[list[tuple[bytes, bytes]], list[bytes], list[tuple[int, Any]], "int | None"], None]
 
 
+class Foreground:
+    """Whether an event loop is in a burst of synchronous work (the writer waits then).
+
+    The scheduler wraps each burst in ``with FOREGROUND:``. Hashing keys and
+    binding rows hold the GIL, so a writer busy beside a burst would take
+    turns with it every few milliseconds; it checks here between chunks and
+    waits (at most ``PATIENCE`` seconds a chunk, so it is never starved)
+    until the bursts end.
+    """
+
+    def __init__(self) -> None:
+        self._count = 0
+        self._lock = threading.Lock()
+        self.idle = threading.Event()
+        self.idle.set()
+
+    def __enter__(self) -> None:
+        with self._lock:
+            self._count += 1
+            self.idle.clear()
+
+    def __exit__(self, *exc: Any) -> None:
+        with self._lock:
+            self._count = max(0, self._count - 1)
+            if not self._count:
+                self.idle.set()
+
+    def wait(self) -> None:
+        """Called by a writer between chunks: let a burst finish first."""
+        if not self.idle.is_set():
+            self.idle.wait(PATIENCE)
+
+
+#: The longest a writer chunk waits for the event loops' bursts to end.
+PATIENCE = 0.05
+#: Keys a writer hashes between two looks at ``FOREGROUND``.
+HASH_CHUNK = 2048
+FOREGROUND = Foreground()
+
+
+class Block:
+    """Draws of one slot stored by one ``submit``: prompts and their texts, keys not hashed yet.
+
+    The writer thread hashes the keys (``prompt_keys``), off the event loop;
+    until the block is committed, lookups find its texts by prompt.
+    """
+
+    __slots__ = ("slot", "hasher", "number", "prompts", "values", "_table")
+
+    def __init__(self, slot: Slot, hasher: Any, number: int, prompts: list[Any], values: list[str]) -> None:
+        self.slot, self.hasher, self.number = slot, hasher, number
+        self.prompts, self.values = prompts, values
+        self._table: dict[Any, str] | None = None
+
+    def table(self) -> dict[Any, str]:
+        """Prompt -> text (built on first use: lookups rarely reach a block)."""
+        if self._table is None:
+            self._table = dict(zip(self.prompts, self.values))
+        return self._table
+
+    def rows(self) -> list[tuple[bytes, str]]:
+        """``(key, text)`` of each draw, hashing the keys in chunks between the loops' bursts."""
+        keys: list[bytes] = []
+        prompts = self.prompts
+        for start in range(0, len(prompts), HASH_CHUNK):
+            FOREGROUND.wait()
+            keys.extend(prompt_keys(self.hasher, self.number, prompts[start : start + HASH_CHUNK]))
+        return list(zip(keys, self.values))
+
+
 class WriteBehind:
-    """Rows queued by the caller and committed by a daemon thread, in order.
+    """Rows and blocks queued by the caller and committed by a daemon thread, in order.
 
     A queued value is a ``str`` (encoded to JSON on the thread) or the JSON
     ``bytes`` of any other value (encoded by the caller, so a later change to
-    a list or dict does not reach the file). ``write(rows, touched, damaged,
-    max_bytes)`` runs on the thread with everything queued since its last
-    call, encoded; each ``submit`` stays whole inside one call, so each stays
-    atomic. It must not raise.
+    a list or dict does not reach the file). A ``Block`` holds draws whose
+    keys the thread hashes. ``write(rows, touched, damaged, max_bytes)`` runs
+    on the thread with everything queued since its last call, encoded; each
+    ``submit`` stays whole inside one call, so each stays atomic. It must not
+    raise. ``committed(blocks)`` is called after the blocks' rows are written.
     """
 
-    def __init__(self, write: Write) -> None:
+    def __init__(self, write: Write, committed: Callable[[list[Block]], None] | None = None) -> None:
         self._write = write
+        self._committed = committed
         self._reset()
         _writers.add(self)
 
@@ -62,6 +136,7 @@ class WriteBehind:
         self._pid = os.getpid()
         self._condition = threading.Condition()
         self._rows: dict[bytes, str | bytes] = {}
+        self._blocks: list[Block] = []
         self._touched: dict[bytes, None] = {}
         self._damaged: list[tuple[int, Any]] = []
         self._max_bytes: int | None = None
@@ -74,11 +149,13 @@ class WriteBehind:
         touched: Iterable[bytes] = (),
         damaged: Iterable[Any] = (),
         max_bytes: int | None = None,
+        blocks: Iterable[Block] = (),
     ) -> None:
         if self._pid != os.getpid():  # forked: the parent's thread writes the parent's rows
             self._reset()
         with self._condition:
             self._rows.update(rows)
+            self._blocks.extend(blocks)
             self._touched.update(dict.fromkeys(touched))
             self._damaged.extend(damaged)
             self._max_bytes = max_bytes
@@ -89,38 +166,65 @@ class WriteBehind:
             if not self._writing:  # a busy writer takes the rest when its commit ends
                 self._condition.notify_all()
 
+    def _queued(self) -> bool:
+        return bool(self._rows or self._blocks or self._touched or self._damaged)
+
     def pending(self, keys: Iterable[bytes]) -> dict[bytes, str | bytes]:
-        """The queued values (text, or JSON bytes) of those ``keys`` not committed yet."""
+        """The queued values (text, or JSON bytes) of those ``keys`` not committed yet (rows, not blocks)."""
         rows = self._rows
         if not rows:
             return {}
         get = rows.get
         return {key: value for key in keys if (value := get(key)) is not None}
 
+    def pending_draws(self, slot: Slot, prompts: Sequence[Any]) -> dict[Any, str]:
+        """The texts of those ``prompts`` of ``slot`` queued in blocks not committed yet."""
+        found: dict[Any, str] = {}
+        for block in [b for b in self._blocks if b.slot == slot]:  # a copy: the thread may drop some
+            table = block.table()
+            found.update((p, table[p]) for p in prompts if p in table)
+        return found
+
+    @property
+    def has_blocks(self) -> bool:
+        """Whether blocks are queued (their keys are not known yet)."""
+        return bool(self._blocks)
+
     def flush(self) -> None:
         """Wait until everything submitted so far is committed (or given up)."""
         if self._pid != os.getpid():
             return
         with self._condition:
-            while self._rows or self._touched or self._damaged or self._writing:
+            while self._queued() or self._writing:
                 self._condition.wait()
 
     def _run(self) -> None:
         condition = self._condition
         while True:
             with condition:
-                if not (self._rows or self._touched or self._damaged):
+                if not self._queued():
                     condition.wait(IDLE_SECONDS)
-                if not (self._rows or self._touched or self._damaged):
+                if not self._queued():
                     self._thread = None  # idle: end, so nothing is kept alive for nothing
                     return
                 queued, touched, damaged = list(self._rows.items()), list(self._touched), self._damaged
+                blocks = list(self._blocks)
                 self._writing, self._touched, self._damaged = True, {}, []
             try:
                 escape = encode_basestring  # encode() of text, without a call per row
+                if blocks:  # keyed rows and hashed blocks together; a later value of a key wins
+                    table: dict[bytes, str | bytes] = dict(queued)
+                    for block in blocks:
+                        table.update(block.rows())
+                    everything: Iterable[tuple[bytes, str | bytes]] = table.items()
+                else:
+                    everything = queued
+                FOREGROUND.wait()
                 rows = [(key, escape(value).encode("utf-8", "surrogatepass") if type(value) is str else value)
-                        for key, value in queued]
+                        for key, value in everything]
                 self._write(rows, touched, damaged, self._max_bytes)  # type: ignore[arg-type]
+                if blocks and self._committed is not None:
+                    self._committed(blocks)
             except Exception as exc:  # noqa: BLE001 - a writer that dies would hang flush()
                 warnings.warn(f"outlines cache: write failed ({exc!r})", CacheWarning, stacklevel=1)
             finally:
@@ -129,6 +233,9 @@ class WriteBehind:
                     for key, value in queued:
                         if rows_left.get(key) is value:
                             del rows_left[key]
+                    if blocks:
+                        done = set(map(id, blocks))
+                        self._blocks = [b for b in self._blocks if id(b) not in done]
                     self._writing = False
                     condition.notify_all()
 
@@ -164,9 +271,16 @@ class Disk:
     def __init__(self, file: Path, timeout: float) -> None:
         self.file = file
         self.store: SQLiteStore | None = SQLiteStore(file, timeout)
-        self.writer = WriteBehind(self._write)
-        # Keys this process queued while the file is fresh: the only ones it can hold.
+        self.writer = WriteBehind(self._write, self._blocks_committed)
+        # What this process queued while the file is fresh: the only draws it can hold.
+        # Keys queued as rows; prompts of committed blocks, by slot (as sets on first use).
         self._queued: set[bytes] | None = set()
+        self._committed: dict[Slot, list[list[Any]]] = {}
+        self._committed_sets: dict[Slot, set[Any]] = {}
+        self._committed_count = 0
+        self._fresh_lock = threading.Lock()
+        #: ids of the ``Cache`` objects that stored blocks here (see ``get_draws``' ``sole``).
+        self.block_writers: set[int] = set()
 
     def get_many(self, keys: Sequence[bytes]) -> tuple[dict[bytes, Any], list[tuple[int, Any]]]:
         """Committed values found, and damaged rows (already queued for deletion)."""
@@ -176,15 +290,93 @@ class Disk:
         queued = self._queued
         if queued is not None:
             if self.guard("read", store.fresh, default=False):
-                keys = [key for key in keys if key in queued]
-                if not keys:
-                    return {}, []
+                if self.block_writers:  # blocks' keys are hashed on the writer: commit them, read them all
+                    self.writer.flush()
+                else:
+                    keys = [key for key in keys if key in queued]
+                    if not keys:
+                        return {}, []
             else:
                 self._queued = None  # shared with another writer: every key may be there
+        return self._read(keys)
+
+    def _read(self, keys: Sequence[bytes]) -> tuple[dict[bytes, Any], list[tuple[int, Any]]]:
+        store = self.store
+        if store is None or not keys:
+            return {}, []
         found, damaged = self.guard("read", store.get_many, keys, default=({}, []))
         if damaged:
             self.writer.submit(damaged=damaged)
         return found, damaged
+
+    def get_draws(
+        self, slot: Slot, hasher: Any, number: int, prompts: Sequence[Any], *, sole: bool
+    ) -> tuple[dict[Any, Any], list[tuple[int, Any]]]:
+        """Values of the draws of ``slot`` with these ``prompts`` (queued or committed), and damaged rows.
+
+        ``sole``: the caller's memory holds every draw this process stored in
+        blocks (it stored them all and evicted none). On a fresh file such a
+        caller's misses are misses without a key hashed or a query sent; other
+        callers send only the draws this process queued. Blocks not committed
+        yet are read by prompt; the rest by key.
+        """
+        writer = self.writer
+        # A sole caller's memory holds the blocks not committed yet too.
+        found = writer.pending_draws(slot, prompts) if writer.has_blocks and not sole else {}
+        rest = [p for p in prompts if p not in found] if found else list(prompts)
+        store = self.store
+        if not rest or store is None:
+            return found, []
+        queued = self._queued
+        if queued is not None:
+            if self.guard("read", store.fresh, default=False):
+                if sole and not queued:
+                    return found, []
+                # A block leaves the writer's queue only after its prompts are here.
+                committed = self._committed_set(slot)
+                candidates = [p for p in rest if p in committed] if committed else []
+                if queued:
+                    more = [p for p, key in zip(rest, prompt_keys(hasher, number, rest)) if key in queued]
+                    candidates = list(dict.fromkeys(candidates + more))
+                rest = candidates
+                if not rest:
+                    return found, []
+            else:
+                self._queued = None  # shared with another writer: every key may be there
+        keys = prompt_keys(hasher, number, rest)
+        owners = dict(zip(keys, rest))
+        queued_rows = writer.pending(keys)
+        for key, value in queued_rows.items():
+            found[owners[key]] = value if type(value) is str else json.loads(value)
+        stored, damaged = self._read([key for key in keys if key not in queued_rows] if queued_rows else keys)
+        for key, value in stored.items():
+            found[owners[key]] = value
+        return found, damaged
+
+    def _committed_set(self, slot: Slot) -> set[Any]:
+        with self._fresh_lock:
+            found = self._committed_sets.get(slot)
+            if found is None:
+                found = self._committed_sets[slot] = set().union(*self._committed.get(slot, ()))
+            return found
+
+    def _blocks_committed(self, blocks: list[Block]) -> None:
+        """On the writer thread, after the rows of ``blocks`` are written: note their prompts."""
+        with self._fresh_lock:
+            if self._queued is None:
+                return
+            for block in blocks:
+                self._committed.setdefault(block.slot, []).append(block.prompts)
+                self._committed_sets.pop(block.slot, None)
+                self._committed_count += len(block.prompts)
+            if self._committed_count > FRESH_KEYS:
+                self._queued = None
+
+    def submit_blocks(self, blocks: list[Block], writer: int, max_bytes: int | None) -> None:
+        """Queue ``blocks`` (from the ``Cache`` whose id is ``writer``)."""
+        if self.store is not None and blocks:
+            self.block_writers.add(writer)
+            self.writer.submit(blocks=blocks, max_bytes=max_bytes)
 
     def submit(self, rows: Sequence[tuple[bytes, str | bytes]], touched: Iterable[bytes], max_bytes: int | None) -> None:
         if self.store is not None:
@@ -209,6 +401,12 @@ class Disk:
         self.writer.flush()
         if self.store is not None:
             self.guard("clear", self.store.clear)
+            self._forget()
+
+    def _forget(self) -> None:
+        """The file is empty again: what this process queued is gone from it."""
+        with self._fresh_lock:
+            self._queued, self._committed, self._committed_sets, self._committed_count = set(), {}, {}, 0
 
     def close(self) -> None:
         self.writer.flush()
@@ -238,7 +436,7 @@ class Disk:
             return
         try:
             moved = store.quarantine()
-            self._queued = set()  # the new file starts empty
+            self._forget()  # the new file starts empty
         except (OSError, sqlite3.Error) as again:
             self._give_up(f"{self.file} is damaged ({exc}) and cannot be replaced ({again}); using memory only")
             return

@@ -13,10 +13,12 @@ import threading
 import warnings
 import weakref
 from collections import OrderedDict
+from itertools import islice
 from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence
 
-from outlines.cache.disk import disk
+from outlines.cache.disk import Block, disk
+from outlines.cache.keys import Slot, SlotDraws, draw_keys, draw_slots, prompt_keys
 from outlines.cache.sqlite import FORMAT, KEY_BYTES, CacheWarning, encode
 
 __all__ = ["Cache", "default_directory"]
@@ -80,6 +82,11 @@ class Cache:
         self.hits = 0
         self.misses = 0
         self._memory: OrderedDict[bytes, Any] = OrderedDict()
+        # Draws stored through ``put_draws``: slot -> prompt -> text, least recently used slot first.
+        self._slots: OrderedDict[Slot, dict[Any, str]] = OrderedDict()
+        self._slot_bytes: dict[Slot, int] = {}
+        self._slot_entries = 0
+        self._evicted = False  # whether a draw stored through put_draws has left memory
         self._lock = threading.RLock()
         self._disk = disk(self.file, timeout)
         _live.add(self)
@@ -186,6 +193,121 @@ class Cache:
             self._remember(kept)
         self._disk.submit(rows, (), self.max_bytes)
 
+    def get_draws(self, identity: Sequence[Any], draws: Sequence[Any], *, record: bool = True) -> list[str | None]:
+        """The cached text of each of a batch's ``draws`` under a backend ``identity``; ``None``: a miss.
+
+        The draws' keys (``draw_keys``) are what the file holds, but memory
+        holds draws by slot and prompt (``outlines.cache.keys.draw_slots``):
+        a batch of 100,000 draws is a few C-speed passes, and a key is hashed
+        only for a draw that has to be read from the file. A stored value
+        that is not text is a miss, with a warning. ``record=False`` counts
+        no hits and refreshes no use stamps.
+        """
+        prompts_all: list[Any] = getattr(draws, "prompts", None) or [d.prompt for d in draws]
+        out: list[Any] = [None] * len(prompts_all)
+        hits = 0
+        touched: list[bytes] = []
+        for part in draw_slots(identity, draws):
+            prompts = prompts_all if part.positions is None else [prompts_all[i] for i in part.positions]
+            with self._lock:
+                table = self._slots.get(part.slot)
+                if table is not None:
+                    values: list[Any] = list(map(table.get, prompts))
+                    if record:
+                        self._slots.move_to_end(part.slot)
+                else:
+                    values = [None] * len(prompts)
+                sole = not self._evicted and self._disk.block_writers <= {id(self)}
+            if values.count(None):
+                found = self._read_draws(part, [p for p, v in zip(prompts, values) if v is None], sole)
+                if found:
+                    get = found.get
+                    values = [get(p) if v is None else v for p, v in zip(prompts, values)]
+            got = len(values) - values.count(None)
+            hits += got
+            if part.positions is None:
+                out = values
+            else:
+                for position, value in zip(part.positions, values):
+                    out[position] = value
+            if record and self.max_bytes is not None and got:
+                touched.extend(prompt_keys(part.hasher, part.number, [p for p, v in zip(prompts, values) if v is not None]))
+        if record:
+            with self._lock:
+                self.hits += hits
+                self.misses += len(prompts_all) - hits
+        if touched:
+            self._disk.submit((), touched, self.max_bytes)
+        return out
+
+    def _read_draws(self, part: SlotDraws, prompts: list[Any], sole: bool) -> dict[Any, str]:
+        found, damaged = self._disk.get_draws(part.slot, part.hasher, part.number, prompts, sole=sole)
+        if damaged:
+            warnings.warn(
+                f"outlines cache: {len(damaged)} damaged entr{'y' if len(damaged) == 1 else 'ies'} "
+                f"in {self.file} (e.g. key {damaged[0][0] & 0xFFFFFFFFFFFFFFFF:016x}...) treated as misses; they will be "
+                "recomputed",
+                CacheWarning,
+                stacklevel=3,
+            )
+        wrong = [p for p, value in found.items() if type(value) is not str]
+        if wrong:
+            warnings.warn(
+                f"outlines cache: {len(wrong)} entr{'y' if len(wrong) == 1 else 'ies'} in {self.file} "
+                f"not of type str (e.g. the draw of prompt {str(wrong[0])[:40]!r}) treated as misses; "
+                "they will be recomputed",
+                CacheWarning,
+                stacklevel=3,
+            )
+            for prompt in wrong:
+                del found[prompt]
+        if found:
+            with self._lock:
+                self._remember_draws(part.slot, list(found), list(found.values()))
+        return found
+
+    def put_draws(self, identity: Sequence[Any], draws: Sequence[Any], texts: Sequence[str]) -> None:
+        """Store the text of each of ``draws`` under a backend ``identity``.
+
+        Memory takes them at once; the writer thread hashes their keys and
+        commits them, each call whole. A value that is not text is stored
+        through ``put_many`` (keys hashed here).
+        """
+        texts = list(texts)
+        if not texts:
+            return
+        if set(map(type, texts)) - {str}:
+            self.put_many(dict(zip(draw_keys(identity, draws), texts)))
+            return
+        prompts_all: list[Any] = getattr(draws, "prompts", None) or [d.prompt for d in draws]
+        blocks = []
+        for part in draw_slots(identity, draws):
+            if part.positions is None:
+                prompts, values = list(prompts_all), texts
+            else:
+                prompts, values = [prompts_all[i] for i in part.positions], [texts[i] for i in part.positions]
+            with self._lock:
+                self._remember_draws(part.slot, prompts, values)
+            blocks.append(Block(part.slot, part.hasher, part.number, prompts, values))
+        self._disk.submit_blocks(blocks, id(self), self.max_bytes)
+
+    def _remember_draws(self, slot: Slot, prompts: list[Any], texts: list[str]) -> None:
+        """Called with the lock held."""
+        table = self._slots.get(slot)
+        if table is None:
+            table = self._slots[slot] = {}
+            self._slot_bytes[slot] = 0
+        else:
+            self._slots.move_to_end(slot)
+        before = len(table)
+        table.update(zip(prompts, texts))
+        added = len(table) - before
+        size = sum(map(len, prompts)) + sum(map(len, texts)) + _ENTRY_BYTES * added
+        self._slot_bytes[slot] += size
+        self._slot_entries += added
+        self._memory_size += size
+        self._trim()
+
     def flush(self) -> None:
         """Wait until every entry put so far is committed to the file."""
         self._disk.writer.flush()
@@ -194,6 +316,9 @@ class Cache:
         """Remove every entry (memory and disk); counters are kept."""
         with self._lock:
             self._memory.clear()
+            self._slots.clear()
+            self._slot_bytes.clear()
+            self._slot_entries = 0
             self._memory_size = 0
             self._disk.clear()
 
@@ -201,7 +326,7 @@ class Cache:
         """``entries`` and ``bytes`` on disk, this process's ``hits`` and ``misses``."""
         totals = self._disk.totals()
         with self._lock:
-            entries, size = totals if totals is not None else (len(self._memory), 0)
+            entries, size = totals if totals is not None else (len(self._memory) + self._slot_entries, 0)
             return {"entries": entries, "bytes": size, "hits": self.hits, "misses": self.misses,
                     "path": str(self.file)}
 
@@ -218,9 +343,33 @@ class Cache:
         memory.update(kept)
         values = kept.values()
         text = sum(map(len, values)) if set(map(type, values)) <= {str} else sum(map(_size, values)) - _ENTRY_BYTES * len(kept)
-        size = self._memory_size + text + _ENTRY_BYTES * len(kept) - sum(map(_size, replaced))
-        while memory and (len(memory) > self.memory_entries or size > self.memory_bytes):
-            size -= _size(memory.popitem(last=False)[1])
+        self._memory_size += text + _ENTRY_BYTES * len(kept) - sum(map(_size, replaced))
+        self._trim()
+
+    def _trim(self) -> None:
+        """Evict the least recently used entries (keyed ones first, then whole slots) until within bounds."""
+        memory, slots = self._memory, self._slots
+        size = self._memory_size
+        while size > self.memory_bytes or len(memory) + self._slot_entries > self.memory_entries:
+            if memory:
+                size -= _size(memory.popitem(last=False)[1])
+                continue
+            if not slots:
+                break
+            self._evicted = True
+            slot, table = next(iter(slots.items()))
+            if len(slots) > 1 or len(table) < 2:
+                del slots[slot]
+                size -= self._slot_bytes.pop(slot)
+                self._slot_entries -= len(table)
+                continue
+            # One slot over the bounds alone: keep its newer half.
+            kept = dict(islice(table.items(), len(table) // 2, None))
+            freed = self._slot_bytes[slot] * (len(table) - len(kept)) // len(table)
+            slots[slot] = kept
+            self._slot_bytes[slot] -= freed
+            self._slot_entries -= len(table) - len(kept)
+            size -= freed
         self._memory_size = size
 
 

@@ -33,7 +33,6 @@ from typing import Any, Callable, Coroutine, Hashable, Iterable, Iterator, Seque
 
 import numpy as np
 
-from outlines import cache as cache_module
 from outlines.backends.base import Backend, BackendError, BatchReport, Draw, DrawBatch, GenerationParams
 from outlines.backends.constraints import generate_valid
 from outlines.errors import Failure
@@ -195,29 +194,24 @@ def lookup(
     draws: Sequence[Draw],
     *,
     record: bool = True,
-    keys: Sequence[bytes] | None = None,
     identities: Sequence[Any] | None = None,
 ) -> dict[Draw, Any]:
-    """The cached texts of ``draws`` (one ``get_many`` per identity); ``record=False`` counts no hits.
+    """The cached texts of ``draws`` (one ``get_draws`` per identity); ``record=False`` counts no hits.
 
     A backend that is not ``cacheable`` (its identity holds an object id) never
     reads the disk; a stored value that is not text is a miss. A fallback
     chain looks under each model's identity in turn (``identities``, default
-    ``backend.cache_identities``). ``keys``: the draws' keys under the first
-    identity, when the caller has them already.
+    ``backend.cache_identities``).
     """
     if cache is None or not draws or not backend.cacheable:
         return {}
     out: dict[Draw, Any] = {}
-    for number, identity in enumerate(backend.cache_identities if identities is None else identities):
+    for identity in backend.cache_identities if identities is None else identities:
         rest = [d for d in draws if d not in out] if out else list(draws)
         if not rest:
             break
-        known = keys if number == 0 and keys is not None else None
-        rest_keys = known if known is not None else cache_module.draw_keys(identity, rest)
-        found = cache.get_many(rest_keys, record=record, expect=str)
-        if found:
-            out.update({d: found[k] for d, k in zip(rest, rest_keys) if k in found})
+        values = cache.get_draws(identity, DrawBatch.of(rest), record=record)
+        out.update((d, v) for d, v in zip(rest, values) if v is not None)
     return out
 
 
@@ -543,43 +537,39 @@ class Batcher:
                 queue.pending.update(dict.fromkeys(keys[i] for i in batches.pop()))
             keys = [keys[i] for batch in batches for i in batch]
         draws = queue.batch(keys)
-        # Each draw's cache key is computed once: for the lookup and for storing its text.
         cached = self.cache is not None and backend.cacheable
-        # A fallback chain's first lookup is its primary's own entries (cache_identities[0]).
-        cache_keys = cache_module.draw_keys(backend.cache_identities[0], draws) if cached else []
-        found = self.cache.get_many(cache_keys, record=True, expect=str) if cache_keys else None
-        if found:
-            missing, hits = [], []
-            for position, cache_key in enumerate(cache_keys):
-                if cache_key in found:
-                    hits.append(position)
-                else:
-                    missing.append(position)
-            self._resolve_many(queue, [keys[i] for i in hits], [found[cache_keys[i]] for i in hits], hit=True)
-            keys = [keys[i] for i in missing]
-            cache_keys = [cache_keys[i] for i in missing]
-            draws = queue.batch(keys)
+        if cached:  # a fallback chain's first lookup is its primary's own entries (cache_identities[0])
+            values = self.cache.get_draws(backend.cache_identities[0], draws, record=True)
+            misses = values.count(None)
+            if not misses:  # all cached
+                self._resolve_many(queue, keys, values, hit=True)
+                keys, draws = [], queue.batch([])
+            elif misses < len(values):
+                hits = [i for i, v in enumerate(values) if v is not None]
+                self._resolve_many(queue, [keys[i] for i in hits], [values[i] for i in hits], hit=True)
+                keys = [k for k, v in zip(keys, values) if v is None]
+                draws = queue.batch(keys)
         if cached and keys and len(backend.cache_identities) > 1:  # a fallback chain: its other models' entries
             others = lookup(self.cache, backend, list(draws), identities=backend.cache_identities[1:])
             if others:
                 rest = [i for i, d in enumerate(draws) if d not in others]
                 self._resolve_many(queue, [keys[i] for i, d in enumerate(draws) if d in others],
                                    [others[d] for d in draws if d in others], hit=True)
-                keys, cache_keys = [keys[i] for i in rest], [cache_keys[i] for i in rest]
+                keys = [keys[i] for i in rest]
                 draws = queue.batch(keys)
         batches = _positions(keys, backend.max_batch)
         for positions in batches:
             if len(batches) == 1:
-                batch_keys, batch, batch_cache_keys = keys, draws, cache_keys
+                batch_keys, batch = keys, draws
             elif isinstance(positions, range):
                 first, last = positions.start, positions.stop
-                batch_keys, batch, batch_cache_keys = keys[first:last], draws[first:last], cache_keys[first:last]
+                batch_keys, batch = keys[first:last], draws[first:last]
             else:
                 batch_keys = [keys[i] for i in positions]
-                batch, batch_cache_keys = queue.batch(batch_keys), [cache_keys[i] for i in positions] if cache_keys else []
+                batch = queue.batch(batch_keys)
             ticket = self._admit(queue, batch_keys, batch) if self.budget is not None else None
             if ticket != -1:
-                self._start_batch(queue, batch_keys, batch, batch_cache_keys, ticket)
+                self._start_batch(queue, batch_keys, batch, cached, ticket)
 
     def _admit(self, queue: BatchQueue, keys: list[DrawKey], draws: DrawBatch) -> int:
         """The budget's ticket for sending ``draws``, or -1: refused (their draws fail)."""
@@ -603,19 +593,19 @@ class Batcher:
             self.fail(*self.refused)
 
     def _start_batch(
-        self, queue: BatchQueue, keys: list[DrawKey], draws: DrawBatch, cache_keys: list[bytes], ticket: int | None = None
+        self, queue: BatchQueue, keys: list[DrawKey], draws: DrawBatch, cached: bool, ticket: int | None = None
     ) -> None:
-        """Send one batch; ``cache_keys`` is empty when its texts are not cached."""
+        """Send one batch; ``cached``: its texts are stored in the cache."""
         self.running += 1
         self.batch_ids += 1
         batch_id = self.batch_ids
         backend = queue.backend
 
         def on_result(index: int, text: str) -> None:
-            if cache_keys and 0 <= index < len(cache_keys):
+            if cached and 0 <= index < len(draws):
                 answered = report.answered_by.get(index)  # a fallback's draw: under the model that answered
-                key = cache_keys[index] if answered is None else cache_module.draw_key(answered.identity, draws[index])
-                self.cache.put_many({key: text})
+                identity = backend.cache_identities[0] if answered is None else answered.identity
+                self.cache.put_draws(identity, draws[index : index + 1], [text])
 
         def on_failure(index: int, error: BaseException) -> None:
             if not self.return_failures and 0 <= index < len(keys):
@@ -631,12 +621,12 @@ class Batcher:
             request_limit=self.request_limit if backend.sends_requests else None,
         )
         self.spawn(
-            self._run_batch(batch_id, queue, keys, draws, cache_keys, report, ticket),
+            self._run_batch(batch_id, queue, keys, draws, cached, report, ticket),
             lambda task: self._batch_done(queue, keys, task, report),
         )
 
     async def _run_batch(
-        self, batch_id: int, queue: BatchQueue, draw_keys: list[DrawKey], draws: DrawBatch, keys: list[bytes],
+        self, batch_id: int, queue: BatchQueue, draw_keys: list[DrawKey], draws: DrawBatch, cached: bool,
         report: BatchReport, ticket: int | None = None,
     ) -> list[str]:
         backend = queue.backend
@@ -662,11 +652,15 @@ class Batcher:
                 texts, worker = await self.executor.generate(backend, draws, report)
             if not isinstance(texts, list) or len(texts) != len(draws):
                 raise BackendError(f"{backend!r} returned {len(texts)} completions for {len(draws)} prompts")
-            if keys:  # what the backend did not report (and cache) already
+            if cached:  # what the backend did not report (and cache) already
+                identity = backend.cache_identities[0]
                 reported = report.results.keys() | report.failures.keys()
-                rest = {k: t for i, (k, t) in enumerate(zip(keys, texts)) if i not in reported}
-                if rest:
-                    self.cache.put_many(rest)
+                if not reported:
+                    self.cache.put_draws(identity, draws, texts)
+                else:
+                    rest = [i for i in range(len(texts)) if i not in reported]
+                    if rest:
+                        self.cache.put_draws(identity, queue.batch([draw_keys[i] for i in rest]), [texts[i] for i in rest])
             return texts
         except BaseException as exc:
             error = exc
