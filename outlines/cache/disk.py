@@ -16,23 +16,26 @@ memory only.
 """
 from __future__ import annotations
 
+import asyncio
 import atexit
 import json
 import multiprocessing.util
 import os
+import selectors
 import sqlite3
 import threading
 import warnings
 import weakref
 from json.encoder import encode_basestring
+from itertools import chain
 from operator import itemgetter
 from pathlib import Path
-from typing import Any, Callable, Iterable, Sequence
+from typing import Any, Callable, Iterable, Iterator, Sequence
 
 from outlines.cache.keys import Slot, prompt_keys
 from outlines.cache.sqlite import CacheWarning, FormatMismatch, SQLiteStore
 
-__all__ = ["FOREGROUND", "Block", "Disk", "WriteBehind", "disk"]
+__all__ = ["FOREGROUND", "Block", "Disk", "WatchedSelector", "WriteBehind", "disk", "watched_loop"]
 
 _writers: weakref.WeakSet[WriteBehind] = weakref.WeakSet()
 #: An idle writer thread ends after this many seconds (a new one starts on demand).
@@ -41,7 +44,7 @@ IDLE_SECONDS = 2.0
 #: more keys than this (the set of them is what answers its misses).
 FRESH_KEYS = 4_000_000
 
-Write = Callable[[list[tuple[bytes, bytes]], list[bytes], list[tuple[int, Any]], "int | None"], None]
+Write = Callable[[Iterable[tuple[bytes, bytes]], list[bytes], list[tuple[int, Any]], "int | None"], None]
 
 
 class Foreground:
@@ -77,6 +80,29 @@ class Foreground:
             self.idle.wait(PATIENCE)
 
 
+class WatchedSelector(selectors.DefaultSelector):  # type: ignore[misc,valid-type]
+    """The selector of a loop that counts as ``FOREGROUND`` whenever it is not waiting for events.
+
+    ``outlines.runtime.evaluate.run_sync`` runs its loops on one: the cache
+    writer then hashes and writes while the loop waits for model calls,
+    and stays off the GIL while the loop works.
+    """
+
+    def select(self, timeout: float | None = None) -> Any:
+        if timeout is not None and timeout <= 0:
+            return super().select(timeout)
+        FOREGROUND.__exit__()
+        try:
+            return super().select(timeout)
+        finally:
+            FOREGROUND.__enter__()
+
+
+def watched_loop() -> asyncio.AbstractEventLoop:
+    """A new event loop on a ``WatchedSelector`` (enter ``FOREGROUND`` while it runs)."""
+    return asyncio.SelectorEventLoop(WatchedSelector())
+
+
 #: The longest a writer chunk waits for the event loops' bursts to end.
 PATIENCE = 0.05
 #: Keys a writer hashes between two looks at ``FOREGROUND``.
@@ -104,14 +130,15 @@ class Block:
             self._table = dict(zip(self.prompts, self.values))
         return self._table
 
-    def rows(self) -> list[tuple[bytes, str]]:
-        """``(key, text)`` of each draw, hashing the keys in chunks between the loops' bursts."""
-        keys: list[bytes] = []
-        prompts = self.prompts
+    def rows(self) -> Iterator[tuple[bytes, bytes]]:
+        """``(key, JSON bytes)`` of each draw, made a chunk at a time between the loops' bursts."""
+        prompts, values = self.prompts, self.values
+        escape = encode_basestring
         for start in range(0, len(prompts), HASH_CHUNK):
             FOREGROUND.wait()
-            keys.extend(prompt_keys(self.hasher, self.number, prompts[start : start + HASH_CHUNK]))
-        return list(zip(keys, self.values))
+            end = start + HASH_CHUNK
+            keys = prompt_keys(self.hasher, self.number, prompts[start:end])
+            yield from zip(keys, [escape(value).encode("utf-8", "surrogatepass") for value in values[start:end]])
 
 
 class WriteBehind:
@@ -212,16 +239,10 @@ class WriteBehind:
                 self._writing, self._touched, self._damaged = True, {}, []
             try:
                 escape = encode_basestring  # encode() of text, without a call per row
-                if blocks:  # keyed rows and hashed blocks together; a later value of a key wins
-                    table: dict[bytes, str | bytes] = dict(queued)
-                    for block in blocks:
-                        table.update(block.rows())
-                    everything: Iterable[tuple[bytes, str | bytes]] = table.items()
-                else:
-                    everything = queued
-                FOREGROUND.wait()
-                rows = [(key, escape(value).encode("utf-8", "surrogatepass") if type(value) is str else value)
-                        for key, value in everything]
+                encoded = [(key, escape(value).encode("utf-8", "surrogatepass") if type(value) is str else value)
+                           for key, value in queued]
+                # Keyed rows, then the blocks' rows, streamed in chunks; a later value of a key wins.
+                rows = chain(encoded, *(block.rows() for block in blocks)) if blocks else encoded
                 self._write(rows, touched, damaged, self._max_bytes)  # type: ignore[arg-type]
                 if blocks and self._committed is not None:
                     self._committed(blocks)
@@ -387,10 +408,12 @@ class Disk:
                     self._queued = None
             self.writer.submit(rows, touched, (), max_bytes)
 
-    def _write(self, rows: list[tuple[bytes, bytes]], touched: list[bytes], damaged: list[Any], max_bytes: int | None) -> None:
+    def _write(
+        self, rows: Iterable[tuple[bytes, bytes]], touched: list[bytes], damaged: list[Any], max_bytes: int | None
+    ) -> None:
         store = self.store
         if store is not None:
-            self.guard("write", store.put_many, rows, touched, max_bytes, damaged)
+            self.guard("write", store.put_many, rows, touched, max_bytes, damaged, FOREGROUND.wait)
 
     def totals(self) -> tuple[int, int] | None:
         self.writer.flush()

@@ -86,6 +86,9 @@ class Cache:
         self._slots: OrderedDict[Slot, dict[Any, str]] = OrderedDict()
         self._slot_bytes: dict[Slot, int] = {}
         self._slot_entries = 0
+        # Blocks stored but not in their slot's table yet: (prompts, texts). A
+        # lookup indexes only those that share a prompt with it (see _index).
+        self._unindexed: dict[Slot, list[tuple[list[Any], list[str]]]] = {}
         self._evicted = False  # whether a draw stored through put_draws has left memory
         self._lock = threading.RLock()
         self._disk = disk(self.file, timeout)
@@ -193,7 +196,9 @@ class Cache:
             self._remember(kept)
         self._disk.submit(rows, (), self.max_bytes)
 
-    def get_draws(self, identity: Sequence[Any], draws: Sequence[Any], *, record: bool = True) -> list[str | None]:
+    def get_draws(
+        self, identity: Sequence[Any], draws: Sequence[Any], *, record: bool = True, members: Any = None
+    ) -> list[str | None]:
         """The cached text of each of a batch's ``draws`` under a backend ``identity``; ``None``: a miss.
 
         The draws' keys (``draw_keys``) are what the file holds, but memory
@@ -201,7 +206,10 @@ class Cache:
         a batch of 100,000 draws is a few C-speed passes, and a key is hashed
         only for a draw that has to be read from the file. A stored value
         that is not text is a miss, with a warning. ``record=False`` counts
-        no hits and refreshes no use stamps.
+        no hits and refreshes no use stamps. ``members``: a set or dict view
+        holding (at least) the batch's prompts, when the caller has one: then
+        draws stored since the last lookup are set aside unread unless they
+        share a prompt with the batch.
         """
         prompts_all: list[Any] = getattr(draws, "prompts", None) or [d.prompt for d in draws]
         out: list[Any] = [None] * len(prompts_all)
@@ -211,15 +219,19 @@ class Cache:
             prompts = prompts_all if part.positions is None else [prompts_all[i] for i in part.positions]
             with self._lock:
                 table = self._slots.get(part.slot)
-                if table is not None:
+                if part.slot in self._unindexed:
+                    self._index(part.slot, members if part.positions is None else None)
+                if table:
                     values: list[Any] = list(map(table.get, prompts))
                     if record:
                         self._slots.move_to_end(part.slot)
                 else:
                     values = [None] * len(prompts)
                 sole = not self._evicted and self._disk.block_writers <= {id(self)}
-            if values.count(None):
-                found = self._read_draws(part, [p for p, v in zip(prompts, values) if v is None], sole)
+            misses = values.count(None)
+            if misses:
+                wanted = prompts if misses == len(prompts) else [p for p, v in zip(prompts, values) if v is None]
+                found = self._read_draws(part, wanted, sole)
                 if found:
                     get = found.get
                     values = [get(p) if v is None else v for p, v in zip(prompts, values)]
@@ -239,6 +251,37 @@ class Cache:
         if touched:
             self._disk.submit((), touched, self.max_bytes)
         return out
+
+    def peek_draws(self, identity: Sequence[Any], draws: Sequence[Any]) -> list[str] | None:
+        """The texts of ``draws`` when memory holds every one of them (counted as hits), else ``None``.
+
+        One pass and no file access: the scheduler asks before queueing a
+        large node, so a warm re-evaluation skips the queue altogether.
+        """
+        prompts: list[Any] = getattr(draws, "prompts", None) or [d.prompt for d in draws]
+        if not prompts:
+            return None
+        parts = draw_slots(identity, draws)
+        if len(parts) != 1:
+            return None
+        slot = parts[0].slot
+        with self._lock:
+            table = self._slots.get(slot)
+            if table is None:
+                return None
+            if prompts[0] not in table:
+                blocks = self._unindexed.get(slot, ())
+                if not any(prompts[0] in block for block, _ in blocks):
+                    return None
+            self._index(slot)
+            values: list[Any] = list(map(table.get, prompts))
+            if None in values:
+                return None
+            self._slots.move_to_end(slot)
+            self.hits += len(values)
+        if self.max_bytes is not None:
+            self._disk.submit((), prompt_keys(parts[0].hasher, parts[0].number, prompts), self.max_bytes)
+        return values
 
     def _read_draws(self, part: SlotDraws, prompts: list[Any], sole: bool) -> dict[Any, str]:
         found, damaged = self._disk.get_draws(part.slot, part.hasher, part.number, prompts, sole=sole)
@@ -287,26 +330,50 @@ class Cache:
             else:
                 prompts, values = [prompts_all[i] for i in part.positions], [texts[i] for i in part.positions]
             with self._lock:
-                self._remember_draws(part.slot, prompts, values)
+                self._remember_draws(part.slot, prompts, values, index=False)
             blocks.append(Block(part.slot, part.hasher, part.number, prompts, values))
         self._disk.submit_blocks(blocks, id(self), self.max_bytes)
 
-    def _remember_draws(self, slot: Slot, prompts: list[Any], texts: list[str]) -> None:
-        """Called with the lock held."""
+    def _remember_draws(self, slot: Slot, prompts: list[Any], texts: list[str], index: bool = True) -> None:
+        """Called with the lock held. ``index=False``: keep them as a block until a lookup needs them."""
         table = self._slots.get(slot)
         if table is None:
             table = self._slots[slot] = {}
             self._slot_bytes[slot] = 0
         else:
             self._slots.move_to_end(slot)
-        before = len(table)
-        table.update(zip(prompts, texts))
-        added = len(table) - before
-        size = sum(map(len, prompts)) + sum(map(len, texts)) + _ENTRY_BYTES * added
+        size = sum(map(len, prompts)) + sum(map(len, texts))
+        if index:
+            before = len(table)
+            table.update(zip(prompts, texts))
+            added = len(table) - before
+        else:  # counted whole until indexed
+            self._unindexed.setdefault(slot, []).append((prompts, texts))
+            added = len(prompts)
+        size += _ENTRY_BYTES * added
         self._slot_bytes[slot] += size
         self._slot_entries += added
         self._memory_size += size
         self._trim()
+
+    def _index(self, slot: Slot, members: Any = None) -> None:
+        """Put a slot's blocks in its table: all, or those sharing a prompt with ``members``."""
+        blocks = self._unindexed.pop(slot, None)
+        if not blocks:
+            return
+        table = self._slots[slot]
+        kept = []
+        for prompts, texts in blocks:
+            if members is not None and members.isdisjoint(prompts):
+                kept.append((prompts, texts))
+                continue
+            before = len(table)
+            table.update(zip(prompts, texts))
+            repeated = len(prompts) - (len(table) - before)  # counted when stored, not new here
+            self._slot_entries -= repeated
+            self._memory_size -= repeated * _ENTRY_BYTES
+        if kept:
+            self._unindexed[slot] = kept
 
     def flush(self) -> None:
         """Wait until every entry put so far is committed to the file."""
@@ -317,6 +384,7 @@ class Cache:
         with self._lock:
             self._memory.clear()
             self._slots.clear()
+            self._unindexed.clear()
             self._slot_bytes.clear()
             self._slot_entries = 0
             self._memory_size = 0
@@ -358,10 +426,14 @@ class Cache:
                 break
             self._evicted = True
             slot, table = next(iter(slots.items()))
+            if len(slots) == 1 and slot in self._unindexed:  # about to keep half of it: all of it first
+                self._memory_size = size
+                self._index(slot)
+                size, table = self._memory_size, slots[slot]
             if len(slots) > 1 or len(table) < 2:
                 del slots[slot]
                 size -= self._slot_bytes.pop(slot)
-                self._slot_entries -= len(table)
+                self._slot_entries -= len(table) + sum(len(p) for p, _ in self._unindexed.pop(slot, ()))
                 continue
             # One slot over the bounds alone: keep its newer half.
             kept = dict(islice(table.items(), len(table) // 2, None))

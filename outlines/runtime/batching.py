@@ -35,6 +35,7 @@ import numpy as np
 
 from outlines.backends.base import Backend, BackendError, BatchReport, Draw, DrawBatch, GenerationParams
 from outlines.backends.constraints import generate_valid
+from outlines.cache.disk import FOREGROUND
 from outlines.errors import Failure
 from outlines.graph.basic import Apply
 from outlines.runtime.budget import BudgetGuard
@@ -286,19 +287,42 @@ class BatchQueue:
     ``pending`` holds the draws not sent yet, in arrival order; ``waiters``
     maps each draw in flight or pending to the (node, position) pairs that
     want its text; ``params`` numbers the params of the queue's draws
-    (several only when constraints differ).
+    (several only when constraints differ). A bulk node whose draws share
+    nothing with the queue's is a *segment* (its distinct draws and itself)
+    until something needs the map: then ``waiters`` writes the segments into
+    it. A Program's model call over 100,000 inputs never does.
     """
 
-    __slots__ = ("backend", "pending", "since", "unready", "waiters", "params", "param_ids")
+    __slots__ = ("backend", "pending", "since", "unready", "_waiters", "segments", "params", "param_ids")
 
     def __init__(self, backend: Backend) -> None:
         self.backend = backend
-        self.pending: dict[Any, None] = {}
+        self.pending: dict[Any, None] = {}  # never mutated when it is a segment's table (see own_pending)
         self.since = 0.0
         self.unready = 0  # Generate nodes of this queue not dispatched yet
-        self.waiters: dict[DrawKey, Waiters | NodeDraws] = {}  # a bulk node alone: itself (see NodeDraws)
+        self._waiters: dict[DrawKey, Waiters | NodeDraws] = {}  # a bulk node alone: itself (see NodeDraws)
+        self.segments: list[tuple[dict[DrawKey, None], NodeDraws]] = []
         self.params: list[GenerationParams] = []
         self.param_ids: dict[GenerationParams, int] = {}
+
+    @property
+    def waiters(self) -> dict[DrawKey, Waiters | NodeDraws]:
+        """Draw -> who waits for it, the segments written in."""
+        if self.segments:
+            for table, node in self.segments:
+                self._waiters.update(zip(table, repeat(node)))
+            self.segments.clear()
+        return self._waiters
+
+    def disjoint(self, unique: dict[DrawKey, None]) -> bool:
+        """Whether no draw of ``unique`` is queued or in flight already."""
+        return self._waiters.keys().isdisjoint(unique) and all(t.keys().isdisjoint(unique) for t, _ in self.segments)
+
+    def own_pending(self) -> dict[Any, None]:
+        """``pending``, safe to add to (a copy when it is a segment's table)."""
+        if any(table is self.pending for table, _ in self.segments):
+            self.pending = dict(self.pending)
+        return self.pending
 
     def param_id(self, params: GenerationParams) -> int:
         """The number of ``params`` in this queue (added on first use)."""
@@ -444,21 +468,23 @@ class Batcher:
         outstanding = NodeDraws(index, shape, len(texts) * len(numbers))
         if not queue.pending:
             queue.since = time.perf_counter()
-        waiters, pending = queue.waiters, queue.pending
         if len(numbers) == 1 and not failed and len(texts) >= BULK_MIN:
+            if self._cached_whole(op, texts, numbers[0], outstanding):
+                return
             if numbers[0] == 0 and params_id == 0 and not set(map(type, texts)) - {str}:
                 keys = texts  # short keys: the prompts themselves
             else:
                 keys = [_key(text, numbers[0], params_id) for text in texts]
             unique = dict.fromkeys(keys)
-            if waiters.keys().isdisjoint(unique):  # nothing shared with draws already queued: C-speed steps only
+            if queue.disjoint(unique):  # nothing shared with draws already queued: C-speed steps only
                 outstanding.keys, outstanding.remaining = keys, len(unique)
-                waiters.update(zip(unique, repeat(outstanding)))
-                if pending:
-                    pending.update(unique)
+                queue.segments.append((unique, outstanding))
+                if queue.pending:
+                    queue.own_pending().update(unique)
                 else:  # its distinct draws, in order, are what the queue has to send: no second table
                     queue.pending = unique
                 return
+        waiters, pending = queue.waiters, queue.own_pending()
         entries: Iterable[tuple[int, DrawKey]]
         if len(numbers) == 1 and not failed:  # one draw per element
             number = numbers[0]
@@ -476,6 +502,19 @@ class Batcher:
                 waiters[key] = [(waiting, BULK), (outstanding, position)]
         if outstanding.remaining == 0:
             self._finish_node(outstanding)
+
+    def _cached_whole(self, op: Any, texts: list[Any], number: int, outstanding: NodeDraws) -> bool:
+        """Finish a bulk node from the cache's memory when it holds every one of its draws."""
+        backend = op.backend
+        if self.cache is None or not backend.cacheable:
+            return False
+        draws = DrawBatch(texts, [op.params] * len(texts), [number] * len(texts))
+        values = self.cache.peek_draws(backend.cache_identities[0], draws)
+        if values is None:
+            return False
+        outstanding.results, outstanding.remaining, outstanding.hits = values, 0, len(values)
+        self._finish_node(outstanding)
+        return True
 
     @staticmethod
     def _sampled(
@@ -529,8 +568,9 @@ class Batcher:
 
     def _send(self, queue: BatchQueue, whole_batches: bool = False) -> None:
         backend = queue.backend
-        keys = list(queue.pending)
-        queue.pending.clear()
+        sent = queue.pending
+        keys = list(sent)
+        queue.pending = {}  # a new table: the old one may be a segment's
         if whole_batches:
             batches = _positions(keys, backend.max_batch)
             if len(batches[-1]) < (backend.max_batch or 0):  # the remainder may still fill up
@@ -539,7 +579,9 @@ class Batcher:
         draws = queue.batch(keys)
         cached = self.cache is not None and backend.cacheable
         if cached:  # a fallback chain's first lookup is its primary's own entries (cache_identities[0])
-            values = self.cache.get_draws(backend.cache_identities[0], draws, record=True)
+            # Short keys are the prompts: the sent table holds them all (a superset with whole_batches).
+            members = sent.keys() if draws.numbers.count(0) == len(draws) and len(queue.params) == 1 else None
+            values = self.cache.get_draws(backend.cache_identities[0], draws, record=True, members=members)
             misses = values.count(None)
             if not misses:  # all cached
                 self._resolve_many(queue, keys, values, hit=True)
@@ -653,14 +695,15 @@ class Batcher:
             if not isinstance(texts, list) or len(texts) != len(draws):
                 raise BackendError(f"{backend!r} returned {len(texts)} completions for {len(draws)} prompts")
             if cached:  # what the backend did not report (and cache) already
-                identity = backend.cache_identities[0]
-                reported = report.results.keys() | report.failures.keys()
-                if not reported:
-                    self.cache.put_draws(identity, draws, texts)
-                else:
-                    rest = [i for i in range(len(texts)) if i not in reported]
-                    if rest:
-                        self.cache.put_draws(identity, queue.batch([draw_keys[i] for i in rest]), [texts[i] for i in rest])
+                with FOREGROUND:  # a burst of the event loop's: the writer waits (see Foreground)
+                    identity = backend.cache_identities[0]
+                    reported = report.results.keys() | report.failures.keys()
+                    if not reported:
+                        self.cache.put_draws(identity, draws, texts)
+                    else:
+                        rest = [i for i in range(len(texts)) if i not in reported]
+                        if rest:
+                            self.cache.put_draws(identity, queue.batch([draw_keys[i] for i in rest]), [texts[i] for i in rest])
             return texts
         except BaseException as exc:
             error = exc
@@ -741,6 +784,11 @@ class Batcher:
         """Resolve distinct draws; a batch that only one bulk node waits for is handed over in C-speed steps."""
         if not keys:
             return
+        segments = queue.segments
+        if len(segments) == 1 and not queue._waiters and len(segments[0][0]) == len(keys) and list(segments[0][0]) == keys:
+            # The batch is one segment's draws, in order: nothing else waits for them.
+            self._finish_bulk(segments.pop()[1], keys, values, hit)
+            return
         waiters = queue.waiters
         owner = waiters.get(keys[0])
         if owner.__class__ is NodeDraws and all(map(is_, map(waiters.get, keys), repeat(owner))):
@@ -749,21 +797,25 @@ class Batcher:
                 waiters.clear()
             else:
                 deque(map(waiters.pop, keys), maxlen=0)
-            if bulk.remaining == len(keys) and not bulk.found and keys == bulk.keys:
-                # One batch holds every draw of the node, in its order, without repeats: the values are its results.
-                bulk.results, bulk.keys, bulk.remaining = list(values), None, 0
-                bulk.hits = len(keys) if hit else 0
-                self._finish_node(bulk)
-                return
-            bulk.found.update(zip(keys, values))
-            if hit:
-                bulk.hit_keys.update(keys)
-            bulk.remaining -= len(keys)
-            if bulk.remaining == 0:
-                self._finish_node(bulk)
+            self._finish_bulk(bulk, keys, values, hit)
             return
         for key, value in zip(keys, values):
             self._resolve(queue, key, value, hit=hit)
+
+    def _finish_bulk(self, bulk: NodeDraws, keys: list[DrawKey], values: list[Any], hit: bool) -> None:
+        """Hand a bulk node the values of some of its distinct draws (no one else waits for them)."""
+        if bulk.remaining == len(keys) and not bulk.found and keys == bulk.keys:
+            # One batch holds every draw of the node, in its order, without repeats: the values are its results.
+            bulk.results, bulk.keys, bulk.remaining = list(values), None, 0
+            bulk.hits = len(keys) if hit else 0
+            self._finish_node(bulk)
+            return
+        bulk.found.update(zip(keys, values))
+        if hit:
+            bulk.hit_keys.update(keys)
+        bulk.remaining -= len(keys)
+        if bulk.remaining == 0:
+            self._finish_node(bulk)
 
     def _resolve_one(self, outstanding: NodeDraws, position: int, key: DrawKey, value: Any) -> None:
         if position == BULK:

@@ -17,6 +17,7 @@ import sys
 import threading
 from typing import Any, Awaitable, Callable, Iterator, Mapping, TypeVar
 
+from outlines.cache.disk import FOREGROUND, watched_loop
 from outlines.graph.basic import Variable
 from outlines.runtime.executor import resolve_executor
 from outlines.runtime.plan import Plan, bind_givens
@@ -119,7 +120,7 @@ def run_sync(factory: Callable[[asyncio.AbstractEventLoop | None], Awaitable[T]]
     try:
         caller_loop = asyncio.get_running_loop()
     except RuntimeError:
-        return asyncio.run(factory(None))  # type: ignore[arg-type]
+        return _run_watched(factory(None))
     outcome: dict[str, Any] = {}
     started = threading.Event()
     context = contextvars.copy_context()
@@ -131,7 +132,7 @@ def run_sync(factory: Callable[[asyncio.AbstractEventLoop | None], Awaitable[T]]
 
     def target() -> None:
         try:
-            outcome["value"] = context.run(asyncio.run, main())
+            outcome["value"] = context.run(_run_watched, main())
         except BaseException as exc:  # noqa: BLE001 - re-raised in the caller's thread
             outcome["error"] = exc
         finally:
@@ -154,6 +155,12 @@ def run_sync(factory: Callable[[asyncio.AbstractEventLoop | None], Awaitable[T]]
     if "error" in outcome:
         raise outcome["error"]
     return outcome["value"]  # type: ignore[no-any-return]
+
+
+def _run_watched(coroutine: Awaitable[T]) -> T:
+    """``asyncio.run`` on a loop that tells the cache writer when it is busy (``outlines.cache.disk.watched_loop``)."""
+    with FOREGROUND, asyncio.Runner(loop_factory=watched_loop) as runner:
+        return runner.run(coroutine)  # type: ignore[arg-type]
 
 
 async def aeval(*variables: Variable, givens: Mapping[Any, Any] | None = None, **options: Any) -> Any:
