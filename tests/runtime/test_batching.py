@@ -167,6 +167,10 @@ def _run_graph(build: str, tmp_path: Path, bulk_min: int, monkeypatch: pytest.Mo
             return [first, llm(outlines.constant("p5")), llm(first)]
         if build == "samples":
             return [first, llm(array, num_samples=2)]
+        if build in ("overlapping-arrays", "disjoint-arrays"):  # two bulk nodes on one queue: segments
+            shift = 50 if build == "overlapping-arrays" else 1000
+            other = outlines.constant(np.array([f"p{i + shift}" for i in range(len(values))], dtype=object))
+            return [first, llm(other), llm(first)]
         return [first, llm(first)]
 
     observed = []
@@ -181,7 +185,8 @@ def _run_graph(build: str, tmp_path: Path, bulk_min: int, monkeypatch: pytest.Mo
     return tuple(observed), [list(b) for b in recording.batches]
 
 
-@pytest.mark.parametrize("build", ["chain", "distinct", "split", "shared-small-first", "shared-small-last", "samples", "failing"])
+@pytest.mark.parametrize("build", ["chain", "distinct", "split", "shared-small-first", "shared-small-last", "samples", "failing",
+                                   "overlapping-arrays", "disjoint-arrays"])
 def test_bulk_waiting_sends_and_returns_what_waiting_per_element_does(
     build: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
