@@ -177,8 +177,8 @@ async def _evaluate(
     options: dict[str, Any],
 ) -> Any:
     with quiet_collector():  # planning walks and copies the whole graph: no collections over it meanwhile
-        plan = Plan(variables)
-    results = await run_plan(plan, givens, blocked_loop, **options)
+        plan = Plan(variables, stack=True)
+    results = plan.pick(await run_plan(plan, givens, blocked_loop, **options))
     return results[0] if len(variables) == 1 else tuple(results)
 
 

@@ -36,6 +36,8 @@ __all__ = ["Plan", "bind_givens"]
 # Integral floats are not: canonical text writes 1.0 as 1 and -0.0 as 0, which
 # is right for a backend's parameters but not for a value a Python op reads.
 _SCALARS = (str, int, bool, type(None))
+#: The fewest sibling model calls ``Plan(stack=True)`` stacks into one array node.
+STACK_MIN = 128
 
 
 class Plan:
@@ -71,7 +73,7 @@ class Plan:
     ('ab', 0)
     """
 
-    def __init__(self, outputs: Iterable[Variable]) -> None:
+    def __init__(self, outputs: Iterable[Variable], *, stack: bool = False) -> None:
         outputs = list(outputs)
         for argument, output in enumerate(outputs):
             if not isinstance(output, Variable):
@@ -133,9 +135,127 @@ class Plan:
             for parent in parents:
                 self.consumers[parent].append(index)
         self.outputs = [replaced.get(id(v), v) for v in outputs]
+        #: output position -> (the stacked Variable computing it, its index there); see ``_stack``.
+        self.picks: dict[int, tuple[Variable, int]] = {}
+        if stack and len(self.nodes) >= STACK_MIN:
+            self._stack(position)
         leaves = list({id(v): v for v in _leaves(self.nodes, self.outputs)}.values())
         self.inputs = [v for v in leaves if not isinstance(v, Constant)]
         self.constants = [v for v in leaves if isinstance(v, Constant)]
+
+    def pick(self, results: list[Any]) -> list[Any]:
+        """The values of the original outputs, given the values of ``outputs`` (see ``picks``)."""
+        if not self.picks:
+            return results
+        return [results[i][self.picks[i][1]] if i in self.picks else value for i, value in enumerate(results)]
+
+    def _stack(self, position: dict[int, int]) -> None:
+        """Stack sibling model calls into array nodes: 5,000 chains built one by one run as one array each step.
+
+        A *family* is the model calls of one op (params and samples included)
+        on a text constant, or on the outputs of one family, member for
+        member in the same order. A family of at least ``STACK_MIN`` calls
+        whose outputs feed only its child families (or are outputs of the
+        plan) becomes one node over the array of its prompts: the scheduler
+        then sends, caches and waits for it in bulk. Draw numbers, keys and
+        values are unchanged (a call with a draw offset, or with samples,
+        is never stacked); ``picks`` maps each output to its element.
+        """
+        nodes, consumers = self.nodes, self.consumers
+        family_of = [-1] * len(nodes)
+        rank = [0] * len(nodes)  # a member's index in its family
+        families: list[list[int]] = []
+        parent: list[int] = []  # each family's parent family (-1: on constants)
+        broken: list[bool] = []
+        signatures: dict[tuple[int, int], int] = {}
+        offsets = self.draw_offsets
+        for index, node in enumerate(nodes):
+            op: Any = node.op
+            if op.mode != "generate" or op.num_samples != 1 or id(node) in offsets or len(node.inputs) != 1:
+                continue
+            source = node.inputs[0]
+            owner = source.owner
+            if owner is None:
+                if not isinstance(source, Constant) or type(source.value) is not str:
+                    continue
+                above = up = -1
+            else:
+                up = position.get(id(owner), -1)
+                above = family_of[up] if up >= 0 else -1
+                if above < 0:
+                    continue
+            signature = (id(op), above)
+            family = signatures.get(signature)
+            if family is None:
+                family = signatures[signature] = len(families)
+                families.append([])
+                parent.append(above)
+                broken.append(False)
+            members = families[family]
+            if up >= 0 and rank[up] != len(members):  # not member for member: it would need a gather
+                broken[family] = True
+            rank[index] = len(members)
+            family_of[index] = family
+            members.append(index)
+        if not families:
+            return
+        # A family stays whole only if its members feed nothing but stacked families.
+        valid = [len(m) >= STACK_MIN and not broken[f] for f, m in enumerate(families)]
+        feeds_others = [any(family_of[c] < 0 for i in m for c in consumers[i]) for m in families]
+        children: list[list[int]] = [[] for _ in families]
+        for family, up_family in enumerate(parent):
+            if up_family >= 0:
+                children[up_family].append(family)
+        changed = True
+        while changed:
+            changed = False
+            for family in range(len(families)):
+                if valid[family] and (
+                    feeds_others[family]
+                    or (parent[family] >= 0 and not valid[parent[family]])
+                    or not all(valid[c] for c in children[family])
+                ):
+                    valid[family], changed = False, True
+        if not any(valid):
+            return
+        stacked: dict[int, Apply] = {}
+        kept: list[Apply] = []
+        for index, node in enumerate(nodes):
+            family = family_of[index]
+            if family < 0 or not valid[family]:
+                kept.append(node)
+                continue
+            if family in stacked:
+                continue
+            members = families[family]
+            if parent[family] < 0:
+                prompts = as_object_array([nodes[i].inputs[0].value for i in members])  # type: ignore[attr-defined]
+                source: Variable = Constant(prompts)
+            else:
+                source = stacked[parent[family]].outputs[0]
+            new = Apply(node.op, [source])
+            new.order = node.order  # labelled as its first member
+            stacked[family] = new
+            kept.append(new)
+        where = {id(nodes[i].outputs[0]): (stacked[f].outputs[0], rank[i])
+                 for f, members in enumerate(families) if valid[f] for i in members}
+        for number, output in enumerate(self.outputs):
+            found = where.get(id(output))
+            if found is not None:
+                self.picks[number] = found
+                self.outputs[number] = found[0]
+        self.nodes = kept
+        self._link()
+
+    def _link(self) -> None:
+        """``indegree`` and ``consumers`` of ``nodes`` again (after ``_stack``)."""
+        position = {id(node): index for index, node in enumerate(self.nodes)}
+        self.indegree, self.consumers = [], [[] for _ in self.nodes]
+        for index, node in enumerate(self.nodes):
+            parents = sorted({position[id(v.owner)] for v in node.inputs if v.owner is not None})
+            self.indegree.append(len(parents))
+            for up in parents:
+                self.consumers[up].append(index)
 
     def __len__(self) -> int:
         return len(self.nodes)
