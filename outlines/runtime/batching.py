@@ -227,7 +227,7 @@ class NodeDraws:
     of ``found`` in one pass at the end.
     """
 
-    __slots__ = ("index", "shape", "results", "remaining", "hits", "keys", "found", "hit_keys")
+    __slots__ = ("index", "shape", "results", "remaining", "hits", "keys", "found", "hit_keys", "first")
 
     def __init__(self, index: int, shape: tuple[int, ...], count: int) -> None:
         self.index = index
@@ -238,6 +238,17 @@ class NodeDraws:
         self.keys: list[Any] | None = None
         self.found: dict[Any, Any] = {}
         self.hit_keys: set[Any] = set()
+        self.first: dict[Any, int] | None = None  # bulk: the first position of each draw (built on a failure)
+
+    def position_of(self, key: Any, position: int) -> int:
+        """The element position of a draw: ``position``, or for a bulk wait the first one holding ``key``."""
+        if position != BULK or self.keys is None:
+            return max(position, 0)
+        if self.first is None:
+            self.first = {}
+            for number, each in enumerate(self.keys):
+                self.first.setdefault(each, number)
+        return self.first.get(key, 0)
 
 
 #: Prompt arrays of at least this many elements wait in bulk (see ``NodeDraws``).
@@ -320,7 +331,7 @@ class BatchQueue:
 
     def own_pending(self) -> dict[Any, None]:
         """``pending``, safe to add to (a copy when it is a segment's table)."""
-        if any(table is self.pending for table, _ in self.segments):
+        if self.segments and any(table is self.pending for table, _ in self.segments):
             self.pending = dict(self.pending)
         return self.pending
 
@@ -394,7 +405,7 @@ class Batcher:
         batch_window: float,
         request_limit: asyncio.Semaphore | None,
         finish: Callable[[int, Any], None],
-        fail: Callable[[int, BaseException], None],
+        fail: Callable[..., None],
         spawn: Spawn,
         wake: Callable[[], None],
         budget: BudgetGuard | None = None,
@@ -490,7 +501,7 @@ class Batcher:
             number = numbers[0]
             entries = ((position, _key(text, number, params_id)) for position, text in enumerate(texts))
         else:
-            entries = self._sampled(node, outstanding, texts, numbers, params_id, failed)
+            entries = self._sampled(node, outstanding, texts, numbers, params_id, failed, self.plan.members.get(id(node)))
         for position, key in entries:
             waiting = waiters.get(key)
             if waiting is None:
@@ -519,7 +530,7 @@ class Batcher:
     @staticmethod
     def _sampled(
         node: Apply, outstanding: NodeDraws, texts: list[Any], numbers: list[int], params_id: int,
-        failed: list[Failure | None],
+        failed: list[Failure | None], members: list[Apply] | None = None,
     ) -> Iterator[tuple[int, DrawKey]]:
         """(position, key) of each draw to wait for, element-major; a failed input's positions are settled here."""
         op: Any = node.op
@@ -528,7 +539,8 @@ class Batcher:
             upstream = failed[element] if failed else None
             for number in numbers:
                 if upstream is not None:
-                    outstanding.results[position] = upstream.skipped(node.label, op.name)
+                    label = members[element].label if members else node.label  # a stacked node: its call
+                    outstanding.results[position] = upstream.skipped(label, op.name)
                     outstanding.remaining -= 1
                 else:
                     yield position, _key(text, number, params_id)
@@ -765,12 +777,26 @@ class Batcher:
 
     def _fail_draw(self, queue: BatchQueue, key: DrawKey, exc: BaseException) -> None:
         if not self.return_failures:
-            nodes = _waiting_nodes(queue.waiters.get(key))
-            self.fail(nodes[0].index if nodes else 0, exc)
+            pairs = _pairs(queue.waiters.get(key))
+            if not pairs:
+                self.fail(0, exc)
+                return
+            outstanding, position = pairs[0]
+            self.fail(outstanding.index, exc, self._label(outstanding, position, key))
             return
         for outstanding, position in _pairs(queue.waiters.pop(key, None)):
             node = self.plan.nodes[outstanding.index]
-            self._resolve_one(outstanding, position, key, Failure.from_exception(node.label, node.op.name, exc))
+            label = self._label(outstanding, position, key)
+            self._resolve_one(outstanding, position, key, Failure.from_exception(label, node.op.name, exc))
+
+    def _label(self, outstanding: NodeDraws, position: int, key: DrawKey) -> str:
+        """Who a draw's failure names: its node, or for a stacked node the call it stands for."""
+        node = self.plan.nodes[outstanding.index]
+        members = self.plan.members.get(id(node))
+        if members is None:
+            return node.label
+        numbers = max(1, len(outstanding.results) // max(1, len(members)))  # positions per element
+        return members[min(len(members) - 1, outstanding.position_of(key, position) // numbers)].label
 
     def _resolve(self, queue: BatchQueue, key: DrawKey, value: Any, *, hit: bool) -> None:
         for outstanding, position in _pairs(queue.waiters.pop(key, None)):

@@ -28,6 +28,7 @@ import numpy as np
 from outlines.cache.keys import canonical
 from outlines.errors import UnboundInputError
 from outlines.graph.basic import Apply, Constant, Variable, as_object_array
+from outlines.graph.ops import Index
 from outlines.graph.traversal import toposort
 
 __all__ = ["Plan", "bind_givens"]
@@ -137,6 +138,8 @@ class Plan:
         self.outputs = [replaced.get(id(v), v) for v in outputs]
         #: output position -> (the stacked Variable computing it, its index there); see ``_stack``.
         self.picks: dict[int, tuple[Variable, int]] = {}
+        #: id(stacked Apply) -> the calls it stands for, in element order (failures name them).
+        self.members: dict[int, list[Apply]] = {}
         if stack and len(self.nodes) >= STACK_MIN:
             self._stack(position)
         leaves = list({id(v): v for v in _leaves(self.nodes, self.outputs)}.values())
@@ -155,13 +158,14 @@ class Plan:
         A *family* is the model calls of one op (params and samples included)
         on a text constant, or on the outputs of one family, member for
         member in the same order. A family of at least ``STACK_MIN`` calls
-        whose outputs feed only its child families (or are outputs of the
-        plan) becomes one node over the array of its prompts: the scheduler
-        then sends, caches and waits for it in bulk. Draw numbers, keys and
-        values are unchanged (a call with a draw offset, or with samples,
-        is never stacked); ``picks`` maps each output to its element.
+        whose parent family (if any) is stacked becomes one node over the
+        array of its prompts: the scheduler then sends, caches and waits for
+        it in bulk. A node left out that reads a stacked call's output reads
+        its element (an ``Index`` node). Draw numbers, keys and values are
+        unchanged (a call with a draw offset, or with samples, is never
+        stacked); ``picks`` maps each output of the plan to its element.
         """
-        nodes, consumers = self.nodes, self.consumers
+        nodes = self.nodes
         family_of = [-1] * len(nodes)
         rank = [0] * len(nodes)  # a member's index in its family
         families: list[list[int]] = []
@@ -201,49 +205,56 @@ class Plan:
             return
         # A family stays whole only if its members feed nothing but stacked families.
         valid = [len(m) >= STACK_MIN and not broken[f] for f, m in enumerate(families)]
-        feeds_others = [any(family_of[c] < 0 for i in m for c in consumers[i]) for m in families]
-        children: list[list[int]] = [[] for _ in families]
-        for family, up_family in enumerate(parent):
-            if up_family >= 0:
-                children[up_family].append(family)
-        changed = True
-        while changed:
-            changed = False
-            for family in range(len(families)):
-                if valid[family] and (
-                    feeds_others[family]
-                    or (parent[family] >= 0 and not valid[parent[family]])
-                    or not all(valid[c] for c in children[family])
-                ):
-                    valid[family], changed = False, True
+        for family, up_family in enumerate(parent):  # parents come first: one pass settles it
+            if up_family >= 0 and not valid[up_family]:
+                valid[family] = False
         if not any(valid):
             return
         stacked: dict[int, Apply] = {}
+        where: dict[int, tuple[Variable, int]] = {}  # id(member output) -> (stacked output, element)
+        taps: dict[int, Variable] = {}  # id(member output) -> its element, for a node left out
+        replaced: dict[int, Variable] = {}  # id(output of a node rebuilt on taps) -> the new one
         kept: list[Apply] = []
         for index, node in enumerate(nodes):
             family = family_of[index]
             if family < 0 or not valid[family]:
+                inputs = [replaced.get(id(v), v) for v in node.inputs]
+                for number, variable in enumerate(inputs):
+                    if id(variable) in where:  # a stacked call's output read by a node left out: its element
+                        tap = taps.get(id(variable))
+                        if tap is None:
+                            whole, element = where[id(variable)]
+                            tap = taps[id(variable)] = Index.create(element)(whole)
+                            kept.append(tap.owner)  # type: ignore[arg-type]
+                        inputs[number] = tap
+                if any(a is not b for a, b in zip(inputs, node.inputs)):
+                    rebuilt = _rebuild(node, inputs)
+                    replaced.update((id(old), new) for old, new in zip(node.outputs, rebuilt.outputs))
+                    if id(node) in offsets:
+                        offsets[id(rebuilt)] = offsets.pop(id(node))
+                    node = rebuilt
                 kept.append(node)
                 continue
-            if family in stacked:
-                continue
-            members = families[family]
-            if parent[family] < 0:
-                prompts = as_object_array([nodes[i].inputs[0].value for i in members])  # type: ignore[attr-defined]
-                source: Variable = Constant(prompts)
-            else:
-                source = stacked[parent[family]].outputs[0]
-            new = Apply(node.op, [source])
-            new.order = node.order  # labelled as its first member
-            stacked[family] = new
-            kept.append(new)
-        where = {id(nodes[i].outputs[0]): (stacked[f].outputs[0], rank[i])
-                 for f, members in enumerate(families) if valid[f] for i in members}
+            if family not in stacked:
+                members = families[family]
+                if parent[family] < 0:
+                    prompts = as_object_array([nodes[i].inputs[0].value for i in members])  # type: ignore[attr-defined]
+                    source = Constant(prompts)
+                else:
+                    source = stacked[parent[family]].outputs[0]
+                new = Apply(node.op, [source])
+                new.order = node.order  # labelled as its first member
+                self.members[id(new)] = [nodes[i] for i in members]
+                stacked[family] = new
+                kept.append(new)
+            where[id(node.outputs[0])] = (stacked[family].outputs[0], rank[index])
         for number, output in enumerate(self.outputs):
             found = where.get(id(output))
             if found is not None:
                 self.picks[number] = found
                 self.outputs[number] = found[0]
+            elif id(output) in replaced:
+                self.outputs[number] = replaced[id(output)]
         self.nodes = kept
         self._link()
 

@@ -269,17 +269,19 @@ class Scheduler:
             if self.waiting[consumer] == 0:
                 self.ready.append(consumer)
 
-    def _fail_node(self, index: int, exc: BaseException) -> None:
+    def _fail_node(self, index: int, exc: BaseException, label: str | None = None) -> None:
+        """Fail node ``index`` (``label``: the call a stacked node's failing element stands for)."""
         node = self.plan.nodes[index]
+        label = label or node.label
         if not self.return_failures:
             if self.error is None:
-                self.error = exc if isinstance(exc, NodeError) else NodeError(node.label, node.op.name, exc)
+                self.error = exc if isinstance(exc, NodeError) else NodeError(label, node.op.name, exc)
                 if self.error is not exc:
                     self.error.__cause__ = exc
                 self.wakeup.set()  # a batch may report a failed draw while the loop waits
             self.recorder.node_finished(node, time.perf_counter(), exc)
             return
-        failure = Failure.from_exception(node.label, node.op.name, exc)
+        failure = Failure.from_exception(label, node.op.name, exc)
         self._finish(index, tuple(failure for _ in node.outputs) if len(node.outputs) > 1 else failure, exc)
 
 
