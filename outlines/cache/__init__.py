@@ -6,7 +6,10 @@ backend identity, parameters, prompt text and draw number. A ``Cache`` (``outlin
 in memory in front of a SQLite file (``outlines.cache.sqlite``) that a
 background writer commits to (``outlines.cache.disk``). The scheduler looks a
 whole batch up with one ``get_many`` and stores each backend response with
-``put_many`` as it arrives. This module holds the process default cache and
+``put_many`` as it arrives (the scheduler itself stores and reads whole
+batches by slot and prompt, ``get_draws``/``put_draws``: memory holds them
+without hashing a key, and the writer thread hashes the keys of what it
+commits). This module holds the process default cache and
 its controls: ``enable``, ``disable``, ``clear``, ``stats`` and ``resolve``.
 """
 from __future__ import annotations

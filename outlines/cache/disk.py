@@ -6,7 +6,9 @@ on the caller's thread. Writes leave it (the event loop) through
 round, and everything queued is committed before the interpreter exits (Ctrl-C
 included; a SIGKILL loses at most the last few milliseconds, never half an
 entry). The queue holds completions as text and encodes them on the writer
-thread, off the event loop. A lookup on a fresh file (empty when first seen,
+thread, off the event loop; a ``Block`` of draws has its keys hashed there
+too, a chunk at a time, and the thread waits while an event loop marked
+``FOREGROUND`` is busy (``WatchedSelector``). A lookup on a fresh file (empty when first seen,
 written only by this process since: ``SQLiteStore.fresh``) sends only the keys
 this process queued to SQLite; every other key is a miss without a query. A
 failing file is never an exception: a locked one skips the operation with a

@@ -2,7 +2,10 @@
 
 The file (``outlines.cache.sqlite``) is written by a background writer
 (``outlines.cache.disk``); reads of a whole batch are one query. Keys are the
-16-byte digests of ``outlines.cache.keys.draw_key``. Nothing here raises on a
+16-byte digests of ``outlines.cache.keys.draw_key``. Draws stored by the
+scheduler (``put_draws``) are held in memory by slot (backend identity,
+params, draw number) and prompt, as blocks indexed when a lookup first shares
+a prompt with them; their keys are hashed on the writer thread. Nothing here raises on a
 damaged or locked file: it warns and misses.
 """
 from __future__ import annotations

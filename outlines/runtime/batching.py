@@ -6,7 +6,7 @@ is a plain tuple ``(prompt, draw number, params number in its queue)``, which
 hashes in C; ``Draw`` objects are made only for what a backend is sent, as a
 column-wise ``DrawBatch``. After each dispatch round the scheduler flushes the
 ``Batcher``: queued draws are deduplicated (the queue's waiters, by that tuple),
-looked up in the cache in one query (``lookup``), split by the backend's
+looked up in the cache by slot and prompt (``Cache.get_draws``), split by the backend's
 ``max_batch`` at prompt boundaries (``prompt_batches``: the samples of one
 prompt travel in one batch, so an HTTP backend sends them as one prompt with
 ``n``) and sent as batch tasks, at most
@@ -15,6 +15,13 @@ window while other nodes that feed it are still running; a full queue sends
 its whole batches at once and keeps the remainder open. Each finished draw is
 cached as soon as its backend reports it; constrained draws are checked first
 and retried while they break their constraint (``constraints.generate_valid``).
+
+Large prompt arrays (a Program's, or a stacked family of chains: ``Plan``)
+take C-speed steps only: a node whose draws the cache's memory holds whole is
+finished before it is queued (``Cache.peek_draws``); one that shares no draw
+with the queue is a *segment* of it (its distinct draws and itself) instead of
+one waiter entry per draw, and a batch that is exactly one segment is handed
+back in one piece.
 
 The scheduler and the ``Batcher`` talk through the callbacks given to the
 constructor (``finish``, ``fail``, ``spawn``, ``wake``) and the methods

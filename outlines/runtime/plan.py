@@ -2,7 +2,8 @@
 
 A ``Plan`` is built once per set of outputs (a ``Program`` keeps its own). One
 walk over the Apply nodes in creation order (a topological order) does three
-things at once:
+things at once (and ``outlines.eval``'s plans a fourth after it: sibling model
+calls built one by one are stacked into array nodes, see ``Plan._stack``):
 
 - rewrites: a pure node whose op (equal by its parameters) and inputs match an
   earlier one is replaced by it, so two identical prompt renders, or two greedy
