@@ -90,30 +90,55 @@ class Plan:
         streams: dict[int, int] = {}  # id(Generate op) -> number of its (backend, params)
         stream_numbers: dict[Hashable, int] = {}  # (backend, params) -> its number
         position: dict[int, int] = {}
+        generates = 0  # model calls kept: stacking looks for families only when there are enough
+        # Per op object, once: (merge token, pure, a model call, the op). Equal ops share a
+        # token, so a node's merge key hashes in C (an op's own hash and equality run in Python).
+        ops: dict[int, tuple[int | None, bool, bool, Any]] = {}
+        tokens: dict[Any, int] = {}
+        # Families of sibling model calls, found on the way when stacking (see _stack).
+        family_of: list[int] = []  # per kept node: its family, or -1
+        rank: list[int] = []  # per kept node: its index in its family
+        families: list[list[int]] = []
+        signatures: dict[tuple[int, int], int] = {}  # (id(op), parent family) -> family
+        above: list[int] = []  # per family: its parent family (-1: on text constants)
+        broken: list[bool] = []  # per family: not member for member with its parent
         for node in toposort(outputs):
-            inputs = [replaced.get(id(v), v) for v in node.inputs] if replaced else list(node.inputs)
+            if replaced:
+                inputs: Sequence[Variable] = [replaced.get(id(v), v) for v in node.inputs]
+                same = all(a is b for a, b in zip(inputs, node.inputs))
+            else:
+                inputs, same = node.inputs, True
             op, key = node.op, None
-            pure = op.pure
+            info = ops.get(id(op))
+            if info is None:
+                token = None
+                if op.pure:
+                    try:
+                        token = tokens.setdefault(op, len(tokens))
+                    except TypeError:  # an op with unhashable parameters is never merged
+                        pass
+                info = ops[id(op)] = (token, bool(op.pure), op.mode == "generate", op)
+            token, pure, generate, _ = info
             if pure:
                 if all(isinstance(v, Constant) for v in inputs):
                     constant = _fold(node, inputs)
                     if constant is not None:
                         replaced[id(node.outputs[0])] = constant
                         continue
-                key = (op, len(node.outputs), tuple(_input_key(v) for v in inputs))
-                try:
+                if token is not None:
+                    key = (token, len(node.outputs), tuple(id(v) if v.owner is not None else _input_key(v) for v in inputs))
                     found = merged.get(key)
-                except TypeError:  # an op with unhashable parameters is never merged
-                    found, key = None, None
-                if found is not None:
-                    replaced.update((id(old), new) for old, new in zip(node.outputs, found.outputs))
-                    continue
-            kept = node if all(a is b for a, b in zip(inputs, node.inputs)) else _rebuild(node, inputs)
+                    if found is not None:
+                        replaced.update((id(old), new) for old, new in zip(node.outputs, found.outputs))
+                        continue
+            kept = node if same else _rebuild(node, inputs)
             if key is not None:
                 merged[key] = kept
             if kept is not node:
                 replaced.update((id(old), new) for old, new in zip(node.outputs, kept.outputs))
-            if not pure and op.mode == "generate":
+            if generate:
+                generates += 1
+            if not pure and generate:
                 # Draws are numbered per (backend, params, prompt), whatever num_samples;
                 # (backend, params) is numbered once per op, its hash runs in Python.
                 number = streams.get(id(op))
@@ -136,13 +161,37 @@ class Plan:
             self.consumers.append([])
             for parent in parents:
                 self.consumers[parent].append(index)
+            if stack:
+                family = -1
+                if generate and len(inputs) == 1 and op.num_samples == 1 and id(kept) not in self.draw_offsets:  # type: ignore[attr-defined]
+                    if parents:
+                        up = parents[0]
+                        up_family = family_of[up]
+                    else:
+                        source: Any = inputs[0]
+                        up, up_family = -1, (-1 if isinstance(source, Constant) and type(source.value) is str else -2)
+                    if up_family >= -1 and (up < 0 or up_family >= 0):
+                        family = signatures.get((id(op), up_family), -1)
+                        if family < 0:
+                            family = signatures[(id(op), up_family)] = len(families)
+                            families.append([])
+                            above.append(up_family)
+                            broken.append(False)
+                        members = families[family]
+                        if up >= 0 and rank[up] != len(members):  # not member for member: it would need a gather
+                            broken[family] = True
+                        rank.append(len(members))
+                        members.append(index)
+                family_of.append(family)
+                if family < 0:
+                    rank.append(0)
         self.outputs = [replaced.get(id(v), v) for v in outputs]
         #: output position -> (the stacked Variable computing it, its index there); see ``_stack``.
         self.picks: dict[int, tuple[Variable, int]] = {}
         #: id(stacked Apply) -> the calls it stands for, in element order (failures name them).
         self.members: dict[int, list[Apply]] = {}
-        if stack and len(self.nodes) >= STACK_MIN:
-            self._stack(position)
+        if stack and generates >= STACK_MIN and families:
+            self._stack(position, family_of, rank, families, above, broken)
         leaves = list({id(v): v for v in _leaves(self.nodes, self.outputs)}.values())
         self.inputs = [v for v in leaves if not isinstance(v, Constant)]
         self.constants = [v for v in leaves if isinstance(v, Constant)]
@@ -153,12 +202,17 @@ class Plan:
             return results
         return [results[i][self.picks[i][1]] if i in self.picks else value for i, value in enumerate(results)]
 
-    def _stack(self, position: dict[int, int]) -> None:
+    def _stack(
+        self, position: dict[int, int], family_of: list[int], rank: list[int], families: list[list[int]],
+        above: list[int], broken: list[bool],
+    ) -> None:
         """Stack sibling model calls into array nodes: 5,000 chains built one by one run as one array each step.
 
         A *family* is the model calls of one op (params and samples included)
         on a text constant, or on the outputs of one family, member for
-        member in the same order. A family of at least ``STACK_MIN`` calls
+        member in the same order (found by ``__init__``'s walk: ``family_of``
+        and ``rank`` of each node, each family's members, parent and whether
+        it is ``broken``, not member for member). A family of at least ``STACK_MIN`` calls
         whose parent family (if any) is stacked becomes one node over the
         array of its prompts: the scheduler then sends, caches and waits for
         it in bulk. A node left out that reads a stacked call's output reads
@@ -166,44 +220,8 @@ class Plan:
         unchanged (a call with a draw offset, or with samples, is never
         stacked); ``picks`` maps each output of the plan to its element.
         """
-        nodes = self.nodes
-        family_of = [-1] * len(nodes)
-        rank = [0] * len(nodes)  # a member's index in its family
-        families: list[list[int]] = []
-        parent: list[int] = []  # each family's parent family (-1: on constants)
-        broken: list[bool] = []
-        signatures: dict[tuple[int, int], int] = {}
-        offsets = self.draw_offsets
-        for index, node in enumerate(nodes):
-            op: Any = node.op
-            if op.mode != "generate" or op.num_samples != 1 or id(node) in offsets or len(node.inputs) != 1:
-                continue
-            source = node.inputs[0]
-            owner = source.owner
-            if owner is None:
-                if not isinstance(source, Constant) or type(source.value) is not str:
-                    continue
-                above = up = -1
-            else:
-                up = position.get(id(owner), -1)
-                above = family_of[up] if up >= 0 else -1
-                if above < 0:
-                    continue
-            signature = (id(op), above)
-            family = signatures.get(signature)
-            if family is None:
-                family = signatures[signature] = len(families)
-                families.append([])
-                parent.append(above)
-                broken.append(False)
-            members = families[family]
-            if up >= 0 and rank[up] != len(members):  # not member for member: it would need a gather
-                broken[family] = True
-            rank[index] = len(members)
-            family_of[index] = family
-            members.append(index)
-        if not families:
-            return
+        nodes, offsets = self.nodes, self.draw_offsets
+        parent = above
         # A family stays whole only if its members feed nothing but stacked families.
         valid = [len(m) >= STACK_MIN and not broken[f] for f, m in enumerate(families)]
         for family, up_family in enumerate(parent):  # parents come first: one pass settles it
@@ -212,7 +230,16 @@ class Plan:
         if not any(valid):
             return
         stacked: dict[int, Apply] = {}
-        where: dict[int, tuple[Variable, int]] = {}  # id(member output) -> (stacked output, element)
+
+        def element(variable: Variable) -> tuple[Variable, int] | None:
+            """(stacked output, element) of a stacked call's output; None for anything else."""
+            owner = variable.owner
+            if owner is None:
+                return None
+            at = position.get(id(owner), -1)
+            family = family_of[at] if at >= 0 else -1
+            return (stacked[family].outputs[0], rank[at]) if family >= 0 and valid[family] else None
+
         taps: dict[int, Variable] = {}  # id(member output) -> its element, for a node left out
         replaced: dict[int, Variable] = {}  # id(output of a node rebuilt on taps) -> the new one
         kept: list[Apply] = []
@@ -221,11 +248,11 @@ class Plan:
             if family < 0 or not valid[family]:
                 inputs = [replaced.get(id(v), v) for v in node.inputs]
                 for number, variable in enumerate(inputs):
-                    if id(variable) in where:  # a stacked call's output read by a node left out: its element
+                    found = element(variable)
+                    if found is not None:  # a stacked call's output read by a node left out: its element
                         tap = taps.get(id(variable))
                         if tap is None:
-                            whole, element = where[id(variable)]
-                            tap = taps[id(variable)] = Index.create(element)(whole)
+                            tap = taps[id(variable)] = Index.create(found[1])(found[0])
                             kept.append(tap.owner)  # type: ignore[arg-type]
                         inputs[number] = tap
                 if any(a is not b for a, b in zip(inputs, node.inputs)):
@@ -240,7 +267,7 @@ class Plan:
                 members = families[family]
                 if parent[family] < 0:
                     prompts = as_object_array([nodes[i].inputs[0].value for i in members])  # type: ignore[attr-defined]
-                    source = Constant(prompts)
+                    source: Variable = Constant(prompts)
                 else:
                     source = stacked[parent[family]].outputs[0]
                 new = Apply(node.op, [source])
@@ -248,9 +275,8 @@ class Plan:
                 self.members[id(new)] = [nodes[i] for i in members]
                 stacked[family] = new
                 kept.append(new)
-            where[id(node.outputs[0])] = (stacked[family].outputs[0], rank[index])
         for number, output in enumerate(self.outputs):
-            found = where.get(id(output))
+            found = element(output)
             if found is not None:
                 self.picks[number] = found
                 self.outputs[number] = found[0]
