@@ -23,7 +23,6 @@ import threading
 import time
 import weakref
 import zlib
-from itertools import islice
 from json.decoder import scanstring  # type: ignore[attr-defined]
 from json.encoder import encode_basestring
 from pathlib import Path
@@ -376,15 +375,18 @@ class SQLiteStore:
     ) -> None:
         """Write ``(key, blob)`` rows, refresh ``touched`` stamps, evict: one transaction.
 
-        Rows are prepared and inserted ``_PREPARED`` at a time, each chunk in
-        key order, so it walks the table's B-tree once from left to right
-        instead of jumping around it (a later row of a key replaces an
-        earlier one). ``pause()`` is called between two chunks (the writer's look at the
+        Rows are inserted in key order (one sort of them all), so the write
+        walks the table's B-tree once from left to right instead of jumping
+        around it; a later row of a key replaces an earlier one. They are
+        prepared ``_PREPARED`` at a time, and ``pause()`` is called between
+        two chunks (the writer's look at the
         event loops: ``outlines.cache.disk.Foreground``).
         """
         now = time.time_ns()
         crc32 = zlib.crc32
-        rows = iter(rows)
+        rows = list(rows)  # a writer's blocks hash their keys as this consumes them
+        ids = _row_array([key for key, _ in rows])
+        order = ids.argsort(kind="stable")  # one C sort: the whole write walks the B-tree once; a repeated key keeps its order
         added = 0
         with self._lock("write"):
             connection = self._connection("write")
@@ -393,22 +395,19 @@ class SQLiteStore:
                 if self._fresh is None:
                     self._look(connection)  # before our rows land: was the file empty?
                 connection.executemany("DELETE FROM entries WHERE key = ? AND checksum IS ?", damaged)
-                while True:
+                for first in range(0, len(rows), _PREPARED):
                     if pause is not None:
                         pause()
-                    chunk = list(islice(rows, _PREPARED))
-                    if not chunk:
-                        break
-                    ids = _row_array([key for key, _ in chunk])
-                    order = ids.argsort(kind="stable").tolist()  # a C sort; a repeated key keeps its order
-                    keys = [chunk[i][0] for i in order]
-                    blobs = [chunk[i][1] for i in order]
-                    params: list[Any] = [None] * (3 * len(chunk))
-                    params[0::3] = ids[order].tolist()
+                    chunk = order[first : first + _PREPARED]
+                    positions = chunk.tolist()
+                    keys = [rows[i][0] for i in positions]
+                    blobs = [rows[i][1] for i in positions]
+                    params: list[Any] = [None] * (3 * len(positions))
+                    params[0::3] = ids[chunk].tolist()
                     params[1::3] = blobs
                     params[2::3] = list(map(crc32, blobs, map(crc32, keys)))  # checksum(), without a frame per row
                     added += sum(map(len, blobs)) + _ROW_OVERHEAD * len(blobs)
-                    start, left = 0, len(chunk)
+                    start, left = 0, len(positions)
                     while left:
                         # Whole statements, then the rest in powers of two: no row twice, few SQL texts.
                         size = _power_of_two(min(left, self._rows))
