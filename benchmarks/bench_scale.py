@@ -49,7 +49,9 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 # The model (sleeps 100 ms per call) and the trivial-step chains are bench_scheduler's.
-from bench_scheduler import DEPTH, LATENCY, Backend, dask_chains, outlines_fn_chains  # noqa: E402
+from bench_scheduler import (  # noqa: E402
+    DEPTH, LATENCY, Backend, chain_graph, dask_chains, outlines_fn_chains, reset_peak, rss_kb,
+)
 
 CRITICAL = DEPTH * LATENCY
 
@@ -58,25 +60,6 @@ def expected(prompt: str) -> str:
     for _ in range(DEPTH):
         prompt = prompt[-16:] + "."
     return prompt
-
-
-def _rss_kb(field: str) -> int:
-    with open("/proc/self/status") as status:
-        for line in status:
-            if line.startswith(field + ":"):
-                return int(line.split()[1])
-    return 0
-
-
-def _reset_peak() -> int:
-    """Reset the peak RSS (VmHWM) to the current RSS; returns the current RSS in KB."""
-    gc.collect()
-    try:
-        with open("/proc/self/clear_refs", "w") as refs:
-            refs.write("5")
-    except OSError:
-        pass
-    return _rss_kb("VmRSS")
 
 
 def _clock(fn: Callable[[], Any]) -> tuple[float, float, Any]:
@@ -94,12 +77,7 @@ def case_chains(n: int, cache: bool) -> dict[str, Any]:
     backend = Backend()
     llm = models.from_function(backend, batched=True, name="sleepy")
     start = time.perf_counter()
-    outs = []
-    for i in range(n):
-        x: Any = outlines.constant(f"Question {i}:")
-        for _ in range(DEPTH):
-            x = llm(x)
-        outs.append(x)
+    outs = chain_graph(llm, n)
     build = time.perf_counter() - start
     wall, cpu, values = _clock(lambda: outlines.eval(*outs, cache=cache, progress=False))
     assert n == 0 or values[-1] == expected(f"Question {n - 1}:")
@@ -114,9 +92,9 @@ def case_program(n: int, cache: bool, warm: bool = False) -> dict[str, Any]:
     llm = models.from_function(backend, batched=True, name="sleepy")
     program = outlines.compile(lambda question: llm(llm(llm(question))), cache=cache, progress=False)
     inputs = [f"Question {i}:" for i in range(n)]
-    before = _reset_peak()
+    before = reset_peak()
     wall, cpu, values = _clock(lambda: program(inputs))
-    peak_kb = _rss_kb("VmHWM") - before
+    peak_kb = rss_kb("VmHWM") - before
     assert len(values) == n and values[-1] == expected(inputs[-1])
     out: dict[str, Any] = {"wall": wall, "cpu": cpu, "calls": backend.calls, "kb_per_element": peak_kb / max(n, 1)}
     if warm:
@@ -248,6 +226,14 @@ def main() -> None:
             report(f"  floor: hand-written asyncio batching, {n}", f"{floors[n]:.3f} s = {floors[n] / CRITICAL:.2f}x cp")
         return floors[n]
 
+    def report_case(title: str, results: list[dict[str, Any]], base: float, bound: float | None) -> None:
+        """One case: walls against the critical path and the floor, with its target if it has one."""
+        low, mid = summary(results)
+        report(f"{title} ({results[0]['calls']} calls)",
+               f"{low:.3f} / {mid:.3f} s = {low / CRITICAL:.2f}x cp, {low / base:.2f}x floor "
+               f"(cpu {results[0]['cpu']:.2f} s, {load()})",
+               f"<= {bound}x" if bound else "", None if bound is None else low <= bound * CRITICAL)
+
     targets = {(20_000, False): 1.3, (20_000, True): 1.6}
     print(f"\nchains x {DEPTH} via outlines.eval (critical path {CRITICAL:.1f} s; x floor: wall / the floor's)")
     for n in (1_000, 5_000, 20_000):
@@ -257,12 +243,7 @@ def main() -> None:
                 continue
             base = floor(n // scale)
             results = spawn({"kind": "chains", "n": n // scale, "cache": cache}, runs)
-            low, mid = summary(results)
-            bound = targets.get((n, cache))
-            report(f"{title} ({results[0]['calls']} calls)",
-                   f"{low:.3f} / {mid:.3f} s = {low / CRITICAL:.2f}x cp, {low / base:.2f}x floor "
-                   f"(cpu {results[0]['cpu']:.2f} s, {load()})",
-                   f"<= {bound}x" if bound else "", None if bound is None else low <= bound * CRITICAL)
+            report_case(title, results, base, targets.get((n, cache)))
 
     print(f"\nProgram over N inputs, {DEPTH} model calls")
     targets = {(100_000, False): 1.3, (100_000, True): 1.6}
@@ -274,12 +255,7 @@ def main() -> None:
             base = floor(n // scale)
             warm = cache and n == 100_000
             results = spawn({"kind": "program", "n": n // scale, "cache": cache, "warm": warm}, runs)
-            low, mid = summary(results)
-            bound = targets.get((n, cache))
-            report(f"{title} ({results[0]['calls']} calls)",
-                   f"{low:.3f} / {mid:.3f} s = {low / CRITICAL:.2f}x cp, {low / base:.2f}x floor "
-                   f"(cpu {results[0]['cpu']:.2f} s, {load()})",
-                   f"<= {bound}x" if bound else "", None if bound is None else low <= bound * CRITICAL)
+            report_case(title, results, base, targets.get((n, cache)))
             if n == 100_000 and not cache:
                 kb = min(r["kb_per_element"] for r in results)
                 report("  peak RSS added per element", f"{kb:.2f} KB", "<= 1 KB", kb <= 1.0)

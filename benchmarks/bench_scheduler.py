@@ -205,7 +205,7 @@ def bench_fn_chains(chains: int, steps: int) -> None:
 
 
 # -- 4: memory (in a child process) -------------------------------------------------------------
-def _rss_kb(field: str) -> int:
+def rss_kb(field: str) -> int:
     with open("/proc/self/status") as status:
         for line in status:
             if line.startswith(field + ":"):
@@ -213,21 +213,29 @@ def _rss_kb(field: str) -> int:
     return 0
 
 
+def reset_peak() -> int:
+    """Collect, reset the peak RSS (VmHWM) to the current RSS, and return that RSS in KB."""
+    gc.collect()
+    try:
+        with open("/proc/self/clear_refs", "w") as refs:
+            refs.write("5")
+    except OSError:  # not Linux, or not allowed: the peak then includes what came before
+        pass
+    return rss_kb("VmRSS")
+
+
 def memory_child(kind: str, nodes: int) -> None:
     """Build and eval ``nodes`` nodes; print the peak RSS added (KB) as JSON."""
     llm = models.from_function(Backend(0.0), batched=True, name="instant")
     outlines_fn_chains(2, 5), outlines.eval(*outlines_fn_chains(2, 5), cache=False)  # warm imports and pools
     outlines.eval(llm(outlines.constant("warm")), cache=False)
-    gc.collect()
-    with open("/proc/self/clear_refs", "w") as refs:  # reset the peak (VmHWM) to the current RSS
-        refs.write("5")
-    before = _rss_kb("VmRSS")
+    before = reset_peak()
     if kind == "fn":
         outs = outlines_fn_chains(nodes // 5, 5)
     else:
         outs = chain_graph(llm, nodes // DEPTH)
     outlines.eval(*outs, cache=False)
-    print(json.dumps({"added_kb": _rss_kb("VmHWM") - before, "nodes": nodes}))
+    print(json.dumps({"added_kb": rss_kb("VmHWM") - before, "nodes": nodes}))
 
 
 def bench_memory(nodes: int) -> None:

@@ -310,18 +310,22 @@ class Disk:
         store = self.store
         if store is None:
             return {}, []
-        queued = self._queued
+        queued = self._fresh_queue(store)
         if queued is not None:
-            if self.guard("read", store.fresh, default=False):
-                if self.block_writers:  # blocks' keys are hashed on the writer: commit them, read them all
-                    self.writer.flush()
-                else:
-                    keys = [key for key in keys if key in queued]
-                    if not keys:
-                        return {}, []
+            if self.block_writers:  # blocks' keys are hashed on the writer: commit them, read them all
+                self.writer.flush()
             else:
-                self._queued = None  # shared with another writer: every key may be there
+                keys = [key for key in keys if key in queued]
+                if not keys:
+                    return {}, []
         return self._read(keys)
+
+    def _fresh_queue(self, store: SQLiteStore) -> set[bytes] | None:
+        """The keys this process queued, while the file is fresh (only they can be there); else ``None``."""
+        queued = self._queued
+        if queued is not None and not self.guard("read", store.fresh, default=False):
+            queued = self._queued = None  # shared with another writer: every key may be there
+        return queued
 
     def _read(self, keys: Sequence[bytes]) -> tuple[dict[bytes, Any], list[tuple[int, Any]]]:
         store = self.store
@@ -350,22 +354,19 @@ class Disk:
         store = self.store
         if not rest or store is None:
             return found, []
-        queued = self._queued
+        queued = self._fresh_queue(store)
         if queued is not None:
-            if self.guard("read", store.fresh, default=False):
-                if sole and not queued:
-                    return found, []
-                # A block leaves the writer's queue only after its prompts are here.
-                committed = self._committed_set(slot)
-                candidates = [p for p in rest if p in committed] if committed else []
-                if queued:
-                    more = [p for p, key in zip(rest, prompt_keys(hasher, number, rest)) if key in queued]
-                    candidates = list(dict.fromkeys(candidates + more))
-                rest = candidates
-                if not rest:
-                    return found, []
-            else:
-                self._queued = None  # shared with another writer: every key may be there
+            if sole and not queued:
+                return found, []
+            # A block leaves the writer's queue only after its prompts are here.
+            committed = self._committed_set(slot)
+            candidates = [p for p in rest if p in committed] if committed else []
+            if queued:
+                more = [p for p, key in zip(rest, prompt_keys(hasher, number, rest)) if key in queued]
+                candidates = list(dict.fromkeys(candidates + more))
+            rest = candidates
+            if not rest:
+                return found, []
         keys = prompt_keys(hasher, number, rest)
         owners = dict(zip(keys, rest))
         queued_rows = writer.pending(keys)

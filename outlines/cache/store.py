@@ -137,13 +137,7 @@ class Cache:
             if missing:
                 stored, damaged = self._disk.get_many(missing)
                 if damaged:
-                    warnings.warn(
-                        f"outlines cache: {len(damaged)} damaged entr{'y' if len(damaged) == 1 else 'ies'} "
-                        f"in {self.file} (e.g. key {damaged[0][0] & 0xFFFFFFFFFFFFFFFF:016x}...) treated as misses; they will be "
-                        "recomputed",
-                        CacheWarning,
-                        stacklevel=2,
-                    )
+                    self._warn_damaged(damaged, stacklevel=3)
                 self._remember(stored)
                 found.update(stored)
             if expect is not None:
@@ -214,7 +208,7 @@ class Cache:
         draws stored since the last lookup are set aside unread unless they
         share a prompt with the batch.
         """
-        prompts_all: list[Any] = getattr(draws, "prompts", None) or [d.prompt for d in draws]
+        prompts_all: list[Any] = _prompts(draws)
         out: list[Any] = [None] * len(prompts_all)
         hits = 0
         touched: list[bytes] = []
@@ -261,7 +255,7 @@ class Cache:
         One pass and no file access: the scheduler asks before queueing a
         large node, so a warm re-evaluation skips the queue altogether.
         """
-        prompts: list[Any] = getattr(draws, "prompts", None) or [d.prompt for d in draws]
+        prompts: list[Any] = _prompts(draws)
         if not prompts:
             return None
         parts = draw_slots(identity, draws)
@@ -289,13 +283,7 @@ class Cache:
     def _read_draws(self, part: SlotDraws, prompts: list[Any], sole: bool) -> dict[Any, str]:
         found, damaged = self._disk.get_draws(part.slot, part.hasher, part.number, prompts, sole=sole)
         if damaged:
-            warnings.warn(
-                f"outlines cache: {len(damaged)} damaged entr{'y' if len(damaged) == 1 else 'ies'} "
-                f"in {self.file} (e.g. key {damaged[0][0] & 0xFFFFFFFFFFFFFFFF:016x}...) treated as misses; they will be "
-                "recomputed",
-                CacheWarning,
-                stacklevel=3,
-            )
+            self._warn_damaged(damaged, stacklevel=4)
         wrong = [p for p, value in found.items() if type(value) is not str]
         if wrong:
             warnings.warn(
@@ -312,6 +300,15 @@ class Cache:
                 self._remember_draws(part.slot, list(found), list(found.values()))
         return found
 
+    def _warn_damaged(self, damaged: list[tuple[int, Any]], stacklevel: int) -> None:
+        warnings.warn(
+            f"outlines cache: {len(damaged)} damaged entr{'y' if len(damaged) == 1 else 'ies'} "
+            f"in {self.file} (e.g. key {damaged[0][0] & 0xFFFFFFFFFFFFFFFF:016x}...) treated as misses; they will be "
+            "recomputed",
+            CacheWarning,
+            stacklevel=stacklevel,
+        )
+
     def put_draws(self, identity: Sequence[Any], draws: Sequence[Any], texts: Sequence[str]) -> None:
         """Store the text of each of ``draws`` under a backend ``identity``.
 
@@ -325,7 +322,7 @@ class Cache:
         if set(map(type, texts)) - {str}:
             self.put_many(dict(zip(draw_keys(identity, draws), texts)))
             return
-        prompts_all: list[Any] = getattr(draws, "prompts", None) or [d.prompt for d in draws]
+        prompts_all: list[Any] = _prompts(draws)
         blocks = []
         for part in draw_slots(identity, draws):
             if part.positions is None:
@@ -446,6 +443,12 @@ class Cache:
             self._slot_entries -= len(table) - len(kept)
             size -= freed
         self._memory_size = size
+
+
+def _prompts(draws: Sequence[Any]) -> list[Any]:
+    """The prompts of a batch: a ``DrawBatch``'s column, or each ``Draw``'s."""
+    prompts = getattr(draws, "prompts", None)
+    return prompts if prompts is not None else [d.prompt for d in draws]
 
 
 def _check_keys(keys: Iterable[bytes]) -> None:

@@ -38,7 +38,7 @@ from outlines import cache as cache_module
 from outlines.backends.base import Backend
 from outlines.graph.basic import Variable
 from outlines.graph.ops import scalar_or_array
-from outlines.runtime.evaluate import _check_options, _interrupt_raises
+from outlines.runtime.evaluate import _check_options, _interrupt_raises, _run_watched
 from outlines.runtime.control import _Forward
 from outlines.runtime.executor import resolve_executor
 from outlines.runtime.plan import Plan, as_value, bind_givens
@@ -134,7 +134,7 @@ def _iterate_sync(factory: Factory) -> Iterator[tuple[int, Any]]:
 
     def target() -> None:
         try:
-            context.run(asyncio.run, main())
+            context.run(_run_watched, main())  # eval's loop: the cache writer waits out its bursts
             results.put((_DONE, None))
         except asyncio.CancelledError:  # closed by the caller: nobody reads on
             results.put((_DONE, None))
