@@ -1,4 +1,4 @@
-"""Errors raised while building or evaluating graphs, and the ``Failure`` value.
+"""Errors raised while building or evaluating graphs, the ``Failure`` value, ``CacheWarning``.
 
 ``Failure`` stands in for an element whose computation failed when a graph is
 evaluated with ``errors="return"``: it says which node failed and why, and
@@ -9,7 +9,16 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Iterable
 
-__all__ = ["BudgetExceeded", "Failure", "GraphBuildError", "NodeError", "UnboundInputError"]
+__all__ = ["BudgetExceeded", "CacheWarning", "Failure", "GraphBuildError", "NodeError", "UnboundInputError"]
+
+
+class CacheWarning(UserWarning):
+    """The cache skipped something (a damaged entry, a locked file, an uncacheable model); work goes on.
+
+    Users meet it as ``outlines.cache.CacheWarning``. It lives here, with the
+    other error types, because backends warn with it too (a function model
+    whose identity cannot be keyed) and backends import nothing from the cache.
+    """
 
 
 class GraphBuildError(TypeError):

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, AsyncIterator, Callable, Iterable, Iterator, Mapping, Sequence, overload
 
 from outlines.backends.usage import Price, estimate_tokens
-from outlines.cache.keys import canonical
+from outlines.keys import canonical
 
 if TYPE_CHECKING:
     from outlines.backends.constraints import Constraint
@@ -41,7 +41,7 @@ class GenerationParams:
     ``None`` means "the backend's default". ``extra`` holds further
     backend-specific parameters (``logit_bias`` ...) as sorted items, values as
     given; they compare and hash by their canonical JSON text
-    (``outlines.cache.keys.canonical``), so ``{"a": 1, "b": 2}`` equals
+    (``outlines.keys.canonical``), so ``{"a": 1, "b": 2}`` equals
     ``{"b": 2, "a": 1}`` and a list may be a value.
     """
 
@@ -53,7 +53,7 @@ class GenerationParams:
     extra: tuple[tuple[str, Any], ...] = field(default=(), compare=False)
     _extra_text: bytes = field(init=False, repr=False, default=b"")
     #: Structured output (issue 13): choices, regex or JSON schema in its canonical
-    #: form (its text made by ``outlines.cache.keys.canonical``); see backends/constraints.py.
+    #: form (its text made by ``outlines.keys.canonical``); see backends/constraints.py.
     constraint: Constraint | None = None
 
     def __post_init__(self) -> None:

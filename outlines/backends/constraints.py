@@ -3,7 +3,7 @@
 A ``Constraint`` is the canonical form of ``choices=``, ``regex=`` or
 ``json_schema=``: its kind and one string (the choices as a JSON list, the
 pattern, or the schema as canonical JSON, both written by the one key
-normaliser ``outlines.cache.keys.canonical``). It is validated when the graph is
+normaliser ``outlines.keys.canonical``). It is validated when the graph is
 built, it is part of ``GenerationParams`` (so of cache keys), and it knows how
 to check and parse a finished text.
 
@@ -29,7 +29,7 @@ from dataclasses import dataclass, replace
 from typing import Any, Awaitable, Callable, Mapping, Sequence
 
 from outlines.backends.base import BatchReport, Draw
-from outlines.cache.keys import canonical, normalize
+from outlines.keys import canonical, normalize
 from outlines.graph.basic import Apply, Op, as_variable
 from outlines.graph.ops import broadcast_map
 
@@ -50,7 +50,7 @@ class Constraint:
 
     ``kind`` is ``"choices"``, ``"regex"`` or ``"json_schema"``; ``value`` is
     the choices as a JSON list, the pattern, or the schema as canonical JSON
-    (both from ``outlines.cache.keys.canonical``, so equal content is equal text).
+    (both from ``outlines.keys.canonical``, so equal content is equal text).
     ``target`` is the pydantic class parsed into (``json_schema`` only); it
     changes what ``parse`` returns, never the text, so it stays out of
     ``to_dict`` (cache keys).

@@ -27,7 +27,7 @@ import warnings
 import weakref
 from typing import Any, Callable, Sequence
 
-from outlines.cache.sqlite import CacheWarning
+from outlines.errors import CacheWarning
 from outlines.threads import run_blocking
 from outlines.backends.base import Backend, BatchReport, Draw, DrawBatch, check_limit
 

@@ -35,7 +35,8 @@ from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator, Sequence
 
 from outlines.cache.keys import Slot, prompt_keys
-from outlines.cache.sqlite import CacheWarning, FormatMismatch, SQLiteStore
+from outlines.cache.sqlite import FormatMismatch, SQLiteStore
+from outlines.errors import CacheWarning
 
 __all__ = ["FOREGROUND", "Block", "Disk", "WatchedSelector", "WriteBehind", "disk", "watched_loop"]
 

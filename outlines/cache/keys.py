@@ -1,113 +1,36 @@
-"""One normalize-then-hash for every key in the package (Dask ``tokenize`` style).
+"""Draw keys: the content hash of one cached draw, and of a batch's draws.
 
-``normalize`` turns a value into canonical JSON data through a per-type
-registry (``normalize.register``): mappings have string keys, tuples are
-lists, integral floats are integers (1.0 and 1 are one number), NumPy scalars
-are Python numbers, arrays carry their shape. ``canonical`` writes that as
-compact ASCII JSON with sorted keys. ``draw_key`` hashes it with BLAKE2b into
-16 bytes: the key of one cached draw; ``draw_keys`` keys a whole batch,
-hashing each distinct params object once. The planner (``outlines.runtime.plan``) keys
-interchangeable constants by their ``canonical`` text. Python's ``hash`` is
-never involved, so keys do not depend on ``PYTHONHASHSEED``, dict order, the
-process or the Python version.
+``draw_key`` hashes a draw with BLAKE2b into 16 bytes: the format version,
+the backend's identity, the parameters, the prompt and the draw number, each
+written by the one normaliser ``outlines.keys.canonical``. ``draw_keys`` keys
+a whole batch, hashing each distinct params object once; ``draw_slots`` and
+``prompt_keys`` split the same bytes at the slot (the part every draw of one
+params object and draw number shares) so the cache writer can hash prompts
+alone.
 """
 from __future__ import annotations
 
-import functools
 import hashlib
-import json
-from collections.abc import Mapping
 from json.encoder import encode_basestring_ascii  # type: ignore[attr-defined]
-from typing import TYPE_CHECKING, Any, Iterable, NamedTuple, Sequence
-
-import numpy as np
+from typing import Any, Iterable, NamedTuple, Protocol, Sequence
 
 from outlines.cache.sqlite import FORMAT, KEY_BYTES
+from outlines.keys import canonical
 
-if TYPE_CHECKING:
-    from outlines.backends.base import Draw
-
-__all__ = ["Slot", "SlotDraws", "canonical", "draw_key", "draw_keys", "draw_slots", "normalize", "prompt_keys"]
+__all__ = ["KeyedDraw", "Slot", "SlotDraws", "draw_key", "draw_keys", "draw_slots", "prompt_keys"]
 
 
-@functools.singledispatch
-def normalize(value: Any) -> Any:
-    """Canonical JSON data for ``value``: equal content gives equal data.
+class KeyedDraw(Protocol):
+    """What a key reads of a draw (``outlines.backends.base.Draw`` is one): the cache knows no backend."""
 
-    Parameters
-    ----------
-    value
-        JSON-like data (None, bool, int, float, str, mappings, lists, tuples),
-        NumPy scalars and arrays, or a type registered with
-        ``normalize.register(cls, function)``; the function returns
-        normalized data (it calls ``normalize`` on the parts it holds).
+    @property
+    def prompt(self) -> Any: ...
 
-    Returns
-    -------
-    Any
-        None, bool, int, float, str, lists and str-keyed dicts only.
+    @property
+    def params(self) -> Any: ...
 
-    Raises
-    ------
-    TypeError
-        For a value of no registered type, naming it.
-
-    Examples
-    --------
-    >>> normalize({"b": (1.0, 2.5), "a": None})
-    {'b': [1, 2.5], 'a': None}
-    """
-    item = getattr(value, "item", None)  # scalars of array libraries (and 0-d arrays)
-    if callable(item) and not isinstance(value, (bytes, bytearray)):
-        return normalize(item())
-    raise TypeError(f"keys need JSON values; got {type(value).__name__} {value!r:.60}")
-
-
-@normalize.register(type(None))
-@normalize.register(str)
-@normalize.register(bool)
-def _itself(value: Any) -> Any:
-    return value
-
-
-@normalize.register(int)
-def _integer(value: int) -> int:
-    return int(value)  # IntEnum members and other int subclasses: their number
-
-
-@normalize.register(float)
-def _number(value: float) -> int | float:
-    return int(value) if value.is_integer() else float(value)
-
-
-@normalize.register(Mapping)
-def _mapping(value: Mapping[Any, Any]) -> dict[str, Any]:
-    return {str(k): normalize(v) for k, v in value.items()}
-
-
-@normalize.register(list)
-@normalize.register(tuple)
-def _sequence(value: Sequence[Any]) -> list[Any]:
-    return [normalize(v) for v in value]
-
-
-@normalize.register(np.ndarray)
-def _array(value: np.ndarray) -> Any:
-    if value.ndim == 0:
-        return normalize(value.item())
-    return {"shape": list(value.shape), "items": [normalize(v) for v in value.reshape(-1).tolist()]}
-
-
-def canonical(value: Any) -> bytes:
-    """The canonical JSON text of ``normalize(value)``: the bytes every key hashes.
-
-    Examples
-    --------
-    >>> canonical({"b": 1.0, "a": "é"})
-    b'{"a":"\\\\u00e9","b":1}'
-    """
-    text = json.dumps(normalize(value), sort_keys=True, ensure_ascii=True, separators=(",", ":"))
-    return text.encode("ascii")
+    @property
+    def draw(self) -> int: ...
 
 
 def _same(first: Any, second: Any) -> bool:
@@ -152,7 +75,7 @@ class SlotDraws(NamedTuple):
     positions: list[int] | None  # positions in the batch; None: all of them
 
 
-def draw_slots(identity: Sequence[Any], draws: Sequence[Draw]) -> list[SlotDraws]:
+def draw_slots(identity: Sequence[Any], draws: Sequence[KeyedDraw]) -> list[SlotDraws]:
     """Split a batch's draws by slot: usually one (one params object, one draw number).
 
     The check for the usual case is two C-speed ``list.count`` passes (an
@@ -198,7 +121,7 @@ def prompt_keys(hasher: Any, number: int, prompts: Iterable[Any]) -> list[bytes]
     return keys
 
 
-def draw_key(identity: Sequence[Any], request: Draw) -> bytes:
+def draw_key(identity: Sequence[Any], request: KeyedDraw) -> bytes:
     """The content hash of one draw.
 
     Parameters
@@ -225,7 +148,7 @@ def draw_key(identity: Sequence[Any], request: Draw) -> bytes:
     return draw_keys(identity, (request,))[0]
 
 
-def draw_keys(identity: Sequence[Any], requests: Sequence[Draw]) -> list[bytes]:
+def draw_keys(identity: Sequence[Any], requests: Sequence[KeyedDraw]) -> list[bytes]:
     """``draw_key`` of each draw of a batch (one backend), in order.
 
     The shared part of the key is hashed once per distinct params object in

@@ -31,7 +31,7 @@ from typing import Any, Callable, Iterable, Sequence
 import numpy as np
 
 __all__ = [
-    "FORMAT", "KEY_BYTES", "CacheWarning", "FormatMismatch", "SQLiteStore", "SchemaError", "checksum", "decode",
+    "FORMAT", "KEY_BYTES", "FormatMismatch", "SQLiteStore", "SchemaError", "checksum", "decode",
     "encode", "row_ids",
 ]
 
@@ -67,10 +67,6 @@ _CHUNK = 4096
 _PREPARED = 2048
 #: Bytes a row costs beyond its value (key, checksum, size, stamp), for ``size``.
 _ROW_OVERHEAD = 32
-
-class CacheWarning(UserWarning):
-    """The cache skipped something (a damaged entry, a locked file...); work goes on."""
-
 
 class FormatMismatch(RuntimeError):
     """The file was written by another cache format."""
@@ -380,7 +376,7 @@ class SQLiteStore:
         around it; a later row of a key replaces an earlier one. They are
         prepared ``_PREPARED`` at a time, and ``pause()`` is called between
         two chunks (the writer's look at the
-        event loops: ``outlines.cache.disk.Foreground``).
+        event loops: ``outlines.threads.Foreground``).
         """
         now = time.time_ns()
         crc32 = zlib.crc32

@@ -22,7 +22,8 @@ from typing import Any, Iterable, Mapping, Sequence
 
 from outlines.cache.disk import Block, disk
 from outlines.cache.keys import Slot, SlotDraws, draw_keys, draw_slots, prompt_keys
-from outlines.cache.sqlite import FORMAT, KEY_BYTES, CacheWarning, encode
+from outlines.cache.sqlite import FORMAT, KEY_BYTES, encode
+from outlines.errors import CacheWarning
 
 __all__ = ["Cache", "default_directory"]
 

@@ -15,7 +15,7 @@ calls built one by one are stacked into array nodes, see ``Plan._stack``):
 - structure: the kept nodes in order, the in-degree and consumers of each.
 
 Inputs match when they are the same Variable, or Constants of simple values
-whose ``canonical`` text (``outlines.cache.keys``) is equal. Random draws and
+whose ``canonical`` text (``outlines.keys``) is equal. Random draws and
 impure ops are never merged; free inputs and Constants are kept as the same
 objects, so givens still bind. Nothing recurses.
 """
@@ -26,7 +26,7 @@ from typing import Any, Hashable, Iterable, Mapping, Sequence
 
 import numpy as np
 
-from outlines.cache.keys import canonical
+from outlines.keys import canonical
 from outlines.errors import UnboundInputError
 from outlines.graph.basic import Apply, Constant, Variable, as_object_array
 from outlines.graph.ops import Index

@@ -38,7 +38,7 @@ def test_canonical_forms() -> None:
                  "additionalProperties": False}
     assert make_constraint(json_schema=SCHEMA) == make_constraint(json_schema=reordered)
     assert make_constraint(json_schema=json.dumps(SCHEMA)) == make_constraint(json_schema=SCHEMA)
-    # The one key normaliser (outlines.cache.keys.canonical) writes the text: 1.0 is 1.
+    # The one key normaliser (outlines.keys.canonical) writes the text: 1.0 is 1.
     assert make_constraint(json_schema={"type": "number", "maximum": 1.0}) == \
         make_constraint(json_schema={"maximum": 1, "type": "number"})
 

@@ -1,4 +1,4 @@
-"""The one normalize-then-hash: the registry's rules, and draw keys pinned byte for byte."""
+"""Draw keys: pinned byte for byte, the same one by one and by the batch."""
 from __future__ import annotations
 
 import hashlib
@@ -7,54 +7,9 @@ import numpy as np
 import pytest
 
 from outlines.backends.base import GenerationParams, Draw
-from outlines.cache.keys import canonical, draw_key, draw_keys, normalize
+from outlines.cache.keys import draw_key, draw_keys
 from outlines.cache.sqlite import FORMAT
-
-
-def test_normalize_makes_equal_content_equal_data() -> None:
-    assert normalize({"b": (1.0, 2.5), 3: [None, True]}) == {"b": [1, 2.5], "3": [None, True]}
-    assert canonical({"b": 1, "a": 2}) == canonical({"a": 2.0, "b": 1}) == b'{"a":2,"b":1}'
-    assert canonical(np.float64(0.5)) == canonical(0.5) and canonical(np.int64(3)) == b"3"
-    assert canonical(np.array(2.0)) == b"2"  # a 0-d array is its scalar
-
-
-def test_normalize_keeps_apart_what_differs() -> None:
-    texts = {canonical(v) for v in (1, True, "1", [1], 1.5, None, {"1": 1})}
-    assert len(texts) == 7
-    one, two = np.array(["a", "b"], dtype=object), np.array([["a", "b"]], dtype=object)
-    assert canonical(one) != canonical(two) != canonical(["a", "b"])
-
-
-def test_normalize_names_what_it_cannot_key() -> None:
-    with pytest.raises(TypeError, match="keys need JSON values; got object"):
-        canonical({"a": object()})
-
-
-def test_normalize_takes_new_types_through_its_registry() -> None:
-    class Point:
-        def __init__(self, x: float, y: float) -> None:
-            self.x, self.y = x, y
-
-    with pytest.raises(TypeError, match="got Point"):
-        canonical(Point(1, 2))
-    normalize.register(Point, lambda p: {"point": normalize([p.x, p.y])})  # a local class: the entry dies with it
-    assert canonical(Point(1.0, 2)) == canonical({"point": [1, 2]})
-
-
-def test_generation_params_compare_by_canonical_text_and_keep_their_values() -> None:
-    first = GenerationParams.create(logit_bias={"a": 1, "b": 2}, penalty=1.0)
-    second = GenerationParams.create(logit_bias={"b": 2, "a": 1}, penalty=1)
-    assert first == second and hash(first) == hash(second)
-    assert GenerationParams.create(logprobs=True) != GenerationParams.create(logprobs=1)
-    assert type(first.to_dict()["penalty"]) is float  # the wire gets the value as given
-    assert GenerationParams.create(response_format={}).to_dict() == {"response_format": {}}
-    values = {"a": [1]}
-    params = GenerationParams.create(logit_bias=values)
-    values["a"].append(2)  # the caller's dict is not the params' dict
-    params.to_dict()["logit_bias"]["a"].append(3)
-    assert params.to_dict() == {"logit_bias": {"a": [1]}}
-    with pytest.raises(ValueError, match="generation parameter 'hook' must be JSON data"):
-        GenerationParams.create(top_k=3, hook=object())
+from outlines.keys import canonical
 
 
 # Pinned when the format became 2 (16-byte BLAKE2b keys; format 1's SHA-256
