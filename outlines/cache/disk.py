@@ -8,7 +8,7 @@ included; a SIGKILL loses at most the last few milliseconds, never half an
 entry). The queue holds completions as text and encodes them on the writer
 thread, off the event loop; a ``Block`` of draws has its keys hashed there
 too, a chunk at a time, and the thread waits while an event loop marked
-``FOREGROUND`` is busy (``WatchedSelector``). A lookup on a fresh file (empty when first seen,
+``FOREGROUND`` is busy (``outlines.threads``). A lookup on a fresh file (empty when first seen,
 written only by this process since: ``SQLiteStore.fresh``) sends only the keys
 this process queued to SQLite; every other key is a miss without a query. A
 failing file is never an exception: a locked one skips the operation with a
@@ -18,12 +18,10 @@ memory only.
 """
 from __future__ import annotations
 
-import asyncio
 import atexit
 import json
 import multiprocessing.util
 import os
-import selectors
 import sqlite3
 import threading
 import warnings
@@ -37,8 +35,9 @@ from typing import Any, Callable, Iterable, Iterator, Sequence
 from outlines.cache.keys import Slot, prompt_keys
 from outlines.cache.sqlite import FormatMismatch, SQLiteStore
 from outlines.errors import CacheWarning
+from outlines.threads import FOREGROUND
 
-__all__ = ["FOREGROUND", "Block", "Disk", "WatchedSelector", "WriteBehind", "disk", "watched_loop"]
+__all__ = ["Block", "Disk", "WriteBehind", "disk"]
 
 _writers: weakref.WeakSet[WriteBehind] = weakref.WeakSet()
 #: An idle writer thread ends after this many seconds (a new one starts on demand).
@@ -50,67 +49,8 @@ FRESH_KEYS = 4_000_000
 Write = Callable[[Iterable[tuple[bytes, bytes]], list[bytes], list[tuple[int, Any]], "int | None"], None]
 
 
-class Foreground:
-    """Whether an event loop is in a burst of synchronous work (the writer waits then).
-
-    The scheduler wraps each burst in ``with FOREGROUND:``. Hashing keys and
-    binding rows hold the GIL, so a writer busy beside a burst would take
-    turns with it every few milliseconds; it checks here between chunks and
-    waits (at most ``PATIENCE`` seconds a chunk, so it is never starved)
-    until the bursts end.
-    """
-
-    def __init__(self) -> None:
-        self._count = 0
-        self._lock = threading.Lock()
-        self.idle = threading.Event()
-        self.idle.set()
-
-    def __enter__(self) -> None:
-        with self._lock:
-            self._count += 1
-            self.idle.clear()
-
-    def __exit__(self, *exc: Any) -> None:
-        with self._lock:
-            self._count = max(0, self._count - 1)
-            if not self._count:
-                self.idle.set()
-
-    def wait(self) -> None:
-        """Called by a writer between chunks: let a burst finish first."""
-        if not self.idle.is_set():
-            self.idle.wait(PATIENCE)
-
-
-class WatchedSelector(selectors.DefaultSelector):  # type: ignore[misc,valid-type]
-    """The selector of a loop that counts as ``FOREGROUND`` whenever it is not waiting for events.
-
-    ``outlines.runtime.evaluate.run_sync`` runs its loops on one: the cache
-    writer then hashes and writes while the loop waits for model calls,
-    and stays off the GIL while the loop works.
-    """
-
-    def select(self, timeout: float | None = None) -> Any:
-        if timeout is not None and timeout <= 0:
-            return super().select(timeout)
-        FOREGROUND.__exit__()
-        try:
-            return super().select(timeout)
-        finally:
-            FOREGROUND.__enter__()
-
-
-def watched_loop() -> asyncio.AbstractEventLoop:
-    """A new event loop on a ``WatchedSelector`` (enter ``FOREGROUND`` while it runs)."""
-    return asyncio.SelectorEventLoop(WatchedSelector())
-
-
-#: The longest a writer chunk waits for the event loops' bursts to end.
-PATIENCE = 0.05
 #: Keys a writer hashes between two looks at ``FOREGROUND``.
 HASH_CHUNK = 2048
-FOREGROUND = Foreground()
 
 
 class Block:

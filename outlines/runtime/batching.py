@@ -42,7 +42,7 @@ import numpy as np
 
 from outlines.backends.base import Backend, BackendError, BatchReport, Draw, DrawBatch, GenerationParams
 from outlines.backends.constraints import generate_valid
-from outlines.cache.disk import FOREGROUND
+from outlines.threads import FOREGROUND
 from outlines.errors import Failure
 from outlines.graph.basic import Apply
 from outlines.runtime.budget import BudgetGuard

@@ -17,7 +17,7 @@ import sys
 import threading
 from typing import Any, Awaitable, Callable, Iterator, Mapping, TypeVar
 
-from outlines.cache.disk import FOREGROUND, watched_loop
+from outlines.threads import FOREGROUND, watched_loop
 from outlines.graph.basic import Variable
 from outlines.runtime.executor import resolve_executor
 from outlines.runtime.plan import Plan, bind_givens
@@ -158,7 +158,7 @@ def run_sync(factory: Callable[[asyncio.AbstractEventLoop | None], Awaitable[T]]
 
 
 def _run_watched(coroutine: Awaitable[T]) -> T:
-    """``asyncio.run`` on a loop that tells the cache writer when it is busy (``outlines.cache.disk.watched_loop``)."""
+    """``asyncio.run`` on a loop that tells the cache writer when it is busy (``outlines.threads.watched_loop``)."""
     with FOREGROUND, asyncio.Runner(loop_factory=watched_loop) as runner:
         return runner.run(coroutine)  # type: ignore[arg-type]
 

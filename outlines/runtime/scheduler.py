@@ -26,7 +26,7 @@ from typing import Any, Callable, Iterator
 import numpy as np
 
 from outlines import cache as cache_module
-from outlines.cache.disk import FOREGROUND
+from outlines.threads import FOREGROUND
 from outlines.errors import Failure, NodeError
 from outlines.graph.basic import Apply
 from outlines.graph.ops import scalar_or_array
@@ -300,7 +300,7 @@ def quiet_collector() -> Iterator[None]:
     (``gc.freeze`` would keep it on, but counting frozen objects costs a
     walk of them, and unfreezing would undo a caller's own freeze.)
     """
-    with FOREGROUND:  # the cache writer leaves the GIL to the burst (outlines.cache.disk.Foreground)
+    with FOREGROUND:  # the cache writer leaves the GIL to the burst (outlines.threads.Foreground)
         if not gc.isenabled():
             yield
             return

@@ -15,6 +15,7 @@ from typing import Any
 
 import pytest
 
+from outlines import threads
 from outlines.backends.base import Draw, DrawBatch, GenerationParams
 from outlines.cache import Cache, draw_keys
 from outlines.cache import disk as disk_module
@@ -122,10 +123,10 @@ def test_a_new_file_misses_without_hashing_or_a_query(tmp_path: Path, monkeypatc
 
 
 def test_the_writer_waits_for_the_loops_bursts(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(disk_module, "PATIENCE", 30.0)
+    monkeypatch.setattr(threads, "PATIENCE", 30.0)
     cache = Cache(tmp_path)
     draws = batch([f"p{i}" for i in range(3 * disk_module.HASH_CHUNK)])
-    with disk_module.FOREGROUND:
+    with threads.FOREGROUND:
         cache.put_draws(IDENTITY, draws, ["t"] * len(draws))
         time.sleep(0.2)
         connection = sqlite3.connect(cache.file)
