@@ -4,70 +4,21 @@
 into a one-message conversation; ``+`` concatenates conversations (a plain
 string operand is a user message). A model called on a conversation continues
 it: chat backends send the messages, local models render them through their
-chat template. A conversation value is a ``Conversation``: a ``str`` holding
-the canonical JSON of its messages, so it is hashable, JSON-able, a cache-key
-part as it is, and an element of NumPy object arrays like any prompt.
+chat template. A conversation value is a ``Conversation``
+(``outlines.conversation``, re-exported here): a ``str`` holding the canonical
+JSON of its messages, so it is hashable, JSON-able, a cache-key part as it is,
+and an element of NumPy object arrays like any prompt.
 """
 from __future__ import annotations
 
-import json
-from typing import Any, Sequence
+from typing import Any
 
+from outlines.conversation import ROLES, Conversation, as_conversation
 from outlines.errors import GraphBuildError
 from outlines.graph.basic import Apply, Op, Variable, as_variable
 from outlines.graph.ops import broadcast_map, check_text_input
 
 __all__ = ["Conversation", "ConversationVariable", "assistant", "system", "user"]
-
-ROLES = ("system", "user", "assistant")
-
-
-class Conversation(str):
-    """Messages ``[{"role": ..., "content": ...}, ...]``; the text is their canonical JSON.
-
-    Examples
-    --------
-    >>> c = Conversation.of([("user", "hi")])
-    >>> c.messages
-    [{'role': 'user', 'content': 'hi'}]
-    """
-
-    @classmethod
-    def of(cls, messages: Sequence[tuple[str, str]] | Sequence[dict[str, str]]) -> Conversation:
-        """Build a conversation from (role, content) pairs or message dicts."""
-        pairs = [(m["role"], m["content"]) if isinstance(m, dict) else tuple(m) for m in messages]
-        for role, content in pairs:
-            if role not in ROLES:
-                raise ValueError(f"a message role must be one of {', '.join(ROLES)}, got {role!r}")
-            if not isinstance(content, str):
-                raise TypeError(f"a {role} message must hold text, got {type(content).__name__} {content!r:.60}")
-        return cls(json.dumps({"messages": [[r, c] for r, c in pairs]}, ensure_ascii=False, separators=(",", ":")))
-
-    @property
-    def messages(self) -> list[dict[str, str]]:
-        """The messages as OpenAI-style dicts (what chat templates and chat APIs take)."""
-        return [{"role": role, "content": content} for role, content in json.loads(self)["messages"]]
-
-    def __add__(self, other: Any) -> Conversation:  # type: ignore[override]
-        return Conversation.of([(m["role"], m["content"]) for m in self.messages + as_conversation(other).messages])
-
-    def __radd__(self, other: Any) -> Conversation:
-        return as_conversation(other) + self
-
-    def __repr__(self) -> str:
-        return f"Conversation({self.messages!r})"
-
-    def __reduce__(self) -> tuple[Any, ...]:
-        return (Conversation, (str(self),))
-
-
-def as_conversation(value: Any) -> Conversation:
-    """A conversation as it is; a plain string as one user message."""
-    if isinstance(value, Conversation):
-        return value
-    if isinstance(value, str):
-        return Conversation.of([("user", value)])
-    raise TypeError(f"a conversation is built from messages or text, not {type(value).__name__} {value!r:.60}")
 
 
 class ConversationVariable(Variable):
@@ -175,16 +126,3 @@ def user(text: Any) -> Variable:
 def assistant(text: Any) -> Variable:
     """An assistant message, e.g. a model's answer appended to grow a conversation; see ``system``."""
     return Message("assistant")(text)
-
-
-def messages_of(prompt: str, system_prompt: str | None = None) -> list[dict[str, str]]:
-    """The messages a chat model receives for ``prompt``.
-
-    A ``Conversation`` gives its own messages; any other string is one user
-    message. ``system_prompt`` (a model option) comes first unless the
-    conversation starts with its own system message.
-    """
-    messages = prompt.messages if isinstance(prompt, Conversation) else [{"role": "user", "content": prompt}]
-    if system_prompt is not None and not (messages and messages[0]["role"] == "system"):
-        messages.insert(0, {"role": "system", "content": system_prompt})
-    return messages

@@ -1,33 +1,12 @@
-"""outlines.chat: message Variables, conversations and their values."""
+"""outlines.chat: message Variables and the conversations they evaluate to."""
 from __future__ import annotations
-
-import pickle
 
 import numpy as np
 import pytest
 
 import outlines
 from outlines import chat, models
-from outlines.chat import Conversation, messages_of
-
-
-def test_a_conversation_is_canonical_hashable_text() -> None:
-    first = Conversation.of([("system", "S"), ("user", "Q")])
-    again = Conversation.of([{"role": "system", "content": "S"}, {"role": "user", "content": "Q"}])
-    assert first == again and hash(first) == hash(again) and isinstance(first, str)
-    assert first.messages == [{"role": "system", "content": "S"}, {"role": "user", "content": "Q"}]
-    assert pickle.loads(pickle.dumps(first)).messages == first.messages
-    assert (first + "more").messages[-1] == {"role": "user", "content": "more"}
-    with pytest.raises(ValueError, match="role must be one of"):
-        Conversation.of([("robot", "x")])
-    with pytest.raises(TypeError, match="must hold text"):
-        Conversation.of([("user", 3)])  # type: ignore[list-item]
-
-
-def test_messages_of_puts_the_system_prompt_first_unless_there_is_one() -> None:
-    assert messages_of("hi", "S") == [{"role": "system", "content": "S"}, {"role": "user", "content": "hi"}]
-    own = Conversation.of([("system", "mine"), ("user", "hi")])
-    assert messages_of(own, "S") == own.messages
+from outlines.chat import Conversation
 
 
 def test_messages_concatenate_elementwise_over_arrays() -> None:

@@ -34,7 +34,7 @@ from outlines.backends.constraints import Constraint
 from outlines.backends import retry
 from outlines.backends.http import HTTPClient, credential_fingerprint, gather_or_cancel
 from outlines.backends.usage import Price, estimate_tokens, tiktoken_counter, user_counter
-from outlines.chat import messages_of
+from outlines.conversation import messages_of
 
 __all__ = ["OpenAIChatBackend", "OpenAICompletionBackend"]
 

@@ -50,7 +50,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from outlines.backends.base import Backend, BackendError, BatchReport, Draw, GenerationParams, check_limit
-from outlines.chat import Conversation, messages_of
+from outlines.conversation import Conversation, messages_of
 
 __all__ = ["TransformersBackend", "plan_chunks", "trim_at_stop"]
 
