@@ -16,10 +16,10 @@ from outlines.runtime.explain import explain
 from outlines.runtime.stream import Stream, as_completed
 from outlines.fn import elemwise, fn
 from outlines.graph.control import cond, where, while_loop
-from outlines.graph.basic import Constant, Variable
+from outlines.graph.basic import Constant, Variable, constant, string
 from outlines.graph.ops import concatenate, expand_dims, stack
 from outlines.graph.ragged import Ragged
-from outlines.text import constant, prompt, string
+from outlines.text import prompt
 
 __version__ = "0.1.0"
 

@@ -1,4 +1,4 @@
-"""Text values: free string inputs, constants, prompt templates, and chains.
+"""Text values: prompt templates, and chains of template, model and parser.
 
 ``@outlines.prompt`` turns a function whose docstring is a Jinja2 template into
 a builder of ``Render`` nodes. The template's variables are checked against the
@@ -9,7 +9,9 @@ A template renders once per element of its (paired) arguments, except its
 passes to a sequence filter (``join``, ``length``...). A list argument takes the LAST axis of its value
 whole, as a Python list (a ragged value: one row), so ``judge(task,
 candidates)`` with a (T,) task and (T, k) candidates renders T prompts, each
-with its own k candidates.
+with its own k candidates. Free string inputs and constants
+(``outlines.string``, ``outlines.constant``) live beside ``Variable`` in
+``outlines.graph.basic``.
 """
 from __future__ import annotations
 
@@ -23,30 +25,13 @@ import jinja2.nodes
 import numpy as np
 
 from outlines.errors import Failure, GraphBuildError
-from outlines.graph.basic import Apply, Constant, Op, Variable, as_variable
+from outlines.graph.basic import Apply, Op, Variable, as_variable
 from outlines.graph.ops import broadcast_map, core_map
 from outlines.graph.ragged import Ragged
 from outlines.graph.shapes import Shape, align
 from outlines.graph.viz.drawing import shorten
 
-__all__ = ["Prompt", "Render", "constant", "function", "prompt", "string"]
-
-
-def string(name: str | None = None) -> Variable:
-    """A free string input, bound at evaluation time (by Variable or by ``name``).
-
-    Examples
-    --------
-    >>> question = string("question")
-    >>> (question + "?").eval({"question": "why"})
-    'why?'
-    """
-    return Variable(None, 0, name)
-
-
-def constant(value: Any, name: str | None = None) -> Constant:
-    """A Variable that always holds ``value``."""
-    return Constant(value, name)
+__all__ = ["Prompt", "Render", "function", "prompt"]
 
 
 _ENVIRONMENT = jinja2.Environment(

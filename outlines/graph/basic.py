@@ -5,7 +5,9 @@ output ``index`` of an ``Apply``. An ``Apply`` is one use of an ``Op`` on input
 Variables. An ``Op``'s equality and hash come from its parameters
 (``__props__``), so two uses of equal Ops on the same inputs compute the same
 thing. Apply nodes are numbered in creation order; every traversal is
-deterministic.
+deterministic. ``string`` and ``constant`` (``outlines.string``,
+``outlines.constant``) are the user's constructors of free inputs and
+Constants.
 """
 from __future__ import annotations
 
@@ -21,7 +23,7 @@ from outlines.graph.shapes import Shape, align, shape_of
 if TYPE_CHECKING:
     from outlines.graph.ops import Concat
 
-__all__ = ["Apply", "Constant", "Op", "SymbolicValueError", "Variable", "as_variable"]
+__all__ = ["Apply", "Constant", "Op", "SymbolicValueError", "Variable", "as_variable", "constant", "string"]
 
 _creation_order = itertools.count()
 
@@ -308,6 +310,39 @@ class Op:
     def __repr__(self) -> str:
         props = ", ".join(f"{p}={getattr(self, p)!r}" for p in self.__props__)
         return f"{type(self).__name__}({props})"
+
+
+def string(name: str | None = None) -> Variable:
+    """A free string input, bound at evaluation time (by Variable or by ``name``).
+
+    Parameters
+    ----------
+    name
+        The name ``givens`` may bind it by (``{"question": ...}``).
+
+    Returns
+    -------
+    Variable
+        A Variable with no owner: a free input of every graph built on it.
+
+    Examples
+    --------
+    >>> question = string("question")
+    >>> (question + "?").eval({"question": "why"})
+    'why?'
+    """
+    return Variable(None, 0, name)
+
+
+def constant(value: Any, name: str | None = None) -> Constant:
+    """A Variable that always holds ``value``.
+
+    Examples
+    --------
+    >>> constant("hi", name="greeting").eval()
+    'hi'
+    """
+    return Constant(value, name)
 
 
 def as_object_array(values: Any) -> np.ndarray:

@@ -19,7 +19,7 @@ from outlines.runtime.evaluate import _check_options, run_plan, run_sync
 from outlines.graph.basic import Variable, as_variable
 from outlines.graph.shapes import Shape, propagate, shape_of
 from outlines.runtime.plan import Plan, as_value
-from outlines.text import string
+from outlines.graph.basic import string
 
 if TYPE_CHECKING:
     from outlines.runtime.stream import Stream
