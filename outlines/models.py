@@ -29,7 +29,7 @@ from outlines.errors import GraphBuildError
 from outlines.graph.basic import Apply, Constant, Op, Variable, as_object_array, as_variable
 from outlines.graph.ops import Flatten, Regroup, check_text_input
 from outlines.graph.shapes import Shape
-from outlines.graph.viz.drawing import backend_name, shorten
+from outlines.labels import label_of, shorten
 
 __all__ = ["Generate", "Model", "fallback", "from_function", "openai", "openai_completion", "transformers"]
 
@@ -59,7 +59,7 @@ class Generate(Op):
         return f"Generate[{self.backend.kind}:{self.backend.model_name}]"
 
     def describe(self) -> dict[str, Any]:
-        backend, params = backend_name(self.backend), self.params.to_dict()
+        backend, params = label_of(self.backend), self.params.to_dict()
         lines = [shorten(", ".join(f"{k}={json.dumps(v)}" for k, v in params.items()), 60)] if params else []
         if self.num_samples > 1:
             lines.append(f"num_samples={self.num_samples}")

@@ -29,7 +29,7 @@ from outlines.graph.basic import Apply, Op, Variable, as_variable
 from outlines.graph.ops import broadcast_map, core_map
 from outlines.graph.ragged import Ragged
 from outlines.graph.shapes import Shape, align
-from outlines.graph.viz.drawing import shorten
+from outlines.labels import shorten
 
 __all__ = ["Prompt", "Render", "function", "prompt"]
 

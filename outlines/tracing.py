@@ -17,6 +17,8 @@ import time
 from dataclasses import asdict, dataclass, field
 from typing import Any, Callable, Iterator
 
+from outlines.labels import label_of
+
 __all__ = [
     "BatchRecord",
     "IterationRecord",
@@ -323,6 +325,8 @@ class Trace(Recorder):
         self.origin_ns = time.time_ns()
         #: ``repr(backend) -> (model name, its own price or None)``, for ``cost``.
         self.models: dict[str, tuple[str, Any]] = {}
+        #: ``repr(backend) -> the label it gives itself`` (``outlines.labels.label_of``), for pictures.
+        self.labels: dict[str, str] = {}
 
     def for_eval(self) -> Recorder:
         return _EvalRecorder(self)
@@ -612,6 +616,13 @@ class _EvalRecorder(Recorder):
             known = self.names[id(thing)] = name(thing)
         return known
 
+    def _backend(self, backend: Any) -> str:
+        """The backend's repr (what the trace keys it by); its label is kept beside it for pictures."""
+        name = self._name(backend, repr)
+        if name not in self.trace.labels:
+            self.trace.labels[name] = label_of(backend)
+        return name
+
     def _record(self, node: Any) -> NodeRecord | None:
         position = self.index.get(id(node))
         return self.records[position] if position is not None else self.trace.nodes.get(node.label)
@@ -624,7 +635,7 @@ class _EvalRecorder(Recorder):
             label,
             self._name(op, lambda op: op.name),
             op.mode,
-            self._name(backend, repr) if backend is not None else None,
+            self._backend(backend) if backend is not None else None,
             self.trace._time(t),
         )
         self.trace.nodes[label] = record
@@ -668,7 +679,7 @@ class _EvalRecorder(Recorder):
 
     def batch_started(self, batch_id: int, backend: Any, nodes: list[Any], size: int, t: float) -> None:
         trace = self.trace
-        name = self._name(backend, repr)
+        name = self._backend(backend)
         labels = [n if isinstance(n, str) else n.label for n in nodes]
         record = BatchRecord(len(trace.batches) + 1, name, size, trace._time(t), nodes=labels)
         if name not in trace.models:
@@ -716,7 +727,7 @@ class _EvalRecorder(Recorder):
 
     def model_loaded(self, backend: Any, start: float, end: float) -> None:
         trace = self.trace
-        trace.model_loads.append(ModelLoadRecord(self._name(backend, repr), trace._time(start), trace._time(end)))
+        trace.model_loads.append(ModelLoadRecord(self._backend(backend), trace._time(start), trace._time(end)))
 
     def loop_iteration(self, node: Any, iteration: int, active: int, batches: int, start: float, end: float) -> None:
         trace = self.trace

@@ -267,6 +267,9 @@ class Backend(abc.ABC):
     """A place that turns prompts into text.
 
     Subclasses set ``kind`` and implement ``identity`` and ``generate``.
+    Pictures name a backend by its ``label`` and pass their text through its
+    ``redact`` (the ``outlines.labels.Shown`` protocol); they never look
+    inside it.
     ``max_batch`` bounds the draws per ``generate`` call (``None``:
     unlimited), which holds all the samples of each of its prompts unless
     one prompt has more than ``max_batch`` (``batching.prompt_batches``);
@@ -348,6 +351,24 @@ class Backend(abc.ABC):
     @property
     def model_name(self) -> str:
         return str(self.identity[1]) if len(self.identity) > 1 else self.kind
+
+    @property
+    def label(self) -> str:
+        """``kind: model``: how pictures and timelines name this backend (``outlines.labels.Shown``).
+
+        No URL and no secret; a subclass whose ``model_name`` could hold one
+        overrides this.
+        """
+        return f"{self.kind}: {self.model_name}"
+
+    def redact(self, text: str) -> str:
+        """``text`` with this backend's own secrets starred out (here: it holds none).
+
+        Pictures and error messages pass their text through it
+        (``outlines.labels.redactor``); backends that hold a credential
+        override it.
+        """
+        return text
 
     def __eq__(self, other: object) -> bool:
         return isinstance(other, Backend) and self.identity == other.identity

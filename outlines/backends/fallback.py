@@ -114,6 +114,12 @@ class FallbackBackend(Backend):
     def __repr__(self) -> str:
         return f"FallbackBackend({', '.join(repr(b) for b in self.backends)})"
 
+    def redact(self, text: str) -> str:
+        """``text`` with every member's secrets starred out."""
+        for backend in self.backends:
+            text = backend.redact(text)
+        return text
+
     def count_tokens(self, prompt: str) -> int:
         return self.backends[0].count_tokens(prompt)
 

@@ -175,6 +175,10 @@ class _OpenAIBackend(Backend):
     async def aclose(self) -> None:
         await self.client.aclose()
 
+    def redact(self, text: str) -> str:
+        """``text`` with this backend's API key and header values starred out."""
+        return self.client.redact(text)
+
     async def generate(self, draws: Sequence[Draw], report: BatchReport) -> list[str]:
         by_prompt: dict[tuple[GenerationParams, str], list[int]] = {}
         for index, draw in enumerate(draws):

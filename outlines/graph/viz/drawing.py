@@ -6,26 +6,26 @@ more than once (a default system prompt in every call) is not boxed each time:
 its consumers show it as an argument line. Where known, a node shows its
 output's shape. With a ``Trace``, each node
 also carries what happened when it ran: time, batches, cache, the first line of
-its error. Every walk is iterative, and every piece of text passes a redactor,
-so no API key reaches a picture. The writers live in ``visualize``.
+its error. Every walk is iterative, and every piece of text passes a redactor
+(``outlines.labels.redactor``: each model node's backend redacts its own
+secrets), so no API key reaches a picture. The writers live in ``writers``.
 """
 from __future__ import annotations
 
 import hashlib
-import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from outlines.graph.basic import Apply, Constant, Variable
 from outlines.graph.traversal import ancestors, toposort
+from outlines.labels import redactor, shorten
 
-__all__ = ["Drawing", "DrawnNode", "backend_name", "describe", "first_line", "hide_keys", "shorten", "structure_keys"]
+__all__ = ["Drawing", "DrawnNode", "describe", "first_line", "structure_keys"]
 
 #: Light colours for backends (ColorBrewer Set3 without its red: red means failure).
 PALETTE = ("#8dd3c7", "#fdb462", "#bebada", "#80b1d3", "#b3de69", "#fccde5", "#ffffb3", "#bc80bd", "#ccebc5", "#ffed6f")
 FAILED_FILL, FAILED_LINE = "#ffd6d6", "#d62728"
-_KEY_PATTERN = re.compile(r"\b(sk-[A-Za-z0-9_\-]{3,}|Bearer\s+\S+)")
 
 
 @dataclass
@@ -64,38 +64,13 @@ class Drawing:
 
 
 def _redactor(nodes: Sequence[Apply]) -> Callable[[str], str]:
-    hooks: list[Callable[[str], str]] = []
-    for node in nodes:
-        hook = getattr(getattr(getattr(node.op, "backend", None), "client", None), "redact", None)
-        if callable(hook) and hook not in hooks:
-            hooks.append(hook)
-
-    def redact(text: str) -> str:
-        for hook in hooks:
-            text = hook(text)
-        return hide_keys(text)
-
-    return redact
-
-
-def hide_keys(text: str) -> str:
-    """``text`` with anything shaped like an API key (``sk-...``, ``Bearer ...``) starred out."""
-    return _KEY_PATTERN.sub(lambda m: m.group(0)[:3] + "***", text)
-
-
-def shorten(text: str, limit: int = 40) -> str:
-    """``text`` on one line, cut to ``limit`` characters with an ellipsis."""
-    text = " ".join(str(text).split())
-    return text if len(text) <= limit else text[: limit - 1] + "…"
-
-
-def backend_name(backend: Any) -> str:
-    """``kind: model`` of a Backend (or of a trace's backend string / identity)."""
-    if isinstance(backend, str):
-        return backend
-    if isinstance(backend, (tuple, list)):
-        return ": ".join(str(part) for part in backend[:2])
-    return f"{getattr(backend, 'kind', 'backend')}: {getattr(backend, 'model_name', '?')}"
+    # A model node's op holds its backend; the backend says what its secrets are.
+    # Loop and branch bodies are drawn too, so their models are asked as well.
+    walked = list(nodes)
+    for node in walked:  # grows as bodies are found: an iterative walk, in order
+        for _, subgraph in getattr(node.op, "subgraphs", ()):
+            walked.extend(subgraph.nodes)
+    return redactor(getattr(node.op, "backend", None) for node in walked)
 
 
 def _constant_title(value: Any) -> str:
@@ -145,10 +120,10 @@ def describe(*variables: Variable, trace: Any = None) -> Drawing:
         if isinstance(leaf, Constant) and repeats[(leaf.name, _value_text(leaf.value))] > 1:
             inline[id(leaf)] = leaf.name or _constant_title(leaf.value)
             continue
-        keys[id(leaf)] = _add(drawn, labels, _describe_leaf(leaf, f"n{len(drawn)}"))
+        keys[id(leaf)] = _add(drawn, labels, _describe_leaf(leaf, f"n{len(drawn)}"), redact)
     structure = structure_keys(nodes)
     for node in nodes:
-        keys[id(node)] = _add(drawn, labels, _describe_apply(node, f"n{len(drawn)}"))
+        keys[id(node)] = _add(drawn, labels, _describe_apply(node, f"n{len(drawn)}"), redact)
         drawn[-1].structure = structure[id(node)]
         _add_shape(drawn[-1], node.outputs[0])
         for position, variable in enumerate(node.inputs):
@@ -167,6 +142,7 @@ def describe(*variables: Variable, trace: Any = None) -> Drawing:
     backends: list[str] = []
     for box in drawn:
         box.title, box.lines = redact(box.title), [redact(line) for line in box.lines]
+        box.backend = redact(box.backend) if box.backend is not None else None
         if box.backend is not None and box.backend not in backends:
             backends.append(box.backend)
     if trace is not None:
@@ -183,15 +159,15 @@ def _describe_body(node: Apply, role: str, subgraph: Any, drawn: list[DrawnNode]
         local[id(slot)] = keys[id(outer.owner) if outer.owner is not None else id(outer)]
     for leaf in (v for v in ancestors(subgraph.outputs) if v.owner is None and id(v) not in local):
         box = _describe_leaf(leaf, f"n{len(drawn)}")
-        if leaf in subgraph.parameters:
+        if any(leaf is parameter for parameter in subgraph.parameters):  # Variables refuse ==
             box.lines = ["loop state" if role == "body" else "operand"]
         box.cluster = cluster
-        local[id(leaf)] = _add(drawn, labels, box)
+        local[id(leaf)] = _add(drawn, labels, box, redact)
     inner = subgraph.nodes
     for apply in inner:
         box = _describe_apply(apply, f"n{len(drawn)}")
         box.cluster = cluster
-        local[id(apply)] = _add(drawn, labels, box)
+        local[id(apply)] = _add(drawn, labels, box, redact)
     edges = _edges(inner, local, redact)
     for position, output in enumerate(subgraph.outputs):  # a loop's body ends with cond on the new state
         source = local[id(output.owner) if output.owner is not None else id(output)]
@@ -222,7 +198,8 @@ def _edges(nodes: list[Apply], keys: dict[int, str], redact: Callable[[str], str
     return edges
 
 
-def _add(drawn: list[DrawnNode], labels: dict[str, int], node: DrawnNode) -> str:
+def _add(drawn: list[DrawnNode], labels: dict[str, int], node: DrawnNode, redact: Callable[[str], str]) -> str:
+    node.label = redact(node.label)  # a constant's label is its value: it may hold a secret
     seen = labels.get(node.label, 0)
     labels[node.label] = seen + 1
     if seen:  # two inputs or constants may share a label; keys must not

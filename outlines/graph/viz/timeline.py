@@ -17,17 +17,16 @@ import math
 import os
 import re
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Mapping
 
-from outlines.graph.viz.drawing import FAILED_LINE, PALETTE, hide_keys, shorten
+from outlines.graph.viz.drawing import FAILED_LINE, PALETTE
+from outlines.labels import hide_keys, shorten
 
 __all__ = ["timeline_html", "timeline_svg", "write_timeline"]
 
 WIDTH, LABEL_WIDTH, ROW, LANE_GAP, TOP = 1000, 210, 14, 8, 48
 PYTHON_COLOUR, CRITICAL_LINE, FAILED_FILL = "#9ecae1", "#111111", "#f28e8e"
 LOAD_COLOUR, REQUEST_COLOUR, HIT_COLOUR = "#d9d9d9", "#fdd0a2", "#74c476"
-_KINDS = {"OpenAIChatBackend": "openai", "OpenAICompletionBackend": "openai_completion",
-          "FunctionBackend": "function", "TransformersBackend": "transformers"}
 
 
 @dataclass
@@ -54,32 +53,42 @@ class Lane:
     rows: int = 1
 
 
-def backend_label(backend: str | None) -> str:
-    """``kind: model`` from a trace's backend repr (``FunctionBackend('upper', ...)``), no URL."""
+def backend_label(backend: str | None, labels: Mapping[str, str] | None = None) -> str:
+    """The lane name of a trace's backend: the label the backend gave (``labels``), no URL.
+
+    A trace records each backend's ``repr`` and, beside it, the label the
+    backend gives itself (``Trace.labels``, from ``outlines.labels.label_of``).
+    A repr with no label (a trace built by hand) is shown as its class name
+    without ``Backend`` and its first field only, since later fields (a base
+    URL) may say where it runs.
+    """
     if not backend:
         return "backend"
+    if labels and backend in labels:
+        return labels[backend]
     match = re.fullmatch(r"(\w+)\((.*)\)", backend, re.DOTALL)
     if match is None:
         return shorten(backend, 40)
-    kind = _KINDS.get(match.group(1), match.group(1).removesuffix("Backend").lower())
+    kind = match.group(1).removesuffix("Backend").lower()
     try:
         fields = ast.literal_eval(f"({match.group(2)},)") if match.group(2) else ()
     except (ValueError, SyntaxError):
         fields = ()
     model = str(fields[0]) if fields else ""
-    if kind == "transformers" and os.path.isabs(model):
+    if os.path.isabs(model):
         model = os.path.basename(model.rstrip("/"))
     return f"{kind}: {model}" if model else kind
 
 
 def _bars(trace: Any) -> list[Lane]:
+    labels: Mapping[str, str] = getattr(trace, "labels", None) or {}
     critical = set(getattr(trace, "critical_path_nodes", []) or [])
     gating = _gating_batches(trace.batches, critical)
     lanes: dict[str, Lane] = {}
     colours: dict[str, str] = {}
     now = max([b.end or b.start for b in trace.batches] + [r.end or r.start or 0.0 for r in trace.nodes.values()] + [0.0])
     for batch in trace.batches:
-        name = backend_label(batch.backend)
+        name = backend_label(batch.backend, labels)
         colour = colours.setdefault(name, PALETTE[len(colours) % len(PALETTE)])
         lane = f"{name} @ {batch.worker.split('://')[-1]}" if batch.worker else name
         end = batch.end if batch.end is not None else now
@@ -92,14 +101,14 @@ def _bars(trace: Any) -> list[Lane]:
         on_path = batch.id in gating
         _add(lanes, Bar(lane, batch.start, end, f"batch {batch.id} ({batch.size})", details, colour, on_path), batch.error)
     for load in getattr(trace, "model_loads", []) or []:
-        name = backend_label(load.backend)
+        name = backend_label(load.backend, labels)
         colours.setdefault(name, PALETTE[len(colours) % len(PALETTE)])
         details = [f"loading the model of {name}", f"{load.start:.3f} s to {load.end:.3f} s ({_ms(load.end - load.start)})"]
         _add(lanes, Bar(name, load.start, load.end, "load model", details, LOAD_COLOUR), None)
     by_id = {batch.id: batch for batch in trace.batches}
     for number, request in enumerate(getattr(trace, "requests", []) or [], 1):
         batch = by_id.get(request.batch)
-        name = backend_label(batch.backend) if batch is not None else "backend"
+        name = backend_label(batch.backend, labels) if batch is not None else "backend"
         size = batch.size if batch is not None else "?"
         details = [f"request {number} of batch {request.batch} (of {size} prompt(s)) to {name}",
                    f"{request.start:.3f} s to {request.end:.3f} s ({_ms(request.end - request.start)})"]
@@ -107,7 +116,7 @@ def _bars(trace: Any) -> list[Lane]:
              request.error)
     for record in trace.nodes.values():
         if record.kind == "generate" and record.cache_hits and record.end is not None:
-            name = backend_label(record.backend)
+            name = backend_label(record.backend, labels)
             details = [record.label, f"{record.cache_hits} draw(s) from the cache, {record.cache_misses} sent",
                        f"finished at {record.end:.3f} s"]
             _add(lanes, Bar(f"{name}: cache hits", record.end, record.end, f"{record.cache_hits} hit(s)", details, HIT_COLOUR,

@@ -14,6 +14,7 @@ import pytest
 
 import outlines
 from outlines import models
+from outlines.backends.function import FunctionBackend
 from outlines.graph.viz import jupyter as display
 from outlines.graph.viz.timeline import backend_label, timeline_html, timeline_svg, write_timeline
 from outlines.tracing import BatchRecord, ModelLoadRecord, NodeRecord, RequestRecord, Trace
@@ -43,8 +44,9 @@ def fake_trace():
         "Concat#0": NodeRecord("Concat#0", "Concat", "inline", None, 0.0, 0.0),
     }
     critical = ["Concat#0", "Generate[openai:gpt-x]#2", "vote#3"]
+    labels = {function: "function: upper", openai: "openai: gpt-x"}  # what the backends said (Trace.labels)
     return SimpleNamespace(batches=batches, nodes=nodes, critical_path_nodes=critical, wall=1.0, critical_path=1.0,
-                           summary=lambda: "fake summary")
+                           summary=lambda: "fake summary", labels=labels)
 
 
 def real_trace():
@@ -107,12 +109,31 @@ def test_the_page_refers_to_no_url(tmp_path):
     ET.fromstring(inline_svg)
 
 
-def test_backend_names_never_show_the_url():
-    assert backend_label("OpenAIChatBackend('gpt-x', 'http://127.0.0.1:9')") == "openai: gpt-x"
-    assert backend_label("OpenAICompletionBackend('tiny', 'http://h:1/v1')") == "openai_completion: tiny"
+def test_lanes_are_named_by_what_each_backend_says_and_never_show_the_url():
+    chat = "OpenAIChatBackend('gpt-x', 'http://127.0.0.1:9')"
+    assert backend_label(chat, {chat: "openai: gpt-x"}) == "openai: gpt-x"  # asked of the backend when traced
+    # A trace without the label (built by hand): the class name and the first field, never the later ones.
+    assert backend_label(chat) == "openaichat: gpt-x"
+    assert backend_label("OpenAICompletionBackend('tiny', 'http://h:1/v1')", {}) == "openaicompletion: tiny"
     assert backend_label("TransformersBackend('/tmp/models/tiny-gpt2', 'cpu', None)") == "transformers: tiny-gpt2"
     assert backend_label("FunctionBackend('upper', 'abc', False)") == "function: upper"
-    assert backend_label("weird") == "weird"
+    assert backend_label("weird") == "weird" and backend_label(None) == "backend"
+
+
+def test_a_trace_keeps_the_label_each_backend_gives_itself(fake_openai):
+    class Lane(FunctionBackend):  # a backend class no picture knows
+        @property
+        def label(self) -> str:
+            return "my lane"
+
+    shout = models.Model(Lane(lambda p: p.upper(), name="shout", version="1"))
+    chat = models.openai("gpt-x", base_url=fake_openai.base_url, api_key="sk-lanes", max_retries=0)
+    q = outlines.string("q")
+    with outlines.trace() as trace:
+        outlines.eval(shout(q), chat(q), givens={q: "a"}, cache=False)
+    assert sorted(trace.labels.values()) == ["my lane", "openai: gpt-x"]
+    labels = re.findall(r'class="lane-label"[^>]*>([^<]*)<', timeline_svg(trace))
+    assert {"my lane", "openai: gpt-x"} <= set(labels) and not any("127.0.0.1" in label for label in labels)
 
 
 def test_a_real_trace_draws_every_batch(tmp_path):
@@ -240,7 +261,8 @@ def test_http_bars_start_and_end_when_the_requests_did():
         batches=[BatchRecord(1, backend, 3, 0.0, 3.0, ["Generate#1"])],
         requests=[RequestRecord(1, 0.0, 1.0), RequestRecord(1, 1.0, 2.0),
                   RequestRecord(1, 2.0, 3.0, "HTTPError: 500")],
-        nodes={}, model_loads=[], critical_path_nodes=[], wall=3.0, critical_path=3.0)
+        nodes={}, model_loads=[], critical_path_nodes=[], wall=3.0, critical_path=3.0,
+        labels={backend: "openai: gpt-x"})
     svg = timeline_svg(trace)
     spans = [_x_span(svg, f"request {i} of batch 1") for i in (1, 2, 3)]
     assert spans[0][0] < spans[1][0] < spans[2][0]  # not all at 0

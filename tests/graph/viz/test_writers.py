@@ -194,6 +194,24 @@ def test_key_like_text_is_redacted_from_constants():
     assert "sk-abcdef" not in text and "sk-***" in text
 
 
+def test_pictures_ask_each_backend_to_redact_its_own_secrets():
+    # Neither key looks like one (no sk-, no Bearer): only the backends' own redact hooks know them,
+    # for a model in the graph, one inside a loop's body, and the members of a fallback chain.
+    plain, member = "hunter2-plain-secret", "correct-horse-staple"
+    direct = models.openai("gpt-x", api_key=plain, base_url="http://127.0.0.1:9", max_retries=0)
+    spare = models.openai("gpt-y", api_key=member, base_url="http://127.0.0.1:9", max_retries=0)
+    chain = models.fallback(direct, spare)
+    question = outlines.string("question")
+    looped = outlines.while_loop(lambda s: outlines.fn(lambda t: len(t) < 9)(s),
+                                 lambda s: s + spare(outlines.constant(f"say {member}")), init="", max_iter=2)
+    out = chain(question + f" (not {plain})") + direct(outlines.constant(f"{plain} {member}")) + looped
+    texts = [str(outlines.visualize(out, format=f)) for f in ("ascii", "mermaid")]
+    texts.append(str(to_networkx(out).nodes(data=True)))
+    for text in texts:
+        assert plain not in text and member not in text and "***" in text
+    assert "fallback: gpt-x" in texts[0] and "openai: gpt-y" in texts[0]
+
+
 def test_trace_shows_time_batch_and_cache(tmp_path):
     question = outlines.string("question")
     upper = models.from_function(lambda p: p.upper(), name="upper")

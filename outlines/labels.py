@@ -1,0 +1,97 @@
+"""How things name themselves in pictures and reports: one short line, never a secret.
+
+``shorten`` puts text on one line within a width; ``hide_keys`` stars out
+anything shaped like an API key. Something a picture names without knowing
+its class (a backend, in a graph picture or a timeline) is ``Shown``: it
+gives its ``label`` and ``redact``s its own secrets out of any text. Pictures
+ask through ``label_of`` and ``redactor``, which answer safely for objects
+that are not ``Shown`` (their type's name; only the key pattern hidden).
+"""
+from __future__ import annotations
+
+import re
+from typing import Any, Callable, Iterable, Protocol, runtime_checkable
+
+__all__ = ["Shown", "hide_keys", "label_of", "redactor", "shorten"]
+
+_KEY_PATTERN = re.compile(r"\b(sk-[A-Za-z0-9_\-]{3,}|Bearer\s+\S+)")
+
+
+@runtime_checkable
+class Shown(Protocol):
+    """What a picture asks of a thing it names (every ``outlines.backends.base.Backend`` is one)."""
+
+    @property
+    def label(self) -> str:
+        """A short name on one line (``kind: model``): no URL, no secret."""
+        ...
+
+    def redact(self, text: str) -> str:
+        """``text`` with this thing's own secrets (an API key, a header value) starred out."""
+        ...
+
+
+def shorten(text: str, limit: int = 40) -> str:
+    """``text`` on one line, cut to ``limit`` characters with an ellipsis.
+
+    Examples
+    --------
+    >>> shorten("a  long\\n text", 8)
+    'a long …'
+    """
+    text = " ".join(str(text).split())
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def hide_keys(text: str) -> str:
+    """``text`` with anything shaped like an API key (``sk-...``, ``Bearer ...``) starred out.
+
+    Examples
+    --------
+    >>> hide_keys("Authorization: Bearer abc123")
+    'Authorization: Bea***'
+    """
+    return _KEY_PATTERN.sub(lambda m: m.group(0)[:3] + "***", text)
+
+
+def label_of(thing: Any) -> str:
+    """The label ``thing`` gives itself when it is ``Shown``, else its type's name.
+
+    Never its ``repr``: that of an unknown object may hold a secret.
+
+    Examples
+    --------
+    >>> label_of(object())
+    'object'
+    """
+    if isinstance(thing, Shown):
+        return thing.label
+    return type(thing).__name__
+
+
+def redactor(things: Iterable[Any]) -> Callable[[str], str]:
+    """One function that passes text through every ``Shown`` thing's ``redact``, then ``hide_keys``.
+
+    Parameters
+    ----------
+    things
+        What the text may speak of (the backends of a graph); anything that is
+        not ``Shown`` (``None``, a plain object) adds nothing.
+
+    Returns
+    -------
+    Callable[[str], str]
+    """
+    hooks: list[Callable[[str], str]] = []
+    seen: set[int] = set()
+    for thing in things:
+        if id(thing) not in seen and isinstance(thing, Shown):
+            seen.add(id(thing))
+            hooks.append(thing.redact)
+
+    def redact(text: str) -> str:
+        for hook in hooks:
+            text = hook(text)
+        return hide_keys(text)
+
+    return redact
