@@ -215,7 +215,7 @@ class Explanation:
     __str__ = summary
 
     def _repr_mimebundle_(self, include: Any = None, exclude: Any = None) -> dict[str, str]:
-        from outlines.graph.viz.jupyter import text_mimebundle
+        from outlines.graph.viz.writers import text_mimebundle
 
         return text_mimebundle(self.summary(), "outlines-explain")
 

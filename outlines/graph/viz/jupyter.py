@@ -4,8 +4,9 @@ A graph is an SVG when graphviz and its ``dot`` program are there, else mermaid
 text (JupyterLab and GitHub render ```` ```mermaid ```` blocks) with the ASCII
 drawing as plain text. A trace is its timeline SVG inline (hover text in
 ``<title>``, no script, no URL) above its summary. Text reports (``explain``,
-``visualize(format="ascii")``) show as preformatted text, not an escaped string. Nothing here may raise: a
-failing picture falls back to text.
+``visualize(format="ascii")``) show as preformatted text through
+``writers.TextPicture`` and ``writers.text_mimebundle``. Nothing here may
+raise: a failing picture falls back to text.
 """
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ from outlines.graph.basic import Variable
 from outlines.graph.viz.drawing import describe
 from outlines.graph.viz.writers import render, to_ascii, to_graphviz, to_mermaid
 
-__all__ = ["TextPicture", "mimebundle", "text_mimebundle", "trace_html", "trace_mimebundle"]
+__all__ = ["mimebundle", "trace_html", "trace_mimebundle"]
 
 #: Above this many nodes the SVG is skipped: dot gets slow and the picture unreadable.
 MAX_SVG_NODES = 2000
@@ -66,49 +67,3 @@ def trace_html(trace: Any) -> str:
     """``Trace._repr_html_``: the same HTML as in ``trace_mimebundle``."""
     bundle = trace_mimebundle(trace)
     return bundle.get("text/html", f"<pre>{html.escape(bundle['text/plain'])}</pre>")
-
-
-def text_mimebundle(text: str, css_class: str = "outlines-text") -> dict[str, str]:
-    """A text report as Jupyter shows it: the text itself and a ``<pre>`` block.
-
-    Parameters
-    ----------
-    text
-        The report (``Explanation.summary()``, an ASCII drawing).
-    css_class
-        Class of the ``<pre>`` element.
-
-    Returns
-    -------
-    dict
-        ``text/plain`` and ``text/html``.
-    """
-    return {"text/plain": text, "text/html": f'<pre class="{css_class}">{html.escape(text)}</pre>'}
-
-
-class TextPicture(str):
-    """A picture as text (``visualize(format="ascii")`` or ``"mermaid"``): a ``str`` that Jupyter shows as text.
-
-    A plain ``str`` result shows in Jupyter as its quoted, escaped repr; this one
-    shows its lines (and mermaid renders where the front end supports it).
-    """
-
-    #: ``"ascii"``, ``"mermaid"`` or ``"markdown"`` (a mermaid block).
-    kind: str = "ascii"
-
-    def __new__(cls, text: str, kind: str = "ascii") -> TextPicture:
-        picture = super().__new__(cls, text)
-        picture.kind = kind
-        return picture
-
-    def _repr_mimebundle_(self, include: Any = None, exclude: Any = None) -> dict[str, str]:
-        bundle = text_mimebundle(str(self), f"outlines-{self.kind}")
-        if self.kind == "mermaid":
-            bundle["text/markdown"] = f"```mermaid\n{self}```\n"
-        return bundle
-
-    def _repr_html_(self) -> str:
-        return text_mimebundle(str(self), f"outlines-{self.kind}")["text/html"]
-
-    def _repr_pretty_(self, printer: Any, cycle: bool) -> None:
-        printer.text(str(self))

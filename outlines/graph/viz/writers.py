@@ -2,7 +2,9 @@
 
 The writers here only format a ``Drawing`` (see ``outlines.graph.viz.drawing``):
 graphviz through the optional ``graphviz`` package (rendered by the ``dot``
-program), mermaid and ASCII with no dependency and no web service.
+program), mermaid and ASCII with no dependency and no web service. A text
+picture is a ``TextPicture``: a ``str`` that Jupyter shows as its lines
+(``text_mimebundle``, which ``explain``'s report uses too).
 """
 from __future__ import annotations
 
@@ -14,7 +16,7 @@ from typing import Any
 from outlines.graph.basic import Variable
 from outlines.graph.viz.drawing import FAILED_FILL, FAILED_LINE, PALETTE, Drawing, DrawnNode, describe
 
-__all__ = ["PALETTE", "describe", "render", "to_ascii", "to_graphviz", "to_mermaid", "visualize"]
+__all__ = ["PALETTE", "TextPicture", "describe", "render", "text_mimebundle", "to_ascii", "to_graphviz", "to_mermaid", "visualize"]
 
 KIND_STYLE = {  # graphviz shape, fill
     "input": ("ellipse", "#eeeeee"),
@@ -212,8 +214,6 @@ def visualize(*variables: Variable, filename: str | None = None, format: str | N
         if filename is not None:
             with open(filename, "w", encoding="utf-8") as handle:
                 handle.write(text)
-        from outlines.graph.viz.jupyter import TextPicture
-
         return TextPicture(text, "markdown" if text.startswith("```") else fmt)
     graph = to_graphviz(drawing)
     graph.format = "svg" if fmt == "dot" else fmt
@@ -246,3 +246,49 @@ def render(graph: Any, fmt: str) -> bytes:
         return graph.pipe(format=fmt)  # type: ignore[no-any-return]
     except graphviz.ExecutableNotFound:
         raise RuntimeError(DOT_MISSING.format(fmt=fmt)) from None
+
+
+def text_mimebundle(text: str, css_class: str = "outlines-text") -> dict[str, str]:
+    """A text report as Jupyter shows it: the text itself and a ``<pre>`` block.
+
+    Parameters
+    ----------
+    text
+        The report (``Explanation.summary()``, an ASCII drawing).
+    css_class
+        Class of the ``<pre>`` element.
+
+    Returns
+    -------
+    dict
+        ``text/plain`` and ``text/html``.
+    """
+    return {"text/plain": text, "text/html": f'<pre class="{css_class}">{html.escape(text)}</pre>'}
+
+
+class TextPicture(str):
+    """A picture as text (``visualize(format="ascii")`` or ``"mermaid"``): a ``str`` that Jupyter shows as text.
+
+    A plain ``str`` result shows in Jupyter as its quoted, escaped repr; this one
+    shows its lines (and mermaid renders where the front end supports it).
+    """
+
+    #: ``"ascii"``, ``"mermaid"`` or ``"markdown"`` (a mermaid block).
+    kind: str = "ascii"
+
+    def __new__(cls, text: str, kind: str = "ascii") -> TextPicture:
+        picture = super().__new__(cls, text)
+        picture.kind = kind
+        return picture
+
+    def _repr_mimebundle_(self, include: Any = None, exclude: Any = None) -> dict[str, str]:
+        bundle = text_mimebundle(str(self), f"outlines-{self.kind}")
+        if self.kind == "mermaid":
+            bundle["text/markdown"] = f"```mermaid\n{self}```\n"
+        return bundle
+
+    def _repr_html_(self) -> str:
+        return text_mimebundle(str(self), f"outlines-{self.kind}")["text/html"]
+
+    def _repr_pretty_(self, printer: Any, cycle: bool) -> None:
+        printer.text(str(self))

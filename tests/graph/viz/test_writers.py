@@ -1,6 +1,7 @@
 """Pictures of graphs: the description, each format's content, traces, secrets, speed."""
 from __future__ import annotations
 
+import html
 import pathlib
 import re
 import shutil
@@ -17,7 +18,7 @@ from outlines.graph.viz import jupyter as display
 from outlines.graph.viz import writers as viz
 from outlines.graph.viz.drawing import describe
 from outlines.graph.viz.nx import to_networkx
-from outlines.graph.viz.writers import to_ascii, to_mermaid
+from outlines.graph.viz.writers import TextPicture, to_ascii, to_mermaid
 
 SECRET = "sk-SECRET-do-not-show-0123456789"
 needs_dot = pytest.mark.skipif(shutil.which("dot") is None, reason="the Graphviz `dot` program is not installed "
@@ -340,3 +341,33 @@ def test_the_readme_pictures_script_runs_the_example(tmp_path):
         if path.suffix == ".svg":
             ET.parse(path)
     assert "batch 1 (size 9)" in (tmp_path / "self_consistency_trace.svg").read_text()
+
+
+# -- text pictures: str values that Jupyter shows as their lines --------------------------
+def test_ascii_pictures_show_their_lines():
+    out = outlines.string("q") + "?"
+    text = outlines.visualize(out, format="ascii")
+    assert isinstance(text, str) and isinstance(text, TextPicture)
+    assert text == str(text) and text.startswith("outlines graph: 3 nodes")
+    bundle = text._repr_mimebundle_()
+    assert bundle["text/plain"] == text and "\\n" not in bundle["text/plain"]
+    assert bundle["text/html"] == f'<pre class="outlines-ascii">{html.escape(text)}</pre>'
+    printed = []
+
+    class Printer:
+        def text(self, value):
+            printed.append(value)
+
+    text._repr_pretty_(Printer(), False)
+    assert printed == [str(text)]
+
+
+def test_mermaid_pictures_render_as_mermaid():
+    text = outlines.visualize(outlines.string("q") + "?", format="mermaid")
+    assert text._repr_mimebundle_()["text/markdown"] == f"```mermaid\n{text}```\n"
+
+
+def test_text_pictures_stay_ordinary_strings():
+    picture = TextPicture("{} nodes", "ascii")
+    assert picture.format(3) == "3 nodes" and picture.kind == "ascii"
+    assert picture + "!" == "{} nodes!" and picture.upper() == "{} NODES"
