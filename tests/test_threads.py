@@ -33,10 +33,12 @@ def test_the_busy_signal_nests_and_is_idle_when_every_burst_ends() -> None:
 
 def test_a_waiting_thread_waits_out_a_burst_but_never_longer_than_its_patience(monkeypatch: pytest.MonkeyPatch) -> None:
     signal = threads.Foreground()
+    waiting = threading.Event()
     waited: list[float] = []
 
     def background() -> None:
         start = time.perf_counter()
+        waiting.set()
         signal.wait()
         waited.append(time.perf_counter() - start)
 
@@ -44,34 +46,28 @@ def test_a_waiting_thread_waits_out_a_burst_but_never_longer_than_its_patience(m
     with signal:
         worker = threading.Thread(target=background)
         worker.start()
+        assert waiting.wait(5.0)
         time.sleep(0.1)
         assert waited == []  # still waiting: the burst runs
-    worker.join(2.0)
-    assert len(waited) == 1 and 0.05 <= waited[0] < 2.0  # let go when the burst ended, not after 5 s
+    worker.join(4.0)
+    assert len(waited) == 1 and 0.1 <= waited[0] < 4.0  # let go when the burst ended, not after 5 s
     monkeypatch.setattr(threads, "PATIENCE", 0.05)
     with signal:
         start = time.perf_counter()
-        signal.wait()  # a burst that never ends on this thread: patience runs out
-        assert 0.04 <= time.perf_counter() - start < 1.0
+        signal.wait()  # a burst that does not end while this thread waits: patience runs out
+        assert 0.04 <= time.perf_counter() - start < 3.0
 
 
 def test_a_watched_loop_is_busy_except_while_it_waits_for_events() -> None:
-    seen: list[bool] = []
+    def look() -> bool:  # another thread looks while the loop waits for it in select()
+        time.sleep(0.05)
+        return threads.FOREGROUND.idle.is_set()
 
-    async def main() -> None:
-        seen.append(threads.FOREGROUND.idle.is_set())  # running Python: busy
-        observer = threading.Event()
-
-        def look() -> None:  # another thread looks while the loop sleeps in select()
-            time.sleep(0.05)
-            seen.append(threads.FOREGROUND.idle.is_set())
-            observer.set()
-
-        threading.Thread(target=look).start()
-        await asyncio.sleep(0.2)
-        assert observer.is_set()
+    async def main() -> list[bool]:
+        busy = threads.FOREGROUND.idle.is_set()  # running Python: busy
+        return [busy, await asyncio.to_thread(look)]
 
     with threads.FOREGROUND, asyncio.Runner(loop_factory=threads.watched_loop) as runner:
-        runner.run(main())
+        seen = runner.run(main())
     assert seen == [False, True]
     assert threads.FOREGROUND.idle.is_set()  # every burst ended with the loop
