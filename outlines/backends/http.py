@@ -287,6 +287,7 @@ class HTTPClient:
         content_type: str | None = None,
         model: str | None = None,
         tokens: float = 0.0,
+        retries: int | None = None,
     ) -> bytes:
         """Send one request (retried like ``post_json``) and return the body of its 2xx answer.
 
@@ -303,6 +304,10 @@ class HTTPClient:
             Named in errors.
         tokens
             Estimated tokens the request spends, for the ``tpm`` budget.
+        retries
+            Retries allowed (default ``max_retries``); 0 for a request that
+            must not go twice before the caller has looked whether the first
+            one took effect (creating a paid job).
 
         Raises
         ------
@@ -311,6 +316,7 @@ class HTTPClient:
         """
         state = self.state()
         wire = _Wire(method, payload, data, content_type)
+        retries = self.max_retries if retries is None else retries
         attempt = 0
         while True:
             await self._throttle(tokens)
@@ -320,7 +326,7 @@ class HTTPClient:
             error = outcome.error
             if not error.retryable:
                 raise error
-            if attempt == self.max_retries:
+            if attempt >= retries:
                 message = f"gave up after {attempt + 1} attempts; last: {outcome.reason}"
                 raise self._error(message, path, model, status=error.status, body=error.body, retryable=True)
             delay = retry.retry_delay(attempt, outcome.retry_after, max_retry_after=self.max_retry_after)
