@@ -401,7 +401,7 @@ class Ledger:
 
     def _with_status(self, record: JobRecord, status: Status) -> JobRecord:
         if status.state not in _PROVIDER_STATES:
-            raise LedgerError(f"unknown job state {status.state!r} for job {status.id}")
+            raise LedgerError(f"unknown job state {status.state!r} for job {status.id} (intent {record.intent})")
         return self._replace(record, job_id=status.id, state=status.state, status=status.to_dict())
 
     def _replace(self, record: JobRecord, **changes: Any) -> JobRecord:
