@@ -206,8 +206,7 @@ def test_jobs_split_by_bytes_within_the_providers_limit(clock: FakeClock, provid
     with FakeBatches(clock=clock, openai_limits=(100, limit), anthropic_limits=(100, limit)) as server:
         client = client_for(server, provider, max_bytes=limit)
         lines = client.lines(draws([f"{i:03d}" + "x" * 97 for i in range(7)]))
-        overhead = 15 if provider == "anthropic" else 0
-        jobs = split(lines, client.limits, overhead)
+        jobs = split(lines, client.limits)
         assert [len(job) for job in jobs] == [3, 3, 1]
 
         async def main() -> list[JobStatus]:

@@ -90,9 +90,9 @@ def test_an_intent_never_created_is_abandoned_with_its_reason(ledger: Ledger) ->
     assert ledger.find(["k0"]) == {}
 
 
-def test_find_gives_the_newest_open_job_of_each_draw(ledger: Ledger) -> None:
+def test_find_gives_the_newest_open_job_of_each_draw(cache: Cache) -> None:
     ticks = iter(range(100))
-    ledger.clock = lambda: float(next(ticks))
+    ledger = Ledger(cache, clock=lambda: float(next(ticks)))
     old = intent(ledger)
     ledger.record_created(old.intent, JobStatus("batch_old", "expired"))
     new = intent(ledger, lines=[("k1", ["k1"])])
@@ -102,9 +102,9 @@ def test_find_gives_the_newest_open_job_of_each_draw(ledger: Ledger) -> None:
     assert sorted(ledger.find(["k0", "k1"])) == ["k1"]
 
 
-def test_jobs_filter_by_openness_provider_backend_and_run(ledger: Ledger) -> None:
+def test_jobs_filter_by_openness_provider_backend_and_run(cache: Cache) -> None:
     ticks = iter(range(100))
-    ledger.clock = lambda: float(next(ticks))
+    ledger = Ledger(cache, clock=lambda: float(next(ticks)))
     a = intent(ledger, run="a")
     b = ledger.record_intent(provider="anthropic", backend=["anthropic", "c", "u", None], run="b", lines=LINES)
     ledger.abandon(a.intent, "x")

@@ -89,7 +89,7 @@ class AnthropicJobs:
                  max_bytes: int = MAX_BYTES) -> None:
         self.backend = backend
         self.client = backend.client
-        self.limits = JobLimits(max_requests, max_bytes)
+        self.limits = JobLimits(max_requests, max_bytes, ENVELOPE)
 
     def __repr__(self) -> str:
         return f"AnthropicJobs({self.backend!r})"

@@ -78,10 +78,15 @@ class JobLine:
 
 @dataclass(frozen=True)
 class JobLimits:
-    """The most requests and bytes one job may hold (a provider's limits, or lower)."""
+    """The most requests and bytes one job may hold (a provider's limits, or lower).
+
+    ``envelope`` is what a job's upload costs beyond its lines' sizes (the
+    JSON around Anthropic's requests).
+    """
 
     requests: int
     bytes: int
+    envelope: int = 0
 
     def __post_init__(self) -> None:
         for name in ("requests", "bytes"):
@@ -249,10 +254,10 @@ class JobClient(Protocol):
         """Release the running loop's session."""
 
 
-def split(lines: Sequence[JobLine], limits: JobLimits, overhead: int = 0) -> list[list[JobLine]]:
+def split(lines: Sequence[JobLine], limits: JobLimits) -> list[list[JobLine]]:
     """Cut ``lines`` into jobs of at most ``limits.requests`` lines and ``limits.bytes`` bytes, in order.
 
-    ``overhead`` is what a job's upload costs beyond its lines (its envelope).
+    A job's bytes are its lines' sizes and ``limits.envelope``.
 
     Raises
     ------
@@ -269,7 +274,7 @@ def split(lines: Sequence[JobLine], limits: JobLimits, overhead: int = 0) -> lis
     """
     jobs: list[list[JobLine]] = []
     current: list[JobLine] = []
-    size = overhead
+    overhead = size = limits.envelope
     for line in lines:
         if line.size + overhead > limits.bytes:
             raise ValueError(f"the request {line.custom_id} takes {line.size} bytes, more than a job may hold "
