@@ -310,16 +310,12 @@ class Ledger:
     def get(self, intent: str) -> JobRecord | None:
         """The record of ``intent`` (``None`` when unknown or damaged)."""
         with self._locked() as connection:
-            rows = connection.execute("SELECT intent, job_id, state, record, checksum FROM jobs WHERE intent = ?",
-                                      (intent,)).fetchall()
-        return next(iter(self._records(rows)), None)
+            return self._one(connection, "intent", intent)
 
     def by_job_id(self, job_id: str) -> JobRecord | None:
         """The record holding the provider's job ``job_id``."""
         with self._locked() as connection:
-            rows = connection.execute("SELECT intent, job_id, state, record, checksum FROM jobs WHERE job_id = ?",
-                                      (job_id,)).fetchall()
-        return next(iter(self._records(rows)), None)
+            return self._one(connection, "job_id", job_id)
 
     def jobs(
         self,
@@ -389,15 +385,18 @@ class Ledger:
 
     def _change(self, intent: str, change: Callable[[JobRecord], JobRecord]) -> JobRecord:
         with self._locked(transaction=True) as connection:
-            rows = connection.execute("SELECT intent, job_id, state, record, checksum FROM jobs WHERE intent = ?",
-                                      (intent,)).fetchall()
-            current = next(iter(self._records(rows)), None)
+            current = self._one(connection, "intent", intent)
             if current is None:
                 raise LedgerError(f"no job intent {intent} in {self.file}")
             record = change(current)
             if record is not current:
                 self._write(connection, record)
         return record
+
+    def _one(self, connection: sqlite3.Connection, column: str, value: str) -> JobRecord | None:
+        rows = connection.execute(f"SELECT intent, job_id, state, record, checksum FROM jobs WHERE {column} = ?",
+                                  (value,)).fetchall()
+        return next(iter(self._records(rows)), None)
 
     def _with_status(self, record: JobRecord, status: Status) -> JobRecord:
         if status.state not in _PROVIDER_STATES:

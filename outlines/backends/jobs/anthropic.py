@@ -20,27 +20,14 @@ from __future__ import annotations
 
 import datetime
 import json
-import time
 from typing import Any, Iterable, Mapping, Sequence
 
 import yarl
 
 from outlines.backends.anthropic import AnthropicBackend
 from outlines.backends.base import BackendError, BatchReport, Draw
-from outlines.backends.jobs.base import (
-    CLOCK_SKEW,
-    JobLimits,
-    JobLine,
-    JobStatus,
-    LineResult,
-    create_once,
-    get_json,
-    jsonl,
-    line_error,
-    mapping,
-    number,
-    path_segment,
-)
+from outlines.backends.jobs.base import JobLimits, JobLine, JobStatus, LineResult
+from outlines.backends.jobs.wire import CLOCK_SKEW, WireJobs, jsonl, line_error, mapping, number, path_segment
 from outlines.backends.usage import wire_usage
 from outlines.cache.keys import draw_keys
 
@@ -66,7 +53,7 @@ ERROR_STATUS = {
 ENVELOPE = len(b'{"requests":[]}')
 
 
-class AnthropicJobs:
+class AnthropicJobs(WireJobs):
     """Message Batches for an ``AnthropicBackend`` (its base URL, key and retries).
 
     Parameters
@@ -84,15 +71,13 @@ class AnthropicJobs:
     """
 
     provider = "anthropic"
+    jobs_path = PATH
+    cursor = "after_id"
 
     def __init__(self, backend: AnthropicBackend, *, max_requests: int = MAX_REQUESTS,
                  max_bytes: int = MAX_BYTES) -> None:
-        self.backend = backend
-        self.client = backend.client
-        self.limits = JobLimits(max_requests, max_bytes, ENVELOPE)
-
-    def __repr__(self) -> str:
-        return f"AnthropicJobs({self.backend!r})"
+        super().__init__(backend, JobLimits(max_requests, max_bytes, ENVELOPE))
+        self.backend: AnthropicBackend = backend
 
     def lines(self, draws: Sequence[Draw], report: BatchReport | None = None) -> list[JobLine]:
         """One line per distinct draw, its ``params`` the live request's body."""
@@ -121,25 +106,10 @@ class AnthropicJobs:
         """Send ``lines`` as one batch; ``metadata`` only helps ``find`` (batches carry none)."""
         report = report or BatchReport()
         body = b'{"requests":[' + b",".join(line.data for line in lines) + b"]}"
-        if not lines or len(lines) > self.limits.requests or len(body) > self.limits.bytes:
-            raise ValueError(f"a batch holds 1 to {self.limits.requests} requests and at most {self.limits.bytes} "
-                             f"bytes; got {len(lines)} requests, {len(body)} bytes (split them: jobs.split)")
-        since = time.time()
+        self.check(lines, len(body))
+        return await self.start(lines, metadata, report, data=body)
 
-        async def send() -> JobStatus:
-            answer = await self.client.request("POST", PATH, report, data=body, content_type="application/json",
-                                               retries=0)
-            return self._status(self.client.json_object(answer, PATH))
-
-        async def look() -> JobStatus | None:
-            return await self.find(metadata, len(lines), since, report=report)
-
-        return await create_once(send, look, self.client.max_retries)
-
-    async def status(self, job_id: str, report: BatchReport | None = None) -> JobStatus:
-        return self._status(await get_json(self.client, f"{PATH}/{path_segment(job_id)}", report))
-
-    def _status(self, data: Mapping[str, Any]) -> JobStatus:
+    def parse(self, data: Mapping[str, Any]) -> JobStatus:
         job_id, processing = data.get("id"), data.get("processing_status")
         if not isinstance(job_id, str) or processing not in ("in_progress", "canceling", "ended"):
             raise self.backend.malformed("a message batch needs a string 'id' and a known 'processing_status'",
@@ -206,23 +176,6 @@ class AnthropicJobs:
             return LineResult(custom_id, "errored", error=error)
         return LineResult(custom_id, "succeeded", (text,), usage=used)
 
-    async def page(
-        self, after: str | None = None, limit: int = 100, report: BatchReport | None = None
-    ) -> tuple[list[JobStatus], str | None]:
-        query = {"limit": str(limit)} | ({"after_id": after} if after else {})
-        data = await get_json(self.client, str(yarl.URL(PATH).with_query(query)), report)
-        items = data.get("data")
-        if not isinstance(items, list):
-            raise self.backend.malformed("a list of message batches has no 'data' list", data, PATH)
-        statuses = [self._status(item) for item in items if isinstance(item, dict)]
-        more = data.get("has_more") is True and bool(statuses)
-        return statuses, (statuses[-1].id if more else None)
-
-    async def cancel(self, job_id: str, report: BatchReport | None = None) -> JobStatus:
-        path = f"{PATH}/{path_segment(job_id)}/cancel"
-        answer = await self.client.request("POST", path, report or BatchReport())
-        return self._status(self.client.json_object(answer, path))
-
     async def find(
         self, metadata: Mapping[str, str], requests: int, since: float, *, exclude: Iterable[str] = (),
         report: BatchReport | None = None,
@@ -238,9 +191,6 @@ class AnthropicJobs:
             if after is None or all(s.created_at < since - CLOCK_SKEW for s in statuses):
                 break
         return min(candidates, key=lambda s: s.created_at) if candidates else None
-
-    async def aclose(self) -> None:
-        await self.backend.aclose()
 
 
 def _timestamp(value: Any) -> float:

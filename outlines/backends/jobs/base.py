@@ -19,15 +19,11 @@ OpenAI's words for both providers: ``validating``, ``in_progress``,
 from __future__ import annotations
 
 import asyncio
-import json
 import time
 from dataclasses import dataclass, field
-from typing import Any, Awaitable, Callable, Iterable, Iterator, Mapping, Protocol, Sequence, runtime_checkable
+from typing import Any, Callable, Iterable, Iterator, Mapping, Protocol, Sequence, runtime_checkable
 
-from outlines.backends import http
 from outlines.backends.base import Backend, BackendError, BatchReport, Draw
-from outlines.backends.http import HTTPClient
-from outlines.backends.retry import retry_delay, should_retry
 
 __all__ = [
     "FINISHED",
@@ -40,13 +36,6 @@ __all__ = [
     "JobStatus",
     "LineResult",
     "SystemClock",
-    "create_once",
-    "get_json",
-    "jsonl",
-    "line_error",
-    "mapping",
-    "number",
-    "path_segment",
     "split",
     "wait",
 ]
@@ -337,88 +326,3 @@ async def wait(
             pause = min(pause, left)
         await clock.sleep(pause)
     raise AssertionError("unreachable")  # pauses() never ends
-
-
-def jsonl(body: bytes, where: str, client: Any) -> Iterator[tuple[str, dict[str, Any]]]:
-    """``(custom_id, record)`` of each line of a results file.
-
-    Raises
-    ------
-    BackendError
-        For a line that is not a JSON object naming a ``custom_id``, quoting it
-        (``client.redact`` hides any secret in it).
-    """
-    for number, raw in enumerate(body.splitlines(), 1):
-        if not raw.strip():
-            continue
-        try:
-            record = json.loads(raw)
-        except (ValueError, RecursionError):
-            record = None
-        custom_id = record.get("custom_id") if isinstance(record, dict) else None
-        if not isinstance(custom_id, str) or not isinstance(record, dict):
-            text = client.redact(raw[:200].decode("utf-8", "replace"))
-            raise BackendError(f"malformed line {number} in the results of {where}: {text!r}", status=200)
-        yield custom_id, record
-
-
-def line_error(custom_id: str, status: int | None, message: str, *, retryable: bool | None = None) -> LineResult:
-    """An ``errored`` result, retryable by the shared rules (``retry.should_retry``) unless told."""
-    if retryable is None:
-        retryable = status is not None and should_retry(status)
-    error = BackendError(f"request {custom_id} failed in its job: {message}", status=status, retryable=retryable)
-    return LineResult(custom_id, "errored", error=error)
-
-
-#: Seconds a provider's clock may run behind ours when ``find`` compares creation times.
-CLOCK_SKEW = 600.0
-
-
-async def create_once(
-    send: Callable[[], Awaitable[JobStatus]], find: Callable[[], Awaitable[JobStatus | None]], retries: int
-) -> JobStatus:
-    """Create a job with ``send`` (which must not retry), looking with ``find`` before each new try.
-
-    A create that timed out or lost its connection (or answered 5xx) may
-    have made the job anyway: sending it again at once could pay twice, so
-    the job is looked for first, and only a create that made nothing goes again
-    (``retries`` times, with the shared backoff).
-    """
-    attempt = 0
-    while True:
-        try:
-            return await send()
-        except BackendError as error:
-            if not error.retryable:
-                raise
-            found = await find()
-            if found is not None:
-                return found
-            if attempt >= retries:
-                raise
-        await http.sleep(retry_delay(attempt) or 0.0)
-        attempt += 1
-
-
-async def get_json(client: HTTPClient, path: str, report: BatchReport | None) -> dict[str, Any]:
-    """GET ``path`` (retried) and return the JSON object it answers."""
-    return client.json_object(await client.request("GET", path, report or BatchReport()), path)
-
-
-def mapping(data: Mapping[str, Any], name: str) -> Mapping[str, Any]:
-    """``data[name]`` when it is a JSON object, else an empty one."""
-    value = data.get(name)
-    return value if isinstance(value, dict) else {}
-
-
-def number(data: Mapping[str, Any], name: str) -> int:
-    """``data[name]`` when it is an int, else 0 (counts in a provider's answer)."""
-    value = data.get(name)
-    return value if type(value) is int else 0
-
-
-def path_segment(identifier: str) -> str:
-    """An id as one path segment: a provider's id never holds '/', and a damaged one must not lead elsewhere."""
-    if not identifier or any(c in identifier for c in "/?#%\\") or identifier in (".", ".."):
-        raise ValueError(f"not a provider id: {identifier!r:.80}")
-    return identifier

@@ -18,28 +18,14 @@ and live draws are the same requests.
 from __future__ import annotations
 
 import json
-import time
 import uuid
 from typing import Any, Iterable, Mapping, Sequence
 
 import yarl
 
 from outlines.backends.base import BackendError, BatchReport, Draw
-from outlines.backends.jobs.base import (
-    CLOCK_SKEW,
-    STATES,
-    JobLimits,
-    JobLine,
-    JobStatus,
-    LineResult,
-    create_once,
-    get_json,
-    jsonl,
-    line_error,
-    mapping,
-    number,
-    path_segment,
-)
+from outlines.backends.jobs.base import STATES, JobLimits, JobLine, JobStatus, LineResult
+from outlines.backends.jobs.wire import CLOCK_SKEW, WireJobs, jsonl, line_error, mapping, number, path_segment
 from outlines.backends.openai import OpenAIChatBackend, OpenAICompletionBackend, sample_groups
 from outlines.backends.usage import wire_usage
 from outlines.cache.keys import draw_keys
@@ -54,7 +40,7 @@ NOT_RUN = {"batch_expired": "expired", "batch_cancelled": "cancelled"}
 TRANSIENT_CODES = frozenset({"server_error", "rate_limit_exceeded", "timeout", "internal_error"})
 
 
-class OpenAIJobs:
+class OpenAIJobs(WireJobs):
     """Batch jobs for an OpenAI chat or completions backend (its base URL, key, retries).
 
     Parameters
@@ -76,6 +62,8 @@ class OpenAIJobs:
     """
 
     provider = "openai"
+    jobs_path = "/batches"
+    cursor = "after"
 
     def __init__(
         self,
@@ -85,15 +73,11 @@ class OpenAIJobs:
         max_bytes: int = MAX_BYTES,
         completion_window: str = "24h",
     ) -> None:
-        self.backend = backend
-        self.client = backend.client
-        self.limits = JobLimits(max_requests, max_bytes)
+        super().__init__(backend, JobLimits(max_requests, max_bytes))
+        self.backend: OpenAIChatBackend | OpenAICompletionBackend = backend
         self.completion_window = completion_window
         # The batch names its endpoint by path from the host: "/v1/chat/completions".
         self.endpoint = yarl.URL(backend.base_url).path.rstrip("/") + backend.path
-
-    def __repr__(self) -> str:
-        return f"OpenAIJobs({self.backend!r})"
 
     def lines(self, draws: Sequence[Draw], report: BatchReport | None = None) -> list[JobLine]:
         """One line per prompt (and params): its distinct draws are its ``n`` samples."""
@@ -118,22 +102,11 @@ class OpenAIJobs:
         """Upload ``lines`` as one JSONL file and start a job on it; see ``JobClient.create``."""
         report = report or BatchReport()
         content = b"".join(line.data + b"\n" for line in lines)
-        if not lines or len(lines) > self.limits.requests or len(content) > self.limits.bytes:
-            raise ValueError(f"a job holds 1 to {self.limits.requests} requests and at most {self.limits.bytes} "
-                             f"bytes; got {len(lines)} requests, {len(content)} bytes (split them: jobs.split)")
+        self.check(lines, len(content))
         file_id = await self._upload(content, report)
         body = {"input_file_id": file_id, "endpoint": self.endpoint,
                 "completion_window": self.completion_window, "metadata": dict(metadata)}
-        since = time.time()
-
-        async def send() -> JobStatus:
-            answer = await self.client.request("POST", "/batches", report, payload=body, retries=0)
-            return self._status(self.client.json_object(answer, "/batches"))
-
-        async def look() -> JobStatus | None:
-            return await self.find(metadata, len(lines), since, report=report)
-
-        return await create_once(send, look, self.client.max_retries)
+        return await self.start(lines, metadata, report, payload=body)
 
     async def _upload(self, content: bytes, report: BatchReport) -> str:
         # A repeated upload leaves an unused file, which costs nothing: it may retry.
@@ -152,10 +125,7 @@ class OpenAIJobs:
             raise self.backend.malformed("the uploaded file has no 'id'", uploaded, "/files")
         return str(uploaded["id"])
 
-    async def status(self, job_id: str, report: BatchReport | None = None) -> JobStatus:
-        return self._status(await get_json(self.client, f"/batches/{path_segment(job_id)}", report))
-
-    def _status(self, data: Mapping[str, Any]) -> JobStatus:
+    def parse(self, data: Mapping[str, Any]) -> JobStatus:
         job_id, state = data.get("id"), data.get("status")
         if not isinstance(job_id, str) or state not in STATES:
             raise self.backend.malformed("a batch needs a string 'id' and a known 'status'", data, "/batches")
@@ -220,23 +190,6 @@ class OpenAIJobs:
                               retryable=False)
         return LineResult(custom_id, "succeeded", tuple(texts), usage=used)
 
-    async def page(
-        self, after: str | None = None, limit: int = 100, report: BatchReport | None = None
-    ) -> tuple[list[JobStatus], str | None]:
-        query = {"limit": str(limit)} | ({"after": after} if after else {})
-        data = await get_json(self.client, str(yarl.URL("/batches").with_query(query)), report)
-        items = data.get("data")
-        if not isinstance(items, list):
-            raise self.backend.malformed("a list of batches has no 'data' list", data, "/batches")
-        statuses = [self._status(item) for item in items if isinstance(item, dict)]
-        more = data.get("has_more") is True and bool(statuses)
-        return statuses, (statuses[-1].id if more else None)
-
-    async def cancel(self, job_id: str, report: BatchReport | None = None) -> JobStatus:
-        path = f"/batches/{path_segment(job_id)}/cancel"
-        answer = await self.client.request("POST", path, report or BatchReport())
-        return self._status(self.client.json_object(answer, path))
-
     async def find(
         self, metadata: Mapping[str, str], requests: int, since: float, *, exclude: Iterable[str] = (),
         report: BatchReport | None = None,
@@ -251,9 +204,6 @@ class OpenAIJobs:
                     return status
             if after is None or all(s.created_at < since - CLOCK_SKEW for s in statuses):
                 return None
-
-    async def aclose(self) -> None:
-        await self.backend.aclose()
 
 
 def _reason(error: Mapping[str, Any]) -> str:
