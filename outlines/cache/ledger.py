@@ -163,8 +163,9 @@ class Ledger:
         Seconds since the epoch, for the records' times.
 
     Methods are thread-safe, and each transition is one committed
-    transaction. They raise ``sqlite3.Error`` when the file cannot be used,
-    and ``LedgerError`` for a transition that is refused.
+    transaction. They raise ``sqlite3.Error`` (or ``sqlite.FormatMismatch``)
+    when the file cannot be used, and ``LedgerError`` for a transition that
+    is refused.
 
     Examples
     --------
@@ -461,13 +462,14 @@ class Ledger:
 
     @contextlib.contextmanager
     def _locked(self, transaction: bool = False) -> Iterator[sqlite3.Connection]:
-        """The connection under the lock; inside ``BEGIN IMMEDIATE ... COMMIT`` for a transition."""
+        """The connection under the lock, in one transaction: ``BEGIN IMMEDIATE`` for a transition.
+
+        Reads are transactions too (``BEGIN``), so the several SELECTs of one
+        lookup see one state of the file while other processes write.
+        """
         with self._lock:
             connection = self._open()
-            if not transaction:
-                yield connection
-                return
-            connection.execute("BEGIN IMMEDIATE")
+            connection.execute("BEGIN IMMEDIATE" if transaction else "BEGIN")
             try:
                 yield connection
             except BaseException:

@@ -216,6 +216,18 @@ def test_jobs_split_by_bytes_within_the_providers_limit(clock: FakeClock, provid
         assert [s.state for s in run(client, main)] == ["completed"] * 3
 
 
+def test_the_fake_enforces_the_providers_limits(clock: FakeClock, sleeps: list[float]) -> None:
+    with FakeBatches(clock=clock, openai_limits=(2, 10**6), anthropic_limits=(100, 300)) as server:
+        openai, anthropic = client_for(server, "openai"), client_for(server, "anthropic")
+        many = draws(["a", "b", "c"])
+        job_id = run(openai, lambda: openai.create(openai.lines(many), {})).id
+        status = run(openai, lambda: wait(openai, job_id, clock=clock))
+        assert status.state == "failed" and status.reason == "the input file must hold 1 to 2 requests, it holds 3"
+        with pytest.raises(BackendError, match="413") as caught:
+            run(anthropic, lambda: anthropic.create(anthropic.lines(many), {}))
+        assert not caught.value.retryable
+
+
 def test_a_line_too_large_for_any_job_is_named_and_a_too_large_job_is_refused_unsent(server: FakeBatches) -> None:
     client = client_for(server, "openai", max_bytes=200)
     (line,) = client.lines(draws(["y" * 300]))

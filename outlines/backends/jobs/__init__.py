@@ -4,7 +4,8 @@
 statuses, line results), ``split`` (jobs at the provider's limits) and
 ``wait`` (polling with a capped backoff on an injectable clock); ``openai``
 and ``anthropic`` implement it for OpenAI's Batch API (and servers speaking
-it) and Anthropic's Message Batches. ``job_client`` picks the client of a
+it) and Anthropic's Message Batches, on what ``wire`` gives both (paging,
+cancelling, creating a job once). ``job_client`` picks the client of a
 backend. The ledger that makes jobs survive a crash is
 ``outlines.cache.ledger``; sending a round's draws as jobs is the runtime's.
 """

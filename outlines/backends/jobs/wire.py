@@ -103,7 +103,7 @@ class WireJobs:
         await self.backend.aclose()
 
 
-def jsonl(body: bytes, where: str, client: Any) -> Iterator[tuple[str, dict[str, Any]]]:
+def jsonl(body: bytes, where: str, client: HTTPClient) -> Iterator[tuple[str, dict[str, Any]]]:
     """``(custom_id, record)`` of each line of a results file.
 
     Raises
