@@ -31,7 +31,7 @@ from outlines.graph.ops import Flatten, Regroup, check_text_input
 from outlines.graph.shapes import Shape
 from outlines.labels import label_of, shorten
 
-__all__ = ["Generate", "Model", "fallback", "from_function", "openai", "openai_completion", "transformers"]
+__all__ = ["Generate", "Model", "anthropic", "fallback", "from_function", "openai", "openai_completion", "transformers"]
 
 
 class Generate(Op):
@@ -307,6 +307,44 @@ def openai_completion(
 
     params, backend_options = _split(dict(options))
     return Model(OpenAICompletionBackend(model, base_url=base_url, api_key=api_key, **backend_options), **params)
+
+
+def anthropic(model: str, *, base_url: str | None = None, api_key: str | None = None, **options: Any) -> Model:
+    """An Anthropic model through the Messages API; see ``AnthropicBackend``.
+
+    Parameters
+    ----------
+    model
+        Model name, e.g. ``"claude-haiku-4-5"``.
+    base_url
+        API root (default ``ANTHROPIC_BASE_URL`` or ``https://api.anthropic.com``).
+    api_key
+        Secret key (default ``ANTHROPIC_API_KEY``); sent as ``x-api-key``, never
+        shown or cached.
+    **options
+        Generation defaults (``max_tokens``, default 1024, which the API
+        requires; ``temperature`` between 0 and 1; ``stop``; ``top_p``; extras
+        such as ``top_k``) and the backend options of ``openai`` (``max_batch``,
+        default 16 draws per call; ``max_concurrency``; ``max_retries``;
+        ``system_prompt``; timeouts; ``rpm``/``tpm``; ``headers``; ``price``;
+        ``tokenizer``). Each sample is its own request (the API has no ``n``);
+        ``seed`` is part of the cache key but not sent (the API has none).
+        Constraints (``choices=``, ``regex=``, ``json_schema=``) are checked on
+        the text and retried. See ``outlines.backends.anthropic``.
+
+    Examples
+    --------
+    >>> claude = anthropic("claude-haiku-4-5", api_key="sk-ant-x", temperature=0.5)
+    >>> claude.defaults.max_tokens, claude.backend.identity[0]
+    (1024, 'anthropic')
+    """
+    from outlines.backends.anthropic import DEFAULT_MAX_TOKENS, AnthropicBackend
+
+    params, backend_options = _split(dict(options))
+    params.setdefault("max_tokens", DEFAULT_MAX_TOKENS)
+    if "top_k" in backend_options:
+        params["top_k"] = backend_options.pop("top_k")
+    return Model(AnthropicBackend(model, base_url=base_url, api_key=api_key, **backend_options), **params)
 
 
 def fallback(primary: Model, *others: Model, on: Any = (429, "5xx", "timeout")) -> Model:

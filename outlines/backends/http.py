@@ -8,7 +8,9 @@ requests in flight when the server answers 429. ``post_json`` retries what
 optional requests/tokens-per-minute budgets, reports each request and the
 token usage to the batch's ``BatchReport`` (holding one of its request slots
 while a request is in flight), and turns every failure into a
-``BackendError`` that never contains the API key.
+``BackendError`` that never contains the API key. ``request`` sends other
+methods and bodies (GETs, multipart uploads, file downloads: provider batch
+jobs) through the same retries and returns the raw body.
 """
 from __future__ import annotations
 
@@ -29,6 +31,7 @@ import aiohttp
 from outlines.backends import retry
 from outlines.backends.base import BackendError, BatchReport
 from outlines.backends.ratelimit import AIMDLimiter, TokenBucket
+from outlines.backends.usage import wire_usage
 
 __all__ = ["HTTPClient", "Secret", "credential_fingerprint", "gather_or_cancel"]
 
@@ -103,6 +106,16 @@ class _LoopState:
     limiter: AIMDLimiter
 
 
+@dataclass(frozen=True)
+class _Wire:
+    """What one request sends besides its path: the method and a JSON or raw body."""
+
+    method: str
+    payload: Mapping[str, Any] | None = None
+    data: bytes | None = None
+    content_type: str | None = None
+
+
 @dataclass
 class _FailedAttempt:
     reason: str
@@ -133,7 +146,12 @@ class HTTPClient:
     max_retry_after
         Longest Retry-After honoured; a longer one fails at once.
     headers
-        Extra headers sent with every request.
+        Extra headers sent with every request (secret: hidden like the key).
+    key_header
+        ``(name, template)`` sending the key: ``("Authorization", "Bearer {key}")``
+        by default, ``("x-api-key", "{key}")`` for Anthropic.
+    static_headers
+        Headers that are not secret (an API version), sent with every request.
 
     Notes
     -----
@@ -156,6 +174,8 @@ class HTTPClient:
         max_retry_after: float = retry.MAX_RETRY_AFTER,
         headers: Mapping[str, str] | None = None,
         total_timeout: float | None = None,
+        key_header: tuple[str, str] = ("Authorization", "Bearer {key}"),
+        static_headers: Mapping[str, str] | None = None,
     ) -> None:
         if isinstance(max_concurrency, bool) or not isinstance(max_concurrency, int) or max_concurrency < 1:
             raise ValueError(f"max_concurrency must be a positive integer, got {max_concurrency!r}")
@@ -174,6 +194,8 @@ class HTTPClient:
         # Extra headers may carry secrets too (api-key, organization): hide their values.
         self._headers = {str(name): Secret(str(value)) for name, value in (headers or {}).items()}
         self._api_key = Secret(api_key) if api_key else None
+        self.key_header = key_header
+        self.static_headers = dict(static_headers or {})
         self.rpm = TokenBucket(rpm) if rpm is not None else None
         self.tpm = TokenBucket(tpm) if tpm is not None else None
         self._init_runtime()
@@ -250,18 +272,61 @@ class HTTPClient:
             asks to wait longer than ``max_retry_after``, or on a body that is
             not a JSON object.
         """
-        state = self.state()
         model = str(payload.get("model", "")) or None
+        body = await self.request("POST", path, report, payload=payload, model=model, tokens=tokens)
+        return self._decode(body, path, model, tokens, report)
+
+    async def request(
+        self,
+        method: str,
+        path: str,
+        report: BatchReport,
+        *,
+        payload: Mapping[str, Any] | None = None,
+        data: bytes | None = None,
+        content_type: str | None = None,
+        model: str | None = None,
+        tokens: float = 0.0,
+        retries: int | None = None,
+    ) -> bytes:
+        """Send one request (retried like ``post_json``) and return the body of its 2xx answer.
+
+        Parameters
+        ----------
+        method, path
+            ``"GET"``, ``"POST"``...; the path is appended to ``base_url``.
+        report
+            Each attempt is one of its requests, holding one of its slots.
+        payload, data, content_type
+            A JSON body, or raw bytes with their content type (a multipart
+            upload); neither for a GET.
+        model
+            Named in errors.
+        tokens
+            Estimated tokens the request spends, for the ``tpm`` budget.
+        retries
+            Retries allowed (default ``max_retries``); 0 for a request that
+            must not go twice before the caller has looked whether the first
+            one took effect (creating a paid job).
+
+        Raises
+        ------
+        BackendError
+            As ``post_json``.
+        """
+        state = self.state()
+        wire = _Wire(method, payload, data, content_type)
+        retries = self.max_retries if retries is None else retries
         attempt = 0
         while True:
             await self._throttle(tokens)
-            outcome = await self._attempt(state, path, payload, model, report)
+            outcome = await self._attempt(state, path, wire, model, report)
             if isinstance(outcome, bytes):
-                return self._decode(outcome, path, model, tokens, report)
+                return outcome
             error = outcome.error
             if not error.retryable:
                 raise error
-            if attempt == self.max_retries:
+            if attempt >= retries:
                 message = f"gave up after {attempt + 1} attempts; last: {outcome.reason}"
                 raise self._error(message, path, model, status=error.status, body=error.body, retryable=True)
             delay = retry.retry_delay(attempt, outcome.retry_after, max_retry_after=self.max_retry_after)
@@ -274,21 +339,21 @@ class HTTPClient:
             attempt += 1
 
     async def _attempt(
-        self, state: _LoopState, path: str, payload: Mapping[str, Any], model: str | None, report: BatchReport
+        self, state: _LoopState, path: str, wire: _Wire, model: str | None, report: BatchReport
     ) -> bytes | _FailedAttempt:
         """One request, reported with its times: the body of a 2xx, or why it failed."""
         async with report.request_slot():
             start = time.perf_counter()
-            outcome = await self._attempt_once(state, path, payload, model)
+            outcome = await self._attempt_once(state, path, wire, model)
             report.request(start, time.perf_counter(), None if isinstance(outcome, bytes) else outcome.error)
         return outcome
 
     async def _attempt_once(
-        self, state: _LoopState, path: str, payload: Mapping[str, Any], model: str | None
+        self, state: _LoopState, path: str, wire: _Wire, model: str | None
     ) -> bytes | _FailedAttempt:
         try:
             async with state.limiter:
-                status, headers, body = await self._send(state.session, path, payload)
+                status, headers, body = await self._send(state.session, path, wire)
                 # Adjust the limit while this request still holds its slot: a 429
                 # lowers it before the slot is freed, so no waiter is admitted
                 # under the old limit.
@@ -315,13 +380,16 @@ class HTTPClient:
         if state.limiter.limit < before:
             logger.debug("%s answered 429: at most %d requests in flight for now", self.base_url, state.limiter.limit)
 
-    async def _send(
-        self, session: aiohttp.ClientSession, path: str, payload: Mapping[str, Any]
-    ) -> tuple[int, Mapping[str, str], bytes]:
+    async def _send(self, session: aiohttp.ClientSession, path: str, wire: _Wire) -> tuple[int, Mapping[str, str], bytes]:
         headers = {name: value.reveal() for name, value in self._headers.items()}
+        headers.update(self.static_headers)
         if self._api_key is not None:
-            headers["Authorization"] = f"Bearer {self._api_key.reveal()}"
-        async with session.post(self.base_url + path, json=payload, headers=headers, max_redirects=3) as response:
+            name, template = self.key_header
+            headers[name] = template.format(key=self._api_key.reveal())
+        if wire.content_type:
+            headers["Content-Type"] = wire.content_type
+        async with session.request(wire.method, self.base_url + path, json=wire.payload, data=wire.data,
+                                   headers=headers, max_redirects=3) as response:
             return response.status, response.headers, await response.read()
 
     async def _throttle(self, tokens: float) -> None:
@@ -330,20 +398,23 @@ class HTTPClient:
         if self.tpm is not None and tokens > 0:
             await self.tpm.acquire(tokens, sleep=sleep)
 
-    def _decode(self, body: bytes, path: str, model: str | None, tokens: float, report: BatchReport) -> dict[str, Any]:
+    def json_object(self, body: bytes, path: str, model: str | None = None) -> dict[str, Any]:
+        """The JSON object a 2xx ``body`` from ``path`` holds; a ``BackendError`` (not retryable) otherwise."""
         try:
             data = json.loads(body)
         except (ValueError, RecursionError):
             raise self._error("malformed JSON in response", path, model, status=200, body=body) from None
         if not isinstance(data, dict):
             raise self._error("response is not a JSON object", path, model, status=200, body=body)
-        usage = data.get("usage")
-        if isinstance(usage, dict):
-            prompt_tokens, completion_tokens = usage.get("prompt_tokens"), usage.get("completion_tokens")
-            if isinstance(prompt_tokens, int) and isinstance(completion_tokens, int):
-                report.usage(prompt_tokens, completion_tokens)
-                if self.tpm is not None:
-                    self.tpm.refund(min(tokens, self.tpm.capacity) - prompt_tokens - completion_tokens)
+        return data
+
+    def _decode(self, body: bytes, path: str, model: str | None, tokens: float, report: BatchReport) -> dict[str, Any]:
+        data = self.json_object(body, path, model)
+        used = wire_usage(data.get("usage"))
+        if used is not None:
+            report.usage(*used)
+            if self.tpm is not None:
+                self.tpm.refund(min(tokens, self.tpm.capacity) - sum(used))
         return data
 
     def _error(

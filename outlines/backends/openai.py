@@ -21,22 +21,17 @@ replays of the draws already made with the same seed.
 from __future__ import annotations
 
 import asyncio
-import hmac
 import logging
-import os
 import re
 from typing import Any, Callable, Mapping, NamedTuple, Sequence
 
-import yarl
-
-from outlines.backends.base import Backend, BackendError, BatchReport, Draw, GenerationParams, check_limit
+from outlines.backends.base import BackendError, BatchReport, Draw, GenerationParams
 from outlines.backends.constraints import Constraint
-from outlines.backends import retry
-from outlines.backends.http import HTTPClient, credential_fingerprint, gather_or_cancel
-from outlines.backends.usage import Price, estimate_tokens, tiktoken_counter, user_counter
+from outlines.backends.hosted import HostedBackend
+from outlines.backends.http import gather_or_cancel
 from outlines.conversation import messages_of
 
-__all__ = ["OpenAIChatBackend", "OpenAICompletionBackend"]
+__all__ = ["OpenAIChatBackend", "OpenAICompletionBackend", "PromptSamples", "sample_groups"]
 
 logger = logging.getLogger("outlines.backends.openai")
 
@@ -73,83 +68,13 @@ class _NIgnored(Exception):
     """The server answered one choice per prompt although ``n > 1`` was asked."""
 
 
-class _OpenAIBackend(Backend):
-    """What both OpenAI backends share: options, identity, the client."""
+class _OpenAIBackend(HostedBackend):
+    """What both OpenAI backends share: the service, grouping draws into requests, the client."""
 
     path = ""
-    sends_requests = True
-
-    def __init__(
-        self,
-        model: str,
-        *,
-        base_url: str | None = None,
-        api_key: str | None = None,
-        max_batch: int | None = None,
-        max_concurrency: int = 32,
-        max_retries: int = 3,
-        timeout: float = 600.0,
-        connect_timeout: float = 10.0,
-        rpm: float | None = None,
-        tpm: float | None = None,
-        max_retry_after: float = retry.MAX_RETRY_AFTER,
-        headers: Mapping[str, str] | None = None,
-        total_timeout: float | None = None,
-        tokenizer: Any = None,
-        price: Any = None,
-    ) -> None:
-        if not isinstance(model, str) or not model:
-            raise ValueError(f"model must be a non-empty string, got {model!r}")
-        base_url = (base_url or os.environ.get("OPENAI_BASE_URL") or DEFAULT_BASE_URL).rstrip("/")
-        url = yarl.URL(base_url)
-        if url.scheme not in ("http", "https") or not url.host:
-            raise ValueError(f"base_url must be an http(s) URL, got {base_url!r}")
-        if url.user or url.password:
-            raise ValueError("base_url must not hold credentials; pass api_key= instead")
-        where = f"{self.kind}({model!r})"
-        max_batch = check_limit("max_batch", max_batch, where=where)
-        max_concurrency = check_limit("max_concurrency", max_concurrency, where=where) or 32
-        if api_key is None:
-            api_key = os.environ.get("OPENAI_API_KEY")
-        self.model = model
-        self.base_url = base_url
-        self.max_batch = max_batch
-        self.max_concurrency = int(max_concurrency)
-        self.max_retries = int(max_retries)
-        self.client = HTTPClient(
-            base_url,
-            api_key=api_key,
-            max_concurrency=max_concurrency,
-            max_retries=max_retries,
-            timeout=timeout,
-            connect_timeout=connect_timeout,
-            rpm=rpm,
-            tpm=tpm,
-            max_retry_after=max_retry_after,
-            headers=headers,
-            total_timeout=total_timeout,
-        )
-        # Not in ``identity`` (cache keys, reprs): only equality, so that models that
-        # differ in credentials never share a batch, a session or a key.
-        self._credentials = credential_fingerprint(api_key, headers)
-        # Token counting (``backends.usage``): the user's tokenizer, else tiktoken
-        # when its encoding is on disk, else the estimate. Neither is in the identity.
-        self.price = None if price is None else Price.of(price)
-        if tokenizer is not None:
-            user_counter(tokenizer)  # checks it is callable
-        self._tokenizer = tokenizer  # kept as given (no closure): backends travel to Dask workers
-        self._user_tokenizer = tokenizer is not None
-        self.tokens_exact = tokenizer is not None or tiktoken_counter(model) is not None
-
-    def _count(self, text: str) -> int:
-        if self._tokenizer is not None:
-            return user_counter(self._tokenizer)(text)
-        counter = tiktoken_counter(self.model)
-        return counter(text) if counter is not None else estimate_tokens(text)
-
-    def count_tokens(self, prompt: str) -> int:
-        """Prompt tokens of one request (the user's tokenizer, tiktoken, or ``usage.estimate_tokens``)."""
-        return self._count(prompt)
+    default_base_url = DEFAULT_BASE_URL
+    base_url_env = "OPENAI_BASE_URL"
+    api_key_env = "OPENAI_API_KEY"
 
     def requests_for(self, draws: Sequence[Draw]) -> int:
         """Requests of one call on a server that takes lists and ``n``: one per request group."""
@@ -158,38 +83,8 @@ class _OpenAIBackend(Backend):
     def _request_groups(self, draws: Sequence[Draw]) -> set[Any]:
         return {(d.params, d.prompt) for d in draws}
 
-    @property
-    def identity(self) -> tuple[Any, ...]:
-        return (self.kind, self.model, self.base_url)
-
-    def __eq__(self, other: object) -> bool:
-        return (
-            isinstance(other, _OpenAIBackend)
-            and self.identity == other.identity
-            and hmac.compare_digest(self._credentials, other._credentials)
-        )
-
-    def __hash__(self) -> int:
-        return hash((self.identity, self._credentials))
-
-    async def aclose(self) -> None:
-        await self.client.aclose()
-
-    def redact(self, text: str) -> str:
-        """``text`` with this backend's API key and header values starred out."""
-        return self.client.redact(text)
-
     async def generate(self, draws: Sequence[Draw], report: BatchReport) -> list[str]:
-        by_prompt: dict[tuple[GenerationParams, str], list[int]] = {}
-        for index, draw in enumerate(draws):
-            by_prompt.setdefault((draw.params, draw.prompt), []).append(index)
-        groups = []
-        for (params, prompt), indices in by_prompt.items():
-            first_draw = min(draws[i].draw for i in indices)
-            # Greedy draws are all the same text: ask once.
-            n = 1 if params.deterministic else len(indices)
-            groups.append(PromptSamples(_offset_seed(params, first_draw), prompt, n))
-        members = list(by_prompt.values())
+        groups, members = sample_groups(draws)
         out: list[str] = [""] * len(draws)
         errors: list[Exception] = []
 
@@ -241,24 +136,23 @@ class _OpenAIBackend(Backend):
         """A rough token estimate for the ``tpm`` budget (4 characters a token)."""
         return sum(len(p) for p in prompts) / 4 + (params.max_tokens or 256) * n * len(prompts)
 
-    def _malformed(self, message: str, data: Any) -> BackendError:
-        return BackendError(
-            message,
-            status=200,
-            body=self.client.redact(repr(data)[:400]),
-            endpoint=self.base_url + self.path,
-            model=self.model,
-        )
+    def request_body(self, group: PromptSamples) -> dict[str, Any]:
+        """The JSON body of one request for ``group.n`` samples of ``group.prompt`` (live, or a job's line)."""
+        raise NotImplementedError
+
+    def group_texts(self, data: Mapping[str, Any], n: int) -> list[str]:
+        """The ``n`` texts of the answer ``data`` to ``request_body`` of one group."""
+        raise NotImplementedError
 
     def _choices(self, data: Mapping[str, Any], expected: int, n: int) -> list[Any]:
         """The choices ordered by index, checked for count; ``_NIgnored`` when ``n`` was dropped."""
         choices = data.get("choices")
         if not isinstance(choices, list) or not all(isinstance(c, dict) for c in choices):
-            raise self._malformed("response has no list of 'choices'", data)
+            raise self.malformed("response has no list of 'choices'", data, self.path)
         if n > 1 and len(choices) == expected // n:
             raise _NIgnored()
         if len(choices) != expected:
-            raise self._malformed(f"expected {expected} choices, got {len(choices)}", data)
+            raise self.malformed(f"expected {expected} choices, got {len(choices)}", data, self.path)
         indices = [c.get("index") for c in choices]
         if sorted(i if type(i) is int else -1 for i in indices) == list(range(expected)):
             return sorted(choices, key=lambda c: c["index"])
@@ -374,10 +268,16 @@ class OpenAICompletionBackend(_OpenAIBackend):
         texts = [self._text(choice, data) for choice in choices]
         return [texts[i * n : (i + 1) * n] for i in range(len(prompts))]
 
+    def request_body(self, group: PromptSamples) -> dict[str, Any]:
+        return self._payload(group.params, group.n, prompt=group.prompt)
+
+    def group_texts(self, data: Mapping[str, Any], n: int) -> list[str]:
+        return [self._text(choice, data) for choice in self._choices(data, n, n)]
+
     def _text(self, choice: Mapping[str, Any], data: Any) -> str:
         text = choice.get("text")
         if not isinstance(text, str):
-            raise self._malformed("a choice has no 'text' string", data)
+            raise self.malformed("a choice has no 'text' string", data, self.path)
         return text
 
 
@@ -437,15 +337,20 @@ class OpenAIChatBackend(_OpenAIBackend):
         if n > 1 and self.base_url in N_IGNORED:
             rows = await gather_or_cancel(self._chat(prompt, _offset_seed(params, j), 1, report) for j in range(n))
             return [row[0] for row in rows]
-        messages = messages_of(prompt, self.system_prompt)  # a Conversation sends its own messages
-        payload = self._payload(params, n, messages=messages)
+        payload = self.request_body(PromptSamples(params, prompt, n))
         data = await self._post(payload, report, self._tokens([prompt], params, n))
         try:
-            choices = self._choices(data, n, n)
+            return self.group_texts(data, n)
         except _NIgnored:
             self._note_once(N_IGNORED, "ignores n; sending one request per sample")
             return await self._chat(prompt, params, n, report)
-        return [self._content(choice, data) for choice in choices]
+
+    def request_body(self, group: PromptSamples) -> dict[str, Any]:
+        messages = messages_of(group.prompt, self.system_prompt)  # a Conversation sends its own messages
+        return self._payload(group.params, group.n, messages=messages)
+
+    def group_texts(self, data: Mapping[str, Any], n: int) -> list[str]:
+        return [self._content(choice, data) for choice in self._choices(data, n, n)]
 
     def _content(self, choice: Mapping[str, Any], data: Any) -> str:
         message = choice.get("message")
@@ -453,7 +358,7 @@ class OpenAIChatBackend(_OpenAIBackend):
         if not isinstance(content, str):
             refusal = message.get("refusal") if isinstance(message, dict) else None
             reason = f"the model refused: {refusal!r:.200}" if isinstance(refusal, str) else "no message content"
-            raise self._malformed(f"a choice has {reason}", data)
+            raise self.malformed(f"a choice has {reason}", data, self.path)
         return content
 
 
@@ -489,6 +394,25 @@ def _strict_compatible(schema: Any) -> bool:
         if schema.get("additionalProperties", True) is not False or set(schema.get("required", [])) != set(properties):
             return False
     return all(_strict_compatible(v) for k, v in schema.items() if k not in ("required", "enum", "const", "default"))
+
+
+def sample_groups(draws: Sequence[Draw]) -> tuple[list[PromptSamples], list[list[int]]]:
+    """The requests a batch of draws needs: one group per (params, prompt), and each group's draw positions.
+
+    A group asks ``n`` samples (one when greedy: every draw is the same
+    text) with the seed shifted by its first draw number (``_offset_seed``);
+    the ``k``-th position of a group takes sample ``k`` (modulo ``n``).
+    """
+    by_prompt: dict[tuple[GenerationParams, str], list[int]] = {}
+    for index, draw in enumerate(draws):
+        by_prompt.setdefault((draw.params, draw.prompt), []).append(index)
+    groups = []
+    for (params, prompt), indices in by_prompt.items():
+        first_draw = min(draws[i].draw for i in indices)
+        # Greedy draws are all the same text: ask once.
+        n = 1 if params.deterministic else len(indices)
+        groups.append(PromptSamples(_offset_seed(params, first_draw), prompt, n))
+    return groups, list(by_prompt.values())
 
 
 def _offset_seed(params: GenerationParams, offset: int) -> GenerationParams:

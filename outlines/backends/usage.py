@@ -29,6 +29,7 @@ __all__ = [
     "price_of",
     "tiktoken_counter",
     "user_counter",
+    "wire_usage",
 ]
 
 #: The estimate's ratio: English text averages about 4 characters per token
@@ -100,6 +101,33 @@ def _tiktoken_cache_path(url: str) -> str:
     if folder is None:
         folder = os.path.join(tempfile.gettempdir(), "data-gym-cache")
     return os.path.join(folder, hashlib.sha1(url.encode()).hexdigest())
+
+
+def wire_usage(usage: Any) -> tuple[int, int] | None:
+    """``(prompt tokens, completion tokens)`` of a response's ``usage`` object; ``None`` when absent.
+
+    OpenAI-style servers say ``prompt_tokens``/``completion_tokens``;
+    Anthropic says ``input_tokens``/``output_tokens`` and counts the prompt
+    tokens written to or read from its prompt cache apart
+    (``cache_creation_input_tokens``, ``cache_read_input_tokens``): they are
+    prompt tokens too, as OpenAI's ``prompt_tokens`` counts its cached ones.
+
+    Examples
+    --------
+    >>> wire_usage({"input_tokens": 10, "cache_read_input_tokens": 90, "output_tokens": 5})
+    (100, 5)
+    """
+    if not isinstance(usage, dict):
+        return None
+    if "prompt_tokens" in usage:
+        prompt, completion, extra = usage.get("prompt_tokens"), usage.get("completion_tokens"), []
+    else:
+        prompt, completion = usage.get("input_tokens"), usage.get("output_tokens")
+        extra = [usage.get(k) for k in ("cache_creation_input_tokens", "cache_read_input_tokens")]
+    numbers = [prompt, completion, *(e for e in extra if e is not None)]
+    if not all(type(n) is int and n >= 0 for n in numbers):
+        return None
+    return int(prompt) + sum(int(e) for e in extra if e is not None), int(completion)  # type: ignore[arg-type]
 
 
 @dataclass(frozen=True)

@@ -263,6 +263,15 @@ class SQLiteStore:
             self._rows, self._chunk = _power_of_two(min(_ROWS, (variables - 1) // 3)), _power_of_two(min(_CHUNK, variables))
         return connection
 
+    def connect(self) -> sqlite3.Connection:
+        """A new connection of the caller's own to the file, opened (and a new file set up) like the store's.
+
+        For other tables of the same file (``outlines.cache.ledger``); the
+        caller closes it.
+        """
+        with self._setup:
+            return self._open_retrying()
+
     def _open_retrying(self) -> sqlite3.Connection:
         # Setting a new file up (WAL mode, tables) can fail with "database is
         # locked" at once, without SQLite's busy wait, while another process

@@ -67,8 +67,8 @@ def test_a_429_admits_no_extra_request_under_the_old_limit(sleeps: list[float]) 
     calls: list[str] = []
     release = asyncio.Event()
 
-    async def fake_send(session: Any, path: str, payload: Mapping[str, Any]) -> tuple[int, dict[str, str], bytes]:
-        prompt = payload["messages"][-1]["content"]
+    async def fake_send(session: Any, path: str, wire: Any) -> tuple[int, dict[str, str], bytes]:
+        prompt = wire.payload["messages"][-1]["content"]
         calls.append(prompt)
         if len(calls) == 1:
             while len(calls) < 2:  # answer once "b" holds the other slot and "c" waits

@@ -1,0 +1,166 @@
+"""Anthropic's Messages API as a backend: ``POST /v1/messages``, one request per draw.
+
+The service speaks its own dialect: the key goes in ``x-api-key`` with an
+``anthropic-version`` header, the system prompt is a top-level ``system``
+field (a conversation's system messages join it), ``max_tokens`` is required
+(``DEFAULT_MAX_TOKENS`` when a call sets none), stops are ``stop_sequences``,
+temperatures run from 0 to 1, and there is neither ``n`` nor ``seed``: each
+sample of a prompt is its own request, told apart from its siblings by its
+draw number (part of its cache key), and a ``seed`` stays in the key but is
+not sent. Usage (``input_tokens`` and the prompt-cache counts, ``output_tokens``)
+is reported like OpenAI's (``usage.wire_usage``). Retries follow the shared
+rules (``backends.retry``): 529 "overloaded" is a 5xx, ``retry-after`` and
+``x-should-retry`` are honoured.
+
+Structured outputs are not sent: Anthropic has no field that holds a choice
+list or a pattern, so every constraint is checked on the text and the draw
+asked again when it breaks it, as for any server that ignores constraints
+(``constraints.generate_valid``). ``request_body`` and ``text_of`` are the one
+body builder and parser, shared with Message Batches (``backends.jobs``).
+"""
+from __future__ import annotations
+
+import asyncio
+from typing import Any, Mapping, Sequence
+
+from outlines.backends.base import BackendError, BatchReport, Draw, GenerationParams
+from outlines.backends.hosted import HostedBackend
+from outlines.conversation import messages_of
+
+__all__ = ["API_VERSION", "DEFAULT_MAX_TOKENS", "AnthropicBackend"]
+
+DEFAULT_BASE_URL = "https://api.anthropic.com"
+API_VERSION = "2023-06-01"
+#: ``max_tokens`` sent when a call sets none (the API requires one).
+DEFAULT_MAX_TOKENS = 1024
+
+
+class AnthropicBackend(HostedBackend):
+    """Claude models through the Messages API; one request per draw.
+
+    Takes the options of ``hosted.HostedBackend`` (``max_batch`` default 16
+    draws per ``generate`` call, ``max_concurrency`` 32 requests in flight,
+    ``max_retries`` 3...) and ``system_prompt``, sent as ``system`` (part of
+    the identity: it changes the outputs). The key comes from ``api_key`` or
+    ``ANTHROPIC_API_KEY``, the base URL from ``base_url``,
+    ``ANTHROPIC_BASE_URL`` or ``https://api.anthropic.com``.
+
+    Examples
+    --------
+    >>> AnthropicBackend("claude-haiku-4-5", api_key="sk-ant-x", system_prompt="Be brief.").identity
+    ('anthropic', 'claude-haiku-4-5', 'https://api.anthropic.com', 'Be brief.')
+    """
+
+    kind = "anthropic"
+    path = "/v1/messages"
+    default_base_url = DEFAULT_BASE_URL
+    base_url_env = "ANTHROPIC_BASE_URL"
+    api_key_env = "ANTHROPIC_API_KEY"
+    key_header = ("x-api-key", "{key}")
+    static_headers = {"anthropic-version": API_VERSION}
+
+    def __init__(
+        self, model: str, *, system_prompt: str | None = None, max_batch: int | None = 16, **options: Any
+    ) -> None:
+        super().__init__(model, max_batch=max_batch, **options)
+        if system_prompt is not None and not isinstance(system_prompt, str):
+            raise ValueError(f"system_prompt must be a string, got {type(system_prompt).__name__}")
+        self.system_prompt = system_prompt
+
+    @property
+    def identity(self) -> tuple[Any, ...]:
+        return (self.kind, self.model, self.base_url, self.system_prompt)
+
+    def count_tokens(self, prompt: str) -> int:
+        """Prompt tokens of one request: its messages' contents and the system prompt."""
+        return sum(self._count(str(m.get("content", ""))) for m in messages_of(prompt, self.system_prompt))
+
+    def requests_for(self, draws: Sequence[Draw]) -> int:
+        """One request per distinct draw (greedy draws of a prompt are one draw)."""
+        return len({(d.params, d.prompt, d.draw) for d in draws})
+
+    async def generate(self, draws: Sequence[Draw], report: BatchReport) -> list[str]:
+        positions: dict[tuple[GenerationParams, str, int], list[int]] = {}
+        for index, draw in enumerate(draws):
+            positions.setdefault((draw.params, draw.prompt, draw.draw), []).append(index)
+        out: list[str] = [""] * len(draws)
+        errors: list[Exception] = []
+
+        async def one(draw: Draw, indices: list[int]) -> None:
+            try:
+                text = await self._message(draw, report)
+            except Exception as error:  # noqa: BLE001 - fails this draw only
+                errors.append(error)
+                for index in indices:
+                    report.failure(index, error)
+                return
+            for index in indices:
+                out[index] = text
+                report.result(index, text)  # cached at once, whatever its siblings do
+
+        await asyncio.gather(*(one(Draw(prompt, params, number), indices)
+                               for (params, prompt, number), indices in positions.items()))
+        if errors:
+            raise errors[0]  # every draw is reported: this only tells direct callers
+        return out
+
+    async def _message(self, draw: Draw, report: BatchReport) -> str:
+        body = self.request_body(draw)
+        tokens = sum(len(str(m["content"])) for m in body["messages"]) / 4 + body["max_tokens"]
+        data = await self.client.post_json(self.path, body, report, tokens=tokens)
+        return self.text_of(data)
+
+    def request_body(self, draw: Draw) -> dict[str, Any]:
+        """The Messages API body asking for one sample of ``draw`` (live, or a batch's ``params``).
+
+        Raises
+        ------
+        BackendError
+            For parameters the API cannot take (a temperature above 1), naming them.
+        """
+        params = draw.params
+        messages = messages_of(draw.prompt, self.system_prompt)  # a Conversation sends its own messages
+        system = [m["content"] for m in messages if m["role"] == "system"]
+        body: dict[str, Any] = {
+            "model": self.model,
+            "max_tokens": params.max_tokens or DEFAULT_MAX_TOKENS,
+            "messages": [m for m in messages if m["role"] != "system"],
+        }
+        if system:
+            body["system"] = "\n\n".join(system)
+        if params.temperature is not None:
+            if not 0 <= float(params.temperature) <= 1:
+                raise BackendError(f"Anthropic takes a temperature between 0 and 1, got {params.temperature!r}",
+                                   endpoint=self.base_url + self.path, model=self.model)
+            body["temperature"] = params.temperature
+        if params.top_p is not None:
+            body["top_p"] = params.top_p
+        if params.stop:
+            body["stop_sequences"] = list(params.stop)
+        wire = params.to_dict()
+        for name in ("max_tokens", "temperature", "top_p", "stop", "seed", "constraint"):
+            wire.pop(name, None)
+        body.update(wire)  # further parameters (top_k, metadata...) as given
+        return body
+
+    def text_of(self, data: Mapping[str, Any]) -> str:
+        """The text of a Messages API answer: its text blocks, joined.
+
+        Raises
+        ------
+        BackendError
+            When ``data`` holds no list of content blocks, or no text and no
+            reason to end (a refusal is named as one).
+        """
+        content = data.get("content")
+        if not isinstance(content, list) or not all(isinstance(block, dict) for block in content):
+            raise self.malformed("response has no list of 'content' blocks", data, self.path)
+        texts = [block.get("text") for block in content if block.get("type") == "text"]
+        if not all(isinstance(text, str) for text in texts):
+            raise self.malformed("a text block has no 'text' string", data, self.path)
+        reason = data.get("stop_reason")
+        if reason == "refusal":
+            raise self.malformed("the model refused", data, self.path)
+        if not texts and reason not in ("end_turn", "max_tokens", "stop_sequence"):
+            raise self.malformed("response has no text block", data, self.path)
+        return "".join(texts)  # type: ignore[arg-type]

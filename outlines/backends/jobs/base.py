@@ -1,0 +1,334 @@
+"""Provider batch jobs: the values that cross the ``JobClient`` protocol, splitting and waiting.
+
+A *job* is one provider batch job (OpenAI Batch, Anthropic Message Batches):
+many requests sent at once, answered within a day at half the price. A job
+client turns draws into ``JobLine``s (one request each, its ``custom_id`` the
+hex cache key of its first draw, ``keys`` the hex keys of every draw it
+answers, so a result can only land on the draws it answers, in any order),
+creates jobs from them, reads a job's ``JobStatus``, parses its results into
+``LineResult``s, lists and cancels jobs, and finds a job created by a process
+that died before it could record the job's id (``find``).
+
+``split`` cuts lines into jobs at the provider's limits (``JobLimits``);
+``wait`` polls a job with a capped exponential backoff on an injectable
+``Clock`` (tests advance a fake one instead of sleeping). Job states use
+OpenAI's words for both providers: ``validating``, ``in_progress``,
+``finalizing``, ``cancelling``, then one of the ``FINISHED`` states
+``completed``, ``expired``, ``cancelled`` or ``failed``.
+"""
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterable, Iterator, Mapping, Protocol, Sequence, runtime_checkable
+
+from outlines.backends.base import Backend, BackendError, BatchReport, Draw
+
+__all__ = [
+    "FINISHED",
+    "STATES",
+    "Backoff",
+    "Clock",
+    "JobClient",
+    "JobLimits",
+    "JobLine",
+    "JobStatus",
+    "LineResult",
+    "SystemClock",
+    "split",
+    "wait",
+]
+
+#: States after which a job changes no more.
+FINISHED = frozenset({"completed", "expired", "cancelled", "failed"})
+STATES = ("validating", "in_progress", "finalizing", "cancelling", "completed", "expired", "cancelled", "failed")
+#: What became of one line: answered, answered with an error, or never run
+#: (its job expired or was cancelled first: sent again, never a failure).
+OUTCOMES = ("succeeded", "errored", "expired", "cancelled")
+
+
+@dataclass(frozen=True)
+class JobLine:
+    """One request of a job.
+
+    ``custom_id`` is the hex cache key of the first draw the line answers;
+    ``keys`` the hex keys of all of them, in sample order (its ``n``);
+    ``data`` what the provider receives for it, as JSON (an OpenAI JSONL
+    line, an Anthropic request with its ``params``); ``size`` the bytes it
+    adds to its job's upload.
+    """
+
+    custom_id: str
+    keys: tuple[str, ...]
+    data: bytes = field(default=b"", compare=False, repr=False)
+    size: int = 0
+
+
+@dataclass(frozen=True)
+class JobLimits:
+    """The most requests and bytes one job may hold (a provider's limits, or lower).
+
+    ``envelope`` is what a job's upload costs beyond its lines' sizes (the
+    JSON around Anthropic's requests).
+    """
+
+    requests: int
+    bytes: int
+    envelope: int = 0
+
+    def __post_init__(self) -> None:
+        for name in ("requests", "bytes"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"job limit {name} must be a positive integer, got {value!r}")
+
+
+@dataclass(frozen=True)
+class JobStatus:
+    """What the provider says about one job.
+
+    ``succeeded`` and ``failed`` count lines so far (``failed`` includes lines
+    that expired or were cancelled); ``reason`` quotes the provider's
+    reason for a ``failed`` job; ``results`` locates its results (OpenAI: the
+    output and error file ids; Anthropic: the results path).
+    """
+
+    id: str
+    state: str
+    total: int = 0
+    succeeded: int = 0
+    failed: int = 0
+    created_at: float = 0.0
+    metadata: Mapping[str, str] = field(default_factory=dict)
+    reason: str | None = None
+    results: tuple[str, ...] = ()
+
+    @property
+    def finished(self) -> bool:
+        return self.state in FINISHED
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-able form (the ledger keeps it)."""
+        return {"id": self.id, "state": self.state, "total": self.total, "succeeded": self.succeeded,
+                "failed": self.failed, "created_at": self.created_at, "metadata": dict(self.metadata),
+                "reason": self.reason, "results": list(self.results)}
+
+
+@dataclass(frozen=True)
+class LineResult:
+    """The result of one line: its texts (``n`` samples), or its error.
+
+    ``outcome`` is one of ``OUTCOMES``. An ``errored`` line's ``error`` says
+    whether it may go again (``BackendError.retryable``, by the shared retry
+    rules); ``expired`` and ``cancelled`` lines never ran and simply go again.
+    ``usage`` is ``(prompt tokens, completion tokens)``.
+    """
+
+    custom_id: str
+    outcome: str
+    texts: tuple[str, ...] = ()
+    error: BackendError | None = None
+    usage: tuple[int, int] = (0, 0)
+
+
+class Clock(Protocol):
+    """Where waiting happens: the system's clock, or a test's that advances on ``sleep``."""
+
+    def time(self) -> float:
+        """Seconds since the epoch."""
+
+    async def sleep(self, seconds: float) -> None:
+        """Wait ``seconds``."""
+
+
+class SystemClock:
+    """The real clock: ``time.time`` and ``asyncio.sleep``."""
+
+    def time(self) -> float:
+        return time.time()
+
+    async def sleep(self, seconds: float) -> None:
+        await asyncio.sleep(seconds)
+
+
+@dataclass(frozen=True)
+class Backoff:
+    """Polling pauses: ``first`` seconds, times ``factor`` after each poll, at most ``cap``."""
+
+    first: float = 5.0
+    factor: float = 1.5
+    cap: float = 120.0
+
+    def pauses(self) -> Iterator[float]:
+        pause = self.first
+        while True:
+            yield pause
+            pause = min(self.cap, pause * self.factor)
+
+
+@runtime_checkable
+class JobClient(Protocol):
+    """One provider's batch-job API for one backend (its model, base URL and key).
+
+    Every method that talks to the provider takes an optional ``BatchReport``
+    that counts its wire requests (each retry too); without one they go
+    uncounted.
+    """
+
+    @property
+    def provider(self) -> str:
+        """``"openai"`` or ``"anthropic"``: whose jobs these are (recorded in the ledger)."""
+
+    @property
+    def backend(self) -> Backend:
+        """The backend whose draws the jobs answer (its identity is the ledger's, never its key)."""
+
+    @property
+    def limits(self) -> JobLimits:
+        """The most requests and bytes per job."""
+
+    def lines(
+        self, draws: Sequence[Draw], keys: Sequence[bytes], report: BatchReport | None = None
+    ) -> list[JobLine]:
+        """The lines asking for ``draws`` (draws with equal keys share one).
+
+        ``keys`` are the draws' cache keys (``outlines.cache.draw_keys``, made
+        by the caller: backends know nothing of the cache); each line's
+        ``custom_id`` is the hex key of its first draw.
+
+        A draw whose request cannot be built is reported with
+        ``report.failure(index, error)`` and left out (raised without a report).
+        """
+
+    async def create(
+        self, lines: Sequence[JobLine], metadata: Mapping[str, str], report: BatchReport | None = None
+    ) -> JobStatus:
+        """Create one job of ``lines`` (within ``limits``), labelled with ``metadata``.
+
+        A create whose answer is lost is not sent again before ``find`` has
+        looked for the job it may have made: nothing is paid twice.
+        """
+
+    async def status(self, job_id: str, report: BatchReport | None = None) -> JobStatus:
+        """The job's status now."""
+
+    async def results(
+        self, status: JobStatus, samples: Mapping[str, int], report: BatchReport | None = None
+    ) -> list[LineResult]:
+        """The results of a finished job, one per line it ran or gave up on.
+
+        ``samples`` maps each line's ``custom_id`` to the texts it must hold
+        (``len(line.keys)``); a line answering with another count errs.
+
+        Raises
+        ------
+        BackendError
+            When the results cannot be read: a line that is not JSON or names
+            no ``custom_id`` (quoted), or a job with no results yet.
+        """
+
+    async def page(
+        self, after: str | None = None, limit: int = 100, report: BatchReport | None = None
+    ) -> tuple[list[JobStatus], str | None]:
+        """One page of the account's jobs, newest first, and the cursor of the next (``None``: last)."""
+
+    async def cancel(self, job_id: str, report: BatchReport | None = None) -> JobStatus:
+        """Ask the provider to cancel the job; results finished so far are kept."""
+
+    async def find(
+        self, metadata: Mapping[str, str], requests: int, since: float, *, exclude: Iterable[str] = (),
+        report: BatchReport | None = None,
+    ) -> JobStatus | None:
+        """The job a ``create(lines, metadata)`` of ``requests`` lines made at or after ``since``, if any.
+
+        ``exclude`` holds job ids already accounted for (the ledger's).
+        """
+
+    async def aclose(self) -> None:
+        """Release the running loop's session."""
+
+
+def split(lines: Sequence[JobLine], limits: JobLimits) -> list[list[JobLine]]:
+    """Cut ``lines`` into jobs of at most ``limits.requests`` lines and ``limits.bytes`` bytes, in order.
+
+    A job's bytes are its lines' sizes and ``limits.envelope``.
+
+    Raises
+    ------
+    ValueError
+        When one line alone is larger than a job may be (naming it).
+
+    Examples
+    --------
+    >>> lines = [JobLine(str(i), (str(i),), b"", 40) for i in range(5)]
+    >>> [len(job) for job in split(lines, JobLimits(requests=2, bytes=1000))]
+    [2, 2, 1]
+    >>> [len(job) for job in split(lines, JobLimits(requests=10, bytes=100))]
+    [2, 2, 1]
+    """
+    jobs: list[list[JobLine]] = []
+    current: list[JobLine] = []
+    overhead = size = limits.envelope
+    for line in lines:
+        if line.size + overhead > limits.bytes:
+            raise ValueError(f"the request {line.custom_id} takes {line.size} bytes, more than a job may hold "
+                             f"({limits.bytes} bytes)")
+        if current and (len(current) == limits.requests or size + line.size > limits.bytes):
+            jobs.append(current)
+            current, size = [], overhead
+        current.append(line)
+        size += line.size
+    if current:
+        jobs.append(current)
+    return jobs
+
+
+async def wait(
+    client: JobClient,
+    job_id: str,
+    *,
+    clock: Clock | None = None,
+    backoff: Backoff = Backoff(),
+    deadline: float | None = None,
+    on_status: Callable[[JobStatus], None] | None = None,
+    report: BatchReport | None = None,
+) -> JobStatus:
+    """Poll a job until it finishes, or until ``deadline`` seconds have passed.
+
+    Parameters
+    ----------
+    client, job_id
+        The job.
+    clock
+        Where time passes (default ``SystemClock()``).
+    backoff
+        The pauses between polls (capped exponential).
+    deadline
+        Seconds after which the last status is returned, finished or not
+        (the caller may then send the stragglers live); ``None``: no limit.
+    on_status
+        Called with every status read (progress).
+    report
+        Counts the polls' wire requests.
+
+    Returns
+    -------
+    JobStatus
+        Finished, or the last one read when the deadline passed.
+    """
+    clock = clock or SystemClock()
+    start = clock.time()
+    for pause in backoff.pauses():
+        status = await client.status(job_id, report)
+        if on_status is not None:
+            on_status(status)
+        if status.finished:
+            return status
+        if deadline is not None:
+            left = start + deadline - clock.time()
+            if left <= 0:
+                return status
+            pause = min(pause, left)
+        await clock.sleep(pause)
+    raise AssertionError("unreachable")  # pauses() never ends

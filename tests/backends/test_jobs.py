@@ -1,0 +1,487 @@
+"""Provider batch-job clients (OpenAI Batch, Anthropic Message Batches) against the fake provider on 127.0.0.1.
+
+The fake runs jobs on a ``FakeClock`` that ``wait`` advances: nothing here
+really sleeps. What the server was asked (uploads, creates, polls, downloads,
+lines paid) is counted by the server itself.
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+from typing import Any, Awaitable, Callable, Iterator, Sequence, TypeVar
+
+import pytest
+
+from outlines import models
+from outlines.backends.anthropic import AnthropicBackend
+from outlines.backends.base import BackendError, BatchReport, Draw, GenerationParams
+from outlines.backends.jobs import Backoff, JobClient, JobLimits, JobLine, JobStatus, job_client, split, wait
+from outlines.backends.jobs.anthropic import AnthropicJobs
+from outlines.backends.jobs.openai import OpenAIJobs
+from outlines.backends.openai import OpenAIChatBackend, OpenAICompletionBackend
+from outlines.cache import draw_key, draw_keys
+from tests.fixtures.fake_batches import FakeBatches, FakeClock, JobPlan, Lost
+from tests.fixtures.fake_openai import Malformed, Status
+
+pytestmark = pytest.mark.filterwarnings("error::ResourceWarning")
+
+KEY = "sk-jobs-SECRET-0123456789"
+SAMPLING = GenerationParams.create(temperature=0.7, max_tokens=16, seed=100)
+T = TypeVar("T")
+
+
+@pytest.fixture
+def clock() -> FakeClock:
+    return FakeClock()
+
+
+@pytest.fixture
+def server(clock: FakeClock) -> Iterator[FakeBatches]:
+    with FakeBatches(clock=clock, reply=_reply) as fake:
+        yield fake
+
+
+def _reply(prompt: str, sample: int, body: Any) -> str:
+    """An answer that names its request: the prompt, the seed it was sent with, the sample."""
+    return f"{prompt}|{body.get('seed')}|{sample}"
+
+
+def client_for(server: FakeBatches, provider: str, **limits: Any) -> Any:
+    if provider == "openai":
+        return OpenAIJobs(OpenAIChatBackend("fake-model", base_url=server.base_url, api_key=KEY), **limits)
+    return AnthropicJobs(AnthropicBackend("claude-fake", base_url=server.anthropic_url, api_key=KEY), **limits)
+
+
+def run(client: JobClient, main: Callable[[], Awaitable[T]]) -> T:
+    """``main()`` on a fresh loop, closing the client's session after."""
+
+    async def closing() -> T:
+        try:
+            return await main()
+        finally:
+            await client.aclose()
+
+    return asyncio.run(closing())
+
+
+def draws(prompts: Sequence[str], samples: int = 1, params: GenerationParams = SAMPLING) -> list[Draw]:
+    return [Draw(p, params, d) for p in prompts for d in range(samples)]
+
+
+def lines_for(client: JobClient, batch: Sequence[Draw], report: BatchReport | None = None) -> list[JobLine]:
+    """The client's lines for ``batch``, keyed as the runtime keys them (the backend's cache identity)."""
+    return client.lines(batch, draw_keys(client.backend.cache_identities[0], batch), report)
+
+
+def samples_of(lines: Sequence[JobLine]) -> dict[str, int]:
+    return {line.custom_id: len(line.keys) for line in lines}
+
+
+async def through(client: JobClient, lines: Sequence[JobLine], clock: FakeClock, **metadata: str) -> Any:
+    """Create one job of ``lines``, wait for it, read its results."""
+    status = await client.create(lines, {"outlines_run": "test", **metadata})
+    status = await wait(client, status.id, clock=clock)
+    return status, await client.results(status, samples_of(lines))
+
+
+PROVIDERS = pytest.mark.parametrize("provider", ["openai", "anthropic"])
+
+
+# -- lines ---------------------------------------------------------------------------------
+
+
+@PROVIDERS
+def test_custom_ids_are_draw_keys_and_lines_are_the_live_requests(server: FakeBatches, provider: str) -> None:
+    client = client_for(server, provider)
+    batch = draws(["a", "b"], samples=2)
+    lines = lines_for(client, batch)
+    keys = [draw_key(client.backend.identity, d).hex() for d in batch]
+    assert sorted(k for line in lines for k in line.keys) == sorted(keys)
+    assert all(line.custom_id == line.keys[0] for line in lines)
+    if provider == "openai":  # one line per prompt, its two draws its n=2 samples
+        assert [line.keys for line in lines] == [(keys[0], keys[1]), (keys[2], keys[3])]
+        sent = [json.loads(line.data)["body"] for line in lines]
+    else:  # the API has no n: one line per draw
+        assert [line.keys for line in lines] == [(key,) for key in keys]
+        sent = [json.loads(line.data)["params"] for line in lines]
+    # The live backend sends exactly these bodies for the same draws.
+    run(client, lambda: client.backend.generate(batch, BatchReport()))
+    assert sorted(map(json.dumps, sent)) == sorted(json.dumps(r.body) for r in server.requests)
+    assert all(line.size == len(line.data) + 1 for line in lines)
+
+
+@PROVIDERS
+def test_greedy_and_repeated_draws_share_a_line(server: FakeBatches, provider: str) -> None:
+    client = client_for(server, provider)
+    greedy = GenerationParams.create(temperature=0)
+    lines = lines_for(client, [Draw("g", greedy, 0)] * 3 + [Draw("s", SAMPLING, 1), Draw("s", SAMPLING, 1)])
+    assert [len(line.keys) for line in lines] == [1, 1]
+
+
+def test_completions_lines_name_their_endpoint(server: FakeBatches) -> None:
+    client = OpenAIJobs(OpenAICompletionBackend("fake-model", base_url=server.base_url, api_key=KEY))
+    (line,) = lines_for(client, draws(["a"], samples=3))
+    record = json.loads(line.data)
+    assert record["url"] == "/v1/completions" and record["body"]["prompt"] == "a" and record["body"]["n"] == 3
+
+
+def test_a_draw_whose_request_cannot_be_built_fails_alone(server: FakeBatches) -> None:
+    client = client_for(server, "anthropic")
+    hot = GenerationParams.create(temperature=1.5)
+    report = BatchReport()
+    lines = lines_for(client, [Draw("hot", hot, 0), Draw("fine", SAMPLING, 0), Draw("hot", hot, 0)], report)
+    assert len(lines) == 1 and sorted(report.failures) == [0, 2]
+    with pytest.raises(BackendError, match="between 0 and 1"):
+        lines_for(client, [Draw("hot", hot, 0)])
+
+
+def test_job_client_picks_the_provider() -> None:
+    assert isinstance(job_client(OpenAIChatBackend("m", api_key="k"), max_requests=10), OpenAIJobs)
+    assert isinstance(job_client(AnthropicBackend("c", api_key="k")), AnthropicJobs)
+    with pytest.raises(TypeError, match="no provider batch jobs"):
+        job_client(models.from_function(str.upper).backend)
+    assert isinstance(job_client(AnthropicBackend("c", api_key="k")), JobClient)
+
+
+# -- a job, start to end --------------------------------------------------------------------
+
+
+@PROVIDERS
+def test_results_land_on_their_draws_in_any_order(server: FakeBatches, clock: FakeClock, provider: str) -> None:
+    client = client_for(server, provider)
+    prompts = [f"q{i}" for i in range(12)]
+    batch = draws(prompts, samples=2)
+    lines = lines_for(client, batch)
+    status, results = run(client, lambda: through(client, lines, clock))
+    assert status.state == "completed" and status.succeeded == len(lines)
+    assert [r.custom_id for r in results] != [line.custom_id for line in lines]  # the file came shuffled
+    texts = {line.keys[k]: r.texts[k] for r in results for line in lines if line.custom_id == r.custom_id
+             for k in range(len(line.keys))}
+    for draw in batch:
+        text = texts[draw_key(client.backend.identity, draw).hex()]
+        if provider == "openai":  # sample k of the line sent with seed 100 + its first draw
+            assert text == f"{draw.prompt}|100|{draw.draw}"
+        else:
+            assert text == f"{draw.prompt}|None|0"
+    # Nothing went live; one upload (OpenAI), one create, polls, one download.
+    assert server.count == 0
+    create = "batches.create" if provider == "openai" else "message_batches.create"
+    download = "files.content" if provider == "openai" else "message_batches.results"
+    assert server.counts[create] == 1 and server.counts[download] == 1
+    assert server.counts["files.create"] == (1 if provider == "openai" else 0)
+    assert set(server.paid().values()) == {1} and len(server.paid()) == len(lines)
+
+
+@PROVIDERS
+def test_usage_comes_from_the_results(server: FakeBatches, clock: FakeClock, provider: str) -> None:
+    client = client_for(server, provider)
+    lines = lines_for(client, draws(["one two", "three"]))
+    report = BatchReport()
+
+    async def main() -> Any:
+        status = await wait(client, (await client.create(lines, {})).id, clock=clock)
+        return await client.results(status, samples_of(lines), report)
+
+    results = run(client, main)
+    assert report.tokens == [3, 2] and sorted(r.usage for r in results) == [(1, 1), (2, 1)]
+
+
+@PROVIDERS
+def test_jobs_split_at_the_limits_they_are_given(clock: FakeClock, provider: str) -> None:
+    limits = (4, 100_000)
+    with FakeBatches(clock=clock, openai_limits=limits, anthropic_limits=limits) as server:
+        client = client_for(server, provider, max_requests=4)
+        lines = lines_for(client, draws([f"p{i}" for i in range(10)]))
+        jobs = split(lines, client.limits)
+        assert [len(job) for job in jobs] == [4, 4, 2]
+
+        async def main() -> list[JobStatus]:
+            created = [await client.create(job, {}) for job in jobs]
+            return [await wait(client, s.id, clock=clock) for s in created]
+
+        assert [s.state for s in run(client, main)] == ["completed"] * 3
+        assert len(server.jobs) == 3 and sum(server.paid().values()) == 10
+
+
+@PROVIDERS
+def test_jobs_split_by_bytes_within_the_providers_limit(clock: FakeClock, provider: str) -> None:
+    with FakeBatches(clock=clock) as probe:
+        size = sum(line.size for line in lines_for(client_for(probe, provider), draws(["x" * 100] * 1)))
+    limit = size * 3 + 20  # three lines and an envelope
+    with FakeBatches(clock=clock, openai_limits=(100, limit), anthropic_limits=(100, limit)) as server:
+        client = client_for(server, provider, max_bytes=limit)
+        lines = lines_for(client, draws([f"{i:03d}" + "x" * 97 for i in range(7)]))
+        jobs = split(lines, client.limits)
+        assert [len(job) for job in jobs] == [3, 3, 1]
+
+        async def main() -> list[JobStatus]:
+            created = [await client.create(job, {}) for job in jobs]
+            return [await wait(client, s.id, clock=clock) for s in created]
+
+        assert [s.state for s in run(client, main)] == ["completed"] * 3
+
+
+def test_the_fake_enforces_the_providers_limits(clock: FakeClock, sleeps: list[float]) -> None:
+    with FakeBatches(clock=clock, openai_limits=(2, 10**6), anthropic_limits=(100, 300)) as server:
+        openai, anthropic = client_for(server, "openai"), client_for(server, "anthropic")
+        many = draws(["a", "b", "c"])
+        job_id = run(openai, lambda: openai.create(lines_for(openai, many), {})).id
+        status = run(openai, lambda: wait(openai, job_id, clock=clock))
+        assert status.state == "failed" and status.reason == "the input file must hold 1 to 2 requests, it holds 3"
+        with pytest.raises(BackendError, match="413") as caught:
+            run(anthropic, lambda: anthropic.create(lines_for(anthropic, many), {}))
+        assert not caught.value.retryable
+
+
+def test_a_line_too_large_for_any_job_is_named_and_a_too_large_job_is_refused_unsent(server: FakeBatches) -> None:
+    client = client_for(server, "openai", max_bytes=200)
+    (line,) = lines_for(client, draws(["y" * 300]))
+    with pytest.raises(ValueError, match=line.custom_id):
+        split([line], client.limits)
+    with pytest.raises(ValueError, match="split them"):
+        run(client, lambda: client.create([line], {}))
+    assert not server.counts
+
+
+# -- waiting ---------------------------------------------------------------------------------
+
+
+def test_polling_backs_off_to_its_cap_without_sleeping(clock: FakeClock) -> None:
+    with FakeBatches(clock=clock, validate_s=0, run_s=60, finalize_s=0) as server:
+        client = client_for(server, "openai")
+        lines = lines_for(client, draws(["a"]))
+        seen: list[str] = []
+
+        async def main() -> JobStatus:
+            status = await client.create(lines, {})
+            return await wait(client, status.id, clock=clock, backoff=Backoff(first=1, factor=2, cap=8),
+                              on_status=lambda s: seen.append(s.state))
+
+        assert run(client, main).state == "completed"
+    assert clock.slept == [1, 2, 4, 8, 8, 8, 8, 8, 8, 8]  # 63 s of the job's time, none of ours
+    assert server.counts["batches.get"] == len(clock.slept) + 1 == len(seen)
+    assert seen[0] == "in_progress" and seen[-1] == "completed"
+
+
+def test_a_deadline_returns_the_job_unfinished(server: FakeBatches, clock: FakeClock) -> None:
+    client = client_for(server, "anthropic")
+    lines = lines_for(client, draws(["a"]))
+
+    async def main() -> JobStatus:
+        status = await client.create(lines, {})
+        return await wait(client, status.id, clock=clock, deadline=3.0, backoff=Backoff(first=2))
+
+    status = run(client, main)
+    assert status.state == "in_progress" and not status.finished and sum(clock.slept) == 3.0
+
+
+# -- faults ----------------------------------------------------------------------------------
+
+
+@PROVIDERS
+def test_an_expired_job_keeps_its_finished_half(server: FakeBatches, clock: FakeClock, provider: str) -> None:
+    client = client_for(server, provider)
+    lines = lines_for(client, draws([f"e{i}" for i in range(10)]))
+    server.plan(JobPlan(validate_s=0, run_s=10, finalize_s=1, expire_s=5.5))
+    status, results = run(client, lambda: through(client, lines, clock))
+    assert status.state == "expired"
+    outcomes = {r.custom_id: r.outcome for r in results}
+    done = [line.custom_id for line in lines[:5]]
+    assert sorted(c for c, o in outcomes.items() if o == "succeeded") == sorted(done)
+    assert sorted(c for c, o in outcomes.items() if o == "expired") == sorted(line.custom_id for line in lines[5:])
+    # Only the missing half goes again, and every line is paid once in all.
+    again = [line for line in lines if outcomes[line.custom_id] == "expired"]
+    status, results = run(client, lambda: through(client, again, clock))
+    assert status.state == "completed" and len(results) == 5
+    assert server.paid() == {line.custom_id: 1 for line in lines}
+
+
+@PROVIDERS
+def test_cancel_keeps_what_finished(server: FakeBatches, clock: FakeClock, provider: str) -> None:
+    client = client_for(server, provider)
+    lines = lines_for(client, draws([f"c{i}" for i in range(4)]))
+    server.plan(JobPlan(validate_s=0, run_s=8, finalize_s=0))
+
+    async def main() -> Any:
+        status = await client.create(lines, {})
+        clock.advance(4.5)  # two of four lines done
+        cancelling = await client.cancel(status.id)
+        finished = await wait(client, status.id, clock=clock)
+        return cancelling, finished, await client.results(finished, samples_of(lines))
+
+    cancelling, finished, results = run(client, main)
+    assert cancelling.state == "cancelling" and finished.state == "cancelled"
+    assert sorted(r.outcome for r in results) == ["cancelled", "cancelled", "succeeded", "succeeded"]
+    assert sum(server.paid().values()) == 2
+
+
+@PROVIDERS
+def test_line_errors_follow_the_retry_rules(server: FakeBatches, clock: FakeClock, provider: str) -> None:
+    client = client_for(server, provider)
+    lines = lines_for(client, draws(["ok", "busy", "bad", "slow"]))
+    ids = {json.loads(line.data).get("body", json.loads(line.data).get("params"))["messages"][-1]["content"]:
+           line.custom_id for line in lines}
+    overloaded = 529 if provider == "anthropic" else 500
+    server.plan(JobPlan(errors={ids["busy"]: overloaded, ids["bad"]: 400, ids["slow"]: 429}))
+    status, results = run(client, lambda: through(client, lines, clock))
+    by_id = {r.custom_id: r for r in results}
+    assert by_id[ids["ok"]].outcome == "succeeded"
+    for name, retryable in (("busy", True), ("bad", False), ("slow", True)):
+        result = by_id[ids[name]]
+        assert result.outcome == "errored" and result.error is not None
+        assert result.error.retryable is retryable, name
+        assert ids[name] in str(result.error)
+    assert status.succeeded == 1 and status.failed == 3
+    assert server.paid() == {ids["ok"]: 1}
+
+
+def test_a_failed_job_quotes_the_providers_reason(server: FakeBatches, clock: FakeClock) -> None:
+    client = client_for(server, "openai")
+    broken = JobLine("x1", ("x1",), b'{"custom_id": "x1", "method": "POST", "url": "/v1/chat/completions", "bo', 10)
+
+    async def main() -> JobStatus:
+        status = await client.create([broken], {})
+        return await wait(client, status.id, clock=clock)
+
+    status = run(client, main)
+    assert status.state == "failed" and status.reason == "line 1: not valid JSON"
+    with pytest.raises(BackendError, match="failed: line 1: not valid JSON"):
+        run(client, lambda: client.results(status, {}))
+    assert not server.paid()
+
+
+def test_a_batch_refused_at_create_is_a_clear_error_sent_once(server: FakeBatches, sleeps: list[float]) -> None:
+    client = client_for(server, "anthropic")
+    server.plan(JobPlan(fail="requests.0.params.model: Field required"))
+    with pytest.raises(BackendError, match="Field required") as caught:
+        run(client, lambda: client.create(lines_for(client, draws(["a"])), {}))
+    assert caught.value.status == 400 and server.counts["message_batches.create"] == 1 and not server.jobs
+
+
+@PROVIDERS
+def test_malformed_provider_answers_are_clear_errors(server: FakeBatches, clock: FakeClock, provider: str) -> None:
+    client = client_for(server, provider)
+    get = "batches.get" if provider == "openai" else "message_batches.get"
+    lines = lines_for(client, draws(["m1", "m2"]))
+
+    async def poll() -> JobStatus:
+        return await wait(client, (await client.create(lines, {})).id, clock=clock)
+
+    server.script_route(get, Malformed())
+    with pytest.raises(BackendError, match="malformed JSON"):
+        run(client, poll)
+    server.script_route(get, Status(200, body={"id": 7}))
+    with pytest.raises(BackendError, match="a .*batch needs a string 'id'"):
+        run(client, poll)
+    server.plan(JobPlan(malformed=1))
+    with pytest.raises(BackendError, match="malformed line 1 in the results"):
+        run(client, lambda: through(client, lines, clock))
+
+
+def test_a_sample_count_that_does_not_match_fails_its_line(clock: FakeClock) -> None:
+    with FakeBatches(clock=clock, ignore_n=True) as server:
+        client = client_for(server, "openai")
+        lines = lines_for(client, draws(["n"], samples=2))
+        _, (result,) = run(client, lambda: through(client, lines, clock))
+    assert result.outcome == "errored" and result.error is not None and not result.error.retryable
+
+
+# -- never paying twice -------------------------------------------------------------------------
+
+
+@PROVIDERS
+def test_a_create_whose_answer_is_lost_is_found_not_sent_again(server: FakeBatches, provider: str,
+                                                               sleeps: list[float]) -> None:
+    client = client_for(server, provider)
+    create = "batches.create" if provider == "openai" else "message_batches.create"
+    server.script_route(create, Lost())
+    lines = lines_for(client, draws(["lost", "found"]))
+    status = run(client, lambda: client.create(lines, {"outlines_intent": "i-lost"}))
+    assert list(server.jobs) == [status.id] and server.counts[create] == 1
+    assert sum(server.submitted.values()) == len(lines)
+
+
+@PROVIDERS
+def test_a_create_that_made_nothing_is_sent_again(server: FakeBatches, provider: str, sleeps: list[float]) -> None:
+    client = client_for(server, provider)
+    create = "batches.create" if provider == "openai" else "message_batches.create"
+    server.script_route(create, Status(500))
+    status = run(client, lambda: client.create(lines_for(client, draws(["again"])), {"outlines_intent": "i-again"}))
+    assert list(server.jobs) == [status.id] and server.counts[create] == 2 and len(sleeps) == 1
+
+
+def test_find_looks_by_metadata_through_every_page(server: FakeBatches, clock: FakeClock) -> None:
+    client = client_for(server, "openai")
+
+    async def main() -> Any:
+        ids = []
+        for i in range(5):
+            ids.append((await client.create(lines_for(client, draws([f"j{i}"])), {"outlines_intent": f"i{i}"})).id)
+            clock.advance(1)
+        pages, after = [], None
+        while True:
+            page, after = await client.page(after, limit=2)
+            pages.append([s.id for s in page])
+            if after is None:
+                break
+        found = await client.find({"outlines_intent": "i1"}, 1, clock.time() - 100)
+        missing = await client.find({"outlines_intent": "nope"}, 1, clock.time() - 100)
+        return ids, pages, found, missing
+
+    ids, pages, found, missing = run(client, main)
+    assert pages == [ids[4:2:-1], ids[2:0:-1], ids[:1]]  # newest first, two a page
+    assert found is not None and found.id == ids[1] and missing is None
+
+
+def test_anthropic_find_looks_by_size_and_time_skipping_known_jobs(server: FakeBatches, clock: FakeClock) -> None:
+    client = client_for(server, "anthropic")
+
+    async def main() -> Any:
+        since = clock.time()
+        made = [await client.create(lines_for(client, draws([f"s{i}-{k}" for k in range(i)])), {}) for i in (1, 2, 3)]
+        first = await client.find({}, 2, since)
+        known = await client.find({}, 2, since, exclude=[made[1].id])
+        return made, first, known
+
+    made, first, known = run(client, main)
+    assert first is not None and first.id == made[1].id and known is None
+
+
+# -- the wire ------------------------------------------------------------------------------------
+
+
+def test_a_results_url_elsewhere_is_read_from_the_base_url(server: FakeBatches) -> None:
+    client = client_for(server, "anthropic")
+    elsewhere = {"id": "msgbatch_x", "processing_status": "ended", "request_counts": {"succeeded": 1},
+                 "created_at": "2025-01-01T00:00:00Z", "results_url": "http://127.0.0.1:9/steal?key=1"}
+    server.script_route("message_batches.get", Status(200, body=elsewhere))
+    status = run(client, lambda: client.status("msgbatch_x"))
+    assert status.results == ("/v1/messages/batches/msgbatch_x/results",)
+    assert status.created_at == 1735689600.0 and status.state == "completed"
+
+
+def test_ids_that_are_not_one_path_segment_are_refused(server: FakeBatches) -> None:
+    client = client_for(server, "openai")
+    with pytest.raises(ValueError, match="not a provider id"):
+        run(client, lambda: client.status("../files/x"))
+
+
+@PROVIDERS
+def test_the_key_is_sent_and_never_shown(server: FakeBatches, provider: str, sleeps: list[float]) -> None:
+    client = client_for(server, provider)
+    get = "batches.get" if provider == "openai" else "message_batches.get"
+    server.script_route(get, Status(403, body=f"denied for {KEY}"))
+    with pytest.raises(BackendError) as caught:
+        run(client, lambda: client.status("batch_1"))
+    shown = [str(caught.value), repr(caught.value), repr(client), repr(vars(client))]
+    assert all(KEY not in text for text in shown) and "***" in str(caught.value)
+    keyless = OpenAIJobs(OpenAIChatBackend("m", base_url=server.base_url, api_key=""))
+    with pytest.raises(BackendError, match="401"):
+        run(keyless, lambda: keyless.status("batch_1"))
+
+
+def test_limits_must_be_positive() -> None:
+    with pytest.raises(ValueError, match="requests"):
+        JobLimits(0, 10)
+    with pytest.raises(ValueError, match="bytes"):
+        OpenAIJobs(OpenAIChatBackend("m", api_key="k"), max_bytes=-1)

@@ -1,0 +1,204 @@
+"""The job ledger in the cache's SQLite file: transitions, lookups, checksums, kill -9 at every step."""
+from __future__ import annotations
+
+import signal
+import sqlite3
+import subprocess
+import sys
+import threading
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from outlines.backends.jobs import JobStatus
+from outlines.cache import Cache, CacheWarning
+from outlines.cache.ledger import JobRecord, Ledger, LedgerError
+from tests.fixtures.subprocesses import ROOT, python_env
+
+BACKEND = ["openai", "gpt-fake", "http://127.0.0.1:1/v1"]
+LINES = [("k0", ["k0", "k1"]), ("k2", ["k2"])]
+
+
+@pytest.fixture
+def cache(tmp_path: Path) -> Cache:
+    return Cache(tmp_path / "cache")
+
+
+@pytest.fixture
+def ledger(cache: Cache) -> Ledger:
+    ledger = Ledger(cache)
+    yield ledger
+    ledger.close()
+
+
+def intent(ledger: Ledger, lines: Any = LINES, run: str = "labels", **options: Any) -> JobRecord:
+    return ledger.record_intent(provider="openai", backend=BACKEND, run=run, lines=lines, **options)
+
+
+def test_an_intent_records_its_lines_and_the_metadata_to_send(ledger: Ledger) -> None:
+    record = intent(ledger, metadata={"team": "research"})
+    assert record.state == "intent" and record.job_id is None and record.requests == 2 and record.open
+    assert record.metadata == {"team": "research", "outlines_run": "labels", "outlines_intent": record.intent}
+    assert ledger.get(record.intent) == record
+    assert ledger.lines(record.intent) == {"k0": ("k0", "k1"), "k2": ("k2",)}
+    found = ledger.find(["k1", "k2", "absent"])
+    assert sorted(found) == ["k1", "k2"]
+    assert (found["k1"].intent, found["k1"].custom_id, found["k1"].sample) == (record.intent, "k0", 1)
+
+
+def test_a_job_goes_from_intent_to_collected_one_committed_step_at_a_time(ledger: Ledger) -> None:
+    record = intent(ledger)
+    created = ledger.record_created(record.intent, JobStatus("batch_1", "validating", total=2))
+    assert (created.state, created.job_id) == ("validating", "batch_1")
+    assert ledger.by_job_id("batch_1") == created
+    running = ledger.advance(record.intent, JobStatus("batch_1", "in_progress", total=2, succeeded=1))
+    assert running.status is not None and running.status["succeeded"] == 1
+    done = ledger.advance(record.intent, JobStatus("batch_1", "completed", total=2, succeeded=2))
+    # A stale read never takes a finished job back.
+    assert ledger.advance(record.intent, JobStatus("batch_1", "in_progress")).state == "completed"
+    collected = ledger.collected(record.intent)
+    assert collected.state == "collected" and not collected.open and collected.updated >= done.updated
+    assert ledger.find(["k0"]) == {} and sorted(ledger.find(["k0"], open_only=False)) == ["k0"]
+
+
+REFUSED = {
+    "unknown intent": lambda ledger, intent: ledger.advance("nope", JobStatus("batch_1", "completed")),
+    "another job id": lambda ledger, intent: ledger.record_created(intent, JobStatus("batch_2", "validating")),
+    "collect a running job": lambda ledger, intent: ledger.collected(intent),
+    "abandon a running job": lambda ledger, intent: ledger.abandon(intent, "bored"),
+    "an unknown state": lambda ledger, intent: ledger.advance(intent, JobStatus("batch_1", "exploded")),
+    "advance a closed job": lambda ledger, intent: (
+        ledger.advance(intent, JobStatus("batch_1", "completed")), ledger.collected(intent),
+        ledger.advance(intent, JobStatus("batch_1", "completed"))),
+}
+
+
+@pytest.mark.parametrize("step", sorted(REFUSED))
+def test_refused_transitions_name_the_job(ledger: Ledger, step: str) -> None:
+    record = intent(ledger)
+    ledger.record_created(record.intent, JobStatus("batch_1", "in_progress"))
+    with pytest.raises(LedgerError, match="no job intent nope" if step == "unknown intent" else record.intent):
+        REFUSED[step](ledger, record.intent)
+    assert ledger.get(record.intent).state in ("in_progress", "collected")  # type: ignore[union-attr]
+
+
+def test_an_intent_never_created_is_abandoned_with_its_reason(ledger: Ledger) -> None:
+    record = intent(ledger)
+    abandoned = ledger.abandon(record.intent, "create refused: 400 bad model")
+    assert abandoned.state == "abandoned" and abandoned.note == "create refused: 400 bad model"
+    assert ledger.find(["k0"]) == {}
+
+
+def test_find_gives_the_newest_open_job_of_each_draw(cache: Cache) -> None:
+    ticks = iter(range(100))
+    ledger = Ledger(cache, clock=lambda: float(next(ticks)))
+    old = intent(ledger)
+    ledger.record_created(old.intent, JobStatus("batch_old", "expired"))
+    new = intent(ledger, lines=[("k1", ["k1"])])
+    found = ledger.find(["k0", "k1"])
+    assert found["k1"].intent == new.intent and found["k0"].intent == old.intent
+    ledger.collected(old.intent)
+    assert sorted(ledger.find(["k0", "k1"])) == ["k1"]
+
+
+def test_jobs_filter_by_openness_provider_backend_and_run(cache: Cache) -> None:
+    ticks = iter(range(100))
+    ledger = Ledger(cache, clock=lambda: float(next(ticks)))
+    a = intent(ledger, run="a")
+    b = ledger.record_intent(provider="anthropic", backend=["anthropic", "c", "u", None], run="b", lines=LINES)
+    ledger.abandon(a.intent, "x")
+    assert [r.intent for r in ledger.jobs()] == [a.intent, b.intent]
+    assert [r.intent for r in ledger.jobs(open=True)] == [b.intent]
+    assert [r.intent for r in ledger.jobs(provider="openai")] == [a.intent]
+    assert [r.intent for r in ledger.jobs(backend=("anthropic", "c", "u", None))] == [b.intent]
+    assert [r.intent for r in ledger.jobs(run="b", open=False)] == []
+
+
+def test_thousands_of_keys_are_found_in_chunks(ledger: Ledger) -> None:
+    keys = [f"{i:032x}" for i in range(3000)]
+    record = intent(ledger, lines=[(k, [k]) for k in keys])
+    found = ledger.find(keys + ["f" * 32])
+    assert len(found) == 3000 and all(ref.intent == record.intent for ref in found.values())
+
+
+def test_it_lives_in_the_cache_file_and_outlives_a_clear(cache: Cache, ledger: Ledger) -> None:
+    cache.put_many({bytes(16): "kept"})
+    record = intent(ledger)
+    cache.clear()
+    assert ledger.get(record.intent) == record
+    with sqlite3.connect(cache.file) as connection:
+        tables = {row[0] for row in connection.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+        (blob,) = connection.execute("SELECT record FROM jobs").fetchone()
+    assert {"entries", "meta", "jobs", "job_lines"} <= tables
+    assert blob.startswith(b"{")  # data only: JSON text
+    cache.put_many({bytes(16): "again"})
+    assert Cache(cache.file).get_many([bytes(16)]) == {bytes(16): "again"}
+
+
+def test_damaged_rows_are_skipped_with_a_warning_never_raised(cache: Cache, ledger: Ledger) -> None:
+    good, bad = intent(ledger, lines=[("g", ["g"])]), intent(ledger, lines=[("b", ["b", "b2"])])
+    with sqlite3.connect(cache.file) as connection:
+        connection.execute("UPDATE jobs SET record = replace(record, 'labels', 'libels') WHERE intent = ?",
+                           (bad.intent,))
+        connection.execute("UPDATE job_lines SET custom_id = 'evil' WHERE key = 'b2'")
+    with pytest.warns(CacheWarning, match="damaged job record"):
+        assert [r.intent for r in ledger.jobs()] == [good.intent]
+    with pytest.warns(CacheWarning) as caught:
+        assert sorted(ledger.find(["g", "b", "b2"])) == ["g"]
+    assert sorted(str(w.message).split(" in ")[0] for w in caught) == [
+        "outlines cache: 1 damaged job line(s)", f"outlines cache: a damaged job record ({bad.intent!r})"]
+    with pytest.warns(CacheWarning), pytest.raises(LedgerError, match="no job intent"):
+        ledger.advance(bad.intent, JobStatus("batch_1", "completed"))
+
+
+def test_threads_record_and_advance_at_once(ledger: Ledger) -> None:
+    errors: list[BaseException] = []
+
+    def worker(n: int) -> None:
+        try:
+            for i in range(10):
+                record = intent(ledger, lines=[(f"t{n}-{i}", [f"t{n}-{i}"])])
+                ledger.record_created(record.intent, JobStatus(f"batch-{n}-{i}", "completed"))
+                ledger.collected(record.intent)
+        except BaseException as exc:  # noqa: BLE001
+            errors.append(exc)
+
+    threads = [threading.Thread(target=worker, args=(n,)) for n in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert errors == [] and len(ledger.jobs(open=False)) == 40
+
+
+@pytest.mark.parametrize("killed_after", ["intent", "validating", "in_progress", "completed", "collected"])
+def test_each_step_survives_kill_9(tmp_path: Path, killed_after: str) -> None:
+    directory = tmp_path / "cache"
+    child = subprocess.Popen([sys.executable, "-m", "tests.fixtures.ledger_steps", str(directory)], cwd=ROOT,
+                             env=python_env(), stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    assert child.stdin is not None and child.stdout is not None
+    try:
+        first = child.stdout.readline().split()
+        assert first[0] == "intent", first
+        step = "intent"
+        while step != killed_after:
+            child.stdin.write("\n")
+            child.stdin.flush()
+            step = child.stdout.readline().strip()
+        child.send_signal(signal.SIGKILL)
+        assert child.wait(30) == -signal.SIGKILL
+    finally:
+        if child.poll() is None:
+            child.kill()
+    cache = Cache(directory)
+    ledger = Ledger(cache)
+    record = ledger.get(first[1])
+    assert record is not None and record.state == killed_after
+    assert record.job_id == (None if killed_after == "intent" else "batch_1")
+    assert ledger.lines(record.intent) == {"k0": ("k0", "k1"), "k2": ("k2",)}
+    assert (killed_after == "collected") == (ledger.find(["k1"]) == {})
+    assert cache.get_many([bytes(16)]) == {bytes(16): "a draw stored before the job"}
+    with sqlite3.connect(cache.file) as connection:
+        assert connection.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
+    ledger.close()
