@@ -27,11 +27,9 @@ import os
 import re
 from typing import Any, Callable, Mapping, NamedTuple, Sequence
 
-import yarl
-
 from outlines.backends.base import Backend, BackendError, BatchReport, Draw, GenerationParams, check_limit
 from outlines.backends.constraints import Constraint
-from outlines.backends import retry
+from outlines.backends import retry, urls
 from outlines.backends.http import HTTPClient, credential_fingerprint, gather_or_cancel
 from outlines.backends.usage import Price, estimate_tokens, tiktoken_counter, user_counter
 from outlines.chat import messages_of
@@ -100,12 +98,12 @@ class _OpenAIBackend(Backend):
     ) -> None:
         if not isinstance(model, str) or not model:
             raise ValueError(f"model must be a non-empty string, got {model!r}")
-        base_url = (base_url or os.environ.get("OPENAI_BASE_URL") or DEFAULT_BASE_URL).rstrip("/")
-        url = yarl.URL(base_url)
-        if url.scheme not in ("http", "https") or not url.host:
-            raise ValueError(f"base_url must be an http(s) URL, got {base_url!r}")
-        if url.user or url.password:
-            raise ValueError("base_url must not hold credentials; pass api_key= instead")
+        if base_url is not None:
+            base_url = urls.check_base_url(base_url, "base_url")
+        elif os.environ.get("OPENAI_BASE_URL"):
+            base_url = urls.check_base_url(os.environ["OPENAI_BASE_URL"], "OPENAI_BASE_URL")
+        else:
+            base_url = DEFAULT_BASE_URL
         where = f"{self.kind}({model!r})"
         max_batch = check_limit("max_batch", max_batch, where=where)
         max_concurrency = check_limit("max_concurrency", max_concurrency, where=where) or 32
