@@ -37,7 +37,7 @@ from typing import Any, Callable, Iterable, Iterator, Sequence
 from outlines.cache.keys import Slot, prompt_keys
 from outlines.cache.sqlite import CacheWarning, FormatMismatch, SQLiteStore
 
-__all__ = ["FOREGROUND", "Block", "Disk", "WatchedSelector", "WriteBehind", "disk", "watched_loop"]
+__all__ = ["FOREGROUND", "Block", "Disk", "WatchedSelector", "WriteBehind", "disk", "flush_all", "watched_loop"]
 
 _writers: weakref.WeakSet[WriteBehind] = weakref.WeakSet()
 #: An idle writer thread ends after this many seconds (a new one starts on demand).
@@ -264,7 +264,8 @@ class WriteBehind:
 
 
 @atexit.register
-def _flush_all() -> None:
+def flush_all() -> None:
+    """Wait until every writer of this process has committed what was queued (at exit, and after SIGTERM)."""
     for writer in list(_writers):
         writer.flush()
 
@@ -277,7 +278,7 @@ def _hook_exit() -> None:
     global _hooked_pid
     if _hooked_pid != os.getpid():
         _hooked_pid = os.getpid()
-        multiprocessing.util.Finalize(None, _flush_all, exitpriority=10)
+        multiprocessing.util.Finalize(None, flush_all, exitpriority=10)
 
 
 def _after_fork() -> None:
