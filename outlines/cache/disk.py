@@ -1,6 +1,7 @@
 """One cache file as this process sees it: guarded reads, write-behind commits.
 
-Every ``Cache`` on the same file in a process shares one ``Disk``. Lookups run
+Every ``Cache`` on the same file in a process shares one ``Disk`` (``disk``: by
+resolved path, so read-your-writes holds however the path is spelled). Lookups run
 on the caller's thread. Writes leave it (the event loop) through
 ``WriteBehind``: a daemon thread commits what was queued, one transaction per
 round, and everything queued is committed before the interpreter exits (Ctrl-C
@@ -482,14 +483,22 @@ class Disk:
             store.close()
 
 
-_disks: weakref.WeakValueDictionary[tuple[str, float], Disk] = weakref.WeakValueDictionary()
+_disks: weakref.WeakValueDictionary[str, Disk] = weakref.WeakValueDictionary()
 _disks_lock = threading.Lock()
 
 
 def disk(file: Path, timeout: float) -> Disk:
-    """The process's ``Disk`` for ``file`` (one per file and timeout)."""
+    """The process's ``Disk`` for ``file``: one per resolved file, however the path is spelled.
+
+    ``d/sub/..``, a symlink or the file itself all reach the same writer, so
+    every ``Cache`` on the file reads what another one queued. The file waits
+    for other processes' locks as long as the longest ``timeout`` asked.
+    """
+    resolved = os.path.realpath(file)
     with _disks_lock:
-        found = _disks.get((str(file), timeout))
+        found = _disks.get(resolved)
         if found is None or found.store is None:  # one that gave up may try again
-            found = _disks[(str(file), timeout)] = Disk(file, timeout)
+            found = _disks[resolved] = Disk(Path(resolved), timeout)
+        elif timeout > found.store.timeout:
+            found.store.timeout = timeout
         return found

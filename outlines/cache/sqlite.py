@@ -214,6 +214,7 @@ class SQLiteStore:
         self.disabled = False
         self._estimate: int | None = None  # bytes of entries, for max_bytes
         self._connections: dict[str, sqlite3.Connection] = {}
+        self._waits: dict[str, float] = {}  # role -> the timeout its connection waits
         self._locks = {"read": threading.RLock(), "write": threading.RLock()}
         self._setup = threading.Lock()  # one connection at a time sets a new file up
         self._pid = os.getpid()
@@ -262,9 +263,13 @@ class SQLiteStore:
         if connection is None:
             with self._setup:
                 connection = self._connections[role] = self._open_retrying()
+            self._waits[role] = self.timeout
             # Older SQLite builds bind at most 999 parameters per statement.
             variables = connection.getlimit(sqlite3.SQLITE_LIMIT_VARIABLE_NUMBER)
             self._rows, self._chunk = _power_of_two(min(_ROWS, (variables - 1) // 3)), _power_of_two(min(_CHUNK, variables))
+        elif self._waits.get(role) != self.timeout:  # a longer timeout asked since it opened
+            connection.execute(f"PRAGMA busy_timeout = {int(self.timeout * 1000)}")
+            self._waits[role] = self.timeout
         return connection
 
     def _open_retrying(self) -> sqlite3.Connection:
