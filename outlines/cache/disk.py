@@ -15,7 +15,8 @@ this process queued to SQLite; every other key is a miss without a query. A
 failing file is never an exception: a locked one skips the operation with a
 warning, a damaged one (unreadable, or with a table or column missing) is
 moved aside and replaced, and a file of another format leaves the cache in
-memory only.
+memory only. Only a file the cache made (``made_by_cache``) is ever used or
+moved: a cache path naming anyone else's file is a ``NotACacheFile`` error.
 """
 from __future__ import annotations
 
@@ -36,7 +37,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator, Sequence
 
 from outlines.cache.keys import Slot, prompt_keys
-from outlines.cache.sqlite import CacheWarning, FormatMismatch, SQLiteStore
+from outlines.cache.sqlite import FORMAT, CacheWarning, FormatMismatch, NotACacheFile, SQLiteStore, holds_cache
 
 __all__ = ["FOREGROUND", "Block", "Disk", "WatchedSelector", "WriteBehind", "disk", "flush_all", "watched_loop"]
 
@@ -290,10 +291,38 @@ def _after_fork() -> None:
 os.register_at_fork(after_in_child=_after_fork)
 
 
+def made_by_cache(file: Path) -> bool:
+    """Whether the cache may use, and when damaged move aside, ``file``: a file it made.
+
+    That is a file under the cache's own name (``draws-v<FORMAT>.sqlite3``,
+    whatever it now holds), one holding the cache's ``meta`` table, or an
+    empty file named like a database (SQLite writes nothing until its first
+    commit). Anything else is someone else's file.
+    """
+    if file.name == f"draws-v{FORMAT}.sqlite3":
+        return True
+    try:
+        empty = file.stat().st_size == 0
+    except OSError:
+        return False
+    return (empty and file.suffix in (".sqlite3", ".sqlite", ".db")) or holds_cache(file)
+
+
 class Disk:
-    """The store and the writer of one file, with the policy for its failures."""
+    """The store and the writer of one file, with the policy for its failures.
+
+    Raises
+    ------
+    NotACacheFile
+        When ``file`` exists and the cache did not make it (``made_by_cache``).
+    """
 
     def __init__(self, file: Path, timeout: float) -> None:
+        if file.exists() and not made_by_cache(file):
+            raise NotACacheFile(
+                f"{file} exists and is not an outlines cache file; the cache does not use, move or write a file "
+                "it did not make: give the cache a directory (OUTLINES_CACHE_DIR names one) or a new .sqlite3 path"
+            )
         self.file = file
         self.store: SQLiteStore | None = SQLiteStore(file, timeout)
         self.writer = WriteBehind(self._write, self._blocks_committed)
@@ -461,6 +490,10 @@ class Disk:
     def _recover(self, what: str, exc: BaseException) -> None:
         store = self.store
         if store is None:
+            return
+        if not made_by_cache(self.file):  # replaced under us by a file that is not a cache: not ours to move
+            self._give_up(f"{self.file} is not readable as a cache ({exc}) and the cache did not make it: "
+                          "left as it is; using memory only")
             return
         try:
             moved = store.quarantine()
