@@ -42,3 +42,17 @@ def test_a_chain_100k_deep_does_not_recurse():
     assert len(toposort([y])) == 100_000
     assert len(ancestors([y])) == 100_000 * 2 + 1  # each node adds its output and one constant
     assert y.eval({"x": "ok"}, cache=False) == "ok"
+
+
+def test_find_cycle_names_the_nodes_on_it_in_order() -> None:
+    from outlines.graph.traversal import find_cycle
+
+    q = outlines.string("q")
+    a = q + "a"
+    b = a + "b"
+    c = b + "c"
+    d = c + "d"
+    assert find_cycle(d.owner) is None
+    a.owner.inputs = (c, a.owner.inputs[1])
+    assert find_cycle(a.owner) == [a.owner, b.owner, c.owner]
+    assert find_cycle(d.owner) == [c.owner, a.owner, b.owner]  # the cycle d reads, from where d meets it
