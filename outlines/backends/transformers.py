@@ -146,6 +146,11 @@ class GenerationCancelled(Exception):
     """The awaiting task was cancelled; the worker stopped the batch early."""
 
 
+def _retrieve(future: asyncio.Future[Any]) -> None:
+    if not future.cancelled():
+        future.exception()
+
+
 def _split_rows(options: dict[str, Any], rows: int) -> tuple[dict[str, Any], dict[str, Any]]:
     """Options of the first ``rows`` rows and of the rest (per-row constraints are split)."""
     rules = options.get("constraints")
@@ -291,6 +296,9 @@ class TransformersBackend(Backend):
             texts, prompt_tokens, completion_tokens, load_times = await asyncio.shield(future)
         except asyncio.CancelledError:
             cancelled.set()  # the worker stops at its next decoding step
+            # ... and ends with GenerationCancelled, which no one awaits any more: retrieve it,
+            # or asyncio logs "Future exception was never retrieved" when the future is collected.
+            future.add_done_callback(_retrieve)
             raise
         if load_times is not None:
             report.model_loaded(*load_times)

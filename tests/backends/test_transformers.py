@@ -496,6 +496,34 @@ def test_cancelling_frees_the_worker_at_the_next_decoding_step(tiny_model_path: 
     assert run(backend, [Draw("Q: 1", GREEDY)])  # the worker serves the next batch
 
 
+def test_a_clean_cancel_logs_nothing(tiny_model_path: str, caplog: pytest.LogCaptureFixture) -> None:
+    """Issue 27, item 11: the worker's ``GenerationCancelled`` is retrieved, not "never retrieved"."""
+    import gc
+
+    backend = TransformersBackend(tiny_model_path, device="cpu")
+    backend.load()
+    params = GenerationParams.create(max_tokens=400, temperature=1.0, seed=1)
+    worker = tf._slot(backend._key()).executor
+
+    async def main() -> None:
+        task = asyncio.ensure_future(backend.generate([Draw("Q: 1", params, d) for d in range(4)], BatchReport()))
+        await asyncio.sleep(0.3)  # generating
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        loop = asyncio.get_running_loop()
+        await loop.run_in_executor(None, worker.submit(lambda: None).result)  # the cancelled batch has ended
+        for _ in range(3):
+            await asyncio.sleep(0)  # its outcome reaches the loop
+        gc.collect()  # an unretrieved exception is logged when its future is collected
+
+    caplog.clear()  # the tiny tokenizer's pad-token note, said at load
+    with caplog.at_level(logging.WARNING, logger="asyncio"):
+        asyncio.run(main())
+        gc.collect()
+    assert [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING] == []
+
+
 # -- SmolLM2-135M-Instruct (GGUF, a real chat model; loaded once per session) -------------
 
 
