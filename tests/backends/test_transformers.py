@@ -197,7 +197,7 @@ def test_a_path_without_a_model_is_a_clear_error(tmp_path) -> None:
 
 def test_a_prompt_longer_than_the_context(backend: TransformersBackend, tiny_model_path: str) -> None:
     long_prompt = "step " * 600
-    with pytest.raises(BackendError, match=r"prompt of \d+ tokens \+ max_tokens 8 exceeds the context of 512"):
+    with pytest.raises(BackendError, match=r"prompt 0 of this batch .*: \d+ tokens \+ max_tokens 8 exceeds the context of 512"):
         run(backend, [Draw(long_prompt, GREEDY)])
     with pytest.raises(BackendError, match=r"max_tokens 256 exceeds the context of 512"):
         run(backend, [Draw(long_prompt, GenerationParams.create(temperature=0))])
@@ -207,6 +207,44 @@ def test_a_prompt_longer_than_the_context(backend: TransformersBackend, tiny_mod
     assert isinstance(run(truncating, [Draw(long_prompt, default_length)])[0], str)
     short = run(backend, [Draw("step " * 500, default_length)])[0]  # the rest of the context
     assert isinstance(short, str)
+
+
+@pytest.mark.parametrize("bad", ["a lone \ud800 surrogate", "step " * 600], ids=["surrogate", "too-long"])
+def test_one_bad_prompt_fails_alone_naming_it_and_the_batch_generates(backend: TransformersBackend, bad: str) -> None:
+    """Issue 27, item 8: a prompt that cannot be encoded, or does not fit the context, fails only its draws."""
+    requests = [Draw("Q: 1 + 1 =", GREEDY), Draw(bad, GREEDY), Draw(bad, SAMPLED, 1), Draw("Q: 2 + 2 =", SAMPLED)]
+    report = BatchReport()
+    texts = run(backend, requests, report)
+    assert sorted(report.failures) == [1, 2] and sorted(report.results) == [0, 3]
+    for index in (1, 2):
+        message = str(report.failures[index])
+        assert isinstance(report.failures[index], BackendError) and f"prompt {index} of this batch" in message
+        assert repr(bad[:20])[1:-1] in message  # a short excerpt, escaped
+        assert ("surrogate" if "\ud800" in bad else "exceeds the context of 512") in message
+    alone = run(backend, [requests[0]]) + run(backend, [requests[3]])
+    assert [texts[0], texts[3]] == [report.results[0], report.results[3]] == alone
+    with pytest.raises(BackendError, match="prompt 0 of this batch"):  # nothing generated: the call fails
+        run(backend, [Draw(bad, GREEDY)])
+
+
+def test_one_bad_prompt_fails_alone_through_eval(tiny_model_path: str, tmp_path) -> None:
+    import outlines
+    from outlines import models
+    from outlines.cache import Cache
+
+    llm = models.transformers(tiny_model_path, device="cpu", max_tokens=4, temperature=0)
+    question = outlines.string("question")
+    prompts = ["ok", "bad \udfff", "step " * 600, "fine"]
+    cache = Cache(tmp_path)
+    values = llm(question).eval({question: prompts}, errors="return", cache=cache)
+    assert [isinstance(v, outlines.Failure) for v in values] == [False, True, True, False]
+    assert "prompt" in values[1].message and "surrogate" in values[1].message
+    assert "exceeds the context" in values[2].message
+    assert values[0] == llm("ok").eval(cache=False) and values[3] == llm("fine").eval(cache=False)
+    with pytest.raises(outlines.NodeError, match="surrogate"):
+        llm(question).eval({question: prompts}, cache=False)
+    cache.flush()
+    assert Cache(tmp_path).stats()["entries"] == 2  # the good draws were stored
 
 
 def test_unsupported_parameters_are_refused(backend: TransformersBackend) -> None:
