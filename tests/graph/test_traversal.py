@@ -46,13 +46,10 @@ def test_a_chain_100k_deep_does_not_recurse():
 
 def test_find_cycle_names_the_nodes_on_it_in_order() -> None:
     from outlines.graph.traversal import find_cycle
+    from tests.fixtures.graphs import rewired_cycle
 
     q = outlines.string("q")
-    a = q + "a"
-    b = a + "b"
-    c = b + "c"
-    d = c + "d"
-    assert find_cycle(d.owner) is None
-    a.owner.inputs = (c, a.owner.inputs[1])
+    assert find_cycle(((q + "a") + "b").owner) is None
+    a, b, c, tail = rewired_cycle()
     assert find_cycle(a.owner) == [a.owner, b.owner, c.owner]
-    assert find_cycle(d.owner) == [c.owner, a.owner, b.owner]  # the cycle d reads, from where d meets it
+    assert find_cycle(tail.owner) == [c.owner, a.owner, b.owner]  # the cycle tail reads, from where tail meets it

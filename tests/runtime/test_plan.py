@@ -15,6 +15,7 @@ from outlines.graph.basic import Apply, Constant, Op, Variable
 from outlines.graph.ops import Concat, Stack, broadcast_map
 from outlines.graph.traversal import applies, graph_inputs
 from outlines.runtime.plan import Plan
+from tests.fixtures.graphs import rewired_cycle
 
 
 class Upper(Op):
@@ -415,12 +416,7 @@ def test_draw_numbers_of_random_graphs_are_stable_across_rebuilds(steps: list[tu
 
 # -- issue 27, item 10: a graph rewired into a cycle ---------------------------------------
 def test_a_cyclic_graph_is_a_clear_error_naming_the_nodes_on_the_cycle() -> None:
-    q = outlines.string("q")
-    a = q + "a"
-    b = a + "b"
-    c = b + "c"
-    off_cycle = c + "!"
-    a.owner.inputs = (c, a.owner.inputs[1])  # rewired after it was built: a -> b -> c -> a
+    a, b, c, off_cycle = rewired_cycle()  # a -> b -> c -> a, and off_cycle reading c
     with pytest.raises(GraphBuildError, match="cycle") as caught:
         off_cycle.eval({"q": "x"})
     message = str(caught.value)
