@@ -461,9 +461,11 @@ class TransformersBackend(Backend):
         ids, problems = _tokenize(loaded.tokenizer, [self.render(loaded, p) for p in prompts], not chat)
         context = loaded.context_length
         if context is not None and not self.truncation:
+            # Without max_tokens, a prompt fits while it leaves a token of room (the new tokens take what is left).
+            longest_fitting = context - max_tokens if max_tokens is not None else context - 1
+            needed = max_tokens if max_tokens is not None else min(DEFAULT_MAX_TOKENS, context // 2)
             for i, x in enumerate(ids):
-                needed = max_tokens if max_tokens is not None else min(DEFAULT_MAX_TOKENS, context // 2)
-                if i not in problems and (len(x) + max_tokens > context if max_tokens is not None else len(x) >= context):
+                if i not in problems and len(x) > longest_fitting:
                     problems[i] = (f"{len(x)} tokens + max_tokens {needed} exceeds the context of {context} tokens; "
                                    "shorten it, lower max_tokens or pass truncation=True")
         longest = max((len(x) for i, x in enumerate(ids) if i not in problems), default=0)

@@ -258,9 +258,9 @@ def mark_not_text(
         return value  # the common case: nothing to say, nothing copied
     out = value.copy()
     for index, element in np.ndenumerate(value):
-        shown = index[0] if len(index) == 1 else index
-        out[index] = (mark_not_text(element, refuses, f"{where} at index {shown}") if lists and
-                      isinstance(element, (list, tuple)) else _marked(element, refuses, f"{where} at index {shown}"))
+        at = f"{where} at index {index[0] if len(index) == 1 else index}" if index else where
+        out[index] = (mark_not_text(element, refuses, at) if lists and isinstance(element, (list, tuple))
+                      else _marked(element, refuses, at))
     return out
 
 
