@@ -26,7 +26,7 @@ import numpy as np
 
 from outlines.errors import Failure, GraphBuildError
 from outlines.graph.basic import Apply, Op, Variable, as_variable
-from outlines.graph.ops import broadcast_map, core_map
+from outlines.graph.ops import broadcast_map, core_map, mark_not_text, raise_not_text
 from outlines.graph.ragged import Ragged
 from outlines.graph.shapes import Shape, align
 from outlines.labels import shorten
@@ -88,6 +88,7 @@ class Render(Op):
     """
 
     moves_unknown = True  # explain passes ``unknown``: an element reading it stays unknown
+    guards_elements = True  # perform takes the scheduler's on_error: None, NaN or bytes fail alone
 
     __props__ = ("template_name", "source", "names", "lists")
 
@@ -129,22 +130,45 @@ class Render(Op):
     def ragged_outputs(self, ragged: list[bool], noutputs: int) -> list[bool]:
         return [any(r for name, r in zip(self.names, ragged) if name not in self.lists)]
 
-    def perform(self, *values: Any, unknown: Any = None) -> Any:
+    def perform(self, *values: Any, unknown: Any = None, on_error: Any = None, on_failed_input: Any = None) -> Any:
         template, names = _compiled(self.source), self.names
+        where = f"prompt {self.template_name}: input"
+        values = tuple(mark_not_text(v, _not_text, f"{where} {n!r}", lists=n in self.lists) for n, v in zip(names, values))
 
         def render(*vals: Any) -> Any:
-            failed = next((v for v in vals if isinstance(v, Failure)), None) or next(
-                (x for v in vals if isinstance(v, (list, tuple, np.ndarray)) for x in _items(v) if isinstance(x, Failure)), None
-            )
-            if failed is not None:
-                return failed  # an upstream element failed (errors="return"): this one cannot render
+            failed = next((v for v in vals if isinstance(v, Failure)), None)  # a Failure is falsy: no ``or``
+            if failed is None:
+                failed = next((x for v in vals if isinstance(v, (list, tuple, np.ndarray)) for x in _items(v)
+                               if isinstance(x, Failure)), None)
+            if failed is not None:  # an upstream element failed (errors="return"): this one cannot render
+                return on_failed_input(failed) if on_failed_input is not None else failed
             if unknown is not None and any(v is unknown or _holds(v, unknown) for v in vals):
                 return unknown
+            raise_not_text([_as_list(v) if n in self.lists else v for n, v in zip(names, vals)])
             return template.render({n: _as_list(v) if n in self.lists else v for n, v in zip(names, vals)})
 
+        if on_error is not None:  # errors="return": an element that cannot render fails alone
+            render = _guarded_render(render, on_error)
         if not self.lists:
             return broadcast_map(render, values)
         return core_map(render, values, self._cores(values), where=self.name)
+
+
+def _not_text(value: Any) -> bool:
+    """What a template refuses to print: None, NaN and raw bytes (numbers and booleans render)."""
+    if value is None or isinstance(value, (bytes, bytearray, memoryview)):
+        return True
+    return isinstance(value, (float, np.floating)) and value != value
+
+
+def _guarded_render(render: Callable[..., Any], on_error: Callable[[BaseException], Failure]) -> Callable[..., Any]:
+    def guarded(*values: Any) -> Any:
+        try:
+            return render(*values)
+        except Exception as exc:  # noqa: BLE001 - becomes the element's Failure
+            return on_error(exc)
+
+    return guarded
 
 
 def _whole_axis(value: Any) -> bool:

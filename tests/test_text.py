@@ -153,3 +153,88 @@ def test_a_failed_candidate_fails_only_its_own_row_with_errors_return():
     out = judge(t, llm(t, num_samples=2)).eval({t: ["t0", "t1"]}, errors="return", cache=False)
     assert out[0] == "t0: ok t0,ok t0"
     assert isinstance(out[1], outlines.Failure) and "boom" in out[1].message
+
+
+# -- issue 27, item 7: values that are not text are an error naming input, index and type ---
+@outlines.prompt
+def ask(question):
+    """Q: {{ question }}"""
+
+
+NOT_TEXT = [None, float("nan"), np.float32("nan"), b"bytes", bytearray(b"raw")]
+
+
+@pytest.mark.parametrize("bad", NOT_TEXT, ids=["None", "nan", "float32-nan", "bytes", "bytearray"])
+def test_a_template_refuses_a_value_that_is_not_text_naming_the_input_index_and_type(bad) -> None:
+    q = outlines.string("question")
+    with pytest.raises(outlines.NodeError) as caught:
+        ask(q).eval({q: ["ok", "fine", bad]}, cache=False)
+    message = str(caught.value)
+    assert "'question'" in message and "index 2" in message and type(bad).__name__ in message
+    with pytest.raises(outlines.NodeError, match=rf"'question' is {type(bad).__name__}"):
+        ask(q).eval({q: bad}, cache=False)  # a scalar: no index to name
+
+
+def test_with_errors_return_only_the_bad_elements_fail_and_the_others_render_and_run() -> None:
+    seen: list[str] = []
+
+    def echo(prompts: list[str]) -> list[str]:
+        seen.extend(prompts)
+        return [p.upper() for p in prompts]
+
+    llm = models.from_function(echo, batched=True, temperature=0)
+    q = outlines.string("question")
+    values = llm(ask(q)).eval({q: ["ok", None, float("nan"), b"x", "fine"]}, errors="return", cache=False)
+    assert values[0] == "Q: OK" and values[4] == "Q: FINE" and sorted(seen) == ["Q: fine", "Q: ok"]
+    for index, kind in ((1, "NoneType"), (2, "float"), (3, "bytes")):
+        failure = values[index]
+        assert isinstance(failure, outlines.Failure)
+        assert f"index {index}" in failure.root.message and kind in failure.root.message
+        assert "'question'" in failure.root.message
+
+
+def test_list_argument_items_that_are_not_text_are_refused_too() -> None:
+    @outlines.prompt
+    def judge(task, candidates):
+        """{{ task }}:{% for c in candidates %} [{{ c }}]{% endfor %}"""
+
+    task, candidates = outlines.string("task"), outlines.string("candidates")
+    values = judge(task, candidates).eval(
+        {task: ["t0", "t1"], candidates: np.array([["a", "b"], ["c", None]], dtype=object)}, errors="return"
+    )
+    assert values[0] == "t0: [a] [b]"
+    assert isinstance(values[1], outlines.Failure) and "'candidates' at index (1, 1)" in values[1].message
+
+
+def test_numbers_and_booleans_still_render() -> None:
+    @outlines.prompt
+    def count(n, flag):
+        """{{ n }} items{% if flag %}!{% endif %}"""
+
+    n, flag = outlines.string("n"), outlines.string("flag")
+    assert count(n, flag).eval({n: [3, 2.5], flag: True}).tolist() == ["3 items!", "2.5 items!"]
+
+
+@pytest.mark.parametrize("bad", [None, float("nan"), b"bytes", 3])
+def test_plus_refuses_a_value_that_is_not_text_naming_the_operand_index_and_type(bad) -> None:
+    q = outlines.string("q")
+    with pytest.raises(outlines.NodeError, match=rf"operand 1 of \+ at index 1 is {type(bad).__name__}"):
+        (q + "!").eval({q: ["a", bad]}, cache=False)
+    values = ("<" + q).eval({q: ["a", bad, "c"]}, errors="return", cache=False)
+    assert values[0] == "<a" and values[2] == "<c"
+    assert isinstance(values[1], outlines.Failure) and f"operand 2 of + at index 1 is {type(bad).__name__}" in values[1].message
+
+
+def test_a_failed_input_of_a_template_with_list_arguments_is_never_rendered_into_a_prompt() -> None:
+    fails_on_t1 = outlines.fn(lambda s: 1 / 0 if s == "t1" else s)
+
+    @outlines.prompt
+    def judge(task, candidates):
+        """{{ task }}:{% for c in candidates %} [{{ c }}]{% endfor %}"""
+
+    task, candidates = outlines.string("task"), outlines.string("candidates")
+    values = judge(fails_on_t1(task), candidates).eval(
+        {task: ["t0", "t1"], candidates: np.array([["a", "b"], ["c", "d"]], dtype=object)}, errors="return"
+    )
+    assert values[0] == "t0: [a] [b]"  # a Failure is falsy: it used to be rendered as "Failure at ...: [c] [d]"
+    assert isinstance(values[1], outlines.Failure) and values[1].root.error_type == "ZeroDivisionError"

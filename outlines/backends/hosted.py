@@ -16,9 +16,7 @@ import hmac
 import os
 from typing import Any, Mapping
 
-import yarl
-
-from outlines.backends import retry
+from outlines.backends import retry, urls
 from outlines.backends.base import Backend, BackendError, check_limit
 from outlines.backends.http import HTTPClient, credential_fingerprint
 from outlines.backends.usage import Price, estimate_tokens, tiktoken_counter, user_counter
@@ -79,12 +77,12 @@ class HostedBackend(Backend):
     ) -> None:
         if not isinstance(model, str) or not model:
             raise ValueError(f"model must be a non-empty string, got {model!r}")
-        base_url = (base_url or os.environ.get(self.base_url_env) or self.default_base_url).rstrip("/")
-        url = yarl.URL(base_url)
-        if url.scheme not in ("http", "https") or not url.host:
-            raise ValueError(f"base_url must be an http(s) URL, got {base_url!r}")
-        if url.user or url.password:
-            raise ValueError("base_url must not hold credentials; pass api_key= instead")
+        if base_url is not None:
+            base_url = urls.check_base_url(base_url, "base_url")
+        elif self.base_url_env and os.environ.get(self.base_url_env):
+            base_url = urls.check_base_url(os.environ[self.base_url_env], self.base_url_env)
+        else:
+            base_url = self.default_base_url
         where = f"{self.kind}({model!r})"
         max_batch = check_limit("max_batch", max_batch, where=where)
         max_concurrency = check_limit("max_concurrency", max_concurrency, where=where) or 32

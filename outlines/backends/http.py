@@ -10,7 +10,9 @@ token usage to the batch's ``BatchReport`` (holding one of its request slots
 while a request is in flight), and turns every failure into a
 ``BackendError`` that never contains the API key. ``request`` sends other
 methods and bodies (GETs, multipart uploads, file downloads: provider batch
-jobs) through the same retries and returns the raw body.
+jobs) through the same retries and returns the raw body. Redirects are
+followed here, not by aiohttp, under the policy of ``outlines.backends.urls``:
+307 and 308 only, and a hop to another origin carries no credential of any kind.
 """
 from __future__ import annotations
 
@@ -27,8 +29,9 @@ from dataclasses import dataclass
 from typing import Any, Awaitable, Iterable, Mapping, TypeVar
 
 import aiohttp
+import yarl
 
-from outlines.backends import retry
+from outlines.backends import retry, urls
 from outlines.backends.base import BackendError, BatchReport
 from outlines.backends.ratelimit import AIMDLimiter, TokenBucket
 from outlines.backends.usage import wire_usage
@@ -146,7 +149,9 @@ class HTTPClient:
     max_retry_after
         Longest Retry-After honoured; a longer one fails at once.
     headers
-        Extra headers sent with every request (secret: hidden like the key).
+        Extra headers sent with every request (secret: hidden like the key;
+        to the base URL's origin only: a redirect to another origin goes
+        without them and without the API key; see ``outlines.backends.urls``).
     key_header
         ``(name, template)`` sending the key: ``("Authorization", "Bearer {key}")``
         by default, ``("x-api-key", "{key}")`` for Anthropic.
@@ -181,7 +186,7 @@ class HTTPClient:
             raise ValueError(f"max_concurrency must be a positive integer, got {max_concurrency!r}")
         if isinstance(max_retries, bool) or not isinstance(max_retries, int) or max_retries < 0:
             raise ValueError(f"max_retries must be an integer >= 0, got {max_retries!r}")
-        self.base_url = base_url.rstrip("/")
+        self.base_url = urls.check_base_url(base_url, "base_url")
         self.max_concurrency = int(max_concurrency)
         self.max_retries = int(max_retries)
         self.timeout = _seconds("timeout", timeout)
@@ -198,6 +203,7 @@ class HTTPClient:
         self.static_headers = dict(static_headers or {})
         self.rpm = TokenBucket(rpm) if rpm is not None else None
         self.tpm = TokenBucket(tpm) if tpm is not None else None
+        self._redirects_said: set[tuple[str, str]] = set()  # (from, to) origins already logged
         self._init_runtime()
 
     def _init_runtime(self) -> None:
@@ -367,6 +373,8 @@ class HTTPClient:
         except aiohttp.ClientError as exc:
             reason = f"{type(exc).__name__}: {exc}"
             return _FailedAttempt(reason, self._error(reason, path, model))
+        except urls.RedirectRefused as exc:
+            return _FailedAttempt(str(exc), self._error(str(exc), path, model, status=exc.status))
         if 200 <= status < 300:
             return body
         retryable = retry.should_retry(status, headers)
@@ -381,6 +389,11 @@ class HTTPClient:
             logger.debug("%s answered 429: at most %d requests in flight for now", self.base_url, state.limiter.limit)
 
     async def _send(self, session: aiohttp.ClientSession, path: str, wire: _Wire) -> tuple[int, Mapping[str, str], bytes]:
+        """One request, following its 307/308 redirects (``urls.redirect_target``) itself.
+
+        aiohttp would forward every header but ``Authorization`` to another
+        host: the credentials and the user's headers go only to the base URL's origin.
+        """
         headers = {name: value.reveal() for name, value in self._headers.items()}
         headers.update(self.static_headers)
         if self._api_key is not None:
@@ -388,9 +401,30 @@ class HTTPClient:
             headers[name] = template.format(key=self._api_key.reveal())
         if wire.content_type:
             headers["Content-Type"] = wire.content_type
-        async with session.request(wire.method, self.base_url + path, json=wire.payload, data=wire.data,
-                                   headers=headers, max_redirects=3) as response:
-            return response.status, response.headers, await response.read()
+        url = start = yarl.URL(self.base_url + path)
+        for _ in range(urls.MAX_REDIRECTS + 1):
+            async with session.request(wire.method, url, json=wire.payload, data=wire.data, headers=headers,
+                                       allow_redirects=False) as response:
+                if response.status not in urls.REDIRECTS:
+                    return response.status, response.headers, await response.read()
+                location = response.headers.get("Location")
+            target = urls.redirect_target(response.status, url, location)
+            if not urls.same_origin(start, target):
+                # and never back: a later hop to the first origin goes without them too
+                headers = dict(self.static_headers)  # not secret (an API version): kept
+                if wire.content_type:
+                    headers["Content-Type"] = wire.content_type
+                self._said_once(start, target)
+            url = target
+        last = f"more than {urls.MAX_REDIRECTS} redirects; the last one to {urls.redact(str(url))}"
+        raise urls.RedirectRefused(last, response.status)
+
+    def _said_once(self, start: yarl.URL, target: yarl.URL) -> None:
+        pair = (str(start.origin()), str(target.origin()))
+        if pair not in self._redirects_said:
+            self._redirects_said.add(pair)
+            logger.warning("%s redirects to another origin, %s: following it without the API key or any extra "
+                           "header (set base_url to the new address if it needs them)", *pair)
 
     async def _throttle(self, tokens: float) -> None:
         if self.rpm is not None:

@@ -146,6 +146,37 @@ class GenerationCancelled(Exception):
     """The awaiting task was cancelled; the worker stopped the batch early."""
 
 
+def _tokenize(tokenizer: Any, texts: list[str], special_tokens: bool) -> tuple[list[list[int]], dict[int, str]]:
+    """Token ids of each text (all at once), and why each text that cannot be tokenized cannot.
+
+    Only when the batch call fails is each text tokenized alone, to find the
+    ones at fault (a lone surrogate: no tokenizer encodes it).
+    """
+    try:
+        return [list(x) for x in tokenizer(texts, add_special_tokens=special_tokens)["input_ids"]], {}
+    except Exception:  # noqa: BLE001 - one text at fault: found below
+        pass
+    ids: list[list[int]] = []
+    problems: dict[int, str] = {}
+    for i, text in enumerate(texts):
+        try:
+            text.encode("utf-8")
+            ids.append(list(tokenizer([text], add_special_tokens=special_tokens)["input_ids"][0]))
+        except UnicodeEncodeError as exc:
+            ids.append([])
+            problems[i] = (f"it holds a lone surrogate ({text[exc.start]!r} at character {exc.start}), which no "
+                           "tokenizer can encode; fix the text's encoding")
+        except Exception as exc:  # noqa: BLE001 - this text's own failure
+            ids.append([])
+            problems[i] = f"the tokenizer cannot encode it ({type(exc).__name__}: {exc})"
+    return ids, problems
+
+
+def _retrieve(future: asyncio.Future[Any]) -> None:
+    if not future.cancelled():
+        future.exception()
+
+
 def _split_rows(options: dict[str, Any], rows: int) -> tuple[dict[str, Any], dict[str, Any]]:
     """Options of the first ``rows`` rows and of the rest (per-row constraints are split)."""
     rules = options.get("constraints")
@@ -288,13 +319,24 @@ class TransformersBackend(Backend):
         cancelled = threading.Event()
         future = loop.run_in_executor(slot.executor, self._generate_blocking, slot, list(draws), salt, cancelled)
         try:
-            texts, prompt_tokens, completion_tokens, load_times = await asyncio.shield(future)
+            texts, prompt_tokens, completion_tokens, load_times, failures = await asyncio.shield(future)
         except asyncio.CancelledError:
             cancelled.set()  # the worker stops at its next decoding step
+            # ... and ends with GenerationCancelled, which no one awaits any more: retrieve it,
+            # or asyncio logs "Future exception was never retrieved" when the future is collected.
+            future.add_done_callback(_retrieve)
             raise
         if load_times is not None:
             report.model_loaded(*load_times)
         report.usage(prompt_tokens, completion_tokens)
+        if failures:  # bad prompts fail alone: the others' draws are reported as they are
+            if len(failures) == len(texts):
+                raise next(iter(failures.values()))
+            for index, text in enumerate(texts):
+                if index in failures:
+                    report.failure(index, failures[index])
+                else:
+                    report.result(index, text)
         return texts
 
     def load(self) -> Any:
@@ -318,26 +360,28 @@ class TransformersBackend(Backend):
 
     def _generate_blocking(
         self, slot: _Slot, requests: list[Draw], salt: str, cancelled: threading.Event | None = None
-    ) -> tuple[list[str], int, int, tuple[float, float] | None]:
-        """Texts, token usage, and the (start, end) of the model load when this batch loaded it."""
+    ) -> tuple[list[str], int, int, tuple[float, float] | None, dict[int, BackendError]]:
+        """Texts, token usage, the (start, end) of the model load when this batch loaded it, failed draws."""
         start, fresh = time.perf_counter(), slot.loaded is None  # one thread per slot: no race
         loaded = self._loaded(slot)
         load_times = (start, time.perf_counter()) if fresh else None
         texts: list[str] = [""] * len(requests)
         usage = [0, 0]
+        failures: dict[int, BackendError] = {}
         groups: dict[GenerationParams, list[int]] = {}
         for index, request in enumerate(requests):
             # Rows under different constraints (or none) share one forward pass; see constraints.TokenMasks.
             groups.setdefault(replace(request.params, constraint=None), []).append(index)
         for params, indices in groups.items():
             self._generate_group(
-                loaded, params, [requests[i] for i in indices], salt, texts, indices, usage, cancelled
+                loaded, params, [requests[i] for i in indices], salt, texts, indices, usage, cancelled, failures
             )
-        return texts, usage[0], usage[1], load_times
+        return texts, usage[0], usage[1], load_times, failures
 
     def _generate_group(
         self, loaded: Any, params: GenerationParams, requests: list[Draw], salt: str,
         texts: list[str], positions: list[int], usage: list[int], cancelled: threading.Event | None,
+        failures: dict[int, BackendError],
     ) -> None:
         options = self._options(params)
         draws_of: dict[str, list[int]] = {}  # prompt -> positions in ``requests``
@@ -347,8 +391,17 @@ class TransformersBackend(Backend):
         for prompt, members in draws_of.items():
             by_count.setdefault(len(members), []).append(prompt)
         seed = str(params.seed) if params.seed is not None else "salt:" + salt
-        for count, prompts in by_count.items():
-            ids, new_tokens = self._encode(loaded, prompts, params.max_tokens)
+        for count, every_prompt in by_count.items():
+            all_ids, new_tokens, problems = self._encode(loaded, every_prompt, params.max_tokens)
+            for i, problem in problems.items():  # a prompt that cannot run fails its own draws only
+                for position in (positions[member] for member in draws_of[every_prompt[i]]):
+                    failures[position] = BackendError(
+                        f"prompt {position} of this batch ({every_prompt[i][:40]!r}): {problem}", model=self.path
+                    )
+            prompts = [p for i, p in enumerate(every_prompt) if i not in problems]
+            ids = [x for i, x in enumerate(all_ids) if i not in problems]
+            if not prompts:
+                continue
             if cancelled is not None and cancelled.is_set():
                 raise GenerationCancelled()
             lengths = [len(x) for x in ids]
@@ -395,28 +448,38 @@ class TransformersBackend(Backend):
         messages = messages_of(prompt, self.system_prompt)
         return str(loaded.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True))
 
-    def _encode(self, loaded: Any, prompts: list[str], max_tokens: int | None) -> tuple[list[list[int]], int]:
-        if self.uses_chat(loaded):  # the template writes the special tokens itself
-            texts = [self.render(loaded, p) for p in prompts]
-            ids = [list(x) for x in loaded.tokenizer(texts, add_special_tokens=False)["input_ids"]]
-        else:
-            ids = [list(x) for x in loaded.tokenizer([self.render(loaded, p) for p in prompts])["input_ids"]]
+    def _encode(
+        self, loaded: Any, prompts: list[str], max_tokens: int | None
+    ) -> tuple[list[list[int]], int, dict[int, str]]:
+        """Token ids of each prompt, the new tokens to generate, and why each prompt that cannot run cannot.
+
+        A prompt that cannot be tokenized, or (without ``truncation``) does not
+        leave room for its new tokens, is a problem of its own: the new tokens
+        are worked out from the others.
+        """
+        chat = self.uses_chat(loaded)  # the template writes the special tokens itself
+        ids, problems = _tokenize(loaded.tokenizer, [self.render(loaded, p) for p in prompts], not chat)
         context = loaded.context_length
-        longest = max(len(x) for x in ids)
+        if context is not None and not self.truncation:
+            # Without max_tokens, a prompt fits while it leaves a token of room (the new tokens take what is left).
+            longest_fitting = context - max_tokens if max_tokens is not None else context - 1
+            needed = max_tokens if max_tokens is not None else min(DEFAULT_MAX_TOKENS, context // 2)
+            for i, x in enumerate(ids):
+                if i not in problems and len(x) > longest_fitting:
+                    problems[i] = (f"{len(x)} tokens + max_tokens {needed} exceeds the context of {context} tokens; "
+                                   "shorten it, lower max_tokens or pass truncation=True")
+        longest = max((len(x) for i, x in enumerate(ids) if i not in problems), default=0)
         new_tokens = DEFAULT_MAX_TOKENS if max_tokens is None else max_tokens
         if max_tokens is None and context:  # fill the context, or keep half of it for new text
             new_tokens = min(new_tokens, context - longest if context > longest else context // 2)
         if context is None or longest + new_tokens <= context:
-            return ids, new_tokens
-        room = context - new_tokens
-        if not self.truncation or room < 1:
-            prompt = prompts[max(range(len(ids)), key=lambda i: len(ids[i]))]
-            raise BackendError(
-                f"prompt of {longest} tokens + max_tokens {new_tokens} exceeds the context of {context} tokens "
-                f"(prompt starts {prompt[:40]!r}); shorten it, lower max_tokens or pass truncation=True",
-                model=self.path,
-            )
-        return [x[-room:] for x in ids], new_tokens
+            return ids, new_tokens, problems
+        room = context - new_tokens  # truncating: keep the end of each prompt that is too long
+        if room < 1:
+            for i in range(len(ids)):
+                problems.setdefault(i, f"max_tokens {new_tokens} leaves no room in the context of {context} tokens; "
+                                       "lower max_tokens")
+        return [x[-room:] if room >= 1 else x for x in ids], new_tokens, problems
 
     def _run(
         self, loaded: Any, ids: list[list[int]], count: int, keys: list[int] | None, new_tokens: int,

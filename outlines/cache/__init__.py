@@ -20,10 +20,11 @@ from pathlib import Path
 from typing import Any
 
 from outlines.cache.keys import draw_key, draw_keys
+from outlines.cache.sqlite import NotACacheFile
 from outlines.errors import CacheWarning
 from outlines.cache.store import Cache, default_directory
 
-__all__ = ["Cache", "CacheWarning", "clear", "default_directory", "disable", "draw_key", "draw_keys", "enable", "resolve", "stats"]
+__all__ = ["Cache", "CacheWarning", "NotACacheFile", "clear", "default_directory", "disable", "draw_key", "draw_keys", "enable", "resolve", "stats"]
 
 
 # -- the process default and its controls ---------------------------------------

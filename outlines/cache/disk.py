@@ -1,6 +1,7 @@
 """One cache file as this process sees it: guarded reads, write-behind commits.
 
-Every ``Cache`` on the same file in a process shares one ``Disk``. Lookups run
+Every ``Cache`` on the same file in a process shares one ``Disk`` (``disk``: by
+resolved path, so read-your-writes holds however the path is spelled). Lookups run
 on the caller's thread. Writes leave it (the event loop) through
 ``WriteBehind``: a daemon thread commits what was queued, one transaction per
 round, and everything queued is committed before the interpreter exits (Ctrl-C
@@ -14,7 +15,8 @@ this process queued to SQLite; every other key is a miss without a query. A
 failing file is never an exception: a locked one skips the operation with a
 warning, a damaged one (unreadable, or with a table or column missing) is
 moved aside and replaced, and a file of another format leaves the cache in
-memory only.
+memory only. Only a file the cache made (``made_by_cache``) is ever used or
+moved: a cache path naming anyone else's file is a ``NotACacheFile`` error.
 """
 from __future__ import annotations
 
@@ -33,11 +35,11 @@ from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator, Sequence
 
 from outlines.cache.keys import Slot, prompt_keys
-from outlines.cache.sqlite import FormatMismatch, SQLiteStore
+from outlines.cache.sqlite import FORMAT, FormatMismatch, NotACacheFile, SQLiteStore, holds_cache
 from outlines.errors import CacheWarning
 from outlines.threads import FOREGROUND
 
-__all__ = ["Block", "Disk", "WriteBehind", "disk"]
+__all__ = ["Block", "Disk", "WriteBehind", "disk", "flush_all"]
 
 _writers: weakref.WeakSet[WriteBehind] = weakref.WeakSet()
 #: An idle writer thread ends after this many seconds (a new one starts on demand).
@@ -205,7 +207,8 @@ class WriteBehind:
 
 
 @atexit.register
-def _flush_all() -> None:
+def flush_all() -> None:
+    """Wait until every writer of this process has committed what was queued (at exit, and after SIGTERM)."""
     for writer in list(_writers):
         writer.flush()
 
@@ -218,7 +221,7 @@ def _hook_exit() -> None:
     global _hooked_pid
     if _hooked_pid != os.getpid():
         _hooked_pid = os.getpid()
-        multiprocessing.util.Finalize(None, _flush_all, exitpriority=10)
+        multiprocessing.util.Finalize(None, flush_all, exitpriority=10)
 
 
 def _after_fork() -> None:
@@ -229,10 +232,38 @@ def _after_fork() -> None:
 os.register_at_fork(after_in_child=_after_fork)
 
 
+def made_by_cache(file: Path) -> bool:
+    """Whether the cache may use, and when damaged move aside, ``file``: a file it made.
+
+    That is a file under the cache's own name (``draws-v<FORMAT>.sqlite3``,
+    whatever it now holds), one holding the cache's ``meta`` table, or an
+    empty file named like a database (SQLite writes nothing until its first
+    commit). Anything else is someone else's file.
+    """
+    if file.name == f"draws-v{FORMAT}.sqlite3":
+        return True
+    try:
+        empty = file.stat().st_size == 0
+    except OSError:
+        return False
+    return (empty and file.suffix in (".sqlite3", ".sqlite", ".db")) or holds_cache(file)
+
+
 class Disk:
-    """The store and the writer of one file, with the policy for its failures."""
+    """The store and the writer of one file, with the policy for its failures.
+
+    Raises
+    ------
+    NotACacheFile
+        When ``file`` exists and the cache did not make it (``made_by_cache``).
+    """
 
     def __init__(self, file: Path, timeout: float) -> None:
+        if file.exists() and not made_by_cache(file):
+            raise NotACacheFile(
+                f"{file} exists and is not an outlines cache file; the cache does not use, move or write a file "
+                "it did not make: give the cache a directory (OUTLINES_CACHE_DIR names one) or a new .sqlite3 path"
+            )
         self.file = file
         self.store: SQLiteStore | None = SQLiteStore(file, timeout)
         self.writer = WriteBehind(self._write, self._blocks_committed)
@@ -401,6 +432,10 @@ class Disk:
         store = self.store
         if store is None:
             return
+        if not made_by_cache(self.file):  # replaced under us by a file that is not a cache: not ours to move
+            self._give_up(f"{self.file} is not readable as a cache ({exc}) and the cache did not make it: "
+                          "left as it is; using memory only")
+            return
         try:
             moved = store.quarantine()
             self._forget()  # the new file starts empty
@@ -422,14 +457,22 @@ class Disk:
             store.close()
 
 
-_disks: weakref.WeakValueDictionary[tuple[str, float], Disk] = weakref.WeakValueDictionary()
+_disks: weakref.WeakValueDictionary[str, Disk] = weakref.WeakValueDictionary()
 _disks_lock = threading.Lock()
 
 
 def disk(file: Path, timeout: float) -> Disk:
-    """The process's ``Disk`` for ``file`` (one per file and timeout)."""
+    """The process's ``Disk`` for ``file``: one per resolved file, however the path is spelled.
+
+    ``d/sub/..``, a symlink or the file itself all reach the same writer, so
+    every ``Cache`` on the file reads what another one queued. The file waits
+    for other processes' locks as long as the longest ``timeout`` asked.
+    """
+    resolved = os.path.realpath(file)
     with _disks_lock:
-        found = _disks.get((str(file), timeout))
+        found = _disks.get(resolved)
         if found is None or found.store is None:  # one that gave up may try again
-            found = _disks[(str(file), timeout)] = Disk(file, timeout)
+            found = _disks[resolved] = Disk(Path(resolved), timeout)
+        elif timeout > found.store.timeout:
+            found.store.timeout = timeout
         return found

@@ -31,8 +31,8 @@ from typing import Any, Callable, Iterable, Sequence
 import numpy as np
 
 __all__ = [
-    "FORMAT", "KEY_BYTES", "FormatMismatch", "SQLiteStore", "SchemaError", "checksum", "decode",
-    "encode", "row_ids",
+    "FORMAT", "KEY_BYTES", "FormatMismatch", "NotACacheFile", "SQLiteStore", "SchemaError", "checksum", "decode",
+    "encode", "holds_cache", "row_ids",
 ]
 
 #: Bumped on any change to keys or rows; the file name carries it, so a new
@@ -72,12 +72,39 @@ class FormatMismatch(RuntimeError):
     """The file was written by another cache format."""
 
 
+class NotACacheFile(ValueError):
+    """A cache path names an existing file the cache did not make; it is left as it is."""
+
+
 class SchemaError(sqlite3.DatabaseError):
     """The file's tables are not the cache's (one is missing or lacks a column): a damaged file."""
 
 
 #: The columns each table must have; checked whenever a file is opened.
 _COLUMNS = {"meta": ("name", "value"), "entries": ("key", "value", "checksum", "size", "used")}
+
+
+#: The first bytes of every SQLite database file.
+SQLITE_HEADER = b"SQLite format 3\x00"
+
+
+def holds_cache(file: Path) -> bool:
+    """Whether ``file`` is a SQLite database with this cache's ``meta`` table (of any format).
+
+    Read without writing anything: the header first, and only a SQLite file
+    is opened, read-only.
+    """
+    try:
+        with open(file, "rb") as handle:
+            if handle.read(len(SQLITE_HEADER)) != SQLITE_HEADER:
+                return False
+        connection = sqlite3.connect(f"{Path(file).absolute().as_uri()}?mode=ro", uri=True)
+        try:
+            return connection.execute("SELECT value FROM meta WHERE name = 'format'").fetchone() is not None
+        finally:
+            connection.close()
+    except (OSError, sqlite3.Error):
+        return False
 
 
 def row_ids(keys: Sequence[bytes]) -> list[int]:
@@ -210,6 +237,7 @@ class SQLiteStore:
         self.disabled = False
         self._estimate: int | None = None  # bytes of entries, for max_bytes
         self._connections: dict[str, sqlite3.Connection] = {}
+        self._waits: dict[str, float] = {}  # role -> the timeout its connection waits
         self._locks = {"read": threading.RLock(), "write": threading.RLock()}
         self._setup = threading.Lock()  # one connection at a time sets a new file up
         self._pid = os.getpid()
@@ -258,9 +286,13 @@ class SQLiteStore:
         if connection is None:
             with self._setup:
                 connection = self._connections[role] = self._open_retrying()
+            self._waits[role] = self.timeout
             # Older SQLite builds bind at most 999 parameters per statement.
             variables = connection.getlimit(sqlite3.SQLITE_LIMIT_VARIABLE_NUMBER)
             self._rows, self._chunk = _power_of_two(min(_ROWS, (variables - 1) // 3)), _power_of_two(min(_CHUNK, variables))
+        elif self._waits.get(role) != self.timeout:  # a longer timeout asked since it opened
+            connection.execute(f"PRAGMA busy_timeout = {int(self.timeout * 1000)}")
+            self._waits[role] = self.timeout
         return connection
 
     def connect(self) -> sqlite3.Connection:

@@ -53,6 +53,12 @@ class Cache:
         Seconds to wait for another process's write lock before giving up on
         one write (with a warning).
 
+    Raises
+    ------
+    NotACacheFile
+        When ``path`` names an existing file the cache did not make (a text
+        file, another program's database): it is neither used nor moved.
+
     Examples
     --------
     >>> from outlines.backends.base import Draw, GenerationParams

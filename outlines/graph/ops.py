@@ -223,10 +223,76 @@ def check_text_input(op: Op, variable: Variable, what: str) -> None:
             )
 
 
+class NotText:
+    """Stands in for an element that is not text where text is required; using it raises ``error``.
+
+    ``mark_not_text`` puts it in place of the element before the elementwise
+    loop, while the element's index is still known, so the error names it.
+    """
+
+    __slots__ = ("error",)
+
+    def __init__(self, error: TypeError) -> None:
+        self.error = error
+
+
+def mark_not_text(
+    value: Any, refuses: Callable[[Any], bool], where: str, lists: bool = False
+) -> Any:
+    """``value`` with each element ``refuses`` rejects replaced by a ``NotText`` naming ``where``, its index and type.
+
+    ``value`` is a scalar, an array or a ``Ragged``; with ``lists``, elements
+    that are lists or arrays (list arguments of a template) are looked into
+    too. ``Failure`` elements are left alone (they fail on their own).
+    """
+    if isinstance(value, Ragged):
+        values = mark_not_text(value.values, refuses, where, lists)
+        return value if values is value.values else value.with_values(values)
+    if not isinstance(value, np.ndarray):
+        if lists and isinstance(value, (list, tuple)):
+            marked = [_marked(item, refuses, f"{where} at index {i}") for i, item in enumerate(value)]
+            return value if all(a is b for a, b in zip(marked, value)) else type(value)(marked)
+        return _marked(value, refuses, where)
+    kinds = set(map(type, value.flat))
+    if kinds <= {str} or not any(refuses(v) or (lists and isinstance(v, (list, tuple))) for v in value.flat):
+        return value  # the common case: nothing to say, nothing copied
+    out = value.copy()
+    for index, element in np.ndenumerate(value):
+        at = f"{where} at index {index[0] if len(index) == 1 else index}" if index else where
+        out[index] = (mark_not_text(element, refuses, at) if lists and isinstance(element, (list, tuple))
+                      else _marked(element, refuses, at))
+    return out
+
+
+def _marked(element: Any, refuses: Callable[[Any], bool], where: str) -> Any:
+    if isinstance(element, Failure) or not refuses(element):
+        return element
+    return NotText(TypeError(f"{where} is {type(element).__name__} {element!r:.40}, not text"))
+
+
+def raise_not_text(values: Any) -> None:
+    """Raise the error of the first ``NotText`` among ``values`` (elements, or items of list elements)."""
+    for value in values:
+        if isinstance(value, NotText):
+            raise value.error
+        if isinstance(value, (list, tuple)):
+            raise_not_text(value)
+
+
+def not_str(value: Any) -> bool:
+    """What ``+`` refuses: anything but text."""
+    return not isinstance(value, str)
+
+
 class Concat(Op):
-    """String concatenation of its inputs, elementwise (``a + b``)."""
+    """String concatenation of its inputs, elementwise (``a + b``).
+
+    An element that is not text fails with an error naming the operand, its
+    index and its type; with ``errors="return"`` only that element fails.
+    """
 
     elementwise = True
+    guards_elements = True  # perform takes the scheduler's on_error / on_failed_input
 
     def make_node(self, *inputs: Any) -> Apply:
         variables = [as_variable(x) for x in inputs]
@@ -237,12 +303,14 @@ class Concat(Op):
     def describe(self) -> dict[str, Any]:
         return {"kind": "op", "title": "+ (concat)"}
 
-    def perform(self, *values: Any) -> Any:
-        return broadcast_map(_join, values)
+    def perform(self, *values: Any, on_error: Any = None, on_failed_input: Any = None) -> Any:
+        marked = [mark_not_text(v, not_str, f"operand {i + 1} of +") for i, v in enumerate(values)]
+        return broadcast_map(_join, marked, on_error=on_error, on_failed_input=on_failed_input)
 
 
 def _join(*parts: str) -> str:
     if not all(isinstance(p, str) for p in parts):
+        raise_not_text(parts)
         bad = next(p for p in parts if not isinstance(p, str))
         raise TypeError(f"can only concatenate str, not {type(bad).__name__} {bad!r:.60}")
     return "".join(parts)

@@ -5,11 +5,12 @@ in a deterministic order (creation order breaks ties), never set order.
 """
 from __future__ import annotations
 
-from typing import Callable, Iterable, Iterator, Sequence
+from typing import Callable, Container, Iterable, Iterator, Sequence
 
+from outlines.errors import GraphBuildError
 from outlines.graph.basic import Apply, Constant, Variable
 
-__all__ = ["ancestors", "applies", "graph_inputs", "toposort", "walk"]
+__all__ = ["ancestors", "applies", "find_cycle", "graph_inputs", "rewired_error", "toposort", "walk"]
 
 
 def walk(
@@ -70,3 +71,53 @@ def applies(outputs: Iterable[Variable]) -> list[Apply]:
 
 def _order(node: Apply) -> int:
     return node.order
+
+
+def find_cycle(start: Apply) -> list[Apply] | None:
+    """A cycle among ``start`` and the nodes it reads, in dataflow order (each feeds the next, the last the first).
+
+    Only a graph whose ``inputs`` were changed after it was built can have
+    one: an Apply's inputs exist before it. ``None`` when there is none.
+    """
+    path = [start]  # path[i + 1] computes an input of path[i]
+    on_path = {id(start): 0}
+    pending = [iter(start.inputs)]
+    finished: set[int] = set()
+    while pending:
+        variable = next(pending[-1], None)
+        if variable is None:
+            node = path.pop()
+            pending.pop()
+            del on_path[id(node)]
+            finished.add(id(node))
+            continue
+        owner = variable.owner
+        if owner is None or id(owner) in finished:
+            continue
+        if id(owner) in on_path:  # path[-1] reads owner, which reads ... path[-1]
+            first = on_path[id(owner)]
+            return [owner] + path[first + 1 :][::-1]
+        on_path[id(owner)] = len(path)
+        path.append(owner)
+        pending.append(iter(owner.inputs))
+    return None
+
+
+def rewired_error(node: Apply, placed: Container[int]) -> GraphBuildError:
+    """Why ``node`` reads an input not computed before it (``placed``: ids of the nodes that are).
+
+    A walk in creation order finds this only in a graph rewired after it was
+    built: the error names the cycle it makes, or the input built later.
+    """
+    cycle = find_cycle(node)
+    if cycle is not None:
+        loop = " -> ".join(n.label for n in cycle + cycle[:1])
+        return GraphBuildError(
+            f"the graph has a cycle: {loop} (each node reads the one before it); a node's inputs were "
+            "changed after it was built, and a value cannot depend on itself"
+        )
+    later = next(v.owner for v in node.inputs if v.owner is not None and id(v.owner) not in placed)
+    return GraphBuildError(
+        f"{node.label} reads {later.label}, which was built after it: the graph was rewired after it was "
+        "built (Apply.inputs changed); build each node from inputs that exist already"
+    )

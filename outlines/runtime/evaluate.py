@@ -22,6 +22,7 @@ from outlines.graph.basic import Variable
 from outlines.runtime.executor import resolve_executor
 from outlines.runtime.plan import Plan, bind_givens
 from outlines.runtime.scheduler import Scheduler, quiet_collector
+from outlines.runtime.termination import terminating_gracefully
 from outlines.tracing import active_recorder
 
 __all__ = ["aeval", "eval", "run_plan", "run_sync"]
@@ -115,8 +116,15 @@ def run_sync(factory: Callable[[asyncio.AbstractEventLoop | None], Awaitable[T]]
     """Run a coroutine to completion from sync code, even inside a running loop.
 
     ``factory`` receives the caller's loop that this call blocks (``None``
-    when the caller runs no loop).
+    when the caller runs no loop). SIGTERM meanwhile stops it like Ctrl-C and
+    ends the process once the cache has stored what finished
+    (``outlines.runtime.termination``).
     """
+    with terminating_gracefully() as termination:
+        return _run_sync(termination.watching(factory))
+
+
+def _run_sync(factory: Callable[[asyncio.AbstractEventLoop | None], Awaitable[T]]) -> T:
     try:
         caller_loop = asyncio.get_running_loop()
     except RuntimeError:

@@ -30,7 +30,7 @@ from outlines.keys import canonical
 from outlines.errors import UnboundInputError
 from outlines.graph.basic import Apply, Constant, Variable, as_object_array
 from outlines.graph.ops import Index
-from outlines.graph.traversal import toposort
+from outlines.graph.traversal import rewired_error, toposort
 
 __all__ = ["Plan", "bind_givens"]
 
@@ -150,12 +150,15 @@ class Plan:
                 if offset:
                     self.draw_offsets[id(kept)] = offset
                 draws[stream] = offset + op.num_samples  # type: ignore[attr-defined]
-            index = position[id(kept)] = len(self.nodes)
-            if len(inputs) == 1:  # the common case: one input, at most one parent
-                owner = inputs[0].owner
-                parents = [position[id(owner)]] if owner is not None else []
-            else:
-                parents = sorted({position[id(v.owner)] for v in inputs if v.owner is not None})
+            try:
+                if len(inputs) == 1:  # the common case: one input, at most one parent
+                    owner = inputs[0].owner
+                    parents = [position[id(owner)]] if owner is not None else []
+                else:
+                    parents = sorted({position[id(v.owner)] for v in inputs if v.owner is not None})
+            except KeyError:  # an input not computed yet: only a graph rewired after it was built
+                raise rewired_error(node, position) from None
+            index = position[id(kept)] = len(self.nodes)  # after its parents: a node reading itself is caught
             self.nodes.append(kept)
             self.indegree.append(len(parents))
             self.consumers.append([])

@@ -189,6 +189,8 @@ class Scheduler:
         }
 
     def _perform_inline(self, node: Apply, inputs: list[Any]) -> Any:
+        if getattr(node.op, "guards_elements", False):  # it fails element by element itself (text ops)
+            return node.op.perform(*inputs, **self._guards(node))
         if self._has_failed_input(node) and getattr(node.op, "elementwise", False):
             from outlines.graph.ops import broadcast_map
 

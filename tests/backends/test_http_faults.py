@@ -17,11 +17,23 @@ from outlines.backends import http
 from outlines.backends.base import BackendError, BatchReport, Draw, GenerationParams
 from outlines.backends.openai import OpenAIChatBackend, OpenAICompletionBackend
 from outlines.cache import draw_key
-from tests.fixtures.fake_openai import FakeOpenAI, Status, Trickle
+from tests.fixtures.fake_openai import OK, FakeOpenAI, Redirect, Status, Trickle
 
 pytestmark = pytest.mark.filterwarnings("error::ResourceWarning")
 
 SAMPLING = GenerationParams.create(temperature=0.7)
+
+
+def generate_a(backend: Any) -> list[str]:
+    """The backend's completion of one draw of the prompt "a", its session closed after."""
+
+    async def main() -> list[str]:
+        try:
+            return await backend.generate([Draw("a", SAMPLING, 0)], BatchReport())
+        finally:
+            await backend.aclose()
+
+    return asyncio.run(main())
 
 
 # -- item 2: credentials separate batches, never cache keys ---------------------------
@@ -107,13 +119,7 @@ def test_a_zero_or_past_retry_after_still_backs_off(
     fake_openai.script(Status(503, {"Retry-After": retry_after}), Status(503, {"Retry-After": retry_after}))
     backend = OpenAICompletionBackend("m", base_url=fake_openai.base_url, api_key="sk-x")
 
-    async def main() -> list[str]:
-        try:
-            return await backend.generate([Draw("a", SAMPLING, 0)], BatchReport())
-        finally:
-            await backend.aclose()
-
-    assert asyncio.run(main()) == ["a#0"]
+    assert generate_a(backend) == ["a#0"]
     assert len(sleeps) == 2 and all(s >= 0.375 for s in sleeps) and sleeps[1] > sleeps[0]
 
 
@@ -133,14 +139,8 @@ def test_a_trickling_server_is_cut_off_by_total_timeout(fake_openai: FakeOpenAI,
         "m", base_url=fake_openai.base_url, api_key="sk-x", timeout=5, total_timeout=0.3, max_retries=1
     )
 
-    async def main() -> list[str]:
-        try:
-            return await backend.generate([Draw("a", SAMPLING, 0)], BatchReport())
-        finally:
-            await backend.aclose()
-
     with pytest.raises(BackendError, match="gave up after 2 attempts.*Timeout") as caught:
-        asyncio.run(main())
+        generate_a(backend)
     assert caught.value.retryable and fake_openai.count == 2
 
 
@@ -165,3 +165,63 @@ def test_a_trickling_server_is_cut_off_by_total_timeout(fake_openai: FakeOpenAI,
 def test_bad_http_options_fail_at_construction(constructor: Any, options: dict[str, Any], message: str) -> None:
     with pytest.raises(ValueError, match=message):
         constructor("m", base_url="http://127.0.0.1:1/v1", api_key="sk-x", **options)
+
+
+# -- issue 27, item 1: no credential of any kind crosses to another origin ----------------
+SECRETS = {"api-key": "azure-SECRET-1", "OpenAI-Organization": "org-SECRET-2", "X-Team-Token": "team-SECRET-3"}
+KEY = "sk-SECRET-0123456789"
+
+
+def _sent_secrets(server: FakeOpenAI) -> list[str]:
+    """Every secret (key or extra header value) found in a request ``server`` received, by header name."""
+    found = []
+    for request in server.requests:
+        for name, value in request.headers.items():
+            if "SECRET" in value:
+                found.append(name)
+    return found
+
+
+@pytest.mark.parametrize("status", [301, 302, 303, 307, 308])
+@pytest.mark.parametrize("kind", ["chat", "completion"])
+def test_a_redirect_to_another_origin_carries_no_credential(fake_openai: FakeOpenAI, status: int, kind: str) -> None:
+    constructor = OpenAIChatBackend if kind == "chat" else OpenAICompletionBackend
+    backend = constructor("m", base_url=fake_openai.base_url, api_key=KEY, headers=SECRETS, max_retries=0)
+    with FakeOpenAI() as elsewhere:  # another port: another origin
+        path = "/chat/completions" if kind == "chat" else "/completions"
+        fake_openai.script(Redirect(elsewhere.base_url + path, status=status))
+
+        if status in (307, 308):  # method and body kept: followed, without any credential
+            assert generate_a(backend) == ["a#0"]
+            assert len(elsewhere.requests) == 1 and elsewhere.requests[0].method == "POST"
+        else:  # a POST turned into a GET could not be answered: refused, naming the new address
+            with pytest.raises(BackendError, match=rf"redirect \(HTTP {status}\).*{elsewhere.base_url}") as caught:
+                generate_a(backend)
+            assert "base_url" in str(caught.value) and not caught.value.retryable
+            assert elsewhere.requests == []
+        assert _sent_secrets(elsewhere) == []
+    assert sorted(_sent_secrets(fake_openai)) == sorted(["Authorization", *SECRETS])  # the first hop had them all
+
+
+def test_a_same_origin_redirect_keeps_every_header_and_loops_are_bounded(fake_openai: FakeOpenAI) -> None:
+    backend = OpenAICompletionBackend("m", base_url=fake_openai.base_url, api_key=KEY, headers=SECRETS, max_retries=0)
+    fake_openai.script(Redirect(fake_openai.base_url + "/elsewhere/completions", status=308))
+
+    assert generate_a(backend) == ["a#0"]
+    assert sorted(_sent_secrets(fake_openai)) == sorted(["Authorization", *SECRETS] * 2)
+    fake_openai.reset()
+    fake_openai.script(*[Redirect("/v1/completions", status=307)] * 10)  # relative, forever
+    with pytest.raises(BackendError, match="more than 3 redirects"):
+        generate_a(backend)
+    assert fake_openai.count == 4
+
+
+def test_back_on_the_first_origin_after_another_one_credentials_stay_dropped(fake_openai: FakeOpenAI) -> None:
+    backend = OpenAICompletionBackend("m", base_url=fake_openai.base_url, api_key=KEY, headers=SECRETS, max_retries=0)
+    with FakeOpenAI() as elsewhere:
+        fake_openai.script(Redirect(elsewhere.base_url + "/completions"), OK)
+        elsewhere.script(Redirect(fake_openai.base_url + "/completions"))
+
+        assert generate_a(backend) == ["a#0"]
+        assert _sent_secrets(elsewhere) == [] and fake_openai.count == 2
+        assert len(_sent_secrets(fake_openai)) == 1 + len(SECRETS)  # the first request only

@@ -197,7 +197,7 @@ def test_a_path_without_a_model_is_a_clear_error(tmp_path) -> None:
 
 def test_a_prompt_longer_than_the_context(backend: TransformersBackend, tiny_model_path: str) -> None:
     long_prompt = "step " * 600
-    with pytest.raises(BackendError, match=r"prompt of \d+ tokens \+ max_tokens 8 exceeds the context of 512"):
+    with pytest.raises(BackendError, match=r"prompt 0 of this batch .*: \d+ tokens \+ max_tokens 8 exceeds the context of 512"):
         run(backend, [Draw(long_prompt, GREEDY)])
     with pytest.raises(BackendError, match=r"max_tokens 256 exceeds the context of 512"):
         run(backend, [Draw(long_prompt, GenerationParams.create(temperature=0))])
@@ -207,6 +207,44 @@ def test_a_prompt_longer_than_the_context(backend: TransformersBackend, tiny_mod
     assert isinstance(run(truncating, [Draw(long_prompt, default_length)])[0], str)
     short = run(backend, [Draw("step " * 500, default_length)])[0]  # the rest of the context
     assert isinstance(short, str)
+
+
+@pytest.mark.parametrize("bad", ["a lone \ud800 surrogate", "step " * 600], ids=["surrogate", "too-long"])
+def test_one_bad_prompt_fails_alone_naming_it_and_the_batch_generates(backend: TransformersBackend, bad: str) -> None:
+    """Issue 27, item 8: a prompt that cannot be encoded, or does not fit the context, fails only its draws."""
+    requests = [Draw("Q: 1 + 1 =", GREEDY), Draw(bad, GREEDY), Draw(bad, SAMPLED, 1), Draw("Q: 2 + 2 =", SAMPLED)]
+    report = BatchReport()
+    texts = run(backend, requests, report)
+    assert sorted(report.failures) == [1, 2] and sorted(report.results) == [0, 3]
+    for index in (1, 2):
+        message = str(report.failures[index])
+        assert isinstance(report.failures[index], BackendError) and f"prompt {index} of this batch" in message
+        assert repr(bad[:20])[1:-1] in message  # a short excerpt, escaped
+        assert ("surrogate" if "\ud800" in bad else "exceeds the context of 512") in message
+    alone = run(backend, [requests[0]]) + run(backend, [requests[3]])
+    assert [texts[0], texts[3]] == [report.results[0], report.results[3]] == alone
+    with pytest.raises(BackendError, match="prompt 0 of this batch"):  # nothing generated: the call fails
+        run(backend, [Draw(bad, GREEDY)])
+
+
+def test_one_bad_prompt_fails_alone_through_eval(tiny_model_path: str, tmp_path) -> None:
+    import outlines
+    from outlines import models
+    from outlines.cache import Cache
+
+    llm = models.transformers(tiny_model_path, device="cpu", max_tokens=4, temperature=0)
+    question = outlines.string("question")
+    prompts = ["ok", "bad \udfff", "step " * 600, "fine"]
+    cache = Cache(tmp_path)
+    values = llm(question).eval({question: prompts}, errors="return", cache=cache)
+    assert [isinstance(v, outlines.Failure) for v in values] == [False, True, True, False]
+    assert "prompt" in values[1].message and "surrogate" in values[1].message
+    assert "exceeds the context" in values[2].message
+    assert values[0] == llm("ok").eval(cache=False) and values[3] == llm("fine").eval(cache=False)
+    with pytest.raises(outlines.NodeError, match="surrogate"):
+        llm(question).eval({question: prompts}, cache=False)
+    cache.flush()
+    assert Cache(tmp_path).stats()["entries"] == 2  # the good draws were stored
 
 
 def test_unsupported_parameters_are_refused(backend: TransformersBackend) -> None:
@@ -494,6 +532,34 @@ def test_cancelling_frees_the_worker_at_the_next_decoding_step(tiny_model_path: 
     asyncio.run(main())
     assert tf._slot(backend._key()).executor.submit(len, steps).result() == 3  # no step after the flag
     assert run(backend, [Draw("Q: 1", GREEDY)])  # the worker serves the next batch
+
+
+def test_a_clean_cancel_logs_nothing(tiny_model_path: str, caplog: pytest.LogCaptureFixture) -> None:
+    """Issue 27, item 11: the worker's ``GenerationCancelled`` is retrieved, not "never retrieved"."""
+    import gc
+
+    backend = TransformersBackend(tiny_model_path, device="cpu")
+    backend.load()
+    params = GenerationParams.create(max_tokens=400, temperature=1.0, seed=1)
+    worker = tf._slot(backend._key()).executor
+
+    async def main() -> None:
+        task = asyncio.ensure_future(backend.generate([Draw("Q: 1", params, d) for d in range(4)], BatchReport()))
+        await asyncio.sleep(0.3)  # generating
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        loop = asyncio.get_running_loop()
+        await loop.run_in_executor(None, worker.submit(lambda: None).result)  # the cancelled batch has ended
+        for _ in range(3):
+            await asyncio.sleep(0)  # its outcome reaches the loop
+        gc.collect()  # an unretrieved exception is logged when its future is collected
+
+    caplog.clear()  # the tiny tokenizer's pad-token note, said at load
+    with caplog.at_level(logging.WARNING, logger="asyncio"):
+        asyncio.run(main())
+        gc.collect()
+    assert [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING] == []
 
 
 # -- SmolLM2-135M-Instruct (GGUF, a real chat model; loaded once per session) -------------

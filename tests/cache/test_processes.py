@@ -38,6 +38,23 @@ def run_program(tmp_path: Path, log: str, *options: str) -> tuple[list[Any], lis
     return json.loads(done.stdout.splitlines()[-1]), sent
 
 
+def test_a_full_disk_skips_writes_with_a_warning_and_eval_goes_on(tmp_path: Path) -> None:
+    options = ["--items", "300", "--max-batch", "10"]
+    log_file = tmp_path / "full.log"
+    command = [sys.executable, "-m", "tests.fixtures.cache_program", "--cache", str(tmp_path / "cache"),
+               "--log", str(log_file), "--file-limit", "40000", *options]
+    done = subprocess.run(command, cwd=ROOT, env=_env(tmp_path), capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr  # every value came back
+    assert json.loads(done.stdout.splitlines()[-1]) == [f"Q: item {i} => done" for i in range(300)]
+    assert "CacheWarning" in done.stderr and "write skipped" in done.stderr
+    file = Cache(tmp_path / "cache").file
+    assert integrity(file) == "ok"
+    stored = Cache(tmp_path / "cache").stats()["entries"]
+    assert 0 < stored < 300  # the disk filled up part way
+    values, sent = run_program(tmp_path, "after.log", *options)  # room again: only the rest is sent
+    assert len(sent) == 300 - stored and values == [f"Q: item {i} => done" for i in range(300)]
+
+
 def integrity(file: Path) -> str:
     with sqlite3.connect(file) as connection:
         return connection.execute("PRAGMA integrity_check").fetchone()[0]

@@ -42,3 +42,14 @@ def test_a_chain_100k_deep_does_not_recurse():
     assert len(toposort([y])) == 100_000
     assert len(ancestors([y])) == 100_000 * 2 + 1  # each node adds its output and one constant
     assert y.eval({"x": "ok"}, cache=False) == "ok"
+
+
+def test_find_cycle_names_the_nodes_on_it_in_order() -> None:
+    from outlines.graph.traversal import find_cycle
+    from tests.fixtures.graphs import rewired_cycle
+
+    q = outlines.string("q")
+    assert find_cycle(((q + "a") + "b").owner) is None
+    a, b, c, tail = rewired_cycle()
+    assert find_cycle(a.owner) == [a.owner, b.owner, c.owner]
+    assert find_cycle(tail.owner) == [c.owner, a.owner, b.owner]  # the cycle tail reads, from where tail meets it

@@ -10,10 +10,12 @@ from hypothesis import strategies as st
 
 import outlines
 from outlines import models
+from outlines.errors import GraphBuildError
 from outlines.graph.basic import Apply, Constant, Op, Variable
 from outlines.graph.ops import Concat, Stack, broadcast_map
 from outlines.graph.traversal import applies, graph_inputs
 from outlines.runtime.plan import Plan
+from tests.fixtures.graphs import rewired_cycle
 
 
 class Upper(Op):
@@ -410,3 +412,28 @@ def test_draw_numbers_of_random_graphs_are_stable_across_rebuilds(steps: list[tu
             stream = streams.setdefault((op.params, prompt.value if isinstance(prompt, Constant) else id(prompt)), [])
             assert start == len(stream)
             stream.extend(range(start, start + op.num_samples))  # type: ignore[attr-defined]
+
+
+# -- issue 27, item 10: a graph rewired into a cycle ---------------------------------------
+def test_a_cyclic_graph_is_a_clear_error_naming_the_nodes_on_the_cycle() -> None:
+    a, b, c, off_cycle = rewired_cycle()  # a -> b -> c -> a, and off_cycle reading c
+    with pytest.raises(GraphBuildError, match="cycle") as caught:
+        off_cycle.eval({"q": "x"})
+    message = str(caught.value)
+    assert all(node.owner.label in message for node in (a, b, c)) and off_cycle.owner.label not in message
+    q2 = outlines.string("q2")
+    alone = q2 + "x"
+    alone.owner.inputs = (alone, alone.owner.inputs[1])  # a node reading its own output
+    with pytest.raises(GraphBuildError, match=rf"cycle: {alone.owner.label} -> {alone.owner.label}"):
+        Plan([alone])
+
+
+def test_a_graph_rewired_to_read_a_later_node_without_a_cycle_is_said_so() -> None:
+    q = outlines.string("q")
+    early = q + "1"
+    late = q + "2"
+    out = early + "!"
+    early.owner.inputs = (late, early.owner.inputs[1])  # reads a node built after it: no cycle
+    with pytest.raises(GraphBuildError, match="built after it") as caught:
+        Plan([out])
+    assert early.owner.label in str(caught.value) and late.owner.label in str(caught.value)
