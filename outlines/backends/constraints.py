@@ -30,6 +30,7 @@ from typing import Any, Awaitable, Callable, Mapping, Sequence
 
 from outlines.backends.base import BatchReport, Draw
 from outlines.cache.keys import canonical, normalize
+from outlines.errors import install_hint
 from outlines.graph.basic import Apply, Op, as_variable
 from outlines.graph.ops import broadcast_map
 
@@ -304,7 +305,7 @@ class _Compiler:
             import xgrammar as xgr
         except ImportError:
             raise ImportError(
-                "constrained decoding with transformers needs xgrammar: pip install 'outlines[structured]'"
+                f"constrained decoding with transformers needs xgrammar: {install_hint('structured')}"
             ) from None
         self.info = xgr.TokenizerInfo.from_huggingface(tokenizer, vocab_size=vocab_size)
         self.compiler = xgr.GrammarCompiler(self.info)

@@ -51,6 +51,7 @@ import numpy as np
 
 from outlines.backends.base import Backend, BackendError, BatchReport, Draw, GenerationParams, check_limit
 from outlines.chat import Conversation, messages_of
+from outlines.errors import install_hint
 
 __all__ = ["TransformersBackend", "plan_chunks", "trim_at_stop"]
 
@@ -306,12 +307,14 @@ class TransformersBackend(Backend):
         if slot.loaded is None:
             if os.path.isabs(self.path) and not os.path.isdir(self.path):
                 raise BackendError(f"no model folder at {self.path}", model=self.path)
-            from outlines.backends import _hf_generation
-
             try:
+                from outlines.backends import _hf_generation  # imports torch and transformers
+
                 slot.loaded = _hf_generation.load(self.path, self.device, self.dtype, self.gguf_file)
             except ImportError as exc:
-                raise BackendError(f"cannot load {self.gguf_file or self.path!r}: {exc}", model=self.path) from exc
+                hint = f"; local models need the transformers extra (CPU torch first, see README): " \
+                    f"{install_hint('transformers')}" if isinstance(exc, ModuleNotFoundError) else ""
+                raise BackendError(f"cannot load {self.gguf_file or self.path!r}: {exc}{hint}", model=self.path) from exc
             except (OSError, ValueError) as exc:
                 raise BackendError(f"cannot load a model from {self.path!r}: {exc}", model=self.path) from exc
         return slot.loaded
