@@ -41,6 +41,8 @@ __all__ = ["OpenAIChatBackend", "OpenAICompletionBackend"]
 logger = logging.getLogger("outlines.backends.openai")
 
 DEFAULT_BASE_URL = "https://api.openai.com/v1"
+#: Hosts that answer 401 to every request without a key: none is sent to them.
+KEYED_HOSTS = ("api.openai.com",)
 #: Base URLs whose completions endpoint refuses a list of prompts / ignores ``n``.
 LISTS_REFUSED: set[str] = set()
 N_IGNORED: set[str] = set()
@@ -132,6 +134,7 @@ class _OpenAIBackend(Backend):
         # Not in ``identity`` (cache keys, reprs): only equality, so that models that
         # differ in credentials never share a batch, a session or a key.
         self._credentials = credential_fingerprint(api_key, headers)
+        self._has_key = bool(api_key) or bool(headers)  # a header may carry the key (api-key: ...)
         # Token counting (``backends.usage``): the user's tokenizer, else tiktoken
         # when its encoding is on disk, else the estimate. Neither is in the identity.
         self.price = None if price is None else Price.of(price)
@@ -176,6 +179,8 @@ class _OpenAIBackend(Backend):
         await self.client.aclose()
 
     async def generate(self, draws: Sequence[Draw], report: BatchReport) -> list[str]:
+        if not self._has_key and yarl.URL(self.base_url).host in KEYED_HOSTS:
+            raise self._key_error(None)  # every request would be refused: none is sent, none retried
         by_prompt: dict[tuple[GenerationParams, str], list[int]] = {}
         for index, draw in enumerate(draws):
             by_prompt.setdefault((draw.params, draw.prompt), []).append(index)
@@ -226,12 +231,27 @@ class _OpenAIBackend(Backend):
         try:
             return await self.client.post_json(self.path, payload, report, tokens=tokens)
         except BackendError as error:
+            if error.status == 401:
+                raise self._key_error(error) from None
             fields = [k for k in CONSTRAINT_FIELDS if k in payload]
             if not fields or error.status not in (400, 422) or not any(f in (error.body or "") for f in fields):
                 raise
             self._note_once(CONSTRAINTS_REFUSED, f"refuses {', '.join(fields)}; checking outputs and retrying instead")
             return await self.client.post_json(self.path, {k: v for k, v in payload.items() if k not in fields},
                                                report, tokens=tokens)
+
+    def _key_error(self, refused: BackendError | None) -> BackendError:
+        """Why the server wants a key, naming where to give one (401s are never retried)."""
+        constructor = "models.openai" if self.kind == "openai" else "models.openai_completion"
+        where = f"set OPENAI_API_KEY or pass api_key= to {constructor}({self.model!r}, ...)"
+        if refused is None:
+            message = f"no API key for {self.base_url}: {where}"
+        elif self._has_key:
+            message = f"the server refused the API key (HTTP 401): check OPENAI_API_KEY or api_key= of {constructor}"
+        else:
+            message = f"the server wants an API key (HTTP 401) and none was given: {where}"
+        return BackendError(message, status=None if refused is None else 401, body=None if refused is None else
+                            refused.body, endpoint=self.base_url + self.path, model=self.model)
 
     def _tokens(self, prompts: Sequence[str], params: GenerationParams, n: int) -> float:
         """A rough token estimate for the ``tpm`` budget (4 characters a token)."""

@@ -579,3 +579,46 @@ def test_chat_max_batch_keeps_each_prompts_samples_in_one_request(fake_openai: F
     result = llm(question, num_samples=3).eval({question: [f"q{i}" for i in range(20)]}, cache=False)
     assert result.shape == (20, 3)
     assert len(fake_openai.requests) == 20 and all(r.body["n"] == 3 for r in fake_openai.requests)
+
+
+@pytest.mark.parametrize("constructor", [models.openai, models.openai_completion])
+def test_a_missing_key_for_the_openai_api_fails_at_once_naming_where_to_give_one(
+    monkeypatch: pytest.MonkeyPatch, sleeps: list[float], constructor: Any
+) -> None:
+    monkeypatch.delenv("OPENAI_API_KEY", raising=False)
+    monkeypatch.delenv("OPENAI_BASE_URL", raising=False)
+    llm = constructor("gpt-4o-mini", max_tokens=8)
+    with outlines.trace() as trace:
+        result = llm(["a", "b"]).eval(cache=False, errors="return")
+    messages = {failure.message for failure in result}
+    assert len(messages) == 1, messages
+    (message,) = messages
+    assert "no API key for https://api.openai.com/v1" in message
+    assert "set OPENAI_API_KEY or pass api_key=" in message and f"{constructor.__name__}('gpt-4o-mini'" in message
+    assert sleeps == [] and trace.requests == []  # nothing sent, nothing retried
+
+
+@pytest.mark.parametrize("constructor", [models.openai, models.openai_completion])
+def test_a_server_asking_for_a_key_is_asked_once_and_the_error_names_where_to_give_one(
+    fake_openai: FakeOpenAI, monkeypatch: pytest.MonkeyPatch, sleeps: list[float], constructor: Any
+) -> None:
+    monkeypatch.delenv("OPENAI_API_KEY", raising=False)
+    refusal = {"error": {"message": "You didn't provide an API key.", "type": "invalid_request_error"}}
+    fake_openai.script(Status(401, body=refusal))
+    llm = constructor("fake-model", base_url=fake_openai.base_url)
+    with pytest.raises(outlines.errors.NodeError) as caught:
+        llm("a").eval(cache=False)
+    message = str(caught.value)
+    assert "wants an API key (HTTP 401) and none was given" in message
+    assert "set OPENAI_API_KEY or pass api_key=" in message and "provide an API key" in message
+    assert len(fake_openai.requests) == 1 and sleeps == []
+    assert "Authorization" not in fake_openai.requests[0].headers
+
+
+def test_a_refused_key_says_so_and_never_shows_the_key(fake_openai: FakeOpenAI, sleeps: list[float]) -> None:
+    fake_openai.script(Status(401, body={"error": {"message": f"Incorrect API key provided: {KEY}"}}))
+    with pytest.raises(BackendError) as caught:
+        run(chat(fake_openai), draws("a"))
+    message = str(caught.value)
+    assert "refused the API key (HTTP 401): check OPENAI_API_KEY or api_key=" in message and KEY not in message
+    assert caught.value.status == 401 and len(fake_openai.requests) == 1 and sleeps == []
