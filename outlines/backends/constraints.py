@@ -14,7 +14,9 @@ texts also go through ``generate_valid``: a draw whose text breaks its
 constraint (a server that ignored it, a local row cut by ``max_tokens``) is
 asked again with a new draw number, a bounded number of times, and then fails
 on its own (``BatchReport.failure``) with a ``ConstraintError`` quoting the
-text; the batch's other draws are kept.
+text; the batch's other draws are kept. A greedy draw (``temperature=0``) is
+never asked again: every attempt would write the same text, so it fails at
+once, saying why.
 
 xgrammar was chosen after measuring it against llguidance and outlines-core
 (``benchmarks/bench_constraint_engines.py``): on SmolLM2's 49k-token
@@ -401,8 +403,10 @@ async def generate_valid(
 ) -> tuple[list[str], Any]:
     """Run ``generate(backend, draws, report)``, asking again for draws whose text breaks its constraint.
 
-    Each invalid draw is retried with a new draw number (``draw + attempt *
-    RETRY_STRIDE``) up to ``backend.max_retries`` times (default 3). Valid
+    Each invalid sampled draw is retried with a new draw number (``draw +
+    attempt * RETRY_STRIDE``) up to ``backend.max_retries`` times (default 3);
+    an invalid greedy draw (``temperature=0``) fails at once, since asking
+    again with the same parameters gives the same text. Valid
     texts are reported with ``report.result`` as soon as they are known (so
     only they reach the cache); a draw the backend failed is reported with
     ``report.failure`` and not retried; a draw still invalid after every
@@ -450,6 +454,15 @@ async def generate_valid(
             report.result(i, text)
         else:
             bad.append(i)
+    for i in (i for i in bad if draws[i].params.deterministic):
+        rule = constraints[i]
+        assert rule is not None
+        report.failure(i, ConstraintError(
+            f"the draw broke its {rule.kind} constraint: {_reason(rule, texts[i])}; not asked again: at "
+            "temperature=0 every attempt writes the same text (sample with temperature > 0 to retry, or use "
+            "a backend that enforces the constraint)"
+        ))
+    bad = [i for i in bad if not draws[i].params.deterministic]
     attempts = int(getattr(backend, "max_retries", 3))
     for number in range(1, attempts + 1):
         if not bad:
@@ -471,13 +484,19 @@ async def generate_valid(
     for i in bad:
         constraint = constraints[i]
         assert constraint is not None
-        try:
-            constraint.check(texts[i])
-        except ValueError as exc:
-            reason = str(exc)
-        else:  # a non-string text
-            reason = f"got {type(texts[i]).__name__}"
         report.failure(i, ConstraintError(
-            f"the draw broke its {constraint.kind} constraint after {attempts + 1} attempts; last: {reason}"
+            f"the draw broke its {constraint.kind} constraint after {attempts + 1} attempts; "
+            f"last: {_reason(constraint, texts[i])}"
         ))
     return texts, worker
+
+
+def _reason(constraint: Constraint, text: Any) -> str:
+    """Why ``text`` breaks ``constraint``, in words."""
+    if not isinstance(text, str):
+        return f"got {type(text).__name__}"
+    try:
+        constraint.check(text)
+    except ValueError as exc:
+        return str(exc)
+    return "valid"  # not reached: only invalid texts are explained

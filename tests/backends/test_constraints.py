@@ -249,6 +249,22 @@ def test_a_server_that_ignores_response_format_gets_bounded_retries() -> None:
         assert len(draws) == 6
 
 
+@pytest.mark.parametrize("constructor", [models.openai, models.openai_completion])
+def test_a_greedy_draw_that_breaks_its_constraint_fails_at_once(constructor: Any) -> None:
+    with FakeOpenAI() as server:  # echoes "<prompt>#<sample>": never JSON, never a choice
+        model = constructor("fake", base_url=server.base_url, api_key="sk-test", temperature=0, max_retries=3)
+        calls = [model(["a", "b", "c"], json_schema=SCHEMA), model(["a", "b", "c"], choices=["yes", "no"])]
+        schema, choice = outlines.eval(*calls, cache=False, errors="return", progress=False)
+        assert server.count == (6 if constructor is models.openai else 2)  # one request per prompt (chat) or call
+        assert all(isinstance(v, Failure) for v in [*schema, *choice])
+        assert "'a#0' is not JSON" in schema[0].message and "'b#0' is not one of the choices" in choice[1].message
+        assert "not asked again: at temperature=0 every attempt writes the same text" in choice[1].message
+        sampled = constructor("fake", base_url=server.base_url, api_key="sk-test", temperature=0.5, max_retries=3)
+        server.reset()
+        outlines.eval(sampled("a", choices=["yes", "no"]), cache=False, errors="return", progress=False)
+        assert server.count == 4  # a sampled draw may come out differently: 1 + 3 retries
+
+
 def test_a_server_that_refuses_the_fields_is_remembered() -> None:
     def refuse(prompt: str, sample: int, body: Any) -> str:
         return "yes"

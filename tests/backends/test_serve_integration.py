@@ -171,7 +171,7 @@ def test_a_constraint_transformers_serve_refuses_is_checked_and_retried(
     served: tuple[str, str, Path], caplog: pytest.LogCaptureFixture
 ) -> None:
     base_url, model_name, log = served
-    llm = models.openai_completion(model_name, base_url=base_url, api_key="sk-local", max_tokens=4, temperature=0,
+    llm = models.openai_completion(model_name, base_url=base_url, api_key="sk-local", max_tokens=4, temperature=0.8,
                                    max_retries=2)
     before = log.read_text().splitlines()
     with caplog.at_level(logging.WARNING, logger="outlines.backends.openai"):
@@ -181,3 +181,15 @@ def test_a_constraint_transformers_serve_refuses_is_checked_and_retried(
     # serve answers 422 to guided_choice: remembered, then the draw and 2 retries without it
     assert [line.split('HTTP/1.1" ')[1][:3] for line in lines] == ["422", "200", "200", "200"]
     assert any("refuses guided_choice" in r.getMessage() for r in caplog.records)
+
+
+def test_a_greedy_draw_serve_answers_outside_its_constraint_is_not_asked_again(served: tuple[str, str, Path]) -> None:
+    base_url, model_name, log = served
+    llm = models.openai_completion(model_name, base_url=base_url, api_key="sk-local", max_tokens=4, temperature=0,
+                                   max_retries=3)
+    before = log.read_text().splitlines()
+    result = llm("Answer yes or no:", choices=["certainly", "never"]).eval(cache=False, errors="return")
+    lines = [line for line in log.read_text().splitlines()[len(before):] if "POST /v1/completions" in line]
+    assert isinstance(result, outlines.Failure) and "is not one of the choices ['certainly', 'never']" in result.message
+    assert "not asked again: at temperature=0" in result.message
+    assert len(lines) in (1, 2), lines  # the draw (after serve's 422 to guided_choice, unless already known)
