@@ -8,7 +8,6 @@ tests/graph/viz/test_writers.py.
 from __future__ import annotations
 
 import configparser
-import os
 import re
 import subprocess
 import sys
@@ -17,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from outlines.errors import install_hint
+from tests.fixtures.subprocesses import python_env
 
 ROOT = Path(__file__).resolve().parents[1]
 #: ``outlines[`` as a distribution with extras (``outlines-dataflow[`` does not match).
@@ -102,7 +102,7 @@ def test_a_local_model_without_torch_names_the_transformers_extra(tmp_path):
     )
     folder = tmp_path / "model"
     folder.mkdir()
-    env = dict(os.environ, PYTHONPATH=str(ROOT), OUTLINES_CACHE_DIR=str(tmp_path / "cache"))
+    env = python_env(OUTLINES_CACHE_DIR=str(tmp_path / "cache"))
     done = subprocess.run([sys.executable, "-c", script, str(folder)], env=env, capture_output=True, text=True,
                           timeout=120)
     assert done.returncode == 0, done.stderr[-2000:]

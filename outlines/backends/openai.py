@@ -10,8 +10,10 @@ siblings.
 ``OpenAICompletionBackend`` sends many prompts in one request (``prompt`` as a
 list; choice ``i`` belongs to prompt ``i // n``). Servers that refuse lists
 (``transformers serve`` answers 400 "prompt must be a string") or ignore ``n``
-are remembered per base URL, said once in a log line, and served with one
-prompt, or one sample, per request from then on.
+are remembered per base URL (``backends.quirks``: for the process and in the
+cache file, so a new process knows them too), said once in a log line, and
+served with one prompt, or one sample, per request from then on. The one
+answer of a server that ignored ``n`` is kept as the first sample.
 
 Seeds: a group of draws of one prompt whose first draw number is ``d`` is sent
 with ``seed + d`` (and sample ``j`` of a split group with a further ``+ j``),
@@ -31,7 +33,7 @@ import yarl
 
 from outlines.backends.base import Backend, BackendError, BatchReport, Draw, GenerationParams, check_limit
 from outlines.backends.constraints import Constraint
-from outlines.backends import retry
+from outlines.backends import quirks, retry
 from outlines.backends.http import HTTPClient, credential_fingerprint, gather_or_cancel
 from outlines.backends.usage import Price, estimate_tokens, tiktoken_counter, user_counter
 from outlines.chat import messages_of
@@ -44,10 +46,10 @@ DEFAULT_BASE_URL = "https://api.openai.com/v1"
 #: Hosts that answer 401 to every request without a key: none is sent to them.
 KEYED_HOSTS = ("api.openai.com",)
 #: Base URLs whose completions endpoint refuses a list of prompts / ignores ``n``.
-LISTS_REFUSED: set[str] = set()
-N_IGNORED: set[str] = set()
+LISTS_REFUSED = quirks.Quirk(quirks.REFUSES_LISTS)
+N_IGNORED = quirks.Quirk(quirks.IGNORES_N)
 #: Base URLs that answered 4xx to the structured-output fields (issue 13).
-CONSTRAINTS_REFUSED: set[str] = set()
+CONSTRAINTS_REFUSED = quirks.Quirk(quirks.REFUSES_CONSTRAINTS)
 #: The fields ``wire_constraint`` may send.
 CONSTRAINT_FIELDS = ("response_format", "guided_choice", "guided_regex", "guided_json")
 #: How servers word "send one prompt, not a list": transformers serve says
@@ -72,7 +74,11 @@ GroupFailed = Callable[[int, Exception], None]
 
 
 class _NIgnored(Exception):
-    """The server answered one choice per prompt although ``n > 1`` was asked."""
+    """The server answered one choice per prompt although ``n > 1`` was asked: ``choices``, in prompt order."""
+
+    def __init__(self, choices: list[Any]) -> None:
+        super().__init__("the server ignored n")
+        self.choices = choices
 
 
 class _OpenAIBackend(Backend):
@@ -236,7 +242,7 @@ class _OpenAIBackend(Backend):
             fields = [k for k in CONSTRAINT_FIELDS if k in payload]
             if not fields or error.status not in (400, 422) or not any(f in (error.body or "") for f in fields):
                 raise
-            self._note_once(CONSTRAINTS_REFUSED, f"refuses {', '.join(fields)}; checking outputs and retrying instead")
+            await self._note_once(CONSTRAINTS_REFUSED, f"refuses {', '.join(fields)}; checking outputs instead")
             return await self.client.post_json(self.path, {k: v for k, v in payload.items() if k not in fields},
                                                report, tokens=tokens)
 
@@ -272,18 +278,15 @@ class _OpenAIBackend(Backend):
         if not isinstance(choices, list) or not all(isinstance(c, dict) for c in choices):
             raise self._malformed("response has no list of 'choices'", data)
         if n > 1 and len(choices) == expected // n:
-            raise _NIgnored()
+            raise _NIgnored(_in_order(choices))
         if len(choices) != expected:
             raise self._malformed(f"expected {expected} choices, got {len(choices)}", data)
-        indices = [c.get("index") for c in choices]
-        if sorted(i if type(i) is int else -1 for i in indices) == list(range(expected)):
-            return sorted(choices, key=lambda c: c["index"])
-        return choices
+        return _in_order(choices)
 
-    def _note_once(self, registry: set[str], message: str) -> None:
-        if self.base_url not in registry:
-            registry.add(self.base_url)
+    async def _note_once(self, quirk: quirks.Quirk, message: str) -> None:
+        if quirk.add(self.base_url):
             logger.warning("%s %s", self.base_url, message)
+            await quirks.remember(self.base_url, quirk.name)
 
 
 class OpenAICompletionBackend(_OpenAIBackend):
@@ -366,7 +369,7 @@ class OpenAICompletionBackend(_OpenAIBackend):
             except BackendError as error:
                 if not _refuses_lists(error):
                     raise
-                self._note_once(LISTS_REFUSED, "refuses a list of prompts; sending one prompt per request")
+                await self._note_once(LISTS_REFUSED, "refuses a list of prompts; sending one prompt per request")
         rows = await gather_or_cancel(self._request([p], params, n, report) for p in prompts)
         return [row[0] for row in rows]
 
@@ -375,20 +378,28 @@ class OpenAICompletionBackend(_OpenAIBackend):
     ) -> list[list[str]]:
         """``n`` samples of each prompt, in as few requests as the server allows."""
         if n > 1 and self.base_url in N_IGNORED:
-            columns = await gather_or_cancel(
-                self._request(prompts, _offset_seed(params, j), 1, report) for j in range(n)
-            )
-            return [[column[i][0] for column in columns] for i in range(len(prompts))]
+            return await self._per_sample(prompts, params, n, report)
         prompt: str | list[str] = prompts[0] if len(prompts) == 1 else prompts
         payload = self._payload(params, n, prompt=prompt)
         data = await self._post(payload, report, self._tokens(prompts, params, n))
         try:
             choices = self._choices(data, len(prompts) * n, n)
-        except _NIgnored:
-            self._note_once(N_IGNORED, "ignores n; sending one request per sample")
-            return await self._request(prompts, params, n, report)
+        except _NIgnored as ignored:
+            await self._note_once(N_IGNORED, "ignores n; sending one request per sample")
+            first = [self._text(choice, data) for choice in ignored.choices]  # each prompt's sample 0: kept
+            rest = await self._per_sample(prompts, params, n, report, start=1)
+            return [[text, *more] for text, more in zip(first, rest)]
         texts = [self._text(choice, data) for choice in choices]
         return [texts[i * n : (i + 1) * n] for i in range(len(prompts))]
+
+    async def _per_sample(
+        self, prompts: list[str], params: GenerationParams, n: int, report: BatchReport, start: int = 0
+    ) -> list[list[str]]:
+        """Samples ``start`` to ``n - 1`` of each prompt, one request per sample (sample ``j``: seed ``+ j``)."""
+        columns = await gather_or_cancel(
+            self._request(prompts, _offset_seed(params, j), 1, report) for j in range(start, n)
+        )
+        return [[column[i][0] for column in columns] for i in range(len(prompts))]
 
     def _text(self, choice: Mapping[str, Any], data: Any) -> str:
         text = choice.get("text")
@@ -451,17 +462,24 @@ class OpenAIChatBackend(_OpenAIBackend):
 
     async def _chat(self, prompt: str, params: GenerationParams, n: int, report: BatchReport) -> list[str]:
         if n > 1 and self.base_url in N_IGNORED:
-            rows = await gather_or_cancel(self._chat(prompt, _offset_seed(params, j), 1, report) for j in range(n))
-            return [row[0] for row in rows]
+            return await self._per_sample(prompt, params, n, report)
         messages = messages_of(prompt, self.system_prompt)  # a Conversation sends its own messages
         payload = self._payload(params, n, messages=messages)
         data = await self._post(payload, report, self._tokens([prompt], params, n))
         try:
             choices = self._choices(data, n, n)
-        except _NIgnored:
-            self._note_once(N_IGNORED, "ignores n; sending one request per sample")
-            return await self._chat(prompt, params, n, report)
+        except _NIgnored as ignored:
+            await self._note_once(N_IGNORED, "ignores n; sending one request per sample")
+            first = self._content(ignored.choices[0], data)  # sample 0, asked with the same seed: kept
+            return [first, *await self._per_sample(prompt, params, n, report, start=1)]
         return [self._content(choice, data) for choice in choices]
+
+    async def _per_sample(
+        self, prompt: str, params: GenerationParams, n: int, report: BatchReport, start: int = 0
+    ) -> list[str]:
+        """Samples ``start`` to ``n - 1``, one request each (sample ``j``: seed ``+ j``)."""
+        rows = await gather_or_cancel(self._chat(prompt, _offset_seed(params, j), 1, report) for j in range(start, n))
+        return [row[0] for row in rows]
 
     def _content(self, choice: Mapping[str, Any], data: Any) -> str:
         message = choice.get("message")
@@ -505,6 +523,14 @@ def _strict_compatible(schema: Any) -> bool:
         if schema.get("additionalProperties", True) is not False or set(schema.get("required", [])) != set(properties):
             return False
     return all(_strict_compatible(v) for k, v in schema.items() if k not in ("required", "enum", "const", "default"))
+
+
+def _in_order(choices: list[Any]) -> list[Any]:
+    """Choices sorted by their ``index`` when those number them ``0..len-1``, else as sent."""
+    indices = [c.get("index") for c in choices]
+    if sorted(i if type(i) is int else -1 for i in indices) == list(range(len(choices))):
+        return sorted(choices, key=lambda c: c["index"])
+    return choices
 
 
 def _offset_seed(params: GenerationParams, offset: int) -> GenerationParams:

@@ -183,14 +183,33 @@ def test_refused_lists_fall_back_to_one_prompt_per_request_and_say_so_once(
                                                          "sending one prompt per request") == 1
 
 
-def test_ignored_n_falls_back_to_one_request_per_sample(fake_openai: FakeOpenAI) -> None:
+@pytest.mark.parametrize("kind", [chat, completion])
+def test_ignored_n_keeps_the_first_answer_and_asks_one_request_per_further_sample(
+    fake_openai: FakeOpenAI, kind: Any
+) -> None:
     fake_openai.ignore_n = True
+    fake_openai.reply = lambda prompt, sample, body: f"{prompt}@seed{body.get('seed')}"
     seeded = GenerationParams.create(temperature=1.0, seed=5)
-    out = run(chat(fake_openai), [Draw("a", seeded, 0), Draw("a", seeded, 1), Draw("a", seeded, 2)])
-    assert out == ["a#0"] * 3  # the fake answers sample 0 each time; a real server samples anew
+    out = run(kind(fake_openai), [Draw("a", seeded, 0), Draw("a", seeded, 1), Draw("a", seeded, 2)])
+    assert out == ["a@seed5", "a@seed6", "a@seed7"]  # draw 0 is the answer to the request that asked n=3
     bodies = [r.body for r in fake_openai.requests]
-    assert bodies[0]["n"] == 3 and all("n" not in b for b in bodies[1:]) and len(bodies) == 4
-    assert sorted(b["seed"] for b in bodies[1:]) == [5, 6, 7]
+    assert len(bodies) == 3 and bodies[0]["n"] == 3 and all("n" not in b for b in bodies[1:])
+    assert sorted(b["seed"] for b in bodies[1:]) == [6, 7]
+    fake_openai.reset()  # known now: one request per sample from the start, seeds as before
+    assert run(kind(fake_openai), [Draw("b", seeded, 0), Draw("b", seeded, 1)]) == ["b@seed5", "b@seed6"]
+    assert [r.body.get("n") for r in fake_openai.requests] == [None, None]
+
+
+@pytest.mark.parametrize("constructor", [models.openai, models.openai_completion])
+def test_twenty_prompts_times_three_samples_cost_sixty_requests_on_a_server_ignoring_n(
+    fake_openai: FakeOpenAI, constructor: Any
+) -> None:
+    fake_openai.ignore_n = fake_openai.refuse_lists = True  # as transformers serve
+    llm = constructor("fake-model", base_url=fake_openai.base_url, api_key=KEY, temperature=1.0)
+    out = llm([f"q{i}" for i in range(20)], num_samples=3).eval(cache=False)
+    assert out.shape == (20, 3)
+    list_refusal = 1 if constructor is models.openai_completion else 0  # the one list the server refused
+    assert fake_openai.count == 60 + list_refusal
 
 
 @pytest.mark.parametrize(
