@@ -436,6 +436,10 @@ class OpenAIChatBackend(_OpenAIBackend):
     def identity(self) -> tuple[Any, ...]:
         return (self.kind, self.model, self.base_url, self.system_prompt)
 
+    def render_prompt(self, prompt: str) -> list[dict[str, Any]]:
+        """The ``messages`` sent for ``prompt`` (the server applies its chat template to them)."""
+        return messages_of(prompt, self.system_prompt)
+
     def count_tokens(self, prompt: str) -> int:
         """Prompt tokens of one chat request: its messages' contents.
 

@@ -264,10 +264,21 @@ class TransformersBackend(Backend):
         Uses a tokenizer of its own (loaded once per model files, without the
         weights), so counting never waits for, nor races, a generating batch.
         """
+        return len(self.prompt_tokens(prompt))
+
+    def render_prompt(self, prompt: str) -> str:
+        """The text the model reads for ``prompt``: through the chat template (with ``system_prompt``), or as it is.
+
+        Uses the model's tokenizer without its weights, like ``count_tokens``.
+        """
+        return self.render(_counting_tokenizer(self.path, self.gguf_file), prompt)
+
+    def prompt_tokens(self, prompt: str) -> list[int]:
+        """The token ids the model reads for ``prompt`` (before any ``truncation``)."""
         counting = _counting_tokenizer(self.path, self.gguf_file)
         if self.uses_chat(counting):  # the template writes the special tokens itself
-            return len(counting.tokenizer(self.render(counting, prompt), add_special_tokens=False)["input_ids"])
-        return len(counting.tokenizer(self.render(counting, prompt))["input_ids"])
+            return list(counting.tokenizer(self.render(counting, prompt), add_special_tokens=False)["input_ids"])
+        return list(counting.tokenizer(self.render(counting, prompt))["input_ids"])
 
     def usage_bound(self, draws: Sequence[Draw]) -> tuple[int, int | None]:
         """As ``Backend.usage_bound``, but each draw is its own row (its prompt is read once per sample)."""

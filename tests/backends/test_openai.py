@@ -641,3 +641,16 @@ def test_a_refused_key_says_so_and_never_shows_the_key(fake_openai: FakeOpenAI, 
     message = str(caught.value)
     assert "refused the API key (HTTP 401): check OPENAI_API_KEY or api_key=" in message and KEY not in message
     assert caught.value.status == 401 and len(fake_openai.requests) == 1 and sleeps == []
+
+
+def test_render_shows_the_messages_or_text_sent_and_no_token_ids() -> None:
+    from outlines import chat as chat_values
+
+    llm = models.openai("gpt-4o-mini", api_key=KEY, system_prompt="Be brief.")
+    assert llm.render("Hi") == [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"}]
+    talk = chat_values.user("Hi") + chat_values.assistant("Hello") + "And you?"
+    assert [m["role"] for m in llm.render(talk)] == ["system", "user", "assistant", "user"]
+    completion_model = models.openai_completion("m", base_url="http://127.0.0.1:1/v1", api_key=KEY)
+    assert completion_model.render("Q: 1 + 1 =") == "Q: 1 + 1 ="
+    with pytest.raises(TypeError, match="do not expose token ids"):
+        llm.render("Hi", tokens=True)

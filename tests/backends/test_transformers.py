@@ -401,6 +401,22 @@ def test_a_conversation_renders_as_apply_chat_template(tiny_chat_path: str) -> N
     assert grown.eval(cache=False).messages[-1] == {"role": "assistant", "content": answer}
 
 
+def test_model_render_shows_the_text_and_tokens_the_model_reads(tiny_chat_path: str) -> None:
+    import outlines
+    from outlines import models
+
+    llm = models.transformers(tiny_chat_path, device="cpu", system_prompt="Be brief.", max_tokens=4, temperature=0)
+    assert llm.render("hi") == "<|system|>Be brief.\n<|user|>hi\n<|assistant|>"
+    loaded = llm.backend.load()
+    sent, _ = llm.backend._encode(loaded, ["hi"], 4)  # the ids generation feeds the model
+    assert llm.render("hi", tokens=True) == sent[0] and llm.backend.count_tokens("hi") == len(sent[0])
+    raw = models.transformers(tiny_chat_path, device="cpu", chat=False)
+    assert raw.render("hi") == "hi"
+    assert raw.render(outlines.constant("h") + "i") == "hi"  # a Variable is evaluated first
+    with pytest.raises(TypeError, match="render takes one prompt"):
+        raw.render(["a", "b"])
+
+
 def test_chat_without_a_template_is_a_clear_error(backend: TransformersBackend, tiny_model_path: str) -> None:
     from outlines.chat import Conversation
 
