@@ -29,23 +29,26 @@ def test_readme_leads_with_the_two_commands():
 @pytest.mark.slow
 def test_the_cost_section_example_runs_and_its_figures_hold(tmp_path):
     pytest.importorskip("transformers")
-    readme = (ROOT / "README.md").read_text()
-    section = readme[readme.index("## Cost\n"):readme.index("\n## ", readme.index("## Cost\n") + 1)]
-    code = re.search(r"```python\n(.*?)```", section, re.DOTALL).group(1)
-    script = tmp_path / "cost.py"
-    script.write_text(code, encoding="utf-8")
-    env = dict(os.environ, PYTHONPATH=str(ROOT), OUTLINES_CACHE_DIR=str(tmp_path / "cache"))
-    done = subprocess.run([sys.executable, str(script)], cwd=tmp_path, env=env, capture_output=True, text=True,
-                          timeout=240)
-    assert done.returncode == 0, done.stderr[-3000:]
-    assert "budget exhausted: Budget(tokens=300)" in done.stdout
+    assert "budget exhausted: Budget(tokens=300)" in run_section(section_code("Cost"), tmp_path, timeout=240)
 
 
-def _section_code(title: str) -> str:
+def section_code(title: str) -> str:
+    """The first python block of README's section ``title``."""
     readme = (ROOT / "README.md").read_text()
     start = readme.index(f"## {title}\n")
     section = readme[start:readme.index("\n## ", start + 1)]
     return re.search(r"```python\n(.*?)```", section, re.DOTALL).group(1)
+
+
+def run_section(code: str, tmp_path: Path, timeout: float) -> str:
+    """Run a snippet as a script in a fresh cache; its stdout."""
+    script = tmp_path / "snippet.py"
+    script.write_text(code, encoding="utf-8")
+    env = dict(os.environ, PYTHONPATH=str(ROOT), OUTLINES_CACHE_DIR=str(tmp_path / "cache"))
+    done = subprocess.run([sys.executable, str(script)], cwd=tmp_path, env=env, capture_output=True, text=True,
+                          timeout=timeout)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return done.stdout
 
 
 def printed_comments(code: str) -> list[str]:
@@ -68,13 +71,7 @@ def test_the_chat_section_prints_what_its_comments_say(tmp_path):
         smollm2_gguf()
     except ModelNotInstalledError as exc:
         pytest.skip(str(exc))
-    code = _section_code("Local and chat models")
+    code = section_code("Local and chat models")
     expected = printed_comments(code)
     assert len(expected) == 3 and "temperature=0" in code
-    script = tmp_path / "chat.py"
-    script.write_text(code, encoding="utf-8")
-    env = dict(os.environ, PYTHONPATH=str(ROOT), OUTLINES_CACHE_DIR=str(tmp_path / "cache"))
-    done = subprocess.run([sys.executable, str(script)], cwd=tmp_path, env=env, capture_output=True, text=True,
-                          timeout=280)
-    assert done.returncode == 0, done.stderr[-3000:]
-    assert done.stdout.splitlines() == expected
+    assert run_section(code, tmp_path, timeout=280).splitlines() == expected

@@ -9,7 +9,12 @@ to check and parse a finished text.
 
 Two ways to obey it. Local models decode under it: ``TokenMasks`` keeps one
 xgrammar matcher per constrained row of a batch and masks the logits of those
-rows at every step (rows without a constraint are left alone). Every backend's
+rows at every step (rows without a constraint are left alone). After a prompt
+that ends mid-line (``"Text: ... ->"``) a model writes the next word with its
+leading space, as one token (``" food"``): a row under choices or a pattern
+may then start with one space (``Constraint.spaced``), which is stripped from
+its text (``Constraint.unspaced``). Without that, the mask forbids the token
+the model wants and every row drifts to the same label. Every backend's
 texts also go through ``generate_valid``: a draw whose text breaks its
 constraint (a server that ignored it, a local row cut by ``max_tokens``) is
 asked again with a new draw number, a bounded number of times, and then fails
@@ -56,12 +61,27 @@ class Constraint:
     (both from ``outlines.cache.keys.canonical``, so equal content is equal text).
     ``target`` is the pydantic class parsed into (``json_schema`` only); it
     changes what ``parse`` returns, never the text, so it stays out of
-    ``to_dict`` (cache keys).
+    ``to_dict`` (cache keys). ``leading_space`` is for decoding only (see
+    ``spaced``): the text a user gets never has that space, so it stays out too.
     """
 
     kind: str
     value: str
     target: type | None = None
+    leading_space: bool = False
+
+    def spaced(self) -> Constraint:
+        """This constraint as decoded after a prompt ending mid-line: the text may start with one space.
+
+        Only choices and patterns; a JSON value is written from its first character.
+        """
+        return replace(self, leading_space=True) if self.kind in ("choices", "regex") else self
+
+    def unspaced(self, text: str) -> str:
+        """``text`` without the one space a ``spaced`` row may start with, unless the constraint wants it."""
+        if self.leading_space and text.startswith(" ") and not self.is_valid(text) and self.is_valid(text[1:]):
+            return text[1:]
+        return text
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-able form, for cache keys and traces."""
@@ -249,6 +269,8 @@ def _engine_check(constraint: Constraint, argument: str) -> None:
 def _grammar(constraint: Constraint) -> Any:
     import xgrammar as xgr
 
+    if constraint.leading_space:
+        return xgr.Grammar.concat(xgr.Grammar.from_ebnf('root ::= " "?'), _grammar(replace(constraint, leading_space=False)))
     if constraint.kind == "choices":
         return xgr.Grammar.from_ebnf("root ::= " + " | ".join(_ebnf_literal(c) for c in constraint.choices))
     if constraint.kind == "regex":

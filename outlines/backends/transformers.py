@@ -50,6 +50,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from outlines.backends.base import Backend, BackendError, BatchReport, Draw, GenerationParams, check_limit
+from outlines.backends.constraints import Constraint
 from outlines.chat import Conversation, messages_of
 from outlines.errors import install_hint
 
@@ -361,6 +362,7 @@ class TransformersBackend(Backend):
         for prompt, members in draws_of.items():
             by_count.setdefault(len(members), []).append(prompt)
         seed = str(params.seed) if params.seed is not None else "salt:" + salt
+        mid_line: dict[str, bool] = {}
         for count, prompts in by_count.items():
             ids, new_tokens = self._encode(loaded, prompts, params.max_tokens)
             if cancelled is not None and cancelled.is_set():
@@ -372,13 +374,27 @@ class TransformersBackend(Backend):
                 keys = None
                 if not params.deterministic:
                     keys = [_row_key(seed, requests[m].prompt, requests[m].draw) for group in groups for m in group]
-                rules = [requests[m].params.constraint for group in groups for m in group]
+                rules = [self._row_rule(loaded, requests[m], mid_line) for group in groups for m in group]
                 chunk_options = {**options, "constraints": rules if any(rules) else None}
                 outputs = self._run(
                     loaded, [ids[i] for i in chunk], count, keys, new_tokens, chunk_options, usage, cancelled
                 )
                 for row, member in enumerate(m for group in groups for m in group):
-                    texts[positions[member]] = trim_at_stop(outputs[row], params.stop)
+                    text, rule = trim_at_stop(outputs[row], params.stop), rules[row]
+                    texts[positions[member]] = text if rule is None else rule.unspaced(text)
+
+    def _row_rule(self, loaded: Any, request: Draw, mid_line: dict[str, bool]) -> Constraint | None:
+        """The constraint a row decodes under: spaced after a prompt that ends mid-line (see constraints).
+
+        ``mid_line`` remembers, per prompt, whether its rendered text ends in a non-space character.
+        """
+        rule = request.params.constraint
+        if rule is None or rule.kind == "json_schema":
+            return rule
+        if request.prompt not in mid_line:
+            rendered = self.render(loaded, request.prompt)
+            mid_line[request.prompt] = bool(rendered) and not rendered[-1].isspace()
+        return rule.spaced() if mid_line[request.prompt] else rule
 
     def _options(self, params: GenerationParams) -> dict[str, Any]:
         extra = dict(params.extra)

@@ -210,6 +210,35 @@ def test_the_cache_stores_text_and_replays_parsed_values(tmp_path) -> None:
     assert len(calls) == 4
 
 
+# -- the token boundary -----------------------------------------------------------------------
+
+
+def test_a_spaced_constraint_may_start_with_a_space_that_is_stripped_unless_wanted() -> None:
+    labels = make_constraint(choices=["food", "sport"])
+    assert labels is not None and not labels.leading_space
+    spaced = labels.spaced()
+    assert spaced.leading_space and spaced != labels and spaced.to_dict() == labels.to_dict()
+    assert draw_key(("k",), Draw("p", GenerationParams(constraint=spaced))) == \
+        draw_key(("k",), Draw("p", GenerationParams(constraint=labels)))  # decoding only: the same cache key
+    assert spaced.unspaced(" food") == "food" and spaced.unspaced("food") == "food"
+    assert labels.unspaced(" food") == " food"  # an unspaced row is left as it is (and then fails its check)
+    wanted = make_constraint(choices=[" food", "sport"]).spaced()  # type: ignore[union-attr]
+    assert wanted.unspaced(" food") == " food" and wanted.unspaced("  food") == " food"
+    pattern = make_constraint(regex=r"[0-9]{3}").spaced()  # type: ignore[union-attr]
+    assert pattern.unspaced(" 123") == "123" and pattern.unspaced(" 12") == " 12"
+    schema = make_constraint(json_schema=SCHEMA)
+    assert schema is not None and schema.spaced() is schema  # a JSON value starts at its first character
+
+
+def test_a_spaced_grammar_accepts_one_leading_space() -> None:
+    pytest.importorskip("xgrammar")
+    from outlines.backends.constraints import _grammar
+
+    spaced = _grammar(make_constraint(choices=["food", "sport"]).spaced())  # type: ignore[union-attr]
+    text = str(spaced)
+    assert '" "' in text and '"food"' in text and '"sport"' in text
+
+
 # -- HTTP -------------------------------------------------------------------------------------
 
 
