@@ -33,7 +33,7 @@ print(",".join(known_before), "|", ",".join(sorted(quirks.known(base_url))))
 """
 
 
-def test_a_noted_quirk_is_known_and_remembered_on_disk():
+def test_a_noted_quirk_is_known_and_remembered_on_disk(default_cache):
     assert quirks.known(URL) == frozenset() and URL not in N_IGNORED
     assert quirks.note(URL, quirks.IGNORES_N) is True
     assert quirks.note(URL, quirks.IGNORES_N) is False  # not news
@@ -52,23 +52,23 @@ def test_unknown_quirk_names_are_refused():
         quirks.note(URL, "ignores_m")
 
 
-def test_with_the_default_cache_off_quirks_live_in_memory_only(monkeypatch):
+def test_with_the_default_cache_off_quirks_live_in_memory_only(default_cache, monkeypatch):
     import asyncio
 
+    monkeypatch.setattr(cache, "_enabled", None)
     monkeypatch.setenv("OUTLINES_CACHE", "0")
     assert cache.resolve(True) is None
     quirks.note(URL, quirks.REFUSES_LISTS)
     asyncio.run(quirks.remember(URL, quirks.REFUSES_LISTS))  # nowhere to write: a no-op
-    monkeypatch.delenv("OUTLINES_CACHE")
+    monkeypatch.setattr(cache, "_enabled", True)
     quirks._known.clear()
-    assert quirks.known(URL) == frozenset()
+    assert cache.resolve(True) is not None and quirks.known(URL) == frozenset()
 
 
-def test_a_damaged_cache_file_costs_only_the_memory(tmp_path, monkeypatch):
+def test_a_damaged_cache_file_costs_only_the_memory(default_cache):
     import asyncio
 
-    monkeypatch.setenv("OUTLINES_CACHE_DIR", str(tmp_path))
-    (tmp_path / "draws-v2.sqlite3").write_bytes(b"not a database at all" * 100)
+    default_cache.path.write_bytes(b"not a database at all" * 100)
     assert quirks.known(URL) == frozenset()
     quirks.note(URL, quirks.IGNORES_N)
     asyncio.run(quirks.remember(URL, quirks.IGNORES_N))  # logged and skipped, never raised

@@ -144,7 +144,7 @@ def _posts(log: Path, before: int) -> list[str]:
 
 
 def test_twenty_prompts_times_three_samples_cost_sixty_requests_and_the_quirks_are_remembered(
-    served: tuple[str, str, Path],
+    served: tuple[str, str, Path], default_cache: Any
 ) -> None:
     from outlines.backends import quirks
 
