@@ -23,6 +23,13 @@ from outlines.text import prompt
 
 __version__ = "0.1.0"
 
+# Backends note server quirks; the cache keeps them across processes. Neither
+# imports the other, so they are connected here, once (outlines.backends.quirks).
+from outlines.backends import quirks as _quirks  # noqa: E402
+from outlines.cache.quirks import DefaultCacheQuirks as _DefaultCacheQuirks  # noqa: E402
+
+_quirks.use_store(_DefaultCacheQuirks())
+
 __all__ = [
     "Budget",
     "BudgetExceeded",

@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Iterable
 
-__all__ = ["BudgetExceeded", "CacheWarning", "Failure", "GraphBuildError", "NodeError", "UnboundInputError"]
+__all__ = ["BudgetExceeded", "CacheWarning", "Failure", "GraphBuildError", "NodeError", "UnboundInputError", "install_hint"]
 
 
 class CacheWarning(UserWarning):
@@ -19,6 +19,25 @@ class CacheWarning(UserWarning):
     other error types, because backends warn with it too (a function model
     whose identity cannot be keyed) and backends import nothing from the cache.
     """
+
+
+#: The distribution's name; ``outlines`` on the package registry is another library.
+DISTRIBUTION = "outlines-dataflow"
+
+
+def install_hint(extra: str) -> str:
+    """The command that installs one extra of this distribution, for error messages.
+
+    Hints never name the ``outlines`` distribution: that name belongs to an
+    unrelated library on the registry. No release of this one is published
+    yet, so the hint is the install from a checkout.
+
+    Examples
+    --------
+    >>> install_hint("viz")
+    "pip install -e '.[viz]' in a checkout of outlines-dataflow"
+    """
+    return f"pip install -e '.[{extra}]' in a checkout of {DISTRIBUTION}"
 
 
 class GraphBuildError(TypeError):

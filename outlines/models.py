@@ -172,6 +172,47 @@ class Model:
             out = Parse(constraint)(out)  # the cache keeps the text; values are parsed on the way out
         return Regroup()(out, prompt) if ragged else out
 
+    def render(self, prompt: Any, *, tokens: bool = False) -> Any:
+        """What the model is sent for one prompt, after any chat template: nothing is generated.
+
+        Parameters
+        ----------
+        prompt
+            A string, an ``outlines.chat`` conversation, or a Variable holding
+            one (it is evaluated first, with the default options).
+        tokens
+            Return the token ids instead of the text (local models only).
+
+        Returns
+        -------
+        str or list
+            ``models.transformers``: the exact text the model reads (its chat
+            template applied, ``system_prompt`` first, unless ``chat=False``),
+            or its token ids. ``models.openai``: the ``messages`` sent (the
+            server applies its own template). ``openai_completion`` and
+            ``from_function``: the prompt text as sent.
+
+        Raises
+        ------
+        TypeError
+            For a prompt that is not one text, or ``tokens=True`` on a model
+            that does not tokenize itself.
+
+        Examples
+        --------
+        >>> from outlines import chat
+        >>> echo = from_function(lambda p: p, name="echo")
+        >>> echo.render("What is 2 + 2?")
+        'What is 2 + 2?'
+        >>> openai("gpt-4o-mini", api_key="sk-x", system_prompt="Be brief.").render("Hi")
+        [{'role': 'system', 'content': 'Be brief.'}, {'role': 'user', 'content': 'Hi'}]
+        """
+        value = prompt.eval() if isinstance(prompt, Variable) else prompt
+        if not isinstance(value, str):
+            raise TypeError(f"render takes one prompt (a str or a conversation), got {type(value).__name__} "
+                            f"{value!r:.60}")
+        return self.backend.prompt_tokens(value) if tokens else self.backend.render_prompt(value)
+
     def __eq__(self, other: object) -> bool:
         return isinstance(other, Model) and (self.backend, self.defaults) == (other.backend, other.defaults)
 
@@ -412,12 +453,17 @@ def transformers(
         ``None``: prompts go through the tokenizer's chat template when it has
         one (a plain prompt is one user message, an ``outlines.chat``
         conversation its own messages); ``True``: require a template;
-        ``False``: raw text.
+        ``False``: raw text, for prompts the model should continue (few-shot
+        examples, completion-style prompts, base models). ``Model.render``
+        shows the text the model reads.
     system_prompt
         A system message before each prompt (chat templates only).
     **options
-        Generation defaults (``max_tokens``, ``temperature``, ``top_p``,
-        ``stop``, ``seed``; extras ``top_k``, ``repetition_penalty``) and
+        Generation defaults (``max_tokens``, default 256 new tokens within the
+        context; ``temperature``, default 1.0: sampling, like OpenAI's API, so
+        ``num_samples`` gives different samples, and ``0`` is greedy;
+        ``top_p``, ``stop``, ``seed``; extras ``top_k``,
+        ``repetition_penalty``) and
         backend options: ``max_batch`` (default 32), ``max_batch_tokens``
         (token budget of one forward batch), ``truncation`` (keep the end of
         a prompt too long for the context instead of raising),
@@ -428,7 +474,7 @@ def transformers(
     Examples
     --------
     >>> from outlines.testing import smollm2_gguf
-    >>> llm = transformers(smollm2_gguf(), system_prompt="Be brief.", max_tokens=32)  # doctest: +SKIP
+    >>> llm = transformers(smollm2_gguf(), system_prompt="Be brief.", max_tokens=48, temperature=0)  # doctest: +SKIP
     >>> llm("What is 2 + 2?").eval()  # doctest: +SKIP
     'The answer is 4.'
     """

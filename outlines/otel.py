@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from outlines.errors import install_hint
 from outlines.tracing import BatchRecord, Trace
 
 __all__ = ["export"]
@@ -34,7 +35,7 @@ def export(trace: Trace, tracer_provider: Any = None, *, prices: Any = None) -> 
     Raises
     ------
     ImportError
-        When opentelemetry is not installed (``pip install -e ".[otel]"``).
+        When opentelemetry is not installed (the ``otel`` extra: ``pip install -e '.[otel]'``).
 
     Examples
     --------
@@ -47,7 +48,7 @@ def export(trace: Trace, tracer_provider: Any = None, *, prices: Any = None) -> 
         from opentelemetry import trace as otel_trace
         from opentelemetry.trace import Status, StatusCode
     except ImportError:
-        raise ImportError("outlines.otel needs OpenTelemetry: pip install -e \".[otel]\"") from None
+        raise ImportError(f"outlines.otel needs OpenTelemetry: {install_hint('otel')}") from None
     tracer = otel_trace.get_tracer("outlines", tracer_provider=tracer_provider)
 
     def ns(t: float) -> int:

@@ -24,18 +24,17 @@ def _isolated_default_cache(tmp_path_factory: pytest.TempPathFactory) -> None:
 def _forget_server_quirks():  # noqa: ANN202
     """Each test starts with no remembered server quirks.
 
-    The OpenAI backends remember, per base URL and for the process, a server
-    that ignores ``n`` or refuses prompt lists or constraint fields. Fake
-    servers bind free ports, and the OS hands a freed port out again, so a
-    quirk noted in one test would change how a later test talks to a new
-    server on the same port (it once made a 2-sample request go out as two
-    ``n=1`` requests).
+    The OpenAI backends remember, per base URL, for the process and in the
+    default cache's file, a server that ignores ``n`` or refuses prompt lists
+    or constraint fields. Fake servers bind free ports, and the OS hands a
+    freed port out again, so a quirk noted in one test would change how a
+    later test talks to a new server on the same port (it once made a
+    2-sample request go out as two ``n=1`` requests).
     """
     yield
-    from outlines.backends import openai
+    from outlines.backends import quirks
 
-    for registry in (openai.LISTS_REFUSED, openai.N_IGNORED, openai.CONSTRAINTS_REFUSED):
-        registry.clear()
+    quirks.forget()
 
 
 @pytest.fixture

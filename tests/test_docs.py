@@ -76,3 +76,62 @@ def test_the_site_builds_with_warnings_as_errors(tmp_path: Path):
     assert "Record every evaluation run inside the block" in reference  # generated from the docstring
     assert (tmp_path / "site" / "guides" / "observing" / "index.html").exists()
     shutil.rmtree(tmp_path / "site")
+
+
+def _defaults_table() -> dict[tuple[str, str], str]:
+    """(constructor, parameter) -> the Default cell of docs/reference/defaults.md."""
+    rows = {}
+    for line in (DOCS / "reference" / "defaults.md").read_text(encoding="utf-8").splitlines():
+        cells = [cell.strip() for cell in line.strip().strip("|").split("|")]
+        if len(cells) == 4 and cells[1].startswith("`"):
+            for name in re.findall(r"`(\w+)`", cells[1]):
+                rows[cells[0], name] = cells[2]
+    return rows
+
+
+def _signature_defaults() -> dict[tuple[str, str], object]:
+    """Every keyword a model constructor takes, with its default, read from the code."""
+    import inspect
+
+    from outlines import models
+    from outlines.backends.openai import OpenAIChatBackend, OpenAICompletionBackend, _OpenAIBackend
+    from outlines.backends.transformers import TransformersBackend
+
+    sources = {
+        "openai": [models.openai, OpenAIChatBackend.__init__, _OpenAIBackend.__init__],
+        "openai_completion": [models.openai_completion, OpenAICompletionBackend.__init__, _OpenAIBackend.__init__],
+        "transformers": [models.transformers, TransformersBackend.__init__],
+        "from_function": [models.from_function],
+        "fallback": [models.fallback],
+    }
+    found: dict[tuple[str, str], object] = {}
+    for constructor, functions in sources.items():
+        for function in functions:
+            for parameter in inspect.signature(function).parameters.values():
+                if parameter.kind is parameter.KEYWORD_ONLY or (
+                    parameter.kind is parameter.POSITIONAL_OR_KEYWORD and parameter.default is not parameter.empty
+                ):
+                    found.setdefault((constructor, parameter.name), parameter.default)
+    return found
+
+
+def test_the_defaults_page_lists_every_constructor_default_as_the_code_has_it():
+    import ast
+
+    table = _defaults_table()
+    code = _signature_defaults()
+    missing = sorted(set(code) - set(table))
+    assert missing == [], f"docs/reference/defaults.md lacks rows for {missing}"
+    for (constructor, name), default in code.items():
+        written = re.match(r"`([^`]*)`", table[constructor, name])
+        assert written, f"{constructor} {name}: the Default cell starts with the value in backticks"
+        assert ast.literal_eval(written.group(1)) == default, f"{constructor} {name}: code says {default!r}"
+    unknown = sorted(key for key in table if key[0] != "all" and key not in code
+                     and key[1] not in ("top_k", "repetition_penalty", "no_repeat_ngram_size"))
+    assert unknown == [], f"docs/reference/defaults.md names parameters the constructors do not take: {unknown}"
+    generation = {"max_tokens", "temperature", "top_p", "stop", "seed", "num_samples"}
+    assert generation == {name for constructor, name in table if constructor == "all"}
+
+
+def test_readme_links_the_defaults_page():
+    assert "docs/reference/defaults.md" in (ROOT / "README.md").read_text(encoding="utf-8")

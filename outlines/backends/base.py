@@ -318,6 +318,21 @@ class Backend(abc.ABC):
         """Prompt tokens one request for ``prompt`` costs (here: ``usage.estimate_tokens``)."""
         return estimate_tokens(str(prompt))
 
+    def render_prompt(self, prompt: str) -> Any:
+        """What this backend sends (or its model reads) for ``prompt``; here the text itself."""
+        return str(prompt)
+
+    def prompt_tokens(self, prompt: str) -> list[int]:
+        """The token ids the model reads for ``prompt``, where the backend tokenizes itself.
+
+        Raises
+        ------
+        TypeError
+            Here: a remote server (or a Python function) does its own tokenizing.
+        """
+        raise TypeError(f"{self.kind} models do not expose token ids: the server (or function) reads text; "
+                        "render(prompt) shows what is sent")
+
     def usage_bound(self, draws: Sequence[Draw]) -> tuple[int, int | None]:
         """``(prompt tokens, most completion tokens)`` of one ``generate(draws)`` call.
 

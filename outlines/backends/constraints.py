@@ -9,12 +9,19 @@ to check and parse a finished text.
 
 Two ways to obey it. Local models decode under it: ``TokenMasks`` keeps one
 xgrammar matcher per constrained row of a batch and masks the logits of those
-rows at every step (rows without a constraint are left alone). Every backend's
+rows at every step (rows without a constraint are left alone). After a prompt
+that ends mid-line (``"Text: ... ->"``) a model writes the next word with its
+leading space, as one token (``" food"``): a row under choices or a pattern
+may then start with one space (``Constraint.spaced``), which is stripped from
+its text (``Constraint.unspaced``). Without that, the mask forbids the token
+the model wants and every row drifts to the same label. Every backend's
 texts also go through ``generate_valid``: a draw whose text breaks its
 constraint (a server that ignored it, a local row cut by ``max_tokens``) is
 asked again with a new draw number, a bounded number of times, and then fails
 on its own (``BatchReport.failure``) with a ``ConstraintError`` quoting the
-text; the batch's other draws are kept.
+text; the batch's other draws are kept. A greedy draw (``temperature=0``) is
+never asked again: every attempt would write the same text, so it fails at
+once, saying why.
 
 xgrammar was chosen after measuring it against llguidance and outlines-core
 (``benchmarks/bench_constraint_engines.py``): on SmolLM2's 49k-token
@@ -29,6 +36,7 @@ from dataclasses import dataclass, replace
 from typing import Any, Awaitable, Callable, Mapping, Sequence
 
 from outlines.backends.base import BatchReport, Draw
+from outlines.errors import install_hint
 from outlines.keys import canonical, normalize
 from outlines.graph.basic import Apply, Op, as_variable
 from outlines.graph.ops import broadcast_map
@@ -53,12 +61,27 @@ class Constraint:
     (both from ``outlines.keys.canonical``, so equal content is equal text).
     ``target`` is the pydantic class parsed into (``json_schema`` only); it
     changes what ``parse`` returns, never the text, so it stays out of
-    ``to_dict`` (cache keys).
+    ``to_dict`` (cache keys). ``leading_space`` is for decoding only (see
+    ``spaced``): the text a user gets never has that space, so it stays out too.
     """
 
     kind: str
     value: str
     target: type | None = None
+    leading_space: bool = False
+
+    def spaced(self) -> Constraint:
+        """This constraint as decoded after a prompt ending mid-line: the text may start with one space.
+
+        Only choices and patterns; a JSON value is written from its first character.
+        """
+        return replace(self, leading_space=True) if self.kind in ("choices", "regex") else self
+
+    def unspaced(self, text: str) -> str:
+        """``text`` without the one space a ``spaced`` row may start with, unless the constraint wants it."""
+        if self.leading_space and text.startswith(" ") and not self.is_valid(text) and self.is_valid(text[1:]):
+            return text[1:]
+        return text
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-able form, for cache keys and traces."""
@@ -246,6 +269,8 @@ def _engine_check(constraint: Constraint, argument: str) -> None:
 def _grammar(constraint: Constraint) -> Any:
     import xgrammar as xgr
 
+    if constraint.leading_space:
+        return xgr.Grammar.concat(xgr.Grammar.from_ebnf('root ::= " "?'), _grammar(replace(constraint, leading_space=False)))
     if constraint.kind == "choices":
         return xgr.Grammar.from_ebnf("root ::= " + " | ".join(_ebnf_literal(c) for c in constraint.choices))
     if constraint.kind == "regex":
@@ -304,7 +329,7 @@ class _Compiler:
             import xgrammar as xgr
         except ImportError:
             raise ImportError(
-                "constrained decoding with transformers needs xgrammar: pip install 'outlines[structured]'"
+                f"constrained decoding with transformers needs xgrammar: {install_hint('structured')}"
             ) from None
         self.info = xgr.TokenizerInfo.from_huggingface(tokenizer, vocab_size=vocab_size)
         self.compiler = xgr.GrammarCompiler(self.info)
@@ -400,8 +425,10 @@ async def generate_valid(
 ) -> tuple[list[str], Any]:
     """Run ``generate(backend, draws, report)``, asking again for draws whose text breaks its constraint.
 
-    Each invalid draw is retried with a new draw number (``draw + attempt *
-    RETRY_STRIDE``) up to ``backend.max_retries`` times (default 3). Valid
+    Each invalid sampled draw is retried with a new draw number (``draw +
+    attempt * RETRY_STRIDE``) up to ``backend.max_retries`` times (default 3);
+    an invalid greedy draw (``temperature=0``) fails at once, since asking
+    again with the same parameters gives the same text. Valid
     texts are reported with ``report.result`` as soon as they are known (so
     only they reach the cache); a draw the backend failed is reported with
     ``report.failure`` and not retried; a draw still invalid after every
@@ -449,6 +476,15 @@ async def generate_valid(
             report.result(i, text)
         else:
             bad.append(i)
+    for i in (i for i in bad if draws[i].params.deterministic):
+        rule = constraints[i]
+        assert rule is not None
+        report.failure(i, ConstraintError(
+            f"the draw broke its {rule.kind} constraint: {_reason(rule, texts[i])}; not asked again: at "
+            "temperature=0 every attempt writes the same text (sample with temperature > 0 to retry, or use "
+            "a backend that enforces the constraint)"
+        ))
+    bad = [i for i in bad if not draws[i].params.deterministic]
     attempts = int(getattr(backend, "max_retries", 3))
     for number in range(1, attempts + 1):
         if not bad:
@@ -470,13 +506,19 @@ async def generate_valid(
     for i in bad:
         constraint = constraints[i]
         assert constraint is not None
-        try:
-            constraint.check(texts[i])
-        except ValueError as exc:
-            reason = str(exc)
-        else:  # a non-string text
-            reason = f"got {type(texts[i]).__name__}"
         report.failure(i, ConstraintError(
-            f"the draw broke its {constraint.kind} constraint after {attempts + 1} attempts; last: {reason}"
+            f"the draw broke its {constraint.kind} constraint after {attempts + 1} attempts; "
+            f"last: {_reason(constraint, texts[i])}"
         ))
     return texts, worker
+
+
+def _reason(constraint: Constraint, text: Any) -> str:
+    """Why ``text`` breaks ``constraint``, in words."""
+    if not isinstance(text, str):
+        return f"got {type(text).__name__}"
+    try:
+        constraint.check(text)
+    except ValueError as exc:
+        return str(exc)
+    return "valid"  # not reached: only invalid texts are explained

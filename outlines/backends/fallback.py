@@ -123,6 +123,13 @@ class FallbackBackend(Backend):
     def count_tokens(self, prompt: str) -> int:
         return self.backends[0].count_tokens(prompt)
 
+    def render_prompt(self, prompt: str) -> Any:
+        """What the primary sends for ``prompt`` (a model that takes over sends its own form)."""
+        return self.backends[0].render_prompt(prompt)
+
+    def prompt_tokens(self, prompt: str) -> list[int]:
+        return self.backends[0].prompt_tokens(prompt)
+
     def usage_bound(self, draws: Sequence[Draw]) -> tuple[int, int | None]:
         """The primary's bound (a draw that falls back is sent again: the bound then undercounts)."""
         return self.backends[0].usage_bound(draws)

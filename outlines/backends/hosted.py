@@ -111,6 +111,7 @@ class HostedBackend(Backend):
         # Not in ``identity`` (cache keys, reprs): only equality, so that models that
         # differ in credentials never share a batch, a session or a key.
         self._credentials = credential_fingerprint(api_key, headers)
+        self._has_key = bool(api_key) or bool(headers)  # a header may carry the key (api-key: ...)
         # Token counting (``backends.usage``): the user's tokenizer, else tiktoken
         # when its encoding is on disk, else the estimate. Neither is in the identity.
         self.price = None if price is None else Price.of(price)

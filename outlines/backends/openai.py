@@ -10,8 +10,10 @@ siblings.
 ``OpenAICompletionBackend`` sends many prompts in one request (``prompt`` as a
 list; choice ``i`` belongs to prompt ``i // n``). Servers that refuse lists
 (``transformers serve`` answers 400 "prompt must be a string") or ignore ``n``
-are remembered per base URL, said once in a log line, and served with one
-prompt, or one sample, per request from then on.
+are remembered per base URL (``backends.quirks``: for the process and in the
+cache file, so a new process knows them too), said once in a log line, and
+served with one prompt, or one sample, per request from then on. The one
+answer of a server that ignored ``n`` is kept as the first sample.
 
 Seeds: a group of draws of one prompt whose first draw number is ``d`` is sent
 with ``seed + d`` (and sample ``j`` of a split group with a further ``+ j``),
@@ -25,8 +27,11 @@ import logging
 import re
 from typing import Any, Callable, Mapping, NamedTuple, Sequence
 
+import yarl
+
 from outlines.backends.base import BackendError, BatchReport, Draw, GenerationParams
 from outlines.backends.constraints import Constraint
+from outlines.backends import quirks
 from outlines.backends.hosted import HostedBackend
 from outlines.backends.http import gather_or_cancel
 from outlines.conversation import messages_of
@@ -36,11 +41,13 @@ __all__ = ["OpenAIChatBackend", "OpenAICompletionBackend", "PromptSamples", "sam
 logger = logging.getLogger("outlines.backends.openai")
 
 DEFAULT_BASE_URL = "https://api.openai.com/v1"
+#: Hosts that answer 401 to every request without a key: none is sent to them.
+KEYED_HOSTS = ("api.openai.com",)
 #: Base URLs whose completions endpoint refuses a list of prompts / ignores ``n``.
-LISTS_REFUSED: set[str] = set()
-N_IGNORED: set[str] = set()
+LISTS_REFUSED = quirks.Quirk(quirks.REFUSES_LISTS)
+N_IGNORED = quirks.Quirk(quirks.IGNORES_N)
 #: Base URLs that answered 4xx to the structured-output fields (issue 13).
-CONSTRAINTS_REFUSED: set[str] = set()
+CONSTRAINTS_REFUSED = quirks.Quirk(quirks.REFUSES_CONSTRAINTS)
 #: The fields ``wire_constraint`` may send.
 CONSTRAINT_FIELDS = ("response_format", "guided_choice", "guided_regex", "guided_json")
 #: How servers word "send one prompt, not a list": transformers serve says
@@ -65,7 +72,11 @@ GroupFailed = Callable[[int, Exception], None]
 
 
 class _NIgnored(Exception):
-    """The server answered one choice per prompt although ``n > 1`` was asked."""
+    """The server answered one choice per prompt although ``n > 1`` was asked: ``choices``, in prompt order."""
+
+    def __init__(self, choices: list[Any]) -> None:
+        super().__init__("the server ignored n")
+        self.choices = choices
 
 
 class _OpenAIBackend(HostedBackend):
@@ -84,6 +95,8 @@ class _OpenAIBackend(HostedBackend):
         return {(d.params, d.prompt) for d in draws}
 
     async def generate(self, draws: Sequence[Draw], report: BatchReport) -> list[str]:
+        if not self._has_key and yarl.URL(self.base_url).host in KEYED_HOSTS:
+            raise self._key_error(None)  # every request would be refused: none is sent, none retried
         groups, members = sample_groups(draws)
         out: list[str] = [""] * len(draws)
         errors: list[Exception] = []
@@ -125,12 +138,27 @@ class _OpenAIBackend(HostedBackend):
         try:
             return await self.client.post_json(self.path, payload, report, tokens=tokens)
         except BackendError as error:
+            if error.status == 401:
+                raise self._key_error(error) from None
             fields = [k for k in CONSTRAINT_FIELDS if k in payload]
             if not fields or error.status not in (400, 422) or not any(f in (error.body or "") for f in fields):
                 raise
-            self._note_once(CONSTRAINTS_REFUSED, f"refuses {', '.join(fields)}; checking outputs and retrying instead")
+            await self._note_once(CONSTRAINTS_REFUSED, f"refuses {', '.join(fields)}; checking outputs instead")
             return await self.client.post_json(self.path, {k: v for k, v in payload.items() if k not in fields},
                                                report, tokens=tokens)
+
+    def _key_error(self, refused: BackendError | None) -> BackendError:
+        """Why the server wants a key, naming where to give one (401s are never retried)."""
+        constructor = "models.openai" if self.kind == "openai" else "models.openai_completion"
+        where = f"set OPENAI_API_KEY or pass api_key= to {constructor}({self.model!r}, ...)"
+        if refused is None:
+            message = f"no API key for {self.base_url}: {where}"
+        elif self._has_key:
+            message = f"the server refused the API key (HTTP 401): check OPENAI_API_KEY or api_key= of {constructor}"
+        else:
+            message = f"the server wants an API key (HTTP 401) and none was given: {where}"
+        return BackendError(message, status=None if refused is None else 401, body=None if refused is None else
+                            refused.body, endpoint=self.base_url + self.path, model=self.model)
 
     def _tokens(self, prompts: Sequence[str], params: GenerationParams, n: int) -> float:
         """A rough token estimate for the ``tpm`` budget (4 characters a token)."""
@@ -150,18 +178,15 @@ class _OpenAIBackend(HostedBackend):
         if not isinstance(choices, list) or not all(isinstance(c, dict) for c in choices):
             raise self.malformed("response has no list of 'choices'", data, self.path)
         if n > 1 and len(choices) == expected // n:
-            raise _NIgnored()
+            raise _NIgnored(_in_order(choices))
         if len(choices) != expected:
             raise self.malformed(f"expected {expected} choices, got {len(choices)}", data, self.path)
-        indices = [c.get("index") for c in choices]
-        if sorted(i if type(i) is int else -1 for i in indices) == list(range(expected)):
-            return sorted(choices, key=lambda c: c["index"])
-        return choices
+        return _in_order(choices)
 
-    def _note_once(self, registry: set[str], message: str) -> None:
-        if self.base_url not in registry:
-            registry.add(self.base_url)
+    async def _note_once(self, quirk: quirks.Quirk, message: str) -> None:
+        if quirk.add(self.base_url):
             logger.warning("%s %s", self.base_url, message)
+            await quirks.remember(self.base_url, quirk.name)
 
 
 class OpenAICompletionBackend(_OpenAIBackend):
@@ -244,7 +269,7 @@ class OpenAICompletionBackend(_OpenAIBackend):
             except BackendError as error:
                 if not _refuses_lists(error):
                     raise
-                self._note_once(LISTS_REFUSED, "refuses a list of prompts; sending one prompt per request")
+                await self._note_once(LISTS_REFUSED, "refuses a list of prompts; sending one prompt per request")
         rows = await gather_or_cancel(self._request([p], params, n, report) for p in prompts)
         return [row[0] for row in rows]
 
@@ -253,18 +278,17 @@ class OpenAICompletionBackend(_OpenAIBackend):
     ) -> list[list[str]]:
         """``n`` samples of each prompt, in as few requests as the server allows."""
         if n > 1 and self.base_url in N_IGNORED:
-            columns = await gather_or_cancel(
-                self._request(prompts, _offset_seed(params, j), 1, report) for j in range(n)
-            )
-            return [[column[i][0] for column in columns] for i in range(len(prompts))]
+            return await self._per_sample(prompts, params, n, report)
         prompt: str | list[str] = prompts[0] if len(prompts) == 1 else prompts
         payload = self._payload(params, n, prompt=prompt)
         data = await self._post(payload, report, self._tokens(prompts, params, n))
         try:
             choices = self._choices(data, len(prompts) * n, n)
-        except _NIgnored:
-            self._note_once(N_IGNORED, "ignores n; sending one request per sample")
-            return await self._request(prompts, params, n, report)
+        except _NIgnored as ignored:
+            await self._note_once(N_IGNORED, "ignores n; sending one request per sample")
+            first = [self._text(choice, data) for choice in ignored.choices]  # each prompt's sample 0: kept
+            rest = await self._per_sample(prompts, params, n, report, start=1)
+            return [[text, *more] for text, more in zip(first, rest)]
         texts = [self._text(choice, data) for choice in choices]
         return [texts[i * n : (i + 1) * n] for i in range(len(prompts))]
 
@@ -273,6 +297,15 @@ class OpenAICompletionBackend(_OpenAIBackend):
 
     def group_texts(self, data: Mapping[str, Any], n: int) -> list[str]:
         return [self._text(choice, data) for choice in self._choices(data, n, n)]
+
+    async def _per_sample(
+        self, prompts: list[str], params: GenerationParams, n: int, report: BatchReport, start: int = 0
+    ) -> list[list[str]]:
+        """Samples ``start`` to ``n - 1`` of each prompt, one request per sample (sample ``j``: seed ``+ j``)."""
+        columns = await gather_or_cancel(
+            self._request(prompts, _offset_seed(params, j), 1, report) for j in range(start, n)
+        )
+        return [[column[i][0] for column in columns] for i in range(len(prompts))]
 
     def _text(self, choice: Mapping[str, Any], data: Any) -> str:
         text = choice.get("text")
@@ -309,6 +342,10 @@ class OpenAIChatBackend(_OpenAIBackend):
     def identity(self) -> tuple[Any, ...]:
         return (self.kind, self.model, self.base_url, self.system_prompt)
 
+    def render_prompt(self, prompt: str) -> list[dict[str, Any]]:
+        """The ``messages`` sent for ``prompt`` (the server applies its chat template to them)."""
+        return messages_of(prompt, self.system_prompt)
+
     def count_tokens(self, prompt: str) -> int:
         """Prompt tokens of one chat request: its messages' contents.
 
@@ -335,15 +372,15 @@ class OpenAIChatBackend(_OpenAIBackend):
 
     async def _chat(self, prompt: str, params: GenerationParams, n: int, report: BatchReport) -> list[str]:
         if n > 1 and self.base_url in N_IGNORED:
-            rows = await gather_or_cancel(self._chat(prompt, _offset_seed(params, j), 1, report) for j in range(n))
-            return [row[0] for row in rows]
+            return await self._per_sample(prompt, params, n, report)
         payload = self.request_body(PromptSamples(params, prompt, n))
         data = await self._post(payload, report, self._tokens([prompt], params, n))
         try:
             return self.group_texts(data, n)
-        except _NIgnored:
-            self._note_once(N_IGNORED, "ignores n; sending one request per sample")
-            return await self._chat(prompt, params, n, report)
+        except _NIgnored as ignored:
+            await self._note_once(N_IGNORED, "ignores n; sending one request per sample")
+            first = self._content(ignored.choices[0], data)  # sample 0, asked with the same seed: kept
+            return [first, *await self._per_sample(prompt, params, n, report, start=1)]
 
     def request_body(self, group: PromptSamples) -> dict[str, Any]:
         messages = messages_of(group.prompt, self.system_prompt)  # a Conversation sends its own messages
@@ -351,6 +388,13 @@ class OpenAIChatBackend(_OpenAIBackend):
 
     def group_texts(self, data: Mapping[str, Any], n: int) -> list[str]:
         return [self._content(choice, data) for choice in self._choices(data, n, n)]
+
+    async def _per_sample(
+        self, prompt: str, params: GenerationParams, n: int, report: BatchReport, start: int = 0
+    ) -> list[str]:
+        """Samples ``start`` to ``n - 1``, one request each (sample ``j``: seed ``+ j``)."""
+        rows = await gather_or_cancel(self._chat(prompt, _offset_seed(params, j), 1, report) for j in range(start, n))
+        return [row[0] for row in rows]
 
     def _content(self, choice: Mapping[str, Any], data: Any) -> str:
         message = choice.get("message")
@@ -413,6 +457,14 @@ def sample_groups(draws: Sequence[Draw]) -> tuple[list[PromptSamples], list[list
         n = 1 if params.deterministic else len(indices)
         groups.append(PromptSamples(_offset_seed(params, first_draw), prompt, n))
     return groups, list(by_prompt.values())
+
+
+def _in_order(choices: list[Any]) -> list[Any]:
+    """Choices sorted by their ``index`` when those number them ``0..len-1``, else as sent."""
+    indices = [c.get("index") for c in choices]
+    if sorted(i if type(i) is int else -1 for i in indices) == list(range(len(choices))):
+        return sorted(choices, key=lambda c: c["index"])
+    return choices
 
 
 def _offset_seed(params: GenerationParams, offset: int) -> GenerationParams:

@@ -50,7 +50,9 @@ from typing import Any, Sequence
 import numpy as np
 
 from outlines.backends.base import Backend, BackendError, BatchReport, Draw, GenerationParams, check_limit
+from outlines.backends.constraints import Constraint
 from outlines.conversation import Conversation, messages_of
+from outlines.errors import install_hint
 
 __all__ = ["TransformersBackend", "plan_chunks", "trim_at_stop"]
 
@@ -294,10 +296,21 @@ class TransformersBackend(Backend):
         Uses a tokenizer of its own (loaded once per model files, without the
         weights), so counting never waits for, nor races, a generating batch.
         """
+        return len(self.prompt_tokens(prompt))
+
+    def render_prompt(self, prompt: str) -> str:
+        """The text the model reads for ``prompt``: through the chat template (with ``system_prompt``), or as it is.
+
+        Uses the model's tokenizer without its weights, like ``count_tokens``.
+        """
+        return self.render(_counting_tokenizer(self.path, self.gguf_file), prompt)
+
+    def prompt_tokens(self, prompt: str) -> list[int]:
+        """The token ids the model reads for ``prompt`` (before any ``truncation``)."""
         counting = _counting_tokenizer(self.path, self.gguf_file)
         if self.uses_chat(counting):  # the template writes the special tokens itself
-            return len(counting.tokenizer(self.render(counting, prompt), add_special_tokens=False)["input_ids"])
-        return len(counting.tokenizer(self.render(counting, prompt))["input_ids"])
+            return list(counting.tokenizer(self.render(counting, prompt), add_special_tokens=False)["input_ids"])
+        return list(counting.tokenizer(self.render(counting, prompt))["input_ids"])
 
     def usage_bound(self, draws: Sequence[Draw]) -> tuple[int, int | None]:
         """As ``Backend.usage_bound``, but each draw is its own row (its prompt is read once per sample)."""
@@ -348,12 +361,14 @@ class TransformersBackend(Backend):
         if slot.loaded is None:
             if os.path.isabs(self.path) and not os.path.isdir(self.path):
                 raise BackendError(f"no model folder at {self.path}", model=self.path)
-            from outlines.backends import _hf_generation
-
             try:
+                from outlines.backends import _hf_generation  # imports torch and transformers
+
                 slot.loaded = _hf_generation.load(self.path, self.device, self.dtype, self.gguf_file)
             except ImportError as exc:
-                raise BackendError(f"cannot load {self.gguf_file or self.path!r}: {exc}", model=self.path) from exc
+                hint = f"; local models need the transformers extra (CPU torch first, see README): " \
+                    f"{install_hint('transformers')}" if isinstance(exc, ModuleNotFoundError) else ""
+                raise BackendError(f"cannot load {self.gguf_file or self.path!r}: {exc}{hint}", model=self.path) from exc
             except (OSError, ValueError) as exc:
                 raise BackendError(f"cannot load a model from {self.path!r}: {exc}", model=self.path) from exc
         return slot.loaded
@@ -391,6 +406,7 @@ class TransformersBackend(Backend):
         for prompt, members in draws_of.items():
             by_count.setdefault(len(members), []).append(prompt)
         seed = str(params.seed) if params.seed is not None else "salt:" + salt
+        mid_line: dict[str, bool] = {}
         for count, every_prompt in by_count.items():
             all_ids, new_tokens, problems = self._encode(loaded, every_prompt, params.max_tokens)
             for i, problem in problems.items():  # a prompt that cannot run fails its own draws only
@@ -411,13 +427,27 @@ class TransformersBackend(Backend):
                 keys = None
                 if not params.deterministic:
                     keys = [_row_key(seed, requests[m].prompt, requests[m].draw) for group in groups for m in group]
-                rules = [requests[m].params.constraint for group in groups for m in group]
+                rules = [self._row_rule(loaded, requests[m], mid_line) for group in groups for m in group]
                 chunk_options = {**options, "constraints": rules if any(rules) else None}
                 outputs = self._run(
                     loaded, [ids[i] for i in chunk], count, keys, new_tokens, chunk_options, usage, cancelled
                 )
                 for row, member in enumerate(m for group in groups for m in group):
-                    texts[positions[member]] = trim_at_stop(outputs[row], params.stop)
+                    text, rule = trim_at_stop(outputs[row], params.stop), rules[row]
+                    texts[positions[member]] = text if rule is None else rule.unspaced(text)
+
+    def _row_rule(self, loaded: Any, request: Draw, mid_line: dict[str, bool]) -> Constraint | None:
+        """The constraint a row decodes under: spaced after a prompt that ends mid-line (see constraints).
+
+        ``mid_line`` remembers, per prompt, whether its rendered text ends in a non-space character.
+        """
+        rule = request.params.constraint
+        if rule is None or rule.kind == "json_schema":
+            return rule
+        if request.prompt not in mid_line:
+            rendered = self.render(loaded, request.prompt)
+            mid_line[request.prompt] = bool(rendered) and not rendered[-1].isspace()
+        return rule.spaced() if mid_line[request.prompt] else rule
 
     def _options(self, params: GenerationParams) -> dict[str, Any]:
         extra = dict(params.extra)

@@ -11,7 +11,9 @@ Constants.
 """
 from __future__ import annotations
 
+import dis
 import itertools
+import sys
 from typing import TYPE_CHECKING, Any, Sequence
 
 import numpy as np
@@ -31,6 +33,35 @@ _SYMBOLIC_HINT = (
     "is symbolic: it has no value until it is evaluated. Call .eval() (or "
     "outlines.eval) to get its value, or use outlines.fn to run Python on it."
 )
+
+
+#: Why formatting a Variable is refused, and what to write instead.
+_FORMAT_HINT = (
+    "would put the text {text!r} into the string, not the Variable's value: the value is only known "
+    "after evaluation. Build text from Variables with + (\"Answer this: \" + q) or an @outlines.prompt "
+    "template ({{{{ q }}}}); repr() and print() still show the Variable."
+)
+#: ``BINARY_OP`` arguments of ``%`` and ``%=`` (CPython's NB_REMAINDER, NB_INPLACE_REMAINDER).
+_PERCENT_OPS = {6, 19}
+_BINARY_OP = dis.opmap.get("BINARY_OP")
+_CONVERSIONS = {dis.opmap[name] for name in ("FORMAT_VALUE", "CONVERT_VALUE") if name in dis.opmap}
+
+
+def _building_text() -> bool:
+    """Whether the code calling ``str()`` on a Variable builds text with it (``%``, or ``!s`` in an f-string).
+
+    ``print(v)`` and ``"%s" % v`` both reach ``__str__`` through C, so the
+    caller's current instruction tells them apart: a ``%`` operator or an
+    f-string conversion (Python compiles ``"%s" % (v,)`` into one) builds
+    text; anything else (``print``, ``str()``, ``logging``) shows the Variable.
+    """
+    frame = sys._getframe(2)  # _building_text <- __str__ <- the code that asked
+    if frame.f_globals.get("__name__") == "logging":  # "%s" % args, to show a log line
+        return False
+    code, offset = frame.f_code.co_code, frame.f_lasti
+    if not 0 <= offset < len(code) - 1:
+        return False
+    return (code[offset] == _BINARY_OP and code[offset + 1] in _PERCENT_OPS) or code[offset] in _CONVERSIONS
 
 
 class SymbolicValueError(TypeError):
@@ -123,6 +154,20 @@ class Variable:
         raise SymbolicValueError(f"`in` on {self!r} is not possible: it {_SYMBOLIC_HINT}")
 
     __hash__ = object.__hash__
+
+    # -- formatting: an f-string would send the repr as the prompt -------------
+    def __format__(self, spec: str) -> str:
+        raise SymbolicValueError(self._format_error())
+
+    def __str__(self) -> str:
+        if _building_text():
+            raise SymbolicValueError(self._format_error())
+        return repr(self)
+
+    def _format_error(self) -> str:
+        return f"Formatting {self!r} into a string (f-string, format(), str.format or %) " + _FORMAT_HINT.format(
+            text=repr(self)
+        )
 
     # -- arrays ---------------------------------------------------------------
     def __getitem__(self, key: Any) -> Variable:

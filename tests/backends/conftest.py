@@ -21,6 +21,20 @@ def sleeps(monkeypatch: pytest.MonkeyPatch) -> list[float]:
     return recorded
 
 
+@pytest.fixture
+def default_cache(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch):  # type: ignore[no-untyped-def]
+    """The process default cache, on, in a fresh folder (whatever earlier tests did to it); restored after."""
+    from outlines import cache
+
+    folder = tmp_path_factory.mktemp("default-cache")
+    monkeypatch.setattr(cache, "_enabled", True)
+    monkeypatch.setattr(cache, "_path", str(folder))
+    yield cache.resolve(True)
+    from outlines.backends import quirks
+
+    quirks.forget()  # while this folder is still the default
+
+
 @pytest.fixture(autouse=True)
 def _collect_garbage(request: pytest.FixtureRequest) -> Iterator[None]:
     """Collect after each HTTP test so an unclosed session warns in the test that leaked it."""

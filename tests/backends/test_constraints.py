@@ -210,6 +210,35 @@ def test_the_cache_stores_text_and_replays_parsed_values(tmp_path) -> None:
     assert len(calls) == 4
 
 
+# -- the token boundary -----------------------------------------------------------------------
+
+
+def test_a_spaced_constraint_may_start_with_a_space_that_is_stripped_unless_wanted() -> None:
+    labels = make_constraint(choices=["food", "sport"])
+    assert labels is not None and not labels.leading_space
+    spaced = labels.spaced()
+    assert spaced.leading_space and spaced != labels and spaced.to_dict() == labels.to_dict()
+    assert draw_key(("k",), Draw("p", GenerationParams(constraint=spaced))) == \
+        draw_key(("k",), Draw("p", GenerationParams(constraint=labels)))  # decoding only: the same cache key
+    assert spaced.unspaced(" food") == "food" and spaced.unspaced("food") == "food"
+    assert labels.unspaced(" food") == " food"  # an unspaced row is left as it is (and then fails its check)
+    wanted = make_constraint(choices=[" food", "sport"]).spaced()  # type: ignore[union-attr]
+    assert wanted.unspaced(" food") == " food" and wanted.unspaced("  food") == " food"
+    pattern = make_constraint(regex=r"[0-9]{3}").spaced()  # type: ignore[union-attr]
+    assert pattern.unspaced(" 123") == "123" and pattern.unspaced(" 12") == " 12"
+    schema = make_constraint(json_schema=SCHEMA)
+    assert schema is not None and schema.spaced() is schema  # a JSON value starts at its first character
+
+
+def test_a_spaced_grammar_accepts_one_leading_space() -> None:
+    pytest.importorskip("xgrammar")
+    from outlines.backends.constraints import _grammar
+
+    spaced = _grammar(make_constraint(choices=["food", "sport"]).spaced())  # type: ignore[union-attr]
+    text = str(spaced)
+    assert '" "' in text and '"food"' in text and '"sport"' in text
+
+
 # -- HTTP -------------------------------------------------------------------------------------
 
 
@@ -247,6 +276,22 @@ def test_a_server_that_ignores_response_format_gets_bounded_retries() -> None:
         assert server.count == 2 * 3  # two draws, 1 + 2 retries each
         draws = sorted(r.body.get("seed", 0) for r in server.requests)
         assert len(draws) == 6
+
+
+@pytest.mark.parametrize("constructor", [models.openai, models.openai_completion])
+def test_a_greedy_draw_that_breaks_its_constraint_fails_at_once(constructor: Any) -> None:
+    with FakeOpenAI() as server:  # echoes "<prompt>#<sample>": never JSON, never a choice
+        model = constructor("fake", base_url=server.base_url, api_key="sk-test", temperature=0, max_retries=3)
+        calls = [model(["a", "b", "c"], json_schema=SCHEMA), model(["a", "b", "c"], choices=["yes", "no"])]
+        schema, choice = outlines.eval(*calls, cache=False, errors="return", progress=False)
+        assert server.count == (6 if constructor is models.openai else 2)  # one request per prompt (chat) or call
+        assert all(isinstance(v, Failure) for v in [*schema, *choice])
+        assert "'a#0' is not JSON" in schema[0].message and "'b#0' is not one of the choices" in choice[1].message
+        assert "not asked again: at temperature=0 every attempt writes the same text" in choice[1].message
+        sampled = constructor("fake", base_url=server.base_url, api_key="sk-test", temperature=0.5, max_retries=3)
+        server.reset()
+        outlines.eval(sampled("a", choices=["yes", "no"]), cache=False, errors="return", progress=False)
+        assert server.count == 4  # a sampled draw may come out differently: 1 + 3 retries
 
 
 def test_a_server_that_refuses_the_fields_is_remembered() -> None:

@@ -183,14 +183,33 @@ def test_refused_lists_fall_back_to_one_prompt_per_request_and_say_so_once(
                                                          "sending one prompt per request") == 1
 
 
-def test_ignored_n_falls_back_to_one_request_per_sample(fake_openai: FakeOpenAI) -> None:
+@pytest.mark.parametrize("kind", [chat, completion])
+def test_ignored_n_keeps_the_first_answer_and_asks_one_request_per_further_sample(
+    fake_openai: FakeOpenAI, kind: Any
+) -> None:
     fake_openai.ignore_n = True
+    fake_openai.reply = lambda prompt, sample, body: f"{prompt}@seed{body.get('seed')}"
     seeded = GenerationParams.create(temperature=1.0, seed=5)
-    out = run(chat(fake_openai), [Draw("a", seeded, 0), Draw("a", seeded, 1), Draw("a", seeded, 2)])
-    assert out == ["a#0"] * 3  # the fake answers sample 0 each time; a real server samples anew
+    out = run(kind(fake_openai), [Draw("a", seeded, 0), Draw("a", seeded, 1), Draw("a", seeded, 2)])
+    assert out == ["a@seed5", "a@seed6", "a@seed7"]  # draw 0 is the answer to the request that asked n=3
     bodies = [r.body for r in fake_openai.requests]
-    assert bodies[0]["n"] == 3 and all("n" not in b for b in bodies[1:]) and len(bodies) == 4
-    assert sorted(b["seed"] for b in bodies[1:]) == [5, 6, 7]
+    assert len(bodies) == 3 and bodies[0]["n"] == 3 and all("n" not in b for b in bodies[1:])
+    assert sorted(b["seed"] for b in bodies[1:]) == [6, 7]
+    fake_openai.reset()  # known now: one request per sample from the start, seeds as before
+    assert run(kind(fake_openai), [Draw("b", seeded, 0), Draw("b", seeded, 1)]) == ["b@seed5", "b@seed6"]
+    assert [r.body.get("n") for r in fake_openai.requests] == [None, None]
+
+
+@pytest.mark.parametrize("constructor", [models.openai, models.openai_completion])
+def test_twenty_prompts_times_three_samples_cost_sixty_requests_on_a_server_ignoring_n(
+    fake_openai: FakeOpenAI, constructor: Any
+) -> None:
+    fake_openai.ignore_n = fake_openai.refuse_lists = True  # as transformers serve
+    llm = constructor("fake-model", base_url=fake_openai.base_url, api_key=KEY, temperature=1.0)
+    out = llm([f"q{i}" for i in range(20)], num_samples=3).eval(cache=False)
+    assert out.shape == (20, 3)
+    list_refusal = 1 if constructor is models.openai_completion else 0  # the one list the server refused
+    assert fake_openai.count == 60 + list_refusal
 
 
 @pytest.mark.parametrize(
@@ -579,3 +598,59 @@ def test_chat_max_batch_keeps_each_prompts_samples_in_one_request(fake_openai: F
     result = llm(question, num_samples=3).eval({question: [f"q{i}" for i in range(20)]}, cache=False)
     assert result.shape == (20, 3)
     assert len(fake_openai.requests) == 20 and all(r.body["n"] == 3 for r in fake_openai.requests)
+
+
+@pytest.mark.parametrize("constructor", [models.openai, models.openai_completion])
+def test_a_missing_key_for_the_openai_api_fails_at_once_naming_where_to_give_one(
+    monkeypatch: pytest.MonkeyPatch, sleeps: list[float], constructor: Any
+) -> None:
+    monkeypatch.delenv("OPENAI_API_KEY", raising=False)
+    monkeypatch.delenv("OPENAI_BASE_URL", raising=False)
+    llm = constructor("gpt-4o-mini", max_tokens=8)
+    with outlines.trace() as trace:
+        result = llm(["a", "b"]).eval(cache=False, errors="return")
+    messages = {failure.message for failure in result}
+    assert len(messages) == 1, messages
+    (message,) = messages
+    assert "no API key for https://api.openai.com/v1" in message
+    assert "set OPENAI_API_KEY or pass api_key=" in message and f"{constructor.__name__}('gpt-4o-mini'" in message
+    assert sleeps == [] and trace.requests == []  # nothing sent, nothing retried
+
+
+@pytest.mark.parametrize("constructor", [models.openai, models.openai_completion])
+def test_a_server_asking_for_a_key_is_asked_once_and_the_error_names_where_to_give_one(
+    fake_openai: FakeOpenAI, monkeypatch: pytest.MonkeyPatch, sleeps: list[float], constructor: Any
+) -> None:
+    monkeypatch.delenv("OPENAI_API_KEY", raising=False)
+    refusal = {"error": {"message": "You didn't provide an API key.", "type": "invalid_request_error"}}
+    fake_openai.script(Status(401, body=refusal))
+    llm = constructor("fake-model", base_url=fake_openai.base_url)
+    with pytest.raises(outlines.errors.NodeError) as caught:
+        llm("a").eval(cache=False)
+    message = str(caught.value)
+    assert "wants an API key (HTTP 401) and none was given" in message
+    assert "set OPENAI_API_KEY or pass api_key=" in message and "provide an API key" in message
+    assert len(fake_openai.requests) == 1 and sleeps == []
+    assert "Authorization" not in fake_openai.requests[0].headers
+
+
+def test_a_refused_key_says_so_and_never_shows_the_key(fake_openai: FakeOpenAI, sleeps: list[float]) -> None:
+    fake_openai.script(Status(401, body={"error": {"message": f"Incorrect API key provided: {KEY}"}}))
+    with pytest.raises(BackendError) as caught:
+        run(chat(fake_openai), draws("a"))
+    message = str(caught.value)
+    assert "refused the API key (HTTP 401): check OPENAI_API_KEY or api_key=" in message and KEY not in message
+    assert caught.value.status == 401 and len(fake_openai.requests) == 1 and sleeps == []
+
+
+def test_render_shows_the_messages_or_text_sent_and_no_token_ids() -> None:
+    from outlines import chat as chat_values
+
+    llm = models.openai("gpt-4o-mini", api_key=KEY, system_prompt="Be brief.")
+    assert llm.render("Hi") == [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"}]
+    talk = chat_values.user("Hi") + chat_values.assistant("Hello") + "And you?"
+    assert [m["role"] for m in llm.render(talk)] == ["system", "user", "assistant", "user"]
+    completion_model = models.openai_completion("m", base_url="http://127.0.0.1:1/v1", api_key=KEY)
+    assert completion_model.render("Q: 1 + 1 =") == "Q: 1 + 1 ="
+    with pytest.raises(TypeError, match="do not expose token ids"):
+        llm.render("Hi", tokens=True)

@@ -137,6 +137,31 @@ def test_samples_from_transformers_serve(served: tuple[str, str, Path]) -> None:
     assert np.asarray(result).shape == (2, 3) and all(isinstance(t, str) for t in np.asarray(result).flat)
 
 
+def _posts(log: Path, before: int) -> list[str]:
+    """The status of each POST the server logged after its first ``before`` lines."""
+    lines = log.read_text().splitlines()[before:]
+    return [line.split('HTTP/1.1" ')[1][:3] for line in lines if "POST /v1/" in line]
+
+
+def test_twenty_prompts_times_three_samples_cost_sixty_requests_and_the_quirks_are_remembered(
+    served: tuple[str, str, Path], default_cache: Any
+) -> None:
+    from outlines.backends import quirks
+
+    base_url, model_name, log = served
+    llm = models.openai_completion(model_name, base_url=base_url, api_key="sk-local", max_tokens=2, temperature=1.0)
+    prompts = [f"thing {i}" for i in range(20)]
+    before = len(log.read_text().splitlines())
+    assert np.asarray(llm(prompts, num_samples=3).eval(cache=False)).shape == (20, 3)
+    # one list refused, then per prompt: the n=3 request whose one answer is kept as sample 0, and 2 more
+    assert sorted(_posts(log, before)) == ["200"] * 60 + ["400"]
+    assert quirks.known(base_url) == {quirks.IGNORES_N, quirks.REFUSES_LISTS}
+    quirks._known.clear()  # as a new process would start: only the cache file knows
+    before = len(log.read_text().splitlines())
+    second = llm([f"other {i}" for i in range(20)], num_samples=3).eval(cache=False)
+    assert np.asarray(second).shape == (20, 3) and _posts(log, before) == ["200"] * 60
+
+
 def test_smollm2_answers_through_the_chat_endpoint(served_smollm2: tuple[str, str, Path]) -> None:
     base_url, model_name, _ = served_smollm2
     llm = models.openai(model_name, base_url=base_url, api_key="sk-local", max_tokens=24, temperature=0)
@@ -171,7 +196,7 @@ def test_a_constraint_transformers_serve_refuses_is_checked_and_retried(
     served: tuple[str, str, Path], caplog: pytest.LogCaptureFixture
 ) -> None:
     base_url, model_name, log = served
-    llm = models.openai_completion(model_name, base_url=base_url, api_key="sk-local", max_tokens=4, temperature=0,
+    llm = models.openai_completion(model_name, base_url=base_url, api_key="sk-local", max_tokens=4, temperature=0.8,
                                    max_retries=2)
     before = log.read_text().splitlines()
     with caplog.at_level(logging.WARNING, logger="outlines.backends.openai"):
@@ -181,3 +206,14 @@ def test_a_constraint_transformers_serve_refuses_is_checked_and_retried(
     # serve answers 422 to guided_choice: remembered, then the draw and 2 retries without it
     assert [line.split('HTTP/1.1" ')[1][:3] for line in lines] == ["422", "200", "200", "200"]
     assert any("refuses guided_choice" in r.getMessage() for r in caplog.records)
+
+
+def test_a_greedy_draw_serve_answers_outside_its_constraint_is_not_asked_again(served: tuple[str, str, Path]) -> None:
+    base_url, model_name, log = served
+    llm = models.openai_completion(model_name, base_url=base_url, api_key="sk-local", max_tokens=4, temperature=0,
+                                   max_retries=3)
+    before = len(log.read_text().splitlines())
+    result = llm("Answer yes or no:", choices=["certainly", "never"]).eval(cache=False, errors="return")
+    assert isinstance(result, outlines.Failure) and "is not one of the choices ['certainly', 'never']" in result.message
+    assert "not asked again: at temperature=0" in result.message
+    assert _posts(log, before) == ["422", "200"]  # serve refuses guided_choice; the draw once without it

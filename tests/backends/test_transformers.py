@@ -10,6 +10,8 @@ import sys
 
 import pytest
 
+import outlines  # noqa: E402
+
 pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
@@ -439,6 +441,22 @@ def test_a_conversation_renders_as_apply_chat_template(tiny_chat_path: str) -> N
     assert grown.eval(cache=False).messages[-1] == {"role": "assistant", "content": answer}
 
 
+def test_model_render_shows_the_text_and_tokens_the_model_reads(tiny_chat_path: str) -> None:
+    import outlines
+    from outlines import models
+
+    llm = models.transformers(tiny_chat_path, device="cpu", system_prompt="Be brief.", max_tokens=4, temperature=0)
+    assert llm.render("hi") == "<|system|>Be brief.\n<|user|>hi\n<|assistant|>"
+    loaded = llm.backend.load()
+    sent, _, _ = llm.backend._encode(loaded, ["hi"], 4)  # the ids generation feeds the model
+    assert llm.render("hi", tokens=True) == sent[0] and llm.backend.count_tokens("hi") == len(sent[0])
+    raw = models.transformers(tiny_chat_path, device="cpu", chat=False)
+    assert raw.render("hi") == "hi"
+    assert raw.render(outlines.constant("h") + "i") == "hi"  # a Variable is evaluated first
+    with pytest.raises(TypeError, match="render takes one prompt"):
+        raw.render(["a", "b"])
+
+
 def test_chat_without_a_template_is_a_clear_error(backend: TransformersBackend, tiny_model_path: str) -> None:
     from outlines.chat import Conversation
 
@@ -570,6 +588,40 @@ def test_smollm2_answers_2_plus_2_through_its_chat_template(smollm2: Transformer
     loaded = smollm2.load()
     assert smollm2.uses_chat(loaded) and smollm2.model_name == "SmolLM2-135M-Instruct.Q4_1"
     assert "4" in run(smollm2, [Draw("What is 2 + 2?", GenerationParams.create(max_tokens=24, temperature=0))])[0]
+
+
+def test_rows_after_a_prompt_ending_mid_line_decode_spaced(tiny_chat_path: str) -> None:
+    from outlines.backends.constraints import make_constraint
+
+    labels = make_constraint(choices=["food", "sport"])
+    params = GenerationParams.create(temperature=0, max_tokens=4).merged(constraint=labels)
+    raw = TransformersBackend(tiny_chat_path, device="cpu", chat=False)
+    loaded = raw.load()
+    rule = raw._row_rule(loaded, Draw("Text: soup ->", params), {})
+    assert rule is not None and rule.leading_space  # the next word comes with its space
+    assert not raw._row_rule(loaded, Draw("Label: ", params), {}).leading_space  # type: ignore[union-attr]
+    chat = TransformersBackend(tiny_chat_path, device="cpu")  # the template ends "<|assistant|>"
+    assert chat._row_rule(loaded, Draw("soup", params), {}).leading_space  # type: ignore[union-attr]
+    free = Draw("Text: soup ->", GenerationParams.create(temperature=0, max_tokens=4))
+    assert raw._row_rule(loaded, free, {}) is None
+    texts = run(raw, [Draw(f"Text: item {i} ->", params) for i in range(6)])
+    assert set(texts) <= {"food", "sport"}  # the space, when written, is stripped
+
+
+@pytest.mark.slow
+def test_smollm2_labels_raw_few_shot_prompts_through_choices(smollm2_path: str) -> None:
+    """Issue 29, item 9: 13/20 before the token boundary was handled (never 'sport'), 19/20 after."""
+    pytest.importorskip("xgrammar")
+    from tests.fixtures.labels import prompts_and_labels
+    from outlines import models
+
+    prompts, gold, labels = prompts_and_labels()
+    llm = models.transformers(smollm2_path, device="cpu", chat=False, max_tokens=8, temperature=0)
+    picked, matched = outlines.eval(llm(prompts, choices=labels), llm(prompts, regex="(" + "|".join(labels) + ")"),
+                                    cache=False, progress=False)
+    for outputs in (picked, matched):
+        assert set(outputs) == set(labels)  # every label is reachable, none has a space
+        assert sum(o == g for o, g in zip(outputs, gold)) >= 17, list(outputs)
 
 
 @pytest.mark.slow

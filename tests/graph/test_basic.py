@@ -56,6 +56,48 @@ def test_symbolic_values_refuse_concrete_use(action, words):
     assert isinstance(info.value, TypeError)
 
 
+@pytest.mark.parametrize(
+    "build",
+    [
+        lambda q: f"Answer this: {q}",
+        lambda q: f"Answer this: {q!s}",
+        lambda q: f"{q:>20}",
+        lambda q: format(q),
+        lambda q: "Answer this: {}".format(q),
+        lambda q: "Answer this: %s" % q,
+        lambda q: "Answer this: %s" % (q,),
+        lambda q: "Answer this: %(q)s" % {"q": q},
+    ],
+    ids=["f-string", "f-string !s", "f-string spec", "format()", "str.format", "% one", "% tuple", "% mapping"],
+)
+def test_formatting_a_variable_into_text_raises_and_says_what_to_write(build):
+    q = outlines.string("q")
+    with pytest.raises(SymbolicValueError) as info:
+        build(q)
+    message = str(info.value)
+    assert "Variable('q')" in message and "@outlines.prompt" in message and "+" in message
+    assert '"Answer this: " + q' in message and "{{ q }}" in message
+
+
+def test_percent_assignment_raises_too():
+    q = outlines.string("q")
+    text = "Answer this: %s"
+    with pytest.raises(SymbolicValueError):
+        text %= q
+
+
+def test_repr_print_and_logging_still_show_a_variable(capsys, caplog):
+    import logging
+
+    q = outlines.string("q")
+    print(q, [q])
+    assert capsys.readouterr().out == "Variable('q') [Variable('q')]\n"
+    assert repr(q) == str(q) == "Variable('q')" and f"{q!r}" == "Variable('q')"
+    with caplog.at_level(logging.INFO):
+        logging.getLogger("user").info("built %s", q)
+    assert caplog.records[-1].getMessage() == "built Variable('q')"
+
+
 def test_if_on_a_variable_is_a_type_error():
     x = outlines.string("x")
     with pytest.raises(TypeError):

@@ -13,6 +13,7 @@ import os
 import shutil
 from typing import Any
 
+from outlines.errors import install_hint
 from outlines.graph.basic import Variable
 from outlines.graph.viz.drawing import FAILED_FILL, FAILED_LINE, PALETTE, Drawing, DrawnNode, describe
 
@@ -29,7 +30,7 @@ KIND_STYLE = {  # graphviz shape, fill
 FORMATS = ("dot", "svg", "png", "pdf", "mermaid", "ascii")
 EXTENSIONS = {".dot": "dot", ".gv": "dot", ".svg": "svg", ".png": "png", ".pdf": "pdf",
               ".mmd": "mermaid", ".mermaid": "mermaid", ".md": "mermaid", ".txt": "ascii"}
-GRAPHVIZ_MISSING = "outlines.visualize needs the graphviz Python package for this format: pip install outlines[viz]"
+GRAPHVIZ_MISSING = f"outlines.visualize needs the graphviz Python package for this format: {install_hint('viz')}"
 DOT_MISSING = (
     "rendering {fmt} needs the `dot` program from Graphviz, which is not installed: "
     "apt-get install graphviz (Debian/Ubuntu), conda install graphviz, or brew install graphviz. "
@@ -194,7 +195,7 @@ def visualize(*variables: Variable, filename: str | None = None, format: str | N
     Raises
     ------
     ImportError
-        A graphviz format without the ``graphviz`` package (``pip install outlines[viz]``).
+        A graphviz format without the ``graphviz`` package (the ``viz`` extra: ``pip install -e '.[viz]'``).
     RuntimeError
         Rendering svg/png/pdf to a file without the ``dot`` program.
 

@@ -1,0 +1,167 @@
+"""What is known about servers: quirks noted per base URL, remembered across processes.
+
+An OpenAI-compatible server may ignore ``n`` (``transformers serve``), refuse
+a list of prompts, or refuse the structured-output fields. A backend notes a
+quirk the first time a server shows it and works around it from then on. A
+note is kept for the process and written through a ``QuirkStore``: the
+package wires in the default cache's SQLite file (``outlines.cache.quirks``,
+connected in ``outlines/__init__.py``: backends import nothing from the
+cache), so a new process starts knowing it instead of paying to learn it again. A note older than ``MAX_AGE`` seconds (a week) is
+learned again: the port may serve something else by then. With the default
+cache off (``OUTLINES_CACHE=0``, ``outlines.cache.disable()``) notes live in
+memory only, and a cache file that cannot be read or written is skipped the
+same way: a forgotten quirk costs one request to learn, never a wrong answer.
+
+``known(base_url)`` says what is known (for ``explain`` and users);
+``forget()`` drops every note, here and on disk.
+"""
+from __future__ import annotations
+
+import logging
+import sqlite3
+import threading
+import time
+from typing import Protocol
+
+from outlines.threads import run_blocking
+
+__all__ = [
+    "IGNORES_N", "QUIRKS", "REFUSES_CONSTRAINTS", "REFUSES_LISTS", "Quirk", "QuirkStore", "forget", "known", "note",
+    "use_store",
+]
+
+logger = logging.getLogger("outlines.backends.quirks")
+
+#: The server answers one choice although ``n`` samples were asked.
+IGNORES_N = "ignores_n"
+#: ``/completions`` refuses a list of prompts (``prompt`` must be a string).
+REFUSES_LISTS = "refuses_prompt_lists"
+#: The server answers 4xx to ``response_format`` / ``guided_*`` fields.
+REFUSES_CONSTRAINTS = "refuses_constraint_fields"
+QUIRKS = (IGNORES_N, REFUSES_LISTS, REFUSES_CONSTRAINTS)
+#: Seconds a note on disk is trusted.
+MAX_AGE = 7 * 24 * 3600.0
+
+
+
+class QuirkStore(Protocol):
+    """Where notes outlive the process; each method may raise ``sqlite3.Error`` or ``OSError`` (then skipped)."""
+
+    def read(self, base_url: str, *, newer_than: float) -> frozenset[str]:
+        """The quirks noted for ``base_url`` since the Unix time ``newer_than``."""
+
+    def write(self, base_url: str, quirk: str) -> None:
+        """Note that ``base_url`` showed ``quirk`` now."""
+
+    def clear(self) -> None:
+        """Forget every note."""
+
+    def where(self) -> str | None:
+        """Where notes go, for log lines (``None``: nowhere now, e.g. the default cache is off)."""
+
+
+_lock = threading.Lock()
+_known: dict[str, set[str]] = {}  # base URL -> quirks, for every base URL looked up on disk
+_store: QuirkStore | None = None
+
+
+def use_store(store: QuirkStore | None) -> None:
+    """Keep notes in ``store`` from now on (``None``: in memory only)."""
+    global _store
+    _store = store
+
+
+def known(base_url: str) -> frozenset[str]:
+    """The quirks known for the server at ``base_url`` (names from ``QUIRKS``).
+
+    Parameters
+    ----------
+    base_url
+        The API root, as a backend holds it (``backend.base_url``).
+
+    Returns
+    -------
+    frozenset of str
+        Noted in this process, or by any process within ``MAX_AGE`` in the
+        default cache's file (read once per base URL per process).
+
+    Examples
+    --------
+    >>> known("http://127.0.0.1:9/v1")
+    frozenset()
+    """
+    with _lock:
+        found = _known.get(base_url)
+    if found is None:
+        found = set(_read(base_url))
+        with _lock:
+            found = _known.setdefault(base_url, found)
+    return frozenset(found)
+
+
+def _read(base_url: str) -> frozenset[str]:
+    store = _store
+    if store is None:
+        return frozenset()
+    try:
+        return store.read(base_url, newer_than=time.time() - MAX_AGE)
+    except (sqlite3.Error, OSError) as exc:
+        logger.debug("server quirks of %s not read from %s: %s", base_url, store.where(), exc)
+        return frozenset()
+
+
+def note(base_url: str, quirk: str) -> bool:
+    """Note that the server at ``base_url`` has ``quirk``, in this process; ``True`` when it is news.
+
+    ``remember`` (awaited by the backends) writes news to disk off the event loop.
+    """
+    if quirk not in QUIRKS:
+        raise ValueError(f"unknown server quirk {quirk!r}; one of {', '.join(QUIRKS)}")
+    known(base_url)  # what the disk says, before adding to it
+    with _lock:
+        quirks = _known[base_url]
+        news = quirk not in quirks
+        quirks.add(quirk)
+    return news
+
+
+async def remember(base_url: str, quirk: str) -> None:
+    """Write the note to the store (in a worker thread; skipped, with a log line, on failure)."""
+    store = _store
+    if store is None:
+        return
+    try:
+        await run_blocking(store.write, base_url, quirk)
+    except (sqlite3.Error, OSError) as exc:
+        logger.debug("server quirk %s of %s not written to %s: %s", quirk, base_url, store.where(), exc)
+
+
+def forget() -> None:
+    """Drop every note: in this process and in the store."""
+    with _lock:
+        _known.clear()
+    store = _store
+    if store is not None:
+        try:
+            store.clear()
+        except (sqlite3.Error, OSError) as exc:
+            logger.debug("server quirks not cleared in %s: %s", store.where(), exc)
+
+
+class Quirk:
+    """The servers known to have one quirk, as a set of base URLs (``url in quirk``, ``quirk.add(url)``)."""
+
+    def __init__(self, name: str) -> None:
+        if name not in QUIRKS:
+            raise ValueError(f"unknown server quirk {name!r}; one of {', '.join(QUIRKS)}")
+        self.name = name
+
+    def __contains__(self, base_url: object) -> bool:
+        return isinstance(base_url, str) and self.name in known(base_url)
+
+    def add(self, base_url: str) -> bool:
+        """Note the quirk for ``base_url`` in this process; ``True`` when it is news (then ``remember`` it)."""
+        return note(base_url, self.name)
+
+    def __repr__(self) -> str:
+        return f"Quirk({self.name!r})"
