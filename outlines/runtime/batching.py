@@ -36,7 +36,7 @@ from dataclasses import replace
 from collections import deque
 from itertools import repeat
 from operator import is_, itemgetter
-from typing import Any, Callable, Coroutine, Hashable, Iterable, Iterator, Sequence, TypeVar
+from typing import Any, Callable, Coroutine, Hashable, Iterable, Iterator, Protocol, Sequence, TypeVar
 
 import numpy as np
 
@@ -45,10 +45,8 @@ from outlines.backends.constraints import generate_valid
 from outlines.cache.disk import FOREGROUND
 from outlines.errors import Failure
 from outlines.graph.basic import Apply
-from outlines.runtime.budget import BudgetGuard
-from outlines.runtime.executor import Executor
 from outlines.runtime.plan import Plan
-from outlines.tracing import Recorder
+from outlines.runtime.session import Evaluation
 
 __all__ = [
     "BatchQueue",
@@ -371,84 +369,57 @@ class BatchQueue:
         return any(p.constraint is not None for p in self.params)
 
 
-Spawn = Callable[[Coroutine[Any, Any, Any], Callable[["asyncio.Task[Any]"], None]], None]
+class Schedule(Protocol):
+    """What the batcher needs from the schedule that owns it (``outlines.runtime.scheduler.Scheduler``)."""
+
+    def finish(self, index: int, result: Any) -> None:
+        """Node ``index`` of the plan computed ``result``."""
+
+    def fail(self, index: int, exc: BaseException, label: str | None = None) -> None:
+        """Node ``index`` failed (``label``: the call a stacked node's failing element stands for)."""
+
+    def spawn(self, coroutine: Coroutine[Any, Any, Any], on_done: Callable[[asyncio.Task[Any]], None]) -> None:
+        """Run ``coroutine`` as a task of the schedule, then ``on_done(task)``."""
+
+    def wake(self) -> None:
+        """Wake the schedule's loop (a gathering window closed)."""
 
 
 class Batcher:
-    """Queues, waiters and cache lookups of one evaluation's model calls.
+    """Queues, waiters and cache lookups of one schedule's model calls.
 
     Parameters
     ----------
-    plan, cache, executor
-        The scheduler's plan, resolved cache (``None``: off) and executor.
-    recorder
-        Returns the scheduler's recorder, read at each event: progress puts a
-        ``Counter`` in front of it after the scheduler is built.
-    return_failures
-        ``errors="return"``: failed draws become ``Failure`` values.
-    batch_window
-        Seconds a queue waits for more draws while their producers run.
-    request_limit
-        The evaluation's bound on wire requests (or batches) in flight.
-    finish, fail
-        ``finish(index, value)`` / ``fail(index, error)`` a node of the plan.
-    spawn
-        ``spawn(coroutine, on_done)`` runs a task owned by the scheduler.
-    wake
-        Wakes the scheduler's loop when a gathering window closes.
-    budget
-        The evaluation's ``BudgetGuard`` (``outlines.runtime.budget``), asked
-        before each batch is sent; ``None``: no budget.
+    plan
+        The schedule's plan.
+    evaluation
+        The evaluation it belongs to: cache, executor, limits, budget,
+        recorder, error mode, gathering window and draw namespace.
+    schedule
+        The schedule that owns this batcher: it is told when nodes finish or
+        fail, runs the batches' tasks and is woken when a window closes.
     """
 
-    def __init__(
-        self,
-        plan: Plan,
-        *,
-        cache: Any,
-        executor: Executor,
-        recorder: Callable[[], Recorder],
-        return_failures: bool,
-        batch_window: float,
-        request_limit: asyncio.Semaphore | None,
-        finish: Callable[[int, Any], None],
-        fail: Callable[..., None],
-        spawn: Spawn,
-        wake: Callable[[], None],
-        budget: BudgetGuard | None = None,
-    ) -> None:
+    def __init__(self, plan: Plan, evaluation: Evaluation, schedule: Schedule) -> None:
         self.plan = plan
-        self.budget = budget
+        self.evaluation = evaluation
+        self.schedule = schedule
+        self.cache = evaluation.cache
+        self.recorder = evaluation.recorder
+        self.return_failures = evaluation.return_failures
         self.running = 0  # batches in flight
+        self.sent = 0  # batches sent
         self.refused: tuple[int, BaseException] | None = None  # (node, error) raised once the running end
-        self.cache = cache
-        self.executor = executor
-        self._recorder = recorder
-        self.return_failures = return_failures
-        self.batch_window = batch_window
-        self.request_limit = request_limit
-        self.finish = finish
-        self.fail = fail
-        self.spawn = spawn
-        self.wake = wake
         self.queues: dict[tuple[Backend, Any], BatchQueue] = {}
         self.routes: dict[int, tuple[BatchQueue, int]] = {}  # id(Generate op) -> its queue, params number
-        self.limits: dict[Backend, asyncio.Semaphore | None] = {}
-        self.batch_ids = 0
         self.timer: asyncio.TimerHandle | None = None
         for node in plan.nodes:
             if node.op.mode == "generate":
                 self._queue(node).unready += 1
 
-    @property
-    def recorder(self) -> Recorder:
-        """The scheduler's recorder now (a progress ``Counter`` may stand in front of a trace)."""
-        return self._recorder()
-
-    @property
-    def tracing(self) -> bool:
-        """Whether someone listens to batch details (a plain ``Recorder`` ignores them)."""
-        return type(self.recorder) is not Recorder
+    def queued_draws(self) -> int:
+        """Draws waiting in the queues, not sent yet."""
+        return sum(len(queue.pending) for queue in self.queues.values())
 
     @property
     def window_open(self) -> bool:
@@ -466,6 +437,7 @@ class Batcher:
             queue = self.queues.get(key)
             if queue is None:
                 queue = self.queues[key] = BatchQueue(op.backend)
+                self.evaluation.uses(op.backend)
             route = self.routes[id(op)] = (queue, queue.param_id(op.params))
         return route
 
@@ -476,13 +448,13 @@ class Batcher:
         queue, params_id = self._route(op)
         queue.unready -= 1
         if isinstance(prompt, Failure):
-            self.finish(index, prompt.skipped(node.label, op.name))
+            self.schedule.finish(index, prompt.skipped(node.label, op.name))
             return
         failed: list[Failure | None] = []
         if self.return_failures and isinstance(prompt, np.ndarray) and failed_input:
             failed = [x if isinstance(x, Failure) else None for x in prompt.reshape(-1)]
             prompt = np.where(np.vectorize(lambda x: isinstance(x, Failure), otypes=[bool])(prompt), "", prompt)
-        shape, texts, numbers = op.columns(prompt, self.plan.draw_offsets.get(id(node), 0))
+        shape, texts, numbers = op.columns(prompt, self.plan.draw_offsets.get(id(node), 0) + self.evaluation.draw_shift)
         outstanding = NodeDraws(index, shape, len(texts) * len(numbers))
         if not queue.pending:
             queue.since = time.perf_counter()
@@ -562,7 +534,7 @@ class Batcher:
             if not queue.pending:
                 continue
             full = queue.backend.max_batch is not None and len(queue.pending) >= queue.backend.max_batch
-            deadline = queue.since + self.batch_window
+            deadline = queue.since + self.evaluation.options.batch_window
             if queue.unready and others_running and now < deadline:
                 if full:  # send the whole batches now; the remainder may still fill up
                     self._send(queue, whole_batches=True)
@@ -575,15 +547,13 @@ class Batcher:
 
     def _window_closed(self) -> None:
         self.timer = None
-        self.wake()
+        self.schedule.wake()
 
-    async def close(self) -> None:
-        """Stop the window timer and release every backend's loop-bound resources."""
+    def close(self) -> None:
+        """Stop the window timer (the evaluation closes the backends, at its end)."""
         if self.timer is not None:
             self.timer.cancel()
             self.timer = None
-        for backend in sorted({queue.backend for queue in self.queues.values()}, key=repr):
-            await backend.aclose()
 
     def _send(self, queue: BatchQueue, whole_batches: bool = False) -> None:
         backend = queue.backend
@@ -628,17 +598,18 @@ class Batcher:
             else:
                 batch_keys = [keys[i] for i in positions]
                 batch = queue.batch(batch_keys)
-            ticket = self._admit(queue, batch_keys, batch) if self.budget is not None else None
+            ticket = self._admit(queue, batch_keys, batch) if self.evaluation.budget is not None else None
             if ticket != -1:
                 self._start_batch(queue, batch_keys, batch, cached, ticket)
 
     def _admit(self, queue: BatchQueue, keys: list[DrawKey], draws: DrawBatch) -> int:
         """The budget's ticket for sending ``draws``, or -1: refused (their draws fail)."""
-        assert self.budget is not None
+        budget = self.evaluation.budget
+        assert budget is not None
         waiting = _waiting_nodes(queue.waiters.get(keys[0]))
         node = waiting[0].index if waiting else 0
         try:
-            return self.budget.admit(queue.backend, draws, self.plan.nodes[node].label)
+            return budget.admit(queue.backend, draws, self.plan.nodes[node].label)
         except Exception as exc:  # noqa: BLE001 - the refused draws fail with it
             if self.return_failures:
                 for key in keys:
@@ -651,15 +622,15 @@ class Batcher:
     def _raise_refusal(self) -> None:
         """Fail the evaluation for the refused batch once no batch is in flight (theirs get cached first)."""
         if self.refused is not None and self.running == 0:
-            self.fail(*self.refused)
+            self.schedule.fail(*self.refused)
 
     def _start_batch(
         self, queue: BatchQueue, keys: list[DrawKey], draws: DrawBatch, cached: bool, ticket: int | None = None
     ) -> None:
         """Send one batch; ``cached``: its texts are stored in the cache."""
         self.running += 1
-        self.batch_ids += 1
-        batch_id = self.batch_ids
+        self.sent += 1
+        batch_id = self.evaluation.batch_id()
         backend = queue.backend
 
         def on_result(index: int, text: str) -> None:
@@ -679,9 +650,9 @@ class Batcher:
                 batch_id, start, end, error, model=model
             ),
             on_model_loaded=lambda start, end: self.recorder.model_loaded(backend, start, end),
-            request_limit=self.request_limit if backend.sends_requests else None,
+            request_limit=self.evaluation.request_limit if backend.sends_requests else None,
         )
-        self.spawn(
+        self.schedule.spawn(
             self._run_batch(batch_id, queue, keys, draws, cached, report, ticket),
             lambda task: self._batch_done(queue, keys, task, report),
         )
@@ -691,15 +662,15 @@ class Batcher:
         report: BatchReport, ticket: int | None = None,
     ) -> list[str]:
         backend = queue.backend
-        limit = self._limit(backend)
-        # A backend that sends its own requests takes one evaluation slot per request.
-        whole = self.request_limit if not backend.sends_requests else None
+        limit = self.evaluation.limit_for(backend)
+        # A backend that sends its own requests takes one of the evaluation's permits per request.
+        whole = self.evaluation.request_limit if not backend.sends_requests else None
         if limit is not None:
             await limit.acquire()
         if whole is not None:
             await whole.acquire()
         nodes: list[str] = []
-        if self.tracing:  # a waiter lookup per draw: only when someone listens
+        if self.evaluation.listening:  # a waiter lookup per draw: only when someone listens
             indices = {d.index for key in draw_keys for d in _waiting_nodes(queue.waiters.get(key))}
             nodes = sorted(self.plan.nodes[i].label for i in indices)
         self.recorder.batch_started(batch_id, backend, nodes, len(draws), time.perf_counter())
@@ -708,9 +679,9 @@ class Batcher:
         try:
             # Constrained draws are checked, and retried while they break their constraint.
             if queue.constrained:
-                texts, worker = await generate_valid(self.executor.generate, backend, draws, report)
+                texts, worker = await generate_valid(self.evaluation.executor.generate, backend, draws, report)
             else:
-                texts, worker = await self.executor.generate(backend, draws, report)
+                texts, worker = await self.evaluation.executor.generate(backend, draws, report)
             if not isinstance(texts, list) or len(texts) != len(draws):
                 raise BackendError(f"{backend!r} returned {len(texts)} completions for {len(draws)} prompts")
             if cached:  # what the backend did not report (and cache) already
@@ -729,8 +700,8 @@ class Batcher:
             raise
         finally:
             usage = (report.tokens[0], report.tokens[1])
-            if ticket is not None and self.budget is not None:
-                self.budget.settle(ticket, backend, usage, failed=error is not None)
+            if ticket is not None and self.evaluation.budget is not None:
+                self.evaluation.budget.settle(ticket, backend, usage, failed=error is not None)
             if report.answered_by:  # a fallback chain: which model answered how many draws
                 answered: dict[str, int] = {}
                 for member in report.answered_by.values():
@@ -741,12 +712,6 @@ class Batcher:
                 whole.release()
             if limit is not None:
                 limit.release()
-
-    def _limit(self, backend: Backend) -> asyncio.Semaphore | None:
-        if backend not in self.limits:
-            bound = self.executor.max_concurrency(backend)
-            self.limits[backend] = asyncio.Semaphore(bound) if bound else None
-        return self.limits[backend]
 
     # -- results back -------------------------------------------------------------
     def _batch_done(self, queue: BatchQueue, keys: list[DrawKey], task: asyncio.Task[Any], report: BatchReport) -> None:
@@ -786,10 +751,10 @@ class Batcher:
         if not self.return_failures:
             pairs = _pairs(queue.waiters.get(key))
             if not pairs:
-                self.fail(0, exc)
+                self.schedule.fail(0, exc)
                 return
             outstanding, position = pairs[0]
-            self.fail(outstanding.index, exc, self._label(outstanding, position, key))
+            self.schedule.fail(outstanding.index, exc, self._label(outstanding, position, key))
             return
         for outstanding, position in _pairs(queue.waiters.pop(key, None)):
             node = self.plan.nodes[outstanding.index]
@@ -874,7 +839,7 @@ class Batcher:
                 hits = sum(map(hit_keys.__contains__, outstanding.keys))
         self.recorder.node_cache(node, hits, count - hits)
         if not outstanding.shape:
-            self.finish(outstanding.index, outstanding.results[0])
+            self.schedule.finish(outstanding.index, outstanding.results[0])
             return
         array = np.fromiter(outstanding.results, dtype=object, count=count).reshape(outstanding.shape)
-        self.finish(outstanding.index, array)
+        self.schedule.finish(outstanding.index, array)

@@ -13,84 +13,42 @@ import asyncio
 import contextlib
 import contextvars
 import signal
-import sys
 import threading
 from typing import Any, Awaitable, Callable, Iterator, Mapping, TypeVar
 
 from outlines.cache.disk import FOREGROUND, watched_loop
 from outlines.graph.basic import Variable
-from outlines.runtime.executor import resolve_executor
 from outlines.runtime.plan import Plan, bind_givens
+from outlines.runtime.progress import Counter, shown
 from outlines.runtime.scheduler import Scheduler, quiet_collector
-from outlines.tracing import active_recorder
+from outlines.runtime.session import Evaluation, Options
 
-__all__ = ["aeval", "eval", "run_plan", "run_sync"]
+__all__ = ["aeval", "eval", "interrupt_raises", "run_plan", "run_sync", "run_watched"]
 
 T = TypeVar("T")
-
-#: Options accepted by eval/aeval/Program calls, with their defaults.
-EVAL_OPTIONS = {
-    "cache": True,
-    "max_concurrency": None,
-    "errors": "raise",
-    "progress": None,
-    "executor": None,
-    "batch_window": 0.005,
-    "budget": None,
-}
-
-
-def _check_options(options: Mapping[str, Any]) -> dict[str, Any]:
-    unknown = sorted(set(options) - set(EVAL_OPTIONS))
-    if unknown:
-        raise TypeError(f"unknown evaluation option(s): {', '.join(unknown)}; expected {', '.join(EVAL_OPTIONS)}")
-    bound = options.get("max_concurrency")
-    if bound is not None and (isinstance(bound, bool) or not isinstance(bound, int) or bound < 1):
-        raise ValueError(f"max_concurrency must be a positive integer (requests in flight) or None, got {bound!r}")
-    from outlines.runtime.budget import resolve_budget
-
-    resolve_budget(options.get("budget"))
-    return {**EVAL_OPTIONS, **options}
-
 
 async def run_plan(
     plan: Plan,
     givens: Mapping[Any, Any] | None,
+    options: Options,
     blocked_loop: asyncio.AbstractEventLoop | None = None,
-    **options: Any,
 ) -> list[Any]:
-    """Evaluate ``plan`` on the running loop; returns the output values in order.
+    """Evaluate ``plan`` on the running loop as one ``Evaluation``; returns the output values in order.
 
     ``blocked_loop`` is the caller's loop that a sync ``eval`` is blocking
     (see ``run_sync``): an executor must not need it.
     """
-    options = _check_options(options)
     values = bind_givens(plan, givens)
-    executor = resolve_executor(options["executor"])
-    if blocked_loop is not None and "outlines.backends.dask" in sys.modules:
-        from outlines.backends.dask import DaskExecutor
-
-        if isinstance(executor, DaskExecutor):
-            executor.check_not_on(blocked_loop)
-    scheduler = Scheduler(
-        plan,
-        values,
-        cache=options["cache"],
-        errors=options["errors"],
-        max_concurrency=options["max_concurrency"],
-        recorder=active_recorder(),
-        executor=executor,
-        batch_window=options["batch_window"],
-        budget=options["budget"],
-    )
-    from outlines.runtime.progress import progress_for
-
-    async with progress_for(scheduler, options["progress"]):
-        return await scheduler.run()
+    counter = Counter() if options.progress is not False else None  # shown after AUTO_DELAY when None
+    evaluation = Evaluation.open(options, counter, blocked_loop=blocked_loop)
+    async with evaluation.running(plan):
+        scheduler = Scheduler(plan, values, evaluation)
+        async with shown(counter, scheduler, options.progress):
+            return await scheduler.run()
 
 
 @contextlib.contextmanager
-def _interrupt_raises() -> Iterator[None]:
+def interrupt_raises() -> Iterator[None]:
     """Make Ctrl-C raise ``KeyboardInterrupt`` in this (main) thread while it waits.
 
     ``asyncio.run`` installs a SIGINT handler that only cancels its main task,
@@ -120,7 +78,7 @@ def run_sync(factory: Callable[[asyncio.AbstractEventLoop | None], Awaitable[T]]
     try:
         caller_loop = asyncio.get_running_loop()
     except RuntimeError:
-        return _run_watched(factory(None))
+        return run_watched(factory(None))
     outcome: dict[str, Any] = {}
     started = threading.Event()
     context = contextvars.copy_context()
@@ -132,7 +90,7 @@ def run_sync(factory: Callable[[asyncio.AbstractEventLoop | None], Awaitable[T]]
 
     def target() -> None:
         try:
-            outcome["value"] = context.run(_run_watched, main())
+            outcome["value"] = context.run(run_watched, main())
         except BaseException as exc:  # noqa: BLE001 - re-raised in the caller's thread
             outcome["error"] = exc
         finally:
@@ -141,7 +99,7 @@ def run_sync(factory: Callable[[asyncio.AbstractEventLoop | None], Awaitable[T]]
     thread = threading.Thread(target=target, name="outlines-eval", daemon=True)
     thread.start()
     try:
-        with _interrupt_raises():
+        with interrupt_raises():
             thread.join()
     except KeyboardInterrupt:
         # Ctrl-C in the caller (a notebook): cancel the schedule so it stops
@@ -157,7 +115,7 @@ def run_sync(factory: Callable[[asyncio.AbstractEventLoop | None], Awaitable[T]]
     return outcome["value"]  # type: ignore[no-any-return]
 
 
-def _run_watched(coroutine: Awaitable[T]) -> T:
+def run_watched(coroutine: Awaitable[T]) -> T:
     """``asyncio.run`` on a loop that tells the cache writer when it is busy (``outlines.cache.disk.watched_loop``)."""
     with FOREGROUND, asyncio.Runner(loop_factory=watched_loop) as runner:
         return runner.run(coroutine)  # type: ignore[arg-type]
@@ -167,18 +125,18 @@ async def aeval(*variables: Variable, givens: Mapping[Any, Any] | None = None, *
     """Evaluate Variables on the running event loop; see ``eval``."""
     if not variables:
         raise TypeError("aeval needs at least one Variable")
-    return await _evaluate(variables, givens, None, options)
+    return await _evaluate(variables, givens, Options.check(options), None)
 
 
 async def _evaluate(
     variables: tuple[Variable, ...],
     givens: Mapping[Any, Any] | None,
+    options: Options,
     blocked_loop: asyncio.AbstractEventLoop | None,
-    options: dict[str, Any],
 ) -> Any:
     with quiet_collector():  # planning walks and copies the whole graph: no collections over it meanwhile
         plan = Plan(variables, stack=True)
-    results = plan.pick(await run_plan(plan, givens, blocked_loop, **options))
+    results = plan.pick(await run_plan(plan, givens, options, blocked_loop))
     return results[0] if len(variables) == 1 else tuple(results)
 
 
@@ -244,4 +202,5 @@ def eval(*variables: Variable, givens: Mapping[Any, Any] | None = None, **option
     """
     if not variables:
         raise TypeError("eval needs at least one Variable")
-    return run_sync(lambda blocked_loop: _evaluate(variables, givens, blocked_loop, options))
+    checked = Options.check(options)
+    return run_sync(lambda blocked_loop: _evaluate(variables, givens, checked, blocked_loop))

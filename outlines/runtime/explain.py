@@ -38,7 +38,7 @@ from outlines.graph.basic import Variable
 from outlines.graph.ops import Stack, broadcast_map
 from outlines.graph.ragged import Ragged
 from outlines.runtime.batching import BatchQueue, batch_sizes, lookup, queue_key, unique_draws
-from outlines.runtime.evaluate import _check_options
+from outlines.runtime.session import Options
 from outlines.runtime.plan import Plan, bind_givens
 
 __all__ = ["Explanation", "PredictedBatch", "explain"]
@@ -503,7 +503,7 @@ def explain(
     """
     if not variables:
         raise TypeError("explain needs at least one Variable")
-    _check_options(options)
+    Options.check(options)
     plan = Plan(variables)
     run = _DryRun(plan, cache_module.resolve(cache), bind_givens(plan, givens, partial=True))
     run.run()

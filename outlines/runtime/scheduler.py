@@ -25,16 +25,13 @@ from typing import Any, Callable, Iterator
 
 import numpy as np
 
-from outlines import cache as cache_module
 from outlines.cache.disk import FOREGROUND
 from outlines.errors import Failure, NodeError
 from outlines.graph.basic import Apply
 from outlines.graph.ops import scalar_or_array
 from outlines.runtime.batching import Batcher
-from outlines.runtime.budget import BudgetGuard
-from outlines.runtime.executor import Executor, LocalExecutor
 from outlines.runtime.plan import Plan
-from outlines.tracing import Recorder
+from outlines.runtime.session import Evaluation
 
 __all__ = ["Scheduler", "quiet_collector"]
 
@@ -48,26 +45,13 @@ PYTHON_CHUNKS = 32
 class Scheduler:
     """Evaluate one Plan; see the module docstring."""
 
-    def __init__(
-        self,
-        plan: Plan,
-        values: dict[int, Any],
-        *,
-        cache: Any = True,
-        errors: str = "raise",
-        max_concurrency: int | None = None,
-        recorder: Recorder | None = None,
-        executor: Executor | None = None,
-        batch_window: float = 0.005,
-        budget: Any = None,
-    ) -> None:
-        if errors not in ("raise", "return"):
-            raise ValueError(f"errors must be 'raise' or 'return', got {errors!r}")
+    def __init__(self, plan: Plan, values: dict[int, Any], evaluation: Evaluation) -> None:
         self.plan = plan
         self.values = values
-        self.return_failures = errors == "return"
-        self.recorder = recorder or Recorder()
-        self.executor = executor or LocalExecutor()
+        self.evaluation = evaluation
+        self.return_failures = evaluation.return_failures
+        self.recorder = evaluation.recorder
+        self.executor = evaluation.executor
         self.waiting = list(plan.indegree)
         self.ready: deque[int] = deque(i for i, n in enumerate(self.waiting) if n == 0)
         self.remaining = len(plan.nodes)
@@ -77,24 +61,11 @@ class Scheduler:
         self.failed_values: set[int] = set()  # ids of outputs holding a Failure (errors="return")
         self.python_pending: list[tuple[int, Callable[[], Any]]] = []
         self.error: BaseException | None = None
-        self.batcher = Batcher(
-            plan,
-            cache=cache_module.resolve(cache),
-            executor=self.executor,
-            recorder=lambda: self.recorder,  # read at each event: progress wraps it later
-            return_failures=self.return_failures,
-            batch_window=batch_window,
-            request_limit=asyncio.Semaphore(max_concurrency) if max_concurrency else None,
-            finish=self._finish,
-            fail=self._fail_node,
-            spawn=self._spawn,
-            wake=self.wakeup.set,
-            budget=BudgetGuard(budget) if budget is not None else None,
-        )
+        self.batcher = Batcher(plan, evaluation, self)
 
     # -- the loop ---------------------------------------------------------------
     async def run(self) -> list[Any]:
-        self.recorder.eval_started(self.plan, time.perf_counter())
+        """The output values of the plan, in order; raises the first error (``errors="raise"``)."""
         try:
             while self.remaining and self.error is None:
                 with quiet_collector():  # a burst of synchronous work: see quiet_collector
@@ -109,12 +80,8 @@ class Scheduler:
                 with quiet_collector():
                     while self.callbacks and self.error is None:
                         self.callbacks.popleft()()
-        except BaseException as exc:
-            self.recorder.eval_finished(time.perf_counter(), exc)
-            raise
         finally:
             await self._cleanup()
-        self.recorder.eval_finished(time.perf_counter(), self.error)
         if self.error is not None:
             raise self.error
         return [scalar_or_array(self.values[id(v)]) for v in self.plan.outputs]
@@ -140,9 +107,10 @@ class Scheduler:
             task.cancel()
         if self.tasks:
             await asyncio.gather(*self.tasks, return_exceptions=True)
-        await self.batcher.close()
+        self.batcher.close()
 
-    def _spawn(self, coroutine: Any, on_done: Callable[[asyncio.Task[Any]], None]) -> None:
+    def spawn(self, coroutine: Any, on_done: Callable[[asyncio.Task[Any]], None]) -> None:
+        """Run ``coroutine`` as a task of this schedule; ``on_done(task)`` runs on the loop's next callbacks."""
         task = asyncio.ensure_future(coroutine)
         self.tasks.add(task)
 
@@ -172,9 +140,9 @@ class Scheduler:
                 elif mode == "control":  # loops and branches: one task each (outlines.runtime.control)
                     self._start_control(index, node, inputs)
                 else:
-                    self._finish(index, self._perform_inline(node, inputs))
+                    self.finish(index, self._perform_inline(node, inputs))
             except Exception as exc:  # noqa: BLE001 - reported against the node
-                self._fail_node(index, exc)
+                self.fail(index, exc)
 
     def _has_failed_input(self, node: Apply) -> bool:
         return bool(self.failed_values) and any(id(v) in self.failed_values for v in node.inputs)
@@ -200,7 +168,7 @@ class Scheduler:
         function = op.function
         guards = self._guards(node)
         if function.is_async:
-            self._spawn(op.aperform(*inputs, **guards), lambda t: self._task_done(index, t))
+            self.spawn(op.aperform(*inputs, **guards), lambda t: self._task_done(index, t))
             return
         mean = function.mean_seconds
         inline = function.blocking is False or (
@@ -210,7 +178,7 @@ class Scheduler:
             start = time.perf_counter()
             result = op.perform(*inputs, **guards)
             function.record(time.perf_counter() - start)
-            self._finish(index, result)
+            self.finish(index, result)
             return
 
         self.python_pending.append((index, lambda: op.perform(*inputs, **guards)))
@@ -218,7 +186,7 @@ class Scheduler:
     def _start_control(self, index: int, node: Apply, inputs: list[Any]) -> None:
         from outlines.runtime.control import run_control
 
-        self._spawn(run_control(self, node, inputs), lambda task: self._task_done(index, task))
+        self.spawn(run_control(self.evaluation, node, inputs), lambda task: self._task_done(index, task))
 
     def _flush_python(self) -> None:
         """Send the blocking Python calls made ready this round, in a few chunks."""
@@ -228,29 +196,38 @@ class Scheduler:
             self._spawn_chunk(pending[start::chunks])
 
     def _spawn_chunk(self, chunk: list[tuple[int, Callable[[], Any]]]) -> None:
-        self._spawn(self.executor.call(_run_chunk, chunk), lambda task: self._chunk_done(chunk, task))
+        self.spawn(self.executor.call(_run_chunk, chunk), lambda task: self._chunk_done(chunk, task))
 
     def _chunk_done(self, chunk: list[tuple[int, Callable[[], Any]]], task: asyncio.Task[Any]) -> None:
         if task.exception() is not None:
             for index, _ in chunk:
-                self._fail_node(index, task.exception())  # type: ignore[arg-type]
+                self.fail(index, task.exception())  # type: ignore[arg-type]
             return
         for index, ok, value, seconds in task.result():
             # Recorded here, not where it ran: a worker's copy of the function is not ours.
             self.plan.nodes[index].op.function.record(seconds)  # type: ignore[attr-defined]
             if ok:
-                self._finish(index, value)
+                self.finish(index, value)
             else:
-                self._fail_node(index, value)
+                self.fail(index, value)
 
     def _task_done(self, index: int, task: asyncio.Task[Any]) -> None:
         exc = task.exception()
         if exc is not None:
-            self._fail_node(index, exc)
+            self.fail(index, exc)
         else:
-            self._finish(index, task.result())
+            self.finish(index, task.result())
 
-    def _finish(self, index: int, result: Any, error: BaseException | None = None) -> None:
+    def queued_draws(self) -> int:
+        """Draws waiting in the batcher's queues, not sent yet (for progress)."""
+        return self.batcher.queued_draws()
+
+    def wake(self) -> None:
+        """Wake the loop (a gathering window closed)."""
+        self.wakeup.set()
+
+    def finish(self, index: int, result: Any, error: BaseException | None = None) -> None:
+        """Node ``index`` computed ``result``: store it and ready the consumers whose inputs are all there."""
         node = self.plan.nodes[index]
         outputs = node.outputs
         results = result if len(outputs) > 1 else (result,)
@@ -269,7 +246,7 @@ class Scheduler:
             if self.waiting[consumer] == 0:
                 self.ready.append(consumer)
 
-    def _fail_node(self, index: int, exc: BaseException, label: str | None = None) -> None:
+    def fail(self, index: int, exc: BaseException, label: str | None = None) -> None:
         """Fail node ``index`` (``label``: the call a stacked node's failing element stands for)."""
         node = self.plan.nodes[index]
         label = label or node.label
@@ -282,7 +259,7 @@ class Scheduler:
             self.recorder.node_finished(node, time.perf_counter(), exc)
             return
         failure = Failure.from_exception(label, node.op.name, exc)
-        self._finish(index, tuple(failure for _ in node.outputs) if len(node.outputs) > 1 else failure, exc)
+        self.finish(index, tuple(failure for _ in node.outputs) if len(node.outputs) > 1 else failure, exc)
 
 
 @contextlib.contextmanager

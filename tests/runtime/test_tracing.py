@@ -12,7 +12,8 @@ import outlines
 from outlines import models
 from outlines.cache import Cache
 from outlines.runtime.plan import Plan
-from outlines.tracing import NULL_RECORDER, Trace, active_recorder
+from outlines.runtime.events import NULL as NULL_RECORDER
+from outlines.runtime.tracing import Trace, active_recorder
 from tests.fixtures.recording import RecordingBackend
 
 
