@@ -21,7 +21,7 @@ import contextlib
 import gc
 import time
 from collections import deque
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterator, Protocol
 
 import numpy as np
 
@@ -29,11 +29,11 @@ from outlines.cache.disk import FOREGROUND
 from outlines.errors import Failure, NodeError
 from outlines.graph.basic import Apply
 from outlines.graph.ops import scalar_or_array
-from outlines.runtime.batching import Batcher
+from outlines.runtime.batching.batcher import Batcher
 from outlines.runtime.plan import Plan
 from outlines.runtime.session import Evaluation
 
-__all__ = ["Scheduler", "quiet_collector"]
+__all__ = ["MODES", "Scheduler", "Walk", "quiet_collector", "walker"]
 
 FAST_CALL_SECONDS = 1e-3
 #: Blocking Python calls made ready together go to the thread pool in at most
@@ -62,6 +62,7 @@ class Scheduler:
         self.python_pending: list[tuple[int, Callable[[], Any]]] = []
         self.error: BaseException | None = None
         self.batcher = Batcher(plan, evaluation, self)
+        self.steps = walker(self)
 
     # -- the loop ---------------------------------------------------------------
     async def run(self) -> list[Any]:
@@ -125,24 +126,24 @@ class Scheduler:
 
     # -- nodes ------------------------------------------------------------------
     def _dispatch_ready(self) -> None:
-        ready, plan = self.ready, self.plan
+        ready, plan, steps = self.ready, self.plan, self.steps
         while ready and self.error is None:
             index = ready.popleft()
             node = plan.nodes[index]
             self.recorder.node_started(node, time.perf_counter())
-            inputs = [self.values[id(v)] for v in node.inputs]
-            mode = node.op.mode
             try:
-                if mode == "generate":
-                    self.batcher.start(index, node, inputs[0], self._has_failed_input(node))
-                elif mode == "python":
-                    self._start_python(index, node, inputs)
-                elif mode == "control":  # loops and branches: one task each (outlines.runtime.control)
-                    self._start_control(index, node, inputs)
-                else:
-                    self.finish(index, self._perform_inline(node, inputs))
+                steps[node.op.mode](index, node, [self.values[id(v)] for v in node.inputs])
             except Exception as exc:  # noqa: BLE001 - reported against the node
                 self.fail(index, exc)
+
+    # -- each kind of node (``walker``) ---------------------------------------------
+    def generate(self, index: int, node: Apply, inputs: list[Any]) -> None:
+        """A model call: its draws join the batcher's queues."""
+        self.batcher.start(index, node, inputs[0], self._has_failed_input(node))
+
+    def inline(self, index: int, node: Apply, inputs: list[Any]) -> None:
+        """A cheap pure op, run here on the loop."""
+        self.finish(index, self._perform_inline(node, inputs))
 
     def _has_failed_input(self, node: Apply) -> bool:
         return bool(self.failed_values) and any(id(v) in self.failed_values for v in node.inputs)
@@ -163,7 +164,8 @@ class Scheduler:
             return broadcast_map(node.op.perform, inputs, **self._guards(node))
         return node.op.perform(*inputs)
 
-    def _start_python(self, index: int, node: Apply, inputs: list[Any]) -> None:
+    def python(self, index: int, node: Apply, inputs: list[Any]) -> None:
+        """A user function: awaited when async, run here when fast, else in the thread pool (in chunks)."""
         op: Any = node.op
         function = op.function
         guards = self._guards(node)
@@ -183,7 +185,8 @@ class Scheduler:
 
         self.python_pending.append((index, lambda: op.perform(*inputs, **guards)))
 
-    def _start_control(self, index: int, node: Apply, inputs: list[Any]) -> None:
+    def control(self, index: int, node: Apply, inputs: list[Any]) -> None:
+        """A loop or a branch: one task, whose iterations are schedules of their own (``outlines.runtime.control``)."""
         from outlines.runtime.control import run_control
 
         self.spawn(run_control(self.evaluation, node, inputs), lambda task: self._task_done(index, task))
@@ -260,6 +263,31 @@ class Scheduler:
             return
         failure = Failure.from_exception(label, node.op.name, exc)
         self.finish(index, tuple(failure for _ in node.outputs) if len(node.outputs) > 1 else failure, exc)
+
+
+class Walk(Protocol):
+    """What a walk of a plan does with each kind of node (``Op.mode``): the scheduler runs them, ``explain`` predicts them."""
+
+    def inline(self, index: int, node: Apply, inputs: list[Any]) -> Any:
+        """A cheap pure op."""
+
+    def python(self, index: int, node: Apply, inputs: list[Any]) -> Any:
+        """A user function (``outlines.fn``)."""
+
+    def generate(self, index: int, node: Apply, inputs: list[Any]) -> Any:
+        """A model call."""
+
+    def control(self, index: int, node: Apply, inputs: list[Any]) -> Any:
+        """A loop or a branch."""
+
+
+#: The kinds of node, by ``Op.mode``.
+MODES = ("inline", "python", "generate", "control")
+
+
+def walker(walk: Walk) -> dict[str, Callable[[int, Apply, list[Any]], Any]]:
+    """``walk``'s step for each kind of node: the one dispatch by ``Op.mode``."""
+    return {mode: getattr(walk, mode) for mode in MODES}
 
 
 @contextlib.contextmanager
