@@ -1,6 +1,6 @@
 """Evaluating control-flow nodes: each iteration or branch is one batched schedule.
 
-The outer scheduler runs a ``WhileLoop`` or ``Cond`` node as one task
+The schedule that meets a ``WhileLoop`` or ``Cond`` node runs it as one task
 (``run_control``), so independent work goes on meanwhile. A loop keeps its
 state as flat arrays over the broadcast shape of its inputs; each iteration
 plans nothing new: it evaluates the body's plan on the still-active elements

@@ -5,7 +5,9 @@ Evaluation is asynchronous inside. The sync ``eval`` runs the schedule with
 thread when the caller's thread already runs a loop (Jupyter, or sync code inside
 ``asyncio.run``), with no patching of the caller's loop; Ctrl-C while it waits
 cancels the schedule at once (what finished stays cached) and raises
-``KeyboardInterrupt``.
+``KeyboardInterrupt``. Each call checks its options once (``session.Options``)
+and runs as ONE ``Evaluation`` (``run_plan``), whose recorder is composed
+from the active trace and the progress counter.
 """
 from __future__ import annotations
 
@@ -156,8 +158,8 @@ def eval(*variables: Variable, givens: Mapping[Any, Any] | None = None, **option
         Bound on wire requests in flight across the whole evaluation, all
         backends together (a positive integer; ``None``: no bound beyond
         each backend's own). A chat batch is one request per prompt, each
-        holding a slot; a backend that does not send its own requests
-        (a local model, a Python function) holds one slot per batch.
+        holding a permit; a backend that does not send its own requests
+        (a local model, a Python function) holds one permit per batch.
     errors
         ``"raise"`` (default): the first failure cancels the rest and raises a
         ``NodeError``. ``"return"``: failed elements hold ``outlines.Failure``.
@@ -189,7 +191,8 @@ def eval(*variables: Variable, givens: Mapping[Any, Any] | None = None, **option
         When the next batch could pass ``budget`` (with ``errors="raise"``),
         after the batches in flight have finished and been cached.
     ValueError
-        For ``max_concurrency`` that is not a positive integer.
+        For ``max_concurrency`` that is not a positive integer, or ``errors``
+        other than ``"raise"``/``"return"``.
     TypeError
         For an ``executor`` that is neither an Executor nor a Client.
 

@@ -1,18 +1,23 @@
 """The asynchronous walk of a Plan: dispatch, batching, concurrency, failures.
 
-State of one evaluation (Dask's words): a node is *waiting* while its
-in-degree counter is above zero, *ready* when it reaches zero (in the ``ready``
-deque), *running* while its task or its draws are outstanding, and *finished*
-once its output values are stored. Kahn-style: finishing a node decrements its
-consumers' counters and readies those that reach zero.
+State of one schedule (Dask's words): a node is *waiting* while its in-degree
+counter is above zero (``waiting``), *ready* when it reaches zero (in the
+``ready`` deque), *running* while its task or its draws are outstanding
+(``tasks``, and the batcher's Waits), and *finished* once its output values
+are stored (``values``). Kahn-style: finishing a node decrements its
+consumers' counters and readies those that reach zero. ``error`` holds the
+first failure (``errors="raise"``), ``failed_values`` the outputs holding a
+``Failure`` (``errors="return"``).
 
-Model calls are not run one node at a time: a ready ``Generate`` node turns
-into draws that join a per-(backend, params) queue, flushed after every round
-of dispatching. The scheduler owns a ``Batcher`` (``outlines.runtime.batching``)
-and talks to it through ``start``/``flush``/``close``; the batcher calls back
-``finish``, ``fail``, ``spawn`` and ``wake``. ``max_concurrency`` becomes the
-batcher's request limit: one slot per wire request (or per batch of a backend
-that sends none of its own).
+Everything the schedule does not own comes from its ``Evaluation``
+(``outlines.runtime.session``): options, cache, executor, limits, budget,
+recorder. A ready node is dispatched by its kind (``walker``: the one
+dispatch by ``Op.mode``, which ``explain`` uses too): a cheap op runs inline,
+a user function inline, in a task or in the thread pool, a loop or branch as a
+task (``outlines.runtime.control``), and a model call's draws join the
+``Batcher``'s queues (``outlines.runtime.batching``), flushed after every
+round of dispatching. The batcher calls back ``finish``, ``fail``, ``spawn``
+and ``wake`` (its ``Schedule`` protocol).
 """
 from __future__ import annotations
 
@@ -43,7 +48,18 @@ PYTHON_CHUNKS = 32
 
 
 class Scheduler:
-    """Evaluate one Plan; see the module docstring."""
+    """One schedule of a Plan within an ``Evaluation``; see the module docstring.
+
+    Parameters
+    ----------
+    plan
+        What to run.
+    values
+        The values known before anything runs (givens and constants), by
+        ``id(Variable)``; the schedule adds its nodes' outputs.
+    evaluation
+        The evaluation this schedule belongs to.
+    """
 
     def __init__(self, plan: Plan, values: dict[int, Any], evaluation: Evaluation) -> None:
         self.plan = plan

@@ -2,13 +2,12 @@
 
 ``outlines.as_completed(*variables)`` runs ONE schedule, like ``eval``, and
 hands out each Variable's value as soon as the node computing it finishes
-(watched through the scheduler's recorder events: ``Watcher``).
+(a ``Watcher``: one of the listeners the evaluation's recorder is composed of).
 
 ``Program.stream(inputs)`` cuts the leading axis of the array inputs into
-chunks and runs one schedule per chunk, all at once on one event loop and
-sharing one evaluation's bounds: the per-backend concurrency, the
-``max_concurrency`` slots, the cache, the executor; backends are closed once,
-at the end. Each element of a finished chunk is yielded as ``(index, value)``,
+chunks and runs one schedule per chunk, all at once on one event loop, all on
+ONE ``Evaluation``: its per-backend bounds, its ``max_concurrency`` permits,
+its cache, executor and budget; its backends are closed once, at the end. Each element of a finished chunk is yielded as ``(index, value)``,
 ``index`` being its position along the leading axis. A chunk batches its own
 model calls; the default chunk is the smallest ``max_batch`` of the program's
 models (1 when none sets one), so a stream sends about the requests of one

@@ -380,12 +380,12 @@ class Trace:
                 lines.append(f"  model load {_clip(load.backend, 40)}: {load.end - load.start:.3f} s")
         if self.batches:
             wire = self.http_requests_per_backend
-            lines.append(f"  {'backend':<40}{'calls':>7}{'http':>7}{'prompts':>9}{'min/mean/max size':>20}")
+            lines.append(f"  {'backend':<40}{'batches':>8}{'requests':>9}{'draws':>8}{'min/mean/max size':>19}")
             for backend, count in sorted(self.requests_per_backend.items()):
                 sizes = [b.size for b in self.batches if b.backend == backend]
                 spread = f"{min(sizes)}/{sum(sizes) / len(sizes):.1f}/{max(sizes)}"
                 http = str(wire[backend]) if backend in wire else "-"
-                lines.append(f"  {_clip(backend, 39):<40}{count:>7}{http:>7}{sum(sizes):>9}{spread:>20}")
+                lines.append(f"  {_clip(backend, 39):<40}{count:>8}{http:>9}{sum(sizes):>8}{spread:>19}")
         answered: dict[str, int] = {}
         for batch in self.batches:
             for model, count in batch.answered_by.items():
