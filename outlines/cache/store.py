@@ -22,7 +22,7 @@ import weakref
 from collections import OrderedDict
 from itertools import islice
 from pathlib import Path
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Any, Callable, Iterable, Mapping, Sequence
 
 from outlines.cache.disk import Block, disk
 from outlines.cache.keys import SlotKey, SlotDraws, draw_keys, draw_slots, prompt_keys
@@ -133,17 +133,7 @@ class Cache:
         if damaged:
             self._warn_damaged(damaged, stacklevel=3)
         if expect is not None:
-            wrong = [key for key, value in found.items() if not isinstance(value, expect)]
-            if wrong:
-                warnings.warn(
-                    f"outlines cache: {len(wrong)} entr{'y' if len(wrong) == 1 else 'ies'} in {self.file} "
-                    f"not of type {expect.__name__} (e.g. key {wrong[0].hex()[:16]}...) treated as misses; "
-                    "they will be recomputed",
-                    CacheWarning,
-                    stacklevel=2,
-                )
-                for key in wrong:
-                    del found[key]
+            self._drop_wrong(found, expect, lambda key: f"key {key.hex()[:16]}...", stacklevel=3)
         if record:
             with self._lock:
                 self.hits += len(found)
@@ -261,21 +251,25 @@ class Cache:
         found, damaged = self._disk.get_draws(part.slot, part.hasher, part.number, prompts, sole=sole)
         if damaged:
             self._warn_damaged(damaged, stacklevel=4)
-        wrong = [p for p, value in found.items() if type(value) is not str]
-        if wrong:
-            warnings.warn(
-                f"outlines cache: {len(wrong)} entr{'y' if len(wrong) == 1 else 'ies'} in {self.file} "
-                f"not of type str (e.g. the draw of prompt {str(wrong[0])[:40]!r}) treated as misses; "
-                "they will be recomputed",
-                CacheWarning,
-                stacklevel=3,
-            )
-            for prompt in wrong:
-                del found[prompt]
+        self._drop_wrong(found, str, lambda prompt: f"the draw of prompt {str(prompt)[:40]!r}", stacklevel=4)
         if found:
             with self._lock:
                 self._remember_draws(part.slot, list(found), list(found.values()))
         return found
+
+    def _drop_wrong(self, found: dict[Any, Any], expect: type, example: Callable[[Any], str], stacklevel: int) -> None:
+        """Drop the values in ``found`` not of type ``expect`` (misses, recomputed), with one warning."""
+        wrong = [key for key, value in found.items() if not isinstance(value, expect)]
+        if not wrong:
+            return
+        warnings.warn(
+            f"outlines cache: {len(wrong)} entr{'y' if len(wrong) == 1 else 'ies'} in {self.file} not of type "
+            f"{expect.__name__} (e.g. {example(wrong[0])}) treated as misses; they will be recomputed",
+            CacheWarning,
+            stacklevel=stacklevel + 1,
+        )
+        for key in wrong:
+            del found[key]
 
     def _warn_damaged(self, damaged: list[tuple[int, Any]], stacklevel: int) -> None:
         warnings.warn(
