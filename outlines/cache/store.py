@@ -14,7 +14,6 @@ it warns and misses.
 """
 from __future__ import annotations
 
-import json
 import os
 import threading
 import warnings

@@ -13,27 +13,31 @@ and a re-run replays finished iterations from the cache.
 from __future__ import annotations
 
 import time
-from typing import Any, Sequence
+from typing import Any, Awaitable, Callable, Sequence
 
 import numpy as np
 
 from outlines.errors import Failure, NodeError
 from outlines.graph.basic import Apply
-from outlines.graph.control import Cond, Subgraph, WhileLoop, _truth
+from outlines.graph.control import Cond, Subgraph, WhileLoop, truth
 from outlines.runtime.events import Recorder
 from outlines.runtime.plan import Plan
-from outlines.runtime.scheduler import Scheduler
 from outlines.runtime.session import Evaluation
 
 __all__ = ["run_control"]
 
 
-async def run_control(evaluation: Evaluation, node: Apply, inputs: list[Any]) -> Any:
-    """Evaluate a control node's output value(s) from its input values."""
+#: Runs a plan as one schedule of an evaluation: its outputs and the batches it sent
+#: (``outlines.runtime.scheduler.schedule``, handed in by the scheduler that meets the node).
+Schedule = Callable[[Plan, dict[int, Any], Evaluation], Awaitable[tuple[list[Any], int]]]
+
+
+async def run_control(evaluation: Evaluation, node: Apply, inputs: list[Any], schedule: Schedule) -> Any:
+    """Evaluate a control node's output value(s) from its input values, each iteration run by ``schedule``."""
     if isinstance(node.op, WhileLoop):
-        return await _run_loop(evaluation, node, node.op, inputs)
+        return await _run_loop(_Runner(evaluation, schedule), node, node.op, inputs)
     if isinstance(node.op, Cond):
-        return await _run_cond(evaluation, node, node.op, inputs)
+        return await _run_cond(_Runner(evaluation, schedule), node, node.op, inputs)
     raise TypeError(f"{node.label}: {type(node.op).__name__} is not a control-flow op")
 
 
@@ -49,15 +53,22 @@ def _plan(op: Any, outputs: Sequence[Any]) -> Plan:
 
 
 # -- one schedule -----------------------------------------------------------------
-async def _schedule(evaluation: Evaluation, plan: Plan, values: dict[int, Any], tag: int) -> tuple[list[Any], int]:
-    """Run ``plan`` as one schedule of the evaluation, in the draw namespace of ``tag``; (outputs, batches sent).
+class _Runner:
+    """Runs the sub-plans of one control node: the evaluation, and how to run a schedule of it."""
 
-    ``tag`` (the iteration) joins the draw namespace of the enclosing control
-    node (``Evaluation.child``), so a loop nested in a loop draws anew at each
-    outer iteration.
-    """
-    scheduler = Scheduler(plan, {**{id(c): c.value for c in plan.constants}, **values}, evaluation.child(tag))
-    return await scheduler.run(), scheduler.batcher.sent
+    def __init__(self, evaluation: Evaluation, schedule: Schedule) -> None:
+        self.evaluation = evaluation
+        self.schedule = schedule
+
+    async def __call__(self, plan: Plan, values: dict[int, Any], tag: int) -> tuple[list[Any], int]:
+        """Run ``plan`` in the draw namespace of ``tag``; (outputs, batches sent).
+
+        ``tag`` (the iteration) joins the draw namespace of the enclosing
+        control node (``Evaluation.child``), so a loop nested in a loop draws
+        anew at each outer iteration.
+        """
+        constants = {id(c): c.value for c in plan.constants}
+        return await self.schedule(plan, {**constants, **values}, self.evaluation.child(tag))
 
 
 # -- values -----------------------------------------------------------------------
@@ -118,7 +129,7 @@ def _result(node: Apply, arrays: list[np.ndarray], shape: tuple[int, ...]) -> An
 
 
 # -- while_loop -------------------------------------------------------------------
-async def _run_loop(evaluation: Evaluation, node: Apply, op: WhileLoop, inputs: list[Any]) -> Any:
+async def _run_loop(run: _Runner, node: Apply, op: WhileLoop, inputs: list[Any]) -> Any:
     body = op.body
     count = len(body.parameters)
     shape = _shape(node, inputs)
@@ -142,7 +153,7 @@ async def _run_loop(evaluation: Evaluation, node: Apply, op: WhileLoop, inputs: 
 
     if active.size:
         check = _plan(op, op.condition.outputs)
-        schedule = _schedule(evaluation, check, values(op.condition), 0)
+        schedule = run(check, values(op.condition), 0)
         (pred,), _ = await _guarded(node, "cond on the initial state", schedule)
         active = _stay(node, pred, active, state)
     step, last = _plan(op, body.outputs), _plan(op, body.outputs[:count])
@@ -150,11 +161,11 @@ async def _run_loop(evaluation: Evaluation, node: Apply, op: WhileLoop, inputs: 
     while active.size and iteration < op.max_iter:
         final = iteration == op.max_iter - 1
         start = time.perf_counter()
-        schedule = _schedule(evaluation, last if final else step, values(body), iteration + 1)
+        schedule = run(last if final else step, values(body), iteration + 1)
         results, batches = await _guarded(node, f"iteration {iteration + 1}", schedule)
         for position, array in enumerate(state):
             array[active] = _per_element(node, f"body output {position}", results[position], active.size)
-        _record(evaluation.recorder, node, iteration + 1, int(active.size), batches, start)
+        _record(run.evaluation.recorder, node, iteration + 1, int(active.size), batches, start)
         if final:
             break
         active = _stay(node, results[count], active, state)
@@ -182,7 +193,7 @@ def _stay(node: Apply, pred: Any, active: np.ndarray, state: list[np.ndarray]) -
                     if not isinstance(array[active[position]], Failure):
                         array[active[position]] = value
             else:
-                keep[position] = _truth(f"{node.label}: cond", value)
+                keep[position] = truth(f"{node.label}: cond", value)
     current = [array[active] for array in state]
     failed = _failed(current, active.size)  # the body failed on these: they leave holding the Failure
     return active[keep & ~failed]
@@ -193,7 +204,7 @@ def _record(recorder: Recorder, node: Apply, iteration: int, active: int, batche
 
 
 # -- cond -----------------------------------------------------------------------------
-async def _run_cond(evaluation: Evaluation, node: Apply, op: Cond, inputs: list[Any]) -> Any:
+async def _run_cond(run: _Runner, node: Apply, op: Cond, inputs: list[Any]) -> Any:
     noperands = op.noperands
     true_branch, false_branch = op.branches
     ntrue = len(true_branch.captured)
@@ -207,7 +218,7 @@ async def _run_cond(evaluation: Evaluation, node: Apply, op: Cond, inputs: list[
     pred_flat = _flat(pred, shape)
     chosen = np.zeros(size, dtype=bool)
     for index in np.flatnonzero(~failed):
-        chosen[index] = _truth(f"{node.label}: pred", pred_flat[index])
+        chosen[index] = truth(f"{node.label}: pred", pred_flat[index])
     sides = [np.flatnonzero(chosen & ~failed), np.flatnonzero(~chosen & ~failed)]
     outputs: list[Any] = []
     values: dict[int, Any] = {}
@@ -220,7 +231,7 @@ async def _run_cond(evaluation: Evaluation, node: Apply, op: Cond, inputs: list[
                 values[id(slot)] = _flat(value, shape)[rows] if isinstance(value, np.ndarray) else value
     results: list[Any] = []
     if outputs:
-        results, _ = await _guarded(node, "branches", _schedule(evaluation, _plan(op, outputs), values, 0))
+        results, _ = await _guarded(node, "branches", run(_plan(op, outputs), values, 0))
     merged = _merge(node, results, sides, size, len(node.outputs))
     for index in np.flatnonzero(failed):
         failure = _first_failure(flat, index).skipped(node.label, op.name)

@@ -35,10 +35,11 @@ from outlines.errors import Failure, NodeError
 from outlines.graph.basic import Apply
 from outlines.graph.ops import scalar_or_array
 from outlines.runtime.batching.batcher import Batcher
+from outlines.runtime.control import run_control
 from outlines.runtime.plan import Plan
 from outlines.runtime.session import Evaluation
 
-__all__ = ["MODES", "Scheduler", "Walk", "quiet_collector", "walker"]
+__all__ = ["MODES", "Scheduler", "Walk", "quiet_collector", "schedule", "walker"]
 
 FAST_CALL_SECONDS = 1e-3
 #: Blocking Python calls made ready together go to the thread pool in at most
@@ -203,9 +204,7 @@ class Scheduler:
 
     def control(self, index: int, node: Apply, inputs: list[Any]) -> None:
         """A loop or a branch: one task, whose iterations are schedules of their own (``outlines.runtime.control``)."""
-        from outlines.runtime.control import run_control
-
-        self.spawn(run_control(self.evaluation, node, inputs), lambda task: self._task_done(index, task))
+        self.spawn(run_control(self.evaluation, node, inputs, schedule), lambda task: self._task_done(index, task))
 
     def _flush_python(self) -> None:
         """Send the blocking Python calls made ready this round, in a few chunks."""
@@ -279,6 +278,12 @@ class Scheduler:
             return
         failure = Failure.from_exception(label, node.op.name, exc)
         self.finish(index, tuple(failure for _ in node.outputs) if len(node.outputs) > 1 else failure, exc)
+
+
+async def schedule(plan: Plan, values: dict[int, Any], evaluation: Evaluation) -> tuple[list[Any], int]:
+    """Run ``plan`` as one schedule of ``evaluation``: its output values, and the batches it sent."""
+    scheduler = Scheduler(plan, values, evaluation)
+    return await scheduler.run(), scheduler.batcher.sent
 
 
 class Walk(Protocol):

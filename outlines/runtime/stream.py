@@ -223,7 +223,7 @@ def as_completed(*variables: Variable, givens: Mapping[Any, Any] | None = None, 
     async def results(blocked_loop: asyncio.AbstractEventLoop | None) -> AsyncIterator[tuple[int, Any]]:
         ready: asyncio.Queue[tuple[int, Any]] = asyncio.Queue()
         values = bind_givens(plan, givens)
-        watcher = Watcher(plan, values, not checked.errors == "return", lambda i, v: ready.put_nowait((i, v)))
+        watcher = Watcher(plan, values, checked.errors == "raise", lambda i, v: ready.put_nowait((i, v)))
         evaluation = Evaluation.open(checked, watcher, blocked_loop=blocked_loop)
         for position, variable in enumerate(plan.outputs):
             if variable.owner is None:  # an input or a constant: known before anything runs
@@ -293,13 +293,15 @@ def stream_program(program: Program, givens: dict[Variable, Any], chunk_size: in
         async def run_chunk(start: int) -> tuple[int, list[Any]]:
             return start, await Scheduler(program.plan, bind_givens(program.plan, chunk(start)), evaluation).run()
 
+        outputs_of = program.outputs if isinstance(program.outputs, tuple) else (program.outputs,)
+
         async with evaluation.running(program.plan):
             tasks = [asyncio.ensure_future(run_chunk(start)) for start in range(0, length, size)]
             try:
                 for finished in asyncio.as_completed(tasks):
                     start, outputs = await finished
                     count = min(size, length - start)
-                    for output, value in zip(program._outputs, outputs):
+                    for output, value in zip(outputs_of, outputs):
                         if not isinstance(value, np.ndarray) or value.ndim == 0 or value.shape[0] != count:
                             raise ValueError(
                                 f"{program.name}.stream: output {output.name or output!r} has shape "
@@ -308,7 +310,7 @@ def stream_program(program: Program, givens: dict[Variable, Any], chunk_size: in
                             )
                     for offset in range(count):
                         row = [scalar_or_array(value[offset]) for value in outputs]
-                        yield start + offset, row[0] if program._single else tuple(row)
+                        yield start + offset, tuple(row) if isinstance(program.outputs, tuple) else row[0]
             finally:
                 for task in tasks:
                     task.cancel()
