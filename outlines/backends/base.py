@@ -318,7 +318,7 @@ class Backend(abc.ABC):
     Subclasses set ``kind`` and implement ``identity`` and ``generate``.
     ``max_batch`` bounds the draws per ``generate`` call (``None``:
     unlimited), which holds all the samples of each of its prompts unless
-    one prompt has more than ``max_batch`` (``batching.prompt_batches``);
+    one prompt has more than ``max_batch`` (``outlines.backends.packing.pack``);
     ``max_concurrency`` bounds ``generate`` calls in flight.
     ``sends_requests`` is true for backends whose one call sends several wire
     requests, each inside ``report.request_slot()``: the evaluation's

@@ -237,9 +237,10 @@ class Waiters:
         claim = self.claim
         if claim is not None and all(map(claim[0].__contains__, prompts)):
             return [claim[1]]
-        self._write()
         found: dict[int, Wait] = {}
         for prompt in prompts:
+            if claim is not None and prompt in claim[0]:
+                found.setdefault(id(claim[1]), claim[1])
             for wait in self.waits.get(prompt, ()):
                 found.setdefault(id(wait), wait)
         return list(found.values())
