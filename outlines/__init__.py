@@ -71,7 +71,7 @@ __all__ = [
 
 def trace() -> Any:
     """Record what the evaluations inside a ``with`` block did; returns a ``Trace``."""
-    from outlines.tracing import trace as _trace
+    from outlines.runtime.tracing import trace as _trace
 
     return _trace()
 

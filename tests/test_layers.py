@@ -65,12 +65,6 @@ EXCEPTIONS = (
                "Variable's own syntax (v[i], v.reshape, v.expand_dims, v + w) and as_variable([v, w]) "
                "build the structural ops, which are Ops on Variables: the nouns and their syntax call "
                "each other, lazily, inside those functions"),
-    Exception_("outlines.runtime", None, "outlines.tracing",
-               "temporary: removed when tracing moves under runtime (issue 23 part B)"),
-    Exception_("outlines.runtime.control", None, "outlines.runtime.scheduler",
-               "temporary: control runs a loop's body on a subclass of the Scheduler (_Nested) while the "
-               "scheduler hands control ops to control; removed when the nested run is built from "
-               "Evaluation.child and control needs the Scheduler for typing only (issue 23 part B)"),
 )
 
 

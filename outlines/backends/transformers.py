@@ -51,6 +51,7 @@ import numpy as np
 
 from outlines.backends.base import Backend, BackendError, BatchReport, Draw, GenerationParams, check_limit
 from outlines.backends.constraints import Constraint
+from outlines.backends.packing import pack
 from outlines.conversation import Conversation, messages_of
 from outlines.errors import install_hint
 
@@ -117,24 +118,19 @@ def _counting_tokenizer(path: str, gguf_file: str | None) -> _Counting:
 def plan_chunks(
     lengths: Sequence[int], rows_per_prompt: int, max_rows: int, max_tokens: int | None, new_tokens: int
 ) -> list[list[int]]:
-    """Split prompt indices, shortest first, into chunks that fit the limits.
+    """Split prompt indices, shortest first, into chunks that fit the limits (``outlines.backends.packing.pack``).
 
     A chunk holds at most ``max_rows`` rows (prompts x ``rows_per_prompt``)
     and at most ``max_tokens`` tokens (rows x (longest prompt + new tokens));
     a single prompt always makes a chunk.
     """
     order = sorted(range(len(lengths)), key=lambda i: (lengths[i], i))
-    chunks: list[list[int]] = []
-    current: list[int] = []
-    for index in order:
-        rows = (len(current) + 1) * rows_per_prompt
-        cost = rows * (lengths[index] + new_tokens)
-        if current and (rows > max_rows or (max_tokens is not None and cost > max_tokens)):
-            chunks.append(current)
-            current = []
-        current.append(index)
-    if current:
-        chunks.append(current)
+    rows = pack([rows_per_prompt] * len(order), max(max_rows, rows_per_prompt),
+                widths=[lengths[i] + new_tokens for i in order], max_area=max_tokens)
+    chunks, start = [], 0
+    for count in rows:
+        chunks.append(order[start : start + count // rows_per_prompt])
+        start += count // rows_per_prompt
     return chunks
 
 

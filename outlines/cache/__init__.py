@@ -2,15 +2,15 @@
 
 The key of one draw (``draw_key``, or ``draw_keys`` for a batch, from
 ``outlines.cache.keys``) is a 16-byte BLAKE2b digest of the format version,
-backend identity, parameters, prompt text and draw number. A ``Cache`` (``outlines.cache.store``) keeps a least-recently-used map
-in memory in front of a SQLite file (``outlines.cache.sqlite``) that a
-background writer commits to (``outlines.cache.disk``). The scheduler looks a
-whole batch up with one ``get_many`` and stores each backend response with
-``put_many`` as it arrives (the scheduler itself stores and reads whole
-batches by slot and prompt, ``get_draws``/``put_draws``: memory holds them
-without hashing a key, and the writer thread hashes the keys of what it
-commits). This module holds the process default cache and
-its controls: ``enable``, ``disable``, ``clear``, ``stats`` and ``resolve``.
+backend identity, parameters, prompt text and draw number. A ``Cache``
+(``outlines.cache.store``) keeps the draws the scheduler stores in memory, by
+*slot* (the draws of one backend identity, params and draw number) and
+prompt, in front of a SQLite file (``outlines.cache.sqlite``) that a
+background writer commits to (``outlines.cache.disk``). The scheduler uses
+one API, by slot: ``get_draws``/``put_draws`` (and ``peek_draws``); the keyed
+``get_many``/``put_many`` read and write the file by ``draw_key`` for users
+who hold keys. This module holds the process default cache and its controls:
+``enable``, ``disable``, ``clear``, ``stats`` and ``resolve``.
 """
 from __future__ import annotations
 

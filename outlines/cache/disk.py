@@ -34,7 +34,7 @@ from operator import itemgetter
 from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator, Sequence
 
-from outlines.cache.keys import Slot, prompt_keys
+from outlines.cache.keys import SlotKey, prompt_keys
 from outlines.cache.sqlite import FORMAT, FormatMismatch, NotACacheFile, SQLiteStore, holds_cache
 from outlines.errors import CacheWarning
 from outlines.threads import FOREGROUND
@@ -64,7 +64,7 @@ class Block:
 
     __slots__ = ("slot", "hasher", "number", "prompts", "values", "_table")
 
-    def __init__(self, slot: Slot, hasher: Any, number: int, prompts: list[Any], values: list[str]) -> None:
+    def __init__(self, slot: SlotKey, hasher: Any, number: int, prompts: list[Any], values: list[str]) -> None:
         self.slot, self.hasher, self.number = slot, hasher, number
         self.prompts, self.values = prompts, values
         self._table: dict[Any, str] | None = None
@@ -149,7 +149,7 @@ class WriteBehind:
         get = rows.get
         return {key: value for key in keys if (value := get(key)) is not None}
 
-    def pending_draws(self, slot: Slot, prompts: Sequence[Any]) -> dict[Any, str]:
+    def pending_draws(self, slot: SlotKey, prompts: Sequence[Any]) -> dict[Any, str]:
         """The texts of those ``prompts`` of ``slot`` queued in blocks not committed yet."""
         found: dict[Any, str] = {}
         for block in [b for b in self._blocks if b.slot == slot]:  # a copy: the thread may drop some
@@ -270,27 +270,33 @@ class Disk:
         # What this process queued while the file is fresh: the only draws it can hold.
         # Keys queued as rows; prompts of committed blocks, by slot (as sets on first use).
         self._queued: set[bytes] | None = set()
-        self._committed: dict[Slot, list[list[Any]]] = {}
-        self._committed_sets: dict[Slot, set[Any]] = {}
+        self._committed: dict[SlotKey, list[list[Any]]] = {}
+        self._committed_sets: dict[SlotKey, set[Any]] = {}
         self._committed_count = 0
         self._fresh_lock = threading.Lock()
         #: ids of the ``Cache`` objects that stored blocks here (see ``get_draws``' ``sole``).
         self.block_writers: set[int] = set()
 
-    def get_many(self, keys: Sequence[bytes]) -> tuple[dict[bytes, Any], list[tuple[int, Any]]]:
-        """Committed values found, and damaged rows (already queued for deletion)."""
+    def read(self, keys: Sequence[bytes]) -> tuple[dict[bytes, Any], list[tuple[int, Any]]]:
+        """The values of ``keys`` queued or committed, and damaged rows (already queued for deletion)."""
+        found: dict[bytes, Any] = {}
+        for key, value in self.writer.pending(keys).items():
+            found[key] = value if type(value) is str else json.loads(value)
+        rest = [key for key in keys if key not in found] if found else keys
         store = self.store
-        if store is None:
-            return {}, []
+        if store is None or not rest:
+            return found, []
         queued = self._fresh_queue(store)
         if queued is not None:
             if self.block_writers:  # blocks' keys are hashed on the writer: commit them, read them all
                 self.writer.flush()
             else:
-                keys = [key for key in keys if key in queued]
-                if not keys:
-                    return {}, []
-        return self._read(keys)
+                rest = [key for key in rest if key in queued]
+                if not rest:
+                    return found, []
+        stored, damaged = self._read(rest)
+        found.update(stored)
+        return found, damaged
 
     def _fresh_queue(self, store: SQLiteStore) -> set[bytes] | None:
         """The keys this process queued, while the file is fresh (only they can be there); else ``None``."""
@@ -303,13 +309,13 @@ class Disk:
         store = self.store
         if store is None or not keys:
             return {}, []
-        found, damaged = self.guard("read", store.get_many, keys, default=({}, []))
+        found, damaged = self.guard("read", store.read, keys, default=({}, []))
         if damaged:
             self.writer.submit(damaged=damaged)
         return found, damaged
 
     def get_draws(
-        self, slot: Slot, hasher: Any, number: int, prompts: Sequence[Any], *, sole: bool
+        self, slot: SlotKey, hasher: Any, number: int, prompts: Sequence[Any], *, sole: bool
     ) -> tuple[dict[Any, Any], list[tuple[int, Any]]]:
         """Values of the draws of ``slot`` with these ``prompts`` (queued or committed), and damaged rows.
 
@@ -349,7 +355,7 @@ class Disk:
             found[owners[key]] = value
         return found, damaged
 
-    def _committed_set(self, slot: Slot) -> set[Any]:
+    def _committed_set(self, slot: SlotKey) -> set[Any]:
         with self._fresh_lock:
             found = self._committed_sets.get(slot)
             if found is None:
@@ -388,7 +394,7 @@ class Disk:
     ) -> None:
         store = self.store
         if store is not None:
-            self.guard("write", store.put_many, rows, touched, max_bytes, damaged, FOREGROUND.wait)
+            self.guard("write", store.write, rows, touched, max_bytes, damaged, FOREGROUND.wait)
 
     def totals(self) -> tuple[int, int] | None:
         self.writer.flush()

@@ -17,7 +17,7 @@ from typing import Any, Iterable, NamedTuple, Protocol, Sequence
 from outlines.cache.sqlite import FORMAT, KEY_BYTES
 from outlines.keys import canonical
 
-__all__ = ["KeyedDraw", "Slot", "SlotDraws", "draw_key", "draw_keys", "draw_slots", "prompt_keys"]
+__all__ = ["KeyedDraw", "SlotDraws", "SlotKey", "draw_key", "draw_keys", "draw_slots", "prompt_keys"]
 
 
 class KeyedDraw(Protocol):
@@ -60,27 +60,27 @@ def _prefix(identity: Sequence[Any], params: Any) -> Any:
     return _entry(identity, params)[2]
 
 
-#: A slot of the cache: the draws of one backend identity, one params and one
-#: draw number, told apart by their prompt alone. ``(digest of the shared part
-#: of their keys, draw number)``.
-Slot = tuple[bytes, int]
+#: A slot (the draws of one params and one draw number: ``outlines.backends.base.Slot``) of one
+#: backend identity, as the cache keys it: ``(digest of the shared part of its draws' keys, draw number)``.
+SlotKey = tuple[bytes, int]
 
 
 class SlotDraws(NamedTuple):
     """The draws of one batch that fall in one slot (see ``draw_slots``)."""
 
-    slot: Slot
+    slot: SlotKey
     hasher: Any  # the shared part's hash state: ``prompt_keys`` copies it per prompt
     number: int
     positions: list[int] | None  # positions in the batch; None: all of them
 
 
 def draw_slots(identity: Sequence[Any], draws: Sequence[KeyedDraw]) -> list[SlotDraws]:
-    """Split a batch's draws by slot: usually one (one params object, one draw number).
+    """Split a batch's draws by slot: usually one (one params, one draw number).
 
-    The check for the usual case is two C-speed ``list.count`` passes (an
-    identity test per draw), so a batch of 100,000 draws is split without a
-    Python step per draw.
+    The same split as ``DrawBatch.by_slot`` (the cache reads the columns
+    itself, so it needs nothing from the backends): the check for the usual
+    case is two C-speed ``list.count`` passes, so a batch of 100,000 draws is
+    split without a Python step per draw.
     """
     prompts = getattr(draws, "prompts", None)
     if prompts is not None:
@@ -92,15 +92,15 @@ def draw_slots(identity: Sequence[Any], draws: Sequence[KeyedDraw]) -> list[Slot
     if not params:
         return []
     first, number = params[0], numbers[0]
-    if params.count(first) == len(params) and numbers.count(number) == len(numbers) and type(number) is int:
+    if params.count(first) == len(params) and numbers.count(number) == len(numbers):
         entry = _entry(identity, first)
-        return [SlotDraws((entry[3], number), entry[2], number, None)]
-    groups: dict[tuple[int, int], list[int]] = {}
+        return [SlotDraws((entry[3], int(number)), entry[2], int(number), None)]
+    groups: dict[tuple[Any, int], list[int]] = {}
     for position, (each, drawn) in enumerate(zip(params, numbers)):
-        groups.setdefault((id(each), drawn), []).append(position)
+        groups.setdefault((each, drawn), []).append(position)
     out = []
-    for (_, drawn), positions in groups.items():
-        entry = _entry(identity, params[positions[0]])
+    for (each, drawn), positions in groups.items():
+        entry = _entry(identity, each)
         out.append(SlotDraws((entry[3], int(drawn)), entry[2], int(drawn), positions))
     return out
 

@@ -368,7 +368,7 @@ class SQLiteStore:
         if found != str(FORMAT):
             raise FormatMismatch(f"{found!r} (this version reads format {FORMAT})")
 
-    def get_many(self, keys: Sequence[bytes]) -> tuple[dict[bytes, Any], list[tuple[int, Any]]]:
+    def read(self, keys: Sequence[bytes]) -> tuple[dict[bytes, Any], list[tuple[int, Any]]]:
         """Verified values of ``keys`` found, and the ``(row, checksum)`` of damaged rows."""
         found: dict[bytes, Any] = {}
         damaged: list[tuple[int, Any]] = []
@@ -402,7 +402,7 @@ class SQLiteStore:
                         found[key] = value
         return found, damaged
 
-    def put_many(
+    def write(
         self,
         rows: Iterable[tuple[bytes, bytes]],
         touched: Sequence[bytes] = (),

@@ -1,16 +1,19 @@
-"""The ``Cache``: draws stored by key, an in-memory LRU in front of a SQLite file.
+"""The ``Cache``: draws in memory by slot and prompt, in front of a SQLite file keyed by draw.
 
-The file (``outlines.cache.sqlite``) is written by a background writer
-(``outlines.cache.disk``); reads of a whole batch are one query. Keys are the
-16-byte digests of ``outlines.cache.keys.draw_key``. Draws stored by the
-scheduler (``put_draws``) are held in memory by slot (backend identity,
-params, draw number) and prompt, as blocks indexed when a lookup first shares
-a prompt with them; their keys are hashed on the writer thread. Nothing here raises on a
-damaged or locked file: it warns and misses.
+State: ``_slots`` holds, per slot (``keys.SlotKey``: the draws of one backend
+identity, params and draw number), a table prompt -> text, least recently
+used slot first; ``_unindexed`` holds per slot the *blocks* not in its table
+yet (a block: the draws of one slot stored by one ``put_draws``), indexed
+when a lookup first shares a prompt with them. The file
+(``outlines.cache.sqlite``) is written by a background writer
+(``outlines.cache.disk``), which hashes the blocks' keys off the event loop.
+``get_draws``/``put_draws``/``peek_draws`` are the scheduler's API;
+``get_many``/``put_many`` are a thin keyed API over the file for users who
+hold ``draw_key`` digests. Nothing here raises on a damaged or locked file:
+it warns and misses.
 """
 from __future__ import annotations
 
-import json
 import os
 import threading
 import warnings
@@ -18,22 +21,20 @@ import weakref
 from collections import OrderedDict
 from itertools import islice
 from pathlib import Path
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Any, Callable, Iterable, Mapping, Sequence
 
 from outlines.cache.disk import Block, disk
-from outlines.cache.keys import Slot, SlotDraws, draw_keys, draw_slots, prompt_keys
+from outlines.cache.keys import SlotKey, SlotDraws, draw_keys, draw_slots, prompt_keys
 from outlines.cache.sqlite import FORMAT, KEY_BYTES, encode
 from outlines.errors import CacheWarning
 
 __all__ = ["Cache", "default_directory"]
 
-_MISSING = object()
-_IMMUTABLE = frozenset({str, int, float, bool, type(None)})
 _live: weakref.WeakSet[Cache] = weakref.WeakSet()
 
 
 class Cache:
-    """Draws stored by key: an in-memory LRU in front of a SQLite file.
+    """Draws in memory by slot and prompt (least recently used evicted first), in front of a SQLite file.
 
     Parameters
     ----------
@@ -45,8 +46,9 @@ class Cache:
         Keep at most this many bytes of entries on disk, evicting the least
         recently used. ``None``: unlimited.
     memory_entries, memory_bytes
-        Bounds of the in-memory LRU: entries, and bytes held (the text, plus
-        about 120 bytes per entry). The default holds some 400,000 short
+        Bounds of the memory: draws, and bytes held (prompt and text, plus
+        about 120 bytes per draw), evicted a whole slot at a time, least
+        recently used first. The default holds some 400,000 short
         completions, so re-evaluating a program over 100,000 inputs with
         three model calls reads no disk.
     timeout
@@ -91,14 +93,13 @@ class Cache:
         self.timeout = timeout
         self.hits = 0
         self.misses = 0
-        self._memory: OrderedDict[bytes, Any] = OrderedDict()
         # Draws stored through ``put_draws``: slot -> prompt -> text, least recently used slot first.
-        self._slots: OrderedDict[Slot, dict[Any, str]] = OrderedDict()
-        self._slot_bytes: dict[Slot, int] = {}
+        self._slots: OrderedDict[SlotKey, dict[Any, str]] = OrderedDict()
+        self._slot_bytes: dict[SlotKey, int] = {}
         self._slot_entries = 0
         # Blocks stored but not in their slot's table yet: (prompts, texts). A
         # lookup indexes only those that share a prompt with it (see _index).
-        self._unindexed: dict[Slot, list[tuple[list[Any], list[str]]]] = {}
+        self._unindexed: dict[SlotKey, list[tuple[list[Any], list[str]]]] = {}
         self._evicted = False  # whether a draw stored through put_draws has left memory
         self._lock = threading.RLock()
         self._disk = disk(self.file, timeout)
@@ -118,12 +119,15 @@ class Cache:
     def get_many(
         self, keys: Sequence[bytes], *, record: bool = True, expect: type | None = None
     ) -> dict[bytes, Any]:
-        """Values of the ``keys`` that are stored; misses are absent. One query.
+        """Values of the ``keys`` that are stored (queued or committed); misses are absent. One query.
 
-        ``record=False`` (dry runs such as ``outlines.explain``) leaves the hit
-        and miss counters and the least-recently-used stamps alone. With
-        ``expect`` (``str`` for model draws), a value of another type is a miss,
-        with a warning, and is overwritten when the draw is stored again.
+        The keyed API, for users holding ``draw_key`` digests: it reads the
+        file (and the writes queued for it) by key; memory holds only the
+        draws stored by slot (``put_draws``), which the scheduler uses.
+        ``record=False`` (dry runs) leaves the hit and miss counters and the
+        least-recently-used stamps alone. With ``expect`` (``str`` for model
+        draws), a value of another type is a miss, with a warning, and is
+        overwritten when the draw is stored again.
 
         Raises
         ------
@@ -131,50 +135,21 @@ class Cache:
             When a key is not a ``draw_key`` digest (16 bytes).
         """
         _check_keys(keys)
-        with self._lock:
-            memory = self._memory
-            get, touch = memory.get, memory.move_to_end
-            values = [get(key, _MISSING) for key in keys]
-            found = {key: value for key, value in zip(keys, values) if value is not _MISSING}
-            for key in found:
-                touch(key)  # hits become the most recently used
-            missing = [key for key, value in zip(keys, values) if value is _MISSING] if len(found) < len(keys) else []
-            if missing:
-                missing = self._from_queue(missing, found)
-            if missing:
-                stored, damaged = self._disk.get_many(missing)
-                if damaged:
-                    self._warn_damaged(damaged, stacklevel=3)
-                self._remember(stored)
-                found.update(stored)
-            if expect is not None:
-                wrong = [key for key, value in found.items() if not isinstance(value, expect)]
-                if wrong:
-                    warnings.warn(
-                        f"outlines cache: {len(wrong)} entr{'y' if len(wrong) == 1 else 'ies'} in {self.file} "
-                        f"not of type {expect.__name__} (e.g. key {wrong[0].hex()[:16]}...) treated as misses; "
-                        "they will be recomputed",
-                        CacheWarning,
-                        stacklevel=2,
-                    )
-                    for key in wrong:
-                        del found[key]
-            if record:
+        found, damaged = self._disk.read(keys)
+        if damaged:
+            self._warn_damaged(damaged, stacklevel=3)
+        if expect is not None:
+            self._drop_wrong(found, expect, lambda key: f"key {key.hex()[:16]}...", stacklevel=3)
+        if record:
+            with self._lock:
                 self.hits += len(found)
                 self.misses += len(keys) - len(found)
-        if record and self.max_bytes is not None and found:
-            self._disk.submit((), list(found), self.max_bytes)
+            if self.max_bytes is not None and found:
+                self._disk.submit((), list(found), self.max_bytes)
         return found
 
-    def _from_queue(self, keys: list[bytes], found: dict[bytes, Any]) -> list[bytes]:
-        """Serve keys written but not committed yet; return the rest."""
-        queued = self._disk.writer.pending(keys)
-        for key, value in queued.items():
-            found[key] = value if type(value) is str else json.loads(value)
-        return [key for key in keys if key not in queued] if queued else keys
-
     def put_many(self, items: Mapping[bytes, Any]) -> None:
-        """Store ``items`` (key -> JSON value); each call is committed whole or not at all.
+        """Store ``items`` (key -> JSON value) in the file; each call is committed whole or not at all.
 
         Raises
         ------
@@ -182,23 +157,14 @@ class Cache:
             When a key is not a ``draw_key`` digest (16 bytes).
         """
         _check_keys(items)
-        rows: list[tuple[bytes, str | bytes]]
-        if set(map(type, items.values())) <= {str}:
-            rows = list(items.items())  # text is JSON-safe: encoded on the writer thread
-            kept: Mapping[bytes, Any] = items
-        else:
-            rows = []
-            for key, value in items.items():
-                try:
-                    rows.append((key, value if type(value) is str else encode(value)))
-                except (TypeError, ValueError) as exc:
-                    warnings.warn(f"outlines cache: not storing a non-JSON value ({exc})", CacheWarning, stacklevel=2)
-            kept = {key: items[key] for key, _ in rows}
-        if not rows:
-            return
-        with self._lock:
-            self._remember(kept)
-        self._disk.submit(rows, (), self.max_bytes)
+        rows: list[tuple[bytes, str | bytes]] = []
+        for key, value in items.items():
+            try:
+                rows.append((key, value if type(value) is str else encode(value)))
+            except (TypeError, ValueError) as exc:
+                warnings.warn(f"outlines cache: not storing a non-JSON value ({exc})", CacheWarning, stacklevel=2)
+        if rows:
+            self._disk.submit(rows, (), self.max_bytes)
 
     def get_draws(
         self, identity: Sequence[Any], draws: Sequence[Any], *, record: bool = True, members: Any = None
@@ -291,21 +257,25 @@ class Cache:
         found, damaged = self._disk.get_draws(part.slot, part.hasher, part.number, prompts, sole=sole)
         if damaged:
             self._warn_damaged(damaged, stacklevel=4)
-        wrong = [p for p, value in found.items() if type(value) is not str]
-        if wrong:
-            warnings.warn(
-                f"outlines cache: {len(wrong)} entr{'y' if len(wrong) == 1 else 'ies'} in {self.file} "
-                f"not of type str (e.g. the draw of prompt {str(wrong[0])[:40]!r}) treated as misses; "
-                "they will be recomputed",
-                CacheWarning,
-                stacklevel=3,
-            )
-            for prompt in wrong:
-                del found[prompt]
+        self._drop_wrong(found, str, lambda prompt: f"the draw of prompt {str(prompt)[:40]!r}", stacklevel=4)
         if found:
             with self._lock:
                 self._remember_draws(part.slot, list(found), list(found.values()))
         return found
+
+    def _drop_wrong(self, found: dict[Any, Any], expect: type, example: Callable[[Any], str], stacklevel: int) -> None:
+        """Drop the values in ``found`` not of type ``expect`` (misses, recomputed), with one warning."""
+        wrong = [key for key, value in found.items() if not isinstance(value, expect)]
+        if not wrong:
+            return
+        warnings.warn(
+            f"outlines cache: {len(wrong)} entr{'y' if len(wrong) == 1 else 'ies'} in {self.file} not of type "
+            f"{expect.__name__} (e.g. {example(wrong[0])}) treated as misses; they will be recomputed",
+            CacheWarning,
+            stacklevel=stacklevel + 1,
+        )
+        for key in wrong:
+            del found[key]
 
     def _warn_damaged(self, damaged: list[tuple[int, Any]], stacklevel: int) -> None:
         warnings.warn(
@@ -341,7 +311,7 @@ class Cache:
             blocks.append(Block(part.slot, part.hasher, part.number, prompts, values))
         self._disk.submit_blocks(blocks, id(self), self.max_bytes)
 
-    def _remember_draws(self, slot: Slot, prompts: list[Any], texts: list[str], index: bool = True) -> None:
+    def _remember_draws(self, slot: SlotKey, prompts: list[Any], texts: list[str], index: bool = True) -> None:
         """Called with the lock held. ``index=False``: keep them as a block until a lookup needs them."""
         table = self._slots.get(slot)
         if table is None:
@@ -363,7 +333,7 @@ class Cache:
         self._memory_size += size
         self._trim()
 
-    def _index(self, slot: Slot, members: Any = None) -> None:
+    def _index(self, slot: SlotKey, members: Any = None) -> None:
         """Put a slot's blocks in its table: all, or those sharing a prompt with ``members``."""
         blocks = self._unindexed.pop(slot, None)
         if not blocks:
@@ -389,7 +359,6 @@ class Cache:
     def clear(self) -> None:
         """Remove every entry (memory and disk); counters are kept."""
         with self._lock:
-            self._memory.clear()
             self._slots.clear()
             self._unindexed.clear()
             self._slot_bytes.clear()
@@ -401,7 +370,7 @@ class Cache:
         """``entries`` and ``bytes`` on disk, this process's ``hits`` and ``misses``."""
         totals = self._disk.totals()
         with self._lock:
-            entries, size = totals if totals is not None else (len(self._memory) + self._slot_entries, 0)
+            entries, size = totals if totals is not None else (self._slot_entries, 0)
             return {"entries": entries, "bytes": size, "hits": self.hits, "misses": self.misses,
                     "path": str(self.file)}
 
@@ -409,26 +378,11 @@ class Cache:
         """Commit what is queued and close the file (it reopens on next use)."""
         self._disk.close()
 
-    def _remember(self, items: Mapping[bytes, Any]) -> None:
-        memory = self._memory
-        if len(items) > self.memory_entries:  # only the last ones could stay
-            items = dict(list(items.items())[len(items) - self.memory_entries :])
-        kept = {key: value for key, value in items.items() if type(value) in _IMMUTABLE}  # mutable: read fresh
-        replaced = [memory.pop(key) for key in kept.keys() & memory.keys()]
-        memory.update(kept)
-        values = kept.values()
-        text = sum(map(len, values)) if set(map(type, values)) <= {str} else sum(map(_size, values)) - _ENTRY_BYTES * len(kept)
-        self._memory_size += text + _ENTRY_BYTES * len(kept) - sum(map(_size, replaced))
-        self._trim()
-
     def _trim(self) -> None:
-        """Evict the least recently used entries (keyed ones first, then whole slots) until within bounds."""
-        memory, slots = self._memory, self._slots
+        """Evict the least recently used slots until within bounds."""
+        slots = self._slots
         size = self._memory_size
-        while size > self.memory_bytes or len(memory) + self._slot_entries > self.memory_entries:
-            if memory:
-                size -= _size(memory.popitem(last=False)[1])
-                continue
+        while size > self.memory_bytes or self._slot_entries > self.memory_entries:
             if not slots:
                 break
             self._evicted = True
@@ -471,10 +425,6 @@ def _check_keys(keys: Iterable[bytes]) -> None:
 
 #: What an entry of the memory layer costs beyond its text (key, node, links), roughly.
 _ENTRY_BYTES = 120
-
-
-def _size(value: Any) -> int:
-    return _ENTRY_BYTES + (len(value) if type(value) is str else 8)
 
 
 def _after_fork() -> None:

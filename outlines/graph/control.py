@@ -22,7 +22,7 @@ from outlines.graph.basic import Apply, Constant, Op, SymbolicValueError, Variab
 from outlines.graph.ops import broadcast_map
 from outlines.graph.traversal import ancestors, toposort
 
-__all__ = ["Cond", "Subgraph", "WhileLoop", "Where", "cond", "where", "while_loop"]
+__all__ = ["Cond", "Subgraph", "WhileLoop", "Where", "cond", "truth", "where", "while_loop"]
 
 _serials = itertools.count(1)
 
@@ -296,10 +296,17 @@ class Where(Op):
 
 
 def _select(pred: Any, x: Any, y: Any) -> Any:
-    return x if _truth("where", pred) else y
+    return x if truth("where", pred) else y
 
 
-def _truth(where: str, value: Any) -> bool:
+def truth(where: str, value: Any) -> bool:
+    """A condition's value as a ``bool`` (the scheduler's loops and branches ask it per element).
+
+    Raises
+    ------
+    TypeError
+        For anything but a Python or NumPy boolean, naming ``where``.
+    """
     if value is True or value is False or type(value).__name__ == "bool_":
         return bool(value)
     raise TypeError(f"{where}: the condition must be a boolean per element, got {type(value).__name__} {value!r:.60}")

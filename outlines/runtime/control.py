@@ -1,48 +1,43 @@
 """Evaluating control-flow nodes: each iteration or branch is one batched schedule.
 
-The outer scheduler runs a ``WhileLoop`` or ``Cond`` node as one task
+The schedule that meets a ``WhileLoop`` or ``Cond`` node runs it as one task
 (``run_control``), so independent work goes on meanwhile. A loop keeps its
 state as flat arrays over the broadcast shape of its inputs; each iteration
 plans nothing new: it evaluates the body's plan on the still-active elements
-as ONE schedule with the outer evaluation's cache, executor, limits, error
-mode and recorder, then ``cond`` on the new state decides who stays. Draws
-inside a control node carry its iteration in their number (see
-``DRAW_SHIFT``), so a repeated prompt is a new draw and a re-run replays
-finished iterations from the cache.
+as ONE schedule of the same evaluation (its cache, executor, limits, budget,
+error mode and recorder), then ``cond`` on the new state decides who stays.
+Draws inside a control node carry its iteration in their number
+(``Evaluation.child``: the draw namespace), so a repeated prompt is a new draw
+and a re-run replays finished iterations from the cache.
 """
 from __future__ import annotations
 
-import copy
-import itertools
 import time
-from typing import Any, Sequence
+from typing import Any, Awaitable, Callable, Sequence
 
 import numpy as np
 
 from outlines.errors import Failure, NodeError
 from outlines.graph.basic import Apply
-from outlines.graph.control import Cond, Subgraph, WhileLoop, _truth
-from outlines.runtime.batching import BatchQueue
+from outlines.graph.control import Cond, Subgraph, WhileLoop, truth
+from outlines.runtime.events import Recorder
 from outlines.runtime.plan import Plan
-from outlines.runtime.scheduler import Scheduler
-from outlines.tracing import Forwarding, Recorder
+from outlines.runtime.session import Evaluation
 
 __all__ = ["run_control"]
 
-#: Draw numbers inside control flow: ``draw_offset + (namespace << DRAW_SHIFT)``,
-#: the namespace holding the iteration (TAG_BITS each level of nesting); outer
-#: draws stay below ``1 << DRAW_SHIFT``, and the numbers fit a 64-bit seed.
-DRAW_SHIFT = 20
-TAG_BITS = 16
-_batch_ids = itertools.count(1 << 40)  # nested schedules' batches, apart from the outer ones
+
+#: Runs a plan as one schedule of an evaluation: its outputs and the batches it sent
+#: (``outlines.runtime.scheduler.schedule``, handed in by the scheduler that meets the node).
+Schedule = Callable[[Plan, dict[int, Any], Evaluation], Awaitable[tuple[list[Any], int]]]
 
 
-async def run_control(outer: Scheduler, node: Apply, inputs: list[Any]) -> Any:
-    """Evaluate a control node's output value(s) from its input values."""
+async def run_control(evaluation: Evaluation, node: Apply, inputs: list[Any], schedule: Schedule) -> Any:
+    """Evaluate a control node's output value(s) from its input values, each iteration run by ``schedule``."""
     if isinstance(node.op, WhileLoop):
-        return await _run_loop(outer, node, node.op, inputs)
+        return await _run_loop(_Runner(evaluation, schedule), node, node.op, inputs)
     if isinstance(node.op, Cond):
-        return await _run_cond(outer, node, node.op, inputs)
+        return await _run_cond(_Runner(evaluation, schedule), node, node.op, inputs)
     raise TypeError(f"{node.label}: {type(node.op).__name__} is not a control-flow op")
 
 
@@ -57,95 +52,23 @@ def _plan(op: Any, outputs: Sequence[Any]) -> Plan:
     return found
 
 
-def _tagged(plan: Plan, base: int) -> Plan:
-    """A copy of ``plan`` whose random draws are numbered in the namespace ``base``."""
-    tagged = copy.copy(plan)
-    shift, offsets = base << DRAW_SHIFT, plan.draw_offsets
-    tagged.draw_offsets = {
-        id(n): offsets.get(id(n), 0) + shift for n in plan.nodes if n.op.mode == "generate" and not n.op.pure
-    }
-    return tagged
-
-
 # -- one schedule -----------------------------------------------------------------
-class _Forward(Forwarding):
-    """Passes a nested schedule's events to the outer recorder; counts its batches.
+class _Runner:
+    """Runs the sub-plans of one control node: the evaluation, and how to run a schedule of it."""
 
-    A nested schedule is not an evaluation of its own: its start and end are
-    not passed on, and its batch ids are renumbered into the outer trace's.
-    """
+    def __init__(self, evaluation: Evaluation, schedule: Schedule) -> None:
+        self.evaluation = evaluation
+        self.schedule = schedule
 
-    def __init__(self, outer: Recorder) -> None:
-        super().__init__(outer)
-        self.batches = 0
-        self.ids: dict[int, int] = {}
+    async def __call__(self, plan: Plan, values: dict[int, Any], tag: int) -> tuple[list[Any], int]:
+        """Run ``plan`` in the draw namespace of ``tag``; (outputs, batches sent).
 
-    def eval_started(self, plan: Any, t: float) -> None:
-        pass
-
-    def eval_finished(self, t: float, error: BaseException | None) -> None:
-        pass
-
-    def batch_started(self, batch_id: int, backend: Any, nodes: list[Any], size: int, t: float) -> None:
-        self.batches += 1
-        self.ids[batch_id] = next(_batch_ids)
-        super().batch_started(self.ids[batch_id], backend, nodes, size, t)
-
-    def batch_finished(self, batch_id: int, t: float, error: BaseException | None, usage: tuple[int, int],
-                       worker: str | None, requests: int = 0) -> None:
-        super().batch_finished(self.ids.get(batch_id, batch_id), t, error, usage, worker, requests)
-
-    def request_finished(
-        self, batch_id: int, start: float, end: float, error: BaseException | None = None, model: str | None = None
-    ) -> None:
-        super().request_finished(self.ids.get(batch_id, batch_id), start, end, error, model=model)
-
-    def draws_answered(self, batch_id: int, answered_by: dict[str, int]) -> None:
-        super().draws_answered(self.ids.get(batch_id, batch_id), answered_by)
-
-
-async def _schedule(outer: Scheduler, plan: Plan, values: dict[int, Any], tag: int) -> tuple[list[Any], int]:
-    """Run ``plan`` as one schedule sharing the outer evaluation's options; (outputs, batches).
-
-    ``tag`` (the iteration) joins the draw namespace of the enclosing control
-    node, so a loop nested in a loop draws anew at each outer iteration.
-    """
-    base = (getattr(outer, "draw_base", 0) << TAG_BITS) + tag + 1
-    forward = _Forward(outer.recorder)
-    batcher = outer.batcher
-    scheduler = _Nested(
-        _tagged(plan, base),
-        {**{id(c): c.value for c in plan.constants}, **values},
-        cache=batcher.cache if batcher.cache is not None else False,
-        errors="return" if outer.return_failures else "raise",
-        recorder=forward if batcher.tracing else None,  # untraced: skip the per-batch bookkeeping
-        executor=outer.executor,
-        batch_window=batcher.batch_window,
-    )
-    scheduler.outer = outer
-    # One bound on wire requests for the whole evaluation, and one per backend (the executor's).
-    scheduler.batcher.request_limit = batcher.request_limit
-    scheduler.batcher.limits = batcher.limits
-    scheduler.batcher.budget = batcher.budget  # one budget for the whole evaluation
-    scheduler.draw_base = base
-    return await scheduler.run(), forward.batches
-
-
-class _Nested(Scheduler):
-    """The schedule of one iteration (or of a cond's branches) inside an outer schedule."""
-
-    outer: Scheduler
-    draw_base = 0
-
-    async def _cleanup(self) -> None:
-        # Backends stay open: the outer schedule may use them too, and closes them at its end.
-        queues, self.batcher.queues = self.batcher.queues, {}
-        try:
-            await super()._cleanup()
-        finally:
-            outer = self.outer.batcher.queues
-            for key, queue in queues.items():
-                outer.setdefault(key, BatchQueue(queue.backend))
+        ``tag`` (the iteration) joins the draw namespace of the enclosing
+        control node (``Evaluation.child``), so a loop nested in a loop draws
+        anew at each outer iteration.
+        """
+        constants = {id(c): c.value for c in plan.constants}
+        return await self.schedule(plan, {**constants, **values}, self.evaluation.child(tag))
 
 
 # -- values -----------------------------------------------------------------------
@@ -206,7 +129,7 @@ def _result(node: Apply, arrays: list[np.ndarray], shape: tuple[int, ...]) -> An
 
 
 # -- while_loop -------------------------------------------------------------------
-async def _run_loop(outer: Scheduler, node: Apply, op: WhileLoop, inputs: list[Any]) -> Any:
+async def _run_loop(run: _Runner, node: Apply, op: WhileLoop, inputs: list[Any]) -> Any:
     body = op.body
     count = len(body.parameters)
     shape = _shape(node, inputs)
@@ -230,7 +153,7 @@ async def _run_loop(outer: Scheduler, node: Apply, op: WhileLoop, inputs: list[A
 
     if active.size:
         check = _plan(op, op.condition.outputs)
-        schedule = _schedule(outer, check, values(op.condition), 0)
+        schedule = run(check, values(op.condition), 0)
         (pred,), _ = await _guarded(node, "cond on the initial state", schedule)
         active = _stay(node, pred, active, state)
     step, last = _plan(op, body.outputs), _plan(op, body.outputs[:count])
@@ -238,11 +161,11 @@ async def _run_loop(outer: Scheduler, node: Apply, op: WhileLoop, inputs: list[A
     while active.size and iteration < op.max_iter:
         final = iteration == op.max_iter - 1
         start = time.perf_counter()
-        schedule = _schedule(outer, last if final else step, values(body), iteration + 1)
+        schedule = run(last if final else step, values(body), iteration + 1)
         results, batches = await _guarded(node, f"iteration {iteration + 1}", schedule)
         for position, array in enumerate(state):
             array[active] = _per_element(node, f"body output {position}", results[position], active.size)
-        _record(outer.recorder, node, iteration + 1, int(active.size), batches, start)
+        _record(run.evaluation.recorder, node, iteration + 1, int(active.size), batches, start)
         if final:
             break
         active = _stay(node, results[count], active, state)
@@ -270,7 +193,7 @@ def _stay(node: Apply, pred: Any, active: np.ndarray, state: list[np.ndarray]) -
                     if not isinstance(array[active[position]], Failure):
                         array[active[position]] = value
             else:
-                keep[position] = _truth(f"{node.label}: cond", value)
+                keep[position] = truth(f"{node.label}: cond", value)
     current = [array[active] for array in state]
     failed = _failed(current, active.size)  # the body failed on these: they leave holding the Failure
     return active[keep & ~failed]
@@ -281,7 +204,7 @@ def _record(recorder: Recorder, node: Apply, iteration: int, active: int, batche
 
 
 # -- cond -----------------------------------------------------------------------------
-async def _run_cond(outer: Scheduler, node: Apply, op: Cond, inputs: list[Any]) -> Any:
+async def _run_cond(run: _Runner, node: Apply, op: Cond, inputs: list[Any]) -> Any:
     noperands = op.noperands
     true_branch, false_branch = op.branches
     ntrue = len(true_branch.captured)
@@ -295,7 +218,7 @@ async def _run_cond(outer: Scheduler, node: Apply, op: Cond, inputs: list[Any]) 
     pred_flat = _flat(pred, shape)
     chosen = np.zeros(size, dtype=bool)
     for index in np.flatnonzero(~failed):
-        chosen[index] = _truth(f"{node.label}: pred", pred_flat[index])
+        chosen[index] = truth(f"{node.label}: pred", pred_flat[index])
     sides = [np.flatnonzero(chosen & ~failed), np.flatnonzero(~chosen & ~failed)]
     outputs: list[Any] = []
     values: dict[int, Any] = {}
@@ -308,7 +231,7 @@ async def _run_cond(outer: Scheduler, node: Apply, op: Cond, inputs: list[Any]) 
                 values[id(slot)] = _flat(value, shape)[rows] if isinstance(value, np.ndarray) else value
     results: list[Any] = []
     if outputs:
-        results, _ = await _guarded(node, "branches", _schedule(outer, _plan(op, outputs), values, 0))
+        results, _ = await _guarded(node, "branches", run(_plan(op, outputs), values, 0))
     merged = _merge(node, results, sides, size, len(node.outputs))
     for index in np.flatnonzero(failed):
         failure = _first_failure(flat, index).skipped(node.label, op.name)

@@ -5,7 +5,9 @@ Evaluation is asynchronous inside. The sync ``eval`` runs the schedule with
 thread when the caller's thread already runs a loop (Jupyter, or sync code inside
 ``asyncio.run``), with no patching of the caller's loop; Ctrl-C while it waits
 cancels the schedule at once (what finished stays cached) and raises
-``KeyboardInterrupt``.
+``KeyboardInterrupt``. Each call checks its options once (``session.Options``)
+and runs as ONE ``Evaluation`` (``run_plan``), whose recorder is composed
+from the active trace and the progress counter.
 """
 from __future__ import annotations
 
@@ -13,85 +15,43 @@ import asyncio
 import contextlib
 import contextvars
 import signal
-import sys
 import threading
 from typing import Any, Awaitable, Callable, Iterator, Mapping, TypeVar
 
 from outlines.threads import FOREGROUND, watched_loop
 from outlines.graph.basic import Variable
-from outlines.runtime.executor import resolve_executor
 from outlines.runtime.plan import Plan, bind_givens
+from outlines.runtime.progress import Counter, shown
 from outlines.runtime.scheduler import Scheduler, quiet_collector
+from outlines.runtime.session import Evaluation, Options
 from outlines.runtime.termination import terminating_gracefully
-from outlines.tracing import active_recorder
 
-__all__ = ["aeval", "eval", "run_plan", "run_sync"]
+__all__ = ["aeval", "eval", "interrupt_raises", "run_plan", "run_sync", "run_watched"]
 
 T = TypeVar("T")
-
-#: Options accepted by eval/aeval/Program calls, with their defaults.
-EVAL_OPTIONS = {
-    "cache": True,
-    "max_concurrency": None,
-    "errors": "raise",
-    "progress": None,
-    "executor": None,
-    "batch_window": 0.005,
-    "budget": None,
-}
-
-
-def _check_options(options: Mapping[str, Any]) -> dict[str, Any]:
-    unknown = sorted(set(options) - set(EVAL_OPTIONS))
-    if unknown:
-        raise TypeError(f"unknown evaluation option(s): {', '.join(unknown)}; expected {', '.join(EVAL_OPTIONS)}")
-    bound = options.get("max_concurrency")
-    if bound is not None and (isinstance(bound, bool) or not isinstance(bound, int) or bound < 1):
-        raise ValueError(f"max_concurrency must be a positive integer (requests in flight) or None, got {bound!r}")
-    from outlines.runtime.budget import resolve_budget
-
-    resolve_budget(options.get("budget"))
-    return {**EVAL_OPTIONS, **options}
-
 
 async def run_plan(
     plan: Plan,
     givens: Mapping[Any, Any] | None,
+    options: Options,
     blocked_loop: asyncio.AbstractEventLoop | None = None,
-    **options: Any,
 ) -> list[Any]:
-    """Evaluate ``plan`` on the running loop; returns the output values in order.
+    """Evaluate ``plan`` on the running loop as one ``Evaluation``; returns the output values in order.
 
     ``blocked_loop`` is the caller's loop that a sync ``eval`` is blocking
     (see ``run_sync``): an executor must not need it.
     """
-    options = _check_options(options)
     values = bind_givens(plan, givens)
-    executor = resolve_executor(options["executor"])
-    if blocked_loop is not None and "outlines.backends.dask" in sys.modules:
-        from outlines.backends.dask import DaskExecutor
-
-        if isinstance(executor, DaskExecutor):
-            executor.check_not_on(blocked_loop)
-    scheduler = Scheduler(
-        plan,
-        values,
-        cache=options["cache"],
-        errors=options["errors"],
-        max_concurrency=options["max_concurrency"],
-        recorder=active_recorder(),
-        executor=executor,
-        batch_window=options["batch_window"],
-        budget=options["budget"],
-    )
-    from outlines.runtime.progress import progress_for
-
-    async with progress_for(scheduler, options["progress"]):
-        return await scheduler.run()
+    counter = Counter() if options.progress is not False else None  # shown after AUTO_DELAY when None
+    evaluation = Evaluation.open(options, counter, blocked_loop=blocked_loop)
+    async with evaluation.running(plan):
+        scheduler = Scheduler(plan, values, evaluation)
+        async with shown(counter, scheduler, options.progress):
+            return await scheduler.run()
 
 
 @contextlib.contextmanager
-def _interrupt_raises() -> Iterator[None]:
+def interrupt_raises() -> Iterator[None]:
     """Make Ctrl-C raise ``KeyboardInterrupt`` in this (main) thread while it waits.
 
     ``asyncio.run`` installs a SIGINT handler that only cancels its main task,
@@ -128,7 +88,7 @@ def _run_sync(factory: Callable[[asyncio.AbstractEventLoop | None], Awaitable[T]
     try:
         caller_loop = asyncio.get_running_loop()
     except RuntimeError:
-        return _run_watched(factory(None))
+        return run_watched(factory(None))
     outcome: dict[str, Any] = {}
     started = threading.Event()
     context = contextvars.copy_context()
@@ -140,7 +100,7 @@ def _run_sync(factory: Callable[[asyncio.AbstractEventLoop | None], Awaitable[T]
 
     def target() -> None:
         try:
-            outcome["value"] = context.run(_run_watched, main())
+            outcome["value"] = context.run(run_watched, main())
         except BaseException as exc:  # noqa: BLE001 - re-raised in the caller's thread
             outcome["error"] = exc
         finally:
@@ -149,7 +109,7 @@ def _run_sync(factory: Callable[[asyncio.AbstractEventLoop | None], Awaitable[T]
     thread = threading.Thread(target=target, name="outlines-eval", daemon=True)
     thread.start()
     try:
-        with _interrupt_raises():
+        with interrupt_raises():
             thread.join()
     except KeyboardInterrupt:
         # Ctrl-C in the caller (a notebook): cancel the schedule so it stops
@@ -165,7 +125,7 @@ def _run_sync(factory: Callable[[asyncio.AbstractEventLoop | None], Awaitable[T]
     return outcome["value"]  # type: ignore[no-any-return]
 
 
-def _run_watched(coroutine: Awaitable[T]) -> T:
+def run_watched(coroutine: Awaitable[T]) -> T:
     """``asyncio.run`` on a loop that tells the cache writer when it is busy (``outlines.threads.watched_loop``)."""
     with FOREGROUND, asyncio.Runner(loop_factory=watched_loop) as runner:
         return runner.run(coroutine)  # type: ignore[arg-type]
@@ -175,18 +135,18 @@ async def aeval(*variables: Variable, givens: Mapping[Any, Any] | None = None, *
     """Evaluate Variables on the running event loop; see ``eval``."""
     if not variables:
         raise TypeError("aeval needs at least one Variable")
-    return await _evaluate(variables, givens, None, options)
+    return await _evaluate(variables, givens, Options.check(options), None)
 
 
 async def _evaluate(
     variables: tuple[Variable, ...],
     givens: Mapping[Any, Any] | None,
+    options: Options,
     blocked_loop: asyncio.AbstractEventLoop | None,
-    options: dict[str, Any],
 ) -> Any:
     with quiet_collector():  # planning walks and copies the whole graph: no collections over it meanwhile
         plan = Plan(variables, stack=True)
-    results = plan.pick(await run_plan(plan, givens, blocked_loop, **options))
+    results = plan.pick(await run_plan(plan, givens, options, blocked_loop))
     return results[0] if len(variables) == 1 else tuple(results)
 
 
@@ -206,8 +166,8 @@ def eval(*variables: Variable, givens: Mapping[Any, Any] | None = None, **option
         Bound on wire requests in flight across the whole evaluation, all
         backends together (a positive integer; ``None``: no bound beyond
         each backend's own). A chat batch is one request per prompt, each
-        holding a slot; a backend that does not send its own requests
-        (a local model, a Python function) holds one slot per batch.
+        holding a permit; a backend that does not send its own requests
+        (a local model, a Python function) holds one permit per batch.
     errors
         ``"raise"`` (default): the first failure cancels the rest and raises a
         ``NodeError``. ``"return"``: failed elements hold ``outlines.Failure``.
@@ -239,7 +199,8 @@ def eval(*variables: Variable, givens: Mapping[Any, Any] | None = None, **option
         When the next batch could pass ``budget`` (with ``errors="raise"``),
         after the batches in flight have finished and been cached.
     ValueError
-        For ``max_concurrency`` that is not a positive integer.
+        For ``max_concurrency`` that is not a positive integer, or ``errors``
+        other than ``"raise"``/``"return"``.
     TypeError
         For an ``executor`` that is neither an Executor nor a Client.
 
@@ -252,4 +213,5 @@ def eval(*variables: Variable, givens: Mapping[Any, Any] | None = None, **option
     """
     if not variables:
         raise TypeError("eval needs at least one Variable")
-    return run_sync(lambda blocked_loop: _evaluate(variables, givens, blocked_loop, options))
+    checked = Options.check(options)
+    return run_sync(lambda blocked_loop: _evaluate(variables, givens, checked, blocked_loop))

@@ -1,21 +1,28 @@
 """``outlines.explain``: the batches an evaluation would send, without sending any.
 
-The dry run walks the plan in order. Cheap text ops (``+``, templates) run on
-the values the givens make known; user functions run only when declared
-``pure=True`` and synchronous (a splitter that sizes a ragged fan-out), never
-on unknown values; model calls turn
-their known prompts into draws exactly as the scheduler does and look them up
-in the cache with one ``get_many`` per node. A model call whose prompt is
-computed from an unknown value (a model output, a user function) is counted by
-shape when the shape is known, with an unknown cache status.
+The dry run walks the plan in order, dispatching each node by its kind as the
+scheduler does (``outlines.runtime.scheduler.walker``). Cheap text ops (``+``,
+templates) run on the values the givens make known; user functions run only
+when declared ``pure=True`` and synchronous (a splitter that sizes a ragged
+fan-out), never on unknown values; model calls turn their known prompts into
+draws exactly as the scheduler does and look them up in the cache with the
+batcher's own step (``batching.batcher.cached_values``, counting no hits). A
+model call whose prompt is computed from an unknown value (a model output, a
+user function) is counted by shape when the shape is known, with an unknown
+cache status.
 
-Batching follows the scheduler's grouping under equal latencies: draws of the
-same (backend, params; draws differing only in their constraint count as one:
-``batching.queue_key``) whose model calls sit at the same *level* (number of
-model calls with misses along the longest chain above them, themselves
-included) go out together, deduplicated, cache hits removed, split by the
-backend's ``max_batch``; the deduplication, cache lookup and split are the
-scheduler's own helpers (``outlines.runtime.batching``).
+Batching follows the scheduler's grouping under equal latencies: draws whose
+model calls share a queue (``batching.keys.queue_key``: backend and params,
+the constraint aside) and sit at the same *level* (number of model calls with
+misses along the longest chain above them, themselves included) join one of
+the batcher's own ``BatchQueue``s, deduplicated there, cache hits removed;
+the batches are the batcher's own ``Batch`` records (``batching.packing.pack_draws``
+on what the queue's ``take`` gives), so explain reads the plan the batcher
+would make rather than a copy of its rules.
+
+Words: a *draw* is one sample of one prompt, a *batch* one backend call, a
+*request* one wire request (a chat batch sends one per prompt; a local model
+or a batched function receives its batch as one).
 
 The prediction is exact when every prompt is known and no predicted batch
 gathers model calls that wait on different Python steps (user functions run
@@ -31,26 +38,32 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from outlines import cache as cache_module
-from outlines.backends.base import Draw
+from outlines.backends.base import Slot
 from outlines.backends.usage import PriceTable, price_of
 from outlines.graph.basic import Variable
 from outlines.graph.ops import Stack, broadcast_map
 from outlines.graph.ragged import Ragged
-from outlines.runtime.batching import BatchQueue, batch_sizes, lookup, queue_key, unique_draws
-from outlines.runtime.evaluate import _check_options
+from outlines.runtime.batching.batcher import cached_values
+from outlines.runtime.batching.keys import draws_of, queue_key
+from outlines.runtime.batching.packing import pack_draws
+from outlines.runtime.batching.queue import BatchQueue
+from outlines.runtime.session import Evaluation, Options
 from outlines.runtime.plan import Plan, bind_givens
+from outlines.runtime.scheduler import walker
 
-__all__ = ["Explanation", "PredictedBatch", "explain"]
+__all__ = ["BackendUsage", "Explanation", "PredictedBatch", "explain"]
+
 
 @dataclass
 class PredictedBatch:
-    """One backend call the evaluation would make."""
+    """One batch (one backend call) the evaluation would make: a ``Batch`` record, described."""
 
     backend: str
     level: int
+    #: Draws in the batch.
     size: int
-    unknown: int  # prompts not known in advance (computed from model outputs)
+    #: Draws of prompts not known in advance (computed from model outputs).
+    unknown: int
     nodes: list[str] = field(default_factory=list)
     #: Prompt tokens of the known prompts (the backend's count: ``Backend.usage_bound``).
     prompt_tokens: int = 0
@@ -94,7 +107,7 @@ class Explanation:
     batches: list[PredictedBatch]
     draws: int
     cache_hits: int
-    deduplicated: int  # known draws that share another draw's request
+    deduplicated: int  # known draws that another draw of the same prompt and number answers
     unknown_draws: int
     unknown_nodes: list[str]
     #: model calls predicted in one batch although they wait on different Python steps
@@ -123,8 +136,8 @@ class Explanation:
 
     @property
     def requests(self) -> int:
-        """Backend calls (batches) the evaluation would make."""
-        return len(self.batches)
+        """Wire requests the batches would send (a chat batch sends one per prompt; a local call is one)."""
+        return sum(batch.wire_requests for batch in self.batches)
 
     @property
     def batching_exact(self) -> bool:
@@ -132,10 +145,19 @@ class Explanation:
         return not self.timing_dependent
 
     @property
-    def requests_per_backend(self) -> dict[str, int]:
+    def batches_per_backend(self) -> dict[str, int]:
+        """``repr(backend) -> batches`` (backend calls)."""
         counts: dict[str, int] = {}
         for batch in self.batches:
             counts[batch.backend] = counts.get(batch.backend, 0) + 1
+        return counts
+
+    @property
+    def requests_per_backend(self) -> dict[str, int]:
+        """``repr(backend) -> wire requests``."""
+        counts: dict[str, int] = {}
+        for batch in self.batches:
+            counts[batch.backend] = counts.get(batch.backend, 0) + batch.wire_requests
         return counts
 
     @property
@@ -149,6 +171,7 @@ class Explanation:
     def to_dict(self) -> dict[str, Any]:
         return {
             "nodes_by_kind": dict(self.nodes_by_kind),
+            "batches_per_backend": self.batches_per_backend,
             "requests": self.requests,
             "requests_per_backend": self.requests_per_backend,
             "batches": [asdict(b) for b in self.batches],
@@ -170,13 +193,14 @@ class Explanation:
         for batch in self.batches:
             rows.setdefault((batch.backend, batch.level), []).append(batch.size)
         if rows:
-            lines.append(f"  {'backend':<44}{'level':>6}{'batches':>9}{'prompts':>9}  sizes")
+            lines.append(f"  {'backend':<44}{'level':>6}{'batches':>9}{'draws':>9}  sizes")
         for (backend, level), sizes in rows.items():
             shown = " ".join(map(str, sizes[:6])) + (" ..." if len(sizes) > 6 else "")
             name = backend if len(backend) <= 43 else backend[:40] + "..."
             lines.append(f"  {name:<44}{level:>6}{len(sizes):>9}{sum(sizes):>9}  {shown}")
-        per_backend = ", ".join(f"{b}: {n}" for b, n in self.requests_per_backend.items())
-        lines.append(f"  requests: {self.requests}" + (f" ({per_backend})" if per_backend else ""))
+        per_backend = ", ".join(f"{b}: {n}" for b, n in self.batches_per_backend.items())
+        lines.append(f"  batches: {len(self.batches)}" + (f" ({per_backend})" if per_backend else "")
+                     + f"; requests: {self.requests}")
         lines.append(
             f"  draws: {self.draws}; cache hits known in advance: {self.cache_hits}; "
             f"duplicates merged: {self.deduplicated}"
@@ -239,6 +263,22 @@ def _unknown(shape: tuple[int, ...]) -> Any:
     return array
 
 
+def _partial(inputs: list[Any]) -> bool:
+    """Whether some input element is unknown."""
+    return any(x is UNKNOWN for value in inputs for x in _flat(value))
+
+
+def _perform(node: Any, inputs: list[Any]) -> list[Any]:
+    result = node.op.perform(*inputs)
+    return list(result) if len(node.outputs) > 1 else [result]
+
+
+def _shapes_only(node: Any, inputs: list[Any]) -> list[Any]:
+    """Outputs of unknown elements, where their shapes can be known (``None``: not even that)."""
+    shapes = _output_shapes(node, [x.shape if isinstance(x, np.ndarray) else () for x in inputs])
+    return [None if shape is None else _unknown(shape) for shape in shapes]
+
+
 def _flat(value: Any) -> list[Any]:
     if isinstance(value, Ragged):
         value = value.values
@@ -256,6 +296,9 @@ class _DryRun:
     A Variable whose shape cannot be known has no entry in ``values``.
     ``waits`` holds, per Variable, the Python steps (node positions) that run
     off the loop upstream of it: their durations decide when it is known.
+    Predicted queues are the batcher's own ``BatchQueue``, one per (level,
+    backend, params less the constraint); ``unknown`` holds, per queue, the
+    draws per prompt of each prompt that cannot be known.
     """
 
     def __init__(self, plan: Plan, cache: Any, values: dict[int, Any]) -> None:
@@ -265,128 +308,142 @@ class _DryRun:
         self.levels: dict[int, int] = {}
         self.waits: dict[int, frozenset[int]] = {}
         self.queues: dict[tuple[int, Any, Any], BatchQueue] = {}
-        # per queue: draws of unknown prompts, as runs of (draws per prompt, prompts)
-        self.unknown: dict[tuple[int, Any, Any], list[tuple[int, int]]] = {}
+        self.unknown: dict[tuple[int, Any, Any], list[int]] = {}
         self.nodes: dict[tuple[int, Any, Any], list[tuple[str, frozenset[int]]]] = {}
-        self.sent: dict[Draw, int] = {}  # level each draw is first sent at
+        self.sent: dict[Slot, dict[Any, int]] = {}  # per slot, prompt -> level its draw is first sent at
         self.draws = self.hits = self.unknown_draws = 0
         self.unknown_nodes: list[str] = []
         self.current_waits: frozenset[int] = frozenset()
+        self.level = 0  # the level of the node being walked (a model call with misses adds one)
 
     def run(self) -> None:
+        steps = walker(self)
         for position, node in enumerate(self.plan.nodes):
             waits: frozenset[int] = frozenset().union(*(self.waits.get(id(v), frozenset()) for v in node.inputs))
             if node.op.mode == "python" and getattr(getattr(node.op, "function", None), "blocking", None) is not False:
-                waits = waits | {position}
+                waits = waits | {position}  # it may run in the thread pool, for as long as it takes
             self.current_waits = waits
-            level = max((self.levels.get(id(v), 0) for v in node.inputs), default=0)
+            self.level = max((self.levels.get(id(v), 0) for v in node.inputs), default=0)
             inputs = [self.values.get(id(v), None) for v in node.inputs]
             if any(id(v) not in self.values for v in node.inputs):
                 results: list[Any] = [None] * len(node.outputs)
                 if node.op.mode == "generate":
                     self.unknown_nodes.append(node.label)
-                    level += 1
-            elif node.op.mode == "generate":
-                level, results = self.generate(node, level, inputs[0])
+                    self.level += 1
             else:
-                results = self.compute(node, inputs)
+                results = steps[node.op.mode](position, node, inputs)
             for output, value in zip(node.outputs, results):
-                self.levels[id(output)] = level
+                self.levels[id(output)] = self.level
                 if waits:
                     self.waits[id(output)] = waits
                 if value is not None:
                     self.values[id(output)] = value
 
-    def compute(self, node: Any, inputs: list[Any]) -> list[Any]:
-        """Run cheap inline ops on what is known; only shapes for user functions."""
+    # -- each kind of node (the scheduler's dispatch: ``outlines.runtime.scheduler.walker``) --
+    def inline(self, index: int, node: Any, inputs: list[Any]) -> list[Any]:
+        """Cheap ops run on what is known; structural and elementwise ones carry UNKNOWN elements along."""
         op = node.op
-        partial = any(x is UNKNOWN for value in inputs for x in _flat(value))
-        pure_python = op.mode == "python" and op.pure and not getattr(getattr(op, "function", None), "is_async", True)
-        if (op.mode == "inline" or pure_python) and not partial:
-            result = op.perform(*inputs)
-            return list(result) if len(node.outputs) > 1 else [result]
-        if op.mode == "inline" and getattr(op, "moves_unknown", False):
+        if not _partial(inputs):
+            return _perform(node, inputs)
+        if getattr(op, "moves_unknown", False):
             return [op.perform(*inputs, unknown=UNKNOWN)]  # structural or template ops
-        if op.mode == "inline" and (getattr(op, "elementwise", False) or isinstance(op, Stack)):
+        if getattr(op, "elementwise", False) or isinstance(op, Stack):
             perform = op.perform
             scalar = lambda *xs: UNKNOWN if any(x is UNKNOWN for x in xs) else perform(*xs)  # noqa: E731
             return [perform(*inputs) if isinstance(op, Stack) else broadcast_map(scalar, inputs)]
-        shapes = _output_shapes(node, [x.shape if isinstance(x, np.ndarray) else () for x in inputs])
-        return [None if shape is None else _unknown(shape) for shape in shapes]
+        return _shapes_only(node, inputs)
 
-    def generate(self, node: Any, level: int, prompt: Any) -> tuple[int, list[Any]]:
+    def python(self, index: int, node: Any, inputs: list[Any]) -> list[Any]:
+        """User functions run only when declared pure and synchronous, on known values; else shapes."""
         op = node.op
+        if op.pure and not getattr(getattr(op, "function", None), "is_async", True) and not _partial(inputs):
+            return _perform(node, inputs)
+        return _shapes_only(node, inputs)
+
+    def control(self, index: int, node: Any, inputs: list[Any]) -> list[Any]:
+        """Loops and branches: their iterations are unknown in advance (``describe`` names their bodies)."""
+        return _shapes_only(node, inputs)
+
+    def generate(self, index: int, node: Any, inputs: list[Any]) -> list[Any]:
+        """A model call's draws: cache hits known now, misses queued at the next level, unknown prompts counted."""
+        op, prompt, level = node.op, inputs[0], self.level
+        per_prompt = 1 if op.params.deterministic else op.num_samples
         count = int(np.size(prompt)) * op.num_samples
         if count > MAX_CHECKED_DRAWS:  # too many to look up one by one: count them, cache unchecked
             self.draws += count
             self.unknown_draws += count
-            self.queue(level + 1, op, node.label, (1 if op.params.deterministic else op.num_samples, int(np.size(prompt))))
+            self.queue(level + 1, op, node.label, [per_prompt] * int(np.size(prompt)))
+            self.level = level + 1
             shape = np.shape(prompt) + ((op.num_samples,) if op.num_samples > 1 else ())
-            return level + 1, [_unknown(shape)]
+            return [_unknown(shape)]
         elements = _flat(prompt)
         known = [x is not UNKNOWN for x in elements]
         texts = [x if ok else "" for x, ok in zip(elements, known)]
         value = np.array(texts, dtype=object).reshape(np.shape(prompt)) if np.ndim(prompt) else texts[0]
-        shape, draws = op.draws(value, self.plan.draw_offsets.get(id(node), 0))
-        k = op.num_samples
-        self.draws += len(draws)
-        mask = [known[i // k] for i in range(len(draws))]
-        unique = unique_draws(d for d, ok in zip(draws, mask) if ok)
-        found = lookup(self.cache, op.backend, unique, record=False)  # a dry run counts no hits
-        # With a cache, a draw sent at an earlier level is stored by the time it recurs.
-        earlier = self.sent if self.cache is not None else {}
-        hit = {d for d in unique if d in found or earlier.get(d, level + 1) <= level}
-        self.hits += sum(1 for d, ok in zip(draws, mask) if ok and d in hit)
-        misses = [d for d in unique if d not in hit]
-        unknown = known.count(False) * (1 if op.params.deterministic else k)
-        self.unknown_draws += known.count(False) * k
-        results = [found.get(d, UNKNOWN) if ok else UNKNOWN for d, ok in zip(draws, mask)]
+        shape, texts, numbers = op.columns(value, self.plan.draw_offsets.get(id(node), 0))
+        k = len(numbers)
+        self.draws += len(texts) * k
+        unique = list(dict.fromkeys(t for t, ok in zip(texts, known) if ok))
+        results: list[Any] = [UNKNOWN] * (len(texts) * k)
+        misses: dict[Slot, list[Any]] = {}
+        looked: dict[Slot, tuple[dict[Any, Any], set[Any]]] = {}
+        for j, number in enumerate(numbers):
+            slot = Slot(op.params, number)
+            if slot not in looked:  # a greedy call's draw numbers are all 0: one slot, looked up once
+                batch = draws_of(slot, unique)
+                values = cached_values(self.cache, op.backend, batch, record=False)  # a dry run counts no hits
+                found = {p: v for p, v in zip(unique, values) if v is not None}
+                # With a cache, a draw sent at an earlier level is stored by the time it recurs.
+                earlier = self.sent.get(slot, {}) if self.cache is not None else {}
+                hit = {p for p in unique if p in found or earlier.get(p, level + 1) <= level}
+                looked[slot] = (found, hit)
+                misses[slot] = [p for p in unique if p not in hit]
+            found, hit = looked[slot]
+            self.hits += sum(1 for t, ok in zip(texts, known) if ok and t in hit)
+            for element, (text, ok) in enumerate(zip(texts, known)):
+                if ok:
+                    results[element * k + j] = found.get(text, UNKNOWN)
+        unknown = known.count(False)
+        self.unknown_draws += unknown * k
         output = results[0] if not shape else np.array(results, dtype=object).reshape(shape)
-        if not misses and not unknown:
-            return level, [output]
-        queue = self.queue(level + 1, op, node.label, (1 if op.params.deterministic else k, known.count(False)))
-        for draw in misses:
-            queue.pending[draw] = None
-            self.sent.setdefault(draw, level + 1)
-        return level + 1, [output]
+        if not any(misses.values()) and not unknown:
+            return [output]
+        queue = self.queue(level + 1, op, node.label, [per_prompt] * unknown)
+        for slot, prompts in misses.items():
+            queue.slot(slot).add(dict.fromkeys(prompts))
+            sent = self.sent.setdefault(slot, {})
+            for prompt in prompts:
+                sent.setdefault(prompt, level + 1)
+        self.level = level + 1
+        return [output]
 
-    def queue(self, level: int, op: Any, label: str, unknown: tuple[int, int]) -> BatchQueue:
-        """The predicted queue of ``op``'s backend and params at ``level``, with ``unknown`` prompts more.
-
-        ``unknown`` is (draws per prompt, prompts): unknown prompts batch like known ones.
-        """
+    def queue(self, level: int, op: Any, label: str, unknown: list[int]) -> BatchQueue:
+        """The predicted queue of ``op``'s backend and params at ``level``, with groups of ``unknown`` draws more."""
         key = (level, *queue_key(op.backend, op.params))  # the scheduler's queues (constraints share one)
         queue = self.queues.get(key)
         if queue is None:
             queue = self.queues[key] = BatchQueue(op.backend)
         self.nodes.setdefault(key, []).append((label, self.current_waits))
-        self.unknown.setdefault(key, []).append(unknown)
+        self.unknown.setdefault(key, []).extend(unknown)
         return queue
 
     def batches(self) -> list[PredictedBatch]:
+        """The batches of every predicted queue: the batcher's own packing (``pack_draws``) of its draws."""
         out: list[PredictedBatch] = []
         for key, queue in sorted(self.queues.items(), key=lambda item: item[0][0]):
-            known = len(queue.pending)
-            groups: dict[tuple[str, Any], int] = {}  # the known draws per prompt, as prompt_batches groups them
-            for draw in queue.pending:
-                groups[draw.prompt, draw.params] = groups.get((draw.prompt, draw.params), 0) + 1
-            runs = [(size, 1) for size in groups.values()] + self.unknown[key]
             labels = [label for label, _ in self.nodes[key]]
-            pending = list(queue.pending)
             backend, max_tokens = queue.backend, key[2].max_tokens
-            start = 0
-            for count in batch_sizes(runs, backend.max_batch):
-                unknown = max(0, min(count, start + count - known))
-                draws = pending[start : start + count - unknown]
-                prompt_tokens, completion = backend.usage_bound(draws) if draws else (0, 0)
+            draws, _ = queue.take()
+            for batch in pack_draws(backend, draws, self.unknown[key]):
+                known, unknown = batch.draws, batch.unknown
+                prompt_tokens, completion = backend.usage_bound(known) if known else (0, 0)
                 if completion is not None and unknown:
                     completion = None if max_tokens is None else completion + max_tokens * unknown
-                requests = backend.requests_for(draws) if draws else 0
+                requests = backend.requests_for(known) if known else 0
                 if unknown:  # an HTTP backend: one request per unknown prompt at most; others: one call
-                    requests += unknown if backend.sends_requests else (0 if draws else 1)
-                out.append(PredictedBatch(repr(backend), key[0], count, unknown, list(labels), prompt_tokens,
+                    requests += unknown if backend.sends_requests else (0 if known else 1)
+                out.append(PredictedBatch(repr(backend), key[0], batch.size, unknown, list(labels), prompt_tokens,
                                           completion, requests))
-                start += count
         return out
 
     def usage(self, batches: list[PredictedBatch], prices: Any) -> dict[str, BackendUsage]:
@@ -473,7 +530,7 @@ def explain(
         Values of the free inputs (as for ``eval``). Unbound inputs make the
         model calls that depend on them of unknown size.
     cache
-        As for ``eval``: hits known in advance are not counted as requests.
+        As for ``eval``: draws the cache holds are not sent.
     prices
         A price table, model name -> ``(input_per_1M, output_per_1M)``, for
         models without their own ``price=`` (``outlines.backends.usage``).
@@ -483,8 +540,9 @@ def explain(
     Returns
     -------
     Explanation
-        ``nodes_by_kind``, ``batches`` (backend, level, size), ``requests``,
-        ``requests_per_backend``, ``cache_hits``, ``unknown_draws``,
+        ``nodes_by_kind``, ``batches`` (backend, level, size: one per
+        backend call), ``batches_per_backend``, ``requests`` and
+        ``requests_per_backend`` (wire requests), ``cache_hits``, ``unknown_draws``,
         ``timing_dependent`` and ``exact`` (the run will send exactly these
         batches); ``usage`` per backend: batches, wire requests, prompt
         tokens (after cache hits and dedup; exact with the model's tokenizer,
@@ -498,22 +556,22 @@ def explain(
     >>> import outlines
     >>> llm = outlines.models.from_function(lambda ps: ps, batched=True)
     >>> q = outlines.string("q")
-    >>> outlines.explain(llm(llm(q)), givens={"q": ["a", "b"]}, cache=False).requests
+    >>> len(outlines.explain(llm(llm(q)), givens={"q": ["a", "b"]}, cache=False).batches)
     2
     """
     if not variables:
         raise TypeError("explain needs at least one Variable")
-    _check_options(options)
+    evaluation = Evaluation.open(Options.check({**options, "cache": cache}))
     plan = Plan(variables)
-    run = _DryRun(plan, cache_module.resolve(cache), bind_givens(plan, givens, partial=True))
+    run = _DryRun(plan, evaluation.cache, bind_givens(plan, givens, partial=True))
     run.run()
     kinds = {"input": len(plan.inputs), "inline": 0, "python": 0, "generate": 0}
     for node in plan.nodes:
         kinds[node.op.mode] = kinds.get(node.op.mode, 0) + 1
+    sent = sum(queue.pending for queue in run.queues.values())
+    merged = run.draws - run.unknown_draws - run.hits - sent
     batches = run.batches()
     usage = run.usage(batches, prices)
-    sent = sum(len(queue.pending) for queue in run.queues.values())
-    merged = run.draws - run.unknown_draws - run.hits - sent
     from outlines.runtime.control import describe
 
     control = [describe(node) for node in plan.nodes if node.op.mode == "control"]

@@ -15,11 +15,12 @@ import inspect
 from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 from outlines.errors import GraphBuildError, UnboundInputError
-from outlines.runtime.evaluate import _check_options, run_plan, run_sync
+from outlines.runtime.evaluate import run_plan, run_sync
 from outlines.graph.basic import Variable, as_variable
 from outlines.graph.shapes import Shape, propagate, shape_of
 from outlines.runtime.plan import Plan, as_value
 from outlines.graph.basic import string
+from outlines.runtime.session import Options
 
 if TYPE_CHECKING:
     from outlines.runtime.stream import Stream
@@ -44,7 +45,7 @@ class Program:
         outputs: Variable | Sequence[Variable],
         *,
         name: str = "program",
-        options: dict[str, Any] | None = None,
+        options: Options | dict[str, Any] | None = None,
         _plan: Plan | None = None,
     ) -> None:
         self.inputs = tuple(inputs)
@@ -56,7 +57,7 @@ class Program:
         self.outputs: Variable | tuple[Variable, ...] = outs[0] if self._single else tuple(outs)
         self._outputs = outs
         self.name = name
-        self.options = _check_options(options or {})
+        self.options = options if isinstance(options, Options) else Options.check(options or {})
         self.plan = _plan or Plan(outs)
         self._positions = {v.name or f"arg{i}": v for i, v in enumerate(self.inputs)}
         self._checked: set[tuple[Shape, ...]] = set()
@@ -99,7 +100,7 @@ class Program:
         return run_sync(lambda blocked_loop: self._run(givens, blocked_loop))
 
     async def _run(self, givens: dict[Variable, Any], blocked_loop: Any = None) -> Any:
-        results = await run_plan(self.plan, givens, blocked_loop, **self.options)
+        results = await run_plan(self.plan, givens, self.options, blocked_loop)
         return results[0] if self._single else tuple(results)
 
     def stream(self, *args: Any, chunk_size: int | None = None, **kwargs: Any) -> Stream:
@@ -151,7 +152,7 @@ class Program:
 
     def with_options(self, **options: Any) -> Program:
         """The same program evaluated with other options (``cache``, ``errors``...)."""
-        merged = {**self.options, **options}
+        merged = self.options.with_changes(**options)
         return Program(self.inputs, self.outputs, name=self.name, options=merged, _plan=self.plan)
 
     def visualize(self, filename: str | None = None, format: str | None = None, **kwargs: Any) -> Any:  # noqa: A002

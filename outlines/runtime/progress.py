@@ -2,8 +2,9 @@
 
 Shown when ``progress=True``, or (``progress=None``) once an evaluation has run
 for ``AUTO_DELAY`` seconds; never with ``progress=False``. The counts come from
-the scheduler's events (a ``Counter`` placed in front of its recorder): a *draw*
-is one sample of one prompt, done when its batch finished or the cache held it.
+the evaluation's events (a ``Counter``, one of the listeners its recorder is
+composed of) and from the schedule's queues (``Progress``): a *draw* is one
+sample of one prompt, done when its batch finished or the cache held it.
 Where it shows depends on the output: in a terminal, one line redrawn every
 ``REFRESH`` seconds; in a log or pipe, a line at the start, at most one every
 ``LOG_EVERY`` seconds, and one at the end; in Jupyter, one HTML block updated in
@@ -17,11 +18,11 @@ import html
 import math
 import sys
 import time
-from typing import Any, AsyncIterator, TextIO
+from typing import Any, AsyncIterator, Protocol, TextIO
 
-from outlines.tracing import Forwarding, Recorder
+from outlines.runtime.events import Listener
 
-__all__ = ["AUTO_DELAY", "Counter", "LOG_EVERY", "REFRESH", "progress_for"]
+__all__ = ["AUTO_DELAY", "Counter", "LOG_EVERY", "Progress", "REFRESH", "shown"]
 
 AUTO_DELAY = 2.0
 #: Seconds between redraws in a terminal and in Jupyter.
@@ -30,12 +31,10 @@ REFRESH = 0.5
 LOG_EVERY = 30.0
 
 
-class Counter(Forwarding):
-    """Counts draws, batches and tokens, and passes every event on to ``inner``."""
+class Counter(Listener):
+    """Counts draws done, batches running and tokens, from the evaluation's events."""
 
-    def __init__(self, inner: Recorder, scheduler: Any) -> None:
-        super().__init__(inner)
-        self.scheduler = scheduler
+    def __init__(self) -> None:
         self.started = time.perf_counter()
         self.hits = 0
         self.sent_done = 0
@@ -43,48 +42,51 @@ class Counter(Forwarding):
         self.tokens = 0
         self.dispatched: set[int] = set()  # id() of Generate nodes already turned into draws
 
-    def __getattr__(self, name: str) -> Any:  # anything else a recorder offers (``for_eval`` ...)
-        return getattr(self.inner, name)
-
     def node_started(self, node: Any, t: float) -> None:
         if node.op.mode == "generate":
             self.dispatched.add(id(node))
-        super().node_started(node, t)
 
     def node_cache(self, node: Any, hits: int, misses: int) -> None:
         self.hits += hits
-        super().node_cache(node, hits, misses)
 
     def batch_started(self, batch_id: int, backend: Any, nodes: list[Any], size: int, t: float) -> None:
         self.running[batch_id] = size
-        super().batch_started(batch_id, backend, nodes, size, t)
 
     def batch_finished(
-        self,
-        batch_id: int,
-        t: float,
-        error: BaseException | None,
-        usage: tuple[int, int],
-        worker: str | None,
+        self, batch_id: int, t: float, error: BaseException | None, usage: tuple[int, int], worker: str | None,
         requests: int = 0,
     ) -> None:
         self.sent_done += self.running.pop(batch_id, 0)
         self.tokens += int(usage[1])
-        super().batch_finished(batch_id, t, error, usage, worker, requests=requests)
 
-    # -- the figures shown ---------------------------------------------------------
     @property
     def done(self) -> int:
         return self.hits + self.sent_done
 
+
+class Schedule(Protocol):
+    """What the figures read from the schedule shown (``outlines.runtime.scheduler.Scheduler``)."""
+
+    plan: Any
+
+    def queued_draws(self) -> int:
+        """Draws waiting in the batcher's queues, not sent yet."""
+
+
+class Progress:
+    """The figures shown: the ``counter``'s, and the draws the ``schedule`` has not sent or started yet."""
+
+    def __init__(self, counter: Counter, schedule: Schedule) -> None:
+        self.counter = counter
+        self.schedule = schedule
+
     def total(self) -> tuple[int, bool]:
         """(draws known so far, whether that is every draw of the evaluation)."""
-        scheduler = self.scheduler
-        known = self.done + sum(self.running.values())
-        known += sum(len(queue.pending) for queue in scheduler.batcher.queues.values())
+        counter = self.counter
+        known = counter.done + sum(counter.running.values()) + self.schedule.queued_draws()
         exact = True
-        for node in scheduler.plan.nodes:
-            if node.op.mode != "generate" or id(node) in self.dispatched:
+        for node in self.schedule.plan.nodes:
+            if node.op.mode != "generate" or id(node) in counter.dispatched:
                 continue
             count = _size(getattr(node.outputs[0], "shape", None))
             if count is None:
@@ -95,19 +97,21 @@ class Counter(Forwarding):
 
     def line(self) -> str:
         """``outlines: 12/40 draws | 2 batches running | 1,234 tokens | 13.2 s``."""
+        counter = self.counter
         total, exact = self.total()
-        parts = [f"{self.done}/{total} draws" if exact else f"{self.done}/{total}+ draws"]
-        if self.hits:
-            parts.append(f"{self.hits} cached")
-        parts.append(f"{len(self.running)} batch{'es' if len(self.running) != 1 else ''} running")
-        if self.tokens:
-            parts.append(f"{self.tokens:,} tokens")
-        parts.append(f"{time.perf_counter() - self.started:.1f} s")
+        parts = [f"{counter.done}/{total} draws" if exact else f"{counter.done}/{total}+ draws"]
+        if counter.hits:
+            parts.append(f"{counter.hits} cached")
+        running = len(counter.running)
+        parts.append(f"{running} batch{'es' if running != 1 else ''} running")
+        if counter.tokens:
+            parts.append(f"{counter.tokens:,} tokens")
+        parts.append(f"{time.perf_counter() - counter.started:.1f} s")
         return "outlines: " + " | ".join(parts)
 
     def fraction(self) -> float:
         total, _ = self.total()
-        return self.done / total if total else 0.0
+        return self.counter.done / total if total else 0.0
 
 
 def _size(shape: Any) -> int | None:
@@ -120,34 +124,33 @@ def _size(shape: Any) -> int | None:
 
 
 @contextlib.asynccontextmanager
-async def progress_for(scheduler: Any, option: bool | None) -> AsyncIterator[None]:
-    """Show progress for ``scheduler`` while the block runs, per ``option``."""
-    if option is False:
+async def shown(counter: Counter | None, schedule: Schedule, option: bool | None) -> AsyncIterator[None]:
+    """Show ``counter``'s progress on ``schedule`` while the block runs, per ``option`` (``None``: nothing to show)."""
+    if option is False or counter is None:
         yield
         return
-    counter = Counter(scheduler.recorder, scheduler)
-    scheduler.recorder = counter
+    progress = Progress(counter, schedule)
     views: list[Any] = [_view()] if option else []  # asked for: shown even if the run never yields
     if views:
-        views[0].show(counter)
-    watcher = asyncio.ensure_future(_watch(counter, views, 0.0 if option else AUTO_DELAY))
+        views[0].show(progress)
+    watcher = asyncio.ensure_future(_watch(progress, views, 0.0 if option else AUTO_DELAY))
     try:
         yield
     finally:
         watcher.cancel()
         await asyncio.gather(watcher, return_exceptions=True)
         if views:
-            views[0].close(counter)
+            views[0].close(progress)
 
 
-async def _watch(counter: Counter, views: list[Any], delay: float) -> None:
+async def _watch(progress: Progress, views: list[Any], delay: float) -> None:
     await asyncio.sleep(delay)
     if not views:
         views.append(_view())
-        views[0].show(counter)
+        views[0].show(progress)
     while True:
         await asyncio.sleep(REFRESH)
-        views[0].show(counter)
+        views[0].show(progress)
 
 
 def _view() -> Any:
@@ -181,14 +184,14 @@ class TerminalView:
         self.stream = stream
         self.width = 0
 
-    def show(self, counter: Counter) -> None:
-        text = counter.line()
+    def show(self, progress: Progress) -> None:
+        text = progress.line()
         self.stream.write("\r" + text.ljust(self.width))
         self.stream.flush()
         self.width = len(text)
 
-    def close(self, counter: Counter) -> None:
-        self.show(counter)
+    def close(self, progress: Progress) -> None:
+        self.show(progress)
         self.stream.write("\n")
         self.stream.flush()
 
@@ -200,15 +203,15 @@ class LogView:
         self.stream = stream
         self.last: float | None = None
 
-    def show(self, counter: Counter) -> None:
+    def show(self, progress: Progress) -> None:
         now = time.perf_counter()
         if self.last is None or now - self.last >= LOG_EVERY:
             self.last = now
-            self.stream.write(counter.line() + "\n")
+            self.stream.write(progress.line() + "\n")
             self.stream.flush()
 
-    def close(self, counter: Counter) -> None:
-        self.stream.write(counter.line() + " (finished)\n")
+    def close(self, progress: Progress) -> None:
+        self.stream.write(progress.line() + " (finished)\n")
         self.stream.flush()
 
 
@@ -218,17 +221,17 @@ class NotebookView:
     def __init__(self) -> None:
         self.handle: Any = None
 
-    def show(self, counter: Counter) -> None:
+    def show(self, progress: Progress) -> None:
         from IPython.display import HTML, display
 
-        page = HTML(progress_html(counter.line(), counter.fraction()))
+        page = HTML(progress_html(progress.line(), progress.fraction()))
         if self.handle is None:
             self.handle = display(page, display_id=True)
         else:
             self.handle.update(page)
 
-    def close(self, counter: Counter) -> None:
-        self.show(counter)
+    def close(self, progress: Progress) -> None:
+        self.show(progress)
 
 
 def progress_html(line: str, fraction: float) -> str:

@@ -1,18 +1,23 @@
 """The asynchronous walk of a Plan: dispatch, batching, concurrency, failures.
 
-State of one evaluation (Dask's words): a node is *waiting* while its
-in-degree counter is above zero, *ready* when it reaches zero (in the ``ready``
-deque), *running* while its task or its draws are outstanding, and *finished*
-once its output values are stored. Kahn-style: finishing a node decrements its
-consumers' counters and readies those that reach zero.
+State of one schedule (Dask's words): a node is *waiting* while its in-degree
+counter is above zero (``waiting``), *ready* when it reaches zero (in the
+``ready`` deque), *running* while its task or its draws are outstanding
+(``tasks``, and the batcher's Waits), and *finished* once its output values
+are stored (``values``). Kahn-style: finishing a node decrements its
+consumers' counters and readies those that reach zero. ``error`` holds the
+first failure (``errors="raise"``), ``failed_values`` the outputs holding a
+``Failure`` (``errors="return"``).
 
-Model calls are not run one node at a time: a ready ``Generate`` node turns
-into draws that join a per-(backend, params) queue, flushed after every round
-of dispatching. The scheduler owns a ``Batcher`` (``outlines.runtime.batching``)
-and talks to it through ``start``/``flush``/``close``; the batcher calls back
-``finish``, ``fail``, ``spawn`` and ``wake``. ``max_concurrency`` becomes the
-batcher's request limit: one slot per wire request (or per batch of a backend
-that sends none of its own).
+Everything the schedule does not own comes from its ``Evaluation``
+(``outlines.runtime.session``): options, cache, executor, limits, budget,
+recorder. A ready node is dispatched by its kind (``walker``: the one
+dispatch by ``Op.mode``, which ``explain`` uses too): a cheap op runs inline,
+a user function inline, in a task or in the thread pool, a loop or branch as a
+task (``outlines.runtime.control``), and a model call's draws join the
+``Batcher``'s queues (``outlines.runtime.batching``), flushed after every
+round of dispatching. The batcher calls back ``finish``, ``fail``, ``spawn``
+and ``wake`` (its ``Schedule`` protocol).
 """
 from __future__ import annotations
 
@@ -21,22 +26,20 @@ import contextlib
 import gc
 import time
 from collections import deque
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterator, Protocol
 
 import numpy as np
 
-from outlines import cache as cache_module
 from outlines.threads import FOREGROUND
 from outlines.errors import Failure, NodeError
 from outlines.graph.basic import Apply
 from outlines.graph.ops import scalar_or_array
-from outlines.runtime.batching import Batcher
-from outlines.runtime.budget import BudgetGuard
-from outlines.runtime.executor import Executor, LocalExecutor
+from outlines.runtime.batching.batcher import Batcher
+from outlines.runtime.control import run_control
 from outlines.runtime.plan import Plan
-from outlines.tracing import Recorder
+from outlines.runtime.session import Evaluation
 
-__all__ = ["Scheduler", "quiet_collector"]
+__all__ = ["MODES", "Scheduler", "Walk", "quiet_collector", "schedule", "walker"]
 
 FAST_CALL_SECONDS = 1e-3
 #: Blocking Python calls made ready together go to the thread pool in at most
@@ -46,28 +49,26 @@ PYTHON_CHUNKS = 32
 
 
 class Scheduler:
-    """Evaluate one Plan; see the module docstring."""
+    """One schedule of a Plan within an ``Evaluation``; see the module docstring.
 
-    def __init__(
-        self,
-        plan: Plan,
-        values: dict[int, Any],
-        *,
-        cache: Any = True,
-        errors: str = "raise",
-        max_concurrency: int | None = None,
-        recorder: Recorder | None = None,
-        executor: Executor | None = None,
-        batch_window: float = 0.005,
-        budget: Any = None,
-    ) -> None:
-        if errors not in ("raise", "return"):
-            raise ValueError(f"errors must be 'raise' or 'return', got {errors!r}")
+    Parameters
+    ----------
+    plan
+        What to run.
+    values
+        The values known before anything runs (givens and constants), by
+        ``id(Variable)``; the schedule adds its nodes' outputs.
+    evaluation
+        The evaluation this schedule belongs to.
+    """
+
+    def __init__(self, plan: Plan, values: dict[int, Any], evaluation: Evaluation) -> None:
         self.plan = plan
         self.values = values
-        self.return_failures = errors == "return"
-        self.recorder = recorder or Recorder()
-        self.executor = executor or LocalExecutor()
+        self.evaluation = evaluation
+        self.return_failures = evaluation.return_failures
+        self.recorder = evaluation.recorder
+        self.executor = evaluation.executor
         self.waiting = list(plan.indegree)
         self.ready: deque[int] = deque(i for i, n in enumerate(self.waiting) if n == 0)
         self.remaining = len(plan.nodes)
@@ -77,24 +78,12 @@ class Scheduler:
         self.failed_values: set[int] = set()  # ids of outputs holding a Failure (errors="return")
         self.python_pending: list[tuple[int, Callable[[], Any]]] = []
         self.error: BaseException | None = None
-        self.batcher = Batcher(
-            plan,
-            cache=cache_module.resolve(cache),
-            executor=self.executor,
-            recorder=lambda: self.recorder,  # read at each event: progress wraps it later
-            return_failures=self.return_failures,
-            batch_window=batch_window,
-            request_limit=asyncio.Semaphore(max_concurrency) if max_concurrency else None,
-            finish=self._finish,
-            fail=self._fail_node,
-            spawn=self._spawn,
-            wake=self.wakeup.set,
-            budget=BudgetGuard(budget) if budget is not None else None,
-        )
+        self.batcher = Batcher(plan, evaluation, self)
+        self.steps = walker(self)
 
     # -- the loop ---------------------------------------------------------------
     async def run(self) -> list[Any]:
-        self.recorder.eval_started(self.plan, time.perf_counter())
+        """The output values of the plan, in order; raises the first error (``errors="raise"``)."""
         try:
             while self.remaining and self.error is None:
                 with quiet_collector():  # a burst of synchronous work: see quiet_collector
@@ -109,12 +98,8 @@ class Scheduler:
                 with quiet_collector():
                     while self.callbacks and self.error is None:
                         self.callbacks.popleft()()
-        except BaseException as exc:
-            self.recorder.eval_finished(time.perf_counter(), exc)
-            raise
         finally:
             await self._cleanup()
-        self.recorder.eval_finished(time.perf_counter(), self.error)
         if self.error is not None:
             raise self.error
         return [scalar_or_array(self.values[id(v)]) for v in self.plan.outputs]
@@ -140,9 +125,10 @@ class Scheduler:
             task.cancel()
         if self.tasks:
             await asyncio.gather(*self.tasks, return_exceptions=True)
-        await self.batcher.close()
+        self.batcher.close()
 
-    def _spawn(self, coroutine: Any, on_done: Callable[[asyncio.Task[Any]], None]) -> None:
+    def spawn(self, coroutine: Any, on_done: Callable[[asyncio.Task[Any]], None]) -> None:
+        """Run ``coroutine`` as a task of this schedule; ``on_done(task)`` runs on the loop's next callbacks."""
         task = asyncio.ensure_future(coroutine)
         self.tasks.add(task)
 
@@ -157,24 +143,24 @@ class Scheduler:
 
     # -- nodes ------------------------------------------------------------------
     def _dispatch_ready(self) -> None:
-        ready, plan = self.ready, self.plan
+        ready, plan, steps = self.ready, self.plan, self.steps
         while ready and self.error is None:
             index = ready.popleft()
             node = plan.nodes[index]
             self.recorder.node_started(node, time.perf_counter())
-            inputs = [self.values[id(v)] for v in node.inputs]
-            mode = node.op.mode
             try:
-                if mode == "generate":
-                    self.batcher.start(index, node, inputs[0], self._has_failed_input(node))
-                elif mode == "python":
-                    self._start_python(index, node, inputs)
-                elif mode == "control":  # loops and branches: one task each (outlines.runtime.control)
-                    self._start_control(index, node, inputs)
-                else:
-                    self._finish(index, self._perform_inline(node, inputs))
+                steps[node.op.mode](index, node, [self.values[id(v)] for v in node.inputs])
             except Exception as exc:  # noqa: BLE001 - reported against the node
-                self._fail_node(index, exc)
+                self.fail(index, exc)
+
+    # -- each kind of node (``walker``) ---------------------------------------------
+    def generate(self, index: int, node: Apply, inputs: list[Any]) -> None:
+        """A model call: its draws join the batcher's queues."""
+        self.batcher.start(index, node, inputs[0], self._has_failed_input(node))
+
+    def inline(self, index: int, node: Apply, inputs: list[Any]) -> None:
+        """A cheap pure op, run here on the loop."""
+        self.finish(index, self._perform_inline(node, inputs))
 
     def _has_failed_input(self, node: Apply) -> bool:
         return bool(self.failed_values) and any(id(v) in self.failed_values for v in node.inputs)
@@ -197,12 +183,13 @@ class Scheduler:
             return broadcast_map(node.op.perform, inputs, **self._guards(node))
         return node.op.perform(*inputs)
 
-    def _start_python(self, index: int, node: Apply, inputs: list[Any]) -> None:
+    def python(self, index: int, node: Apply, inputs: list[Any]) -> None:
+        """A user function: awaited when async, run here when fast, else in the thread pool (in chunks)."""
         op: Any = node.op
         function = op.function
         guards = self._guards(node)
         if function.is_async:
-            self._spawn(op.aperform(*inputs, **guards), lambda t: self._task_done(index, t))
+            self.spawn(op.aperform(*inputs, **guards), lambda t: self._task_done(index, t))
             return
         mean = function.mean_seconds
         inline = function.blocking is False or (
@@ -212,15 +199,14 @@ class Scheduler:
             start = time.perf_counter()
             result = op.perform(*inputs, **guards)
             function.record(time.perf_counter() - start)
-            self._finish(index, result)
+            self.finish(index, result)
             return
 
         self.python_pending.append((index, lambda: op.perform(*inputs, **guards)))
 
-    def _start_control(self, index: int, node: Apply, inputs: list[Any]) -> None:
-        from outlines.runtime.control import run_control
-
-        self._spawn(run_control(self, node, inputs), lambda task: self._task_done(index, task))
+    def control(self, index: int, node: Apply, inputs: list[Any]) -> None:
+        """A loop or a branch: one task, whose iterations are schedules of their own (``outlines.runtime.control``)."""
+        self.spawn(run_control(self.evaluation, node, inputs, schedule), lambda task: self._task_done(index, task))
 
     def _flush_python(self) -> None:
         """Send the blocking Python calls made ready this round, in a few chunks."""
@@ -230,29 +216,38 @@ class Scheduler:
             self._spawn_chunk(pending[start::chunks])
 
     def _spawn_chunk(self, chunk: list[tuple[int, Callable[[], Any]]]) -> None:
-        self._spawn(self.executor.call(_run_chunk, chunk), lambda task: self._chunk_done(chunk, task))
+        self.spawn(self.executor.call(_run_chunk, chunk), lambda task: self._chunk_done(chunk, task))
 
     def _chunk_done(self, chunk: list[tuple[int, Callable[[], Any]]], task: asyncio.Task[Any]) -> None:
         if task.exception() is not None:
             for index, _ in chunk:
-                self._fail_node(index, task.exception())  # type: ignore[arg-type]
+                self.fail(index, task.exception())  # type: ignore[arg-type]
             return
         for index, ok, value, seconds in task.result():
             # Recorded here, not where it ran: a worker's copy of the function is not ours.
             self.plan.nodes[index].op.function.record(seconds)  # type: ignore[attr-defined]
             if ok:
-                self._finish(index, value)
+                self.finish(index, value)
             else:
-                self._fail_node(index, value)
+                self.fail(index, value)
 
     def _task_done(self, index: int, task: asyncio.Task[Any]) -> None:
         exc = task.exception()
         if exc is not None:
-            self._fail_node(index, exc)
+            self.fail(index, exc)
         else:
-            self._finish(index, task.result())
+            self.finish(index, task.result())
 
-    def _finish(self, index: int, result: Any, error: BaseException | None = None) -> None:
+    def queued_draws(self) -> int:
+        """Draws waiting in the batcher's queues, not sent yet (for progress)."""
+        return self.batcher.queued_draws()
+
+    def wake(self) -> None:
+        """Wake the loop (a gathering window closed)."""
+        self.wakeup.set()
+
+    def finish(self, index: int, result: Any, error: BaseException | None = None) -> None:
+        """Node ``index`` computed ``result``: store it and ready the consumers whose inputs are all there."""
         node = self.plan.nodes[index]
         outputs = node.outputs
         results = result if len(outputs) > 1 else (result,)
@@ -271,7 +266,7 @@ class Scheduler:
             if self.waiting[consumer] == 0:
                 self.ready.append(consumer)
 
-    def _fail_node(self, index: int, exc: BaseException, label: str | None = None) -> None:
+    def fail(self, index: int, exc: BaseException, label: str | None = None) -> None:
         """Fail node ``index`` (``label``: the call a stacked node's failing element stands for)."""
         node = self.plan.nodes[index]
         label = label or node.label
@@ -284,7 +279,38 @@ class Scheduler:
             self.recorder.node_finished(node, time.perf_counter(), exc)
             return
         failure = Failure.from_exception(label, node.op.name, exc)
-        self._finish(index, tuple(failure for _ in node.outputs) if len(node.outputs) > 1 else failure, exc)
+        self.finish(index, tuple(failure for _ in node.outputs) if len(node.outputs) > 1 else failure, exc)
+
+
+async def schedule(plan: Plan, values: dict[int, Any], evaluation: Evaluation) -> tuple[list[Any], int]:
+    """Run ``plan`` as one schedule of ``evaluation``: its output values, and the batches it sent."""
+    scheduler = Scheduler(plan, values, evaluation)
+    return await scheduler.run(), scheduler.batcher.sent
+
+
+class Walk(Protocol):
+    """What a walk of a plan does with each kind of node (``Op.mode``): the scheduler runs them, ``explain`` predicts them."""
+
+    def inline(self, index: int, node: Apply, inputs: list[Any]) -> Any:
+        """A cheap pure op."""
+
+    def python(self, index: int, node: Apply, inputs: list[Any]) -> Any:
+        """A user function (``outlines.fn``)."""
+
+    def generate(self, index: int, node: Apply, inputs: list[Any]) -> Any:
+        """A model call."""
+
+    def control(self, index: int, node: Apply, inputs: list[Any]) -> Any:
+        """A loop or a branch."""
+
+
+#: The kinds of node, by ``Op.mode``.
+MODES = ("inline", "python", "generate", "control")
+
+
+def walker(walk: Walk) -> dict[str, Callable[[int, Apply, list[Any]], Any]]:
+    """``walk``'s step for each kind of node: the one dispatch by ``Op.mode``."""
+    return {mode: getattr(walk, mode) for mode in MODES}
 
 
 @contextlib.contextmanager

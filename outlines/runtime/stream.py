@@ -2,13 +2,12 @@
 
 ``outlines.as_completed(*variables)`` runs ONE schedule, like ``eval``, and
 hands out each Variable's value as soon as the node computing it finishes
-(watched through the scheduler's recorder events: ``Watcher``).
+(a ``Watcher``: one of the listeners the evaluation's recorder is composed of).
 
 ``Program.stream(inputs)`` cuts the leading axis of the array inputs into
-chunks and runs one schedule per chunk, all at once on one event loop and
-sharing one evaluation's bounds: the per-backend concurrency, the
-``max_concurrency`` slots, the cache, the executor; backends are closed once,
-at the end. Each element of a finished chunk is yielded as ``(index, value)``,
+chunks and runs one schedule per chunk, all at once on one event loop, all on
+ONE ``Evaluation``: its per-backend bounds, its ``max_concurrency`` permits,
+its cache, executor and budget; its backends are closed once, at the end. Each element of a finished chunk is yielded as ``(index, value)``,
 ``index`` being its position along the leading axis. A chunk batches its own
 model calls; the default chunk is the smallest ``max_batch`` of the program's
 models (1 when none sets one), so a stream sends about the requests of one
@@ -26,24 +25,19 @@ import asyncio
 import contextlib
 import contextvars
 import queue
-import sys
 import threading
-import time
 import weakref
-from typing import TYPE_CHECKING, Any, AsyncIterator, Callable, Iterator, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, AsyncIterator, Callable, Iterator, Mapping
 
 import numpy as np
 
-from outlines import cache as cache_module
-from outlines.backends.base import Backend
 from outlines.graph.basic import Variable
 from outlines.graph.ops import scalar_or_array
-from outlines.runtime.evaluate import _check_options, _interrupt_raises, _run_watched
-from outlines.runtime.control import _Forward
-from outlines.runtime.executor import resolve_executor
+from outlines.runtime.evaluate import interrupt_raises, run_watched
+from outlines.runtime.events import Listener
 from outlines.runtime.plan import Plan, as_value, bind_givens
 from outlines.runtime.scheduler import Scheduler
-from outlines.tracing import NULL_RECORDER, Forwarding, Recorder, active_recorder
+from outlines.runtime.session import Evaluation, Options
 
 if TYPE_CHECKING:
     from outlines.runtime.program import Program
@@ -134,7 +128,7 @@ def _iterate_sync(factory: Factory) -> Iterator[tuple[int, Any]]:
 
     def target() -> None:
         try:
-            context.run(_run_watched, main())  # eval's loop: the cache writer waits out its bursts
+            context.run(run_watched, main())  # eval's loop: the cache writer waits out its bursts
             results.put((_DONE, None))
         except asyncio.CancelledError:  # closed by the caller: nobody reads on
             results.put((_DONE, None))
@@ -147,7 +141,7 @@ def _iterate_sync(factory: Factory) -> Iterator[tuple[int, Any]]:
     thread.start()
     try:
         while True:
-            with _interrupt_raises():
+            with interrupt_raises():
                 kind, payload = results.get()
             if kind == _DONE:
                 return
@@ -162,33 +156,29 @@ def _iterate_sync(factory: Factory) -> Iterator[tuple[int, Any]]:
         thread.join()
 
 
-def _check_executor(executor: Any, blocked_loop: asyncio.AbstractEventLoop | None) -> None:
-    if blocked_loop is not None and "outlines.backends.dask" in sys.modules:
-        from outlines.backends.dask import DaskExecutor
-
-        if isinstance(executor, DaskExecutor):
-            executor.check_not_on(blocked_loop)
-
-
 # -- as_completed: one schedule, outputs as their nodes finish ----------------------------
-class Watcher(Forwarding):
-    """Passes every event on, and reports each output Variable once its node has finished."""
+class Watcher(Listener):
+    """Reports each output Variable of ``plan`` once its node has finished, read from ``values``.
 
-    def __init__(self, inner: Recorder, scheduler: Scheduler, report: Callable[[int, Any], None]) -> None:
-        super().__init__(inner)
-        self.scheduler = scheduler
+    ``values`` is the schedule's table of values (``Scheduler.values``);
+    ``raising``: with ``errors="raise"`` a failed node reports nothing (the
+    schedule raises its error).
+    """
+
+    def __init__(self, plan: Plan, values: dict[int, Any], raising: bool, report: Callable[[int, Any], None]) -> None:
+        self.values = values
+        self.raising = raising
         self.report = report
         self.positions: dict[int, list[int]] = {}  # id(output Variable) -> its positions in the arguments
-        for position, variable in enumerate(scheduler.plan.outputs):
+        for position, variable in enumerate(plan.outputs):
             self.positions.setdefault(id(variable), []).append(position)
 
     def node_finished(self, node: Any, t: float, error: BaseException | None = None) -> None:
-        super().node_finished(node, t, error)
-        if error is not None and not self.scheduler.return_failures:
-            return  # the scheduler raises it
+        if error is not None and self.raising:
+            return
         for output in node.outputs:
             for position in self.positions.get(id(output), ()):
-                self.report(position, scalar_or_array(self.scheduler.values[id(output)]))
+                self.report(position, scalar_or_array(self.values[id(output)]))
 
 
 def as_completed(*variables: Variable, givens: Mapping[Any, Any] | None = None, **options: Any) -> Stream:
@@ -226,29 +216,24 @@ def as_completed(*variables: Variable, givens: Mapping[Any, Any] | None = None, 
     """
     if not variables:
         raise TypeError("as_completed needs at least one Variable")
-    options = _check_options(options)
+    checked = Options.check(options)
     plan = Plan(variables)
     bind_givens(plan, givens)  # a missing input raises here, not at the first iteration
 
     async def results(blocked_loop: asyncio.AbstractEventLoop | None) -> AsyncIterator[tuple[int, Any]]:
         ready: asyncio.Queue[tuple[int, Any]] = asyncio.Queue()
-        executor = resolve_executor(options["executor"])
-        _check_executor(executor, blocked_loop)
-        scheduler = Scheduler(
-            plan,
-            bind_givens(plan, givens),
-            cache=options["cache"],
-            errors=options["errors"],
-            max_concurrency=options["max_concurrency"],
-            recorder=active_recorder(),
-            executor=executor,
-            batch_window=options["batch_window"],
-        )
-        scheduler.recorder = Watcher(scheduler.recorder, scheduler, lambda i, v: ready.put_nowait((i, v)))
+        values = bind_givens(plan, givens)
+        watcher = Watcher(plan, values, checked.errors == "raise", lambda i, v: ready.put_nowait((i, v)))
+        evaluation = Evaluation.open(checked, watcher, blocked_loop=blocked_loop)
         for position, variable in enumerate(plan.outputs):
             if variable.owner is None:  # an input or a constant: known before anything runs
-                ready.put_nowait((position, scalar_or_array(scheduler.values[id(variable)])))
-        run = asyncio.ensure_future(scheduler.run())
+                ready.put_nowait((position, scalar_or_array(values[id(variable)])))
+
+        async def evaluate() -> list[Any]:
+            async with evaluation.running(plan):
+                return await Scheduler(plan, values, evaluation).run()
+
+        run = asyncio.ensure_future(evaluate())
         try:
             for _ in range(len(variables)):
                 getter = asyncio.ensure_future(ready.get())
@@ -267,17 +252,6 @@ def as_completed(*variables: Variable, givens: Mapping[Any, Any] | None = None, 
 
 
 # -- Program.stream: one schedule per chunk of the leading axis ------------------------
-class _Chunk(Scheduler):
-    """The schedule of one chunk: its backends stay open for the other chunks."""
-
-    backends: set[Backend]
-
-    async def _cleanup(self) -> None:
-        queues, self.batcher.queues = self.batcher.queues, {}
-        self.backends.update(q.backend for q in queues.values())
-        await super()._cleanup()
-
-
 def default_chunk_size(plan: Plan) -> int:
     """The smallest ``max_batch`` among the plan's model calls; 1 when none sets one."""
     sizes = [n.op.backend.max_batch for n in plan.nodes if n.op.mode == "generate"]  # type: ignore[attr-defined]
@@ -313,58 +287,33 @@ def stream_program(program: Program, givens: dict[Variable, Any], chunk_size: in
         }
 
     async def results(blocked_loop: asyncio.AbstractEventLoop | None) -> AsyncIterator[tuple[int, Any]]:
-        executor = resolve_executor(options["executor"])
-        _check_executor(executor, blocked_loop)
-        cache = cache_module.resolve(options["cache"])
-        recorder = active_recorder()
-        # A chunk's events reach the trace as a loop iteration's do: one evaluation, batch ids renumbered.
-        forward = _Forward(recorder) if recorder is not NULL_RECORDER else None
-        bound = options["max_concurrency"]
-        request_limit = asyncio.Semaphore(bound) if bound else None
-        limits: dict[Backend, asyncio.Semaphore | None] = {}
-        backends: set[Backend] = set()
+        # One evaluation, whose schedules are the chunks: one cache, executor, budget and set of limits.
+        evaluation = Evaluation.open(options, blocked_loop=blocked_loop)
 
         async def run_chunk(start: int) -> tuple[int, list[Any]]:
-            scheduler = _Chunk(
-                program.plan,
-                bind_givens(program.plan, chunk(start)),
-                cache=cache if cache is not None else False,
-                errors=options["errors"],
-                recorder=forward,
-                executor=executor,
-                batch_window=options["batch_window"],
-            )
-            scheduler.backends = backends
-            # One evaluation's bounds for all chunks (as a loop's nested schedules share them).
-            scheduler.batcher.request_limit = request_limit
-            scheduler.batcher.limits = limits
-            return start, await scheduler.run()
+            return start, await Scheduler(program.plan, bind_givens(program.plan, chunk(start)), evaluation).run()
 
-        recorder.eval_started(program.plan, time.perf_counter())
-        tasks = [asyncio.ensure_future(run_chunk(start)) for start in range(0, length, size)]
-        error: BaseException | None = None
-        try:
-            for finished in asyncio.as_completed(tasks):
-                start, outputs = await finished
-                count = min(size, length - start)
-                for output, value in zip(program._outputs, outputs):
-                    if not isinstance(value, np.ndarray) or value.ndim == 0 or value.shape[0] != count:
-                        raise ValueError(
-                            f"{program.name}.stream: output {output.name or output!r} has shape {np.shape(value)} "
-                            f"for {count} input element(s); every output must keep the inputs' leading axis"
-                        )
-                for offset in range(count):
-                    row = [scalar_or_array(value[offset]) for value in outputs]
-                    yield start + offset, row[0] if program._single else tuple(row)
-        except Exception as exc:  # a cancelled or closed stream is no error of the evaluation
-            error = exc
-            raise
-        finally:
-            for task in tasks:
-                task.cancel()
-            await asyncio.gather(*tasks, return_exceptions=True)
-            for backend in sorted(backends, key=repr):
-                await backend.aclose()
-            recorder.eval_finished(time.perf_counter(), error)
+        outputs_of = program.outputs if isinstance(program.outputs, tuple) else (program.outputs,)
+
+        async with evaluation.running(program.plan):
+            tasks = [asyncio.ensure_future(run_chunk(start)) for start in range(0, length, size)]
+            try:
+                for finished in asyncio.as_completed(tasks):
+                    start, outputs = await finished
+                    count = min(size, length - start)
+                    for output, value in zip(outputs_of, outputs):
+                        if not isinstance(value, np.ndarray) or value.ndim == 0 or value.shape[0] != count:
+                            raise ValueError(
+                                f"{program.name}.stream: output {output.name or output!r} has shape "
+                                f"{np.shape(value)} for {count} input element(s); every output must keep the "
+                                "inputs' leading axis"
+                            )
+                    for offset in range(count):
+                        row = [scalar_or_array(value[offset]) for value in outputs]
+                        yield start + offset, tuple(row) if isinstance(program.outputs, tuple) else row[0]
+            finally:
+                for task in tasks:
+                    task.cancel()
+                await asyncio.gather(*tasks, return_exceptions=True)
 
     return Stream(results, f"{program.name}.stream({length} element(s), chunks of {size})")

@@ -33,13 +33,13 @@ DRAWS = DrawBatch(["x", "y"], [GenerationParams()] * 2, [0, 0])
 def stalled_writer(monkeypatch: pytest.MonkeyPatch) -> Iterator[threading.Event]:
     """Hold every cache commit until the returned event is set (set at teardown): writes stay queued."""
     release = threading.Event()
-    commit = SQLiteStore.put_many
+    commit = SQLiteStore.write
 
     def held(self: SQLiteStore, *args: Any, **kwargs: Any) -> None:
         release.wait(60)
         commit(self, *args, **kwargs)
 
-    monkeypatch.setattr(SQLiteStore, "put_many", held)
+    monkeypatch.setattr(SQLiteStore, "write", held)
     yield release
     release.set()
 

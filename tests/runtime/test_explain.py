@@ -92,7 +92,8 @@ def test_predicted_requests_equal_real_ones(shape, max_batch) -> None:  # type: 
     plan = outlines.explain(*outs, givens=givens, cache=False)
     assert recording.batches == []  # a dry run sends nothing
     trace = _real(outs, givens, cache=False)
-    assert plan.requests == len(recording.batches) == len(trace.batches)
+    assert len(plan.batches) == len(recording.batches) == len(trace.batches)
+    assert plan.requests == len(plan.batches)  # a recording backend receives each batch as one request
     assert sorted(b.size for b in plan.batches) == sorted(len(b) for b in recording.batches)
     assert plan.draws == trace.cache_misses
     assert plan.nodes_by_kind["generate"] == sum(1 for n in trace.nodes.values() if n.kind == "generate")
@@ -109,7 +110,7 @@ def test_python_steps_in_the_thread_pool_keep_the_predicted_count() -> None:
         before = len(recording.batches)
         # ... and holds while the steps return within the gathering window (wide on a loaded machine).
         outlines.eval(*outs, givens=givens, cache=False, batch_window=0.25)
-        assert len(recording.batches) - before == plan.requests == 9
+        assert len(recording.batches) - before == len(plan.batches) == 9
 
 
 def test_known_prompts_are_exact_and_unknown_ones_are_counted_by_shape() -> None:
@@ -130,13 +131,13 @@ def test_cache_hits_known_in_advance(tmp_path) -> None:
     outlines.eval(*outs, givens=givens, cache=cache)
     sent = len(recording.batches)
     again = outlines.explain(*outs, givens=givens, cache=cache)
-    assert again.requests == 0 and again.cache_hits == 15 and again.exact
+    assert again.batches == [] and again.cache_hits == 15 and again.exact
     more = {"q": [f"q{i}" for i in range(7)]}
     plan = outlines.explain(*outs, givens=more, cache=cache)
     # cached answers make the later prompts of q0..q4 known: only q5, q6 are unknown there
-    assert (plan.cache_hits, plan.requests, plan.unknown_draws) == (15, 3, 4)
+    assert (plan.cache_hits, len(plan.batches), plan.unknown_draws) == (15, 3, 4)
     outlines.eval(*outs, givens=more, cache=cache)
-    assert len(recording.batches) - sent == plan.requests
+    assert len(recording.batches) - sent == len(plan.batches)
     assert sorted(b.size for b in plan.batches) == sorted(len(b) for b in recording.batches[sent:])
 
 
@@ -148,9 +149,9 @@ def test_greedy_duplicates_collapse() -> None:
     givens = {"q": ["a", "b", "a"]}
     plan = outlines.explain(*outs, givens=givens, cache=False)
     _real(outs, givens, cache=False)
-    assert plan.requests == len(recording.batches) == 1
+    assert len(plan.batches) == len(recording.batches) == 1
     assert plan.batches[0].size == len(recording.batches[0]) == 4  # a, b, a!, b!
-    assert plan.deduplicated == 11  # 15 draws, 4 requests
+    assert plan.deduplicated == 11  # 15 draws, 4 sent
 
 
 def test_unbound_inputs_make_sizes_unknown() -> None:
@@ -161,7 +162,7 @@ def test_unbound_inputs_make_sizes_unknown() -> None:
     assert len(plan.unknown_nodes) == 2 and not plan.exact
     assert "unknown size" in str(plan)
     data = plan.to_dict()
-    assert data["requests"] == 0 and data["exact"] is False
+    assert data["requests"] == 0 and data["batches"] == [] and data["exact"] is False
 
 
 def test_explain_rejects_unknown_options() -> None:
@@ -184,7 +185,7 @@ def test_a_python_step_on_one_branch_is_a_caveat_not_an_exact_prediction() -> No
     q = outlines.string("q")
     fast_branch, slow_branch = llm(q + "a"), llm(slow(q))
     plan = outlines.explain(fast_branch, slow_branch, givens={"q": "x"}, cache=False)
-    assert plan.requests == 1 and not plan.batching_exact and not plan.exact
+    assert len(plan.batches) == 1 and not plan.batching_exact and not plan.exact
     assert plan.timing_dependent == [fast_branch.owner.label, slow_branch.owner.label]
     assert "caveat" in plan.summary() and "prediction: an estimate" in plan.summary()
     assert plan.to_dict()["timing_dependent"] == plan.timing_dependent
@@ -198,7 +199,7 @@ def test_branches_waiting_on_the_same_step_stay_exact() -> None:
     q = outlines.string("q")
     shared = outlines.fn(str.strip, name="strip", blocking=True)(q)
     plan = outlines.explain(llm(shared + "a"), llm(shared + "b"), givens={"q": " x "}, cache=False)
-    assert plan.requests == 1 and plan.batching_exact and plan.timing_dependent == []
+    assert len(plan.batches) == 1 and plan.batching_exact and plan.timing_dependent == []
     assert "caveat" not in plan.summary()
 
 
@@ -206,7 +207,7 @@ def test_known_prompts_without_python_steps_are_exact() -> None:
     llm = RecordingBackend(answer).model()
     q = outlines.string("q")
     plan = outlines.explain(llm(q + "a"), llm(q + "b"), givens={"q": "x"}, cache=False)
-    assert plan.requests == 1 and plan.exact and "prediction: exact" in plan.summary()
+    assert len(plan.batches) == 1 and plan.exact and "prediction: exact" in plan.summary()
 
 
 def test_predicted_batches_keep_each_prompts_samples_together() -> None:

@@ -15,9 +15,11 @@ def test_ten_million_samples_are_counted_without_listing_each_draw(monkeypatch: 
         raise AssertionError("explain listed every draw of a 10^7-draw call")
 
     monkeypatch.setattr(models.Generate, "draws", listing)
+    monkeypatch.setattr(models.Generate, "columns", listing)
     llm = models.from_function(lambda p: p, temperature=0.7, max_batch=4_000_000)
     plan = outlines.explain(llm("hi", num_samples=10**7), cache=False)
-    assert plan.draws == 10**7 and plan.requests == 3
+    assert plan.draws == 10**7 and len(plan.batches) == 3
+    assert plan.requests == 10**7  # a function called once per draw: one request each
     assert plan.unknown_draws == 10**7  # the cache status of these is not checked
 
 
@@ -27,4 +29,4 @@ def test_calls_under_the_cap_are_still_checked_draw_by_draw(tmp_path: Any) -> No
     store = outlines.cache.Cache(tmp_path)
     call.eval(cache=store)
     plan = outlines.explain(call, cache=store)
-    assert plan.cache_hits == plan.draws == 100 and plan.requests == 0
+    assert plan.cache_hits == plan.draws == 100 and plan.batches == [] and plan.requests == 0

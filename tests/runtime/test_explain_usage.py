@@ -60,6 +60,10 @@ def test_predicted_prompt_tokens_equal_the_usage_the_server_reports(
     reported = trace.tokens
     assert plan.prompt_tokens == reported[0] > 0
     assert usage.requests == len(server.requests) and usage.batches == len(trace.batches)
+    # One meaning per word in the summary: batches are backend calls, requests go on the wire.
+    assert plan.requests == len(server.requests) and plan.batches_per_backend == {repr(llm.backend): usage.batches}
+    assert f"batches: {usage.batches} (" in plan.summary() and f"; requests: {plan.requests}" in plan.summary()
+    assert f"{usage.requests} request(s) in {usage.batches} batch(es)" in plan.summary()
     # 3 unique questions x 3 samples, at most 7 tokens each.
     assert plan.completion_tokens == 3 * 3 * 7 >= reported[1]
     assert plan.cost == pytest.approx(Price(2.0, 8.0).cost(plan.prompt_tokens, 63))

@@ -186,25 +186,17 @@ def test_jupyter_shows_one_html_block_updated_in_place(monkeypatch: pytest.Monke
     assert "12/12 draws" in last and 'value="1.000"' in last
 
 
+def _schedule(*outputs: object, queued: int = 0) -> types.SimpleNamespace:
+    """A stand-in for the schedule the figures read: a plan of model calls and the draws queued."""
+    nodes = [types.SimpleNamespace(op=types.SimpleNamespace(mode="generate"), outputs=[output]) for output in outputs]
+    return types.SimpleNamespace(plan=types.SimpleNamespace(nodes=nodes), queued_draws=lambda: queued)
+
+
 def test_known_shapes_give_the_total_before_the_draws_start() -> None:
-    counter = progress.Counter(outlines.tracing.Recorder(), types.SimpleNamespace(batcher=types.SimpleNamespace(queues={}), plan=types.SimpleNamespace(
-        nodes=[types.SimpleNamespace(op=types.SimpleNamespace(mode="generate"),
-                                     outputs=[types.SimpleNamespace(shape=(3, 5))])])))
-    assert counter.total() == (15, True)
-    assert counter.line().startswith("outlines: 0/15 draws | 0 batches running")
-    unknown = progress.Counter(outlines.tracing.Recorder(), types.SimpleNamespace(batcher=types.SimpleNamespace(queues={}), plan=types.SimpleNamespace(
-        nodes=[types.SimpleNamespace(op=types.SimpleNamespace(mode="generate"), outputs=[object()])])))
+    known = progress.Progress(progress.Counter(), _schedule(types.SimpleNamespace(shape=(3, 5))))
+    assert known.total() == (15, True)
+    assert known.line().startswith("outlines: 0/15 draws | 0 batches running")
+    unknown = progress.Progress(progress.Counter(), _schedule(object()))
     assert unknown.line().startswith("outlines: 0/0+ draws")
-
-
-def test_the_counter_passes_on_every_recorder_event():
-    """A recorder event the Counter does not pass on would stop at Recorder's no-op."""
-    from outlines.runtime.control import _Forward
-    from outlines.tracing import Recorder
-
-    events = {name for name, value in vars(Recorder).items() if callable(value) and not name.startswith("_")}
-    events.discard("for_eval")  # a factory called before the Counter exists, not an event
-    # A nested schedule (one loop iteration) is not an evaluation of its own.
-    for wrapper, own in ((progress.Counter, set()), (_Forward, {"eval_started", "eval_finished"})):
-        missing = sorted(name for name in events - own if getattr(wrapper, name) is getattr(Recorder, name))
-        assert not missing, f"{wrapper.__name__} drops {missing}"
+    queued = progress.Progress(progress.Counter(), _schedule(queued=4))
+    assert queued.total() == (4, True)  # draws waiting in the batcher's queues count too

@@ -340,4 +340,4 @@ def test_backends_receive_one_draw_batch_of_unique_draws_per_batch() -> None:
     assert list(a) == ["a.", "b.", "a.", "c."] and list(b) == list(a)
     assert len(received) == 1 and isinstance(received[0], DrawBatch)
     assert list(zip(received[0].prompts, received[0].numbers)) == [
-        ("a", 0), ("b", 0), ("c", 0), ("a", 1), ("b", 1), ("c", 1)]
+        ("a", 0), ("a", 1), ("b", 0), ("b", 1), ("c", 0), ("c", 1)]  # each prompt's draws together

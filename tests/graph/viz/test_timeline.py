@@ -17,7 +17,7 @@ from outlines import models
 from outlines.backends.function import FunctionBackend
 from outlines.graph.viz import jupyter as display
 from outlines.graph.viz.timeline import backend_label, timeline_html, timeline_svg, write_timeline
-from outlines.tracing import BatchRecord, ModelLoadRecord, NodeRecord, RequestRecord, Trace
+from outlines.runtime.tracing import BatchRecord, ModelLoadRecord, NodeRecord, RequestRecord, Trace
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 needs_chromium = pytest.mark.skipif(CHROMIUM is None, reason="Chromium is not installed (apt-get install chromium; "

@@ -12,7 +12,8 @@ import outlines
 from outlines import models
 from outlines.cache import Cache
 from outlines.runtime.plan import Plan
-from outlines.tracing import NULL_RECORDER, Trace, active_recorder
+from outlines.runtime.events import NULL as NULL_RECORDER
+from outlines.runtime.tracing import Trace, active_recorder
 from tests.fixtures.recording import RecordingBackend
 
 
@@ -209,7 +210,10 @@ def test_http_requests_are_counted_apart_from_backend_calls(fake_openai) -> None
     (name,) = trace.requests_per_backend
     assert trace.requests_per_backend[name] == 1
     assert trace.http_requests_per_backend[name] == len(fake_openai.requests) == 3
-    assert "http" in trace.summary()
+    header = next(line for line in trace.summary().splitlines() if line.strip().startswith("backend"))
+    assert header.split()[1:4] == ["batches", "requests", "draws"]  # one word per meaning
+    row = next(line for line in trace.summary().splitlines() if line.strip().startswith(name[:20]))
+    assert row.split()[-4:-1] == ["1", "3", "3"]  # 1 batch, 3 wire requests, 3 draws
 
 
 def test_returned_failures_count_as_errors() -> None:

@@ -1,0 +1,687 @@
+"""The ``Trace``: what evaluations did, recorded from their events.
+
+``outlines.trace()`` installs a ``Trace`` in a context variable; every
+evaluation started inside the block (sync, async, or on the helper thread of a
+sync eval inside a running loop) adds its own listener (``Trace.for_eval``) to
+its recorder (``outlines.runtime.events``): node start/end, batches sent to
+backends, wire requests, cache hits and token usage. Times are seconds from the
+start of the trace. A trace holds labels, reprs and numbers only: no values, no
+prompts, no secrets. ``outlines.tracing`` is this module's public name.
+"""
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import json
+import os
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Any, Callable, Iterator
+
+from outlines.labels import label_of
+from outlines.runtime.events import NULL, Listener, Recorder
+
+__all__ = [
+    "BatchRecord",
+    "IterationRecord",
+    "ModelLoadRecord",
+    "NodeRecord",
+    "Recorder",
+    "RequestRecord",
+    "Trace",
+    "active_recorder",
+    "trace",
+]
+
+
+_active: contextvars.ContextVar[Trace | None] = contextvars.ContextVar("outlines_trace", default=None)
+
+
+def active_recorder() -> Recorder:
+    """What an evaluation starting now reports to for the active ``trace()`` (``NULL`` outside one)."""
+    trace = _active.get()
+    return trace.for_eval() if trace is not None else NULL
+
+
+def _first_line(error: Any) -> str | None:
+    """``Type: first line of the message`` of an exception, or of a ``Failure``."""
+    if error is None:
+        return None
+    kind, message = getattr(error, "error_type", None), getattr(error, "message", None)
+    if kind is None or message is None:  # an exception rather than an outlines.Failure
+        kind, message = type(error).__name__, str(error)
+    lines = str(message).strip().splitlines()
+    return f"{kind}: {lines[0]}" if lines else str(kind)
+
+
+@dataclass(slots=True)
+class NodeRecord:
+    """What one node did (its latest run, when a trace holds several evals)."""
+
+    label: str
+    op: str
+    kind: str  # "input", "generate", "python" or "inline"
+    backend: str | None = None
+    start: float | None = None
+    end: float | None = None
+    batch_ids: list[int] = field(default_factory=list)
+    cache_hits: int = 0
+    cache_misses: int = 0
+    error: str | None = None
+    #: Elements that hold an ``outlines.Failure`` raised here (``errors="return"``).
+    failures: int = 0
+    #: Elements not computed because an input element had failed upstream.
+    skipped: int = 0
+    #: Seconds spent computing: for a model call, the union of its batches'
+    #: intervals; ``None`` (unknown) means the whole duration.
+    computing: float | None = None
+    #: What the node computes from what (``drawing.structure_keys``): lets a
+    #: picture of another build of the same graph find this record.
+    structure: str | None = None
+
+    @property
+    def duration(self) -> float:
+        """Seconds from ready (all inputs there) to finished: queueing included."""
+        return (self.end - self.start) if self.start is not None and self.end is not None else 0.0
+
+    @property
+    def compute(self) -> float:
+        """Seconds computing (see ``computing``)."""
+        return self.duration if self.computing is None else min(self.computing, self.duration)
+
+    @property
+    def queued(self) -> float:
+        """Seconds waiting for a backend slot or batch (``duration - compute``)."""
+        return max(self.duration - self.compute, 0.0)
+
+    @property
+    def failed(self) -> int:
+        """Failed elements (a whole-node error counts once)."""
+        return self.failures or (1 if self.error else 0)
+
+
+@dataclass(slots=True)
+class BatchRecord:
+    """One backend call: its size, when it ran, for which nodes, and its tokens."""
+
+    id: int
+    backend: str
+    size: int
+    start: float
+    end: float | None = None
+    nodes: list[str] = field(default_factory=list)
+    worker: str | None = None
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    error: str | None = None
+    #: Wire requests the backend reported (``BatchReport.request``); 0: not reported.
+    requests: int = 0
+    #: A fallback chain's batch: draws answered per model (``repr``); empty otherwise.
+    answered_by: dict[str, int] = field(default_factory=dict)
+
+
+@dataclass(slots=True)
+class IterationRecord:
+    """One iteration of a loop: how many elements were active, batches sent, when."""
+
+    loop: str
+    iteration: int
+    active: int
+    batches: int
+    start: float
+    end: float
+
+
+@dataclass(slots=True)
+class RequestRecord:
+    """One wire request of a batch (``batch`` is the BatchRecord's id)."""
+
+    batch: int
+    start: float
+    end: float
+    error: str | None = None
+    #: The model asked (its repr): the batch's backend, or the member of a fallback chain.
+    model: str | None = None
+
+
+@dataclass(slots=True)
+class ModelLoadRecord:
+    """A local model load, apart from the batch that triggered it."""
+
+    backend: str
+    start: float
+    end: float
+
+
+class ErrorList(list):  # type: ignore[type-arg]
+    """``Trace.errors``: a list of lines that is also callable (``t.errors()``), like ``summary()``."""
+
+    def __call__(self) -> list[str]:
+        return list(self)
+
+
+@dataclass
+class _Eval:
+    start: float
+    end: float | None = None
+    labels: list[str] = field(default_factory=list)
+    parents: list[list[int]] = field(default_factory=list)
+    critical_path: float = 0.0
+    critical_nodes: list[str] = field(default_factory=list)
+    error: str | None = None
+
+
+class Trace:
+    """Per-node timings, batches, requests, cache hits, tokens and errors.
+
+    Attributes
+    ----------
+    nodes
+        ``label -> NodeRecord``, in the order nodes started.
+    batches
+        One ``BatchRecord`` per backend call, numbered across the trace.
+    requests_per_backend
+        ``repr(backend) -> number of backend calls`` (batches).
+    http_requests_per_backend
+        ``repr(backend) -> wire requests``, for backends that report them
+        (one chat call is one request per prompt; retries count too).
+    cache_hits, cache_misses
+        Draws served from the cache / sent, summed over every evaluation.
+    requests
+        One ``RequestRecord`` per wire request a backend reported.
+    model_loads
+        One ``ModelLoadRecord`` per local model load.
+    iterations
+        One ``IterationRecord`` per iteration of every loop.
+
+    Notes
+    -----
+    ``summary()`` and ``errors()`` are both methods. ``errors`` also still reads
+    as a list without the call (``t.errors == []``), as it did when it was a
+    property.
+    """
+
+    def __init__(self) -> None:
+        self.origin = time.perf_counter()
+        self.nodes: dict[str, NodeRecord] = {}
+        self.batches: list[BatchRecord] = []
+        self.requests: list[RequestRecord] = []
+        self.model_loads: list[ModelLoadRecord] = []
+        self.requests_per_backend: dict[str, int] = {}
+        self.cache_hits = 0
+        self.cache_misses = 0
+        self.evals: list[_Eval] = []
+        self.iterations: list[IterationRecord] = []
+        self.closed_at: float | None = None
+        #: Wall-clock nanoseconds at ``origin`` (for exporters: ``outlines.otel``).
+        self.origin_ns = time.time_ns()
+        #: ``repr(backend) -> (model name, its own price or None)``, for ``cost``.
+        self.models: dict[str, tuple[str, Any]] = {}
+        #: ``repr(backend) -> the label it gives itself`` (``outlines.labels.label_of``), for pictures.
+        self.labels: dict[str, str] = {}
+
+    def for_eval(self) -> Recorder:
+        """The listener one evaluation reports to (each evaluation has its own)."""
+        return _EvalRecorder(self)
+
+    def _time(self, t: float) -> float:
+        return t - self.origin
+
+    # -- derived figures ------------------------------------------------------------
+    @property
+    def wall(self) -> float:
+        """Seconds during which at least one evaluation was running."""
+        return sum(end - start for start, end, _ in self._clusters())
+
+    @property
+    def critical_path(self) -> float:
+        """Seconds of the longest chain of dependent nodes (summed over sequential evals)."""
+        return sum(longest.critical_path for _, _, longest in self._clusters())
+
+    @property
+    def critical_path_nodes(self) -> list[str]:
+        """Labels along that chain, in order."""
+        return [label for _, _, longest in self._clusters() for label in longest.critical_nodes]
+
+    def _clusters(self) -> list[tuple[float, float, _Eval]]:
+        """Overlapping evals merged: (start, end, the eval with the longest critical path)."""
+        now = self._time(self.closed_at or time.perf_counter())
+        merged: list[tuple[float, float, _Eval]] = []
+        for record in sorted(self.evals, key=lambda e: e.start):
+            end = record.end if record.end is not None else now
+            if merged and record.start < merged[-1][1]:
+                start, last, longest = merged[-1]
+                longest = longest if longest.critical_path >= record.critical_path else record
+                merged[-1] = (start, max(last, end), longest)
+            else:
+                merged.append((record.start, end, record))
+        return merged
+
+    @property
+    def http_requests_per_backend(self) -> dict[str, int]:
+        timed: dict[int, int] = {}
+        for request in self.requests:
+            timed[request.batch] = timed.get(request.batch, 0) + 1
+        counts: dict[str, int] = {}
+        for batch in self.batches:
+            sent = max(batch.requests, timed.get(batch.id, 0))
+            if sent:
+                counts[batch.backend] = counts.get(batch.backend, 0) + sent
+        return counts
+
+    @property
+    def tokens(self) -> tuple[int, int]:
+        """(prompt tokens, completion tokens) reported by backends."""
+        return (sum(b.prompt_tokens for b in self.batches), sum(b.completion_tokens for b in self.batches))
+
+    @property
+    def tokens_per_backend(self) -> dict[str, tuple[int, int]]:
+        """``repr(backend) -> (prompt tokens, completion tokens)`` as reported."""
+        out: dict[str, tuple[int, int]] = {}
+        for b in self.batches:
+            prompt, completion = out.get(b.backend, (0, 0))
+            out[b.backend] = (prompt + b.prompt_tokens, completion + b.completion_tokens)
+        return out
+
+    def cost_per_backend(self, prices: Any = None) -> dict[str, float | None]:
+        """``repr(backend) -> money`` spent, from reported usage: the model's ``price``, else ``prices[model name]``.
+
+        ``None`` for a backend without a price, or that reported no usage
+        (a ``from_function`` model): its cost is unknown, not zero.
+        """
+        from outlines.backends.usage import Price
+
+        out: dict[str, float | None] = {}
+        for name, (prompt, completion) in self.tokens_per_backend.items():
+            model, own = self.models.get(name, (name, None))
+            price = own if own is not None else (prices or {}).get(model, (prices or {}).get(name))
+            reported = prompt or completion
+            out[name] = None if price is None or not reported else Price.of(price).cost(prompt, completion)
+        return out
+
+    def cost(self, prices: Any = None) -> float | None:
+        """Money spent, from the usage backends reported (``None`` when a backend has no price)."""
+        costs = list(self.cost_per_backend(prices).values())
+        return None if None in costs else sum(c for c in costs if c is not None)
+
+    @property
+    def errors(self) -> ErrorList:
+        """One line per failed node (with its count of failed elements) and per failed batch.
+
+        With ``errors="return"`` a node whose elements hold ``outlines.Failure``
+        values is listed even though the evaluation itself succeeded. Call it
+        (``t.errors()``) or read it as a list (``t.errors``): both work.
+        """
+        lines = ErrorList()
+        for n in self.nodes.values():
+            if n.failures:
+                first = f": first {n.error}" if n.error else ""
+                lines.append(f"{n.label}: {n.failures} failed element(s){first}")
+            elif n.error:
+                lines.append(f"{n.label}: {n.error}")
+        lines.extend(f"batch {b.id} ({b.backend}): {b.error}" for b in self.batches if b.error)
+        return lines
+
+    @property
+    def failures(self) -> int:
+        """Failed elements (or nodes) summed over the trace; upstream skips not counted."""
+        return sum(n.failed for n in self.nodes.values())
+
+    # -- output ---------------------------------------------------------------
+    def to_dict(self) -> dict[str, Any]:
+        """Everything as JSON-able data (the format of ``to_json``)."""
+        prompt_tokens, completion_tokens = self.tokens
+        return {
+            "wall": self.wall,
+            "critical_path": self.critical_path,
+            "critical_path_nodes": self.critical_path_nodes,
+            "requests_per_backend": dict(self.requests_per_backend),
+            "http_requests_per_backend": self.http_requests_per_backend,
+            "cache_hits": self.cache_hits,
+            "cache_misses": self.cache_misses,
+            "prompt_tokens": prompt_tokens,
+            "completion_tokens": completion_tokens,
+            "cost": self.cost(),
+            "errors": list(self.errors),
+            "nodes": [dict(asdict(n), queued=n.queued) for n in self.nodes.values()],
+            "batches": [asdict(b) for b in self.batches],
+            "iterations": [asdict(i) for i in self.iterations],
+            "requests": [asdict(r) for r in self.requests],
+            "model_loads": [asdict(m) for m in self.model_loads],
+        }
+
+    def to_json(self, path: str | os.PathLike[str]) -> None:
+        """Write ``to_dict()`` as JSON to ``path``."""
+        with open(path, "w", encoding="utf-8") as file:
+            json.dump(self.to_dict(), file, indent=1)
+
+    def timeline(self, path: str | os.PathLike[str]) -> Any:
+        """Write a self-contained HTML Gantt chart of what ran when."""
+        from outlines.graph.viz.timeline import write_timeline
+
+        return write_timeline(self, path)
+
+    def summary(self, prices: Any = None) -> str:
+        """A readable text table of the trace; ``prices``: model name -> (input, output) per 1M tokens."""
+        lines = [f"outlines trace: {len(self.evals)} evaluation(s), {len(self.nodes)} node(s)"]
+        kinds: dict[str, list[NodeRecord]] = {}
+        for record in self.nodes.values():
+            kinds.setdefault(record.kind, []).append(record)
+        lines.append(f"  {'nodes':<12}{'count':>8}{'busy s':>10}{'compute s':>11}{'queued s':>10}{'errors':>8}")
+        for kind in ("input", "inline", "python", "generate"):
+            group = kinds.get(kind, [])
+            if group:
+                busy = _union((r.start, r.end) for r in group if r.start is not None and r.end is not None)
+                compute = self._compute_union(group)
+                queued = sum(r.queued for r in group)
+                failed = sum(r.failed for r in group)
+                lines.append(f"  {kind:<12}{len(group):>8}{busy:>10.3f}{compute:>11.3f}{queued:>10.3f}{failed:>8}")
+        lines.append("  (busy: time any node of the kind was running; compute: time a batch or call was")
+        lines.append("   running; queued: summed per node, waiting for a backend slot)")
+        if self.model_loads:
+            for load in self.model_loads:
+                lines.append(f"  model load {_clip(load.backend, 40)}: {load.end - load.start:.3f} s")
+        if self.batches:
+            wire = self.http_requests_per_backend
+            lines.append(f"  {'backend':<40}{'batches':>8}{'requests':>9}{'draws':>8}{'min/mean/max size':>19}")
+            for backend, count in sorted(self.requests_per_backend.items()):
+                sizes = [b.size for b in self.batches if b.backend == backend]
+                spread = f"{min(sizes)}/{sum(sizes) / len(sizes):.1f}/{max(sizes)}"
+                http = str(wire[backend]) if backend in wire else "-"
+                lines.append(f"  {_clip(backend, 39):<40}{count:>8}{http:>9}{sum(sizes):>8}{spread:>19}")
+        answered: dict[str, int] = {}
+        for batch in self.batches:
+            for model, count in batch.answered_by.items():
+                answered[model] = answered.get(model, 0) + count
+        if answered:
+            lines.append("  fallback chains answered: " + ", ".join(f"{m} {n}" for m, n in answered.items()))
+        loops: dict[str, list[IterationRecord]] = {}
+        for iteration in self.iterations:
+            loops.setdefault(iteration.loop, []).append(iteration)
+        for loop, records in loops.items():
+            active = " ".join(str(r.active) for r in records[:8]) + (" ..." if len(records) > 8 else "")
+            lines.append(f"  {loop}: {len(records)} iteration(s), active elements {active}")
+        prompt_tokens, completion_tokens = self.tokens
+        lines.append(f"  cache: {self.cache_hits} hit(s), {self.cache_misses} miss(es)")
+        lines.append(f"  tokens: {prompt_tokens} prompt, {completion_tokens} completion")
+        for name, cost in self.cost_per_backend(prices).items():
+            used = self.tokens_per_backend[name]
+            if cost is not None:
+                lines.append(f"  cost {_clip(name, 40)}: {cost:.6g} ({used[0]} prompt + {used[1]} completion tokens)")
+            elif not any(used):
+                lines.append(f"  cost {_clip(name, 40)}: unknown (no usage reported)")
+        wall, path = self.wall, self.critical_path
+        ratio = f" ({wall / path:.2f}x)" if path > 0 else ""
+        lines.append(f"  wall {wall:.3f} s, critical path {path:.3f} s{ratio}")
+        errors = self.errors
+        skipped = sum(n.skipped for n in self.nodes.values())
+        if errors:
+            lines.append(f"  errors ({self.failures} failed element(s) in {len(errors)} place(s)"
+                         + (f", {skipped} element(s) skipped downstream" if skipped else "") + "):")
+            lines.extend(f"    {_clip(e, 100)}" for e in errors[:10])
+            if len(errors) > 10:
+                lines.append(f"    ... and {len(errors) - 10} more")
+        return "\n".join(lines)
+
+    def _compute_union(self, group: list[NodeRecord]) -> float:
+        """Seconds during which some node of ``group`` was computing (batch intervals for models)."""
+        by_id = {b.id: b for b in self.batches}
+        spans: list[tuple[float, float]] = []
+        for record in group:
+            if record.start is None or record.end is None:
+                continue
+            if record.kind == "generate":
+                spans.extend((by_id[i].start, by_id[i].end or record.end) for i in record.batch_ids if i in by_id)
+            else:
+                spans.append((record.start, record.end))
+        return _union(spans)
+
+    def _repr_mimebundle_(self, include: Any = None, exclude: Any = None) -> dict[str, str]:
+        from outlines.graph.viz.jupyter import trace_mimebundle
+
+        return trace_mimebundle(self)
+
+    def _repr_html_(self) -> str:
+        from outlines.graph.viz.jupyter import trace_html
+
+        return trace_html(self)
+
+    def __repr__(self) -> str:
+        return (
+            f"Trace({len(self.nodes)} nodes, {len(self.batches)} batches, "
+            f"wall={self.wall:.3f}s, critical_path={self.critical_path:.3f}s)"
+        )
+
+
+def _union(spans: Any) -> float:
+    """Total length of the union of ``(start, end)`` intervals: overlaps count once."""
+    total, reach = 0.0, float("-inf")
+    for start, end in sorted(spans):
+        if end <= reach:
+            continue
+        total += end - max(start, reach)
+        reach = end
+    return total
+
+
+def _clip(text: str, width: int) -> str:
+    return text if len(text) <= width else text[: width - 3] + "..."
+
+
+class _EvalRecorder(Listener):
+    """One evaluation's events, written into a shared Trace."""
+
+    def __init__(self, trace: Trace) -> None:
+        self.trace = trace
+        self.eval = _Eval(start=0.0)
+        self.batches: dict[int, BatchRecord] = {}
+        self.index: dict[int, int] = {}  # id(node) -> position in the plan
+        self.records: list[NodeRecord | None] = []
+        self.structure: list[str] = []
+        self.names: dict[int, str] = {}  # id(op or backend) -> its name, computed once
+
+    def eval_started(self, plan: Any, t: float) -> None:
+        trace, now = self.trace, self.trace._time(t)
+        record = self.eval = _Eval(start=now)
+        trace.evals.append(record)
+        record.labels = [node.label for node in plan.nodes]
+        from outlines.graph.viz.drawing import structure_keys
+
+        keys = structure_keys(plan.nodes)
+        self.structure = [keys[id(node)] for node in plan.nodes]
+        self.index = {id(node): i for i, node in enumerate(plan.nodes)}
+        self.records = [None] * len(plan.nodes)
+        record.parents = [[] for _ in plan.nodes]
+        for parent, consumers in enumerate(plan.consumers):
+            for consumer in consumers:
+                record.parents[consumer].append(parent)
+        for variable in plan.inputs:
+            trace.nodes[variable.label] = NodeRecord(variable.label, "input", "input", None, now, now)
+
+    def eval_finished(self, t: float, error: BaseException | None) -> None:
+        self.eval.end = self.trace._time(t)
+        self.eval.error = _first_line(error)
+        self.eval.critical_path, self.eval.critical_nodes = _longest_chain(self.eval, self.records)
+
+    def _name(self, thing: Any, name: Callable[[Any], str]) -> str:
+        known = self.names.get(id(thing))
+        if known is None:
+            known = self.names[id(thing)] = name(thing)
+        return known
+
+    def _backend(self, backend: Any) -> str:
+        """The backend's repr (what the trace keys it by); its label is kept beside it for pictures."""
+        name = self._name(backend, repr)
+        if name not in self.trace.labels:
+            self.trace.labels[name] = label_of(backend)
+        return name
+
+    def _record(self, node: Any) -> NodeRecord | None:
+        position = self.index.get(id(node))
+        return self.records[position] if position is not None else self.trace.nodes.get(node.label)
+
+    def node_started(self, node: Any, t: float) -> None:
+        op, position = node.op, self.index.get(id(node))
+        label = self.eval.labels[position] if position is not None else node.label
+        backend = getattr(op, "backend", None)
+        record = NodeRecord(
+            label,
+            self._name(op, lambda op: op.name),
+            op.mode,
+            self._backend(backend) if backend is not None else None,
+            self.trace._time(t),
+        )
+        self.trace.nodes[label] = record
+        if position is not None:
+            self.records[position] = record
+            record.structure = self.structure[position]
+
+    def node_finished(self, node: Any, t: float, error: BaseException | None = None) -> None:
+        record = self._record(node)
+        if record is not None:
+            record.end = self.trace._time(t)
+            record.error = record.error or _first_line(error)
+            if record.kind == "generate" and record.start is not None and record.batch_ids:
+                by_id = {b.id: b for b in self.batches.values()}
+                spans = [(by_id[i].start, by_id[i].end or record.end) for i in record.batch_ids if i in by_id]
+                record.computing = _union(spans)
+
+    def node_failures(self, node: Any, outputs: tuple[Any, ...]) -> None:
+        record = self._record(node)
+        if record is None:
+            return
+        own, skipped, first = 0, 0, None
+        for failure in _failures(outputs):
+            if failure.upstream is None:
+                own += 1
+                first = first or failure
+            else:
+                skipped += 1
+        record.failures += own
+        record.skipped += skipped
+        if first is not None and record.error is None:
+            record.error = _first_line(first)
+
+    def node_cache(self, node: Any, hits: int, misses: int) -> None:
+        self.trace.cache_hits += hits
+        self.trace.cache_misses += misses
+        record = self._record(node)
+        if record is not None:
+            record.cache_hits += hits
+            record.cache_misses += misses
+
+    def batch_started(self, batch_id: int, backend: Any, nodes: list[Any], size: int, t: float) -> None:
+        trace = self.trace
+        name = self._backend(backend)
+        labels = [n if isinstance(n, str) else n.label for n in nodes]
+        record = BatchRecord(len(trace.batches) + 1, name, size, trace._time(t), nodes=labels)
+        if name not in trace.models:
+            trace.models[name] = (getattr(backend, "model_name", name), getattr(backend, "price", None))
+        trace.batches.append(record)
+        self.batches[batch_id] = record
+        trace.requests_per_backend[name] = trace.requests_per_backend.get(name, 0) + 1
+        for label in labels:
+            node = trace.nodes.get(label)
+            if node is not None:
+                node.batch_ids.append(record.id)
+
+    def batch_finished(
+        self,
+        batch_id: int,
+        t: float,
+        error: BaseException | None,
+        usage: tuple[int, int],
+        worker: str | None,
+        requests: int = 0,
+    ) -> None:
+        record = self.batches.get(batch_id)
+        if record is None:
+            return
+        record.end = self.trace._time(t)
+        record.error = _first_line(error)
+        record.prompt_tokens, record.completion_tokens = int(usage[0]), int(usage[1])
+        record.worker = worker
+        record.requests = requests
+
+    def request_finished(
+        self, batch_id: int, start: float, end: float, error: BaseException | None = None, model: str | None = None
+    ) -> None:
+        record = self.batches.get(batch_id)
+        if record is not None:
+            trace = self.trace
+            trace.requests.append(
+                RequestRecord(record.id, trace._time(start), trace._time(end), _first_line(error), model or record.backend)
+            )
+
+    def draws_answered(self, batch_id: int, answered_by: dict[str, int]) -> None:
+        record = self.batches.get(batch_id)
+        if record is not None:
+            record.answered_by = dict(answered_by)
+
+    def model_loaded(self, backend: Any, start: float, end: float) -> None:
+        trace = self.trace
+        trace.model_loads.append(ModelLoadRecord(self._backend(backend), trace._time(start), trace._time(end)))
+
+    def loop_iteration(self, node: Any, iteration: int, active: int, batches: int, start: float, end: float) -> None:
+        trace = self.trace
+        trace.iterations.append(
+            IterationRecord(node.label, iteration, active, batches, trace._time(start), trace._time(end))
+        )
+
+
+def _failures(value: Any) -> Iterator[Any]:
+    """The ``outlines.Failure`` elements in an output (scalar, object array or tuple of them)."""
+    from outlines.errors import Failure
+
+    if isinstance(value, Failure):
+        yield value
+    elif isinstance(value, (tuple, list)):
+        for item in value:
+            yield from _failures(item)
+    elif getattr(value, "dtype", None) == object:
+        yield from (v for v in value.flat if isinstance(v, Failure))
+
+
+def _longest_chain(record: _Eval, nodes: list[NodeRecord | None]) -> tuple[float, list[str]]:
+    """Longest path through the plan's DAG, weighting each node by its duration."""
+    finish = [0.0] * len(record.labels)
+    best: list[int] = [-1] * len(record.labels)
+    for i, node in enumerate(nodes):  # plan.nodes is topologically ordered
+        parent = max(record.parents[i], key=finish.__getitem__, default=-1)
+        finish[i] = (finish[parent] if parent >= 0 else 0.0) + (node.duration if node else 0.0)
+        best[i] = parent
+    if not finish:
+        return 0.0, []
+    end = max(range(len(finish)), key=finish.__getitem__)
+    total, chain = finish[end], []
+    while end >= 0:
+        chain.append(record.labels[end])
+        end = best[end]
+    return total, chain[::-1]
+
+
+@contextlib.contextmanager
+def trace() -> Iterator[Trace]:
+    """Record every evaluation run inside the block.
+
+    Returns
+    -------
+    Trace
+        Filled in as evaluations run; read it after (or during) the block.
+
+    Examples
+    --------
+    >>> import outlines
+    >>> q = outlines.string("q")
+    >>> with outlines.trace() as t:
+    ...     _ = (q + "!").eval({"q": "hi"}, cache=False)
+    >>> len(t.evals)
+    1
+    """
+    recorder = Trace()
+    token = _active.set(recorder)
+    try:
+        yield recorder
+    finally:
+        _active.reset(token)
+        recorder.closed_at = time.perf_counter()

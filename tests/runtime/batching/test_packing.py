@@ -1,0 +1,51 @@
+"""Batches as data (``outlines.runtime.batching.packing``): what the batcher sends and explain predicts."""
+from __future__ import annotations
+
+from outlines.backends.base import Draw, DrawBatch, GenerationParams
+from outlines.runtime.batching.packing import Batch, group_sizes, pack_draws, whole_batches
+from tests.fixtures.recording import RecordingBackend
+
+PARAMS = GenerationParams.create(temperature=0.5)
+
+
+def test_a_prompts_samples_stay_in_one_batch_when_they_fit() -> None:
+    draws = DrawBatch.of([Draw(f"p{i}", PARAMS, d) for i in range(200) for d in range(3)])
+    batches = pack_draws(RecordingBackend(max_batch=128), draws)
+    assert [b.size for b in batches] == [126, 126, 126, 126, 96] and all(b.unknown == 0 for b in batches)
+    seen: dict[str, int] = {}
+    for number, batch in enumerate(batches):
+        for draw in batch.draws:
+            assert seen.setdefault(draw.prompt, number) == number  # all 3 samples in one batch
+    assert [d for b in batches for d in b.draws] == list(draws) and len(seen) == 200
+
+
+def test_a_prompt_larger_than_a_batch_goes_in_pieces_that_fill_the_batches() -> None:
+    a = [Draw("a", PARAMS, d) for d in range(5)]
+    b = Draw("b", PARAMS, 0)
+    batches = pack_draws(RecordingBackend(max_batch=2), DrawBatch.of([*a, b]))
+    assert [list(x.draws) for x in batches] == [[a[0], a[1]], [a[2], a[3]], [a[4], b]]
+    one = pack_draws(RecordingBackend(), DrawBatch.of([*a, b]))  # no max_batch: one batch, the draws themselves
+    assert len(one) == 1 and list(one[0].draws) == [*a, b]
+
+
+def test_groups_are_runs_of_one_prompt_and_one_slot_holds_one_draw_per_prompt() -> None:
+    other = GenerationParams.create(temperature=0.9)
+    assert group_sizes(DrawBatch(["a", "b", "c"], [PARAMS] * 3, [0] * 3)) == [1, 1, 1]
+    mixed = DrawBatch(["a", "a", "b", "a"], [PARAMS, PARAMS, PARAMS, other], [0, 1, 0, 0])
+    assert group_sizes(mixed) == [2, 1, 1]  # the same text under other params is another prompt
+    assert group_sizes(DrawBatch([], [], [])) == []
+
+
+def test_a_dry_run_packs_the_groups_it_cannot_know_after_the_known_ones() -> None:
+    known = DrawBatch(["a", "b", "c"], [PARAMS] * 3, [0] * 3)
+    batches = pack_draws(RecordingBackend(max_batch=4), known, unknown=[2, 2, 2])
+    assert [(len(b.draws), b.unknown) for b in batches] == [(3, 0), (0, 4), (0, 2)]
+    assert batches[0] == Batch(batches[0].backend, known) and [b.size for b in batches] == [3, 4, 2]
+
+
+def test_whole_batches_keep_the_last_partial_one_back() -> None:
+    draws = DrawBatch([f"p{i}" for i in range(10)], [PARAMS] * 10, [0] * 10)
+    full, rest = whole_batches(RecordingBackend(max_batch=4), draws)
+    assert full.prompts == [f"p{i}" for i in range(8)] and rest.prompts == ["p8", "p9"]
+    full, rest = whole_batches(RecordingBackend(max_batch=5), draws)
+    assert len(full) == 10 and len(rest) == 0
