@@ -23,8 +23,8 @@ import os
 import threading
 import time
 import weakref
-from dataclasses import dataclass
-from typing import Any, Awaitable, Iterable, Mapping, TypeVar
+from dataclasses import dataclass, field
+from typing import Any, Awaitable, Callable, Iterable, Mapping, TypeVar
 
 import aiohttp
 
@@ -32,6 +32,7 @@ from outlines.backends import retry
 from outlines.backends.base import BackendError, BatchReport
 from outlines.backends.ratelimit import AIMDLimiter, TokenBucket
 from outlines.backends.usage import wire_usage
+from outlines.backends.warmup import Warmup
 
 __all__ = ["HTTPClient", "Secret", "credential_fingerprint", "gather_or_cancel"]
 
@@ -104,6 +105,8 @@ def _seconds(name: str, value: Any, *, zero: bool = False) -> float:
 class _LoopState:
     session: aiohttp.ClientSession
     limiter: AIMDLimiter
+    #: The prompt heads this session has put in the provider's cache (``backends.warmup``).
+    warmup: Warmup = field(default_factory=Warmup)
 
 
 @dataclass(frozen=True)
@@ -244,7 +247,13 @@ class HTTPClient:
         return text
 
     async def post_json(
-        self, path: str, payload: Mapping[str, Any], report: BatchReport, *, tokens: float = 0.0
+        self,
+        path: str,
+        payload: Mapping[str, Any],
+        report: BatchReport,
+        *,
+        tokens: float = 0.0,
+        on_response: Callable[[], None] | None = None,
     ) -> dict[str, Any]:
         """POST ``payload`` to ``base_url + path`` and return the decoded JSON object.
 
@@ -259,6 +268,11 @@ class HTTPClient:
             holds one of its request slots, and the usage is added to it.
         tokens
             Estimated tokens the request spends, for the ``tpm`` budget.
+        on_response
+            Called as soon as an attempt's response starts (status and
+            headers arrived) or the attempt failed without one: a prompt
+            cache warm-up releases the requests waiting for this one
+            (``backends.warmup``).
 
         Returns
         -------
@@ -273,7 +287,8 @@ class HTTPClient:
             not a JSON object.
         """
         model = str(payload.get("model", "")) or None
-        body = await self.request("POST", path, report, payload=payload, model=model, tokens=tokens)
+        body = await self.request("POST", path, report, payload=payload, model=model, tokens=tokens,
+                                  on_response=on_response)
         return self._decode(body, path, model, tokens, report)
 
     async def request(
@@ -288,6 +303,7 @@ class HTTPClient:
         model: str | None = None,
         tokens: float = 0.0,
         retries: int | None = None,
+        on_response: Callable[[], None] | None = None,
     ) -> bytes:
         """Send one request (retried like ``post_json``) and return the body of its 2xx answer.
 
@@ -308,6 +324,8 @@ class HTTPClient:
             Retries allowed (default ``max_retries``); 0 for a request that
             must not go twice before the caller has looked whether the first
             one took effect (creating a paid job).
+        on_response
+            As ``post_json``.
 
         Raises
         ------
@@ -320,7 +338,7 @@ class HTTPClient:
         attempt = 0
         while True:
             await self._throttle(tokens)
-            outcome = await self._attempt(state, path, wire, model, report)
+            outcome = await self._attempt(state, path, wire, model, report, on_response)
             if isinstance(outcome, bytes):
                 return outcome
             error = outcome.error
@@ -339,21 +357,27 @@ class HTTPClient:
             attempt += 1
 
     async def _attempt(
-        self, state: _LoopState, path: str, wire: _Wire, model: str | None, report: BatchReport
+        self, state: _LoopState, path: str, wire: _Wire, model: str | None, report: BatchReport,
+        on_response: Callable[[], None] | None = None,
     ) -> bytes | _FailedAttempt:
         """One request, reported with its times: the body of a 2xx, or why it failed."""
         async with report.request_slot():
             start = time.perf_counter()
-            outcome = await self._attempt_once(state, path, wire, model)
+            try:
+                outcome = await self._attempt_once(state, path, wire, model, on_response)
+            finally:
+                if on_response is not None:  # no response came (a dropped connection): release anyway
+                    on_response()
             report.request(start, time.perf_counter(), None if isinstance(outcome, bytes) else outcome.error)
         return outcome
 
     async def _attempt_once(
-        self, state: _LoopState, path: str, wire: _Wire, model: str | None
+        self, state: _LoopState, path: str, wire: _Wire, model: str | None,
+        on_response: Callable[[], None] | None = None,
     ) -> bytes | _FailedAttempt:
         try:
             async with state.limiter:
-                status, headers, body = await self._send(state.session, path, wire)
+                status, headers, body = await self._send(state.session, path, wire, on_response)
                 # Adjust the limit while this request still holds its slot: a 429
                 # lowers it before the slot is freed, so no waiter is admitted
                 # under the old limit.
@@ -380,7 +404,9 @@ class HTTPClient:
         if state.limiter.limit < before:
             logger.debug("%s answered 429: at most %d requests in flight for now", self.base_url, state.limiter.limit)
 
-    async def _send(self, session: aiohttp.ClientSession, path: str, wire: _Wire) -> tuple[int, Mapping[str, str], bytes]:
+    async def _send(
+        self, session: aiohttp.ClientSession, path: str, wire: _Wire, on_response: Callable[[], None] | None = None
+    ) -> tuple[int, Mapping[str, str], bytes]:
         headers = {name: value.reveal() for name, value in self._headers.items()}
         headers.update(self.static_headers)
         if self._api_key is not None:
@@ -390,6 +416,8 @@ class HTTPClient:
             headers["Content-Type"] = wire.content_type
         async with session.request(wire.method, self.base_url + path, json=wire.payload, data=wire.data,
                                    headers=headers, max_redirects=3) as response:
+            if on_response is not None:  # status and headers are here; the body may take a while yet
+                on_response()
             return response.status, response.headers, await response.read()
 
     async def _throttle(self, tokens: float) -> None:
@@ -414,7 +442,7 @@ class HTTPClient:
         if used is not None:
             report.usage(*used)
             if self.tpm is not None:
-                self.tpm.refund(min(tokens, self.tpm.capacity) - sum(used))
+                self.tpm.refund(min(tokens, self.tpm.capacity) - used.prompt - used.completion)
         return data
 
     def _error(

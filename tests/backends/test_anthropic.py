@@ -99,7 +99,7 @@ def test_greedy_samples_collapse_to_one_request(server: FakeBatches) -> None:
 def test_usage_is_reported_prompt_cache_tokens_included(server: FakeBatches) -> None:
     report = BatchReport()
     run(backend(server), [Draw("one two three", SAMPLING, 0)], report)
-    assert report.tokens == [3, 1]
+    assert report.tokens == [3, 1, 0, 0]
     cached = {"id": "m", "type": "message", "role": "assistant", "content": [{"type": "text", "text": "ok"}],
               "stop_reason": "end_turn",
               "usage": {"input_tokens": 4, "cache_read_input_tokens": 90, "cache_creation_input_tokens": 6,
@@ -107,7 +107,7 @@ def test_usage_is_reported_prompt_cache_tokens_included(server: FakeBatches) -> 
     server.script(Status(200, body=cached))
     report = BatchReport()
     assert run(backend(server), [Draw("x", SAMPLING, 0)], report) == ["ok"]
-    assert report.tokens == [100, 2]
+    assert report.tokens == [100, 2, 90, 6]  # prompt, completion, read from and written to the cache
 
 
 def test_overloaded_and_rate_limits_are_retried_honouring_retry_after(server: FakeBatches, sleeps: list[float]) -> None:

@@ -363,7 +363,7 @@ def test_rpm_and_tpm_budgets_pace_requests(fake_openai: FakeOpenAI, sleeps: list
 def test_usage_is_reported(fake_openai: FakeOpenAI) -> None:
     report = BatchReport()
     run(completion(fake_openai), draws("one two", "three"), report)
-    assert report.tokens == [3, 2] and report.requests == 1
+    assert report.tokens == [3, 2, 0, 0] and report.requests == 1
 
 
 def test_two_consecutive_runs_and_errors_leave_no_open_session(fake_openai: FakeOpenAI, sleeps: list[float]) -> None:
