@@ -26,6 +26,9 @@ __all__ = ["PROBE", "PrefixGroups", "common_prefix_length", "prefix_groups"]
 #: Items hashed per prompt to find the buckets that may share a head (at most ``min_head``).
 PROBE = 64
 
+#: Members of a bucket compared with its first to guess the group's head before checking it.
+SAMPLES = 8
+
 #: A prompt as text, or as its token ids.
 Prompt = Union[str, bytes, Sequence[int]]
 
@@ -156,10 +159,15 @@ def _comparable(prompts: Sequence[Prompt]) -> tuple[list[str | bytes], int]:
 def _split(keys: list[str | bytes], members: list[int], least: int, width: int) -> list[tuple[list[int], int]]:
     """The groups ``(members, head)`` of one bucket (members that begin alike), cut where heads part before ``least``."""
     texts = operator.itemgetter(*members)(keys)  # a tuple, made in C
-    # The usual bucket is one group: if every member starts with the head of the
-    # first two, that head is everyone's (no one's can be longer); one pass in C.
-    shared = common_prefix_length(texts[0], texts[1])
+    # The usual bucket is one group. Its head is at most what the first member
+    # shares with a few others; if every member starts with that, it is exactly
+    # the group's head: one pass in C over the heads, no sort.
+    step = max(1, len(texts) // SAMPLES)
+    shared = min(common_prefix_length(texts[0], other) for other in texts[1::step])
     if shared >= least and all(map(operator.methodcaller("startswith", texts[0][:shared]), texts)):
+        return [(members, shared // width)]
+    shared = common_prefix_length(min(texts), max(texts))  # sorted order's ends: their head is everyone's
+    if shared >= least:
         return [(members, shared // width)]
     order = sorted(range(len(members)), key=texts.__getitem__)
     groups: list[tuple[list[int], int]] = []

@@ -579,3 +579,19 @@ def test_chat_max_batch_keeps_each_prompts_samples_in_one_request(fake_openai: F
     result = llm(question, num_samples=3).eval({question: [f"q{i}" for i in range(20)]}, cache=False)
     assert result.shape == (20, 3)
     assert len(fake_openai.requests) == 20 and all(r.body["n"] == 3 for r in fake_openai.requests)
+
+
+def test_the_fake_caches_answered_heads_as_openai_documents() -> None:
+    """1,024 tokens at least, then steps of 128; only what was answered before a request arrived."""
+    words = [f"w{i}" for i in range(1500)]
+    with FakeOpenAI(latency=0.2) as server:
+        backend = chat(server, prefix_warmup=False)
+        together = BatchReport()
+        run(backend, [Draw(" ".join(words) + f" q{i}", SAMPLING, 0) for i in range(3)], together)
+        assert together.cached_tokens == 0  # sent at once: nothing was answered yet
+        later = BatchReport()
+        run(backend, [Draw(" ".join(words[:1300]) + " other", SAMPLING, 0)], later)
+        assert later.cached_tokens == 1280 and later.tokens[0] == 1301
+        short = BatchReport()
+        run(backend, [Draw(" ".join(words[:1000]) + " x " * 200, SAMPLING, 0)], short)
+        assert short.cached_tokens == 0  # shares under 1,024 tokens
