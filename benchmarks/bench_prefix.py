@@ -24,13 +24,9 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
-import os
 import random
-import subprocess
 import sys
 import time
-import urllib.request
 from pathlib import Path
 from typing import Any
 
@@ -38,6 +34,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 import outlines  # noqa: E402
+from bench_openai import Server  # noqa: E402  # the fake server in a child process
 from outlines import models  # noqa: E402
 from outlines.backends.base import BatchReport, Draw, GenerationParams  # noqa: E402
 from outlines.backends.usage import Price  # noqa: E402
@@ -45,28 +42,6 @@ from outlines.backends.usage import Price  # noqa: E402
 KEY = "sk-bench"
 PRICE = Price(2.50, 10.0, cached_input=1.25)
 HEAD_TOKENS = 2000  # 4-character tokens: the server's and the client's estimate agree
-
-
-class Server:
-    """The caching fake server in a child process; its tokens are 4-character pieces."""
-
-    def __init__(self, latency: float) -> None:
-        env = {**os.environ, "PYTHONPATH": str(ROOT)}
-        command = [sys.executable, "-m", "tests.fixtures.fake_openai", "--latency", str(latency), "--pieces"]
-        self.process = subprocess.Popen(command, stdout=subprocess.PIPE, text=True, cwd=ROOT, env=env)
-        assert self.process.stdout is not None
-        self.base_url = self.process.stdout.readline().strip()
-        if not self.base_url.startswith("http://127.0.0.1:"):
-            raise RuntimeError("the fake server did not start")
-
-    def stats(self, reset: bool = True) -> dict[str, int]:
-        url = self.base_url.replace("/v1", "/stats") + ("?reset=1" if reset else "")
-        with urllib.request.urlopen(url, timeout=10) as response:
-            return dict(json.loads(response.read()))
-
-    def close(self) -> None:
-        self.process.terminate()
-        self.process.wait(10)
 
 
 def http_run(server: Server, prompts: list[str], warm: bool) -> dict[str, float]:
@@ -92,7 +67,7 @@ def part_a(count: int, latency: float, repeat: int, shared: bool = True) -> None
 
     head = text() if shared else ""
     prompts = [(head if shared else text()) + f"Question {i}: what is {i} times {i + 3}?" for i in range(count)]
-    server = Server(latency)
+    server = Server(latency, "--pieces")  # its tokens are 4-character pieces, as the client estimates
     try:
         http_run(server, prompts[:2], True)  # warm the client's imports and the server's first connection
         runs = {}
