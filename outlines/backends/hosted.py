@@ -163,8 +163,7 @@ class HostedBackend(Backend):
         """
         if self.prefix_warmup is None:
             return [ALONE] * len(texts)
-        warmup = self.client.state().warmup
-        return warmup.turns(
+        return self.client.warmup().turns(
             texts, lambda head: self._count(head) >= self.cache_min_tokens, min_chars=self.cache_min_tokens,
             wait=self.prefix_warmup, exact=self.cache_boundaries_marked,
         )

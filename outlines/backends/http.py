@@ -10,7 +10,8 @@ token usage to the batch's ``BatchReport`` (holding one of its request slots
 while a request is in flight), and turns every failure into a
 ``BackendError`` that never contains the API key. ``request`` sends other
 methods and bodies (GETs, multipart uploads, file downloads: provider batch
-jobs) through the same retries and returns the raw body.
+jobs) through the same retries and returns the raw body. ``warmup`` keeps,
+per loop too, the prompt heads the service was sent to cache (``backends.warmup``).
 """
 from __future__ import annotations
 
@@ -23,7 +24,7 @@ import os
 import threading
 import time
 import weakref
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Awaitable, Callable, Iterable, Mapping, TypeVar
 
 import aiohttp
@@ -105,8 +106,6 @@ def _seconds(name: str, value: Any, *, zero: bool = False) -> float:
 class _LoopState:
     session: aiohttp.ClientSession
     limiter: AIMDLimiter
-    #: The prompt heads this session has put in the provider's cache (``backends.warmup``).
-    warmup: Warmup = field(default_factory=Warmup)
 
 
 @dataclass(frozen=True)
@@ -205,11 +204,12 @@ class HTTPClient:
 
     def _init_runtime(self) -> None:
         self._states: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _LoopState] = weakref.WeakKeyDictionary()
+        self._warmups: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, Warmup] = weakref.WeakKeyDictionary()
         self._lock = threading.Lock()
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
-        del state["_states"], state["_lock"]
+        del state["_states"], state["_warmups"], state["_lock"]
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
@@ -230,9 +230,19 @@ class HTTPClient:
                 state = self._states[loop] = _LoopState(session, AIMDLimiter(self.max_concurrency))
             return state
 
-    async def aclose(self) -> None:
-        """Close the running loop's session (a no-op when there is none)."""
+    def warmup(self) -> Warmup:
+        """The prompt heads put in the service's cache from the running loop (``backends.warmup``)."""
+        loop = asyncio.get_running_loop()
         with self._lock:
+            warmup = self._warmups.get(loop)
+            if warmup is None:
+                warmup = self._warmups[loop] = Warmup()
+            return warmup
+
+    async def aclose(self) -> None:
+        """Close the running loop's session (a no-op when there is none) and forget its warmed heads."""
+        with self._lock:
+            self._warmups.pop(asyncio.get_running_loop(), None)
             state = self._states.pop(asyncio.get_running_loop(), None)
         if state is not None and not state.session.closed:
             await state.session.close()
