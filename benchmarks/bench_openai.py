@@ -39,11 +39,11 @@ KEY = "sk-bench"
 
 
 class Server:
-    """The fake server in a child process."""
+    """The fake server in a child process (``flags``: more of its command-line options)."""
 
-    def __init__(self, latency: float) -> None:
+    def __init__(self, latency: float, *flags: str) -> None:
         env = {**os.environ, "PYTHONPATH": str(ROOT)}
-        command = [sys.executable, "-m", "tests.fixtures.fake_openai", "--latency", str(latency)]
+        command = [sys.executable, "-m", "tests.fixtures.fake_openai", "--latency", str(latency), *flags]
         self.process = subprocess.Popen(command, stdout=subprocess.PIPE, text=True, cwd=ROOT, env=env)
         assert self.process.stdout is not None
         self.base_url = self.process.stdout.readline().strip()

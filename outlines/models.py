@@ -324,7 +324,12 @@ def openai(model: str, *, base_url: str | None = None, api_key: str | None = Non
         ``tokenizer=`` is a callable ``text -> tokens (or count)`` that counts
         prompt tokens the way the server does (else tiktoken, when it knows
         the model and its encoding is already on disk, else an estimate of 4
-        characters per token: ``outlines.backends.usage``). See
+        characters per token: ``outlines.backends.usage``); a ``Price`` (or a
+        mapping of its fields) also prices cached input and the batch
+        discount. ``prefix_warmup`` (default ``True``): requests sharing a head
+        the server caches (1,024+ tokens) go one first, the rest once its
+        response starts; a number bounds that wait in seconds, ``False`` sends
+        all at once (``outlines.backends.warmup``). See
         ``outlines.backends.openai``.
     """
     from outlines.backends.openai import OpenAIChatBackend
@@ -368,7 +373,8 @@ def anthropic(model: str, *, base_url: str | None = None, api_key: str | None = 
         such as ``top_k``) and the backend options of ``openai`` (``max_batch``,
         default 16 draws per call; ``max_concurrency``; ``max_retries``;
         ``system_prompt``; timeouts; ``rpm``/``tpm``; ``headers``; ``price``;
-        ``tokenizer``). Each sample is its own request (the API has no ``n``);
+        ``tokenizer``; ``prefix_warmup``, which also places a ``cache_control``
+        breakpoint where a shared head ends). Each sample is its own request (the API has no ``n``);
         ``seed`` is part of the cache key but not sent (the API has none).
         Constraints (``choices=``, ``regex=``, ``json_schema=``) are checked on
         the text and retried. See ``outlines.backends.anthropic``.
@@ -467,9 +473,11 @@ def transformers(
         backend options: ``max_batch`` (default 32), ``max_batch_tokens``
         (token budget of one forward batch), ``truncation`` (keep the end of
         a prompt too long for the context instead of raising),
-        ``share_prefix`` (default ``True``: prefill each prompt and a batch's
-        common prefix once). Seeds, prefix sharing and the worker thread are
-        described in ``outlines.backends.transformers``.
+        ``share_prefix`` (default ``True``: prefill each prompt, each head a
+        group of prompts shares and a batch's common prefix once),
+        ``group_min_tokens`` (default 16: the shortest such head). Seeds,
+        prefix sharing and the worker thread are described in
+        ``outlines.backends.transformers``.
 
     Examples
     --------

@@ -30,6 +30,8 @@ from transformers import (
 )
 from transformers.utils import logging as hf_logging
 
+from outlines.backends.prefix import prefix_groups
+
 logger = logging.getLogger("outlines")
 
 _MASK = (1 << 64) - 1
@@ -206,18 +208,56 @@ def shared_prefix_length(prompt_ids: Sequence[Sequence[int]]) -> int:
     return length
 
 
-def _layout(prompt_ids: Sequence[Sequence[int]], shared: int, pad: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Rows of [shared prefix][padding][own tokens]: ids and attention mask."""
-    width = shared + max(len(ids) - shared for ids in prompt_ids)
-    ids = torch.full((len(prompt_ids), width), pad, dtype=torch.long)
-    mask = torch.zeros((len(prompt_ids), width), dtype=torch.long)
+@dataclass(frozen=True)
+class Layout:
+    """A chunk's rows as [common head][padding][group head][padding][own tokens], and what each part is.
+
+    The common head is the chunk's, prefilled once; each group of prompts
+    that share ``group_min`` more tokens (``prefix.prefix_groups``) has its
+    head prefilled once, in its ``leaders`` row; every prompt's own tokens run
+    once. ``row_group``: each prompt's group (an index into ``leaders``), -1
+    for a prompt in none. ``computed``: the prompt tokens run through the
+    model before decoding, the last column aside.
+    """
+
+    ids: torch.Tensor
+    mask: torch.Tensor
+    common: int
+    group_width: int
+    leaders: list[int]
+    row_group: list[int]
+    computed: int
+
+
+def prefix_layout(prompt_ids: Sequence[Sequence[int]], pad: int, group_min: int | None) -> Layout:
+    """The ``Layout`` of a chunk's prompts (token ids); ``group_min=None``: the common head only."""
+    count = len(prompt_ids)
+    common = shared_prefix_length(prompt_ids) if count > 1 else 0
+    common = common if common >= MIN_SHARED_PREFIX else 0
+    rests = [list(ids[common:]) for ids in prompt_ids]
+    heads, row_group, leaders = [0] * count, [-1] * count, list[int]()
+    if group_min is not None and count > 1:
+        for head, members in prefix_groups(rests, group_min).groups():
+            head = min(head, min(len(rests[m]) for m in members) - 1)  # each keeps a token of its own
+            if len(members) < 2 or head < group_min:
+                continue
+            for member in members:
+                heads[member], row_group[member] = head, len(leaders)
+            leaders.append(members[0])
+    group_width = max((heads[leader] for leader in leaders), default=0)
+    own = [len(rest) - head for rest, head in zip(rests, heads)]
+    width = common + group_width + max(own)
+    ids = torch.full((count, width), pad, dtype=torch.long)
+    mask = torch.zeros((count, width), dtype=torch.long)
     for row, tokens in enumerate(prompt_ids):
-        own = len(tokens) - shared
-        ids[row, :shared] = torch.tensor(tokens[:shared], dtype=torch.long)
-        mask[row, :shared] = 1
-        ids[row, width - own:] = torch.tensor(tokens[shared:], dtype=torch.long)
-        mask[row, width - own:] = 1
-    return ids, mask
+        head = heads[row]
+        start = common + group_width - head  # each part is left-padded within its columns
+        for source, target, length in ((0, 0, common), (common, start, head), (common + head, width - own[row], own[row])):
+            if length:
+                ids[row, target : target + length] = torch.tensor(tokens[source : source + length], dtype=torch.long)
+                mask[row, target : target + length] = 1
+    computed = common + sum(heads[leader] for leader in leaders) + sum(length - 1 for length in own)
+    return Layout(ids, mask, common, group_width, leaders, row_group, computed)
 
 
 def _cache_keyword(model: Any) -> str:
@@ -225,28 +265,41 @@ def _cache_keyword(model: Any) -> str:
     return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
 
 
-def _prefill(
-    model: Any, ids: torch.Tensor, mask: torch.Tensor, shared: int, copies: int
-) -> tuple[Any, torch.Tensor, torch.Tensor]:
-    """Fill a key/value cache with all but the last column, computing each prefix once.
+def _prefill(model: Any, layout: Layout, device: str, copies: int) -> tuple[Any, torch.Tensor, torch.Tensor]:
+    """Fill a key/value cache with all but the last column, computing each shared head once.
 
-    The shared prefix runs once (batch 1), is copied to every prompt, then each
-    prompt's own tokens run once and are copied to its ``copies`` rows. Returns
-    the cache and the ids and mask of the expanded rows; ``generate`` then only
-    runs the last column.
+    The common head runs once (batch 1); its cache is copied to each group,
+    whose head runs once (batch: the groups); that cache is copied to each
+    group's prompts (a prompt in no group takes any group's: its mask hides
+    those columns), whose own tokens then run once, and each prompt's cache is
+    copied to its ``copies`` rows. Returns the cache and the ids and mask of
+    the expanded rows; ``generate`` then only runs the last column.
     """
     from transformers import DynamicCache
 
     cache = DynamicCache()
     kw = _cache_keyword(model)
-    if shared:
-        model(input_ids=ids[:1, :shared], attention_mask=mask[:1, :shared], use_cache=True, **{kw: cache})
+    ids, mask = layout.ids.to(device), layout.mask.to(device)
+    positions = (mask.cumsum(dim=-1) - 1).clamp_(min=0)
+    common, groups = layout.common, len(layout.leaders)
+    if common:
+        model(input_ids=ids[:1, :common], attention_mask=mask[:1, :common], use_cache=True, **{kw: cache})
+    start = common + layout.group_width
+    if groups:
+        if common:
+            cache.batch_repeat_interleave(groups)
+        leaders = torch.tensor(layout.leaders, device=device)
+        model(
+            input_ids=ids[leaders, common:start], attention_mask=mask[leaders, :start],
+            position_ids=positions[leaders, common:start], use_cache=True, **{kw: cache},
+        )
+        cache.batch_select_indices(torch.tensor([max(g, 0) for g in layout.row_group], device=device))
+    elif common:
         cache.batch_repeat_interleave(ids.shape[0])
     end = ids.shape[1] - 1
-    if end > shared:
-        positions = (mask.cumsum(dim=-1) - 1).clamp_(min=0)
+    if end > start:
         model(
-            input_ids=ids[:, shared:end], attention_mask=mask[:, :end], position_ids=positions[:, shared:end],
+            input_ids=ids[:, start:end], attention_mask=mask[:, :end], position_ids=positions[:, start:end],
             use_cache=True, **{kw: cache},
         )
     if copies > 1:
@@ -263,15 +316,21 @@ def run_chunk(
     params: dict[str, Any],
     *,
     share_prefix: bool = True,
+    group_min: int | None = None,
     cancelled: threading.Event | None = None,
-) -> tuple[list[str], int, int]:
+) -> tuple[list[str], int, int, int]:
     """Generate ``num_sequences`` rows per prompt; return texts (prompt-major) and token counts.
 
     ``keys`` (one uint64 per output row) selects sampling; ``None`` is greedy.
-    With ``share_prefix``, each prompt (and the chunk's common prefix) is
-    prefilled once and its key/value cache copied to its rows; otherwise every
-    row is run on its own (``num_return_sequences`` done by hand, which
-    ``generate`` refuses for the greedy search our sampler steers).
+    With ``share_prefix``, each prompt, each group of prompts sharing
+    ``group_min`` tokens past the chunk's common prefix (``None``: no groups;
+    ``TransformersBackend(group_min_tokens=...)``), and that common prefix
+    are prefilled once and their key/value caches copied to the rows that
+    start with them (``prefix_layout``); otherwise every row is run on its own
+    (``num_return_sequences`` done by hand, which ``generate`` refuses for the
+    greedy search our sampler steers). The counts are prompt tokens (every
+    row's), completion tokens, and of the prompt tokens those whose keys and
+    values were shared rather than computed.
     """
     tokenizer, model = loaded.tokenizer, loaded.model
     config = GenerationConfig(
@@ -287,17 +346,17 @@ def run_chunk(
     if cancelled is not None:
         stopping.append(Cancellation(cancelled))
     extra: dict[str, Any] = {}
+    computed: int | None = None
     with torch.inference_mode():
         if share_prefix and model.config.is_encoder_decoder is False:
-            shared = shared_prefix_length(prompt_ids) if len(prompt_ids) > 1 else 0
-            shared = shared if shared >= MIN_SHARED_PREFIX else 0
-            ids, mask = _layout(prompt_ids, shared, tokenizer.pad_token_id)
-            ids, mask = ids.to(loaded.device), mask.to(loaded.device)
-            if ids.shape[1] > 1:
-                cache, ids, mask = _prefill(model, ids, mask, shared, num_sequences)
+            layout = prefix_layout(prompt_ids, tokenizer.pad_token_id, group_min)
+            if layout.ids.shape[1] > 1:
+                cache, ids, mask = _prefill(model, layout, loaded.device, num_sequences)
                 extra[_cache_keyword(model)] = cache
             else:
-                ids, mask = ids.repeat_interleave(num_sequences, dim=0), mask.repeat_interleave(num_sequences, dim=0)
+                ids = layout.ids.to(loaded.device).repeat_interleave(num_sequences, dim=0)
+                mask = layout.mask.to(loaded.device).repeat_interleave(num_sequences, dim=0)
+            computed = layout.computed + ids.shape[0]  # each row runs its last column itself
             batch = {"input_ids": ids, "attention_mask": mask}
         else:
             rows = [list(ids) for ids in prompt_ids for _ in range(num_sequences)]
@@ -318,7 +377,9 @@ def run_chunk(
         )
     new = output[:, width:].cpu()
     texts = tokenizer.batch_decode(new, skip_special_tokens=True)
-    return texts, int(batch["attention_mask"].sum()), _count_generated(new, loaded)
+    prompt_tokens = int(batch["attention_mask"].sum())
+    shared = 0 if computed is None else prompt_tokens - computed
+    return texts, prompt_tokens, _count_generated(new, loaded), shared
 
 
 def _token_masks(loaded: Loaded, constraints: Sequence[Any]) -> Any:

@@ -12,6 +12,14 @@ is reported like OpenAI's (``usage.wire_usage``). Retries follow the shared
 rules (``backends.retry``): 529 "overloaded" is a 5xx, ``retry-after`` and
 ``x-should-retry`` are honoured.
 
+Prompt cache: requests of a batch that share a head of at least the model's
+minimum cacheable length (``CACHE_MIN_TOKENS``: 1,024 tokens for most
+models) carry a ``cache_control`` breakpoint where their shared head ends (the
+system text, or a message's text, split into two blocks there), and go leader
+first, the rest once the leader's response starts, as Anthropic's
+documentation advises (``backends.warmup``; ``prefix_warmup=False`` turns
+both off). Usage reports the tokens read from and written to the cache.
+
 Structured outputs are not sent: Anthropic has no field that holds a choice
 list or a pattern, so every constraint is checked on the text and the draw
 asked again when it breaks it, as for any server that ignores constraints
@@ -21,18 +29,40 @@ body builder and parser, shared with Message Batches (``backends.jobs``).
 from __future__ import annotations
 
 import asyncio
-from typing import Any, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 from outlines.backends.base import BackendError, BatchReport, Draw, GenerationParams
 from outlines.backends.hosted import HostedBackend
+from outlines.backends.warmup import Turn, joined
 from outlines.conversation import messages_of
 
-__all__ = ["API_VERSION", "DEFAULT_MAX_TOKENS", "AnthropicBackend"]
+__all__ = ["API_VERSION", "CACHE_MIN_TOKENS", "DEFAULT_MAX_TOKENS", "AnthropicBackend", "cache_min_tokens",
+           "with_breakpoints"]
 
 DEFAULT_BASE_URL = "https://api.anthropic.com"
 API_VERSION = "2023-06-01"
 #: ``max_tokens`` sent when a call sets none (the API requires one).
 DEFAULT_MAX_TOKENS = 1024
+#: The shortest prompt head each model caches, by model-name prefix, from Anthropic's
+#: prompt-caching documentation; models not listed cache from 1,024 tokens.
+CACHE_MIN_TOKENS = (
+    ("claude-opus-4-5", 4096), ("claude-opus-4-6", 4096), ("claude-opus-4-7", 4096),
+    ("claude-haiku-4-5", 4096), ("claude-sonnet-4-6", 2048),
+    ("claude-3-5-haiku", 2048), ("claude-3-haiku", 2048),
+)
+#: A breakpoint: the prompt cache may end after this block.
+EPHEMERAL = {"type": "ephemeral"}
+
+
+def cache_min_tokens(model: str) -> int:
+    """The shortest prompt head ``model`` caches (``CACHE_MIN_TOKENS``; 1,024 for others).
+
+    Examples
+    --------
+    >>> cache_min_tokens("claude-haiku-4-5-20251001"), cache_min_tokens("claude-sonnet-4-5")
+    (4096, 1024)
+    """
+    return next((tokens for prefix, tokens in CACHE_MIN_TOKENS if model.startswith(prefix)), 1024)
 
 
 class AnthropicBackend(HostedBackend):
@@ -53,6 +83,7 @@ class AnthropicBackend(HostedBackend):
 
     kind = "anthropic"
     path = "/v1/messages"
+    cache_boundaries_marked = True
     default_base_url = DEFAULT_BASE_URL
     base_url_env = "ANTHROPIC_BASE_URL"
     api_key_env = "ANTHROPIC_API_KEY"
@@ -66,6 +97,7 @@ class AnthropicBackend(HostedBackend):
         if system_prompt is not None and not isinstance(system_prompt, str):
             raise ValueError(f"system_prompt must be a string, got {type(system_prompt).__name__}")
         self.system_prompt = system_prompt
+        self.cache_min_tokens = cache_min_tokens(model)
 
     @property
     def identity(self) -> tuple[Any, ...]:
@@ -85,29 +117,43 @@ class AnthropicBackend(HostedBackend):
             positions.setdefault((draw.params, draw.prompt, draw.draw), []).append(index)
         out: list[str] = [""] * len(draws)
         errors: list[Exception] = []
-
-        async def one(draw: Draw, indices: list[int]) -> None:
+        requests = [Draw(prompt, params, number) for params, prompt, number in positions]
+        bodies: list[dict[str, Any] | Exception] = []
+        for draw in requests:
             try:
-                text = await self._message(draw, report)
+                bodies.append(self.request_body(draw))
+            except BackendError as error:
+                bodies.append(error)
+        turns = self.warmup_turns([_joined(b) if isinstance(b, dict) else "" for b in bodies])
+
+        async def one(body: dict[str, Any] | Exception, indices: list[int], turn: Turn) -> None:
+            try:
+                if isinstance(body, Exception):
+                    raise body
+                await turn.ready()
+                text = await self._message(with_breakpoints(body, turn.heads), report, turn.started)
             except Exception as error:  # noqa: BLE001 - fails this draw only
                 errors.append(error)
                 for index in indices:
                     report.failure(index, error)
                 return
+            finally:
+                turn.started()  # a leader that never got a response still releases its followers
             for index in indices:
                 out[index] = text
                 report.result(index, text)  # cached at once, whatever its siblings do
 
-        await asyncio.gather(*(one(Draw(prompt, params, number), indices)
-                               for (params, prompt, number), indices in positions.items()))
+        await asyncio.gather(*(one(body, indices, turn)
+                               for body, indices, turn in zip(bodies, positions.values(), turns)))
         if errors:
             raise errors[0]  # every draw is reported: this only tells direct callers
         return out
 
-    async def _message(self, draw: Draw, report: BatchReport) -> str:
-        body = self.request_body(draw)
-        tokens = sum(len(str(m["content"])) for m in body["messages"]) / 4 + body["max_tokens"]
-        data = await self.client.post_json(self.path, body, report, tokens=tokens)
+    async def _message(
+        self, body: dict[str, Any], report: BatchReport, on_response: Callable[[], None] | None = None
+    ) -> str:
+        tokens = len(_joined(body)) / 4 + body["max_tokens"]
+        data = await self.client.post_json(self.path, body, report, tokens=tokens, on_response=on_response)
         return self.text_of(data)
 
     def request_body(self, draw: Draw) -> dict[str, Any]:
@@ -164,3 +210,76 @@ class AnthropicBackend(HostedBackend):
         if not texts and reason not in ("end_turn", "max_tokens", "stop_sequence"):
             raise self.malformed("response has no text block", data, self.path)
         return "".join(texts)  # type: ignore[arg-type]
+
+
+def _parts(body: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """The body's texts in the order the cache reads them: the system text, then each message (as ``request_body`` makes them)."""
+    system = [{"role": "system", "content": body["system"]}] if "system" in body else []
+    return system + list(body["messages"])
+
+
+def _joined(body: Mapping[str, Any]) -> str:
+    """The request as one text (``warmup.joined``): what its prompt cache sees, in order."""
+    return joined(_parts(body))
+
+
+def with_breakpoints(body: dict[str, Any], heads: Sequence[int]) -> dict[str, Any]:
+    """``body`` with a ``cache_control`` breakpoint where each head of its joined text ends.
+
+    ``heads`` are offsets in ``_joined(body)`` (``warmup.Turn.heads``). A head
+    ending inside a text splits it into two text blocks, the first marked; one
+    ending between texts marks the text before. The system text becomes a list
+    of blocks when marked, a message its ``content`` list. Returns ``body``
+    itself when there is nothing to mark.
+
+    Examples
+    --------
+    >>> body = {"model": "m", "max_tokens": 5, "messages": [{"role": "user", "content": "Long header. Q: 1?"}]}
+    >>> with_breakpoints(body, [len("\x1euser\x1f") + 12])["messages"][0]["content"]
+    [{'type': 'text', 'text': 'Long header.', 'cache_control': {'type': 'ephemeral'}}, {'type': 'text', 'text': ' Q: 1?'}]
+    """
+    if not heads:
+        return body
+    parts = _parts(body)
+    cuts: dict[int, set[int]] = {}  # part -> offsets in its text
+    start = 0
+    for index, part in enumerate(parts):
+        opening = start + len(f"\x1e{part['role']}\x1f")  # where its text starts
+        end = opening + len(part["content"])
+        for head in heads:
+            if opening < head <= end:
+                cuts.setdefault(index, set()).add(head - opening)
+            elif start < head <= opening and index > 0:  # in the role marker: the previous text ends the head
+                cuts.setdefault(index - 1, set()).add(len(parts[index - 1]["content"]))
+        start = end
+    if not cuts:
+        return body
+    out = dict(body)
+    out["messages"] = list(body["messages"])
+    first_message = 1 if "system" in body else 0
+    for index, offsets in cuts.items():
+        blocks = _blocks(parts[index]["content"], sorted(offsets))
+        if index < first_message:
+            out["system"] = blocks
+        else:
+            out["messages"][index - first_message] = {**parts[index], "content": blocks}
+    return out
+
+
+def _blocks(text: str, offsets: list[int]) -> list[dict[str, Any]]:
+    """``text`` as text blocks cut at ``offsets``, each block ending at a cut marked as a breakpoint.
+
+    A cut that would leave a block of whitespace only (the API refuses one) moves to the text's end or goes.
+    """
+    blocks: list[dict[str, Any]] = []
+    start = 0
+    for offset in offsets:
+        if not text[offset:].strip():
+            offset = len(text)
+        if offset <= start or not text[start:offset].strip():
+            continue
+        blocks.append({"type": "text", "text": text[start:offset], "cache_control": EPHEMERAL})
+        start = offset
+    if start < len(text):
+        blocks.append({"type": "text", "text": text[start:]})
+    return blocks

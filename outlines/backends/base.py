@@ -5,7 +5,9 @@ batching, deduplication, caching and concurrency. A backend is identified by a
 hashable, JSON-able ``identity``: equal identities batch together and share
 cache entries. Secrets never enter the identity. ``generate(draws, report)``
 receives a ``BatchReport``, the explicit channel back to the scheduler:
-finished and failed draws, token usage, wire requests and model loads.
+finished and failed draws, token usage (with the prompt tokens served from a
+provider's prompt cache or a local model's shared prefix), wire requests and
+model loads.
 """
 from __future__ import annotations
 
@@ -343,6 +345,11 @@ class Backend(abc.ABC):
     price: Price | None = None
     #: True when ``count_tokens`` uses the model's own tokenizer, not the estimate.
     tokens_exact: bool = False
+    #: The shortest head, in characters, that prompts must share for this backend to
+    #: pay for it once (a provider's prompt cache, a local model's shared prefill):
+    #: the batcher keeps such prompts in one batch (``backends.prefix.prefix_groups``).
+    #: ``None``: sharing a head gains nothing here.
+    prefix_min_head: int | None = None
 
     @property
     @abc.abstractmethod
@@ -478,7 +485,9 @@ class BatchReport:
     ) -> None:
         self.results: dict[int, str] = {}
         self.failures: dict[int, BaseException] = {}
-        self.tokens = [0, 0]  # prompt, completion
+        #: prompt, completion, and of the prompt tokens: cached (read from the provider's
+        #: prompt cache, or a local model's shared prefix), written to the provider's cache.
+        self.tokens = [0, 0, 0, 0]
         self.requests = 0
         #: draw index -> the backend that answered it, where that is not the batch's
         #: own (a fallback chain): the draw is cached under that backend's key.
@@ -503,10 +512,32 @@ class BatchReport:
             if self._on_failure is not None:
                 self._on_failure(index, error)
 
-    def usage(self, prompt_tokens: int, completion_tokens: int) -> None:
-        """Tokens the batch used (added up; shown in traces)."""
+    def usage(self, prompt_tokens: int, completion_tokens: int, cached_tokens: int = 0,
+              cache_write_tokens: int = 0) -> None:
+        """Tokens the batch used (added up; shown in traces).
+
+        ``cached_tokens`` and ``cache_write_tokens`` are the parts of
+        ``prompt_tokens`` read from and written to a prompt cache (OpenAI's
+        ``prompt_tokens_details.cached_tokens``, Anthropic's
+        ``cache_read_input_tokens`` and ``cache_creation_input_tokens``; for a
+        local model, the prompt tokens whose keys and values were shared
+        rather than computed). The order is ``usage.WireUsage``'s, so
+        ``report.usage(*other.tokens)`` forwards a sub-report whole.
+        """
         self.tokens[0] += int(prompt_tokens)
         self.tokens[1] += int(completion_tokens)
+        self.tokens[2] += int(cached_tokens)
+        self.tokens[3] += int(cache_write_tokens)
+
+    @property
+    def cached_tokens(self) -> int:
+        """Prompt tokens read from a prompt cache (or a shared prefix) so far."""
+        return self.tokens[2]
+
+    @property
+    def cache_write_tokens(self) -> int:
+        """Prompt tokens written to a provider's prompt cache so far."""
+        return self.tokens[3]
 
     def request(self, start: float, end: float, error: BaseException | None = None, model: str | None = None) -> None:
         """One wire request (each retry counts) ran from ``start`` to ``end`` (``time.perf_counter()``).

@@ -4,24 +4,32 @@
 the ``http.HTTPClient`` that speaks to the service (sessions, retries, rate
 limits, secrets), keeps a fingerprint of the credentials for equality only
 (never in the identity, a cache key or a repr), and counts prompt tokens with
-the user's tokenizer, tiktoken, or the estimate (``backends.usage``). A
-subclass names its service with class attributes: the default base URL, the
-environment variables that may set the URL and the key, and how the key is
-sent. The OpenAI backends (``backends.openai``) and Anthropic's
-(``backends.anthropic``) are its subclasses.
+the user's tokenizer, tiktoken, or the estimate (``backends.usage``). It
+also plans the warm-up of the service's prompt cache (``backends.warmup``):
+requests of a batch that share a head of at least ``cache_min_tokens`` tokens
+go leader first, the rest when the leader's response starts
+(``prefix_warmup=False`` sends them all at once). A subclass names its
+service with class attributes: the default base URL, the environment
+variables that may set the URL and the key, how the key is sent, and how its
+cache matches heads. The OpenAI backends (``backends.openai``) and
+Anthropic's (``backends.anthropic``) are its subclasses.
 """
 from __future__ import annotations
 
 import hmac
 import os
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
 from outlines.backends import retry, urls
 from outlines.backends.base import Backend, BackendError, check_limit
 from outlines.backends.http import HTTPClient, credential_fingerprint
 from outlines.backends.usage import Price, estimate_tokens, tiktoken_counter, user_counter
+from outlines.backends.warmup import ALONE, Turn
 
-__all__ = ["HostedBackend"]
+__all__ = ["WARMUP_WAIT", "HostedBackend"]
+
+#: The most seconds the siblings of a shared head wait for their leader's response to start.
+WARMUP_WAIT = 30.0
 
 
 class HostedBackend(Backend):
@@ -44,7 +52,13 @@ class HostedBackend(Backend):
     tokenizer
         ``text -> tokens (or count)`` counting prompt tokens as the service does.
     price
-        ``(input_per_1M, output_per_1M)`` or a ``usage.Price``.
+        ``(input_per_1M, output_per_1M)`` or a ``usage.Price`` (with the
+        prices of cached input and cache writes, and the batch discount).
+    prefix_warmup
+        Warm the service's prompt cache before sending the siblings of a
+        shared head (default ``True``: followers wait at most
+        ``WARMUP_WAIT`` seconds for their leader's response to start); a
+        number of seconds sets that bound; ``False`` sends every request at once.
     """
 
     sends_requests = True
@@ -55,6 +69,10 @@ class HostedBackend(Backend):
     key_header: tuple[str, str] = ("Authorization", "Bearer {key}")
     #: Headers every request carries that are not secret (an API version).
     static_headers: Mapping[str, str] = {}
+    #: The shortest prompt head the service caches, in its tokens (OpenAI: 1,024).
+    cache_min_tokens = 1024
+    #: True when the cache hits only at boundaries the request marks (Anthropic's breakpoints).
+    cache_boundaries_marked = False
 
     def __init__(
         self,
@@ -74,6 +92,7 @@ class HostedBackend(Backend):
         total_timeout: float | None = None,
         tokenizer: Any = None,
         price: Any = None,
+        prefix_warmup: bool | float = True,
     ) -> None:
         if not isinstance(model, str) or not model:
             raise ValueError(f"model must be a non-empty string, got {model!r}")
@@ -120,6 +139,33 @@ class HostedBackend(Backend):
         self._tokenizer = tokenizer  # kept as given (no closure): backends travel to Dask workers
         self._user_tokenizer = tokenizer is not None
         self.tokens_exact = tokenizer is not None or tiktoken_counter(model) is not None
+        if prefix_warmup is True:
+            self.prefix_warmup: float | None = WARMUP_WAIT
+        elif prefix_warmup is False or prefix_warmup is None:
+            self.prefix_warmup = None
+        elif isinstance(prefix_warmup, (int, float)) and 0 < prefix_warmup < float("inf"):
+            self.prefix_warmup = float(prefix_warmup)
+        else:
+            raise ValueError(f"{where}: prefix_warmup must be True, False or a positive number of seconds, "
+                             f"got {prefix_warmup!r}")
+
+    @property
+    def prefix_min_head(self) -> int | None:  # type: ignore[override]
+        """Characters a shared head needs before it can be cached (a token is at least one), or ``None`` when off."""
+        return self.cache_min_tokens if self.prefix_warmup is not None else None
+
+    def warmup_turns(self, texts: Sequence[str]) -> list[Turn]:
+        """How each request of a batch goes (``backends.warmup``): ``texts`` are the requests' prompts, one text each.
+
+        Must be called on the event loop that sends them (the plan is shared by
+        every batch of that loop).
+        """
+        if self.prefix_warmup is None:
+            return [ALONE] * len(texts)
+        return self.client.warmup().turns(
+            texts, lambda head: self._count(head) >= self.cache_min_tokens, min_chars=self.cache_min_tokens,
+            wait=self.prefix_warmup, exact=self.cache_boundaries_marked,
+        )
 
     def _count(self, text: str) -> int:
         if self._tokenizer is not None:

@@ -13,6 +13,8 @@ methods and bodies (GETs, multipart uploads, file downloads: provider batch
 jobs) through the same retries and returns the raw body. Redirects are
 followed here, not by aiohttp, under the policy of ``outlines.backends.urls``:
 307 and 308 only, and a hop to another origin carries no credential of any kind.
+``warmup`` keeps, per loop too, the prompt heads the service was sent to cache
+(``backends.warmup``).
 """
 from __future__ import annotations
 
@@ -26,7 +28,7 @@ import threading
 import time
 import weakref
 from dataclasses import dataclass
-from typing import Any, Awaitable, Iterable, Mapping, TypeVar
+from typing import Any, Awaitable, Callable, Iterable, Mapping, TypeVar
 
 import aiohttp
 import yarl
@@ -35,6 +37,7 @@ from outlines.backends import retry, urls
 from outlines.backends.base import BackendError, BatchReport
 from outlines.backends.ratelimit import AIMDLimiter, TokenBucket
 from outlines.backends.usage import wire_usage
+from outlines.backends.warmup import Warmup
 
 __all__ = ["HTTPClient", "Secret", "credential_fingerprint", "gather_or_cancel"]
 
@@ -208,11 +211,12 @@ class HTTPClient:
 
     def _init_runtime(self) -> None:
         self._states: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _LoopState] = weakref.WeakKeyDictionary()
+        self._warmups: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, Warmup] = weakref.WeakKeyDictionary()
         self._lock = threading.Lock()
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
-        del state["_states"], state["_lock"]
+        del state["_states"], state["_warmups"], state["_lock"]
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
@@ -233,9 +237,19 @@ class HTTPClient:
                 state = self._states[loop] = _LoopState(session, AIMDLimiter(self.max_concurrency))
             return state
 
-    async def aclose(self) -> None:
-        """Close the running loop's session (a no-op when there is none)."""
+    def warmup(self) -> Warmup:
+        """The prompt heads put in the service's cache from the running loop (``backends.warmup``)."""
+        loop = asyncio.get_running_loop()
         with self._lock:
+            warmup = self._warmups.get(loop)
+            if warmup is None:
+                warmup = self._warmups[loop] = Warmup()
+            return warmup
+
+    async def aclose(self) -> None:
+        """Close the running loop's session (a no-op when there is none) and forget its warmed heads."""
+        with self._lock:
+            self._warmups.pop(asyncio.get_running_loop(), None)
             state = self._states.pop(asyncio.get_running_loop(), None)
         if state is not None and not state.session.closed:
             await state.session.close()
@@ -250,7 +264,13 @@ class HTTPClient:
         return text
 
     async def post_json(
-        self, path: str, payload: Mapping[str, Any], report: BatchReport, *, tokens: float = 0.0
+        self,
+        path: str,
+        payload: Mapping[str, Any],
+        report: BatchReport,
+        *,
+        tokens: float = 0.0,
+        on_response: Callable[[], None] | None = None,
     ) -> dict[str, Any]:
         """POST ``payload`` to ``base_url + path`` and return the decoded JSON object.
 
@@ -265,6 +285,11 @@ class HTTPClient:
             holds one of its request slots, and the usage is added to it.
         tokens
             Estimated tokens the request spends, for the ``tpm`` budget.
+        on_response
+            Called as soon as an attempt's response starts (status and
+            headers arrived) or the attempt failed without one: a prompt
+            cache warm-up releases the requests waiting for this one
+            (``backends.warmup``).
 
         Returns
         -------
@@ -279,7 +304,8 @@ class HTTPClient:
             not a JSON object.
         """
         model = str(payload.get("model", "")) or None
-        body = await self.request("POST", path, report, payload=payload, model=model, tokens=tokens)
+        body = await self.request("POST", path, report, payload=payload, model=model, tokens=tokens,
+                                  on_response=on_response)
         return self._decode(body, path, model, tokens, report)
 
     async def request(
@@ -294,6 +320,7 @@ class HTTPClient:
         model: str | None = None,
         tokens: float = 0.0,
         retries: int | None = None,
+        on_response: Callable[[], None] | None = None,
     ) -> bytes:
         """Send one request (retried like ``post_json``) and return the body of its 2xx answer.
 
@@ -314,6 +341,8 @@ class HTTPClient:
             Retries allowed (default ``max_retries``); 0 for a request that
             must not go twice before the caller has looked whether the first
             one took effect (creating a paid job).
+        on_response
+            As ``post_json``.
 
         Raises
         ------
@@ -326,7 +355,7 @@ class HTTPClient:
         attempt = 0
         while True:
             await self._throttle(tokens)
-            outcome = await self._attempt(state, path, wire, model, report)
+            outcome = await self._attempt(state, path, wire, model, report, on_response)
             if isinstance(outcome, bytes):
                 return outcome
             error = outcome.error
@@ -345,21 +374,27 @@ class HTTPClient:
             attempt += 1
 
     async def _attempt(
-        self, state: _LoopState, path: str, wire: _Wire, model: str | None, report: BatchReport
+        self, state: _LoopState, path: str, wire: _Wire, model: str | None, report: BatchReport,
+        on_response: Callable[[], None] | None = None,
     ) -> bytes | _FailedAttempt:
         """One request, reported with its times: the body of a 2xx, or why it failed."""
         async with report.request_slot():
             start = time.perf_counter()
-            outcome = await self._attempt_once(state, path, wire, model)
+            try:
+                outcome = await self._attempt_once(state, path, wire, model, on_response)
+            finally:
+                if on_response is not None:  # no response came (a dropped connection): release anyway
+                    on_response()
             report.request(start, time.perf_counter(), None if isinstance(outcome, bytes) else outcome.error)
         return outcome
 
     async def _attempt_once(
-        self, state: _LoopState, path: str, wire: _Wire, model: str | None
+        self, state: _LoopState, path: str, wire: _Wire, model: str | None,
+        on_response: Callable[[], None] | None = None,
     ) -> bytes | _FailedAttempt:
         try:
             async with state.limiter:
-                status, headers, body = await self._send(state.session, path, wire)
+                status, headers, body = await self._send(state.session, path, wire, on_response)
                 # Adjust the limit while this request still holds its slot: a 429
                 # lowers it before the slot is freed, so no waiter is admitted
                 # under the old limit.
@@ -388,11 +423,14 @@ class HTTPClient:
         if state.limiter.limit < before:
             logger.debug("%s answered 429: at most %d requests in flight for now", self.base_url, state.limiter.limit)
 
-    async def _send(self, session: aiohttp.ClientSession, path: str, wire: _Wire) -> tuple[int, Mapping[str, str], bytes]:
+    async def _send(
+        self, session: aiohttp.ClientSession, path: str, wire: _Wire, on_response: Callable[[], None] | None = None
+    ) -> tuple[int, Mapping[str, str], bytes]:
         """One request, following its 307/308 redirects (``urls.redirect_target``) itself.
 
         aiohttp would forward every header but ``Authorization`` to another
         host: the credentials and the user's headers go only to the base URL's origin.
+        ``on_response`` is called once the final answer's status and headers are in.
         """
         headers = {name: value.reveal() for name, value in self._headers.items()}
         headers.update(self.static_headers)
@@ -406,6 +444,8 @@ class HTTPClient:
             async with session.request(wire.method, url, json=wire.payload, data=wire.data, headers=headers,
                                        allow_redirects=False) as response:
                 if response.status not in urls.REDIRECTS:
+                    if on_response is not None:  # status and headers are here; the body may take a while yet
+                        on_response()
                     return response.status, response.headers, await response.read()
                 location = response.headers.get("Location")
             target = urls.redirect_target(response.status, url, location)
@@ -448,7 +488,7 @@ class HTTPClient:
         if used is not None:
             report.usage(*used)
             if self.tpm is not None:
-                self.tpm.refund(min(tokens, self.tpm.capacity) - sum(used))
+                self.tpm.refund(min(tokens, self.tpm.capacity) - used.prompt - used.completion)
         return data
 
     def _error(

@@ -19,6 +19,13 @@ Seeds: a group of draws of one prompt whose first draw number is ``d`` is sent
 with ``seed + d`` (and sample ``j`` of a split group with a further ``+ j``),
 so that draws fetched later, or separately, are fresh samples rather than
 replays of the draws already made with the same seed.
+
+Prompt cache: OpenAI caches a prompt's head of 1,024 tokens or more once a
+request carrying it was processed. Requests of a batch that share such a
+head go leader first and the rest once the leader's response starts
+(``backends.warmup``; ``prefix_warmup=False`` turns it off); the cached part
+of each answer's prompt (``usage.prompt_tokens_details.cached_tokens``)
+reaches the batch's report.
 """
 from __future__ import annotations
 
@@ -34,6 +41,7 @@ from outlines.backends.constraints import Constraint
 from outlines.backends import quirks
 from outlines.backends.hosted import HostedBackend
 from outlines.backends.http import gather_or_cancel
+from outlines.backends.warmup import Turn, joined
 from outlines.conversation import messages_of
 
 __all__ = ["OpenAIChatBackend", "OpenAICompletionBackend", "PromptSamples", "sample_groups"]
@@ -133,10 +141,12 @@ class _OpenAIBackend(HostedBackend):
             payload["n"] = n
         return payload
 
-    async def _post(self, payload: dict[str, Any], report: BatchReport, tokens: float) -> Any:
+    async def _post(
+        self, payload: dict[str, Any], report: BatchReport, tokens: float, on_response: Callable[[], None] | None = None
+    ) -> Any:
         """POST ``payload``; a server that refuses the constraint fields is remembered and asked without them."""
         try:
-            return await self.client.post_json(self.path, payload, report, tokens=tokens)
+            return await self.client.post_json(self.path, payload, report, tokens=tokens, on_response=on_response)
         except BackendError as error:
             if error.status == 401:
                 raise self._key_error(error) from None
@@ -145,7 +155,7 @@ class _OpenAIBackend(HostedBackend):
                 raise
             await self._note_once(CONSTRAINTS_REFUSED, f"refuses {', '.join(fields)}; checking outputs instead")
             return await self.client.post_json(self.path, {k: v for k, v in payload.items() if k not in fields},
-                                               report, tokens=tokens)
+                                               report, tokens=tokens, on_response=on_response)
 
     def _key_error(self, refused: BackendError | None) -> BackendError:
         """Why the server wants a key, naming where to give one (401s are never retried)."""
@@ -243,51 +253,65 @@ class OpenAICompletionBackend(_OpenAIBackend):
     async def _sample_groups(
         self, groups: list[PromptSamples], report: BatchReport, done: GroupDone, failed: GroupFailed
     ) -> None:
-        # Prompts that need the same number of samples share one request.
-        buckets: dict[tuple[GenerationParams, int], list[int]] = {}
+        # Prompts that need the same number of samples, and wait for the same
+        # leader of a shared head (``backends.warmup``), share one request.
+        turns = self.warmup_turns([g.prompt for g in groups])
+        buckets: dict[tuple[GenerationParams, int, int], list[int]] = {}
         for position, group in enumerate(groups):
-            buckets.setdefault((group.params, group.n), []).append(position)
+            after = turns[position].after
+            buckets.setdefault((group.params, group.n, 0 if after is None else id(after)), []).append(position)
 
         async def job(params: GenerationParams, n: int, positions: list[int]) -> None:
+            leaders = [turns[p] for p in positions if turns[p].lead is not None]
+
+            def started() -> None:
+                for turn in leaders:
+                    turn.started()
+
             try:
-                samples = await self._complete([groups[p].prompt for p in positions], params, n, report)
+                await turns[positions[0]].ready()  # the bucket's members follow one leader, or none
+                samples = await self._complete([groups[p].prompt for p in positions], params, n, report, started)
             except Exception as error:  # noqa: BLE001 - fails this request's draws only
                 for position in positions:
                     failed(position, error)
                 return
+            finally:
+                started()  # a leader that never got a response still releases its followers
             for position, sample in zip(positions, samples):
                 done(position, sample)
 
-        await asyncio.gather(*(job(params, n, positions) for (params, n), positions in buckets.items()))
+        await asyncio.gather(*(job(params, n, positions) for (params, n, _), positions in buckets.items()))
 
     async def _complete(
-        self, prompts: list[str], params: GenerationParams, n: int, report: BatchReport
+        self, prompts: list[str], params: GenerationParams, n: int, report: BatchReport,
+        on_response: Callable[[], None] | None = None,
     ) -> list[list[str]]:
         if len(prompts) > 1 and self.base_url not in LISTS_REFUSED:
             try:
-                return await self._request(prompts, params, n, report)
+                return await self._request(prompts, params, n, report, on_response)
             except BackendError as error:
                 if not _refuses_lists(error):
                     raise
                 await self._note_once(LISTS_REFUSED, "refuses a list of prompts; sending one prompt per request")
-        rows = await gather_or_cancel(self._request([p], params, n, report) for p in prompts)
+        rows = await gather_or_cancel(self._request([p], params, n, report, on_response) for p in prompts)
         return [row[0] for row in rows]
 
     async def _request(
-        self, prompts: list[str], params: GenerationParams, n: int, report: BatchReport
+        self, prompts: list[str], params: GenerationParams, n: int, report: BatchReport,
+        on_response: Callable[[], None] | None = None,
     ) -> list[list[str]]:
         """``n`` samples of each prompt, in as few requests as the server allows."""
         if n > 1 and self.base_url in N_IGNORED:
-            return await self._per_sample(prompts, params, n, report)
+            return await self._per_sample(prompts, params, n, report, on_response=on_response)
         prompt: str | list[str] = prompts[0] if len(prompts) == 1 else prompts
         payload = self._payload(params, n, prompt=prompt)
-        data = await self._post(payload, report, self._tokens(prompts, params, n))
+        data = await self._post(payload, report, self._tokens(prompts, params, n), on_response)
         try:
             choices = self._choices(data, len(prompts) * n, n)
         except _NIgnored as ignored:
             await self._note_once(N_IGNORED, "ignores n; sending one request per sample")
             first = [self._text(choice, data) for choice in ignored.choices]  # each prompt's sample 0: kept
-            rest = await self._per_sample(prompts, params, n, report, start=1)
+            rest = await self._per_sample(prompts, params, n, report, start=1, on_response=on_response)
             return [[text, *more] for text, more in zip(first, rest)]
         texts = [self._text(choice, data) for choice in choices]
         return [texts[i * n : (i + 1) * n] for i in range(len(prompts))]
@@ -299,11 +323,12 @@ class OpenAICompletionBackend(_OpenAIBackend):
         return [self._text(choice, data) for choice in self._choices(data, n, n)]
 
     async def _per_sample(
-        self, prompts: list[str], params: GenerationParams, n: int, report: BatchReport, start: int = 0
+        self, prompts: list[str], params: GenerationParams, n: int, report: BatchReport, start: int = 0,
+        on_response: Callable[[], None] | None = None,
     ) -> list[list[str]]:
         """Samples ``start`` to ``n - 1`` of each prompt, one request per sample (sample ``j``: seed ``+ j``)."""
         columns = await gather_or_cancel(
-            self._request(prompts, _offset_seed(params, j), 1, report) for j in range(start, n)
+            self._request(prompts, _offset_seed(params, j), 1, report, on_response) for j in range(start, n)
         )
         return [[column[i][0] for column in columns] for i in range(len(prompts))]
 
@@ -360,27 +385,35 @@ class OpenAIChatBackend(_OpenAIBackend):
     async def _sample_groups(
         self, groups: list[PromptSamples], report: BatchReport, done: GroupDone, failed: GroupFailed
     ) -> None:
-        async def one(position: int, group: PromptSamples) -> None:
+        turns = self.warmup_turns([joined(messages_of(g.prompt, self.system_prompt)) for g in groups])
+
+        async def one(position: int, group: PromptSamples, turn: Turn) -> None:
             try:
-                samples = await self._chat(group.prompt, group.params, group.n, report)
+                await turn.ready()
+                samples = await self._chat(group.prompt, group.params, group.n, report, turn.started)
             except Exception as error:  # noqa: BLE001 - fails this prompt's draws only
                 failed(position, error)
                 return
+            finally:
+                turn.started()  # a leader that never got a response still releases its followers
             done(position, samples)
 
-        await asyncio.gather(*(one(i, g) for i, g in enumerate(groups)))
+        await asyncio.gather(*(one(i, g, turns[i]) for i, g in enumerate(groups)))
 
-    async def _chat(self, prompt: str, params: GenerationParams, n: int, report: BatchReport) -> list[str]:
+    async def _chat(
+        self, prompt: str, params: GenerationParams, n: int, report: BatchReport,
+        on_response: Callable[[], None] | None = None,
+    ) -> list[str]:
         if n > 1 and self.base_url in N_IGNORED:
-            return await self._per_sample(prompt, params, n, report)
+            return await self._per_sample(prompt, params, n, report, on_response=on_response)
         payload = self.request_body(PromptSamples(params, prompt, n))
-        data = await self._post(payload, report, self._tokens([prompt], params, n))
+        data = await self._post(payload, report, self._tokens([prompt], params, n), on_response)
         try:
             return self.group_texts(data, n)
         except _NIgnored as ignored:
             await self._note_once(N_IGNORED, "ignores n; sending one request per sample")
             first = self._content(ignored.choices[0], data)  # sample 0, asked with the same seed: kept
-            return [first, *await self._per_sample(prompt, params, n, report, start=1)]
+            return [first, *await self._per_sample(prompt, params, n, report, start=1, on_response=on_response)]
 
     def request_body(self, group: PromptSamples) -> dict[str, Any]:
         messages = messages_of(group.prompt, self.system_prompt)  # a Conversation sends its own messages
@@ -390,10 +423,13 @@ class OpenAIChatBackend(_OpenAIBackend):
         return [self._content(choice, data) for choice in self._choices(data, n, n)]
 
     async def _per_sample(
-        self, prompt: str, params: GenerationParams, n: int, report: BatchReport, start: int = 0
+        self, prompt: str, params: GenerationParams, n: int, report: BatchReport, start: int = 0,
+        on_response: Callable[[], None] | None = None,
     ) -> list[str]:
         """Samples ``start`` to ``n - 1``, one request each (sample ``j``: seed ``+ j``)."""
-        rows = await gather_or_cancel(self._chat(prompt, _offset_seed(params, j), 1, report) for j in range(start, n))
+        rows = await gather_or_cancel(
+            self._chat(prompt, _offset_seed(params, j), 1, report, on_response) for j in range(start, n)
+        )
         return [row[0] for row in rows]
 
     def _content(self, choice: Mapping[str, Any], data: Any) -> str:

@@ -11,8 +11,9 @@ took 0.049 s in the thread and 0.048 s in a one-process pool, whose start cost
 event-loop lag (10 ms against 30 ms). Nothing is pickled per call either.
 
 Batches: requests are grouped by prompt (draws of one prompt become
-``num_return_sequences``), sorted by prompt length to cut padding, and split
-so that rows x (longest prompt + new tokens) stays under ``max_batch_tokens``.
+``num_return_sequences``), ordered by shared head (``prefix_order``: the
+prompts of one group together, each group shortest first) and split so that
+rows x (longest prompt + new tokens) stays under ``max_batch_tokens``.
 A CUDA out-of-memory error retries the chunk in halves, down to one prompt.
 
 Seeds: every sampled token comes from a counter-based stream keyed by
@@ -28,8 +29,13 @@ add_generation_prompt=True)``: a plain prompt is one user message, an
 ``outlines.chat`` conversation its own messages, with ``system_prompt`` first.
 
 Prefix sharing: the draws of one prompt prefill it once and copy its key/value
-cache to each sample; the prompts of one chunk that start with the same tokens
-(a few-shot header) prefill those once. Rows then hold prefix, padding, rest.
+cache to each sample; the tokens all prompts of a chunk start with (a chat
+template's system turn) are prefilled once; and each group of its prompts
+that share ``group_min_tokens`` more (a few-shot header: ``prefix.prefix_groups``)
+prefills that head once, several groups per chunk. Rows then hold the common
+head, the group's head and their own tokens, each left-padded
+(``_hf_generation.prefix_layout``). The prompt tokens whose keys and values
+were copied rather than computed are reported as cached (``BatchReport.usage``).
 
 Cancellation: when the awaiting task is cancelled (Ctrl-C), a flag stops the
 generation loop at its next decoding step, so the worker is free at once.
@@ -52,12 +58,16 @@ import numpy as np
 from outlines.backends.base import Backend, BackendError, BatchReport, Draw, GenerationParams, check_limit
 from outlines.backends.constraints import Constraint
 from outlines.backends.packing import pack
+from outlines.backends.prefix import prefix_groups
 from outlines.conversation import Conversation, messages_of
 from outlines.errors import install_hint
 
-__all__ = ["TransformersBackend", "plan_chunks", "trim_at_stop"]
+__all__ = ["TransformersBackend", "plan_chunks", "prefix_order", "trim_at_stop"]
 
 DEFAULT_MAX_TOKENS = 256
+#: The shortest head a group of a chunk's prompts must share, past the chunk's common
+#: prefix, to be prefilled once for the group (``group_min_tokens``).
+MIN_GROUP_HEAD = 16
 #: ``extra`` parameters the backend understands; OpenAI-only ones are refused.
 SUPPORTED_EXTRA = ("top_k", "repetition_penalty", "no_repeat_ngram_size")
 
@@ -116,15 +126,18 @@ def _counting_tokenizer(path: str, gguf_file: str | None) -> _Counting:
 
 
 def plan_chunks(
-    lengths: Sequence[int], rows_per_prompt: int, max_rows: int, max_tokens: int | None, new_tokens: int
+    lengths: Sequence[int], rows_per_prompt: int, max_rows: int, max_tokens: int | None, new_tokens: int,
+    order: Sequence[int] | None = None,
 ) -> list[list[int]]:
-    """Split prompt indices, shortest first, into chunks that fit the limits (``outlines.backends.packing.pack``).
+    """Split prompt indices, in ``order`` (default: shortest first), into chunks that fit the limits.
+
+    The rule is ``outlines.backends.packing.pack``, the batcher's own.
 
     A chunk holds at most ``max_rows`` rows (prompts x ``rows_per_prompt``)
     and at most ``max_tokens`` tokens (rows x (longest prompt + new tokens));
     a single prompt always makes a chunk.
     """
-    order = sorted(range(len(lengths)), key=lambda i: (lengths[i], i))
+    order = sorted(range(len(lengths)), key=lambda i: (lengths[i], i)) if order is None else list(order)
     rows = pack([rows_per_prompt] * len(order), max(max_rows, rows_per_prompt),
                 widths=[lengths[i] + new_tokens for i in order], max_area=max_tokens)
     chunks, start = [], 0
@@ -132,6 +145,29 @@ def plan_chunks(
         chunks.append(order[start : start + count // rows_per_prompt])
         start += count // rows_per_prompt
     return chunks
+
+
+def prefix_order(prompt_ids: Sequence[Sequence[int]], group_min: int | None) -> list[int]:
+    """Prompt indices with each group sharing a head together, for ``plan_chunks``.
+
+    Groups share ``group_min`` tokens past what all the prompts start with
+    (``prefix.prefix_groups``; ``None``: no groups). Each group runs shortest
+    first and the groups follow each other by their longest prompt, so padding
+    stays small; with no groups this is shortest first.
+
+    Examples
+    --------
+    >>> prefix_order([[1, 2, 3, 9, 9, 9], [5, 6], [1, 2, 3, 8], [7]], group_min=3)
+    [3, 1, 2, 0]
+    """
+    lengths = [len(ids) for ids in prompt_ids]
+    if group_min is None or len(prompt_ids) < 2:
+        return sorted(range(len(lengths)), key=lambda i: (lengths[i], i))
+    common = len(os.path.commonprefix([list(ids) for ids in prompt_ids]))  # what every prompt starts with
+    groups = [sorted(members, key=lambda i: (lengths[i], i))
+              for _, members in prefix_groups(prompt_ids, common + group_min).groups()]
+    groups.sort(key=lambda members: (lengths[members[-1]], members[0]))
+    return [index for members in groups for index in members]
 
 
 def trim_at_stop(text: str, stop: Sequence[str]) -> str:
@@ -216,12 +252,21 @@ class TransformersBackend(Backend):
     system_prompt
         A system message put before each prompt's messages (chat only).
     share_prefix
-        Prefill each prompt (and a chunk's common prefix) once; ``False`` runs
-        every row separately (the reference path, for tests and benchmarks).
+        Prefill each prompt, each shared head and a chunk's common prefix
+        once; ``False`` runs every row separately (the reference path, for
+        tests and benchmarks).
+    group_min_tokens
+        The shortest head, in tokens, that prompts must share past the
+        chunk's common prefix for the head to be prefilled once for them
+        (default 16); ``None``: only the chunk's common prefix is shared (as
+        before prefix groups: a baseline for benchmarks).
     """
 
     kind = "transformers"
     local_compute = True
+    #: The runtime keeps prompts sharing this many characters in one batch: a head
+    #: shorter than that saves too little prefill to reorder batches for.
+    prefix_min_head = 64
 
     def __init__(
         self,
@@ -237,6 +282,7 @@ class TransformersBackend(Backend):
         chat: bool | None = None,
         system_prompt: str | None = None,
         share_prefix: bool = True,
+        group_min_tokens: int | None = MIN_GROUP_HEAD,
     ) -> None:
         path = os.fspath(model_id_or_path)
         expanded = os.path.expanduser(path)
@@ -257,6 +303,8 @@ class TransformersBackend(Backend):
         self.chat = chat
         self.system_prompt = system_prompt
         self.share_prefix = share_prefix
+        self.group_min_tokens = check_limit("group_min_tokens", group_min_tokens,
+                                            where=f"models.transformers({path!r})")
         self.device = device
         self.dtype = None if dtype is None else str(dtype).replace("torch.", "")
         where = f"models.transformers({path!r})"
@@ -328,7 +376,7 @@ class TransformersBackend(Backend):
         cancelled = threading.Event()
         future = loop.run_in_executor(slot.executor, self._generate_blocking, slot, list(draws), salt, cancelled)
         try:
-            texts, prompt_tokens, completion_tokens, load_times, failures = await asyncio.shield(future)
+            texts, (prompt_tokens, completion_tokens, shared_tokens), load_times, failures = await asyncio.shield(future)
         except asyncio.CancelledError:
             cancelled.set()  # the worker stops at its next decoding step
             # ... and ends with GenerationCancelled, which no one awaits any more: retrieve it,
@@ -337,7 +385,7 @@ class TransformersBackend(Backend):
             raise
         if load_times is not None:
             report.model_loaded(*load_times)
-        report.usage(prompt_tokens, completion_tokens)
+        report.usage(prompt_tokens, completion_tokens, shared_tokens)
         if failures:  # bad prompts fail alone: the others' draws are reported as they are
             if len(failures) == len(texts):
                 raise next(iter(failures.values()))
@@ -371,13 +419,14 @@ class TransformersBackend(Backend):
 
     def _generate_blocking(
         self, slot: _Slot, requests: list[Draw], salt: str, cancelled: threading.Event | None = None
-    ) -> tuple[list[str], int, int, tuple[float, float] | None, dict[int, BackendError]]:
-        """Texts, token usage, the (start, end) of the model load when this batch loaded it, failed draws."""
+    ) -> tuple[list[str], list[int], tuple[float, float] | None, dict[int, BackendError]]:
+        """Texts, token usage (prompt, completion, shared prompt tokens), the (start, end) of the model load
+        when this batch loaded it, and the failed draws."""
         start, fresh = time.perf_counter(), slot.loaded is None  # one thread per slot: no race
         loaded = self._loaded(slot)
         load_times = (start, time.perf_counter()) if fresh else None
         texts: list[str] = [""] * len(requests)
-        usage = [0, 0]
+        usage = [0, 0, 0]
         failures: dict[int, BackendError] = {}
         groups: dict[GenerationParams, list[int]] = {}
         for index, request in enumerate(requests):
@@ -387,7 +436,7 @@ class TransformersBackend(Backend):
             self._generate_group(
                 loaded, params, [requests[i] for i in indices], salt, texts, indices, usage, cancelled, failures
             )
-        return texts, usage[0], usage[1], load_times, failures
+        return texts, usage, load_times, failures
 
     def _generate_group(
         self, loaded: Any, params: GenerationParams, requests: list[Draw], salt: str,
@@ -418,7 +467,8 @@ class TransformersBackend(Backend):
                 raise GenerationCancelled()
             lengths = [len(x) for x in ids]
             rows = self.max_batch or len(prompts) * count
-            for chunk in plan_chunks(lengths, count, max(rows, count), self.max_batch_tokens, new_tokens):
+            order = prefix_order(ids, self.group_min_tokens if self.share_prefix else None)
+            for chunk in plan_chunks(lengths, count, max(rows, count), self.max_batch_tokens, new_tokens, order):
                 groups = [draws_of[prompts[i]] for i in chunk]
                 keys = None
                 if not params.deterministic:
@@ -515,9 +565,9 @@ class TransformersBackend(Backend):
 
         try:
             row_keys = None if keys is None else np.array(keys, dtype=np.uint64)
-            texts, prompt_tokens, completion_tokens = hf.run_chunk(
+            texts, prompt_tokens, completion_tokens, shared_tokens = hf.run_chunk(
                 loaded, ids, count, row_keys, new_tokens, options, share_prefix=self.share_prefix,
-                cancelled=cancelled,
+                group_min=self.group_min_tokens, cancelled=cancelled,
             )
         except Exception as exc:
             if not hf.is_out_of_memory(exc):
@@ -542,4 +592,5 @@ class TransformersBackend(Backend):
             raise GenerationCancelled()  # the texts were cut short: never report them
         usage[0] += prompt_tokens
         usage[1] += completion_tokens
+        usage[2] += shared_tokens
         return texts

@@ -6,9 +6,11 @@ user-supplied ``tokenizer=`` (exact for the server it describes), with
 ``tiktoken`` when the model is known to it AND its encoding file is already on
 disk (tiktoken downloads encodings from the internet; this module never does),
 or else with the documented estimate ``estimate_tokens``: one token per 4
-characters, rounded up. ``Price`` turns tokens into money (per million tokens,
-input and output). There is no built-in price table: prices go stale, so they
-come from the user (``models.openai(..., price=(0.15, 0.60))`` or a
+characters, rounded up. ``Price`` turns tokens into money (per million tokens:
+input, output, and the provider's prompt-cache reads and writes, with the
+discount of provider batch jobs). There is no built-in price table: prices go
+stale, so they come from the user (``models.openai(..., price=(0.15, 0.60))``,
+``price=Price(3.0, 15.0, cached_input=0.30, cache_write=3.75)`` or a
 ``prices={model name: (input, output)}`` table).
 """
 from __future__ import annotations
@@ -18,13 +20,14 @@ import math
 import os
 import tempfile
 from dataclasses import dataclass
-from typing import Any, Callable, Mapping, Sequence, Union
+from typing import Any, Callable, Mapping, NamedTuple, Sequence, Union
 
 __all__ = [
     "CHARS_PER_TOKEN",
     "Price",
     "PriceTable",
     "TokenCounter",
+    "WireUsage",
     "estimate_tokens",
     "price_of",
     "tiktoken_counter",
@@ -103,10 +106,22 @@ def _tiktoken_cache_path(url: str) -> str:
     return os.path.join(folder, hashlib.sha1(url.encode()).hexdigest())
 
 
-def wire_usage(usage: Any) -> tuple[int, int] | None:
-    """``(prompt tokens, completion tokens)`` of a response's ``usage`` object; ``None`` when absent.
+class WireUsage(NamedTuple):
+    """Tokens of one answer: ``prompt`` (all of them, cached or not), ``completion``, and of the
+    prompt's, those ``cached`` (read from the provider's prompt cache) and ``cache_write``
+    (written to it: Anthropic bills them apart)."""
 
-    OpenAI-style servers say ``prompt_tokens``/``completion_tokens``;
+    prompt: int
+    completion: int
+    cached: int = 0
+    cache_write: int = 0
+
+
+def wire_usage(usage: Any) -> WireUsage | None:
+    """The tokens a response's ``usage`` object reports; ``None`` when absent or malformed.
+
+    OpenAI-style servers say ``prompt_tokens``/``completion_tokens``, and the
+    cached part of the prompt in ``prompt_tokens_details.cached_tokens``.
     Anthropic says ``input_tokens``/``output_tokens`` and counts the prompt
     tokens written to or read from its prompt cache apart
     (``cache_creation_input_tokens``, ``cache_read_input_tokens``): they are
@@ -115,52 +130,108 @@ def wire_usage(usage: Any) -> tuple[int, int] | None:
     Examples
     --------
     >>> wire_usage({"input_tokens": 10, "cache_read_input_tokens": 90, "output_tokens": 5})
-    (100, 5)
+    WireUsage(prompt=100, completion=5, cached=90, cache_write=0)
+    >>> wire_usage({"prompt_tokens": 2006, "completion_tokens": 3,
+    ...             "prompt_tokens_details": {"cached_tokens": 1920}}).cached
+    1920
     """
     if not isinstance(usage, dict):
         return None
     if "prompt_tokens" in usage:
-        prompt, completion, extra = usage.get("prompt_tokens"), usage.get("completion_tokens"), []
+        prompt, completion, write = usage.get("prompt_tokens"), usage.get("completion_tokens"), 0
+        details = usage.get("prompt_tokens_details")
+        cached = details.get("cached_tokens") if isinstance(details, dict) else None
+        cached = 0 if cached is None else cached
+        inside = 0  # OpenAI's prompt_tokens already counts its cached tokens
     else:
         prompt, completion = usage.get("input_tokens"), usage.get("output_tokens")
-        extra = [usage.get(k) for k in ("cache_creation_input_tokens", "cache_read_input_tokens")]
-    numbers = [prompt, completion, *(e for e in extra if e is not None)]
-    if not all(type(n) is int and n >= 0 for n in numbers):
+        write = usage.get("cache_creation_input_tokens") or 0
+        cached = usage.get("cache_read_input_tokens") or 0
+        inside = 1
+    if not all(type(n) is int and n >= 0 for n in (prompt, completion, write, cached)):
         return None
-    return int(prompt) + sum(int(e) for e in extra if e is not None), int(completion)  # type: ignore[arg-type]
+    total = int(prompt) + inside * (int(write) + int(cached))  # type: ignore[arg-type]
+    return WireUsage(total, int(completion), min(int(cached), total), int(write))  # type: ignore[arg-type]
 
 
 @dataclass(frozen=True)
 class Price:
     """Money per million tokens: ``input`` (prompt) and ``output`` (completion).
 
+    ``cached_input`` is the price of prompt tokens read from the provider's
+    prompt cache (OpenAI bills them at a fraction of ``input``, Anthropic at
+    0.1x) and ``cache_write`` that of tokens written to it (Anthropic: 1.25x
+    for 5 minutes); ``None`` bills them as ``input``. ``batch_discount`` is the
+    fraction taken off everything in a provider batch job (0.5 at OpenAI and
+    Anthropic).
+
     Examples
     --------
     >>> Price(0.15, 0.60).cost(1_000_000, 500_000)
     0.45
+    >>> price = Price(3.0, 15.0, cached_input=0.30, cache_write=3.75, batch_discount=0.5)
+    >>> round(price.cost(3_000_000, 0, cached_tokens=2_000_000, cache_write_tokens=500_000), 4)
+    3.975
+    >>> round(price.cost(1_000_000, 0, batch=True), 4)
+    1.5
     """
 
     input: float
     output: float
+    cached_input: float | None = None
+    cache_write: float | None = None
+    batch_discount: float = 0.0
 
     def __post_init__(self) -> None:
-        for name in ("input", "output"):
+        for name in ("input", "output", "cached_input", "cache_write", "batch_discount"):
             value = getattr(self, name)
+            if value is None and name in ("cached_input", "cache_write"):
+                continue
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < float("inf"):
                 raise ValueError(f"price {name} must be a number >= 0 (money per 1M tokens), got {value!r}")
+        if self.batch_discount >= 1:
+            raise ValueError(f"price batch_discount is the fraction taken off (0.5 for half price), "
+                             f"got {self.batch_discount!r}")
 
     @classmethod
     def of(cls, value: Any) -> Price:
-        """A ``Price`` from itself or an ``(input_per_1M, output_per_1M)`` pair."""
+        """A ``Price`` from itself, an ``(input_per_1M, output_per_1M)`` pair, or a mapping of its fields."""
         if isinstance(value, Price):
             return value
         if isinstance(value, (tuple, list)) and len(value) == 2:
             return cls(*value)
-        raise TypeError(f"a price is (input_per_1M, output_per_1M) or a Price, got {value!r}")
+        if isinstance(value, Mapping):
+            unknown = sorted(set(value) - _PRICE_FIELDS)
+            if unknown:
+                raise TypeError(f"unknown price field {unknown[0]!r}; the fields are {', '.join(sorted(_PRICE_FIELDS))}")
+            return cls(**value)
+        raise TypeError(f"a price is (input_per_1M, output_per_1M), a mapping of Price's fields or a Price, "
+                        f"got {value!r}")
 
-    def cost(self, prompt_tokens: float, completion_tokens: float) -> float:
-        """The money ``prompt_tokens`` in and ``completion_tokens`` out cost."""
-        return (prompt_tokens * self.input + completion_tokens * self.output) / 1_000_000
+    def cost(
+        self,
+        prompt_tokens: float,
+        completion_tokens: float,
+        *,
+        cached_tokens: float = 0,
+        cache_write_tokens: float = 0,
+        batch: bool = False,
+    ) -> float:
+        """The money ``prompt_tokens`` in and ``completion_tokens`` out cost.
+
+        ``cached_tokens`` and ``cache_write_tokens`` are the parts of
+        ``prompt_tokens`` read from and written to the provider's prompt
+        cache; ``batch``: they ran in a provider batch job.
+        """
+        cached_price = self.input if self.cached_input is None else self.cached_input
+        write_price = self.input if self.cache_write is None else self.cache_write
+        plain = max(prompt_tokens - cached_tokens - cache_write_tokens, 0)
+        money = plain * self.input + cached_tokens * cached_price + cache_write_tokens * write_price
+        money += completion_tokens * self.output
+        return money * (1 - self.batch_discount if batch else 1) / 1_000_000
+
+
+_PRICE_FIELDS = frozenset({"input", "output", "cached_input", "cache_write", "batch_discount"})
 
 
 #: A user's price table: model name (or a backend's repr) -> Price or (input, output).

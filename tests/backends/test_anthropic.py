@@ -99,7 +99,7 @@ def test_greedy_samples_collapse_to_one_request(server: FakeBatches) -> None:
 def test_usage_is_reported_prompt_cache_tokens_included(server: FakeBatches) -> None:
     report = BatchReport()
     run(backend(server), [Draw("one two three", SAMPLING, 0)], report)
-    assert report.tokens == [3, 1]
+    assert report.tokens == [3, 1, 0, 0]
     cached = {"id": "m", "type": "message", "role": "assistant", "content": [{"type": "text", "text": "ok"}],
               "stop_reason": "end_turn",
               "usage": {"input_tokens": 4, "cache_read_input_tokens": 90, "cache_creation_input_tokens": 6,
@@ -107,7 +107,7 @@ def test_usage_is_reported_prompt_cache_tokens_included(server: FakeBatches) -> 
     server.script(Status(200, body=cached))
     report = BatchReport()
     assert run(backend(server), [Draw("x", SAMPLING, 0)], report) == ["ok"]
-    assert report.tokens == [100, 2]
+    assert report.tokens == [100, 2, 90, 6]  # prompt, completion, read from and written to the cache
 
 
 def test_overloaded_and_rate_limits_are_retried_honouring_retry_after(server: FakeBatches, sleeps: list[float]) -> None:
@@ -219,3 +219,79 @@ def test_the_key_never_shows(server: FakeBatches, sleeps: list[float], caplog: p
     shown += [trace.summary(), *(p.read_bytes().decode("latin-1") for p in tmp_path.iterdir())]
     assert "retrying" in caplog.text
     assert all(KEY not in text for text in shown)
+
+
+# -- the prompt cache ----------------------------------------------------------------------------
+
+#: 1,100 words: the fake's tokens, above the 1,024 most models cache.
+HEAD = " ".join(f"w{i % 89}" for i in range(1100)) + " "
+
+
+def test_siblings_carry_a_breakpoint_at_their_head_and_read_what_the_leader_wrote(server: FakeBatches) -> None:
+    server.latency = 0.2
+    report = BatchReport()
+    draws = [Draw(HEAD + f"question {i}", SAMPLING, 0) for i in range(5)]
+    assert run(backend(server, system_prompt="Be brief."), draws, report) == [d.prompt + "#0" for d in draws]
+    first, *rest = sorted(server.requests, key=lambda r: r.time)
+    assert all(r.time - first.time >= 0.18 for r in rest)  # the leader's answer came first
+    for request in server.requests:
+        assert request.body["system"] == "Be brief."
+        marked, tail = request.body["messages"][0]["content"]
+        assert marked == {"type": "text", "text": HEAD + "question ", "cache_control": {"type": "ephemeral"}}
+        assert tail["text"] in [str(i) for i in range(5)] and "cache_control" not in tail
+    head_tokens = 2 + 1101  # "Be brief." and the head's words, "question" included
+    assert report.cache_write_tokens == head_tokens and report.cached_tokens == 4 * head_tokens
+    assert report.tokens[0] == 5 * (head_tokens + 1)
+
+
+def test_the_samples_of_one_long_prompt_share_it_whole(server: FakeBatches) -> None:
+    report = BatchReport()
+    run(backend(server), [Draw(HEAD + "tell me", SAMPLING, d) for d in range(3)], report)
+    assert all(r.body["messages"][0]["content"] == [{"type": "text", "text": HEAD + "tell me",
+                                                     "cache_control": {"type": "ephemeral"}}] for r in server.requests)
+    assert report.cache_write_tokens == 1102 and report.cached_tokens == 2 * 1102
+
+
+def test_heads_below_the_model_s_minimum_are_sent_plain(server: FakeBatches) -> None:
+    report = BatchReport()
+    # 1,100 words estimate to about 1,300 tokens: enough for most models, not for Haiku 4.5's 4,096.
+    run(AnthropicBackend("claude-haiku-4-5", base_url=server.anthropic_url, api_key=KEY),
+        [Draw(HEAD + f"q{i}", SAMPLING, 0) for i in range(3)], report)
+    run(backend(server, prefix_warmup=False), [Draw(HEAD + f"q{i}", SAMPLING, 0) for i in range(3)], report)
+    assert all(isinstance(r.body["messages"][0]["content"], str) for r in server.requests)
+    assert report.cached_tokens == report.cache_write_tokens == 0
+
+
+def test_breakpoints_split_the_text_where_the_head_ends() -> None:
+    from outlines.backends.anthropic import _joined, cache_min_tokens, with_breakpoints
+
+    body = {"model": "m", "max_tokens": 5, "system": "System text.",
+            "messages": [{"role": "user", "content": "Doc. Question?"}, {"role": "assistant", "content": "A:"}]}
+    text = _joined(body)
+    in_system, in_user = text.index("text.") + 5, text.index("Doc.") + 4
+    marked = with_breakpoints(body, [in_system, in_user])
+    assert marked["system"] == [{"type": "text", "text": "System text.", "cache_control": {"type": "ephemeral"}}]
+    assert marked["messages"][0]["content"] == [
+        {"type": "text", "text": "Doc.", "cache_control": {"type": "ephemeral"}}, {"type": "text", "text": " Question?"}]
+    assert marked["messages"][1] == body["messages"][1] and body["messages"][0]["content"] == "Doc. Question?"
+    # A head ending inside the next message's role marker ends with the text before it.
+    marker = text.index("\x1eassistant") + 3
+    assert with_breakpoints(body, [marker])["messages"][0]["content"][-1]["cache_control"] == {"type": "ephemeral"}
+    # A cut leaving only whitespace after it moves to the end (the API refuses blank blocks).
+    spaced = {"model": "m", "max_tokens": 5, "messages": [{"role": "user", "content": "Doc.  \n"}]}
+    cut = _joined(spaced).index("Doc.") + 4
+    assert with_breakpoints(spaced, [cut])["messages"][0]["content"] == [
+        {"type": "text", "text": "Doc.  \n", "cache_control": {"type": "ephemeral"}}]
+    assert with_breakpoints(body, []) is body
+    assert cache_min_tokens("claude-haiku-4-5-20251001") == 4096 and cache_min_tokens("claude-opus-4-1") == 1024
+    assert cache_min_tokens("claude-3-5-haiku-latest") == 2048
+
+
+def test_the_fake_refuses_what_the_api_refuses(server: FakeBatches) -> None:
+    block = {"type": "text", "text": "x", "cache_control": {"type": "ephemeral"}}
+    status, data = server.anthropic_answer({"model": "m", "max_tokens": 5,
+                                            "messages": [{"role": "user", "content": [block] * 5}]})
+    assert status == 400 and "A maximum of 4 blocks with cache_control" in data["error"]["message"]
+    status, data = server.anthropic_answer({"model": "m", "max_tokens": 5,
+                                            "messages": [{"role": "user", "content": [{"type": "text", "text": " "}]}]})
+    assert status == 400 and "non-whitespace" in data["error"]["message"]

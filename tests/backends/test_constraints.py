@@ -150,7 +150,7 @@ def test_generate_valid_reports_valid_draws_and_fails_exhausted_ones_on_the_repo
     # The bad draw alone is asked again, with draw d + attempt * 2**20.
     assert [(d.prompt, d.draw) for d in seen[3:]] == [("bad", 5 + RETRY_STRIDE), ("bad", 5 + 2 * RETRY_STRIDE)]
     assert RETRY_STRIDE == 1 << 20
-    assert report.tokens == [3 * 5, 5]  # usage of every attempt reaches the batch's report
+    assert report.tokens == [3 * 5, 5, 0, 0]  # usage of every attempt reaches the batch's report
 
 
 def test_a_failure_the_backend_reports_is_not_retried() -> None:

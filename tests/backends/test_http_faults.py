@@ -79,7 +79,7 @@ def test_a_429_admits_no_extra_request_under_the_old_limit(sleeps: list[float]) 
     calls: list[str] = []
     release = asyncio.Event()
 
-    async def fake_send(session: Any, path: str, wire: Any) -> tuple[int, dict[str, str], bytes]:
+    async def fake_send(session: Any, path: str, wire: Any, on_response: Any = None) -> tuple[int, dict[str, str], bytes]:
         prompt = wire.payload["messages"][-1]["content"]
         calls.append(prompt)
         if len(calls) == 1:

@@ -382,7 +382,7 @@ def test_rpm_and_tpm_budgets_pace_requests(fake_openai: FakeOpenAI, sleeps: list
 def test_usage_is_reported(fake_openai: FakeOpenAI) -> None:
     report = BatchReport()
     run(completion(fake_openai), draws("one two", "three"), report)
-    assert report.tokens == [3, 2] and report.requests == 1
+    assert report.tokens == [3, 2, 0, 0] and report.requests == 1
 
 
 def test_two_consecutive_runs_and_errors_leave_no_open_session(fake_openai: FakeOpenAI, sleeps: list[float]) -> None:
@@ -654,3 +654,19 @@ def test_render_shows_the_messages_or_text_sent_and_no_token_ids() -> None:
     assert completion_model.render("Q: 1 + 1 =") == "Q: 1 + 1 ="
     with pytest.raises(TypeError, match="do not expose token ids"):
         llm.render("Hi", tokens=True)
+
+
+def test_the_fake_caches_answered_heads_as_openai_documents() -> None:
+    """1,024 tokens at least, then steps of 128; only what was answered before a request arrived."""
+    words = [f"w{i}" for i in range(1500)]
+    with FakeOpenAI(latency=0.2) as server:
+        backend = chat(server, prefix_warmup=False)
+        together = BatchReport()
+        run(backend, [Draw(" ".join(words) + f" q{i}", SAMPLING, 0) for i in range(3)], together)
+        assert together.cached_tokens == 0  # sent at once: nothing was answered yet
+        later = BatchReport()
+        run(backend, [Draw(" ".join(words[:1300]) + " other", SAMPLING, 0)], later)
+        assert later.cached_tokens == 1280 and later.tokens[0] == 1301
+        short = BatchReport()
+        run(backend, [Draw(" ".join(words[:1000]) + " x " * 200, SAMPLING, 0)], short)
+        assert short.cached_tokens == 0  # shares under 1,024 tokens

@@ -64,7 +64,7 @@ def test_parsing_arbitrary_json_raises_only_backend_errors(
 ) -> None:
     backend = backend_type("m", base_url="http://127.0.0.1:9/v1", api_key="sk-fuzz")
 
-    async def post_json(path: str, payload: Any, report: Any, *, tokens: float = 0.0) -> Any:
+    async def post_json(path: str, payload: Any, report: Any, *, tokens: float = 0.0, on_response: Any = None) -> Any:
         if not isinstance(body, dict):
             raise BackendError("response is not a JSON object", status=200)
         return body

@@ -511,6 +511,55 @@ def test_prefix_sharing_keeps_each_rows_token_mask(tiny_model_path: str) -> None
         assert re.fullmatch(r"[0-9]{3}", text) if request.params.constraint is digits else text in {"red", "blue"}
 
 
+def test_a_layout_holds_the_common_head_each_group_head_and_each_prompt_s_own_tokens() -> None:
+    from outlines.backends._hf_generation import prefix_layout
+
+    common, a, b = list(range(100, 110)), [1] * 20, [2] * 20
+    prompts = [common + a + [3, 4], common + b + [5], common + [9, 9], common + a + [6], common + b + [7, 8, 8]]
+    layout = prefix_layout(prompts, pad=0, group_min=16)
+    assert (layout.common, layout.group_width, layout.leaders) == (10, 20, [0, 1])
+    assert layout.row_group == [0, 1, -1, 0, 1]
+    width = 10 + 20 + 3
+    assert layout.ids.shape == (5, width)
+    assert layout.ids[2].tolist() == common + [0] * 20 + [0, 9, 9]  # in no group: its head columns are padding
+    assert layout.ids[4].tolist() == common + b + [7, 8, 8] and layout.mask[2].tolist() == [1] * 10 + [0] * 21 + [1, 1]
+    # The common head once, each group head once, each prompt's own tokens but the last.
+    assert layout.computed == 10 + 20 + 20 + (1 + 0 + 1 + 0 + 2)
+    assert prefix_layout(prompts, pad=0, group_min=None).leaders == []  # the common head only
+
+
+def test_prefix_order_keeps_each_group_together() -> None:
+    a, b = [1] * 20, [2] * 20
+    ids = [a + [3, 4], b + [5], [9, 9], a + [6], b + [7, 8, 8]]
+    assert tf.prefix_order(ids, 16) == [2, 3, 0, 1, 4]
+    assert tf.prefix_order(ids, None) == [2, 1, 3, 0, 4]  # shortest first
+    assert plan_chunks([len(x) for x in ids], 1, 2, None, 4, tf.prefix_order(ids, 16)) == [[2, 3], [0, 1], [4]]
+
+
+HEADERS = [f"Header {k}: " + "".join(f"Q: {k}{i} + 1? A: {k}{i}1. " for i in range(8)) for k in range(3)]
+#: A line every prompt starts with (like a chat template's system turn), 3 groups and a loner.
+SYSTEM = "System: answer briefly, and answer well.\n"
+GROUPED = [SYSTEM + HEADERS[i % 3] + f"Q: what is {i} * 7? A:" for i in range(7)] + [SYSTEM + "Q: short"]
+
+
+@pytest.mark.parametrize("params,samples", [(GREEDY, 1), (SAMPLED, 3)])
+def test_prefix_groups_give_the_texts_of_the_unshared_path_and_compute_each_head_once(
+    tiny_model_path: str, params: GenerationParams, samples: int
+) -> None:
+    requests = [Draw(p, params, d) for p in GROUPED for d in range(samples)]
+    grouped, common_only = BatchReport(), BatchReport()
+    texts = run(TransformersBackend(tiny_model_path, device="cpu"), requests, grouped)
+    assert texts == run(TransformersBackend(tiny_model_path, device="cpu", share_prefix=False), requests)
+    assert texts == run(TransformersBackend(tiny_model_path, device="cpu", group_min_tokens=None), requests,
+                        common_only)
+    assert grouped.tokens[0] == common_only.tokens[0]  # the same prompt tokens, fewer of them computed
+    loaded = TransformersBackend(tiny_model_path, device="cpu").load()
+    heads = [len(loaded.tokenizer(h)["input_ids"]) - 2 for h in HEADERS]  # less the tokens a boundary may merge
+    saved = (grouped.cached_tokens - common_only.cached_tokens)
+    # A header's tokens run once, not once per prompt: 3 prompts share header 0, 2 each of the others.
+    assert saved >= 2 * heads[0] + heads[1] + heads[2]
+
+
 @pytest.mark.parametrize("through", ["backend", "aeval"])
 def test_cancelling_frees_the_worker_at_the_next_decoding_step(tiny_model_path: str, monkeypatch, through: str) -> None:
     import threading

@@ -28,7 +28,7 @@ from outlines.backends.anthropic import AnthropicBackend
 from outlines.backends.base import BackendError, BatchReport, Draw
 from outlines.backends.jobs.base import JobLimits, JobLine, JobStatus, LineResult
 from outlines.backends.jobs.wire import CLOCK_SKEW, WireJobs, jsonl, line_error, mapping, number, path_segment
-from outlines.backends.usage import wire_usage
+from outlines.backends.usage import WireUsage, wire_usage
 
 __all__ = ["AnthropicJobs"]
 
@@ -169,7 +169,7 @@ class AnthropicJobs(WireJobs):
         message = result.get("message") if isinstance(result, dict) else None
         if kind != "succeeded" or not isinstance(message, dict):
             return line_error(custom_id, 200, f"malformed result {json.dumps(record)[:200]}", retryable=False)
-        used = wire_usage(message.get("usage")) or (0, 0)
+        used = wire_usage(message.get("usage")) or WireUsage(0, 0)
         report.usage(*used)
         try:
             text = self.backend.text_of(message)

@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Iterator, Mapping, Protocol, Sequence, runtime_checkable
 
 from outlines.backends.base import Backend, BackendError, BatchReport, Draw
+from outlines.backends.usage import WireUsage
 
 __all__ = [
     "FINISHED",
@@ -122,14 +123,14 @@ class LineResult:
     ``outcome`` is one of ``OUTCOMES``. An ``errored`` line's ``error`` says
     whether it may go again (``BackendError.retryable``, by the shared retry
     rules); ``expired`` and ``cancelled`` lines never ran and simply go again.
-    ``usage`` is ``(prompt tokens, completion tokens)``.
+    ``usage`` holds its tokens (``usage.WireUsage``: prompt, completion, cached, cache write).
     """
 
     custom_id: str
     outcome: str
     texts: tuple[str, ...] = ()
     error: BackendError | None = None
-    usage: tuple[int, int] = (0, 0)
+    usage: WireUsage = WireUsage(0, 0)
 
 
 class Clock(Protocol):

@@ -27,7 +27,7 @@ from outlines.backends.base import BackendError, BatchReport, Draw
 from outlines.backends.jobs.base import STATES, JobLimits, JobLine, JobStatus, LineResult
 from outlines.backends.jobs.wire import CLOCK_SKEW, WireJobs, jsonl, line_error, mapping, number, path_segment
 from outlines.backends.openai import OpenAIChatBackend, OpenAICompletionBackend, sample_groups
-from outlines.backends.usage import wire_usage
+from outlines.backends.usage import WireUsage, wire_usage
 
 __all__ = ["OpenAIJobs"]
 
@@ -181,7 +181,7 @@ class OpenAIJobs(WireJobs):
         if not isinstance(body, dict):
             return line_error(custom_id, status_code, f"the answer is not a JSON object: {str(body)[:200]}",
                               retryable=False)
-        used = wire_usage(body.get("usage")) or (0, 0)
+        used = wire_usage(body.get("usage")) or WireUsage(0, 0)
         report.usage(*used)
         try:
             n = samples.get(custom_id) or len(body.get("choices") or ()) or 1
