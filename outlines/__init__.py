@@ -132,7 +132,8 @@ def visualize(*variables: Any, filename: str | None = None, format: str | None =
     Raises
     ------
     ImportError
-        A graphviz format without the ``graphviz`` package.
+        A graphviz format without the ``graphviz`` package (the ``viz`` extra:
+        ``pip install -e '.[viz]'``).
     RuntimeError
         Rendering svg/png/pdf to a file without the ``dot`` program.
     ValueError
