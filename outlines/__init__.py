@@ -70,14 +70,97 @@ __all__ = [
 
 
 def trace() -> Any:
-    """Record what the evaluations inside a ``with`` block did; returns a ``Trace``."""
+    """Record every evaluation run inside the block: what ran, when, in which batch.
+
+    A context manager: ``with outlines.trace() as t:`` records every
+    evaluation started inside the block (``eval``, ``aeval``, calling a
+    ``Program``, a stream).
+
+    Returns
+    -------
+    outlines.tracing.Trace
+        Filled in as evaluations run; read it after (or during) the block:
+        ``summary()`` (a text table per kind of node and per backend),
+        ``errors()``, ``timeline(path)`` (a Gantt chart), ``to_json(path)``,
+        ``cost(prices)``, and the records ``nodes``, ``batches``,
+        ``requests``, ``iterations`` (one per loop iteration), ``evals``.
+
+    Examples
+    --------
+    >>> import outlines
+    >>> question = outlines.string("question")
+    >>> with outlines.trace() as t:
+    ...     _ = (question + "?").eval({question: ["why", "how"]}, cache=False)
+    >>> len(t.evals)
+    1
+    >>> print(t.summary())  # doctest: +ELLIPSIS
+    outlines trace: 1 evaluation(s), ... node(s)
+    ...
+    """
     from outlines.runtime.tracing import trace as _trace
 
     return _trace()
 
 
 def visualize(*variables: Any, filename: str | None = None, format: str | None = None, trace: Any = None) -> Any:  # noqa: A002
-    """Draw the graph of ``variables`` (svg/png/pdf/dot/mermaid/ascii)."""
+    """Draw the graph computing ``variables``: as graphviz, mermaid or plain text.
+
+    Each node shows what it is (an input, a constant, a prompt, a model call
+    with its backend and parameters, a Python step, a loop with its body drawn
+    as a cluster); edges go from an argument to the node that reads it. No
+    secret (API key, header) ever appears in a picture.
+
+    Parameters
+    ----------
+    *variables
+        Variables (or a ``Program``) to draw, with everything they depend on.
+    filename
+        Where to write the picture; its extension picks the format when
+        ``format`` is not given (``.svg .png .pdf .dot .gv .mmd .md .txt``;
+        ``.md`` wraps the mermaid text in a fenced block).
+    format
+        One of ``dot``, ``svg``, ``png``, ``pdf`` (graphviz: need the
+        ``graphviz`` package of the ``viz`` extra, and all but ``dot`` need the
+        ``dot`` program), ``mermaid`` or ``ascii`` (no dependency). Default:
+        from ``filename``, else ``svg``.
+    trace
+        A ``Trace`` of an evaluation (``outlines.trace()``): nodes then show
+        their time (and how much of it was queueing), batch, cache hits and
+        errors. It is matched by structure, so the trace of a ``Program``
+        overlays on a separately built identical graph.
+
+    Returns
+    -------
+    graphviz.Digraph or str
+        A ``Digraph`` for the graphviz formats (it renders itself in
+        Jupyter), the text for ``mermaid`` and ``ascii`` (a ``str`` that
+        Jupyter shows as text rather than as an escaped string).
+
+    Raises
+    ------
+    ImportError
+        A graphviz format without the ``graphviz`` package (the ``viz`` extra:
+        ``pip install -e '.[viz]'``).
+    RuntimeError
+        Rendering svg/png/pdf to a file without the ``dot`` program.
+    ValueError
+        An unknown ``format``, or a ``filename`` whose extension names none.
+
+    Examples
+    --------
+    >>> import outlines
+    >>> question = outlines.string("question")
+    >>> print(outlines.visualize(question + "?", format="ascii"))
+    outlines graph: 3 nodes, 2 edges
+    [1] input    question  input
+    [2] constant '?'
+    [3] op       + (concat)  => output
+          <- 0=[1], 1=[2]
+    <BLANKLINE>
+    >>> print(outlines.visualize(question + "?", format="mermaid"))  # doctest: +ELLIPSIS
+    flowchart TD
+    ...
+    """
     from outlines.graph.viz.writers import visualize as _visualize
 
     return _visualize(*variables, filename=filename, format=format, trace=trace)

@@ -107,6 +107,13 @@ def system(text: Any) -> Variable:
     Returns
     -------
     ConversationVariable
+        Evaluates to an ``outlines.chat.Conversation`` (one per element of
+        ``text``); ``+`` appends messages or conversations.
+
+    Raises
+    ------
+    GraphBuildError
+        When ``text`` is not text (a number, a list of lists...).
 
     Examples
     --------
@@ -119,10 +126,50 @@ def system(text: Any) -> Variable:
 
 
 def user(text: Any) -> Variable:
-    """A user message (a one-message conversation Variable); see ``system``."""
+    """A user message (a one-message conversation Variable); see ``system``.
+
+    A plain string operand of ``+`` on a conversation is a user message too.
+
+    Parameters
+    ----------
+    text
+        A str, an array of str or a string Variable.
+
+    Returns
+    -------
+    ConversationVariable
+
+    Examples
+    --------
+    >>> from outlines import chat
+    >>> chat.user("Hi!").eval().messages
+    [{'role': 'user', 'content': 'Hi!'}]
+    >>> (chat.system("Be brief.") + "Hi!").eval().messages[-1]
+    {'role': 'user', 'content': 'Hi!'}
+    """
     return Message("user")(text)
 
 
 def assistant(text: Any) -> Variable:
-    """An assistant message, e.g. a model's answer appended to grow a conversation; see ``system``."""
+    """An assistant message, e.g. a model's answer appended to grow a conversation; see ``system``.
+
+    Parameters
+    ----------
+    text
+        A str, an array of str or a string Variable (such as a model call on
+        the conversation so far).
+
+    Returns
+    -------
+    ConversationVariable
+
+    Examples
+    --------
+    >>> from outlines import chat, models
+    >>> llm = models.from_function(lambda prompt: "Blue.", name="blue")
+    >>> talk = chat.user("Name a color.")
+    >>> talk = talk + chat.assistant(llm(talk)) + chat.user("Another one?")
+    >>> [m["role"] for m in talk.eval().messages]
+    ['user', 'assistant', 'user']
+    """
     return Message("assistant")(text)

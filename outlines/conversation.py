@@ -28,7 +28,31 @@ class Conversation(str):
 
     @classmethod
     def of(cls, messages: Sequence[tuple[str, str]] | Sequence[dict[str, str]]) -> Conversation:
-        """Build a conversation from (role, content) pairs or message dicts."""
+        """Build a conversation from (role, content) pairs or message dicts.
+
+        Parameters
+        ----------
+        messages
+            ``[("system", "..."), ("user", "...")]`` or
+            ``[{"role": "user", "content": "..."}]``; roles are ``system``,
+            ``user`` and ``assistant``.
+
+        Returns
+        -------
+        Conversation
+
+        Raises
+        ------
+        ValueError
+            For an unknown role.
+        TypeError
+            For content that is not a ``str``.
+
+        Examples
+        --------
+        >>> Conversation.of([{"role": "user", "content": "hi"}]) == Conversation.of([("user", "hi")])
+        True
+        """
         pairs = [(m["role"], m["content"]) if isinstance(m, dict) else tuple(m) for m in messages]
         for role, content in pairs:
             if role not in ROLES:

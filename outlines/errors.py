@@ -32,6 +32,16 @@ def install_hint(extra: str) -> str:
     unrelated library on the registry. No release of this one is published
     yet, so the hint is the install from a checkout.
 
+    Parameters
+    ----------
+    extra
+        The extra's name in ``setup.cfg`` (``"viz"``, ``"structured"``, ...).
+
+    Returns
+    -------
+    str
+        The command, to quote in an error message.
+
     Examples
     --------
     >>> install_hint("viz")
@@ -41,11 +51,41 @@ def install_hint(extra: str) -> str:
 
 
 class GraphBuildError(TypeError):
-    """A graph cannot be built as written (wrong arity, bad argument...)."""
+    """A graph cannot be built as written (wrong arity, bad argument...).
+
+    Raised when the node is built, before anything runs, with a message
+    naming the op (and, for shapes, both shapes); a ``Program`` also raises it
+    when called on inputs whose shapes cannot pair, before anything is sent.
+
+    Examples
+    --------
+    >>> import outlines
+    >>> @outlines.prompt
+    ... def ask(question):
+    ...     '''Q: {{ question }} ({{ style }})'''
+    Traceback (most recent call last):
+    ...
+    outlines.errors.GraphBuildError: prompt ask: the template uses style which is not parameter(s) of ask(question)
+    """
 
 
 class UnboundInputError(KeyError):
-    """Evaluation needs free inputs that ``givens`` does not bind."""
+    """Evaluation needs free inputs that ``givens`` does not bind.
+
+    Attributes
+    ----------
+    names
+        Every missing input's name.
+
+    Examples
+    --------
+    >>> import outlines
+    >>> q = outlines.string("question")
+    >>> (q + "?").eval()
+    Traceback (most recent call last):
+    ...
+    outlines.errors.UnboundInputError: no value given for input(s): 'question'; pass them in givens={...} (by Variable or by name)
+    """
 
     def __init__(self, names: Iterable[str]) -> None:
         self.names = list(names)
@@ -60,7 +100,30 @@ class UnboundInputError(KeyError):
 
 
 class NodeError(RuntimeError):
-    """A node failed during evaluation; the original exception is chained."""
+    """A node failed during evaluation; the original exception is chained.
+
+    Raised by ``eval`` (and Programs, streams) with ``errors="raise"``; with
+    ``errors="return"`` the failed elements hold a ``Failure`` instead.
+
+    Attributes
+    ----------
+    node
+        The label of the failed node (``"check#12"``).
+    op
+        Its op, as text.
+    cause
+        The original exception (also ``__cause__``).
+
+    Examples
+    --------
+    >>> import outlines
+    >>> half = outlines.fn(lambda text: text[: len(text) // int(text)])
+    >>> try:
+    ...     half(outlines.constant("0")).eval()
+    ... except outlines.NodeError as error:
+    ...     print(type(error.cause).__name__)
+    ZeroDivisionError
+    """
 
     def __init__(self, node: str, op: str, cause: BaseException) -> None:
         self.node = node
@@ -126,6 +189,17 @@ class Failure:
     upstream
         For values that were not computed because an input failed: the
         Failure that caused it (``None`` for the original failure).
+
+    A Failure is falsy, and ``str(failure)`` says where and why.
+
+    Examples
+    --------
+    >>> import outlines
+    >>> check = outlines.fn(lambda text: int(text))
+    >>> text = outlines.string("text")
+    >>> out = check(text).eval({text: ["1", "x"]}, errors="return")
+    >>> out[0], bool(out[1]), out[1].error_type
+    (1, False, 'ValueError')
     """
 
     node: str
@@ -136,6 +210,7 @@ class Failure:
 
     @classmethod
     def from_exception(cls, node: str, op: str, exc: BaseException) -> Failure:
+        """The Failure of ``node`` (running ``op``) that raised ``exc``."""
         return cls(node, op, type(exc).__name__, str(exc))
 
     def skipped(self, node: str, op: str) -> Failure:

@@ -145,13 +145,72 @@ class Model:
         json_schema: Any = None,
         **params: Any,
     ) -> Variable:
-        """Build a node sampling ``num_samples`` completions of ``prompt``.
+        """Build a node sampling ``num_samples`` completions of ``prompt``; nothing is sent yet.
 
-        Returns a Variable of the prompt's shape, with a trailing axis of size
-        ``num_samples`` when it is greater than 1. ``choices=``, ``regex=`` or
-        ``json_schema=`` (a dict or a pydantic class) constrain the text; a
-        ``json_schema`` call yields parsed values (``dict`` or model instances).
-        See ``outlines.backends.constraints``.
+        Each sample of each prompt element is one *draw*, numbered in the
+        order calls are built, and cached on its own; repeated identical calls
+        in one graph are independent draws. Parameters given here override the
+        model's defaults for this call.
+
+        Parameters
+        ----------
+        prompt
+            A str, a list or array of str (one batch), a text Variable (a
+            template, ``+``, an input), a ``Ragged`` (every item of every row
+            in one batch), or an ``outlines.chat`` conversation.
+        num_samples
+            Samples per prompt element (an integer >= 1). Above 1 the result
+            gets a LAST axis of this size.
+        max_tokens, temperature, stop, seed
+            Generation parameters for this call. ``temperature=0`` is greedy:
+            the samples of a prompt collapse into one draw (one request).
+            ``seed`` selects another stream of draws.
+        choices
+            Constrain the text to one of these strings.
+        regex
+            Constrain the text to match this whole pattern.
+        json_schema
+            Constrain the text to this JSON schema (a ``dict``) or pydantic
+            model class; the result is the parsed value (a ``dict`` or an
+            instance), not the text.
+        **params
+            Other generation parameters the backend takes (``top_p``,
+            ``logit_bias``, ``presence_penalty``, ``frequency_penalty``;
+            ``top_k`` and ``repetition_penalty`` for local models).
+
+        Returns
+        -------
+        Variable
+            The prompt's shape, plus a trailing axis of ``num_samples`` when it
+            is greater than 1. With a constraint, a text that breaks it is
+            asked again (a new draw number) up to the backend's
+            ``max_retries``, then fails with ``ConstraintError``.
+
+        Raises
+        ------
+        GraphBuildError
+            At once, naming the model: a ``num_samples`` that is not an integer
+            >= 1, a prompt constant that is not text, an invalid generation
+            parameter, an empty
+            choice list, a pattern or schema that does not compile, two
+            constraints at once, or a constraint with ``stop``.
+
+        Examples
+        --------
+        >>> import outlines
+        >>> from outlines import models
+        >>> llm = models.from_function(lambda prompt: prompt.upper(), name="upper")
+        >>> question = outlines.string("question")
+        >>> answers = llm("Q: " + question, num_samples=2)
+        >>> answers.eval({question: ["a", "b"]}).shape
+        (2, 2)
+        >>> yes_no = models.from_function(lambda prompt: "yes", name="yes")
+        >>> yes_no("Is it?", choices=["yes", "no"]).eval()
+        'yes'
+        >>> llm("x", choices=[])
+        Traceback (most recent call last):
+        ...
+        outlines.errors.GraphBuildError: Generate[function:upper]: choices= is empty; give at least one string
         """
         from outlines.backends.constraints import Parse, make_constraint
 
@@ -331,6 +390,28 @@ def openai(model: str, *, base_url: str | None = None, api_key: str | None = Non
         response starts; a number bounds that wait in seconds, ``False`` sends
         all at once (``outlines.backends.warmup``). See
         ``outlines.backends.openai``.
+
+    Returns
+    -------
+    Model
+        Calling it builds model calls; nothing is sent until evaluation. A
+        batch of prompts is one request per prompt (``num_samples`` goes as
+        ``n``); a conversation goes as its messages.
+
+    Raises
+    ------
+    ValueError
+        For an option that is not valid (``max_batch``/``max_concurrency``
+        that are not positive integers, a non-positive timeout, ``rpm=0``...),
+        naming it.
+
+    Examples
+    --------
+    >>> llm = openai("gpt-4o-mini", api_key="sk-example", max_tokens=64, temperature=0.7)
+    >>> llm.backend.identity  # no secret in it
+    ('openai', 'gpt-4o-mini', 'https://api.openai.com/v1', None)
+    >>> "sk-example" in repr(llm)
+    False
     """
     from outlines.backends.openai import OpenAIChatBackend
 
@@ -343,11 +424,39 @@ def openai_completion(
 ) -> Model:
     """A legacy ``/v1/completions`` model that sends many prompts per request.
 
-    Takes the same options as ``openai`` except ``system_prompt``;
-    ``max_batch`` (default 128) bounds the draws in one request: prompts x
-    ``n``, whole prompts only (a prompt with more samples goes in pieces). Servers
-    that refuse a list of prompts (``transformers serve``) get one prompt per
-    request, and servers that ignore ``n`` one request per sample.
+    Prompts are raw text (no chat template: right for few-shot prompts); a
+    conversation is sent as its JSON text. Servers that refuse a list of
+    prompts (``transformers serve``) get one prompt per request, and servers
+    that ignore ``n`` one request per sample; each quirk is noted once per
+    base URL.
+
+    Parameters
+    ----------
+    model
+        Model name, as the server knows it.
+    base_url
+        API root (default ``OPENAI_BASE_URL`` or ``https://api.openai.com/v1``).
+    api_key
+        Secret key (default ``OPENAI_API_KEY``); never shown or cached.
+    **options
+        The options of ``openai`` except ``system_prompt``; ``max_batch``
+        (default 128) bounds the draws in one request: prompts x ``n``, whole
+        prompts only (a prompt with more samples goes in pieces).
+
+    Returns
+    -------
+    Model
+
+    Raises
+    ------
+    ValueError
+        For an option that is not valid, naming it.
+
+    Examples
+    --------
+    >>> llm = openai_completion("my-model", base_url="http://127.0.0.1:8000/v1", api_key="local", max_tokens=16)
+    >>> llm.backend.identity[:3]
+    ('openai_completion', 'my-model', 'http://127.0.0.1:8000/v1')
     """
     from outlines.backends.openai import OpenAICompletionBackend
 
@@ -378,6 +487,15 @@ def anthropic(model: str, *, base_url: str | None = None, api_key: str | None = 
         ``seed`` is part of the cache key but not sent (the API has none).
         Constraints (``choices=``, ``regex=``, ``json_schema=``) are checked on
         the text and retried. See ``outlines.backends.anthropic``.
+
+    Returns
+    -------
+    Model
+
+    Raises
+    ------
+    ValueError
+        For an option that is not valid, naming it.
 
     Examples
     --------
@@ -478,6 +596,20 @@ def transformers(
         ``group_min_tokens`` (default 16: the shortest such head). Seeds,
         prefix sharing and the worker thread are described in
         ``outlines.backends.transformers``.
+
+    Returns
+    -------
+    Model
+        Nothing is loaded until the first batch needs the model
+        (``model.backend.load()`` loads it now); ``import outlines`` never
+        imports torch.
+
+    Raises
+    ------
+    ValueError
+        For an option that is not valid, naming it. Loading errors (a missing
+        folder, a missing ``gguf`` package, ``chat=True`` without a template)
+        surface when the model is first used, naming it.
 
     Examples
     --------

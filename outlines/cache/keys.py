@@ -156,6 +156,18 @@ def draw_keys(identity: Sequence[Any], requests: Sequence[KeyedDraw]) -> list[by
     and draw number: the same bytes ``draw_key`` hashes, at a fraction of the
     cost per draw.
 
+    Parameters
+    ----------
+    identity
+        The backend's identity, as for ``draw_key``.
+    requests
+        The draws of the batch.
+
+    Returns
+    -------
+    list of bytes
+        One 16-byte key per draw, in order.
+
     Examples
     --------
     >>> from outlines.backends.base import GenerationParams, Draw

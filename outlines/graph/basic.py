@@ -176,14 +176,55 @@ class Variable:
         return Index.create(key)(self)
 
     def reshape(self, *shape: Any) -> Variable:
-        """The same elements in another shape (one size may be -1)."""
+        """The same elements in another shape, like ``numpy.reshape``.
+
+        Parameters
+        ----------
+        *shape
+            The new sizes, as separate integers or one tuple; one size may be
+            ``-1`` (inferred from the others).
+
+        Returns
+        -------
+        Variable
+
+        Raises
+        ------
+        GraphBuildError
+            When the static shape is known and has another number of elements.
+
+        Examples
+        --------
+        >>> import numpy as np, outlines
+        >>> grid = outlines.constant(np.array([["a", "b"], ["c", "d"]], dtype=object))
+        >>> grid.reshape(4).eval().tolist()
+        ['a', 'b', 'c', 'd']
+        >>> grid.reshape(-1, 1).shape
+        (4, 1)
+        """
         from outlines.graph.ops import Reshape
 
         sizes = shape[0] if len(shape) == 1 and isinstance(shape[0], (tuple, list)) else shape
         return Reshape(tuple(int(n) for n in sizes))(self)
 
     def expand_dims(self, axis: int) -> Variable:
-        """A size-1 axis inserted at ``axis`` (``v[..., None]`` is ``axis=-1``)."""
+        """A size-1 axis inserted at ``axis`` (``v[..., None]`` is ``axis=-1``); see ``outlines.expand_dims``.
+
+        Parameters
+        ----------
+        axis
+            Where the new axis goes, counted in the result's axes.
+
+        Returns
+        -------
+        Variable
+
+        Examples
+        --------
+        >>> import numpy as np, outlines
+        >>> outlines.constant(np.array(["a", "b"], dtype=object)).expand_dims(0).shape
+        (1, 2)
+        """
         from outlines.graph.ops import expand_dims
 
         return expand_dims(self, axis)
@@ -197,13 +238,74 @@ class Variable:
 
     # -- evaluation -------------------------------------------------------------
     def eval(self, givens: Any = None, **options: Any) -> Any:
-        """Evaluate this Variable; see ``outlines.eval``."""
+        """Evaluate this Variable: ``outlines.eval(self, givens=givens, **options)``.
+
+        Works in plain scripts and inside a running event loop (Jupyter): there
+        the schedule runs on a private loop in a helper thread.
+
+        Parameters
+        ----------
+        givens
+            Values of the free inputs, keyed by Variable or by name; lists and
+            tuples of strings are arrays.
+        **options
+            Evaluation options (``cache``, ``errors``, ``max_concurrency``,
+            ``progress``, ``executor``, ``budget``, ``batch_window``); see
+            ``outlines.eval``.
+
+        Returns
+        -------
+        Any
+            A ``str`` (or any Python value) for a scalar, a NumPy object array
+            for an array, an ``outlines.Ragged`` for rows of different lengths.
+
+        Raises
+        ------
+        UnboundInputError
+            When ``givens`` misses free inputs (all are listed).
+        NodeError
+            When a node fails (with ``errors="raise"``), naming the node.
+
+        Examples
+        --------
+        >>> import outlines
+        >>> question = outlines.string("question")
+        >>> (question + "?").eval({"question": "why"})
+        'why?'
+        >>> (question + "?").eval({question: ["why", "how"]}).tolist()
+        ['why?', 'how?']
+        """
         from outlines.runtime.evaluate import eval as _eval
 
         return _eval(self, givens=givens, **options)
 
     async def aeval(self, givens: Any = None, **options: Any) -> Any:
-        """Evaluate this Variable on the running event loop; see ``outlines.aeval``."""
+        """Evaluate this Variable on the running event loop, in async code; see ``eval``.
+
+        Parameters
+        ----------
+        givens
+            Values of the free inputs, as for ``eval``.
+        **options
+            Evaluation options, as for ``eval``.
+
+        Returns
+        -------
+        Any
+            As ``eval``.
+
+        Raises
+        ------
+        UnboundInputError, NodeError
+            As ``eval``.
+
+        Examples
+        --------
+        >>> import asyncio, outlines
+        >>> question = outlines.string("question")
+        >>> asyncio.run((question + "?").aeval({"question": "why"}))
+        'why?'
+        """
         from outlines.runtime.evaluate import aeval as _aeval
 
         return await _aeval(self, givens=givens, **options)
@@ -382,6 +484,20 @@ def string(name: str | None = None) -> Variable:
 def constant(value: Any, name: str | None = None) -> Constant:
     """A Variable that always holds ``value``.
 
+    Parameters
+    ----------
+    value
+        Any Python value: a str, a NumPy object array (an array constant), a
+        ``Ragged``... A list stays one Python value; use
+        ``np.array(values, dtype=object)`` for an array of strings.
+    name
+        A label for pictures and traces.
+
+    Returns
+    -------
+    Constant
+        A Variable with no owner whose ``shape`` is the value's.
+
     Examples
     --------
     >>> constant("hi", name="greeting").eval()
@@ -406,11 +522,34 @@ def as_object_array(values: Any) -> np.ndarray:
 
 
 def as_variable(value: Any, *, array: bool = False) -> Variable:
-    """Wrap a non-symbolic value as a ``Constant``.
+    """Wrap a non-symbolic value as a ``Constant``; a Variable is returned as it is.
 
     A list or tuple holding Variables becomes a ``Stack`` of them. With
     ``array=True`` (prompts, givens), a plain list or tuple becomes a NumPy
     object array; otherwise it stays one Python value.
+
+    Parameters
+    ----------
+    value
+        A Variable, a value, or a list/tuple of either.
+    array
+        Whether a plain list or tuple is an array (``True``) or one value.
+
+    Returns
+    -------
+    Variable
+
+    Raises
+    ------
+    GraphBuildError
+        For a nested list holding Variables (ambiguous: use ``outlines.stack``).
+
+    Examples
+    --------
+    >>> as_variable(["a", "b"], array=True).shape
+    (2,)
+    >>> as_variable(["a", "b"]).shape
+    ()
     """
     if isinstance(value, Variable):
         return value

@@ -448,10 +448,35 @@ def cond(pred: Any, if_true: Callable[..., Any], if_false: Callable[..., Any], *
 def where(pred: Any, x: Any, y: Any) -> Variable:
     """Elementwise select: ``x`` where ``pred`` is true, else ``y`` (both evaluated).
 
+    The eager counterpart of ``cond``: both sides are computed over every
+    element, then paired with ``pred`` on their leading axes.
+
+    Parameters
+    ----------
+    pred
+        A boolean per element (an ``outlines.fn`` returning ``bool``, or a
+        boolean constant).
+    x, y
+        Variables or values; they pair with ``pred`` like any elementwise op.
+
+    Returns
+    -------
+    Variable
+
+    Raises
+    ------
+    TypeError
+        At evaluation, when an element of ``pred`` is not a boolean (wrapped
+        in a ``NodeError`` naming the node).
+
     Examples
     --------
     >>> import outlines
     >>> outlines.where(outlines.constant(True), "yes", "no").eval()
     'yes'
+    >>> is_number = outlines.fn(lambda text: text.isdigit())
+    >>> text = outlines.string("text")
+    >>> outlines.where(is_number(text), text, "n/a").eval({"text": ["12", "hi"]}).tolist()
+    ['12', 'n/a']
     """
     return Where()(pred, x, y)

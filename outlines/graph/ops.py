@@ -585,6 +585,26 @@ class Regroup(Op):
 def stack(values: Sequence[Any], axis: int = 0) -> Variable:
     """Stack Variables (or values) along a new ``axis``, after pairing them.
 
+    The values pair on their leading axes like the operands of any
+    elementwise op (``outlines.graph.shapes``), then a new axis of size
+    ``len(values)`` is inserted at ``axis``.
+
+    Parameters
+    ----------
+    values
+        Variables or values (at least one).
+    axis
+        Where the new axis goes in the result (``-1``: last).
+
+    Returns
+    -------
+    Variable
+
+    Raises
+    ------
+    GraphBuildError
+        For no values, or values whose shapes cannot pair.
+
     Examples
     --------
     >>> import outlines
@@ -600,6 +620,23 @@ def stack(values: Sequence[Any], axis: int = 0) -> Variable:
 def concatenate(values: Sequence[Any], axis: int = 0) -> Variable:
     """Join Variables (or arrays) of one rank along an existing ``axis``.
 
+    Parameters
+    ----------
+    values
+        Variables or arrays of one rank (at least one), whose sizes agree on
+        every axis but ``axis``.
+    axis
+        The axis they are joined along.
+
+    Returns
+    -------
+    Variable
+
+    Raises
+    ------
+    GraphBuildError
+        For no values, or ranks or sizes that do not agree (where known).
+
     Examples
     --------
     >>> import numpy as np, outlines
@@ -613,7 +650,32 @@ def concatenate(values: Sequence[Any], axis: int = 0) -> Variable:
 
 
 def expand_dims(value: Any, axis: int) -> Variable:
-    """``value`` with a size-1 axis inserted at ``axis`` (``-1``: ``value[..., None]``)."""
+    """``value`` with a size-1 axis inserted at ``axis`` (``-1``: ``value[..., None]``).
+
+    Operands pair on their LEADING axes; a size-1 axis says another pairing
+    explicitly (``v[None]`` pairs ``v`` with every row of a 2-d value).
+
+    Parameters
+    ----------
+    value
+        A Variable or an array.
+    axis
+        Where the new axis goes, counted in the result's axes.
+
+    Returns
+    -------
+    Variable
+
+    Examples
+    --------
+    >>> import numpy as np, outlines
+    >>> marks = outlines.constant(np.array(["?", "!"], dtype=object))
+    >>> outlines.expand_dims(marks, 0).shape, outlines.expand_dims(marks, -1).shape
+    ((1, 2), (2, 1))
+    >>> words = outlines.constant(np.array(["a", "b"], dtype=object))
+    >>> (outlines.expand_dims(words, -1) + outlines.expand_dims(marks, 0)).eval().tolist()
+    [['a?', 'a!'], ['b?', 'b!']]
+    """
     variable = as_variable(value, array=True)
     if axis >= 0:
         return variable[(slice(None),) * axis + (None, Ellipsis)]

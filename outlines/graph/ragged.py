@@ -45,7 +45,24 @@ class Ragged:
 
     @classmethod
     def from_rows(cls, rows: Sequence[Any], outer: tuple[int, ...] | None = None) -> Ragged:
-        """Build from a flat sequence of rows (lists or arrays), in row-major order."""
+        """Build from a flat sequence of rows (lists or arrays), in row-major order.
+
+        Parameters
+        ----------
+        rows
+            One list (or array) per row; rows may differ in length.
+        outer
+            The outer shape the rows fill (default: one axis of ``len(rows)``).
+
+        Returns
+        -------
+        Ragged
+
+        Examples
+        --------
+        >>> Ragged.from_rows([["a"], ["b", "c"], [], ["d"]], outer=(2, 2)).shape
+        (2, 2, None)
+        """
         outer = (len(rows),) if outer is None else outer
         lengths = np.fromiter((len(r) for r in rows), dtype=np.int64, count=len(rows)).reshape(outer)
         parts = [np.asarray(_object_row(r)) for r in rows]
@@ -75,7 +92,17 @@ class Ragged:
         return Ragged(values, self.lengths)
 
     def rows(self) -> list[np.ndarray]:
-        """Each row's values, in row-major order of the outer shape."""
+        """Each row's values, in row-major order of the outer shape.
+
+        Returns
+        -------
+        list of numpy.ndarray
+
+        Examples
+        --------
+        >>> [row.tolist() for row in Ragged.from_rows([["a", "b"], ["c"]]).rows()]
+        [['a', 'b'], ['c']]
+        """
         ends = np.cumsum(self.lengths.reshape(-1))
         starts = ends - self.lengths.reshape(-1)
         return [self.values[a:b] for a, b in zip(starts, ends)]
@@ -85,7 +112,18 @@ class Ragged:
         return np.repeat(array.reshape(-1, *array.shape[self.lengths.ndim:]), self.lengths.reshape(-1), axis=0)
 
     def tolist(self) -> list[Any]:
-        """Nested Python lists, one per row."""
+        """Nested Python lists, one per row.
+
+        Returns
+        -------
+        list
+            Lists nested like the outer shape, each row a list of its items.
+
+        Examples
+        --------
+        >>> Ragged.from_rows([["a", "b"], ["c"]]).tolist()
+        [['a', 'b'], ['c']]
+        """
         rows = [row.tolist() for row in self.rows()]
         if not self.outer:
             return rows[0]

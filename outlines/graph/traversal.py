@@ -34,12 +34,52 @@ def _parents(variable: Variable) -> Sequence[Variable]:
 
 
 def ancestors(variables: Iterable[Variable]) -> list[Variable]:
-    """Every Variable that ``variables`` depend on, themselves included."""
+    """Every Variable that ``variables`` depend on, themselves included.
+
+    Parameters
+    ----------
+    variables
+        Where the walk starts.
+
+    Returns
+    -------
+    list of Variable
+        Each once, depth first from the first of ``variables`` (a Variable
+        before its inputs), in the same order on every run.
+
+    Examples
+    --------
+    >>> import outlines
+    >>> question = outlines.string("question")
+    >>> [v.label for v in ancestors([question + "?"])]  # doctest: +ELLIPSIS
+    ['Concat#...', 'question', "'?'"]
+    """
     return list(walk(variables, _parents))
 
 
 def graph_inputs(variables: Iterable[Variable]) -> list[Variable]:
-    """The free inputs (not Constants) that ``variables`` depend on."""
+    """The free inputs (not Constants) that ``variables`` depend on.
+
+    These are what ``givens`` must bind when ``variables`` are evaluated.
+
+    Parameters
+    ----------
+    variables
+        The outputs of interest.
+
+    Returns
+    -------
+    list of Variable
+        The Variables without an owner that are not ``Constant``, in the order
+        of ``ancestors``.
+
+    Examples
+    --------
+    >>> import outlines
+    >>> question, style = outlines.string("question"), outlines.string("style")
+    >>> [v.name for v in graph_inputs([style + ": " + question])]
+    ['style', 'question']
+    """
     return [v for v in ancestors(variables) if v.owner is None and not isinstance(v, Constant)]
 
 
@@ -49,6 +89,23 @@ def toposort(outputs: Iterable[Variable]) -> list[Apply]:
     An Apply's inputs exist before it is created, so creation order is a
     topological order; sorting by it makes the result the same on every run.
     The walk is iterative (a chain 100,000 deep is fine).
+
+    Parameters
+    ----------
+    outputs
+        The Variables to compute.
+
+    Returns
+    -------
+    list of Apply
+        Every node ``outputs`` depend on, in creation order.
+
+    Examples
+    --------
+    >>> import outlines
+    >>> question = outlines.string("question")
+    >>> [node.op.name for node in toposort([(question + "?") + "!"])]
+    ['Concat', 'Concat']
     """
     seen: dict[int, Apply] = {}
     stack = [v.owner for v in outputs if v.owner is not None]
@@ -65,7 +122,24 @@ def toposort(outputs: Iterable[Variable]) -> list[Apply]:
 
 
 def applies(outputs: Iterable[Variable]) -> list[Apply]:
-    """The Apply nodes needed for ``outputs`` in creation order (same as ``toposort``)."""
+    """The Apply nodes needed for ``outputs`` in creation order (same as ``toposort``).
+
+    Parameters
+    ----------
+    outputs
+        The Variables to compute.
+
+    Returns
+    -------
+    list of Apply
+        As ``toposort``.
+
+    Examples
+    --------
+    >>> import outlines
+    >>> len(applies([outlines.string("q") + "?"]))
+    1
+    """
     return toposort(outputs)
 
 

@@ -132,7 +132,34 @@ def run_watched(coroutine: Awaitable[T]) -> T:
 
 
 async def aeval(*variables: Variable, givens: Mapping[Any, Any] | None = None, **options: Any) -> Any:
-    """Evaluate Variables on the running event loop; see ``eval``."""
+    """Evaluate Variables on the running event loop, in ONE schedule; see ``eval``.
+
+    Parameters
+    ----------
+    *variables
+        The Variables to compute.
+    givens
+        Values of the free inputs, keyed by Variable or by name.
+    **options
+        The options of ``eval``.
+
+    Returns
+    -------
+    Any
+        The value for one Variable, or a tuple of values for several.
+
+    Raises
+    ------
+    UnboundInputError, NodeError, BudgetExceeded
+        As ``eval``.
+
+    Examples
+    --------
+    >>> import asyncio, outlines
+    >>> q = outlines.string("q")
+    >>> asyncio.run(outlines.aeval(q + "!", q + "?", givens={"q": "hi"}))
+    ('hi!', 'hi?')
+    """
     if not variables:
         raise TypeError("aeval needs at least one Variable")
     return await _evaluate(variables, givens, Options.check(options), None)

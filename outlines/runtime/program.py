@@ -31,12 +31,44 @@ __all__ = ["Program", "chain", "compile"]
 class Program:
     """A traced graph with named inputs; call it like the function it came from.
 
+    Made by ``outlines.compile``. ``program(*args, **kwargs)`` binds the
+    inputs (by position or by name) and evaluates in one schedule: a ``str``
+    argument gives a scalar, list or array arguments give arrays (row ``i``
+    computed from element ``i``; scalars broadcast), and a tuple of outputs
+    gives a tuple of values. Before anything is sent, the inputs' shapes are
+    checked through the whole graph. ``await program.acall(...)`` does the
+    same on the running event loop; ``program.stream(...)`` yields elements
+    as they finish; ``program.with_options(**options)`` is the same program
+    with other evaluation options; ``program.visualize(...)`` draws it.
+
     Attributes
     ----------
     inputs
         The free input Variables, in parameter order.
     outputs
         The output Variables (one, or a tuple).
+
+    Raises
+    ------
+    UnboundInputError
+        When called without a value for some input (all are named).
+    GraphBuildError
+        When called on inputs whose shapes cannot pair in the graph.
+    TypeError
+        For too many arguments, or an unknown or repeated keyword.
+
+    Examples
+    --------
+    >>> import asyncio, outlines
+    >>> greet = outlines.compile(lambda greeting, name: greeting + ", " + name)
+    >>> greet("Hello", name="Ada")
+    'Hello, Ada'
+    >>> greet("Hi", ["Ann", "Bob"]).tolist()
+    ['Hi, Ann', 'Hi, Bob']
+    >>> asyncio.run(greet.acall("Hey", "you"))
+    'Hey, you'
+    >>> greet.with_options(cache=False)("Bye", "Bob")
+    'Bye, Bob'
     """
 
     def __init__(
@@ -223,6 +255,17 @@ def chain(fn: Callable[..., Any] | None = None, /, **options: Any) -> Any:
     A seed name of the original proposal. The Program maps over several
     inputs at once: array arguments broadcast together, every element in one
     batched schedule.
+
+    Parameters
+    ----------
+    fn
+        The function to trace (when used as ``@chain``).
+    **options
+        Evaluation options for every call, as for ``compile``.
+
+    Returns
+    -------
+    Program, or a decorator making one
 
     Examples
     --------

@@ -14,38 +14,7 @@ __all__ = ["to_networkx"]
 
 
 def to_networkx(*variables: Variable, trace: Any = None) -> Any:
-    """The graph computing ``variables`` as a ``networkx.DiGraph``.
-
-    Nodes are keyed by their label (``Apply.label`` such as ``"Render[solve]#3"``,
-    an input's name, or a constant's short value; repeated input or constant
-    labels get a ``~2`` suffix). Edges go from an argument to its consumer and
-    are added in argument order, so ``graph.pred[node]`` lists arguments in order.
-
-    Parameters
-    ----------
-    *variables
-        The outputs; everything they depend on is included once.
-    trace
-        Optional ``Trace``: nodes then also carry ``status`` and ``failed``.
-
-    Returns
-    -------
-    networkx.DiGraph
-        Node attributes: ``label``, ``op`` (the Op class name, ``None`` for
-        inputs), ``kind`` (input, constant, prompt, model, python, op),
-        ``title``, ``backend`` (``"kind: model"`` or ``None``), ``params`` (the
-        generation parameters), ``num_samples``, ``output``. Edge attributes:
-        ``position`` (the first argument index), ``positions`` (every index,
-        when a value is passed twice) and ``name`` (the parameter name).
-
-    Examples
-    --------
-    >>> import outlines
-    >>> question = outlines.string("question")
-    >>> graph = to_networkx(question + "?")
-    >>> sorted(graph.nodes)  # doctest: +ELLIPSIS
-    ["'?'", 'Concat#...', 'question']
-    """
+    """``outlines.graph.to_networkx``: documented there (the public name), implemented here."""
     import networkx
 
     drawing = describe(*variables, trace=trace)

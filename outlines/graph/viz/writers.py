@@ -170,42 +170,7 @@ def _ascii(text: str) -> str:
 
 
 def visualize(*variables: Variable, filename: str | None = None, format: str | None = None, trace: Any = None) -> Any:
-    """Draw the graph computing ``variables``.
-
-    Parameters
-    ----------
-    *variables
-        Variables (or a ``Program``) to draw, with everything they depend on.
-    filename
-        Where to write the picture; its extension picks the format when
-        ``format`` is not given (``.svg .png .pdf .dot .gv .mmd .md .txt``).
-    format
-        One of ``dot``, ``svg``, ``png``, ``pdf`` (graphviz; all but ``dot``
-        need the ``dot`` program), ``mermaid`` or ``ascii`` (no dependency).
-    trace
-        A ``Trace`` of an evaluation: nodes show time, batch, cache and errors.
-
-    Returns
-    -------
-    graphviz.Digraph or str
-        A Digraph for the graphviz formats (it renders itself in Jupyter), the
-        text for ``mermaid`` and ``ascii`` (a ``str`` that Jupyter shows as
-        text rather than as an escaped string).
-
-    Raises
-    ------
-    ImportError
-        A graphviz format without the ``graphviz`` package (the ``viz`` extra: ``pip install -e '.[viz]'``).
-    RuntimeError
-        Rendering svg/png/pdf to a file without the ``dot`` program.
-
-    Examples
-    --------
-    >>> import outlines
-    >>> print(visualize(outlines.string("q") + "?", format="ascii"))  # doctest: +ELLIPSIS
-    outlines graph: 3 nodes, 2 edges
-    ...
-    """
+    """``outlines.visualize``: documented there (the public name), implemented here."""
     fmt = _format(filename, format)
     drawing = describe(*variables, trace=trace)
     if fmt in ("mermaid", "ascii"):
