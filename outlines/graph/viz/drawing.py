@@ -183,7 +183,7 @@ def _describe_body(node: Apply, role: str, subgraph: Any, drawn: list[DrawnNode]
         local[id(slot)] = keys[id(outer.owner) if outer.owner is not None else id(outer)]
     for leaf in (v for v in ancestors(subgraph.outputs) if v.owner is None and id(v) not in local):
         box = _describe_leaf(leaf, f"n{len(drawn)}")
-        if leaf in subgraph.parameters:
+        if any(leaf is p for p in subgraph.parameters):  # identity: == on a Variable is symbolic
             box.lines = ["loop state" if role == "body" else "operand"]
         box.cluster = cluster
         local[id(leaf)] = _add(drawn, labels, box)
