@@ -22,6 +22,16 @@ paper's average: 3.3x at under 0.1 point).
 
 Run: ``.venv/bin/python benchmarks/bench_vote.py [--questions 1000] [--runs 5]``
 (about 20 s a run on 2 cores).
+
+``--smollm2 [--runs 3] [--answer-step]``: the same comparison on
+SmolLM2-135M-Instruct over the main job's 20 word problems
+(``examples/word_problems.json``, 40 tokens at temperature 0.7): a fixed
+majority of 16 against the Beta rule and ESC (round 4, cap 16), one seed per
+run. The fixed vote draws first; the adaptive rules draw the same samples
+(same seed, same rounds), so they replay them from a fresh cache and the
+comparison is paired. ``--answer-step`` adds the constrained final answer:
+after each reasoning, a second greedy call writes only a number
+(``regex=-?[0-9]{1,6}``), and the vote counts those.
 """
 from __future__ import annotations
 
@@ -32,6 +42,8 @@ import sys
 import time
 from pathlib import Path
 from typing import Any, Callable
+
+import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -107,12 +119,59 @@ def run_method(streams: Streams, prompts: list[str], rule: Any, round_: int, cap
     }
 
 
+def smollm2(runs: int, answer_step: bool) -> None:
+    """Fixed 16 vs the adaptive rules on SmolLM2, one seed per run, paired through the cache."""
+    import importlib.util
+    import tempfile
+
+    from outlines.cache import Cache
+    from outlines.testing import smollm2_gguf
+
+    spec = importlib.util.spec_from_file_location("word_problems", ROOT / "examples" / "word_problems.py")
+    assert spec is not None and spec.loader is not None
+    example = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(example)
+    truths = [str(p["answer"]) for p in example.PROBLEMS]
+    prompts = outlines.constant(np.array([example.chatml(example.SOLVE, p["question"]) for p in example.PROBLEMS],
+                                         dtype=object))
+    llm = models.transformers(smollm2_gguf(), chat=False, max_tokens=40, temperature=0.7)
+    parse = example.parse_answer.target
+
+    def final(reasoning: Any) -> Any:  # the model's own answer after its reasoning, a number only
+        return llm(prompts + reasoning + "\nThe answer is ", regex=r"-?[0-9]{1,6}", temperature=0, max_tokens=6)
+
+    rules = {"fixed k = 16": None, "Beta 0.95, round 4": stop_when_confident(0.95), "ESC, round 4": stop_when_round_agrees()}
+    steps = {"free text, last number": None, **({"constrained answer step": final} if answer_step else {})}
+    print(f"{'run':>3s} {'answers':24s} {'rule':20s} {'right':>6s} {'samples':>8s} {'unparsed':>9s} {'calls':>6s} {'wall s':>7s}"
+          f"  load")
+    with tempfile.TemporaryDirectory() as folder:
+        cache = Cache(folder)
+        for seed in range(runs):
+            for step_name, step in steps.items():
+                for name, rule in rules.items():
+                    result = outlines.vote(llm, prompts, parse=parse, stop=rule, round=4, max_samples=16, seed=seed,
+                                           answer=step)
+                    start = time.perf_counter()
+                    with outlines.trace() as trace:
+                        answers, samples, votes = outlines.eval(*result, cache=cache)
+                    wall = time.perf_counter() - start
+                    right = sum(a == t for a, t in zip(answers, truths))
+                    unparsed = sum(v.samples - sum(v.values()) for v in votes)
+                    print(f"{seed:>3d} {step_name:24s} {name:20s} {right:>3d}/{len(truths)} {sum(samples):>8d} "
+                          f"{unparsed:>9d} {len(trace.batches):>6d} {wall:>7.1f}  {open('/proc/loadavg').read().split()[0]}",
+                          flush=True)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--questions", type=int, default=1000)
     parser.add_argument("--runs", type=int, default=5, help="independent question sets and sample streams")
     parser.add_argument("--spread", choices=[*SPREADS, "both"], default="both")
+    parser.add_argument("--smollm2", action="store_true", help="fixed 16 vs adaptive on SmolLM2 (default 3 runs)")
+    parser.add_argument("--answer-step", action="store_true", help="with --smollm2: also a constrained answer step")
     args = parser.parse_args()
+    if args.smollm2:
+        return smollm2(args.runs if "--runs" in sys.argv else 3, args.answer_step)
     spreads: list[str] = list(SPREADS) if args.spread == "both" else [args.spread]
     for spread in spreads:
         rows: dict[str, list[dict[str, float]]] = {name: [] for name in METHODS}

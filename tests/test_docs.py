@@ -36,7 +36,7 @@ def blocks(page: Path) -> tuple[list[str], list[str]]:
 
 def test_every_guide_has_examples_that_run():
     pages = {p.relative_to(DOCS).as_posix(): blocks(p)[0] for p in PAGES if not p.is_relative_to(DOCS / "reference")}
-    assert {"index.md", "getting-started.md", "guides/self-consistency.md", "guides/observing.md",
+    assert {"index.md", "getting-started.md", "guides/self-consistency.md", "guides/adaptive-voting.md", "guides/agents.md", "guides/observing.md",
             "guides/jupyter.md", "distributed.md"} <= set(pages)
     assert all(pages.values()), [name for name, code in pages.items() if not code]
 
