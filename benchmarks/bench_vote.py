@@ -109,7 +109,7 @@ def run_method(streams: Streams, prompts: list[str], rule: Any, round_: int, cap
     llm = models.from_function(streams, batched=True, name="calibrated", version="1")
     result = outlines.vote(llm, prompts, stop=rule, round=round_, max_samples=cap)
     start = time.perf_counter()
-    answers, samples = outlines.eval(result.answer, result.samples, cache=False)
+    answers, samples = outlines.eval(result.answer, result.samples, cache=False, progress=False)
     wall = time.perf_counter() - start
     return {
         "accuracy": 100 * sum(a == "right" for a in answers) / len(prompts),
