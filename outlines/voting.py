@@ -128,6 +128,12 @@ def leader_probability(first: int, second: int) -> float:
     return sum(math.comb(n, j) for j in range(first + 1)) / 2**n
 
 
+def _named(rule: Rule, name: str) -> Rule:
+    """``rule`` named after the call that made it, so reprs, traces and errors say which rule it is."""
+    rule.__name__ = rule.__qualname__ = name
+    return rule
+
+
 def _top_two(votes: collections.Counter) -> tuple[int, int]:  # type: ignore[type-arg]
     top = [count for _, count in votes.most_common(2)] + [0, 0]
     return top[0], top[1]
@@ -161,8 +167,7 @@ def stop_when_confident(threshold: float = 0.95) -> Rule:
     def confident(votes: Votes) -> bool:
         return leader_probability(*_top_two(votes)) >= threshold
 
-    confident.__name__ = confident.__qualname__ = f"stop_when_confident({threshold})"
-    return confident
+    return _named(confident, f"stop_when_confident({threshold})")
 
 
 def stop_when_round_agrees() -> Rule:
@@ -189,8 +194,7 @@ def stop_when_round_agrees() -> Rule:
         latest = votes.latest
         return bool(latest) and latest[0] is not None and all(a == latest[0] for a in latest)
 
-    round_agrees.__name__ = round_agrees.__qualname__ = "stop_when_round_agrees()"
-    return round_agrees
+    return _named(round_agrees, "stop_when_round_agrees()")
 
 
 def stop_when_ahead(margin: int) -> Rule:
@@ -219,8 +223,7 @@ def stop_when_ahead(margin: int) -> Rule:
         first, second = _top_two(votes)
         return first - second >= margin
 
-    ahead.__name__ = ahead.__qualname__ = f"stop_when_ahead({margin})"
-    return ahead
+    return _named(ahead, f"stop_when_ahead({margin})")
 
 
 #: The default rule of ``vote``: Adaptive-Consistency at the paper's threshold.
