@@ -37,7 +37,8 @@ PROBLEMS = json.loads((Path(__file__).parent / "word_problems.json").read_text()
 SOLVE = "Solve the math problem. Reason briefly, then end with: The answer is <number>."
 TOOL = ("Solve the math problem with a calculator. Write calculator[a op b] with two numbers of the problem and "
         "op one of + - * /; the calculator writes the result. Then write: Final Answer: <number>.")
-ACTION = r"calculator\[[0-9]{1,4} [-+*/] [0-9]{1,4}\]|Final Answer: -?[0-9]{1,6}"  # what the agent may write
+CALL = r"calculator\[[0-9]{1,4} [-+*/] [0-9]{1,4}\]"  # what the agent may write first
+ACTION = CALL + r"|Final Answer: -?[0-9]{1,6}"  # and once it has seen a result
 
 
 def chatml(system, question):
@@ -70,6 +71,7 @@ def act(step):
 
 working = outlines.fn(lambda transcript, calls: "Final Answer:" not in transcript, name="working")
 one_more = outlines.fn(lambda calls: calls + 1, name="one more call")
+observed = outlines.fn(lambda transcript: "Observation:" in transcript, name="observed")
 
 
 def fake(prompt):
@@ -98,8 +100,10 @@ def load_model(spec, max_tokens):
 
 def agent(llm, prompt):
     """The calculator agent (ReAct, Yao et al., 2022): (answer, model calls) per problem."""
-    def step(transcript, calls):
-        return transcript + act(llm(prompt + transcript, regex=ACTION, temperature=0)), one_more(calls)
+    def step(transcript, calls):  # a calculator call first (never a guess), then a call or the answer
+        text = outlines.cond(observed(transcript), lambda t: llm(prompt + t, regex=ACTION, temperature=0),
+                             lambda t: llm(prompt + t, regex=CALL, temperature=0), transcript)
+        return transcript + act(text), one_more(calls)
 
     transcript, calls = outlines.while_loop(working, step, init=("", 0), max_iter=4)
     return parse_answer(transcript), calls
