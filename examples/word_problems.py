@@ -4,7 +4,7 @@
 2. majority of k: k samples, each parsed, the most common answer wins
    (self-consistency, Wang et al., 2022);
 3. adaptive vote: ``outlines.vote`` draws rounds of 4 samples and stops each
-   problem once Adaptive-Consistency's rule is confident (up to 16);
+   problem once Adaptive-Consistency's rule is confident (up to 8);
 4. calculator agent (ReAct): the model writes ``calculator[a op b]``
    (constrained by a regex to the tool's syntax), Python runs the calculator
    and appends the observation, and the model writes ``Final Answer: n``:
@@ -18,7 +18,7 @@ from the cache. ``--answer-step`` adds a constrained final answer after each
 reasoning (a greedy call that may write only a number) for greedy decoding,
 the majority and the vote; their reasoning replays from the cache, only the answers are new.
 
-    python examples/word_problems.py [-k 8] [--problems 20] [--model smollm2] [--answer-step]
+    python examples/word_problems.py [-k 5] [--problems 20] [--model smollm2] [--answer-step]
     python examples/word_problems.py --model function     # a deterministic fake: fast, checks the plumbing
 """
 import argparse
@@ -125,7 +125,7 @@ def measure(trace, answer, samples, givens, truths):
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="smollm2", help="smollm2[:GGUF] | function")
-    parser.add_argument("-k", type=int, default=8, help="samples for the fixed majority")
+    parser.add_argument("-k", type=int, default=5, help="samples for the fixed majority")
     parser.add_argument("--max-samples", type=int, default=8, help="the adaptive vote's cap")
     parser.add_argument("--problems", type=int, default=len(PROBLEMS), help="how many of the problems")
     parser.add_argument("--max-tokens", type=int, default=40, help="tokens per answer (per agent step)")

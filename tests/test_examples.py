@@ -62,17 +62,17 @@ def test_the_main_job_compares_four_methods_on_the_word_problems_and_replays_fro
     cache = str(tmp_path / "cache")
     first = run_example("word_problems.py", "--model", "function", "--out", str(tmp_path), cache_dir=cache)
     rows = {m["method"]: m for m in re.finditer(
-        r"^(?P<method>greedy|majority of 8|adaptive vote|calculator agent) +(?P<right>\d+)/20 +\d+% +"
+        r"^(?P<method>greedy|majority of 5|adaptive vote|calculator agent) +(?P<right>\d+)/20 +\d+% +"
         r"(?P<samples>\d+) +(?P<calls>\d+) +[\d.]+(?:  per round: \[(?P<rounds>.*)\])?$", first, re.MULTILINE)}
-    assert list(rows) == ["greedy", "majority of 8", "adaptive vote", "calculator agent"]
+    assert list(rows) == ["greedy", "majority of 5", "adaptive vote", "calculator agent"]
     assert all(row["right"] == "14" for row in rows.values())  # the fake's own accuracy
-    assert [rows[m]["samples"] for m in rows] == ["20", "160", "80", "40"]  # the fake always agrees: 4 samples
+    assert [rows[m]["samples"] for m in rows] == ["20", "100", "80", "40"]  # the fake always agrees: 4 samples
     assert [rows[m]["calls"] for m in rows] == ["1", "1", "1", "2"]
     assert rows["calculator agent"]["rounds"] == "20, 20"  # a calculator call, then the final answer
-    assert "cache: 0 hit(s), 300 miss(es)" in first
+    assert "cache: 0 hit(s), 240 miss(es)" in first
     assert (tmp_path / "word_problems.html").is_file() and "graph picture: " in first
     again = run_example("word_problems.py", "--model", "function", "--out", str(tmp_path), cache_dir=cache)
-    assert "cache: 300 hit(s), 0 miss(es)" in again
+    assert "cache: 240 hit(s), 0 miss(es)" in again
     assert re.search(r"^calculator agent +14/20 +70% +40 +0 ", again, re.MULTILINE)
     stepped = run_example("word_problems.py", "--model", "function", "--answer-step", "--out", str(tmp_path),
                           cache_dir=cache)
