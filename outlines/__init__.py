@@ -20,6 +20,7 @@ from outlines.graph.basic import Constant, Variable, constant, string
 from outlines.graph.ops import concatenate, expand_dims, stack
 from outlines.graph.ragged import Ragged
 from outlines.text import prompt
+from outlines.voting import Vote, Votes, vote
 
 __version__ = "0.1.0"
 
@@ -42,6 +43,8 @@ __all__ = [
     "Stream",
     "UnboundInputError",
     "Variable",
+    "Vote",
+    "Votes",
     "aeval",
     "as_completed",
     "cache",
@@ -64,6 +67,7 @@ __all__ = [
     "text",
     "trace",
     "visualize",
+    "vote",
     "where",
     "while_loop",
 ]

@@ -65,7 +65,7 @@ def test_every_guide_has_examples_that_run():
     assert {"index.md", "getting-started.md", "guides/self-consistency.md", "guides/observing.md",
             "guides/jupyter.md", "distributed.md", "guides/arrays.md", "guides/programs.md",
             "guides/control-flow.md", "guides/structured-outputs.md", "guides/chat-and-local-models.md",
-            "guides/serving.md", "guides/cache.md"} <= set(pages)
+            "guides/serving.md", "guides/cache.md", "guides/adaptive-voting.md", "guides/agents.md"} <= set(pages)
     assert all(pages.values()), [name for name, code in pages.items() if not code]
 
 

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 
@@ -41,13 +42,43 @@ def test_agent_sends_one_call_per_iteration_and_finished_trajectories_drop_out(t
     assert "backend calls: 0; cache: 43 hit(s), 0 miss(es)" in run_example("agent.py", cache_dir=str(tmp_path))
 
 
-def test_adaptive_self_consistency_spends_fewer_samples_than_a_fixed_budget(tmp_path):
-    out = run_example("adaptive_self_consistency.py", cache_dir=str(tmp_path))
-    assert "What is 3 * 4?         -> 12     (4 samples)" in out
-    spent = int(out.split("samples: ")[1].split()[0])
-    assert 40 <= spent < 160 and "vs 160 with a fixed 16 per question" in out
-    rounds = [int(n) for n in out.split("rounds after the first: [")[1].split("]")[0].split(", ")]
-    assert rounds == sorted(rounds, reverse=True) and len(rounds) <= 3
+def test_adaptive_vote_spends_fewer_samples_than_a_fixed_budget_and_replays_from_the_cache(tmp_path):
+    out = run_example("adaptive_vote.py", cache_dir=str(tmp_path))
+    table = {m["rule"]: m for m in re.finditer(
+        r"^(?P<rule>fixed 16|Beta 0.95|ESC) +(?P<right>\d+)/12 +(?P<samples>\d+) +(?P<calls>\d+) +\[(?P<rounds>.*)\]$",
+        out, re.MULTILINE)}
+    assert table["fixed 16"]["rounds"] == "48, 48, 48, 48" and table["fixed 16"]["samples"] == "192"
+    for rule in ("Beta 0.95", "ESC"):
+        rounds = [int(n) for n in table[rule]["rounds"].split(", ")]
+        assert rounds[0] == 48 and rounds == sorted(rounds, reverse=True)  # only the undecided draw again
+        assert sum(rounds) == int(table[rule]["samples"]) < 192 and table[rule]["calls"] == "4"
+        assert table[rule]["right"] == "12"
+    assert "first run: 4 backend call(s), 0 draws from the cache" in out
+    assert re.search(r"re-run: 0 backend call\(s\), \d+ draws from the cache", out)
+    assert "What is 3 * 4?       ->    12 ( 4 samples)" in out
+
+
+def test_the_main_job_compares_four_methods_on_the_word_problems_and_replays_from_the_cache(tmp_path):
+    cache = str(tmp_path / "cache")
+    first = run_example("word_problems.py", "--model", "function", "--out", str(tmp_path), cache_dir=cache)
+    rows = {m["method"]: m for m in re.finditer(
+        r"^(?P<method>greedy|majority of 5|adaptive vote|calculator agent) +(?P<right>\d+)/20 +\d+% +"
+        r"(?P<samples>\d+) +(?P<calls>\d+) +[\d.]+(?:  per round: \[(?P<rounds>.*)\])?$", first, re.MULTILINE)}
+    assert list(rows) == ["greedy", "majority of 5", "adaptive vote", "calculator agent"]
+    assert all(row["right"] == "14" for row in rows.values())  # the fake's own accuracy
+    assert [rows[m]["samples"] for m in rows] == ["20", "100", "80", "40"]  # the fake always agrees: 4 samples
+    assert [rows[m]["calls"] for m in rows] == ["1", "1", "1", "2"]
+    assert rows["calculator agent"]["rounds"] == "20, 20"  # a calculator call, then the final answer
+    assert "cache: 0 hit(s), 240 miss(es)" in first
+    assert (tmp_path / "word_problems.html").is_file() and "graph picture: " in first
+    again = run_example("word_problems.py", "--model", "function", "--out", str(tmp_path), cache_dir=cache)
+    assert "cache: 240 hit(s), 0 miss(es)" in again
+    assert re.search(r"^calculator agent +14/20 +70% +40 +0 ", again, re.MULTILINE)
+    stepped = run_example("word_problems.py", "--model", "function", "--answer-step", "--out", str(tmp_path),
+                          cache_dir=cache)
+    # the reasoning replays; the fake reasons alike in every sample, so one call answers them all
+    assert re.search(r"^greedy +14/20 +70% +20 +1 ", stepped, re.MULTILINE)
+    assert re.search(r"^adaptive vote +14/20 +70% +80 +0 ", stepped, re.MULTILINE)
 
 
 def test_refine_regenerates_only_the_rejected_drafts(tmp_path):

@@ -91,3 +91,12 @@ def test_no_shape_line_where_the_shape_is_unknown():
     out = _llm()(outlines.string("q"))  # a free input: its rank is unknown until eval
     assert out.shape is None
     assert not any(line.startswith("shape") for n in describe(out).nodes for line in n.lines)
+
+
+def test_a_loop_with_a_tuple_state_draws_every_state_part_as_loop_state():
+    more = outlines.fn(lambda text, steps: steps < 2, name="more")
+    step = outlines.fn(lambda steps: steps + 1, name="step")
+    text, steps = outlines.while_loop(more, lambda text, steps: (text + "a", step(steps)), init=("", 0), max_iter=3)
+    drawing = describe(text, steps)  # the second parameter was once compared with ==, which is symbolic
+    states = [box for box in drawing.nodes if box.lines == ["loop state"]]
+    assert len(states) == 2 and all(box.cluster for box in states)

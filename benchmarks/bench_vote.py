@@ -1,0 +1,200 @@
+"""Adaptive voting on a calibrated fake (issue 28): samples spent and accuracy per rule.
+
+Each of 1,000 questions is answered right with its own probability ``p``,
+drawn from a spread; a wrong sample picks one of ten wrong answers with
+Zipf weights (1/j^1.5), so wrong answers cluster on a few distractors as real
+models' do, and a question with a low ``p`` can have a wrong majority. Two
+spreads, as Beta distributions of ``p``:
+
+- strong: Beta(0.8, 0.3), mean 0.73, most questions near 1 and a tail near 0
+  (the U shape per-question accuracy takes on GSM8K-like sets for capable models);
+- weak: Beta(0.6, 0.9), mean 0.40 (a small model such as SmolLM2-135M).
+
+Every method runs through ``outlines.vote`` on a batched ``from_function``
+model with the cache off. The fake answers the n-th draw of a question with
+the n-th sample of that question's seeded stream, so every method of one run
+sees the same samples: an adaptive rule's samples are a prefix of the fixed
+k's, and the comparison is paired. Methods: one sample; majority of a fixed
+16 and 40; Adaptive-Consistency's Beta rule at 0.95 (round 1 as in the paper,
+and round 4) capped at 40, and round 4 capped at 16; ESC (round = window = 5, cap 40). Target:
+>= 3x fewer samples than a fixed 40 at <= 0.5 point accuracy loss (the
+paper's average: 3.3x at under 0.1 point).
+
+Run: ``.venv/bin/python benchmarks/bench_vote.py [--questions 1000] [--runs 5]``
+(about 20 s a run on 2 cores).
+
+``--smollm2 [--runs 3] [--answer-step]``: the same comparison on
+SmolLM2-135M-Instruct over the main job's 20 word problems
+(``examples/word_problems.json``, 40 tokens at temperature 0.7): a fixed
+majority of 16 against the Beta rule and ESC (round 4, cap 16), one seed per
+run. The fixed vote draws first; the adaptive rules draw the same samples
+(same seed, same rounds), so they replay them from the cache
+(``OUTLINES_CACHE_DIR``) and the comparison is paired; a second sitting
+replays everything. ``--answer-step`` adds the constrained final answer:
+after each reasoning, a second greedy call writes only a number
+(``regex=-?[0-9]{1,6}``), and the vote counts those.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import random
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+import outlines  # noqa: E402
+from outlines import models  # noqa: E402
+from outlines.voting import stop_when_confident, stop_when_round_agrees  # noqa: E402
+
+SPREADS = {"strong": (0.8, 0.3), "weak": (0.6, 0.9)}
+WRONG = 10
+ZIPF = [1 / j**1.5 for j in range(1, WRONG + 1)]
+CAP = 40
+
+#: name -> (stop rule, round, max_samples)
+METHODS: dict[str, tuple[Any, int, int]] = {
+    "one sample": (None, 1, 1),
+    "fixed k = 16": (None, 16, 16),
+    "fixed k = 40": (None, 40, 40),
+    "Beta 0.95, round 1": (stop_when_confident(0.95), 1, CAP),
+    "Beta 0.95, round 4": (stop_when_confident(0.95), 4, CAP),
+    "Beta 0.95, round 4, cap 16": (stop_when_confident(0.95), 4, 16),
+    "ESC, round 5": (stop_when_round_agrees(), 5, CAP),
+}
+
+
+def questions(n: int, spread: str, seed: int) -> tuple[list[str], list[float]]:
+    rng = random.Random(f"{spread}-{seed}")
+    alpha, beta = SPREADS[spread]
+    probabilities = [rng.betavariate(alpha, beta) for _ in range(n)]
+    return [f"question {i} of run {seed}" for i in range(n)], probabilities
+
+
+class Streams:
+    """The fake model: the n-th draw of a question answers the n-th sample of its seeded stream."""
+
+    def __init__(self, prompts: list[str], probabilities: list[float]) -> None:
+        self.p = dict(zip(prompts, probabilities))
+        self.drawn: dict[str, int] = {}
+        self.calls = 0
+
+    def reset(self) -> None:
+        self.drawn.clear()
+        self.calls = 0
+
+    def sample(self, prompt: str, n: int) -> str:
+        rng = random.Random(f"{prompt}#{n}")
+        if rng.random() < self.p[prompt]:
+            return "right"
+        return f"wrong {rng.choices(range(WRONG), weights=ZIPF)[0]}"
+
+    def __call__(self, prompts: list[str]) -> list[str]:
+        self.calls += 1
+        out = []
+        for prompt in prompts:
+            n = self.drawn.get(prompt, 0)
+            self.drawn[prompt] = n + 1
+            out.append(self.sample(prompt, n))
+        return out
+
+
+def run_method(streams: Streams, prompts: list[str], rule: Any, round_: int, cap: int) -> dict[str, float]:
+    streams.reset()
+    llm = models.from_function(streams, batched=True, name="calibrated", version="1")
+    result = outlines.vote(llm, prompts, stop=rule, round=round_, max_samples=cap)
+    start = time.perf_counter()
+    answers, samples = outlines.eval(result.answer, result.samples, cache=False, progress=False)
+    wall = time.perf_counter() - start
+    return {
+        "accuracy": 100 * sum(a == "right" for a in answers) / len(prompts),
+        "samples": sum(samples) / len(prompts),
+        "calls": streams.calls,
+        "wall": wall,
+    }
+
+
+def smollm2(runs: int, answer_step: bool) -> None:
+    """Fixed 16 vs the adaptive rules on SmolLM2, one seed per run, paired through the cache."""
+    import importlib.util
+
+    from outlines.testing import smollm2_gguf
+
+    spec = importlib.util.spec_from_file_location("word_problems", ROOT / "examples" / "word_problems.py")
+    assert spec is not None and spec.loader is not None
+    example = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(example)
+    truths = [str(p["answer"]) for p in example.PROBLEMS]
+    prompts = outlines.constant(np.array([example.chatml(example.SOLVE, p["question"]) for p in example.PROBLEMS],
+                                         dtype=object))
+    llm = models.transformers(smollm2_gguf(), chat=False, max_tokens=40, temperature=0.7)
+    parse = example.parse_answer.target
+
+    def final(reasoning: Any) -> Any:  # the model's own answer after its reasoning, a number only
+        return llm(prompts + reasoning + "\nThe answer is ", regex=r"-?[0-9]{1,6}", temperature=0, max_tokens=6)
+
+    rules = {"fixed k = 16": None, "Beta 0.95, round 4": stop_when_confident(0.95), "ESC, round 4": stop_when_round_agrees()}
+    steps = {"free text, last number": None, **({"constrained answer step": final} if answer_step else {})}
+    print(f"{'run':>3s} {'answers':24s} {'rule':20s} {'right':>6s} {'samples':>8s} {'unparsed':>9s} {'calls':>6s} {'wall s':>7s}"
+          f"  load")
+    for seed in range(runs):
+        for step_name, step in steps.items():
+            for name, rule in rules.items():
+                result = outlines.vote(llm, prompts, parse=parse, stop=rule, round=4, max_samples=16, seed=seed,
+                                       answer=step)
+                start = time.perf_counter()
+                with outlines.trace() as trace:
+                    answers, samples, votes = outlines.eval(*result, progress=False)
+                wall = time.perf_counter() - start
+                right = sum(a == t for a, t in zip(answers, truths))
+                unparsed = sum(v.samples - sum(v.values()) for v in votes)
+                print(f"{seed:>3d} {step_name:24s} {name:20s} {right:>3d}/{len(truths)} {sum(samples):>8d} "
+                      f"{unparsed:>9d} {len(trace.batches):>6d} {wall:>7.1f}  {os.getloadavg()[0]:.1f}", flush=True)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--questions", type=int, default=1000)
+    parser.add_argument("--runs", type=int, default=5, help="independent question sets and sample streams")
+    parser.add_argument("--spread", choices=[*SPREADS, "both"], default="both")
+    parser.add_argument("--smollm2", action="store_true", help="fixed 16 vs adaptive on SmolLM2 (default 3 runs)")
+    parser.add_argument("--answer-step", action="store_true", help="with --smollm2: also a constrained answer step")
+    args = parser.parse_args()
+    if args.smollm2:
+        return smollm2(args.runs if "--runs" in sys.argv else 3, args.answer_step)
+    spreads: list[str] = list(SPREADS) if args.spread == "both" else [args.spread]
+    for spread in spreads:
+        rows: dict[str, list[dict[str, float]]] = {name: [] for name in METHODS}
+        for seed in range(args.runs):
+            prompts, probabilities = questions(args.questions, spread, seed)
+            streams = Streams(prompts, probabilities)
+            for name, (rule, round_, cap) in METHODS.items():
+                rows[name].append(run_method(streams, prompts, rule, round_, cap))
+        report(spread, args.questions, args.runs, rows)
+
+
+def report(spread: str, n: int, runs: int, rows: dict[str, list[dict[str, float]]]) -> None:
+    alpha, beta = SPREADS[spread]
+    mean: Callable[[str, str], float] = lambda name, key: statistics.fmean(r[key] for r in rows[name])  # noqa: E731
+    base_accuracy, base_samples = mean("fixed k = 40", "accuracy"), mean("fixed k = 40", "samples")
+    print(f"\n{spread}: p ~ Beta({alpha}, {beta}), {n} questions, mean of {runs} runs "
+          f"(accuracy spread across runs in brackets)")
+    print(f"{'method':26s} {'accuracy %':>16s} {'vs k=40':>8s} {'samples/q':>10s} {'k=40 / it':>10s} "
+          f"{'calls':>6s} {'wall s':>7s}")
+    for name in rows:
+        accuracies = [r["accuracy"] for r in rows[name]]
+        accuracy, samples = mean(name, "accuracy"), mean(name, "samples")
+        print(f"{name:26s} {accuracy:7.2f} [{min(accuracies):5.1f}-{max(accuracies):5.1f}] "
+              f"{accuracy - base_accuracy:+8.2f} {samples:10.2f} {base_samples / samples:9.2f}x "
+              f"{mean(name, 'calls'):6.1f} {mean(name, 'wall'):7.2f}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,363 @@
+"""Adaptive voting: sample answers in rounds, per element, until a stopping rule is met.
+
+``vote`` builds ONE ``while_loop``: its state is each element's ``Votes`` (a
+``Counter`` of the answers parsed so far); each iteration samples one round
+for the elements still undecided, in one batched model call, and a stopping
+rule (a plain function of the votes) decides who leaves. Everything the loop
+gives (batches that shrink as elements decide, draws cached per iteration, a
+re-run that replays with no calls, a failed run that resumes) comes from
+``while_loop``. The rules are small pure functions: Adaptive-Consistency's
+Beta posterior over the top two answers (``stop_when_confident``), ESC's
+window rule (``stop_when_round_agrees``) and a lead of ``margin`` votes
+(``stop_when_ahead``).
+"""
+from __future__ import annotations
+
+import collections
+import math
+from typing import Any, Callable, Iterable, NamedTuple, Optional
+
+from outlines.errors import GraphBuildError
+from outlines.fn import fn
+from outlines.graph.basic import Variable, as_variable
+from outlines.graph.control import while_loop
+from outlines.graph.ops import expand_dims
+
+__all__ = [
+    "Rule",
+    "Vote",
+    "Votes",
+    "leader_probability",
+    "stop_when_ahead",
+    "stop_when_confident",
+    "stop_when_round_agrees",
+    "vote",
+]
+
+
+class Votes(collections.Counter):  # type: ignore[type-arg]
+    """The answers of one element so far: a ``Counter`` of the parsed answers.
+
+    Unparsable samples are not counted as answers, but ``samples`` counts
+    them. Ties in ``most_common`` (and so in ``leader``) go to the answer seen
+    first, in draw order.
+
+    Attributes
+    ----------
+    samples
+        Samples drawn so far, unparsable ones included.
+    latest
+        The answers of the latest round, in draw order (``None`` where a
+        sample did not parse).
+
+    Examples
+    --------
+    >>> votes = Votes().added(["12", "12", None, "7"])
+    >>> votes["12"], votes.samples, votes.leader, votes.latest
+    (2, 4, '12', ('12', '12', None, '7'))
+    """
+
+    samples: int = 0
+    latest: tuple[Any, ...] = ()
+
+    def added(self, answers: Iterable[Any]) -> Votes:
+        """A new ``Votes`` with one more round of ``answers`` (``None``: unparsable)."""
+        latest = tuple(answers)
+        new = Votes(self)
+        new.update(a for a in latest if a is not None)
+        new.samples = self.samples + len(latest)
+        new.latest = latest
+        return new
+
+    def copy(self) -> Votes:
+        new = Votes(self)
+        new.samples, new.latest = self.samples, self.latest
+        return new
+
+    @property
+    def leader(self) -> Any:
+        """The most common answer (the first seen among equals); ``None`` before any parsed."""
+        top = self.most_common(1)
+        return top[0][0] if top else None
+
+    def __reduce__(self) -> Any:
+        return (_rebuild, (dict(self), self.samples, self.latest))
+
+    def __repr__(self) -> str:
+        return f"Votes({dict(self.most_common())!r}, samples={self.samples})"
+
+
+def _rebuild(counts: dict[Any, int], samples: int, latest: tuple[Any, ...]) -> Votes:
+    votes = Votes(counts)
+    votes.samples, votes.latest = samples, latest
+    return votes
+
+
+#: A stopping rule: ``rule(votes) -> bool``, True when an element has voted enough.
+Rule = Callable[[Votes], bool]
+
+
+def leader_probability(first: int, second: int) -> float:
+    """The probability that the leading answer is truly ahead of the runner-up.
+
+    Adaptive-Consistency (Aggarwal et al., EMNLP 2023) models the shares of
+    the top two answers, ``p1`` and ``p2``, with a uniform prior: given
+    ``first`` and ``second`` votes, ``p1 / (p1 + p2)`` follows
+    ``Beta(first + 1, second + 1)`` and this is its mass above 1/2. For whole
+    counts that mass is a binomial tail, computed exactly:
+    ``P(Binomial(first + second + 1, 1/2) <= first)``.
+
+    Parameters
+    ----------
+    first, second
+        Votes of the leading answer and of the runner-up (0 when there is none).
+
+    Returns
+    -------
+    float
+        ``P(p1 > p2 | votes)``, between 0 and 1.
+
+    Examples
+    --------
+    >>> leader_probability(0, 0), leader_probability(4, 0), round(leader_probability(5, 1), 4)
+    (0.5, 0.96875, 0.9375)
+    """
+    if first < 0 or second < 0:
+        raise ValueError(f"leader_probability: votes must be >= 0, got {first} and {second}")
+    n = first + second + 1
+    return sum(math.comb(n, j) for j in range(first + 1)) / 2**n
+
+
+def _named(rule: Rule, name: str) -> Rule:
+    """``rule`` named after the call that made it, so reprs, traces and errors say which rule it is."""
+    rule.__name__ = rule.__qualname__ = name
+    return rule
+
+
+def _top_two(votes: collections.Counter) -> tuple[int, int]:  # type: ignore[type-arg]
+    top = [count for _, count in votes.most_common(2)] + [0, 0]
+    return top[0], top[1]
+
+
+def stop_when_confident(threshold: float = 0.95) -> Rule:
+    """Adaptive-Consistency's rule: stop once the leader is ahead with this probability.
+
+    The probability is ``leader_probability`` of the top two counts; the
+    paper's default threshold, 0.95, stops unanimous answers after 4 votes.
+
+    Parameters
+    ----------
+    threshold
+        Between 0.5 and 1 (exclusive of 1): higher spends more samples.
+
+    Returns
+    -------
+    Rule
+        ``rule(votes) -> bool``.
+
+    Examples
+    --------
+    >>> confident = stop_when_confident()
+    >>> confident(Votes().added(["4", "4", "4"])), confident(Votes().added(["4", "4", "4", "4"]))
+    (False, True)
+    """
+    if not 0.5 <= threshold < 1:
+        raise ValueError(f"stop_when_confident: threshold must be in [0.5, 1), got {threshold!r}")
+
+    def confident(votes: Votes) -> bool:
+        return leader_probability(*_top_two(votes)) >= threshold
+
+    return _named(confident, f"stop_when_confident({threshold})")
+
+
+def stop_when_round_agrees() -> Rule:
+    """ESC's window rule (Li et al., ICLR 2024): stop when one round's answers all agree.
+
+    Early-Stopping Self-Consistency samples in windows and stops after a
+    window whose answers are all the same (zero entropy); the window here is
+    the round, so pick ``round`` as the window size (the paper uses 5 to 8).
+    An unparsable sample breaks agreement.
+
+    Returns
+    -------
+    Rule
+        ``rule(votes) -> bool``.
+
+    Examples
+    --------
+    >>> agrees = stop_when_round_agrees()
+    >>> agrees(Votes().added(["7", "7", "7"])), agrees(Votes().added(["7", "7", None]))
+    (True, False)
+    """
+
+    def round_agrees(votes: Votes) -> bool:
+        latest = votes.latest
+        return bool(latest) and latest[0] is not None and all(a == latest[0] for a in latest)
+
+    return _named(round_agrees, "stop_when_round_agrees()")
+
+
+def stop_when_ahead(margin: int) -> Rule:
+    """Stop once the leader has ``margin`` more votes than the runner-up.
+
+    Parameters
+    ----------
+    margin
+        Votes of lead needed (an integer >= 1).
+
+    Returns
+    -------
+    Rule
+        ``rule(votes) -> bool``.
+
+    Examples
+    --------
+    >>> ahead = stop_when_ahead(2)
+    >>> ahead(Votes().added(["3", "5", "3"])), ahead(Votes().added(["3", "3", "5", "3"]))
+    (False, True)
+    """
+    if isinstance(margin, bool) or not isinstance(margin, int) or margin < 1:
+        raise ValueError(f"stop_when_ahead: margin must be an integer >= 1, got {margin!r}")
+
+    def ahead(votes: Votes) -> bool:
+        first, second = _top_two(votes)
+        return first - second >= margin
+
+    return _named(ahead, f"stop_when_ahead({margin})")
+
+
+#: The default rule of ``vote``: Adaptive-Consistency at the paper's threshold.
+DEFAULT_RULE = stop_when_confident(0.95)
+
+
+class Vote(NamedTuple):
+    """What ``vote`` returns: three Variables of the prompt's shape."""
+
+    answer: Variable
+    """The leading answer per element (``None`` where no sample parsed)."""
+    samples: Variable
+    """Samples spent per element (an ``int``)."""
+    votes: Variable
+    """The element's ``Votes``: every parsed answer and its count."""
+
+
+def _strip(text: str) -> Optional[str]:
+    return text.strip() or None
+
+
+def _parsed(parse: Callable[[Any], Any], text: Any) -> Any:
+    try:
+        return parse(text)
+    except ValueError:  # int("no number here"): an unparsable sample, not a failure
+        return None
+
+
+def vote(
+    model: Any,
+    prompt: Any,
+    *,
+    parse: Callable[[Any], Any] | None = None,
+    stop: Rule | None = DEFAULT_RULE,
+    round: int = 4,  # noqa: A002 - the word the papers use
+    max_samples: int = 16,
+    answer: Callable[[Variable], Any] | None = None,
+    **options: Any,
+) -> Vote:
+    """Sample answers in rounds and vote, stopping per element by a rule.
+
+    Each round draws ``round`` samples of ``prompt`` for every element still
+    undecided, all in one batched model call; each sample is parsed into an
+    answer and counted; ``stop(votes)`` then says which elements have voted
+    enough. An element stops when its rule holds or after ``max_samples``
+    samples, so easy questions stop paying early and the batches shrink round
+    by round. It is ONE ``outlines.while_loop``: every round's draws are
+    cached, a re-run replays them with no backend calls, and a run that failed
+    (or was interrupted) at round r resumes at round r.
+
+    Parameters
+    ----------
+    model
+        A ``Model`` (``models.transformers``, ``models.openai``...).
+    prompt
+        The prompt: a string, a string Variable or a conversation, of any
+        shape (one vote per element).
+    parse
+        ``text -> answer`` in plain Python; it returns ``None`` (or raises
+        ``ValueError``, as ``int`` does) for a sample with no answer, which
+        then counts toward ``samples`` but is no vote. Answers must be
+        hashable. Default: the text stripped (right for a constrained answer).
+    stop
+        The stopping rule, ``rule(votes) -> bool`` over the element's
+        ``Votes`` (a ``Counter`` of answers, plus ``.samples`` and
+        ``.latest``), checked after each round. Default:
+        ``stop_when_confident(0.95)`` (Adaptive-Consistency). ``None``
+        never stops early: a fixed majority of ``max_samples``.
+    round
+        Samples per element per round (an integer >= 1).
+    max_samples
+        The most samples an element draws: a multiple of ``round``.
+    answer
+        Optional: a function traced once on each round's completions (a
+        Variable of shape ``prompt.shape + (round,)``) returning the texts to
+        parse, of the same shape. Use it for an answer step after free
+        reasoning, e.g. a second call constrained with ``regex=``.
+    **options
+        Passed to every model call: ``max_tokens``, ``temperature``, ``seed``,
+        ``stop``, ``regex``...
+
+    Returns
+    -------
+    Vote
+        ``(answer, samples, votes)``: Variables of the prompt's shape.
+
+    Raises
+    ------
+    GraphBuildError
+        At build time, for a ``round`` or ``max_samples`` that is not a
+        positive integer, a ``max_samples`` that ``round`` does not divide, a
+        ``stop`` that is not callable, or ``num_samples`` among the options.
+
+    Examples
+    --------
+    >>> import outlines
+    >>> from outlines import models
+    >>> llm = models.from_function(lambda prompt: " 12", name="twelve")
+    >>> result = outlines.vote(llm, "What is 3 * 4?", parse=int)
+    >>> outlines.eval(result.answer, result.samples, cache=False)
+    (12, 4)
+    """
+    backend = getattr(model, "backend", None)
+    where = f"vote({backend.kind}:{backend.model_name})" if backend is not None else f"vote({model!r:.60})"
+    for name, value in (("round", round), ("max_samples", max_samples)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise GraphBuildError(f"{where}: {name} must be an integer >= 1, got {value!r}")
+    if max_samples % round:
+        raise GraphBuildError(f"{where}: max_samples={max_samples} is not a multiple of round={round}; every round "
+                              f"draws {round} samples (try max_samples={max_samples + round - max_samples % round})")
+    if "num_samples" in options:
+        raise GraphBuildError(f"{where}: num_samples is set by round= and max_samples=, not passed to the model")
+    if stop is not None and not callable(stop):
+        raise GraphBuildError(f"{where}: stop must be a rule, votes -> bool, got {type(stop).__name__} {stop!r:.60}")
+    reader = parse or _strip
+    prompt = as_variable(prompt, array=True)
+
+    @fn(signature="(),(n)->()", name="count votes", pure=True)
+    def count(votes: Votes, texts: Any) -> Votes:
+        return votes.added(_parsed(reader, text) for text in texts)
+
+    @fn(name="undecided", pure=True)
+    def undecided(votes: Votes) -> bool:
+        return votes.samples == 0 or stop is None or not stop(votes.copy())
+
+    def sample_round(votes: Variable) -> Variable:
+        texts = model(prompt, num_samples=round, **options)
+        if round == 1:
+            texts = expand_dims(texts, -1)
+        if answer is not None:
+            texts = answer(texts)
+        return count(votes, texts)
+
+    final = while_loop(undecided, sample_round, init=Votes(), max_iter=max_samples // round)
+    leader = fn(lambda votes: votes.leader, name="leader", pure=True)
+    spent = fn(lambda votes: votes.samples, name="samples", pure=True)
+    return Vote(leader(final), spent(final), final)
