@@ -1,7 +1,8 @@
-"""Print README's Layout block from the tree: each module with its docstring's first line.
+"""Write docs/reference/layout.md's module block from the tree: each module with its docstring's first line.
 
-``python scripts/layout.py`` prints it; ``--check`` exits 1 when README.md's
-block differs (tests/test_readme.py runs that check).
+``python scripts/layout.py`` prints the block, ``--write`` puts it into
+docs/reference/layout.md, ``--check`` exits 1 when the page's block differs
+(tests/test_readme.py runs that check).
 """
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+PAGE = ROOT / "docs" / "reference" / "layout.md"
 BEGIN, END = "<!-- layout: begin (scripts/layout.py) -->", "<!-- layout: end -->"
 
 
@@ -32,13 +34,20 @@ def block() -> str:
 
 def main() -> int:
     text = block()
+    page = PAGE.read_text()
+    if BEGIN not in page or END not in page:
+        print(f"{PAGE} has no {BEGIN} ... {END} block", file=sys.stderr)
+        return 1
+    head, rest = page.split(BEGIN, 1)
+    current, tail = rest.split(END, 1)
+    if "--write" in sys.argv:
+        PAGE.write_text(f"{head}{BEGIN}\n{text}\n{END}{tail}")
+        return 0
     if "--check" not in sys.argv:
         print(text)
         return 0
-    readme = (ROOT / "README.md").read_text()
-    current = readme.split(BEGIN, 1)[1].split(END, 1)[0].strip() if BEGIN in readme else ""
-    if current != text:
-        print("README.md's Layout block is stale: run `python scripts/layout.py` and paste it", file=sys.stderr)
+    if current.strip() != text:
+        print("docs/reference/layout.md's module block is stale: run `python scripts/layout.py --write`", file=sys.stderr)
         return 1
     return 0
 

@@ -1,4 +1,4 @@
-"""README.md tells the truth about the tree: its Layout block is generated from it."""
+"""README.md leads with the two commands and its snippets print what they say; docs/reference/layout.md lists the tree as it is."""
 from __future__ import annotations
 
 import os
@@ -24,12 +24,6 @@ def test_readme_leads_with_the_two_commands():
     commands = [line for line in readme.split("---", 1)[0].splitlines() if line.startswith("./scripts/")]
     assert commands == ["./scripts/example.sh", "./scripts/test.sh"]
     assert "./scripts/test.sh" in (ROOT / ".ci" / "run").read_text()
-
-
-@pytest.mark.slow
-def test_the_cost_section_example_runs_and_its_figures_hold(tmp_path):
-    pytest.importorskip("transformers")
-    assert "budget exhausted: Budget(tokens=300)" in run_section(section_code("Cost"), tmp_path, timeout=240)
 
 
 def section_code(title: str) -> str:
