@@ -20,7 +20,7 @@ from typing import Any, Awaitable, Callable, Iterator, Mapping, TypeVar
 
 from outlines.threads import FOREGROUND, watched_loop
 from outlines.graph.basic import Variable
-from outlines.runtime.plan import Plan, bind_givens
+from outlines.runtime.plan import Plan, bind_givens, check_shapes
 from outlines.runtime.progress import Counter, shown
 from outlines.runtime.scheduler import Scheduler, quiet_collector
 from outlines.runtime.session import Evaluation, Options
@@ -35,13 +35,20 @@ async def run_plan(
     givens: Mapping[Any, Any] | None,
     options: Options,
     blocked_loop: asyncio.AbstractEventLoop | None = None,
+    *,
+    check: bool = True,
 ) -> list[Any]:
     """Evaluate ``plan`` on the running loop as one ``Evaluation``; returns the output values in order.
 
     ``blocked_loop`` is the caller's loop that a sync ``eval`` is blocking
-    (see ``run_sync``): an executor must not need it.
+    (see ``run_sync``): an executor must not need it. ``check``: propagate
+    the givens' shapes through the plan first (``check_shapes``), so a
+    pairing that cannot work raises ``GraphBuildError`` before any draw is
+    sent; a ``Program`` checked them already.
     """
     values = bind_givens(plan, givens)
+    if check:
+        check_shapes(plan, values)  # before anything is sent
     counter = Counter() if options.progress is not False else None  # shown after AUTO_DELAY when None
     evaluation = Evaluation.open(options, counter, blocked_loop=blocked_loop)
     async with evaluation.running(plan):
@@ -150,7 +157,7 @@ async def aeval(*variables: Variable, givens: Mapping[Any, Any] | None = None, *
 
     Raises
     ------
-    UnboundInputError, NodeError, BudgetExceeded
+    UnboundInputError, GraphBuildError, NodeError, BudgetExceeded
         As ``eval``.
 
     Examples
@@ -220,6 +227,9 @@ def eval(*variables: Variable, givens: Mapping[Any, Any] | None = None, **option
     ------
     UnboundInputError
         When ``givens`` misses free inputs (all are listed).
+    GraphBuildError
+        When the givens' shapes cannot pair somewhere in the graph (naming
+        the node and both shapes), before anything is sent.
     NodeError
         When a node fails (with ``errors="raise"``), naming the node and op.
     BudgetExceeded

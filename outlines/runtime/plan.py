@@ -30,9 +30,10 @@ from outlines.keys import canonical
 from outlines.errors import UnboundInputError
 from outlines.graph.basic import Apply, Constant, Variable, as_object_array
 from outlines.graph.ops import Index
+from outlines.graph.shapes import propagate, shape_of
 from outlines.graph.traversal import rewired_error, toposort
 
-__all__ = ["Plan", "bind_givens"]
+__all__ = ["Plan", "bind_givens", "check_shapes"]
 
 # Constants of these exact types (and object arrays of them) are keyed by value.
 # Integral floats are not: canonical text writes 1.0 as 1 and -0.0 as 0, which
@@ -414,3 +415,18 @@ def bind_givens(plan: Plan, givens: Mapping[Any, Any] | None, *, partial: bool =
     if missing and not partial:
         raise UnboundInputError(missing)
     return values
+
+
+def check_shapes(plan: Plan, values: Mapping[int, Any]) -> None:
+    """Raise ``GraphBuildError`` when the bound inputs' shapes cannot pair somewhere in ``plan``.
+
+    ``values`` are the bound values (``bind_givens``); an input left unbound
+    keeps the shape it was built with. Called by every entry point before its
+    schedule starts, so a pairing that cannot work costs no draw.
+
+    Raises
+    ------
+    GraphBuildError
+        Naming the node and both shapes.
+    """
+    propagate(plan.nodes, {id(v): shape_of(values[id(v)]) for v in plan.inputs if id(v) in values})

@@ -132,7 +132,7 @@ class Program:
         return run_sync(lambda blocked_loop: self._run(givens, blocked_loop))
 
     async def _run(self, givens: dict[Variable, Any], blocked_loop: Any = None) -> Any:
-        results = await run_plan(self.plan, givens, self.options, blocked_loop)
+        results = await run_plan(self.plan, givens, self.options, blocked_loop, check=False)  # checked in _givens
         return results[0] if self._single else tuple(results)
 
     def stream(self, *args: Any, chunk_size: int | None = None, **kwargs: Any) -> Stream:

@@ -227,3 +227,19 @@ def test_several_failures_leave_no_unretrieved_task_exception(tmp_path):
                           env=python_env())
     assert done.returncode == 0, done.stderr
     assert "never retrieved" not in done.stderr and "destroyed" not in done.stderr
+
+
+def test_eval_checks_every_pairing_before_sending_anything():
+    backend = RecordingBackend(name="shapes-early")
+    m = backend.model()
+    q, d = outlines.string("q"), outlines.string("d")
+    pairing = m(q, num_samples=3) + d
+    givens = {"q": ["a", "b"], "d": ["x", "y", "z"]}
+    with pytest.raises(outlines.GraphBuildError, match=r"cannot pair shapes \(2, 3\) and \(3,\)"):
+        outlines.eval(pairing, givens=givens, cache=False)
+    with pytest.raises(outlines.GraphBuildError, match=r"cannot pair shapes \(2, 3\) and \(3,\)"):
+        asyncio.run(outlines.aeval(pairing, givens=givens, cache=False))
+    with pytest.raises(outlines.GraphBuildError, match=r"cannot pair shapes \(2, 3\) and \(3,\)"):
+        list(outlines.as_completed(pairing, givens=givens, cache=False))
+    assert backend.batches == []  # nothing was sent
+    assert outlines.eval(pairing, givens={"q": ["a", "b"], "d": ["x", "y"]}, cache=False).shape == (2, 3)
