@@ -100,6 +100,9 @@ class BackendUsage:
     prompt_cost: float | None = None
     #: Upper bound of the completions' cost (``None``: no price or no bound).
     completion_cost: float | None = None
+    #: What is known of the server (``outlines.backends.quirks``: noted by earlier runs, on disk):
+    #: the requests above follow it (one per sample where the server ignores ``n``).
+    quirks: list[str] = field(default_factory=list)
 
     @property
     def cost(self) -> float | None:
@@ -287,6 +290,8 @@ class Explanation:
             if usage.unknown_prompts:
                 counted += f"; {usage.unknown_prompts} prompt(s) computed from model outputs not counted"
             cost = "" if usage.cost is None else f"; cost <= {usage.cost:.6g} (prompts {usage.prompt_cost:.6g})"
+            if usage.quirks:
+                cost += f"; server quirks known: {', '.join(usage.quirks)} (requests counted with them)"
             name = name if len(name) <= 60 else name[:57] + "..."
             lines.append(
                 f"  {name}: {usage.requests} request(s) in {usage.batches} batch(es); tokens: "
@@ -565,6 +570,7 @@ class _DryRun:
                 usage.completion_tokens = None if batch.completion_tokens is None else (
                     usage.completion_tokens + batch.completion_tokens)
         for name, usage in out.items():
+            usage.quirks = sorted(getattr(backends[name], "known_quirks", ()))
             price = price_of(backends[name], prices)
             if price is not None:
                 usage.prompt_cost = price.cost(usage.prompt_tokens, 0)

@@ -151,3 +151,25 @@ def test_explain_gives_a_loop_the_range_of_its_draws_requests_and_cost_per_backe
     assert plan.to_dict()["loops"][0]["max_iter"] == 5
     loop.eval({q: questions}, cache=False)
     assert low <= len(server.requests) * 4 / 1e6 and 3 <= len(server.requests) <= 15  # 2 iterations: 6
+
+
+@pytest.mark.parametrize("constructor", [models.openai, models.openai_completion])
+def test_explain_predicts_requests_from_the_quirks_known_of_the_server(constructor: Any) -> None:
+    from outlines.backends import quirks
+
+    quirks.forget()
+    with FakeOpenAI(ignore_n=True, refuse_lists=True) as server:  # as transformers serve
+        llm = constructor("fake-model", base_url=server.base_url, api_key="sk-local", temperature=1.0)
+        q = outlines.string("q")
+        answers = llm(q, num_samples=3)
+        givens = {q: [f"q{i}" for i in range(5)]}
+        unknown = outlines.explain(answers, givens=givens, cache=False)
+        assert "quirks" not in unknown.summary()
+        answers.eval(givens, cache=False)  # learns that the server ignores n (and refuses lists)
+        plan = outlines.explain(answers, givens=givens, cache=False)
+        server.reset()
+        answers.eval(givens, cache=False)
+        assert plan.requests == server.count == 15 != unknown.requests  # one request per prompt and sample
+        assert plan.usage[repr(llm.backend)].quirks == sorted(quirks.known(server.base_url))
+        assert "server quirks known: ignores_n" in plan.summary()
+    quirks.forget()
