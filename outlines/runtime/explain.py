@@ -36,6 +36,12 @@ loop's elements (one iteration: its draws, requests, tokens and cost per
 backend, the prompts it computes from the state counted by shape, the cache
 not consulted), and the range goes from that iteration to ``max_iter`` times
 it. ``draws_range`` and ``requests_range`` add the loops to the rest.
+
+``draw_numbers`` gives each sampling model call its draw numbers. They count
+the calls on the same prompt (same backend and params) among the Variables
+evaluated together, in creation order: ``b.eval()`` alone draws 0 where
+``outlines.eval(a, b)`` gives ``b`` draw 1 when ``a`` is the same call built
+first (see docs/guides/cache.md, "What a draw number depends on").
 """
 from __future__ import annotations
 
@@ -176,6 +182,9 @@ class Explanation:
     usage: dict[str, BackendUsage] = field(default_factory=dict)
     #: One ``LoopEstimate`` per ``while_loop``: its calls as a range (not counted above).
     loops: list[LoopEstimate] = field(default_factory=list)
+    #: ``label -> (first, last)`` draw number of each sampling model call (greedy calls are
+    #: one draw, 0): they depend on the calls on the same prompt evaluated with it.
+    draw_numbers: dict[str, tuple[int, int]] = field(default_factory=dict)
 
     @property
     def draws_range(self) -> tuple[int, int]:
@@ -259,6 +268,7 @@ class Explanation:
             "control": list(self.control),
             "usage": {name: dict(asdict(u), cost=u.cost) for name, u in self.usage.items()},
             "loops": [asdict(loop) for loop in self.loops],
+            "draw_numbers": {label: list(span) for label, span in self.draw_numbers.items()},
             "draws_range": list(self.draws_range),
             "requests_range": list(self.requests_range),
         }
@@ -315,6 +325,11 @@ class Explanation:
             )
         lines.extend(f"  {line}" for line in self.control)
         lines.extend(f"  {line}" for loop in self.loops for line in loop.lines())
+        shifted = [(label, span) for label, span in self.draw_numbers.items() if span[0] > 0]
+        if shifted:
+            shown = ", ".join(f"{label} {_span(span).replace(' to ', '-')}" for label, span in shifted[:6])
+            lines.append(f"  draw numbers: {shown}{' ...' if len(shifted) > 6 else ''} (after earlier calls on the "
+                         "same prompt evaluated with them: evaluated alone, a call starts at draw 0)")
         lines.append("  prediction: " + ("exact" if self.exact else "an estimate (see the lines above)"))
         return "\n".join(lines)
 
@@ -687,6 +702,11 @@ def explain(
     control = [describe(node) for node in plan.nodes if node.op.mode == "control"]
     loops = [LoopEstimate(label, max_iter, size, body.usage(body.batches(), prices))
              for label, max_iter, size, body in run.loops]
+    numbers = {}
+    for node in plan.nodes:
+        if node.op.mode == "generate" and not node.op.params.deterministic:  # type: ignore[attr-defined]
+            first = plan.draw_offsets.get(id(node), 0)
+            numbers[node.label] = (first, first + node.op.num_samples - 1)  # type: ignore[attr-defined]
     return Explanation(
         kinds,
         batches,
@@ -699,4 +719,5 @@ def explain(
         control,
         usage,
         loops,
+        numbers,
     )
