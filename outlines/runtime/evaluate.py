@@ -16,7 +16,7 @@ import contextlib
 import contextvars
 import signal
 import threading
-from typing import Any, Awaitable, Callable, Iterator, Mapping, TypeVar
+from typing import Any, Awaitable, Callable, Iterator, Mapping, TypeVar, overload
 
 from outlines.threads import FOREGROUND, watched_loop
 from outlines.graph.basic import Variable
@@ -138,8 +138,16 @@ def run_watched(coroutine: Awaitable[T]) -> T:
         return runner.run(coroutine)  # type: ignore[arg-type]
 
 
+@overload
+async def aeval(variable: Variable, /, *, givens: Mapping[Any, Any] | None = None, **options: Any) -> Any: ...
+@overload
+async def aeval(
+    first: Variable, second: Variable, /, *more: Variable, givens: Mapping[Any, Any] | None = None, **options: Any
+) -> tuple[Any, ...]: ...
 async def aeval(*variables: Variable, givens: Mapping[Any, Any] | None = None, **options: Any) -> Any:
     """Evaluate Variables on the running event loop, in ONE schedule; see ``eval``.
+
+    One Variable gives its bare value; several give a tuple of values, in order.
 
     Parameters
     ----------
@@ -152,8 +160,8 @@ async def aeval(*variables: Variable, givens: Mapping[Any, Any] | None = None, *
 
     Returns
     -------
-    Any
-        The value for one Variable, or a tuple of values for several.
+    Any or tuple
+        The bare value for one Variable; a tuple of values, in order, for several.
 
     Raises
     ------
@@ -184,8 +192,17 @@ async def _evaluate(
     return results[0] if len(variables) == 1 else tuple(results)
 
 
+@overload
+def eval(variable: Variable, /, *, givens: Mapping[Any, Any] | None = None, **options: Any) -> Any: ...  # noqa: A001
+@overload
+def eval(  # noqa: A001
+    first: Variable, second: Variable, /, *more: Variable, givens: Mapping[Any, Any] | None = None, **options: Any
+) -> tuple[Any, ...]: ...
 def eval(*variables: Variable, givens: Mapping[Any, Any] | None = None, **options: Any) -> Any:  # noqa: A001
     """Evaluate one or several Variables in ONE schedule.
+
+    ``eval(v)`` returns ``v``'s value itself; ``eval(a, b, ...)`` returns a
+    tuple of their values, in order (unpack it: ``x, y = eval(a, b)``).
 
     Parameters
     ----------
@@ -220,8 +237,10 @@ def eval(*variables: Variable, givens: Mapping[Any, Any] | None = None, **option
 
     Returns
     -------
-    The value (a ``str``, a Python value or a NumPy object array) for one
-    Variable, or a tuple of values for several.
+    Any or tuple
+        For ONE Variable, its bare value (a ``str``, a Python value or a
+        NumPy object array), not a 1-tuple; for several, a tuple of their
+        values in the order given.
 
     Raises
     ------
@@ -247,6 +266,8 @@ def eval(*variables: Variable, givens: Mapping[Any, Any] | None = None, **option
     >>> q = outlines.string("q")
     >>> outlines.eval(q + "!", givens={"q": "hi"})
     'hi!'
+    >>> outlines.eval(q + "!", q + "?", givens={"q": "hi"})
+    ('hi!', 'hi?')
     """
     if not variables:
         raise TypeError("eval needs at least one Variable")

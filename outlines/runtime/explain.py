@@ -55,6 +55,7 @@ from outlines.backends.base import Slot
 from outlines.backends.usage import PriceTable, price_of
 from outlines.graph.basic import Variable
 from outlines.graph.control import WhileLoop
+from outlines.labels import apart, label_of
 from outlines.graph.ops import Stack, broadcast_map
 from outlines.graph.ragged import Ragged
 from outlines.runtime.batching.batcher import cached_values
@@ -150,14 +151,15 @@ class LoopEstimate:
         cost = None if usage is None else usage.cost
         return None if cost is None else (cost, cost * self.max_iter)
 
-    def lines(self) -> list[str]:
-        """The summary's lines for this loop."""
+    def lines(self, names: Mapping[str, str] | None = None) -> list[str]:
+        """The summary's lines for this loop (``names``: how to print each backend)."""
+        names = names or {}
         out = [f"{self.loop}: 1 to {self.max_iter} iteration(s) over {self.elements} element(s); per backend "
                "(one iteration to max_iter; prompts from the state counted by shape):"]
         for name in self.iteration:
             draws, requests, cost = self.draws(name), self.requests(name), self.cost(name)
             money = "" if cost is None else f", cost <= {cost[0]:.6g} to {cost[1]:.6g}"
-            out.append(f"  {name}: {draws[0]} to {draws[1]} draw(s), {requests[0]} to {requests[1]} request(s){money}")
+            out.append(f"  {names.get(name, name)}: {draws[0]} to {draws[1]} draw(s), {requests[0]} to {requests[1]} request(s){money}")
         if not self.iteration:
             out.append("  no model calls")
         return out
@@ -185,6 +187,8 @@ class Explanation:
     #: ``label -> (first, last)`` draw number of each sampling model call (greedy calls are
     #: one draw, 0): they depend on the calls on the same prompt evaluated with it.
     draw_numbers: dict[str, tuple[int, int]] = field(default_factory=dict)
+    #: ``repr(backend) -> how the summary names it`` (``kind: model`` in full, told apart by number).
+    names: dict[str, str] = field(default_factory=dict)
 
     @property
     def draws_range(self) -> tuple[int, int]:
@@ -279,13 +283,14 @@ class Explanation:
         rows: dict[tuple[str, int], list[int]] = {}
         for batch in self.batches:
             rows.setdefault((batch.backend, batch.level), []).append(batch.size)
+        names = self.names
+        width = max([44] + [len(names.get(backend, backend)) + 2 for backend, _ in rows])
         if rows:
-            lines.append(f"  {'backend':<44}{'level':>6}{'batches':>9}{'draws':>9}  sizes")
+            lines.append(f"  {'backend':<{width}}{'level':>6}{'batches':>9}{'draws':>9}  sizes")
         for (backend, level), sizes in rows.items():
             shown = " ".join(map(str, sizes[:6])) + (" ..." if len(sizes) > 6 else "")
-            name = backend if len(backend) <= 43 else backend[:40] + "..."
-            lines.append(f"  {name:<44}{level:>6}{len(sizes):>9}{sum(sizes):>9}  {shown}")
-        per_backend = ", ".join(f"{b}: {n}" for b, n in self.batches_per_backend.items())
+            lines.append(f"  {names.get(backend, backend):<{width}}{level:>6}{len(sizes):>9}{sum(sizes):>9}  {shown}")
+        per_backend = ", ".join(f"{names.get(b, b)}: {n}" for b, n in self.batches_per_backend.items())
         requests, draws = self.requests_range, self.draws_range
         looped = " (loops: 1 to max_iter iterations)" if self.loops else ""
         lines.append(f"  batches: {len(self.batches)}" + (f" ({per_backend})" if per_backend else "")
@@ -302,9 +307,8 @@ class Explanation:
             cost = "" if usage.cost is None else f"; cost <= {usage.cost:.6g} (prompts {usage.prompt_cost:.6g})"
             if usage.quirks:
                 cost += f"; server quirks known: {', '.join(usage.quirks)} (requests counted with them)"
-            name = name if len(name) <= 60 else name[:57] + "..."
             lines.append(
-                f"  {name}: {usage.requests} request(s) in {usage.batches} batch(es); tokens: "
+                f"  {names.get(name, name)}: {usage.requests} request(s) in {usage.batches} batch(es); tokens: "
                 f"{usage.prompt_tokens} prompt ({counted}), completion {bound}{cost}"
             )
         if self.unknown_draws:
@@ -324,7 +328,7 @@ class Explanation:
                 + ", ".join(self.timing_dependent[:5])
             )
         lines.extend(f"  {line}" for line in self.control)
-        lines.extend(f"  {line}" for loop in self.loops for line in loop.lines())
+        lines.extend(f"  {line}" for loop in self.loops for line in loop.lines(names))
         shifted = [(label, span) for label, span in self.draw_numbers.items() if span[0] > 0]
         if shifted:
             shown = ", ".join(f"{label} {_span(span).replace(' to ', '-')}" for label, span in shifted[:6])
@@ -702,6 +706,8 @@ def explain(
     control = [describe(node) for node in plan.nodes if node.op.mode == "control"]
     loops = [LoopEstimate(label, max_iter, size, body.usage(body.batches(), prices))
              for label, max_iter, size, body in run.loops]
+    backends = {repr(q.backend): q.backend for r in [run, *(body for *_, body in run.loops)] for q in r.queues.values()}
+    names = apart({name: label_of(backends[name]) for name in sorted(backends)})
     numbers = {}
     for node in plan.nodes:
         if node.op.mode == "generate" and not node.op.params.deterministic:  # type: ignore[attr-defined]
@@ -720,4 +726,5 @@ def explain(
         usage,
         loops,
         numbers,
+        names,
     )

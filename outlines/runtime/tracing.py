@@ -18,7 +18,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from typing import Any, Callable, Iterator
 
-from outlines.labels import label_of
+from outlines.labels import apart, label_of
 from outlines.runtime.events import NULL, Listener, Recorder
 
 __all__ = [
@@ -400,17 +400,19 @@ class Trace:
         lines.append("  (busy: time any node of the kind was running; compute: time a batch or call was")
         lines.append("   running; queued: summed per node, waiting for a backend slot; runs: a loop body's")
         lines.append("   nodes run once per iteration, every iteration counted)")
+        names = self.backend_names()
         if self.model_loads:
             for load in self.model_loads:
-                lines.append(f"  model load {_clip(load.backend, 40)}: {load.end - load.start:.3f} s")
+                lines.append(f"  model load {names.get(load.backend, load.backend)}: {load.end - load.start:.3f} s")
         if self.batches:
             wire = self.http_requests_per_backend
-            lines.append(f"  {'backend':<40}{'batches':>8}{'requests':>9}{'draws':>8}{'min/mean/max size':>19}")
-            for backend, count in sorted(self.requests_per_backend.items()):
+            width = max([40] + [len(names.get(b, b)) + 2 for b in self.requests_per_backend])
+            lines.append(f"  {'backend':<{width}}{'batches':>8}{'requests':>9}{'draws':>8}{'min/mean/max size':>19}")
+            for backend, count in sorted(self.requests_per_backend.items(), key=lambda item: names.get(item[0], item[0])):
                 sizes = [b.size for b in self.batches if b.backend == backend]
                 spread = f"{min(sizes)}/{sum(sizes) / len(sizes):.1f}/{max(sizes)}"
                 http = str(wire[backend]) if backend in wire else "-"
-                lines.append(f"  {_clip(backend, 39):<40}{count:>8}{http:>9}{sum(sizes):>8}{spread:>19}")
+                lines.append(f"  {names.get(backend, backend):<{width}}{count:>8}{http:>9}{sum(sizes):>8}{spread:>19}")
         answered: dict[str, int] = {}
         for batch in self.batches:
             for model, count in batch.answered_by.items():
@@ -428,10 +430,11 @@ class Trace:
         lines.append(f"  tokens: {prompt_tokens} prompt, {completion_tokens} completion")
         for name, cost in self.cost_per_backend(prices).items():
             used = self.tokens_per_backend[name]
+            shown = names.get(name, name)
             if cost is not None:
-                lines.append(f"  cost {_clip(name, 40)}: {cost:.6g} ({used[0]} prompt + {used[1]} completion tokens)")
+                lines.append(f"  cost {shown}: {cost:.6g} ({used[0]} prompt + {used[1]} completion tokens)")
             elif not any(used):
-                lines.append(f"  cost {_clip(name, 40)}: unknown (no usage reported)")
+                lines.append(f"  cost {shown}: unknown (no usage reported)")
         wall, path = self.wall, self.critical_path
         ratio = f" ({wall / path:.2f}x)" if path > 0 else ""
         lines.append(f"  wall {wall:.3f} s, critical path {path:.3f} s{ratio}")
@@ -444,6 +447,10 @@ class Trace:
             if len(errors) > 10:
                 lines.append(f"    ... and {len(errors) - 10} more")
         return "\n".join(lines)
+
+    def backend_names(self) -> dict[str, str]:
+        """``repr(backend) -> how the summary names it``: its label (``kind: model``) in full, told apart by number."""
+        return apart({name: self.labels.get(name, name) for name in sorted(self.labels)})
 
     def _compute_union(self, group: list[NodeRecord]) -> float:
         """Seconds during which some node of ``group`` was computing (batch intervals for models)."""

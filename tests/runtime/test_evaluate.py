@@ -243,3 +243,18 @@ def test_eval_checks_every_pairing_before_sending_anything():
         list(outlines.as_completed(pairing, givens=givens, cache=False))
     assert backend.batches == []  # nothing was sent
     assert outlines.eval(pairing, givens={"q": ["a", "b"], "d": ["x", "y"]}, cache=False).shape == (2, 3)
+
+
+def test_eval_says_in_its_signature_one_variable_gives_a_bare_value_several_a_tuple():
+    import inspect
+    import typing
+
+    from outlines.runtime import evaluate
+
+    for function in (evaluate.eval, evaluate.aeval):
+        returns = [str(inspect.signature(o).return_annotation) for o in typing.get_overloads(function)]
+        assert returns == ["Any", "tuple[Any, ...]"], function
+        assert "bare value" in (function.__doc__ or "")
+    q = outlines.string("q")
+    assert outlines.eval(q + "!", givens={"q": "hi"}) == "hi!"
+    assert outlines.eval(q + "!", q + "?", givens={"q": "hi"}) == ("hi!", "hi?")

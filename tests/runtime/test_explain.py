@@ -238,3 +238,13 @@ def test_explain_shows_draw_numbers_that_depend_on_what_is_evaluated_together() 
     assert f"draw numbers: {b.owner.label} 1-2 (after earlier calls" in together.summary()
     assert "draw numbers" not in alone.summary()
     assert outlines.explain(llm(q, temperature=0), givens={q: "x"}).draw_numbers == {}  # greedy: one draw
+
+
+def test_explain_names_two_models_of_one_backend_class_apart() -> None:
+    small = RecordingBackend(name="meta-llama/Llama-3.1-8B-Instruct-with-a-long-suffix").model()
+    large = RecordingBackend(name="meta-llama/Llama-3.1-70B-Instruct-with-a-long-suffix").model()
+    q = outlines.string("q")
+    text = outlines.explain(small(q), large(q), givens={q: "hi"}, cache=False).summary()
+    assert "recording: meta-llama/Llama-3.1-8B-Instruct-with-a-long-suffix: 1 request(s)" in text
+    assert "recording: meta-llama/Llama-3.1-70B-Instruct-with-a-long-suffix: 1 request(s)" in text
+    assert "..." not in text

@@ -147,7 +147,7 @@ def test_explain_gives_a_loop_the_range_of_its_draws_requests_and_cost_per_backe
     text = plan.summary()
     assert "requests: 0" not in text and "draws: 0" not in text
     assert "requests: 3 to 15" in text and "draws: 3 to 15" in text
-    assert f"{name}: 3 to 15 draw(s), 3 to 15 request(s), cost <= " in text
+    assert "openai: fake: 3 to 15 draw(s), 3 to 15 request(s), cost <= " in text and plan.names[name] == "openai: fake"
     assert plan.to_dict()["loops"][0]["max_iter"] == 5
     loop.eval({q: questions}, cache=False)
     assert low <= len(server.requests) * 4 / 1e6 and 3 <= len(server.requests) <= 15  # 2 iterations: 6

@@ -212,7 +212,7 @@ def test_http_requests_are_counted_apart_from_backend_calls(fake_openai) -> None
     assert trace.http_requests_per_backend[name] == len(fake_openai.requests) == 3
     header = next(line for line in trace.summary().splitlines() if line.strip().startswith("backend"))
     assert header.split()[1:4] == ["batches", "requests", "draws"]  # one word per meaning
-    row = next(line for line in trace.summary().splitlines() if line.strip().startswith(name[:20]))
+    row = next(line for line in trace.summary().splitlines() if line.strip().startswith(trace.backend_names()[name]))
     assert row.split()[-4:-1] == ["1", "3", "3"]  # 1 batch, 3 wire requests, 3 draws
 
 
@@ -344,3 +344,18 @@ def test_a_failing_loop_body_counts_the_failures_of_every_iteration() -> None:
     (call,) = [r for r in t.nodes.values() if r.kind == "generate"]
     assert call.runs == 3 and call.failures == 1
     assert any("1 failed element(s)" in line for line in t.errors)
+
+
+def test_two_models_of_one_backend_class_print_apart_in_the_summary() -> None:
+    small = RecordingBackend(name="meta-llama/Llama-3.1-8B-Instruct-with-a-long-suffix").model()
+    large = RecordingBackend(name="meta-llama/Llama-3.1-70B-Instruct-with-a-long-suffix").model()
+    q = outlines.string("q")
+    with outlines.trace() as t:
+        outlines.eval(small(q), large(q), givens={q: "hi"}, cache=False)
+    lines = [line for line in t.summary().splitlines() if "Llama" in line]
+    assert not any("..." in line for line in lines)
+    rows = [line.split()[:2] for line in lines if not line.strip().startswith("cost")]  # the backend table
+    assert rows == [["recording:", "meta-llama/Llama-3.1-70B-Instruct-with-a-long-suffix"],
+                    ["recording:", "meta-llama/Llama-3.1-8B-Instruct-with-a-long-suffix"]]
+    costs = [line.split(":")[1] for line in lines if line.strip().startswith("cost")]
+    assert len(set(costs)) == 2
