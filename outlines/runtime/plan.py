@@ -67,6 +67,12 @@ class Plan:
     draw_offsets
         ``id(apply) -> first draw number`` of each random model call whose
         first draw is not 0 (absent means 0: keeps the plan small).
+    tag_offsets
+        ``apply.order -> first namespace tag`` of each loop or branch node
+        after the first (``Evaluation.child``): control nodes number their
+        namespaces in creation order like model calls their draws, so two
+        loops making the same calls draw apart, and the first loop evaluated
+        alone draws what it drew with the others.
 
     Examples
     --------
@@ -85,6 +91,8 @@ class Plan:
         self.indegree: list[int] = []
         self.consumers: list[list[int]] = []
         self.draw_offsets: dict[int, int] = {}
+        self.tag_offsets: dict[int, int] = {}
+        tags = 0  # namespace tags taken by the control nodes so far
         replaced: dict[int, Variable] = {}  # id(original Variable) -> its replacement
         merged: dict[Hashable, Apply] = {}  # (op, noutputs, input keys) of a pure node -> the node computing it
         draws: dict[Hashable, int] = {}  # (stream number, prompt key) -> draws numbered so far
@@ -139,6 +147,10 @@ class Plan:
                 replaced.update((id(old), new) for old, new in zip(node.outputs, kept.outputs))
             if generate:
                 generates += 1
+            elif op.mode == "control":
+                if tags:
+                    self.tag_offsets[kept.order] = tags
+                tags += getattr(op, "max_iter", 0) + 1  # a loop's tags: 0 (its first cond), then 1..max_iter
             if not pure and generate:
                 # Draws are numbered per (backend, params, prompt), whatever num_samples;
                 # (backend, params) is numbered once per op, its hash runs in Python.
