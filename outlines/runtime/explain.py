@@ -708,11 +708,8 @@ def explain(
              for label, max_iter, size, body in run.loops]
     backends = {repr(q.backend): q.backend for r in [run, *(body for *_, body in run.loops)] for q in r.queues.values()}
     names = apart({name: label_of(backends[name]) for name in sorted(backends)})
-    numbers = {}
-    for node in plan.nodes:
-        if node.op.mode == "generate" and not node.op.params.deterministic:  # type: ignore[attr-defined]
-            first = plan.draw_offsets.get(id(node), 0)
-            numbers[node.label] = (first, first + node.op.num_samples - 1)  # type: ignore[attr-defined]
+    spans = plan.draw_numbers()
+    numbers = {node.label: spans[node.order] for node in plan.nodes if node.order in spans}
     return Explanation(
         kinds,
         batches,

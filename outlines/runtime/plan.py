@@ -212,6 +212,20 @@ class Plan:
         self.inputs = [v for v in leaves if not isinstance(v, Constant)]
         self.constants = [v for v in leaves if isinstance(v, Constant)]
 
+    def draw_numbers(self) -> dict[int, tuple[int, int]]:
+        """``apply.order -> (first, last)`` draw number of each sampling model call (greedy ones: one draw, left out).
+
+        Keyed by creation order, which a node rebuilt by a rewrite keeps, so
+        the numbers find the nodes of the graph as the user built it.
+        """
+        out: dict[int, tuple[int, int]] = {}
+        for node in self.nodes:
+            op: Any = node.op
+            if op.mode == "generate" and not op.params.deterministic:
+                first = self.draw_offsets.get(id(node), 0)
+                out[node.order] = (first, first + op.num_samples - 1)
+        return out
+
     def pick(self, results: list[Any]) -> list[Any]:
         """The values of the original outputs, given the values of ``outputs`` (see ``picks``)."""
         if not self.picks:

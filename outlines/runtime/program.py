@@ -191,7 +191,7 @@ class Program:
         """Draw the program's graph; see ``outlines.visualize``."""
         from outlines.graph.viz.writers import visualize
 
-        return visualize(*self._outputs, filename=filename, format=format, **kwargs)
+        return visualize(*self._outputs, filename=filename, format=format, draws=self.plan.draw_numbers(), **kwargs)
 
     def _repr_mimebundle_(self, include: Any = None, exclude: Any = None) -> dict[str, str]:
         from outlines.graph.viz.jupyter import mimebundle

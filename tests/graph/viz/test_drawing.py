@@ -91,3 +91,15 @@ def test_no_shape_line_where_the_shape_is_unknown():
     out = _llm()(outlines.string("q"))  # a free input: its rank is unknown until eval
     assert out.shape is None
     assert not any(line.startswith("shape") for n in describe(out).nodes for line in n.lines)
+
+
+def test_a_call_numbered_after_another_on_the_same_prompt_shows_its_draws() -> None:
+    import outlines
+    from tests.fixtures.recording import RecordingBackend
+
+    llm = RecordingBackend(name="drawn-numbers").model()
+    q = outlines.string("q")
+    a, b = llm("Q: " + q), llm("Q: " + q, num_samples=2)
+    together = str(outlines.visualize(a, b, format="ascii"))
+    assert together.count("draws 1-2") == 1 and "draws 0" not in together
+    assert "draws" not in str(outlines.visualize(b, format="ascii"))  # alone, b draws 0 and 1
