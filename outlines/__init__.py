@@ -111,8 +111,11 @@ def visualize(*variables: Any, filename: str | None = None, format: str | None =
 
     Each node shows what it is (an input, a constant, a prompt, a model call
     with its backend and parameters, a Python step, a loop with its body drawn
-    as a cluster); edges go from an argument to the node that reads it. No
-    secret (API key, header) ever appears in a picture.
+    as a cluster); edges go from an argument to the node that reads it. A
+    sampling call numbered after another call on the same prompt says which
+    draws it takes (``draws 1``): draw numbers count the calls drawn together
+    (see ``outlines.explain``'s ``draw_numbers``). No secret (API key,
+    header) ever appears in a picture.
 
     Parameters
     ----------
@@ -167,4 +170,18 @@ def visualize(*variables: Any, filename: str | None = None, format: str | None =
     """
     from outlines.graph.viz.writers import visualize as _visualize
 
-    return _visualize(*variables, filename=filename, format=format, trace=trace)
+    return _visualize(*variables, filename=filename, format=format, trace=trace, draws=_draw_numbers(variables))
+
+
+def _draw_numbers(values: tuple[Any, ...]) -> dict[int, tuple[int, int]]:
+    """The draw numbers of the model calls of ``values`` evaluated together (``Plan.draw_numbers``)."""
+    from outlines.runtime.plan import Plan
+
+    variables: list[Any] = []
+    for value in values:
+        outputs = value.outputs if isinstance(value, Program) else value
+        variables.extend(outputs if isinstance(outputs, (tuple, list)) else [outputs])
+    try:
+        return Plan([v for v in variables if isinstance(v, Variable)]).draw_numbers()
+    except Exception:  # noqa: BLE001 - a picture draws what it can; eval reports the graph's errors
+        return {}

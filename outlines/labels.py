@@ -12,7 +12,7 @@ from __future__ import annotations
 import re
 from typing import Any, Callable, Iterable, Protocol, runtime_checkable
 
-__all__ = ["Shown", "hide_keys", "label_of", "redactor", "shorten"]
+__all__ = ["Shown", "apart", "hide_keys", "label_of", "redactor", "shorten"]
 
 _KEY_PATTERN = re.compile(r"\b(sk-[A-Za-z0-9_\-]{3,}|Bearer\s+\S+)")
 
@@ -67,6 +67,26 @@ def label_of(thing: Any) -> str:
     if isinstance(thing, Shown):
         return thing.label
     return type(thing).__name__
+
+
+def apart(labels: dict[str, str]) -> dict[str, str]:
+    """``key -> label``, whole, with ``#2``, ``#3``... after a label that an earlier key already has.
+
+    Reports name backends by their labels (``kind: model``) in full, so two
+    models print apart; two backends of one label (one model at two base
+    URLs) are told apart by number, in the order of their keys.
+
+    Examples
+    --------
+    >>> apart({"a": "openai: gpt-4o", "b": "openai: gpt-4o-mini", "c": "openai: gpt-4o"})
+    {'a': 'openai: gpt-4o', 'b': 'openai: gpt-4o-mini', 'c': 'openai: gpt-4o #2'}
+    """
+    seen: dict[str, int] = {}
+    out: dict[str, str] = {}
+    for key, label in labels.items():
+        seen[label] = seen.get(label, 0) + 1
+        out[key] = label if seen[label] == 1 else f"{label} #{seen[label]}"
+    return out
 
 
 def redactor(things: Iterable[Any]) -> Callable[[str], str]:

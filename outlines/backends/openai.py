@@ -96,11 +96,20 @@ class _OpenAIBackend(HostedBackend):
     api_key_env = "OPENAI_API_KEY"
 
     def requests_for(self, draws: Sequence[Draw]) -> int:
-        """Requests of one call on a server that takes lists and ``n``: one per request group."""
-        return len(self._request_groups(draws))
+        """Requests of one call, with what is known of the server (``known_quirks``).
 
-    def _request_groups(self, draws: Sequence[Draw]) -> set[Any]:
-        return {(d.params, d.prompt) for d in draws}
+        One per prompt and its samples (chat) or per list of prompts asking
+        the same ``n`` (completions); a server known to ignore ``n`` takes
+        one request per sample, one known to refuse lists one per prompt.
+        """
+        groups, _ = sample_groups(draws)
+        ignores_n = quirks.IGNORES_N in self.known_quirks
+        return sum(group.n if ignores_n else 1 for group in groups)
+
+    @property
+    def known_quirks(self) -> frozenset[str]:
+        """What is known of this backend's server (``outlines.backends.quirks.known``)."""
+        return quirks.known(self.base_url)
 
     async def generate(self, draws: Sequence[Draw], report: BatchReport) -> list[str]:
         if not self._has_key and yarl.URL(self.base_url).host in KEYED_HOSTS:
@@ -241,11 +250,14 @@ class OpenAICompletionBackend(_OpenAIBackend):
     kind = "openai_completion"
     path = "/completions"
 
-    def _request_groups(self, draws: Sequence[Draw]) -> set[Any]:
-        samples: dict[tuple[GenerationParams, str], int] = {}
-        for d in draws:
-            samples[d.params, d.prompt] = samples.get((d.params, d.prompt), 0) + 1
-        return {(params, 1 if params.deterministic else n) for (params, _), n in samples.items()}
+    def requests_for(self, draws: Sequence[Draw]) -> int:
+        """One request per list of prompts asking the same ``n``; see ``_OpenAIBackend.requests_for``."""
+        lists: dict[tuple[GenerationParams, int], int] = {}  # (params, n) -> prompts in that list
+        for group in sample_groups(draws)[0]:
+            lists[group.params, group.n] = lists.get((group.params, group.n), 0) + 1  # the buckets of _sample_groups
+        known = self.known_quirks
+        per_prompt, per_sample = quirks.REFUSES_LISTS in known, quirks.IGNORES_N in known
+        return sum((prompts if per_prompt else 1) * (n if per_sample else 1) for (_, n), prompts in lists.items())
 
     def __init__(self, model: str, *, max_batch: int | None = 128, **options: Any) -> None:
         super().__init__(model, max_batch=max_batch, **options)

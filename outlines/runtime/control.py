@@ -32,12 +32,17 @@ __all__ = ["run_control"]
 Schedule = Callable[[Plan, dict[int, Any], Evaluation], Awaitable[tuple[list[Any], int]]]
 
 
-async def run_control(evaluation: Evaluation, node: Apply, inputs: list[Any], schedule: Schedule) -> Any:
-    """Evaluate a control node's output value(s) from its input values, each iteration run by ``schedule``."""
+async def run_control(
+    evaluation: Evaluation, node: Apply, inputs: list[Any], schedule: Schedule, first_tag: int = 0
+) -> Any:
+    """Evaluate a control node's output value(s) from its input values, each iteration run by ``schedule``.
+
+    ``first_tag`` is the node's first namespace tag (``Plan.tag_offsets``).
+    """
     if isinstance(node.op, WhileLoop):
-        return await _run_loop(_Runner(evaluation, schedule), node, node.op, inputs)
+        return await _run_loop(_Runner(evaluation, schedule, first_tag), node, node.op, inputs)
     if isinstance(node.op, Cond):
-        return await _run_cond(_Runner(evaluation, schedule), node, node.op, inputs)
+        return await _run_cond(_Runner(evaluation, schedule, first_tag), node, node.op, inputs)
     raise TypeError(f"{node.label}: {type(node.op).__name__} is not a control-flow op")
 
 
@@ -56,9 +61,10 @@ def _plan(op: Any, outputs: Sequence[Any]) -> Plan:
 class _Runner:
     """Runs the sub-plans of one control node: the evaluation, and how to run a schedule of it."""
 
-    def __init__(self, evaluation: Evaluation, schedule: Schedule) -> None:
+    def __init__(self, evaluation: Evaluation, schedule: Schedule, first_tag: int = 0) -> None:
         self.evaluation = evaluation
         self.schedule = schedule
+        self.first_tag = first_tag
 
     async def __call__(self, plan: Plan, values: dict[int, Any], tag: int) -> tuple[list[Any], int]:
         """Run ``plan`` in the draw namespace of ``tag``; (outputs, batches sent).
@@ -68,7 +74,7 @@ class _Runner:
         anew at each outer iteration.
         """
         constants = {id(c): c.value for c in plan.constants}
-        return await self.schedule(plan, {**constants, **values}, self.evaluation.child(tag))
+        return await self.schedule(plan, {**constants, **values}, self.evaluation.child(self.first_tag + tag))
 
 
 # -- values -----------------------------------------------------------------------

@@ -16,11 +16,11 @@ import contextlib
 import contextvars
 import signal
 import threading
-from typing import Any, Awaitable, Callable, Iterator, Mapping, TypeVar
+from typing import Any, Awaitable, Callable, Iterator, Mapping, TypeVar, overload
 
 from outlines.threads import FOREGROUND, watched_loop
 from outlines.graph.basic import Variable
-from outlines.runtime.plan import Plan, bind_givens
+from outlines.runtime.plan import Plan, bind_givens, check_shapes
 from outlines.runtime.progress import Counter, shown
 from outlines.runtime.scheduler import Scheduler, quiet_collector
 from outlines.runtime.session import Evaluation, Options
@@ -35,13 +35,20 @@ async def run_plan(
     givens: Mapping[Any, Any] | None,
     options: Options,
     blocked_loop: asyncio.AbstractEventLoop | None = None,
+    *,
+    check: bool = True,
 ) -> list[Any]:
     """Evaluate ``plan`` on the running loop as one ``Evaluation``; returns the output values in order.
 
     ``blocked_loop`` is the caller's loop that a sync ``eval`` is blocking
-    (see ``run_sync``): an executor must not need it.
+    (see ``run_sync``): an executor must not need it. ``check``: propagate
+    the givens' shapes through the plan first (``check_shapes``), so a
+    pairing that cannot work raises ``GraphBuildError`` before any draw is
+    sent; a ``Program`` checked them already.
     """
     values = bind_givens(plan, givens)
+    if check:
+        check_shapes(plan, values)  # before anything is sent
     counter = Counter() if options.progress is not False else None  # shown after AUTO_DELAY when None
     evaluation = Evaluation.open(options, counter, blocked_loop=blocked_loop)
     async with evaluation.running(plan):
@@ -131,8 +138,16 @@ def run_watched(coroutine: Awaitable[T]) -> T:
         return runner.run(coroutine)  # type: ignore[arg-type]
 
 
+@overload
+async def aeval(variable: Variable, /, *, givens: Mapping[Any, Any] | None = None, **options: Any) -> Any: ...
+@overload
+async def aeval(
+    first: Variable, second: Variable, /, *more: Variable, givens: Mapping[Any, Any] | None = None, **options: Any
+) -> tuple[Any, ...]: ...
 async def aeval(*variables: Variable, givens: Mapping[Any, Any] | None = None, **options: Any) -> Any:
     """Evaluate Variables on the running event loop, in ONE schedule; see ``eval``.
+
+    One Variable gives its bare value; several give a tuple of values, in order.
 
     Parameters
     ----------
@@ -145,12 +160,12 @@ async def aeval(*variables: Variable, givens: Mapping[Any, Any] | None = None, *
 
     Returns
     -------
-    Any
-        The value for one Variable, or a tuple of values for several.
+    Any or tuple
+        The bare value for one Variable; a tuple of values, in order, for several.
 
     Raises
     ------
-    UnboundInputError, NodeError, BudgetExceeded
+    UnboundInputError, GraphBuildError, NodeError, BudgetExceeded
         As ``eval``.
 
     Examples
@@ -177,8 +192,17 @@ async def _evaluate(
     return results[0] if len(variables) == 1 else tuple(results)
 
 
+@overload
+def eval(variable: Variable, /, *, givens: Mapping[Any, Any] | None = None, **options: Any) -> Any: ...  # noqa: A001
+@overload
+def eval(  # noqa: A001
+    first: Variable, second: Variable, /, *more: Variable, givens: Mapping[Any, Any] | None = None, **options: Any
+) -> tuple[Any, ...]: ...
 def eval(*variables: Variable, givens: Mapping[Any, Any] | None = None, **options: Any) -> Any:  # noqa: A001
     """Evaluate one or several Variables in ONE schedule.
+
+    ``eval(v)`` returns ``v``'s value itself; ``eval(a, b, ...)`` returns a
+    tuple of their values, in order (unpack it: ``x, y = eval(a, b)``).
 
     Parameters
     ----------
@@ -213,13 +237,18 @@ def eval(*variables: Variable, givens: Mapping[Any, Any] | None = None, **option
 
     Returns
     -------
-    The value (a ``str``, a Python value or a NumPy object array) for one
-    Variable, or a tuple of values for several.
+    Any or tuple
+        For ONE Variable, its bare value (a ``str``, a Python value or a
+        NumPy object array), not a 1-tuple; for several, a tuple of their
+        values in the order given.
 
     Raises
     ------
     UnboundInputError
         When ``givens`` misses free inputs (all are listed).
+    GraphBuildError
+        When the givens' shapes cannot pair somewhere in the graph (naming
+        the node and both shapes), before anything is sent.
     NodeError
         When a node fails (with ``errors="raise"``), naming the node and op.
     BudgetExceeded
@@ -237,6 +266,8 @@ def eval(*variables: Variable, givens: Mapping[Any, Any] | None = None, **option
     >>> q = outlines.string("q")
     >>> outlines.eval(q + "!", givens={"q": "hi"})
     'hi!'
+    >>> outlines.eval(q + "!", q + "?", givens={"q": "hi"})
+    ('hi!', 'hi?')
     """
     if not variables:
         raise TypeError("eval needs at least one Variable")

@@ -29,6 +29,19 @@ gathers model calls that wait on different Python steps (user functions run
 off the loop for as long as they take): the scheduler holds a batch open only
 for ``batch_window``, so a slow step can split it. ``Explanation.exact`` says
 so, and ``timing_dependent`` names the model calls concerned.
+
+A ``while_loop`` runs its body an unknown number of times, so its calls are
+given as a range (``LoopEstimate``): the body is dry-run once over all the
+loop's elements (one iteration: its draws, requests, tokens and cost per
+backend, the prompts it computes from the state counted by shape, the cache
+not consulted), and the range goes from that iteration to ``max_iter`` times
+it. ``draws_range`` and ``requests_range`` add the loops to the rest.
+
+``draw_numbers`` gives each sampling model call its draw numbers. They count
+the calls on the same prompt (same backend and params) among the Variables
+evaluated together, in creation order: ``b.eval()`` alone draws 0 where
+``outlines.eval(a, b)`` gives ``b`` draw 1 when ``a`` is the same call built
+first (see docs/guides/cache.md, "What a draw number depends on").
 """
 from __future__ import annotations
 
@@ -41,6 +54,8 @@ import numpy as np
 from outlines.backends.base import Slot
 from outlines.backends.usage import PriceTable, price_of
 from outlines.graph.basic import Variable
+from outlines.graph.control import WhileLoop
+from outlines.labels import apart, label_of
 from outlines.graph.ops import Stack, broadcast_map
 from outlines.graph.ragged import Ragged
 from outlines.runtime.batching.batcher import cached_values
@@ -51,7 +66,7 @@ from outlines.runtime.session import Evaluation, Options
 from outlines.runtime.plan import Plan, bind_givens
 from outlines.runtime.scheduler import walker
 
-__all__ = ["BackendUsage", "Explanation", "PredictedBatch", "explain"]
+__all__ = ["BackendUsage", "Explanation", "LoopEstimate", "PredictedBatch", "explain"]
 
 
 @dataclass
@@ -78,6 +93,8 @@ class BackendUsage:
     """What one backend would be asked for: batches, requests, tokens and their cost."""
 
     batches: int = 0
+    #: Draws sent (after cache hits and dedup).
+    draws: int = 0
     requests: int = 0
     prompt_tokens: int = 0
     #: Upper bound (``max_tokens`` x samples); ``None`` where a call sets no ``max_tokens``.
@@ -90,6 +107,9 @@ class BackendUsage:
     prompt_cost: float | None = None
     #: Upper bound of the completions' cost (``None``: no price or no bound).
     completion_cost: float | None = None
+    #: What is known of the server (``outlines.backends.quirks``: noted by earlier runs, on disk):
+    #: the requests above follow it (one per sample where the server ignores ``n``).
+    quirks: list[str] = field(default_factory=list)
 
     @property
     def cost(self) -> float | None:
@@ -97,6 +117,52 @@ class BackendUsage:
         if self.prompt_cost is None or self.completion_cost is None:
             return None
         return self.prompt_cost + self.completion_cost
+
+
+@dataclass
+class LoopEstimate:
+    """A ``while_loop``'s model calls: one iteration's (``iteration``) up to ``max_iter`` times that.
+
+    One iteration is the body over every element of the loop (an element
+    that has left sends less); its prompts come from the state, so their
+    tokens are counted by shape only and the cache is not consulted.
+    """
+
+    loop: str
+    max_iter: int
+    #: Elements the loop runs over (the broadcast shape of its inputs).
+    elements: int
+    #: ``repr(backend) -> BackendUsage`` of one iteration.
+    iteration: dict[str, BackendUsage] = field(default_factory=dict)
+
+    def draws(self, backend: str) -> tuple[int, int]:
+        """(fewest, most) draws sent to ``backend``: one iteration, ``max_iter`` iterations."""
+        usage = self.iteration.get(backend)
+        return (0, 0) if usage is None else (usage.draws, usage.draws * self.max_iter)
+
+    def requests(self, backend: str) -> tuple[int, int]:
+        """(fewest, most) wire requests to ``backend``."""
+        usage = self.iteration.get(backend)
+        return (0, 0) if usage is None else (usage.requests, usage.requests * self.max_iter)
+
+    def cost(self, backend: str) -> tuple[float, float] | None:
+        """(one iteration's, ``max_iter`` iterations') upper bound of the cost; ``None`` when unknown."""
+        usage = self.iteration.get(backend)
+        cost = None if usage is None else usage.cost
+        return None if cost is None else (cost, cost * self.max_iter)
+
+    def lines(self, names: Mapping[str, str] | None = None) -> list[str]:
+        """The summary's lines for this loop (``names``: how to print each backend)."""
+        names = names or {}
+        out = [f"{self.loop}: 1 to {self.max_iter} iteration(s) over {self.elements} element(s); per backend "
+               "(one iteration to max_iter; prompts from the state counted by shape):"]
+        for name in self.iteration:
+            draws, requests, cost = self.draws(name), self.requests(name), self.cost(name)
+            money = "" if cost is None else f", cost <= {cost[0]:.6g} to {cost[1]:.6g}"
+            out.append(f"  {names.get(name, name)}: {draws[0]} to {draws[1]} draw(s), {requests[0]} to {requests[1]} request(s){money}")
+        if not self.iteration:
+            out.append("  no model calls")
+        return out
 
 
 @dataclass
@@ -116,6 +182,27 @@ class Explanation:
     control: list[str] = field(default_factory=list)
     #: ``repr(backend) -> BackendUsage``: tokens (after cache hits and dedup), requests, cost.
     usage: dict[str, BackendUsage] = field(default_factory=dict)
+    #: One ``LoopEstimate`` per ``while_loop``: its calls as a range (not counted above).
+    loops: list[LoopEstimate] = field(default_factory=list)
+    #: ``label -> (first, last)`` draw number of each sampling model call (greedy calls are
+    #: one draw, 0): they depend on the calls on the same prompt evaluated with it.
+    draw_numbers: dict[str, tuple[int, int]] = field(default_factory=dict)
+    #: ``repr(backend) -> how the summary names it`` (``kind: model`` in full, told apart by number).
+    names: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def draws_range(self) -> tuple[int, int]:
+        """(fewest, most) draws, loops included (``draws`` when there is no loop)."""
+        low = sum(loop.draws(name)[0] for loop in self.loops for name in loop.iteration)
+        high = sum(loop.draws(name)[1] for loop in self.loops for name in loop.iteration)
+        return self.draws + low, self.draws + high
+
+    @property
+    def requests_range(self) -> tuple[int, int]:
+        """(fewest, most) wire requests, loops included (``requests`` when there is no loop)."""
+        low = sum(loop.requests(name)[0] for loop in self.loops for name in loop.iteration)
+        high = sum(loop.requests(name)[1] for loop in self.loops for name in loop.iteration)
+        return self.requests + low, self.requests + high
 
     @property
     def prompt_tokens(self) -> int:
@@ -184,6 +271,10 @@ class Explanation:
             "exact": self.exact,
             "control": list(self.control),
             "usage": {name: dict(asdict(u), cost=u.cost) for name, u in self.usage.items()},
+            "loops": [asdict(loop) for loop in self.loops],
+            "draw_numbers": {label: list(span) for label, span in self.draw_numbers.items()},
+            "draws_range": list(self.draws_range),
+            "requests_range": list(self.requests_range),
         }
 
     def summary(self) -> str:
@@ -192,17 +283,20 @@ class Explanation:
         rows: dict[tuple[str, int], list[int]] = {}
         for batch in self.batches:
             rows.setdefault((batch.backend, batch.level), []).append(batch.size)
+        names = self.names
+        width = max([44] + [len(names.get(backend, backend)) + 2 for backend, _ in rows])
         if rows:
-            lines.append(f"  {'backend':<44}{'level':>6}{'batches':>9}{'draws':>9}  sizes")
+            lines.append(f"  {'backend':<{width}}{'level':>6}{'batches':>9}{'draws':>9}  sizes")
         for (backend, level), sizes in rows.items():
             shown = " ".join(map(str, sizes[:6])) + (" ..." if len(sizes) > 6 else "")
-            name = backend if len(backend) <= 43 else backend[:40] + "..."
-            lines.append(f"  {name:<44}{level:>6}{len(sizes):>9}{sum(sizes):>9}  {shown}")
-        per_backend = ", ".join(f"{b}: {n}" for b, n in self.batches_per_backend.items())
+            lines.append(f"  {names.get(backend, backend):<{width}}{level:>6}{len(sizes):>9}{sum(sizes):>9}  {shown}")
+        per_backend = ", ".join(f"{names.get(b, b)}: {n}" for b, n in self.batches_per_backend.items())
+        requests, draws = self.requests_range, self.draws_range
+        looped = " (loops: 1 to max_iter iterations)" if self.loops else ""
         lines.append(f"  batches: {len(self.batches)}" + (f" ({per_backend})" if per_backend else "")
-                     + f"; requests: {self.requests}")
+                     + f"; requests: {_span(requests)}{looped}")
         lines.append(
-            f"  draws: {self.draws}; cache hits known in advance: {self.cache_hits}; "
+            f"  draws: {_span(draws)}; cache hits known in advance: {self.cache_hits}; "
             f"duplicates merged: {self.deduplicated}"
         )
         for name, usage in self.usage.items():
@@ -211,9 +305,10 @@ class Explanation:
             if usage.unknown_prompts:
                 counted += f"; {usage.unknown_prompts} prompt(s) computed from model outputs not counted"
             cost = "" if usage.cost is None else f"; cost <= {usage.cost:.6g} (prompts {usage.prompt_cost:.6g})"
-            name = name if len(name) <= 60 else name[:57] + "..."
+            if usage.quirks:
+                cost += f"; server quirks known: {', '.join(usage.quirks)} (requests counted with them)"
             lines.append(
-                f"  {name}: {usage.requests} request(s) in {usage.batches} batch(es); tokens: "
+                f"  {names.get(name, name)}: {usage.requests} request(s) in {usage.batches} batch(es); tokens: "
                 f"{usage.prompt_tokens} prompt ({counted}), completion {bound}{cost}"
             )
         if self.unknown_draws:
@@ -233,6 +328,12 @@ class Explanation:
                 + ", ".join(self.timing_dependent[:5])
             )
         lines.extend(f"  {line}" for line in self.control)
+        lines.extend(f"  {line}" for loop in self.loops for line in loop.lines(names))
+        shifted = [(label, span) for label, span in self.draw_numbers.items() if span[0] > 0]
+        if shifted:
+            shown = ", ".join(f"{label} {_span(span).replace(' to ', '-')}" for label, span in shifted[:6])
+            lines.append(f"  draw numbers: {shown}{' ...' if len(shifted) > 6 else ''} (after earlier calls on the "
+                         "same prompt evaluated with them: evaluated alone, a call starts at draw 0)")
         lines.append("  prediction: " + ("exact" if self.exact else "an estimate (see the lines above)"))
         return "\n".join(lines)
 
@@ -245,6 +346,11 @@ class Explanation:
 
     def _repr_html_(self) -> str:
         return self._repr_mimebundle_()["text/html"]
+
+
+def _span(bounds: tuple[int, int]) -> str:
+    """``3`` or ``3 to 15``."""
+    return str(bounds[0]) if bounds[0] == bounds[1] else f"{bounds[0]} to {bounds[1]}"
 
 
 class _Unknown:
@@ -313,6 +419,7 @@ class _DryRun:
         self.sent: dict[Slot, dict[Any, int]] = {}  # per slot, prompt -> level its draw is first sent at
         self.draws = self.hits = self.unknown_draws = 0
         self.unknown_nodes: list[str] = []
+        self.loops: list[tuple[str, int, int, _DryRun]] = []  # (label, max_iter, elements, one iteration's run)
         self.current_waits: frozenset[int] = frozenset()
         self.level = 0  # the level of the node being walked (a model call with misses adds one)
 
@@ -361,8 +468,28 @@ class _DryRun:
         return _shapes_only(node, inputs)
 
     def control(self, index: int, node: Any, inputs: list[Any]) -> list[Any]:
-        """Loops and branches: their iterations are unknown in advance (``describe`` names their bodies)."""
+        """Loops and branches: their iterations are unknown in advance; a loop's body is dry-run once (``LoopEstimate``)."""
+        if isinstance(node.op, WhileLoop):
+            self.iteration(node, node.op, inputs)
         return _shapes_only(node, inputs)
+
+    def iteration(self, node: Any, op: WhileLoop, inputs: list[Any]) -> None:
+        """Dry-run one iteration of a loop's body over all its elements (the cache unconsulted)."""
+        try:
+            shape = tuple(np.broadcast_shapes(*(np.shape(v) if isinstance(v, np.ndarray) else () for v in inputs)))
+        except ValueError:
+            return  # eval raises it, naming the loop
+        size = int(np.prod(shape, dtype=np.int64))
+        body = op.body
+        plan = Plan(list(body.outputs))
+        values: dict[int, Any] = {id(c): c.value for c in plan.constants}
+        for parameter in body.parameters:
+            values[id(parameter)] = _unknown((size,))
+        for slot, value in zip(body.slots, inputs[len(body.parameters):]):
+            values[id(slot)] = np.broadcast_to(value, shape).reshape(-1) if isinstance(value, np.ndarray) else value
+        run = _DryRun(plan, None, values)
+        run.run()
+        self.loops.append((node.label, op.max_iter, size, run))
 
     def generate(self, index: int, node: Any, inputs: list[Any]) -> list[Any]:
         """A model call's draws: cache hits known now, misses queued at the next level, unknown prompts counted."""
@@ -453,6 +580,7 @@ class _DryRun:
         for batch in batches:
             usage = out.setdefault(batch.backend, BackendUsage())
             usage.batches += 1
+            usage.draws += batch.size
             usage.requests += batch.wire_requests
             usage.prompt_tokens += batch.prompt_tokens
             usage.exact = backends[batch.backend].tokens_exact
@@ -461,6 +589,7 @@ class _DryRun:
                 usage.completion_tokens = None if batch.completion_tokens is None else (
                     usage.completion_tokens + batch.completion_tokens)
         for name, usage in out.items():
+            usage.quirks = sorted(getattr(backends[name], "known_quirks", ()))
             price = price_of(backends[name], prices)
             if price is not None:
                 usage.prompt_cost = price.cost(usage.prompt_tokens, 0)
@@ -575,6 +704,12 @@ def explain(
     from outlines.runtime.control import describe
 
     control = [describe(node) for node in plan.nodes if node.op.mode == "control"]
+    loops = [LoopEstimate(label, max_iter, size, body.usage(body.batches(), prices))
+             for label, max_iter, size, body in run.loops]
+    backends = {repr(q.backend): q.backend for r in [run, *(body for *_, body in run.loops)] for q in r.queues.values()}
+    names = apart({name: label_of(backends[name]) for name in sorted(backends)})
+    spans = plan.draw_numbers()
+    numbers = {node.label: spans[node.order] for node in plan.nodes if node.order in spans}
     return Explanation(
         kinds,
         batches,
@@ -586,4 +721,7 @@ def explain(
         run.timing_dependent(),
         control,
         usage,
+        loops,
+        numbers,
+        names,
     )

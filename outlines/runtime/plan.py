@@ -30,9 +30,10 @@ from outlines.keys import canonical
 from outlines.errors import UnboundInputError
 from outlines.graph.basic import Apply, Constant, Variable, as_object_array
 from outlines.graph.ops import Index
+from outlines.graph.shapes import propagate, shape_of
 from outlines.graph.traversal import rewired_error, toposort
 
-__all__ = ["Plan", "bind_givens"]
+__all__ = ["Plan", "bind_givens", "check_shapes"]
 
 # Constants of these exact types (and object arrays of them) are keyed by value.
 # Integral floats are not: canonical text writes 1.0 as 1 and -0.0 as 0, which
@@ -66,6 +67,12 @@ class Plan:
     draw_offsets
         ``id(apply) -> first draw number`` of each random model call whose
         first draw is not 0 (absent means 0: keeps the plan small).
+    tag_offsets
+        ``apply.order -> first namespace tag`` of each loop or branch node
+        after the first (``Evaluation.child``): control nodes number their
+        namespaces in creation order like model calls their draws, so two
+        loops making the same calls draw apart, and the first loop evaluated
+        alone draws what it drew with the others.
 
     Examples
     --------
@@ -84,6 +91,8 @@ class Plan:
         self.indegree: list[int] = []
         self.consumers: list[list[int]] = []
         self.draw_offsets: dict[int, int] = {}
+        self.tag_offsets: dict[int, int] = {}
+        tags = 0  # namespace tags taken by the control nodes so far
         replaced: dict[int, Variable] = {}  # id(original Variable) -> its replacement
         merged: dict[Hashable, Apply] = {}  # (op, noutputs, input keys) of a pure node -> the node computing it
         draws: dict[Hashable, int] = {}  # (stream number, prompt key) -> draws numbered so far
@@ -138,6 +147,10 @@ class Plan:
                 replaced.update((id(old), new) for old, new in zip(node.outputs, kept.outputs))
             if generate:
                 generates += 1
+            elif op.mode == "control":
+                if tags:
+                    self.tag_offsets[kept.order] = tags
+                tags += getattr(op, "max_iter", 0) + 1  # a loop's tags: 0 (its first cond), then 1..max_iter
             if not pure and generate:
                 # Draws are numbered per (backend, params, prompt), whatever num_samples;
                 # (backend, params) is numbered once per op, its hash runs in Python.
@@ -198,6 +211,20 @@ class Plan:
         leaves = list({id(v): v for v in _leaves(self.nodes, self.outputs)}.values())
         self.inputs = [v for v in leaves if not isinstance(v, Constant)]
         self.constants = [v for v in leaves if isinstance(v, Constant)]
+
+    def draw_numbers(self) -> dict[int, tuple[int, int]]:
+        """``apply.order -> (first, last)`` draw number of each sampling model call (greedy ones: one draw, left out).
+
+        Keyed by creation order, which a node rebuilt by a rewrite keeps, so
+        the numbers find the nodes of the graph as the user built it.
+        """
+        out: dict[int, tuple[int, int]] = {}
+        for node in self.nodes:
+            op: Any = node.op
+            if op.mode == "generate" and not op.params.deterministic:
+                first = self.draw_offsets.get(id(node), 0)
+                out[node.order] = (first, first + op.num_samples - 1)
+        return out
 
     def pick(self, results: list[Any]) -> list[Any]:
         """The values of the original outputs, given the values of ``outputs`` (see ``picks``)."""
@@ -414,3 +441,18 @@ def bind_givens(plan: Plan, givens: Mapping[Any, Any] | None, *, partial: bool =
     if missing and not partial:
         raise UnboundInputError(missing)
     return values
+
+
+def check_shapes(plan: Plan, values: Mapping[int, Any]) -> None:
+    """Raise ``GraphBuildError`` when the bound inputs' shapes cannot pair somewhere in ``plan``.
+
+    ``values`` are the bound values (``bind_givens``); an input left unbound
+    keeps the shape it was built with. Called by every entry point before its
+    schedule starts, so a pairing that cannot work costs no draw.
+
+    Raises
+    ------
+    GraphBuildError
+        Naming the node and both shapes.
+    """
+    propagate(plan.nodes, {id(v): shape_of(values[id(v)]) for v in plan.inputs if id(v) in values})

@@ -132,7 +132,7 @@ class Program:
         return run_sync(lambda blocked_loop: self._run(givens, blocked_loop))
 
     async def _run(self, givens: dict[Variable, Any], blocked_loop: Any = None) -> Any:
-        results = await run_plan(self.plan, givens, self.options, blocked_loop)
+        results = await run_plan(self.plan, givens, self.options, blocked_loop, check=False)  # checked in _givens
         return results[0] if self._single else tuple(results)
 
     def stream(self, *args: Any, chunk_size: int | None = None, **kwargs: Any) -> Stream:
@@ -191,7 +191,7 @@ class Program:
         """Draw the program's graph; see ``outlines.visualize``."""
         from outlines.graph.viz.writers import visualize
 
-        return visualize(*self._outputs, filename=filename, format=format, **kwargs)
+        return visualize(*self._outputs, filename=filename, format=format, draws=self.plan.draw_numbers(), **kwargs)
 
     def _repr_mimebundle_(self, include: Any = None, exclude: Any = None) -> dict[str, str]:
         from outlines.graph.viz.jupyter import mimebundle

@@ -9,6 +9,11 @@ Where it shows depends on the output: in a terminal, one line redrawn every
 ``REFRESH`` seconds; in a log or pipe, a line at the start, at most one every
 ``LOG_EVERY`` seconds, and one at the end; in Jupyter, one HTML block updated in
 place (``IPython.display`` with a ``display_id``; no ipywidgets needed).
+
+The line says how many draws failed and how many the cache held; the last one
+ends with what happened (``Progress.outcome``): ``(finished)``,
+``(finished, 2 of 12 draws failed)``, ``(all 4 draws failed)``, or
+``(stopped by NodeError: 4 draws failed, 8 not run)``.
 """
 from __future__ import annotations
 
@@ -41,6 +46,8 @@ class Counter(Listener):
         self.running: dict[int, int] = {}  # batch id -> draws in it
         self.tokens = 0
         self.dispatched: set[int] = set()  # id() of Generate nodes already turned into draws
+        self.failed_sent = 0  # draws of batches that failed
+        self.failed_elements = 0  # draws that hold their own Failure (errors="return")
 
     def node_started(self, node: Any, t: float) -> None:
         if node.op.mode == "generate":
@@ -49,6 +56,14 @@ class Counter(Listener):
     def node_cache(self, node: Any, hits: int, misses: int) -> None:
         self.hits += hits
 
+    def node_failures(self, node: Any, outputs: tuple[Any, ...]) -> None:
+        if node.op.mode == "generate":
+            from outlines.errors import Failure
+
+            for output in outputs:
+                items = output.reshape(-1).tolist() if getattr(output, "dtype", None) == object else [output]
+                self.failed_elements += sum(1 for v in items if isinstance(v, Failure) and v.upstream is None)
+
     def batch_started(self, batch_id: int, backend: Any, nodes: list[Any], size: int, t: float) -> None:
         self.running[batch_id] = size
 
@@ -56,12 +71,20 @@ class Counter(Listener):
         self, batch_id: int, t: float, error: BaseException | None, usage: tuple[int, int], worker: str | None,
         requests: int = 0,
     ) -> None:
-        self.sent_done += self.running.pop(batch_id, 0)
+        size = self.running.pop(batch_id, 0)
+        self.sent_done += size
+        if error is not None:
+            self.failed_sent += size
         self.tokens += int(usage[1])
 
     @property
     def done(self) -> int:
         return self.hits + self.sent_done
+
+    @property
+    def failed(self) -> int:
+        """Draws that failed: of failed batches, or holding their own ``Failure`` (the same draws, counted once)."""
+        return max(self.failed_sent, self.failed_elements)
 
 
 class Schedule(Protocol):
@@ -100,6 +123,8 @@ class Progress:
         counter = self.counter
         total, exact = self.total()
         parts = [f"{counter.done}/{total} draws" if exact else f"{counter.done}/{total}+ draws"]
+        if counter.failed:
+            parts[0] += f" ({counter.failed} failed)"
         if counter.hits:
             parts.append(f"{counter.hits} cached")
         running = len(counter.running)
@@ -108,6 +133,23 @@ class Progress:
             parts.append(f"{counter.tokens:,} tokens")
         parts.append(f"{time.perf_counter() - counter.started:.1f} s")
         return "outlines: " + " | ".join(parts)
+
+    def outcome(self, error: BaseException | None) -> str:
+        """How the evaluation ended, for the last line: ``finished``, ``all 5 draws failed``, ``stopped by ...``."""
+        counter = self.counter
+        failed, done = counter.failed, counter.done
+        if error is not None:
+            left = max(self.total()[0] - done, 0)
+            cause = "interrupted" if isinstance(error, (KeyboardInterrupt, asyncio.CancelledError)) else (
+                f"stopped by {type(error).__name__}")
+            return f"{cause}: {failed} draw(s) failed, {left} not run"
+        left = max(self.total()[0] - done, 0)  # draws left out because what they read had failed
+        skipped = f", {left} not run" if left else ""
+        if failed and failed >= done:
+            return f"all {done} draws failed{skipped}"
+        if failed:
+            return f"finished, {failed} of {done} draws failed{skipped}"
+        return "finished"
 
     def fraction(self) -> float:
         total, _ = self.total()
@@ -134,13 +176,17 @@ async def shown(counter: Counter | None, schedule: Schedule, option: bool | None
     if views:
         views[0].show(progress)
     watcher = asyncio.ensure_future(_watch(progress, views, 0.0 if option else AUTO_DELAY))
+    error: BaseException | None = None
     try:
         yield
+    except BaseException as exc:
+        error = exc
+        raise
     finally:
         watcher.cancel()
         await asyncio.gather(watcher, return_exceptions=True)
         if views:
-            views[0].close(progress)
+            views[0].close(progress, progress.outcome(error))
 
 
 async def _watch(progress: Progress, views: list[Any], delay: float) -> None:
@@ -190,9 +236,9 @@ class TerminalView:
         self.stream.flush()
         self.width = len(text)
 
-    def close(self, progress: Progress) -> None:
-        self.show(progress)
-        self.stream.write("\n")
+    def close(self, progress: Progress, outcome: str) -> None:
+        text = f"{progress.line()} ({outcome})"
+        self.stream.write("\r" + text.ljust(self.width) + "\n")
         self.stream.flush()
 
 
@@ -210,8 +256,8 @@ class LogView:
             self.stream.write(progress.line() + "\n")
             self.stream.flush()
 
-    def close(self, progress: Progress) -> None:
-        self.stream.write(progress.line() + " (finished)\n")
+    def close(self, progress: Progress, outcome: str) -> None:
+        self.stream.write(f"{progress.line()} ({outcome})\n")
         self.stream.flush()
 
 
@@ -221,17 +267,18 @@ class NotebookView:
     def __init__(self) -> None:
         self.handle: Any = None
 
-    def show(self, progress: Progress) -> None:
+    def show(self, progress: Progress, outcome: str | None = None) -> None:
         from IPython.display import HTML, display
 
-        page = HTML(progress_html(progress.line(), progress.fraction()))
+        line = progress.line() if outcome is None else f"{progress.line()} ({outcome})"
+        page = HTML(progress_html(line, progress.fraction()))
         if self.handle is None:
             self.handle = display(page, display_id=True)
         else:
             self.handle.update(page)
 
-    def close(self, progress: Progress) -> None:
-        self.show(progress)
+    def close(self, progress: Progress, outcome: str) -> None:
+        self.show(progress, outcome)
 
 
 def progress_html(line: str, fraction: float) -> str:

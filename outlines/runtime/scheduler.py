@@ -206,7 +206,8 @@ class Scheduler:
 
     def control(self, index: int, node: Apply, inputs: list[Any]) -> None:
         """A loop or a branch: one task, whose iterations are schedules of their own (``outlines.runtime.control``)."""
-        self.spawn(run_control(self.evaluation, node, inputs, schedule), lambda task: self._task_done(index, task))
+        first_tag = self.plan.tag_offsets.get(node.order, 0)  # loops number their namespaces like calls their draws
+        self.spawn(run_control(self.evaluation, node, inputs, schedule, first_tag), lambda task: self._task_done(index, task))
 
     def _flush_python(self) -> None:
         """Send the blocking Python calls made ready this round, in a few chunks."""

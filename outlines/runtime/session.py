@@ -30,7 +30,10 @@ Draw namespaces: a random model call's draw numbers are
 ``plan.draw_offsets[node] + (draw_base << DRAW_SHIFT)``. ``child(tag)`` sets
 ``draw_base`` to ``(draw_base << TAG_BITS) + tag + 1``, so each iteration of a
 loop (and of a loop nested in it) draws anew, outer draws stay below
-``1 << DRAW_SHIFT``, and the numbers fit a 64-bit seed.
+``1 << DRAW_SHIFT``, and the numbers fit a 64-bit seed. The control nodes
+of one plan take consecutive tags (``Plan.tag_offsets``: a loop takes
+``max_iter + 1``), so two loops making the same calls draw apart; their
+tags together should stay below ``1 << TAG_BITS``.
 """
 from __future__ import annotations
 

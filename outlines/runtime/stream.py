@@ -35,7 +35,7 @@ from outlines.graph.basic import Variable
 from outlines.graph.ops import scalar_or_array
 from outlines.runtime.evaluate import interrupt_raises, run_watched
 from outlines.runtime.events import Listener
-from outlines.runtime.plan import Plan, as_value, bind_givens
+from outlines.runtime.plan import Plan, as_value, bind_givens, check_shapes
 from outlines.runtime.scheduler import Scheduler
 from outlines.runtime.session import Evaluation, Options
 
@@ -218,7 +218,7 @@ def as_completed(*variables: Variable, givens: Mapping[Any, Any] | None = None, 
         raise TypeError("as_completed needs at least one Variable")
     checked = Options.check(options)
     plan = Plan(variables)
-    bind_givens(plan, givens)  # a missing input raises here, not at the first iteration
+    check_shapes(plan, bind_givens(plan, givens))  # a missing input or a bad pairing raises here, before anything is sent
 
     async def results(blocked_loop: asyncio.AbstractEventLoop | None) -> AsyncIterator[tuple[int, Any]]:
         ready: asyncio.Queue[tuple[int, Any]] = asyncio.Queue()

@@ -18,7 +18,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from typing import Any, Callable, Iterator
 
-from outlines.labels import label_of
+from outlines.labels import apart, label_of
 from outlines.runtime.events import NULL, Listener, Recorder
 
 __all__ = [
@@ -56,7 +56,12 @@ def _first_line(error: Any) -> str | None:
 
 @dataclass(slots=True)
 class NodeRecord:
-    """What one node did (its latest run, when a trace holds several evals)."""
+    """What one node did in its latest evaluation, every run of it counted.
+
+    A node runs once per evaluation, except in a loop body (once per
+    iteration) and in a ``Program.stream`` (once per chunk): each run adds a
+    span, and times, batches, cache hits and failures add up over the runs.
+    """
 
     label: str
     op: str
@@ -78,11 +83,25 @@ class NodeRecord:
     #: What the node computes from what (``drawing.structure_keys``): lets a
     #: picture of another build of the same graph find this record.
     structure: str | None = None
+    #: ``(start, end)`` of each run (``end`` ``None`` while it runs); ``start``/``end`` span them all.
+    spans: list[tuple[float, float | None]] = field(default_factory=list)
+
+    @property
+    def runs(self) -> int:
+        """How many times the node ran (a loop body's node: once per iteration)."""
+        return len(self.spans) or (1 if self.start is not None else 0)
+
+    @property
+    def intervals(self) -> list[tuple[float, float]]:
+        """The finished runs as ``(start, end)`` (one interval for a record built without spans)."""
+        if self.spans:
+            return [(start, end) for start, end in self.spans if end is not None]
+        return [(self.start, self.end)] if self.start is not None and self.end is not None else []
 
     @property
     def duration(self) -> float:
-        """Seconds from ready (all inputs there) to finished: queueing included."""
-        return (self.end - self.start) if self.start is not None and self.end is not None else 0.0
+        """Seconds from ready (all inputs there) to finished, queueing included, over every run (overlaps once)."""
+        return _union(self.intervals)
 
     @property
     def compute(self) -> float:
@@ -368,27 +387,32 @@ class Trace:
         for record in self.nodes.values():
             kinds.setdefault(record.kind, []).append(record)
         lines.append(f"  {'nodes':<12}{'count':>8}{'busy s':>10}{'compute s':>11}{'queued s':>10}{'errors':>8}")
+        lines[-1] += f"{'runs':>7}"
         for kind in ("input", "inline", "python", "generate"):
             group = kinds.get(kind, [])
             if group:
-                busy = _union((r.start, r.end) for r in group if r.start is not None and r.end is not None)
+                busy = _union(span for r in group for span in r.intervals)
                 compute = self._compute_union(group)
                 queued = sum(r.queued for r in group)
                 failed = sum(r.failed for r in group)
-                lines.append(f"  {kind:<12}{len(group):>8}{busy:>10.3f}{compute:>11.3f}{queued:>10.3f}{failed:>8}")
+                runs = sum(r.runs for r in group)
+                lines.append(f"  {kind:<12}{len(group):>8}{busy:>10.3f}{compute:>11.3f}{queued:>10.3f}{failed:>8}{runs:>7}")
         lines.append("  (busy: time any node of the kind was running; compute: time a batch or call was")
-        lines.append("   running; queued: summed per node, waiting for a backend slot)")
+        lines.append("   running; queued: summed per node, waiting for a backend slot; runs: a loop body's")
+        lines.append("   nodes run once per iteration, every iteration counted)")
+        names = self.backend_names()
         if self.model_loads:
             for load in self.model_loads:
-                lines.append(f"  model load {_clip(load.backend, 40)}: {load.end - load.start:.3f} s")
+                lines.append(f"  model load {names.get(load.backend, load.backend)}: {load.end - load.start:.3f} s")
         if self.batches:
             wire = self.http_requests_per_backend
-            lines.append(f"  {'backend':<40}{'batches':>8}{'requests':>9}{'draws':>8}{'min/mean/max size':>19}")
-            for backend, count in sorted(self.requests_per_backend.items()):
+            width = max([40] + [len(names.get(b, b)) + 2 for b in self.requests_per_backend])
+            lines.append(f"  {'backend':<{width}}{'batches':>8}{'requests':>9}{'draws':>8}{'min/mean/max size':>19}")
+            for backend, count in sorted(self.requests_per_backend.items(), key=lambda item: names.get(item[0], item[0])):
                 sizes = [b.size for b in self.batches if b.backend == backend]
                 spread = f"{min(sizes)}/{sum(sizes) / len(sizes):.1f}/{max(sizes)}"
                 http = str(wire[backend]) if backend in wire else "-"
-                lines.append(f"  {_clip(backend, 39):<40}{count:>8}{http:>9}{sum(sizes):>8}{spread:>19}")
+                lines.append(f"  {names.get(backend, backend):<{width}}{count:>8}{http:>9}{sum(sizes):>8}{spread:>19}")
         answered: dict[str, int] = {}
         for batch in self.batches:
             for model, count in batch.answered_by.items():
@@ -406,10 +430,11 @@ class Trace:
         lines.append(f"  tokens: {prompt_tokens} prompt, {completion_tokens} completion")
         for name, cost in self.cost_per_backend(prices).items():
             used = self.tokens_per_backend[name]
+            shown = names.get(name, name)
             if cost is not None:
-                lines.append(f"  cost {_clip(name, 40)}: {cost:.6g} ({used[0]} prompt + {used[1]} completion tokens)")
+                lines.append(f"  cost {shown}: {cost:.6g} ({used[0]} prompt + {used[1]} completion tokens)")
             elif not any(used):
-                lines.append(f"  cost {_clip(name, 40)}: unknown (no usage reported)")
+                lines.append(f"  cost {shown}: unknown (no usage reported)")
         wall, path = self.wall, self.critical_path
         ratio = f" ({wall / path:.2f}x)" if path > 0 else ""
         lines.append(f"  wall {wall:.3f} s, critical path {path:.3f} s{ratio}")
@@ -423,6 +448,10 @@ class Trace:
                 lines.append(f"    ... and {len(errors) - 10} more")
         return "\n".join(lines)
 
+    def backend_names(self) -> dict[str, str]:
+        """``repr(backend) -> how the summary names it``: its label (``kind: model``) in full, told apart by number."""
+        return apart({name: self.labels.get(name, name) for name in sorted(self.labels)})
+
     def _compute_union(self, group: list[NodeRecord]) -> float:
         """Seconds during which some node of ``group`` was computing (batch intervals for models)."""
         by_id = {b.id: b for b in self.batches}
@@ -433,7 +462,7 @@ class Trace:
             if record.kind == "generate":
                 spans.extend((by_id[i].start, by_id[i].end or record.end) for i in record.batch_ids if i in by_id)
             else:
-                spans.append((record.start, record.end))
+                spans.extend(record.intervals)
         return _union(spans)
 
     def _repr_mimebundle_(self, include: Any = None, exclude: Any = None) -> dict[str, str]:
@@ -479,6 +508,7 @@ class _EvalRecorder(Listener):
         self.records: list[NodeRecord | None] = []
         self.structure: list[str] = []
         self.names: dict[int, str] = {}  # id(op or backend) -> its name, computed once
+        self.inner: dict[int, NodeRecord] = {}  # id(node) -> record, for nodes of loop bodies and branches
 
     def eval_started(self, plan: Any, t: float) -> None:
         trace, now = self.trace, self.trace._time(t)
@@ -518,9 +548,17 @@ class _EvalRecorder(Listener):
 
     def _record(self, node: Any) -> NodeRecord | None:
         position = self.index.get(id(node))
-        return self.records[position] if position is not None else self.trace.nodes.get(node.label)
+        if position is not None:
+            return self.records[position]
+        return self.inner.get(id(node)) or self.trace.nodes.get(node.label)
 
     def node_started(self, node: Any, t: float) -> None:
+        now = self.trace._time(t)
+        record = self._record(node) if id(node) in self.inner or id(node) in self.index else None
+        if record is not None:  # it runs again in this evaluation (a loop iteration, a stream chunk): one more span
+            record.spans.append((now, None))
+            self.trace.nodes[record.label] = record
+            return
         op, position = node.op, self.index.get(id(node))
         label = self.eval.labels[position] if position is not None else node.label
         backend = getattr(op, "backend", None)
@@ -529,17 +567,25 @@ class _EvalRecorder(Listener):
             self._name(op, lambda op: op.name),
             op.mode,
             self._backend(backend) if backend is not None else None,
-            self.trace._time(t),
+            now,
+            spans=[(now, None)],
         )
         self.trace.nodes[label] = record
         if position is not None:
             self.records[position] = record
             record.structure = self.structure[position]
+        else:
+            self.inner[id(node)] = record
 
     def node_finished(self, node: Any, t: float, error: BaseException | None = None) -> None:
         record = self._record(node)
         if record is not None:
-            record.end = self.trace._time(t)
+            now = self.trace._time(t)
+            record.end = now if record.end is None else max(record.end, now)
+            for number, (start, end) in enumerate(record.spans):
+                if end is None:  # runs of one node finish in any order; the sums do not depend on which closes
+                    record.spans[number] = (start, now)
+                    break
             record.error = record.error or _first_line(error)
             if record.kind == "generate" and record.start is not None and record.batch_ids:
                 by_id = {b.id: b for b in self.batches.values()}

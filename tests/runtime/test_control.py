@@ -346,3 +346,22 @@ def test_max_concurrency_bounds_calls_inside_and_outside_a_loop_together(limit: 
                   max_concurrency=limit)
     assert len(backend.batches) == 4 + 4 + 3 + 1
     assert backend.peak == 2 if limit else backend.peak >= 4  # one bound for the loop's schedules and the outer one
+
+
+def test_two_loops_making_the_same_calls_draw_apart_and_the_first_alone_replays(tmp_path: Any) -> None:
+    counter = iter(range(1000))
+
+    def dice(prompts: list[str]) -> list[str]:
+        return [f"{p}={next(counter)}" for p in prompts]
+
+    llm = models.from_function(dice, batched=True, name="dice2", version="1")
+    cache = Cache(tmp_path)
+    question = outlines.string("question")
+    count = outlines.fn(lambda rolls: rolls.count(";") < 2, name="count")
+    first = outlines.while_loop(count, lambda rolls: rolls + llm(question) + ";", init="", max_iter=5)
+    second = outlines.while_loop(count, lambda rolls: rolls + llm(question) + ";", init="", max_iter=5)
+    one, two = outlines.eval(first, second, givens={"question": "a"}, cache=cache)
+    assert one != two  # two loops are two calls: independent draws, as two calls outside loops are
+    drawn = next(counter)
+    assert first.eval({"question": "a"}, cache=cache) == one  # alone, the first loop replays its draws
+    assert next(counter) == drawn + 1  # nothing sent

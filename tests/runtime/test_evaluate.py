@@ -227,3 +227,34 @@ def test_several_failures_leave_no_unretrieved_task_exception(tmp_path):
                           env=python_env())
     assert done.returncode == 0, done.stderr
     assert "never retrieved" not in done.stderr and "destroyed" not in done.stderr
+
+
+def test_eval_checks_every_pairing_before_sending_anything():
+    backend = RecordingBackend(name="shapes-early")
+    m = backend.model()
+    q, d = outlines.string("q"), outlines.string("d")
+    pairing = m(q, num_samples=3) + d
+    givens = {"q": ["a", "b"], "d": ["x", "y", "z"]}
+    with pytest.raises(outlines.GraphBuildError, match=r"cannot pair shapes \(2, 3\) and \(3,\)"):
+        outlines.eval(pairing, givens=givens, cache=False)
+    with pytest.raises(outlines.GraphBuildError, match=r"cannot pair shapes \(2, 3\) and \(3,\)"):
+        asyncio.run(outlines.aeval(pairing, givens=givens, cache=False))
+    with pytest.raises(outlines.GraphBuildError, match=r"cannot pair shapes \(2, 3\) and \(3,\)"):
+        list(outlines.as_completed(pairing, givens=givens, cache=False))
+    assert backend.batches == []  # nothing was sent
+    assert outlines.eval(pairing, givens={"q": ["a", "b"], "d": ["x", "y"]}, cache=False).shape == (2, 3)
+
+
+def test_eval_says_in_its_signature_one_variable_gives_a_bare_value_several_a_tuple():
+    import inspect
+    import typing
+
+    from outlines.runtime import evaluate
+
+    for function in (evaluate.eval, evaluate.aeval):
+        returns = [str(inspect.signature(o).return_annotation) for o in typing.get_overloads(function)]
+        assert returns == ["Any", "tuple[Any, ...]"], function
+        assert "bare value" in (function.__doc__ or "")
+    q = outlines.string("q")
+    assert outlines.eval(q + "!", givens={"q": "hi"}) == "hi!"
+    assert outlines.eval(q + "!", q + "?", givens={"q": "hi"}) == ("hi!", "hi?")

@@ -224,3 +224,27 @@ def test_predicted_batches_keep_each_prompts_samples_together() -> None:
     assert sorted(b.size for b in plan.batches) == recording.sizes == [2] + [3] * 5 + [4] * 7
     for batch in recording.batches:  # every prompt of a batch with all its samples
         assert all(batch.count(p) == (2 if p.endswith("?") else 3) for p in batch)
+
+
+def test_explain_shows_draw_numbers_that_depend_on_what_is_evaluated_together() -> None:
+    llm = RecordingBackend(name="numbers").model()
+    q = outlines.string("q")
+    a = llm("Q: " + q)
+    b = llm("Q: " + q, num_samples=2)  # the same prompt again: the draws after a's
+    together = outlines.explain(a, b, givens={q: "x"}, cache=False)
+    alone = outlines.explain(b, givens={q: "x"}, cache=False)
+    assert together.draw_numbers == {a.owner.label: (0, 0), b.owner.label: (1, 2)}
+    assert alone.draw_numbers == {b.owner.label: (0, 1)}
+    assert f"draw numbers: {b.owner.label} 1-2 (after earlier calls" in together.summary()
+    assert "draw numbers" not in alone.summary()
+    assert outlines.explain(llm(q, temperature=0), givens={q: "x"}).draw_numbers == {}  # greedy: one draw
+
+
+def test_explain_names_two_models_of_one_backend_class_apart() -> None:
+    small = RecordingBackend(name="meta-llama/Llama-3.1-8B-Instruct-with-a-long-suffix").model()
+    large = RecordingBackend(name="meta-llama/Llama-3.1-70B-Instruct-with-a-long-suffix").model()
+    q = outlines.string("q")
+    text = outlines.explain(small(q), large(q), givens={q: "hi"}, cache=False).summary()
+    assert "recording: meta-llama/Llama-3.1-8B-Instruct-with-a-long-suffix: 1 request(s)" in text
+    assert "recording: meta-llama/Llama-3.1-70B-Instruct-with-a-long-suffix: 1 request(s)" in text
+    assert "..." not in text

@@ -126,3 +126,50 @@ def test_a_local_model_counts_prompt_tokens_exactly_with_its_own_tokenizer(tiny_
         llm(ask(q)).eval({q: questions}, cache=cache)
     assert plan.prompt_tokens == trace.tokens[0] > 0
     assert plan.completion_tokens == 3 * 3 >= trace.tokens[1]
+
+
+def test_explain_gives_a_loop_the_range_of_its_draws_requests_and_cost_per_backend(server: FakeOpenAI) -> None:
+    llm = models.openai("fake", base_url=server.base_url, api_key="sk-x", tokenizer=words, max_tokens=4,
+                        price=(1.0, 1.0))
+    q = outlines.string("q")
+    more = outlines.fn(lambda t: t.count("|") < 2, name="more")
+    loop = outlines.while_loop(more, lambda t: t + llm(q + t) + "|", init="", max_iter=5)
+    questions = ["a", "b", "c"]
+    plan = outlines.explain(loop, givens={q: questions}, cache=False)
+    name = repr(llm.backend)
+    (estimate,) = plan.loops
+    assert (estimate.max_iter, estimate.elements) == (5, 3)
+    assert estimate.iteration[name].draws == 3 and estimate.iteration[name].requests == 3  # a request per prompt
+    assert estimate.draws(name) == (3, 15) and estimate.requests(name) == (3, 15)
+    low, high = estimate.cost(name)
+    assert low == pytest.approx(3 * 4 / 1e6) and high == pytest.approx(5 * low)  # completions bounded by max_tokens
+    assert plan.draws_range == (3, 15) and plan.requests_range == (3, 15)
+    text = plan.summary()
+    assert "requests: 0" not in text and "draws: 0" not in text
+    assert "requests: 3 to 15" in text and "draws: 3 to 15" in text
+    assert "openai: fake: 3 to 15 draw(s), 3 to 15 request(s), cost <= " in text and plan.names[name] == "openai: fake"
+    assert plan.to_dict()["loops"][0]["max_iter"] == 5
+    loop.eval({q: questions}, cache=False)
+    assert low <= len(server.requests) * 4 / 1e6 and 3 <= len(server.requests) <= 15  # 2 iterations: 6
+
+
+@pytest.mark.parametrize("constructor", [models.openai, models.openai_completion])
+def test_explain_predicts_requests_from_the_quirks_known_of_the_server(constructor: Any) -> None:
+    from outlines.backends import quirks
+
+    quirks.forget()
+    with FakeOpenAI(ignore_n=True, refuse_lists=True) as server:  # as transformers serve
+        llm = constructor("fake-model", base_url=server.base_url, api_key="sk-local", temperature=1.0)
+        q = outlines.string("q")
+        answers = llm(q, num_samples=3)
+        givens = {q: [f"q{i}" for i in range(5)]}
+        unknown = outlines.explain(answers, givens=givens, cache=False)
+        assert "quirks" not in unknown.summary()
+        answers.eval(givens, cache=False)  # learns that the server ignores n (and refuses lists)
+        plan = outlines.explain(answers, givens=givens, cache=False)
+        server.reset()
+        answers.eval(givens, cache=False)
+        assert plan.requests == server.count == 15 != unknown.requests  # one request per prompt and sample
+        assert plan.usage[repr(llm.backend)].quirks == sorted(quirks.known(server.base_url))
+        assert "server quirks known: ignores_n" in plan.summary()
+    quirks.forget()

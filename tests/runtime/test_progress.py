@@ -112,7 +112,41 @@ def test_progress_ends_when_the_evaluation_fails(monkeypatch: pytest.MonkeyPatch
     out, givens = _slow_chain(0.02, fail=True)
     with pytest.raises(outlines.NodeError):
         out.eval(givens, cache=False, progress=True)
-    assert screen.getvalue().splitlines()[-1].endswith("(finished)")
+    last = screen.getvalue().splitlines()[-1]
+    assert "(finished)" not in last and last.endswith(" not run)"), last
+    assert "(stopped by NodeError: " in last and " draws (" in last and " failed)" in last
+
+
+def test_progress_says_when_every_draw_failed(monkeypatch: pytest.MonkeyPatch, fast: None) -> None:
+    screen = Screen(False)
+    monkeypatch.setattr(sys, "stderr", screen)
+    out, givens = _slow_chain(0.02, fail=True)
+    values = out.eval(givens, cache=False, progress=True, errors="return")
+    assert all(isinstance(v, outlines.Failure) for v in values.flat)
+    last = screen.getvalue().splitlines()[-1]
+    assert last.startswith("outlines: 4/4 draws (4 failed) |"), last  # the 8 after them never became draws
+    assert last.endswith("(all 4 draws failed)"), last
+
+
+def test_progress_counts_failures_and_hits_in_the_line(monkeypatch: pytest.MonkeyPatch, fast: None, tmp_path) -> None:
+    from outlines.cache import Cache
+
+    async def some_fail(prompts: list[str]) -> list[str]:
+        await asyncio.sleep(0.02)
+        if any("bad" in p for p in prompts):
+            raise RuntimeError("refused")
+        return [p + "." for p in prompts]
+
+    llm = models.from_function(some_fail, batched=True, max_batch=1)
+    q = outlines.string("q")
+    cache = Cache(tmp_path)
+    llm(q).eval({"q": ["a"]}, cache=cache, progress=False)
+    screen = Screen(True)
+    monkeypatch.setattr(sys, "stderr", screen)
+    llm(q).eval({"q": ["a", "b", "bad"]}, cache=cache, progress=True, errors="return")
+    last = screen.getvalue().split("\r")[-1].strip()
+    assert last.startswith("outlines: 3/3 draws (1 failed) | 1 cached |"), last
+    assert last.endswith("(finished, 1 of 3 draws failed)"), last
 
 
 def test_progress_task_does_not_outlive_aeval(monkeypatch: pytest.MonkeyPatch, fast: None) -> None:

@@ -144,7 +144,7 @@ def test_json_has_the_documented_fields_and_no_secret(tmp_path) -> None:
     assert {"wall", "critical_path", "critical_path_nodes", "requests_per_backend", "nodes", "batches"} <= set(data)
     assert set(data["nodes"][1]) == {
         "label", "op", "kind", "backend", "start", "end", "batch_ids", "cache_hits", "cache_misses", "error",
-        "failures", "skipped", "computing", "queued", "structure",
+        "failures", "skipped", "computing", "queued", "structure", "spans",
     }
     assert set(data["batches"][0]) == {
         "id", "backend", "size", "start", "end", "nodes", "worker", "prompt_tokens", "completion_tokens", "error", "requests",
@@ -212,7 +212,7 @@ def test_http_requests_are_counted_apart_from_backend_calls(fake_openai) -> None
     assert trace.http_requests_per_backend[name] == len(fake_openai.requests) == 3
     header = next(line for line in trace.summary().splitlines() if line.strip().startswith("backend"))
     assert header.split()[1:4] == ["batches", "requests", "draws"]  # one word per meaning
-    row = next(line for line in trace.summary().splitlines() if line.strip().startswith(name[:20]))
+    row = next(line for line in trace.summary().splitlines() if line.strip().startswith(trace.backend_names()[name]))
     assert row.split()[-4:-1] == ["1", "3", "3"]  # 1 batch, 3 wire requests, 3 draws
 
 
@@ -241,7 +241,7 @@ def test_returned_failures_count_as_errors() -> None:
     summary = trace.summary()
     assert "errors (3 failed element(s) in 1 place(s), 3 element(s) skipped downstream)" in summary
     python_row = next(row for row in summary.splitlines() if row.strip().startswith("python"))
-    assert python_row.split()[-1] == "3"
+    assert python_row.split()[-2] == "3"  # errors, then runs
 
 
 def _synthetic(trace: Trace, spans: list[tuple[float, float]]) -> list:
@@ -312,3 +312,50 @@ def test_requests_and_model_loads_are_stored_with_their_times() -> None:
     assert "model load" in trace.summary()
     data = trace.to_dict()
     assert len(data["requests"]) == 2 and len(data["model_loads"]) == 1
+
+
+def test_a_loop_body_counts_every_iteration() -> None:
+    backend = RecordingBackend(lambda prompt: "x", name="slow-loop", delay=0.2)
+    llm = backend.model()
+    question = outlines.string("question")
+    three = outlines.fn(lambda rolls: rolls.count(";") < 3, name="three")
+    final = outlines.while_loop(three, lambda rolls: rolls + llm(question + rolls) + ";", init="", max_iter=9)
+    with outlines.trace() as t:
+        final.eval({question: ["a", "b"]}, cache=False)
+    assert len(backend.batches) == 3
+    (call,) = [r for r in t.nodes.values() if r.kind == "generate"]
+    assert call.runs == 3 and len(call.batch_ids) == 3
+    assert call.duration >= 3 * 0.2 and call.compute >= 3 * 0.2  # every iteration, not the last one
+    assert call.cache_misses == 6
+    row = next(r for r in t.summary().splitlines() if r.strip().startswith("generate"))
+    count, busy, compute, runs = [row.split()[i] for i in (1, 2, 3, 6)]
+    assert (count, runs) == ("1", "3") and float(busy) >= 0.6 and float(compute) >= 0.6
+    checks = [r.runs for r in t.nodes.values() if r.op == "three"]
+    assert sorted(checks) == [1, 3]  # on the initial state, then in each iteration's body
+
+
+def test_a_failing_loop_body_counts_the_failures_of_every_iteration() -> None:
+    llm = RecordingBackend(lambda prompt: "x", name="fail-loop", fail_on="#x;", max_batch=1).model()
+    question = outlines.string("question")
+    three = outlines.fn(lambda rolls: rolls.count(";") < 3, name="three")
+    final = outlines.while_loop(three, lambda rolls: rolls + llm(question + rolls) + ";", init="", max_iter=9)
+    with outlines.trace() as t:  # "p#" fails at its second iteration (prompt "p#x;"), "q" runs three
+        final.eval({question: ["p#", "q"]}, cache=False, errors="return")
+    (call,) = [r for r in t.nodes.values() if r.kind == "generate"]
+    assert call.runs == 3 and call.failures == 1
+    assert any("1 failed element(s)" in line for line in t.errors)
+
+
+def test_two_models_of_one_backend_class_print_apart_in_the_summary() -> None:
+    small = RecordingBackend(name="meta-llama/Llama-3.1-8B-Instruct-with-a-long-suffix").model()
+    large = RecordingBackend(name="meta-llama/Llama-3.1-70B-Instruct-with-a-long-suffix").model()
+    q = outlines.string("q")
+    with outlines.trace() as t:
+        outlines.eval(small(q), large(q), givens={q: "hi"}, cache=False)
+    lines = [line for line in t.summary().splitlines() if "Llama" in line]
+    assert not any("..." in line for line in lines)
+    rows = [line.split()[:2] for line in lines if not line.strip().startswith("cost")]  # the backend table
+    assert rows == [["recording:", "meta-llama/Llama-3.1-70B-Instruct-with-a-long-suffix"],
+                    ["recording:", "meta-llama/Llama-3.1-8B-Instruct-with-a-long-suffix"]]
+    costs = [line.split(":")[1] for line in lines if line.strip().startswith("cost")]
+    assert len(set(costs)) == 2

@@ -15,7 +15,7 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Mapping
 
 from outlines.graph.basic import Apply, Constant, Variable
 from outlines.graph.traversal import ancestors, toposort
@@ -86,7 +86,7 @@ def _describe_apply(node: Apply, key: str) -> DrawnNode:
     return DrawnNode(key, node.label, op=type(node.op).__name__, **fields)
 
 
-def describe(*variables: Variable, trace: Any = None) -> Drawing:
+def describe(*variables: Variable, trace: Any = None, draws: Mapping[int, tuple[int, int]] | None = None) -> Drawing:
     """The picture of the graph computing ``variables``, as plain data.
 
     Parameters
@@ -96,6 +96,10 @@ def describe(*variables: Variable, trace: Any = None) -> Drawing:
     trace
         Optional ``Trace`` of an evaluation: nodes then carry their time, batch,
         cache hits and errors.
+    draws
+        Optional ``apply.order -> (first, last)`` draw numbers of the model
+        calls (``Plan.draw_numbers``): a call whose draws do not start at 0
+        (another call on the same prompt comes first) says which it takes.
 
     Returns
     -------
@@ -126,6 +130,9 @@ def describe(*variables: Variable, trace: Any = None) -> Drawing:
         keys[id(node)] = _add(drawn, labels, _describe_apply(node, f"n{len(drawn)}"), redact)
         drawn[-1].structure = structure[id(node)]
         _add_shape(drawn[-1], node.outputs[0])
+        span = (draws or {}).get(node.order)
+        if span is not None and span[0] > 0:  # numbered after another call on the same prompt
+            drawn[-1].lines.append(f"draws {span[0]}" + (f"-{span[1]}" if span[1] > span[0] else ""))
         for position, variable in enumerate(node.inputs):
             if id(variable) in inline:
                 name = node.op.argument_name(position, len(node.inputs))

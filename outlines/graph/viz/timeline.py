@@ -123,10 +123,12 @@ def _bars(trace: Any) -> list[Lane]:
                             mark=True), None)
         if record.kind != "python" or record.start is None:
             continue
-        end = record.end if record.end is not None else now
-        details = [record.label, f"{record.start:.3f} s to {end:.3f} s ({_ms(end - record.start)})"]
-        bar = Bar("python", record.start, end, record.op, details, PYTHON_COLOUR, record.label in critical)
-        _add(lanes, bar, record.error)
+        spans = record.spans or [(record.start, record.end)]  # a loop body's node: one bar per iteration
+        for start, finish in spans:
+            end = finish if finish is not None else now
+            details = [record.label, f"{start:.3f} s to {end:.3f} s ({_ms(end - start)})"]
+            bar = Bar("python", start, end, record.op, details, PYTHON_COLOUR, record.label in critical)
+            _add(lanes, bar, record.error)
     ordered = sorted(lanes.values(), key=lambda item: (item.name == "python", item.name.split(": requests")[0].split(": cache hits")[0]))
     for item in ordered:
         item.rows = _pack(item.bars)

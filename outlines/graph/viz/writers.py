@@ -11,7 +11,7 @@ from __future__ import annotations
 import html
 import os
 import shutil
-from typing import Any
+from typing import Any, Mapping
 
 from outlines.errors import install_hint
 from outlines.graph.basic import Variable
@@ -169,10 +169,13 @@ def _ascii(text: str) -> str:
     return text.replace("…", "...").encode("ascii", "replace").decode("ascii")
 
 
-def visualize(*variables: Variable, filename: str | None = None, format: str | None = None, trace: Any = None) -> Any:
-    """``outlines.visualize``: documented there (the public name), implemented here."""
+def visualize(
+    *variables: Variable, filename: str | None = None, format: str | None = None, trace: Any = None,
+    draws: Mapping[int, tuple[int, int]] | None = None,
+) -> Any:
+    """``outlines.visualize``: documented there (the public name), implemented here; ``draws`` as for ``describe``."""
     fmt = _format(filename, format)
-    drawing = describe(*variables, trace=trace)
+    drawing = describe(*variables, trace=trace, draws=draws)
     if fmt in ("mermaid", "ascii"):
         text = to_mermaid(drawing) if fmt == "mermaid" else to_ascii(drawing)
         if filename is not None and filename.endswith(".md"):

@@ -100,3 +100,15 @@ def test_a_loop_with_a_tuple_state_draws_every_state_part_as_loop_state():
     drawing = describe(text, steps)  # the second parameter was once compared with ==, which is symbolic
     states = [box for box in drawing.nodes if box.lines == ["loop state"]]
     assert len(states) == 2 and all(box.cluster for box in states)
+
+
+def test_a_call_numbered_after_another_on_the_same_prompt_shows_its_draws() -> None:
+    import outlines
+    from tests.fixtures.recording import RecordingBackend
+
+    llm = RecordingBackend(name="drawn-numbers").model()
+    q = outlines.string("q")
+    a, b = llm("Q: " + q), llm("Q: " + q, num_samples=2)
+    together = str(outlines.visualize(a, b, format="ascii"))
+    assert together.count("draws 1-2") == 1 and "draws 0" not in together
+    assert "draws" not in str(outlines.visualize(b, format="ascii"))  # alone, b draws 0 and 1
