@@ -130,8 +130,12 @@ class BudgetGuard:
         self.reserved[self.tickets] = (tokens, cost)
         return self.tickets
 
-    def settle(self, ticket: int, backend: Any, usage: tuple[int, int], failed: bool) -> None:
+    def settle(self, ticket: int, backend: Any, usage: Sequence[int], failed: bool) -> None:
         """The batch of ``ticket`` ended: charge its reported ``usage`` instead of its reservation.
+
+        ``usage`` is ``(prompt, completion[, cached, cache_write])`` tokens
+        (``BatchReport.tokens``): cached prompt tokens cost the cached-input
+        price.
 
         A batch that reported no usage is charged its whole reservation if it
         succeeded (its real use is unknown) and nothing if it failed.
@@ -140,7 +144,8 @@ class BudgetGuard:
         if usage[0] or usage[1]:
             price = price_of(backend, self.budget.prices)
             tokens = usage[0] + usage[1]
-            cost = price.cost(*usage) if price is not None else 0.0
+            cost = price.cost(usage[0], usage[1], cached_tokens=usage[2] if len(usage) > 2 else 0,
+                              cache_write_tokens=usage[3] if len(usage) > 3 else 0) if price is not None else 0.0
         elif failed:
             tokens, cost = 0, 0.0
         self.tokens += tokens

@@ -351,7 +351,7 @@ class Batcher:
             error = exc
             raise
         finally:
-            usage = (report.tokens[0], report.tokens[1])
+            usage = tuple(report.tokens)  # prompt, completion, cached, written to a prompt cache
             if ticket is not None and evaluation.budget is not None:
                 evaluation.budget.settle(ticket, backend, usage, failed=error is not None)
             if report.answered_by:  # a fallback chain: which model answered how many draws
