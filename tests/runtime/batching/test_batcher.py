@@ -116,3 +116,33 @@ def test_prompts_that_share_nothing_all_go_at_once_with_the_warm_up_on(caching_s
     llm(question).eval({question: prompts}, cache=False)
     assert caching_server.count == 50 and caching_server.max_in_flight == 50  # nobody waited for a leader
     assert caching_server.cached_tokens == 0
+
+
+# -- bad elements fail alone ---------------------------------------------------------------
+
+
+def test_a_prompt_element_that_is_not_text_fails_alone_and_the_others_are_sent(fake_openai: Any) -> None:
+    import numpy as np
+
+    import outlines
+    from outlines import models
+    from outlines.errors import Failure, NodeError
+
+    m = models.openai("m", base_url=fake_openai.base_url, api_key="sk-test", max_tokens=3)
+    q = outlines.string("q")
+    answer = m(q)
+    out = answer.eval({q: ["ok", None, "fine"]}, errors="return", cache=False)
+    assert out[0] == "ok#0" and out[2] == "fine#0" and fake_openai.count == 2
+    failure = out[1]
+    assert isinstance(failure, Failure) and failure.error_type == "TypeError"
+    assert "index 1" in failure.message and "NoneType" in failure.message and failure.node == answer.owner.label
+    # Samples of a bad element all carry its Failure; a table names the element's row and column.
+    grid = np.array([["a", b"bytes"], [3.5, "d"]], dtype=object)
+    sampled = m(q, num_samples=2, temperature=0.5).eval({q: grid}, errors="return", cache=False)
+    assert sampled.shape == (2, 2, 2) and fake_openai.count == 2 + 2  # one request (n=2) per good element
+    assert [s.startswith("a#") for s in sampled[0, 0]] == [True, True]
+    assert all(isinstance(f, Failure) and "index (0, 1)" in f.message and "bytes" in f.message for f in sampled[0, 1])
+    assert all(isinstance(f, Failure) and "index (1, 0)" in f.message and "float" in f.message for f in sampled[1, 0])
+    with pytest.raises(NodeError, match="the prompt must be text, got NoneType"):  # errors="raise": no request
+        m(q).eval({q: ["ok", None]}, cache=False)
+    assert fake_openai.count == 4
