@@ -259,9 +259,13 @@ class Batcher:
             queue.requeue(rest)
         draws = self._from_cache(queue, draws, members)
         for batch in pack_draws(backend, draws):
-            ticket = self._admit(queue, batch) if self.evaluation.budget is not None else None
-            if ticket != -1:
-                self._dispatch(queue, batch, ticket)
+            if self.evaluation.budget is None:
+                self._dispatch(queue, batch, None)
+                continue
+            for part in self._within_budget(queue, batch):  # what fits goes out, the rest is refused
+                ticket = self._admit(queue, part)
+                if ticket != -1:
+                    self._dispatch(queue, part, ticket)
 
     def _from_cache(self, queue: BatchQueue, draws: DrawBatch, members: Any) -> DrawBatch:
         """Hand the cached draws over; the draws left to send."""
@@ -277,6 +281,18 @@ class Batcher:
         hits = [i for i, value in enumerate(values) if value is not None]
         self._hand_over(queue, draws.take(hits), [values[i] for i in hits], hit=True)
         return draws.take([i for i, value in enumerate(values) if value is None])
+
+    def _within_budget(self, queue: BatchQueue, batch: Batch) -> list[Batch]:
+        """``batch``, or split in two: the leading draws the budget has room for, and the rest (then refused)."""
+        budget = self.evaluation.budget
+        assert budget is not None
+        try:
+            fit = budget.fitting(queue.backend, batch.draws)
+        except Exception:  # noqa: BLE001 - ``_admit`` fails the draws with it
+            return [batch]
+        if fit in (0, len(batch.draws)):
+            return [batch]
+        return [Batch(batch.backend, batch.draws[:fit]), Batch(batch.backend, batch.draws[fit:])]
 
     def _admit(self, queue: BatchQueue, batch: Batch) -> int:
         """The budget's ticket for sending ``batch``, or -1: refused (its draws fail)."""
