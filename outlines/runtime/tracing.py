@@ -281,11 +281,7 @@ class Trace:
     @property
     def tokens_per_backend(self) -> dict[str, tuple[int, int]]:
         """``repr(backend) -> (prompt tokens, completion tokens)`` as reported."""
-        out: dict[str, tuple[int, int]] = {}
-        for b in self.batches:
-            prompt, completion = out.get(b.backend, (0, 0))
-            out[b.backend] = (prompt + b.prompt_tokens, completion + b.completion_tokens)
-        return out
+        return self._per_backend("prompt_tokens", "completion_tokens")
 
     @property
     def cached_tokens(self) -> tuple[int, int]:
@@ -295,10 +291,14 @@ class Trace:
     @property
     def cached_tokens_per_backend(self) -> dict[str, tuple[int, int]]:
         """``repr(backend) -> (cached, cache-write prompt tokens)`` as reported."""
+        return self._per_backend("cached_tokens", "cache_write_tokens")
+
+    def _per_backend(self, first: str, second: str) -> dict[str, tuple[int, int]]:
+        """Two counts of the batches (``BatchRecord`` fields), summed per backend."""
         out: dict[str, tuple[int, int]] = {}
         for b in self.batches:
-            read, written = out.get(b.backend, (0, 0))
-            out[b.backend] = (read + b.cached_tokens, written + b.cache_write_tokens)
+            a, c = out.get(b.backend, (0, 0))
+            out[b.backend] = (a + getattr(b, first), c + getattr(b, second))
         return out
 
     def cost_per_backend(self, prices: Any = None) -> dict[str, float | None]:
