@@ -93,6 +93,8 @@ def test_200_prompts_sharing_a_long_head_are_billed_it_cached_through_eval(cachi
     question = outlines.string("question")
     llm = models.openai("m", base_url=caching_server.base_url, api_key="sk-test", max_tokens=4, temperature=0,
                         max_concurrency=200, prefix_warmup=warm)
+    if not warm:  # long enough for all 200 to arrive before the first answer, even on a busy machine
+        caching_server.latency = 2.0
     with outlines.trace() as trace:
         texts = llm(HEAD + question).eval({question: [f"q{i}" for i in range(200)]}, cache=False)
     assert list(texts) == [HEAD + f"q{i}#0" for i in range(200)] and caching_server.count == 200
@@ -113,6 +115,7 @@ def test_prompts_that_share_nothing_all_go_at_once_with_the_warm_up_on(caching_s
     llm = models.openai("m", base_url=caching_server.base_url, api_key="sk-test", max_tokens=4, temperature=0,
                         max_concurrency=50)
     prompts = [" ".join(f"u{i}v{j}" for j in range(1100)) for i in range(50)]  # long, each its own
+    caching_server.latency = 2.0  # all 50 are in flight together unless one is held back
     llm(question).eval({question: prompts}, cache=False)
     assert caching_server.count == 50 and caching_server.max_in_flight == 50  # nobody waited for a leader
     assert caching_server.cached_tokens == 0
