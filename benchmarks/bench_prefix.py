@@ -10,20 +10,24 @@
     cost at $2.50 per 1M input tokens and $1.25 per 1M cached ones.
     Targets: >= 95% cached; wall <= naive + 1 latency.
 (b) SmolLM2-135M-Instruct (CPU): 64 prompts built from 4 few-shot headers
-    (about 400 tokens each), shuffled, in the scheduler's batches of 32.
+    (about 400 tokens each), shuffled, in the scheduler's batches of 32
+    (arrival order today; prefix groups together with groups).
     Today's one-common-prefix sharing (``group_min_tokens=None``) vs prefix
     groups: prompt tokens computed in prefill, greedy texts and seeded samples
     (must be equal), tokens per second. Target: >= 3x fewer prefill tokens.
 (c) Prompts sharing nothing: (a) on 200 unrelated prompts of 2,000 tokens and
     (b) on 64 unrelated questions; the walls must agree within noise.
 
+Both sides go through ``.eval`` (cache off), so the scheduler's own batches
+are measured: with prefix groups a group's prompts share a batch.
+
 Run: ``.venv/bin/python benchmarks/bench_prefix.py [--quick] [--part a|b|c]``
-(``--quick``: 50 HTTP prompts at 100 ms, 16 local prompts, 8 new tokens).
+(``--quick``: 50 HTTP prompts at 100 ms, 16 local prompts, 8 new tokens;
+``--http N --latency S --local N --new-tokens N --batch N`` set each size).
 """
 from __future__ import annotations
 
 import argparse
-import asyncio
 import random
 import sys
 import time
@@ -36,7 +40,7 @@ sys.path.insert(0, str(ROOT))
 import outlines  # noqa: E402
 from bench_openai import Server  # noqa: E402  # the fake server in a child process
 from outlines import models  # noqa: E402
-from outlines.backends.base import BatchReport, Draw, GenerationParams  # noqa: E402
+from outlines.models import Model  # noqa: E402
 from outlines.backends.usage import Price  # noqa: E402
 
 KEY = "sk-bench"
@@ -107,22 +111,23 @@ def headers(tokenizer: Any) -> list[str]:
     return out
 
 
-def local_run(backend: Any, draws: list[Draw]) -> tuple[list[str], BatchReport, float]:
-    """``draws`` in the scheduler's batches (``max_batch``), one after the other, as ``.eval`` sends them."""
-    report = BatchReport()
-    texts: list[str] = []
+def local_run(backend: Any, prompts: list[str], params: dict[str, Any], samples: int) -> tuple[list[Any], Any, float]:
+    """``prompts`` through ``.eval`` (cache off): the scheduler's own batches; texts, trace and wall."""
+    prompt = outlines.string("prompt")
+    llm = Model(backend, **params)
     start = time.perf_counter()
-    for first in range(0, len(draws), backend.max_batch):
-        texts += asyncio.run(backend.generate(draws[first : first + backend.max_batch], report))
-    return texts, report, time.perf_counter() - start
+    with outlines.trace() as trace:
+        texts = llm(prompt, num_samples=samples).eval({prompt: prompts}, cache=False)
+    return texts.tolist(), trace, time.perf_counter() - start
 
 
-def part_b(count: int, new_tokens: int, shared: bool = True) -> None:
+def part_b(count: int, new_tokens: int, shared: bool = True, batch: int = 32) -> None:
     from outlines.backends.transformers import TransformersBackend
     from outlines.testing import smollm2_gguf
 
-    today = TransformersBackend(smollm2_gguf(), device="cpu", group_min_tokens=None)
-    grouped = TransformersBackend(smollm2_gguf(), device="cpu")
+    today = TransformersBackend(smollm2_gguf(), device="cpu", group_min_tokens=None, max_batch=batch)
+    today.prefix_min_head = None  # as before prefix groups: batches in arrival order
+    grouped = TransformersBackend(smollm2_gguf(), device="cpu", max_batch=batch)
     loaded = grouped.load()
     rng = random.Random(2)
     if shared:
@@ -130,23 +135,25 @@ def part_b(count: int, new_tokens: int, shared: bool = True) -> None:
         sizes = [len(loaded.tokenizer(h)["input_ids"]) for h in found]
         prompts = [found[i % 4] + f"Q: {rng.randint(10, 99)} ? {rng.randint(10, 99)}\nA:" for i in range(count)]
         rng.shuffle(prompts)
-        print(f"\n(b) SmolLM2: {count} prompts from 4 few-shot headers of {sizes} tokens, shuffled, batches of 32")
+        print(f"\n(b) SmolLM2: {count} prompts from 4 few-shot headers of {sizes} tokens, shuffled, batches of {batch}")
     else:
         prompts = [f"Q: what is {rng.randint(100, 999)} plus {rng.randint(100, 999)}? Reply briefly." for _ in range(count)]
-        print(f"\n(c) SmolLM2: {count} prompts sharing nothing but the chat template, batches of 32")
-    greedy = GenerationParams.create(max_tokens=new_tokens, temperature=0)
-    sampled = GenerationParams.create(max_tokens=new_tokens, temperature=0.7, seed=11)
-    local_run(grouped, [Draw(prompts[0], greedy)])  # load and warm up
+        print(f"\n(c) SmolLM2: {count} prompts sharing nothing but the chat template, batches of {batch}")
+    greedy = {"max_tokens": new_tokens, "temperature": 0}
+    sampled = {"max_tokens": new_tokens, "temperature": 0.7, "seed": 11}
+    local_run(grouped, prompts[:1], greedy, 1)  # load and warm up
+    today.load()
     results: dict[str, Any] = {}
     for name, backend in (("today", today), ("groups", grouped)):
-        texts, report, wall = local_run(backend, [Draw(p, greedy) for p in prompts])
-        samples, sample_report, sample_wall = local_run(backend, [Draw(p, sampled, d) for p in prompts for d in range(2)])
-        computed = report.tokens[0] - report.cached_tokens
+        texts, trace, wall = local_run(backend, prompts, greedy, 1)
+        samples, sample_trace, sample_wall = local_run(backend, prompts, sampled, 2)
+        (prompt_tokens, new), cached = trace.tokens, trace.cached_tokens[0]
+        computed = prompt_tokens - cached
         results[name] = (texts, samples, computed)
-        print(f"  {name:>6}: prefill computed {computed:,} of {report.tokens[0]:,} prompt tokens; greedy wall {wall:.1f} s, "
-              f"{(report.tokens[0] + report.tokens[1]) / wall:,.0f} prompt+new tokens/s, {report.tokens[1] / wall:.1f} new "
-              f"tokens/s; 2 seeded samples each: {sample_wall:.1f} s, "
-              f"{(sample_report.tokens[0] + sample_report.tokens[1]) / sample_wall:,.0f} tokens/s")
+        print(f"  {name:>6}: prefill computed {computed:,} of {prompt_tokens:,} prompt tokens "
+              f"in {len(trace.batches)} batches; greedy wall {wall:.1f} s, {(prompt_tokens + new) / wall:,.0f} "
+              f"prompt+new tokens/s, {new / wall:.1f} new tokens/s; 2 seeded samples each: {sample_wall:.1f} s, "
+              f"{sum(sample_trace.tokens) / sample_wall:,.0f} tokens/s")
     same = results["today"][:2] == results["groups"][:2]
     ratio = results["today"][2] / max(results["groups"][2], 1)
     print(f"  prefill tokens today / groups = {ratio:.2f}x{' (target >= 3x)' if shared else ''}; "
@@ -158,16 +165,23 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="small sizes, to check the script")
     parser.add_argument("--part", choices=["a", "b", "c"], action="append", help="run only these parts")
     parser.add_argument("--repeat", type=int, default=3, help="HTTP runs per variant; the best wall is shown")
+    parser.add_argument("--http", type=int, help="HTTP prompts (default 200; --quick: 50)")
+    parser.add_argument("--latency", type=float, help="the server's latency in seconds (default 0.3; --quick: 0.1)")
+    parser.add_argument("--local", type=int, help="SmolLM2 prompts (default 64; --quick: 16)")
+    parser.add_argument("--new-tokens", type=int, help="tokens generated per SmolLM2 draw (default 16; --quick: 8)")
+    parser.add_argument("--batch", type=int, default=32, help="SmolLM2's max_batch (default 32)")
     args = parser.parse_args()
     parts = args.part or ["a", "b", "c"]
     count, latency, local, new_tokens = (50, 0.1, 16, 8) if args.quick else (200, 0.3, 64, 16)
+    count, latency = args.http or count, args.latency or latency
+    local, new_tokens = args.local or local, args.new_tokens or new_tokens
     if "a" in parts:
         part_a(count, latency, args.repeat)
     if "b" in parts:
-        part_b(local, new_tokens)
+        part_b(local, new_tokens, batch=args.batch)
     if "c" in parts:
         part_a(count, latency, args.repeat, shared=False)
-        part_b(local, new_tokens, shared=False)
+        part_b(local, new_tokens, shared=False, batch=args.batch)
 
 
 if __name__ == "__main__":

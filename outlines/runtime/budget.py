@@ -5,9 +5,11 @@ spend. The scheduler's ``Batcher`` asks a ``BudgetGuard`` before it sends each
 batch: the batch needs its prompt tokens (counted by the backend:
 ``Backend.usage_bound``) plus ``max_tokens`` per sample, an upper bound on its
 completion; it goes out only if what is spent, plus what batches in flight may
-still spend, plus that need stays within the budget. Once a batch is refused
-no later batch is sent (``exhausted``): refused draws fail with
-``BudgetExceeded`` ("budget exhausted: ..."). When a batch ends its reservation
+still spend, plus that need stays within the budget. A batch that does not fit
+whole is split (``fitting``): its leading draws that fit go out, the rest is
+refused. Once draws are refused no later batch is sent (``exhausted``):
+refused draws fail with ``BudgetExceeded`` ("budget exhausted: ..."), so a
+budget too small for a whole batch still buys what it can. When a batch ends its reservation
 is replaced by the usage the backend reported (or kept whole when it reported
 none). Cache hits cost nothing, so raising the budget and running again sends
 only what was refused.
@@ -93,6 +95,46 @@ class BudgetGuard:
             )
         return price
 
+    def _need(self, backend: Any, draws: Sequence[Any]) -> tuple[int, float, bool]:
+        """``(tokens, cost, priced)`` sending ``draws`` to ``backend`` may spend, at most."""
+        prompt_tokens, completion = backend.usage_bound(draws)
+        if completion is None:
+            raise ValueError(
+                f"{self.budget!r} needs max_tokens on every model call (it bounds what a completion "
+                f"may cost); a call to {backend!r} sets none"
+            )
+        price = self._price(backend)
+        cost = price.cost(prompt_tokens, completion) if price is not None else 0.0
+        return prompt_tokens + completion, cost, price is not None
+
+    def _fits(self, tokens: int, cost: float) -> bool:
+        in_flight_tokens = sum(t for t, _ in self.reserved.values())
+        in_flight_cost = sum(c for _, c in self.reserved.values())
+        over_tokens = self.budget.tokens is not None and self.tokens + in_flight_tokens + tokens > self.budget.tokens
+        over_cost = self.budget.cost is not None and self.cost + in_flight_cost + cost > self.budget.cost
+        return not (over_tokens or over_cost)
+
+    def fitting(self, backend: Any, draws: Sequence[Any]) -> int:
+        """How many of the leading ``draws`` fit in what is left: all, some (the batch is split) or none.
+
+        Raises
+        ------
+        ValueError
+            As ``admit``.
+        """
+        if self.exhausted is not None:
+            return 0
+        if self._fits(*self._need(backend, draws)[:2]):
+            return len(draws)
+        low, high = 0, len(draws) - 1  # the need grows with the draws: the most that fit, by bisection
+        while low < high:
+            middle = (low + high + 1) // 2
+            if self._fits(*self._need(backend, draws[:middle])[:2]):
+                low = middle
+            else:
+                high = middle - 1
+        return low
+
     def admit(self, backend: Any, draws: Sequence[Any], node: str) -> int:
         """Reserve what sending ``draws`` to ``backend`` may cost; a ticket for ``settle``.
 
@@ -106,23 +148,12 @@ class BudgetGuard:
         """
         if self.exhausted is not None:
             raise self.exhausted.again(node)
-        prompt_tokens, completion = backend.usage_bound(draws)
-        if completion is None:
-            raise ValueError(
-                f"{self.budget!r} needs max_tokens on every model call (it bounds what a completion "
-                f"may cost); a call to {backend!r} sets none"
-            )
-        price = self._price(backend)
-        tokens = prompt_tokens + completion
-        cost = price.cost(prompt_tokens, completion) if price is not None else 0.0
-        in_flight_tokens = sum(t for t, _ in self.reserved.values())
-        in_flight_cost = sum(c for _, c in self.reserved.values())
-        over_tokens = self.budget.tokens is not None and self.tokens + in_flight_tokens + tokens > self.budget.tokens
-        over_cost = self.budget.cost is not None and self.cost + in_flight_cost + cost > self.budget.cost
-        if over_tokens or over_cost:
+        tokens, cost, priced = self._need(backend, draws)
+        if not self._fits(tokens, cost):
             self.exhausted = BudgetExceeded(
-                node, self.budget, spent_tokens=self.tokens + in_flight_tokens, spent_cost=self.cost + in_flight_cost,
-                needed_tokens=tokens, needed_cost=cost if price is not None else None,
+                node, self.budget, spent_tokens=self.tokens + sum(t for t, _ in self.reserved.values()),
+                spent_cost=self.cost + sum(c for _, c in self.reserved.values()),
+                needed_tokens=tokens, needed_cost=cost if priced else None,
                 backend=repr(backend), draws=len(draws),
             )
             raise self.exhausted
@@ -130,8 +161,12 @@ class BudgetGuard:
         self.reserved[self.tickets] = (tokens, cost)
         return self.tickets
 
-    def settle(self, ticket: int, backend: Any, usage: tuple[int, int], failed: bool) -> None:
+    def settle(self, ticket: int, backend: Any, usage: Sequence[int], failed: bool) -> None:
         """The batch of ``ticket`` ended: charge its reported ``usage`` instead of its reservation.
+
+        ``usage`` is ``(prompt, completion[, cached, cache_write])`` tokens
+        (``BatchReport.tokens``): cached prompt tokens cost the cached-input
+        price.
 
         A batch that reported no usage is charged its whole reservation if it
         succeeded (its real use is unknown) and nothing if it failed.
@@ -140,7 +175,8 @@ class BudgetGuard:
         if usage[0] or usage[1]:
             price = price_of(backend, self.budget.prices)
             tokens = usage[0] + usage[1]
-            cost = price.cost(*usage) if price is not None else 0.0
+            cost = price.cost(usage[0], usage[1], cached_tokens=usage[2] if len(usage) > 2 else 0,
+                              cache_write_tokens=usage[3] if len(usage) > 3 else 0) if price is not None else 0.0
         elif failed:
             tokens, cost = 0, 0.0
         self.tokens += tokens

@@ -47,10 +47,16 @@ class Recorder(Protocol):
         """Batch ``batch_id`` of ``size`` draws, for the model calls labelled ``nodes``, went to ``backend``."""
 
     def batch_finished(
-        self, batch_id: int, t: float, error: BaseException | None, usage: tuple[int, int], worker: str | None,
+        self, batch_id: int, t: float, error: BaseException | None, usage: Sequence[int], worker: str | None,
         requests: int = 0,
     ) -> None:
-        """Batch ``batch_id`` came back: its token ``usage``, where it ran, the wire ``requests`` it sent."""
+        """Batch ``batch_id`` came back: its token ``usage``, where it ran, the wire ``requests`` it sent.
+
+        ``usage`` is ``(prompt, completion, cached, cache_write)`` tokens as
+        the backend reported them (``BatchReport.tokens``): cached and
+        cache-write tokens are the parts of the prompt tokens read from and
+        written to a prompt cache.
+        """
 
     def request_finished(
         self, batch_id: int, start: float, end: float, error: BaseException | None = None, model: str | None = None
@@ -88,7 +94,7 @@ class Listener:
     def batch_started(self, batch_id: int, backend: Any, nodes: list[Any], size: int, t: float) -> None: ...
 
     def batch_finished(
-        self, batch_id: int, t: float, error: BaseException | None, usage: tuple[int, int], worker: str | None,
+        self, batch_id: int, t: float, error: BaseException | None, usage: Sequence[int], worker: str | None,
         requests: int = 0,
     ) -> None: ...
 
@@ -142,7 +148,7 @@ class FanOut:
             listener.batch_started(batch_id, backend, nodes, size, t)
 
     def batch_finished(
-        self, batch_id: int, t: float, error: BaseException | None, usage: tuple[int, int], worker: str | None,
+        self, batch_id: int, t: float, error: BaseException | None, usage: Sequence[int], worker: str | None,
         requests: int = 0,
     ) -> None:
         for listener in self.listeners:

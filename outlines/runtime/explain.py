@@ -42,6 +42,14 @@ the calls on the same prompt (same backend and params) among the Variables
 evaluated together, in creation order: ``b.eval()`` alone draws 0 where
 ``outlines.eval(a, b)`` gives ``b`` draw 1 when ``a`` is the same call built
 first (see docs/guides/cache.md, "What a draw number depends on").
+
+Cached prompt tokens are an estimate (``_estimated_cached``), never part of an
+exact prediction: per prefix group of a predicted batch
+(``backends.prefix.prefix_groups``), its shared head for each prompt but the
+one that first carries it. A provider keeps a head cached across batches (the
+warm-up sends one request per head first), a local model only within one.
+What a provider really caches depends on its own rules (OpenAI's 128-token
+steps, eviction after minutes), so the run's trace reports the real counts.
 """
 from __future__ import annotations
 
@@ -51,7 +59,8 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from outlines.backends.base import Slot
+from outlines.backends.base import Backend, DrawBatch, Slot
+from outlines.backends.prefix import prefix_groups
 from outlines.backends.usage import PriceTable, price_of
 from outlines.graph.basic import Variable
 from outlines.graph.control import WhileLoop
@@ -86,6 +95,8 @@ class PredictedBatch:
     completion_tokens: int | None = 0
     #: Wire requests (a chat batch sends one per prompt); unknown prompts count one each.
     wire_requests: int = 1
+    #: Of ``prompt_tokens``: an estimate of those a prompt cache or shared prefill serves (``_estimated_cached``).
+    cached_tokens: int = 0
 
 
 @dataclass
@@ -97,6 +108,8 @@ class BackendUsage:
     draws: int = 0
     requests: int = 0
     prompt_tokens: int = 0
+    #: Of ``prompt_tokens``: an estimate of those read from a prompt cache (or a shared prefill).
+    cached_tokens: int = 0
     #: Upper bound (``max_tokens`` x samples); ``None`` where a call sets no ``max_tokens``.
     completion_tokens: int | None = 0
     #: Prompt tokens counted with the model's tokenizer (else the 4-characters estimate).
@@ -210,6 +223,11 @@ class Explanation:
         return sum(u.prompt_tokens for u in self.usage.values())
 
     @property
+    def cached_tokens(self) -> int:
+        """An estimate of the prompt tokens a prompt cache or a shared prefill will serve (see the module docstring)."""
+        return sum(u.cached_tokens for u in self.usage.values())
+
+    @property
     def completion_tokens(self) -> int | None:
         """Upper bound of the completion tokens (``None``: some call sets no ``max_tokens``)."""
         bounds = [u.completion_tokens for u in self.usage.values()]
@@ -307,9 +325,10 @@ class Explanation:
             cost = "" if usage.cost is None else f"; cost <= {usage.cost:.6g} (prompts {usage.prompt_cost:.6g})"
             if usage.quirks:
                 cost += f"; server quirks known: {', '.join(usage.quirks)} (requests counted with them)"
+            cached = f", about {usage.cached_tokens} of them cached (an estimate)" if usage.cached_tokens else ""
             lines.append(
                 f"  {names.get(name, name)}: {usage.requests} request(s) in {usage.batches} batch(es); tokens: "
-                f"{usage.prompt_tokens} prompt ({counted}), completion {bound}{cost}"
+                f"{usage.prompt_tokens} prompt ({counted}){cached}, completion {bound}{cost}"
             )
         if self.unknown_draws:
             lines.append(
@@ -561,6 +580,7 @@ class _DryRun:
             labels = [label for label, _ in self.nodes[key]]
             backend, max_tokens = queue.backend, key[2].max_tokens
             draws, _ = queue.take()
+            warm: set[str] = set()  # heads a provider holds from an earlier batch of this queue
             for batch in pack_draws(backend, draws, self.unknown[key]):
                 known, unknown = batch.draws, batch.unknown
                 prompt_tokens, completion = backend.usage_bound(known) if known else (0, 0)
@@ -570,7 +590,7 @@ class _DryRun:
                 if unknown:  # an HTTP backend: one request per unknown prompt at most; others: one call
                     requests += unknown if backend.sends_requests else (0 if known else 1)
                 out.append(PredictedBatch(repr(backend), key[0], batch.size, unknown, list(labels), prompt_tokens,
-                                          completion, requests))
+                                          completion, requests, _estimated_cached(backend, known, warm)))
         return out
 
     def usage(self, batches: list[PredictedBatch], prices: Any) -> dict[str, BackendUsage]:
@@ -583,6 +603,7 @@ class _DryRun:
             usage.draws += batch.size
             usage.requests += batch.wire_requests
             usage.prompt_tokens += batch.prompt_tokens
+            usage.cached_tokens += batch.cached_tokens
             usage.exact = backends[batch.backend].tokens_exact
             usage.unknown_prompts += batch.unknown
             if usage.completion_tokens is not None:
@@ -592,7 +613,7 @@ class _DryRun:
             usage.quirks = sorted(getattr(backends[name], "known_quirks", ()))
             price = price_of(backends[name], prices)
             if price is not None:
-                usage.prompt_cost = price.cost(usage.prompt_tokens, 0)
+                usage.prompt_cost = price.cost(usage.prompt_tokens, 0, cached_tokens=usage.cached_tokens)
                 if usage.completion_tokens is not None:
                     usage.completion_cost = price.cost(0, usage.completion_tokens)
         return dict(sorted(out.items()))
@@ -607,6 +628,38 @@ class _DryRun:
 
 
 _CORE = re.compile(r"\(([^()]*)\)")
+
+
+def _estimated_cached(backend: Backend, draws: DrawBatch, warm: set[str]) -> int:
+    """Prompt tokens of one batch that a prompt cache or a shared prefill would serve: an estimate.
+
+    Each prefix group's head (``Backend.prefix_min_head`` characters or more,
+    and ``cache_min_tokens`` tokens where the backend has such a minimum) is
+    paid by its first prompt and served to the others; a provider
+    (``sends_requests``) also serves it to the first prompt once an earlier
+    batch of the queue carried it (``warm``, updated here).
+    """
+    min_head = backend.prefix_min_head
+    if min_head is None or not draws:
+        return 0
+    prompts = list(dict.fromkeys(draws.prompts))  # a prompt's samples read its head once it is there
+    try:
+        found = prefix_groups(prompts, min_head)
+    except TypeError:  # prompts that are not all text: no head to estimate
+        return 0
+    least = getattr(backend, "cache_min_tokens", 1)
+    cached = 0
+    for head, members in found.groups():
+        text = prompts[members[0]][:head]
+        if head < min_head or not isinstance(text, str):
+            continue
+        tokens = backend.count_tokens(text)
+        if tokens < least:
+            continue
+        cached += tokens * (len(members) - (0 if text in warm else 1))
+        if backend.sends_requests:
+            warm.add(text)
+    return cached
 
 
 def _output_shapes(node: Any, shapes: list[Any]) -> list[Any]:

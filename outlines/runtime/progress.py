@@ -23,7 +23,7 @@ import html
 import math
 import sys
 import time
-from typing import Any, AsyncIterator, Protocol, TextIO
+from typing import Any, AsyncIterator, Protocol, Sequence, TextIO
 
 from outlines.runtime.events import Listener
 
@@ -68,7 +68,7 @@ class Counter(Listener):
         self.running[batch_id] = size
 
     def batch_finished(
-        self, batch_id: int, t: float, error: BaseException | None, usage: tuple[int, int], worker: str | None,
+        self, batch_id: int, t: float, error: BaseException | None, usage: Sequence[int], worker: str | None,
         requests: int = 0,
     ) -> None:
         size = self.running.pop(batch_id, 0)

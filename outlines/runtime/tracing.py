@@ -16,7 +16,7 @@ import json
 import os
 import time
 from dataclasses import asdict, dataclass, field
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterator, Sequence
 
 from outlines.labels import apart, label_of
 from outlines.runtime.events import NULL, Listener, Recorder
@@ -132,6 +132,10 @@ class BatchRecord:
     worker: str | None = None
     prompt_tokens: int = 0
     completion_tokens: int = 0
+    #: Of the prompt tokens: read from a prompt cache (OpenAI's ``cached_tokens``,
+    #: Anthropic's cache reads, a local model's shared prefill) and written to one.
+    cached_tokens: int = 0
+    cache_write_tokens: int = 0
     error: str | None = None
     #: Wire requests the backend reported (``BatchReport.request``); 0: not reported.
     requests: int = 0
@@ -296,26 +300,45 @@ class Trace:
     @property
     def tokens_per_backend(self) -> dict[str, tuple[int, int]]:
         """``repr(backend) -> (prompt tokens, completion tokens)`` as reported."""
+        return self._per_backend("prompt_tokens", "completion_tokens")
+
+    @property
+    def cached_tokens(self) -> tuple[int, int]:
+        """(prompt tokens read from a prompt cache, prompt tokens written to one) reported by backends."""
+        return (sum(b.cached_tokens for b in self.batches), sum(b.cache_write_tokens for b in self.batches))
+
+    @property
+    def cached_tokens_per_backend(self) -> dict[str, tuple[int, int]]:
+        """``repr(backend) -> (cached, cache-write prompt tokens)`` as reported."""
+        return self._per_backend("cached_tokens", "cache_write_tokens")
+
+    def _per_backend(self, first: str, second: str) -> dict[str, tuple[int, int]]:
+        """Two counts of the batches (``BatchRecord`` fields), summed per backend."""
         out: dict[str, tuple[int, int]] = {}
         for b in self.batches:
-            prompt, completion = out.get(b.backend, (0, 0))
-            out[b.backend] = (prompt + b.prompt_tokens, completion + b.completion_tokens)
+            a, c = out.get(b.backend, (0, 0))
+            out[b.backend] = (a + getattr(b, first), c + getattr(b, second))
         return out
 
     def cost_per_backend(self, prices: Any = None) -> dict[str, float | None]:
         """``repr(backend) -> money`` spent, from reported usage: the model's ``price``, else ``prices[model name]``.
 
         ``None`` for a backend without a price, or that reported no usage
-        (a ``from_function`` model): its cost is unknown, not zero.
+        (a ``from_function`` model): its cost is unknown, not zero. Cached
+        prompt tokens cost the price's ``cached_input``, tokens written to a
+        prompt cache its ``cache_write`` (each ``input`` when unset).
         """
         from outlines.backends.usage import Price
 
         out: dict[str, float | None] = {}
+        cached = self.cached_tokens_per_backend
         for name, (prompt, completion) in self.tokens_per_backend.items():
             model, own = self.models.get(name, (name, None))
             price = own if own is not None else (prices or {}).get(model, (prices or {}).get(name))
             reported = prompt or completion
-            out[name] = None if price is None or not reported else Price.of(price).cost(prompt, completion)
+            read, written = cached.get(name, (0, 0))
+            out[name] = None if price is None or not reported else Price.of(price).cost(
+                prompt, completion, cached_tokens=read, cache_write_tokens=written)
         return out
 
     def cost(self, prices: Any = None) -> float | None:
@@ -360,6 +383,8 @@ class Trace:
             "cache_misses": self.cache_misses,
             "prompt_tokens": prompt_tokens,
             "completion_tokens": completion_tokens,
+            "cached_tokens": self.cached_tokens[0],
+            "cache_write_tokens": self.cached_tokens[1],
             "cost": self.cost(),
             "errors": list(self.errors),
             "nodes": [dict(asdict(n), queued=n.queued) for n in self.nodes.values()],
@@ -427,12 +452,16 @@ class Trace:
             lines.append(f"  {loop}: {len(records)} iteration(s), active elements {active}")
         prompt_tokens, completion_tokens = self.tokens
         lines.append(f"  cache: {self.cache_hits} hit(s), {self.cache_misses} miss(es)")
-        lines.append(f"  tokens: {prompt_tokens} prompt, {completion_tokens} completion")
+        read, written = self.cached_tokens
+        cached = f" ({read} cached" + (f", {written} written to the prompt cache)" if written else ")") if read or written else ""
+        lines.append(f"  tokens: {prompt_tokens} prompt{cached}, {completion_tokens} completion")
+        per_backend = self.cached_tokens_per_backend
         for name, cost in self.cost_per_backend(prices).items():
             used = self.tokens_per_backend[name]
             shown = names.get(name, name)
             if cost is not None:
-                lines.append(f"  cost {shown}: {cost:.6g} ({used[0]} prompt + {used[1]} completion tokens)")
+                part = f", {per_backend[name][0]} of them cached" if per_backend[name][0] else ""
+                lines.append(f"  cost {shown}: {cost:.6g} ({used[0]} prompt{part} + {used[1]} completion tokens)")
             elif not any(used):
                 lines.append(f"  cost {shown}: unknown (no usage reported)")
         wall, path = self.wall, self.critical_path
@@ -636,7 +665,7 @@ class _EvalRecorder(Listener):
         batch_id: int,
         t: float,
         error: BaseException | None,
-        usage: tuple[int, int],
+        usage: Sequence[int],
         worker: str | None,
         requests: int = 0,
     ) -> None:
@@ -646,6 +675,8 @@ class _EvalRecorder(Listener):
         record.end = self.trace._time(t)
         record.error = _first_line(error)
         record.prompt_tokens, record.completion_tokens = int(usage[0]), int(usage[1])
+        if len(usage) > 3:
+            record.cached_tokens, record.cache_write_tokens = int(usage[2]), int(usage[3])
         record.worker = worker
         record.requests = requests
 

@@ -44,19 +44,52 @@ def completion(server: FakeOpenAI, **options: Any) -> models.Model:
     )
 
 
-def test_budget_stops_sending_within_one_batch_of_the_limit(server: FakeOpenAI, tmp_path: Any) -> None:
+def test_budget_stops_sending_within_one_draw_of_the_limit(server: FakeOpenAI, tmp_path: Any) -> None:
     q = outlines.string("q")
     llm = completion(server)
-    # Room for two batches sent together (2 * 32 = 64), not a third.
+    # Room for two batches sent together (2 * 32 = 64) and 3 draws of a third (3 * 8 = 24 of the 31 left).
     budget = Budget(tokens=2 * PER_BATCH + PER_BATCH - 1)
     with outlines.trace() as trace:
         values = llm(q).eval({"q": PROMPTS}, cache=Cache(tmp_path), errors="return", budget=budget)
-    assert len(server.requests) == 2
+    assert [len(r.body["prompt"]) for r in server.requests] == [4, 4, 3]
     failures = [v for v in values if isinstance(v, outlines.Failure)]
-    assert len(failures) == 8 and all(f.error_type == "BudgetExceeded" for f in failures)
+    assert len(failures) == 5 and all(f.error_type == "BudgetExceeded" for f in failures)
     assert failures[0].message.startswith("budget exhausted")
-    assert sum(trace.tokens) == 2 * 20  # actual usage of the two batches sent
-    assert budget.tokens - 2 * PER_BATCH < PER_BATCH  # the unspent room was less than one batch
+    assert sum(trace.tokens) == 2 * 20 + 3 * 5  # actual usage of what was sent
+    assert budget.tokens - 2 * PER_BATCH - 3 * PER_BATCH // 4 < PER_BATCH // 4  # less than a draw left unspent
+
+
+def test_a_budget_with_room_for_3_of_8_draws_of_one_batch_sends_those_and_a_rerun_pays_for_the_rest(
+    tmp_path: Any,
+) -> None:
+    with FakeOpenAI(tokenizer=words, reply=lambda prompt, sample, body: "short answer") as server:
+        llm = models.openai_completion("fake", base_url=server.base_url, api_key="sk-budget", max_batch=8,
+                                       max_tokens=5, tokenizer=words, max_retries=0)
+        q = outlines.string("q")
+        cache = Cache(tmp_path)
+        # One batch of 8 draws needs 8 * (3 + 5) = 64 tokens; the budget holds 3 draws and most of a fourth.
+        values = llm(q).eval({"q": PROMPTS[:8]}, cache=cache, errors="return", budget=Budget(tokens=3 * 8 + 7))
+        assert [r.body["prompt"] for r in server.requests] == [PROMPTS[:3]]
+        assert list(values[:3]) == ["short answer"] * 3
+        refused = list(values[3:])
+        assert all(isinstance(f, outlines.Failure) and f.error_type == "BudgetExceeded" for f in refused)
+        assert "the next batch (5 draw(s)" in refused[0].message
+        first_tokens = server.prompt_tokens
+        assert first_tokens == 3 * 3
+        server.reset()
+        with outlines.trace() as trace:
+            again = llm(q).eval({"q": PROMPTS[:8]}, cache=cache)  # no budget: only the refused 5 go out
+        assert list(again) == ["short answer"] * 8
+        assert [r.body["prompt"] for r in server.requests] == [PROMPTS[3:8]]
+        assert server.prompt_tokens == 5 * 3 and trace.tokens == (5 * 3, 5 * 2)
+        # With errors="raise" the admitted part is sent and cached before the refusal is raised.
+        server.reset()
+        with pytest.raises(BudgetExceeded):
+            llm(q).eval({"q": PROMPTS[8:16]}, cache=cache, budget=Budget(tokens=3 * 8 + 7))
+        assert [r.body["prompt"] for r in server.requests] == [PROMPTS[8:11]]
+        server.reset()
+        llm(q).eval({"q": PROMPTS[8:16]}, cache=cache)
+        assert [r.body["prompt"] for r in server.requests] == [PROMPTS[11:16]]
 
 
 def test_usage_reported_by_finished_batches_frees_room_for_later_ones(server: FakeOpenAI, tmp_path: Any) -> None:

@@ -173,3 +173,28 @@ def test_explain_predicts_requests_from_the_quirks_known_of_the_server(construct
         assert plan.usage[repr(llm.backend)].quirks == sorted(quirks.known(server.base_url))
         assert "server quirks known: ignores_n" in plan.summary()
     quirks.forget()
+
+
+def test_cached_tokens_are_estimated_before_the_run_and_said_to_be_an_estimate() -> None:
+    from tests.fixtures.fake_openai import pieces
+
+    head = "".join(f"w{i % 10}x " for i in range(1500))  # 1,500 tokens of 4 characters, for both sides
+    price = Price(2.0, 8.0, cached_input=0.5)
+    with FakeOpenAI(tokenizer=pieces, latency=0.05) as fake:
+        llm = models.openai("fake", base_url=fake.base_url, api_key="sk-x", tokenizer=pieces, max_tokens=2,
+                            max_batch=4, price=price)
+        q = outlines.string("q")
+        questions = [f"question {i:02d}?" for i in range(10)]
+        plan = outlines.explain(llm(head + q), givens={q: questions}, cache=False)
+        usage = plan.usage[repr(llm.backend)]
+        # 9 of the 10 prompts read the head the first one carries, across the 3 batches.
+        assert usage.cached_tokens == plan.cached_tokens == 9 * len(pieces(head + "question "))
+        assert plan.exact and "of them cached (an estimate)" in plan.summary()
+        assert usage.prompt_cost == pytest.approx(price.cost(usage.prompt_tokens, 0, cached_tokens=usage.cached_tokens))
+        with outlines.trace() as trace:
+            llm(head + q).eval({q: questions}, cache=False)
+        # The server caches whole 128-token steps of the head: the estimate is at most one step per prompt more.
+        assert 0 < fake.cached_tokens <= plan.cached_tokens < fake.cached_tokens + 9 * 128
+        assert trace.cached_tokens[0] == fake.cached_tokens
+    unrelated = outlines.explain(llm(q), givens={q: [head[i:] + "?" for i in range(0, 40, 4)]}, cache=False)
+    assert unrelated.cached_tokens == 0 and "cached" not in unrelated.summary()

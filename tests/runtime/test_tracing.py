@@ -147,12 +147,35 @@ def test_json_has_the_documented_fields_and_no_secret(tmp_path) -> None:
         "failures", "skipped", "computing", "queued", "structure", "spans",
     }
     assert set(data["batches"][0]) == {
-        "id", "backend", "size", "start", "end", "nodes", "worker", "prompt_tokens", "completion_tokens", "error", "requests",
-        "answered_by",
+        "id", "backend", "size", "start", "end", "nodes", "worker", "prompt_tokens", "completion_tokens", "cached_tokens",
+        "cache_write_tokens", "error", "requests", "answered_by",
     }
     assert data["batches"][0]["id"] == 1 and data["nodes"][1]["batch_ids"] == [1]
     assert trace.critical_path == pytest.approx(0.2)
     assert trace.wall == pytest.approx(0.3)
+
+
+def test_cached_tokens_are_recorded_per_batch_shown_in_the_summary_and_priced_as_cached_input(fake_openai) -> None:
+    from outlines.backends.usage import Price
+
+    head = " ".join(f"w{i}" for i in range(1100)) + " "  # past the fake's 1,024-token cache minimum
+    price = Price(2.0, 8.0, cached_input=0.5)
+    llm = models.openai("gpt-test", base_url=fake_openai.base_url, api_key="sk-test", max_tokens=2, max_batch=2,
+                        price=price)
+    q = outlines.string("q")
+    with outlines.trace() as trace:
+        llm(head + q).eval({q: ["a", "b", "c", "d"]}, cache=False)
+    cached = [batch.cached_tokens for batch in trace.batches]
+    assert sum(cached) == fake_openai.cached_tokens >= 3 * 1024 and len(cached) == 2  # one leader missed
+    assert all(batch.cache_write_tokens == 0 for batch in trace.batches)  # OpenAI reports no writes
+    prompt, completion = trace.tokens
+    assert trace.cached_tokens == (fake_openai.cached_tokens, 0)
+    assert trace.cost() == pytest.approx(price.cost(prompt, completion, cached_tokens=fake_openai.cached_tokens))
+    assert trace.cost() < Price(2.0, 8.0).cost(prompt, completion)
+    summary = trace.summary()
+    assert f"tokens: {prompt} prompt ({fake_openai.cached_tokens} cached), {completion} completion" in summary
+    assert f"{fake_openai.cached_tokens} of them cached" in summary
+    assert json.loads(json.dumps(trace.to_dict()))["cached_tokens"] == fake_openai.cached_tokens
 
 
 def test_timeline_delegates(monkeypatch, tmp_path) -> None:

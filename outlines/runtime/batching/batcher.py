@@ -157,13 +157,12 @@ class Batcher:
             self.schedule.finish(index, prompt.skipped(node.label, op.name))
             return
         settled: dict[int, Any] = {}
-        if self.return_failures and failed_input and isinstance(prompt, np.ndarray):
-            members = self.plan.members.get(id(node))  # a stacked node: each element stands for a call
-            for element, value in enumerate(prompt.reshape(-1).tolist()):
-                if isinstance(value, Failure):
-                    settled[element] = value.skipped(members[element].label if members else node.label, op.name)
+        if self.return_failures and isinstance(prompt, np.ndarray):
+            settled = self._settled(node, prompt, failed_input)
             if settled:
-                prompt = np.where(np.vectorize(lambda x: isinstance(x, Failure), otypes=[bool])(prompt), "", prompt)
+                flat = prompt.reshape(-1).copy()
+                flat[list(settled)] = ""  # a placeholder: settled elements are never drawn
+                prompt = flat.reshape(prompt.shape)
         offset = self.plan.draw_offsets.get(id(node), 0) + self.evaluation.draw_shift
         shape, prompts, numbers = op.columns(prompt, offset)
         slots = [queue.slot_of(op.params, number) for number in numbers]
@@ -182,6 +181,31 @@ class Batcher:
                     joined.add(id(slot))
         if not wait.missing:
             self._finish(wait)
+
+    def _settled(self, node: Apply, prompt: np.ndarray, failed_input: bool) -> dict[int, Failure]:
+        """The elements of ``prompt`` that fail before anything is sent (``errors="return"``), by flat index.
+
+        An element whose input failed upstream is skipped; one that is not
+        text fails alone, naming its index and type: the others are drawn.
+        """
+        values = prompt.reshape(-1).tolist()
+        if not failed_input and not set(map(type, values)) - {str}:  # the usual prompt: one C-speed pass
+            return {}
+        op: Any = node.op
+        members = self.plan.members.get(id(node))  # a stacked node: each element stands for a call
+        settled: dict[int, Failure] = {}
+        for element, value in enumerate(values):
+            if isinstance(value, str):
+                continue
+            label = members[element].label if members else node.label
+            if isinstance(value, Failure):
+                settled[element] = value.skipped(label, op.name)
+                continue
+            where = np.unravel_index(element, prompt.shape)
+            at = where[0] if len(where) == 1 else tuple(int(i) for i in where)
+            error = TypeError(f"the prompt at index {at} must be text, got {type(value).__name__} {value!r:.60}")
+            settled[element] = Failure.from_exception(label, op.name, error)
+        return settled
 
     def _from_memory(self, op: Any, wait: Wait, slot: SlotQueue) -> bool:
         """Finish ``wait`` from the cache's memory when it holds every one of its draws."""
@@ -235,9 +259,13 @@ class Batcher:
             queue.requeue(rest)
         draws = self._from_cache(queue, draws, members)
         for batch in pack_draws(backend, draws):
-            ticket = self._admit(queue, batch) if self.evaluation.budget is not None else None
-            if ticket != -1:
-                self._dispatch(queue, batch, ticket)
+            if self.evaluation.budget is None:
+                self._dispatch(queue, batch, None)
+                continue
+            for part in self._within_budget(queue, batch):  # what fits goes out, the rest is refused
+                ticket = self._admit(queue, part)
+                if ticket != -1:
+                    self._dispatch(queue, part, ticket)
 
     def _from_cache(self, queue: BatchQueue, draws: DrawBatch, members: Any) -> DrawBatch:
         """Hand the cached draws over; the draws left to send."""
@@ -253,6 +281,18 @@ class Batcher:
         hits = [i for i, value in enumerate(values) if value is not None]
         self._hand_over(queue, draws.take(hits), [values[i] for i in hits], hit=True)
         return draws.take([i for i, value in enumerate(values) if value is None])
+
+    def _within_budget(self, queue: BatchQueue, batch: Batch) -> list[Batch]:
+        """``batch``, or split in two: the leading draws the budget has room for, and the rest (then refused)."""
+        budget = self.evaluation.budget
+        assert budget is not None
+        try:
+            fit = budget.fitting(queue.backend, batch.draws)
+        except Exception:  # noqa: BLE001 - ``_admit`` fails the draws with it
+            return [batch]
+        if fit in (0, len(batch.draws)):
+            return [batch]
+        return [Batch(batch.backend, batch.draws[:fit]), Batch(batch.backend, batch.draws[fit:])]
 
     def _admit(self, queue: BatchQueue, batch: Batch) -> int:
         """The budget's ticket for sending ``batch``, or -1: refused (its draws fail)."""
@@ -351,7 +391,7 @@ class Batcher:
             error = exc
             raise
         finally:
-            usage = (report.tokens[0], report.tokens[1])
+            usage = tuple(report.tokens)  # prompt, completion, cached, written to a prompt cache
             if ticket is not None and evaluation.budget is not None:
                 evaluation.budget.settle(ticket, backend, usage, failed=error is not None)
             if report.answered_by:  # a fallback chain: which model answered how many draws

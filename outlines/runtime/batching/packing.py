@@ -7,16 +7,25 @@ are a group that never splits unless it alone exceeds the backend's
 ``max_batch``. The batcher sends these records; ``explain`` makes them with
 the same call on the draws it predicts (adding the groups of prompts it
 cannot know, ``unknown``), so it reads the plan the batcher would make.
+
+Prompts that share a long head (``Backend.prefix_min_head`` characters: a
+provider's prompt cache, a local model's shared prefill) are one *prefix
+group* (``outlines.backends.prefix.prefix_groups``): ``prefix_ordered`` puts
+each group's prompts next to each other (``take`` does it for every round),
+and packing keeps a group in one batch unless it alone exceeds ``max_batch``;
+then it is cut between prompts, as any run of prompts is.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Sequence
+from itertools import accumulate
+from typing import Any, Sequence
 
 from outlines.backends.base import Backend, DrawBatch
 from outlines.backends.packing import pack
+from outlines.backends.prefix import PrefixGroups, prefix_groups
 
-__all__ = ["Batch", "group_sizes", "pack_draws", "whole_batches"]
+__all__ = ["Batch", "group_sizes", "pack_draws", "prefix_ordered", "whole_batches"]
 
 
 @dataclass(frozen=True)
@@ -53,13 +62,82 @@ def group_sizes(draws: DrawBatch) -> list[int]:
     return sizes
 
 
+def _runs(draws: DrawBatch) -> tuple[list[int], list[Any]]:
+    """Each prompt's run of draws: its size and its prompt."""
+    sizes = group_sizes(draws)
+    if len(sizes) == len(draws):
+        return sizes, draws.prompts
+    return sizes, [draws.prompts[start] for start in accumulate(sizes[:-1], initial=0)]
+
+
+def _prefix_groups(backend: Backend, prompts: list[Any]) -> PrefixGroups | None:
+    """The prefix groups of these prompts for ``backend``; ``None`` when no two share a head worth keeping together."""
+    min_head = backend.prefix_min_head
+    if min_head is None or len(prompts) < 2:
+        return None
+    try:
+        found = prefix_groups(prompts, min_head)
+    except TypeError:  # prompts that are not all text: there is no head to share
+        return None
+    return None if len(found.sizes) == len(prompts) else found
+
+
+def prefix_ordered(backend: Backend, draws: DrawBatch) -> DrawBatch:
+    """``draws`` (each prompt's draws adjacent) with each prefix group's prompts next to each other.
+
+    Groups come in the order of their first prompt and keep their prompts'
+    order; ``draws`` itself when nothing moves (the backend gains nothing
+    from shared heads, or no two prompts share one).
+
+    Examples
+    --------
+    >>> from outlines.backends.base import GenerationParams
+    >>> from outlines.backends.function import FunctionBackend
+    >>> backend = FunctionBackend(lambda p: p)
+    >>> backend.prefix_min_head = 8
+    >>> head = "Translate to French: "
+    >>> draws = DrawBatch([head + "cat", "Hello", head + "dog"], [GenerationParams()] * 3, [0] * 3)
+    >>> prefix_ordered(backend, draws).prompts
+    ['Translate to French: cat', 'Translate to French: dog', 'Hello']
+    """
+    sizes, prompts = _runs(draws)
+    found = _prefix_groups(backend, prompts)
+    if found is None or found.order == list(range(len(prompts))):
+        return draws
+    if len(sizes) == len(draws):
+        return draws.take(found.order)
+    starts = list(accumulate(sizes, initial=0))
+    return draws.take([position for run in found.order for position in range(starts[run], starts[run + 1])])
+
+
+def _units(backend: Backend, draws: DrawBatch) -> list[int]:
+    """What ``pack`` packs: each prompt's run, or a whole prefix group where it fits in one batch."""
+    sizes, prompts = _runs(draws)
+    max_batch = backend.max_batch
+    found = _prefix_groups(backend, prompts) if max_batch is not None else None
+    if found is None or found.order != list(range(len(prompts))):  # no groups, or not ordered by them
+        return sizes
+    units: list[int] = []
+    start = 0
+    for count in found.sizes:
+        part = sizes[start : start + count]
+        start += count
+        total = sum(part)
+        if total <= max_batch:  # type: ignore[operator]  # checked above
+            units.append(total)
+        else:  # too big for one batch: cut between its prompts
+            units.extend(part)
+    return units
+
+
 def pack_draws(backend: Backend, draws: DrawBatch, unknown: Sequence[int] = ()) -> list[Batch]:
     """The calls to ``backend`` that send ``draws`` (each prompt's draws adjacent, as ``take`` gives them).
 
+    A prefix group (see the module docstring) stays in one call when it fits.
     ``unknown`` are the sizes of groups of draws whose prompts a dry run
     cannot know; they are packed after the known ones.
     """
-    counts = pack([*group_sizes(draws), *unknown], backend.max_batch)
+    counts = pack([*_units(backend, draws), *unknown], backend.max_batch)
     if len(counts) == 1 and not unknown:
         return [Batch(backend, draws)]
     batches, start, known = [], 0, len(draws)
@@ -72,6 +150,6 @@ def pack_draws(backend: Backend, draws: DrawBatch, unknown: Sequence[int] = ()) 
 
 def whole_batches(backend: Backend, draws: DrawBatch) -> tuple[DrawBatch, DrawBatch]:
     """``draws`` cut after its last full batch: (the draws of the full batches, the rest)."""
-    counts = pack(group_sizes(draws), backend.max_batch)
+    counts = pack(_units(backend, draws), backend.max_batch)
     cut = sum(counts) - (counts[-1] if counts and counts[-1] < (backend.max_batch or 0) else 0)
     return draws[:cut], draws[cut:]

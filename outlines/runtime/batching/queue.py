@@ -9,7 +9,9 @@ each draw pending or in flight (``outlines.runtime.batching.waiting``).
 window starts then) and ``unready`` counts the plan's model calls on it not
 dispatched yet (while some are, and other work runs, the window may stay
 open). ``take`` empties the queue into one ``DrawBatch``, each prompt's
-samples next to each other: what the batcher packs into batches
+samples next to each other and, for a backend that pays for a shared head
+once (``Backend.prefix_min_head``), the prompts of each prefix group next to
+each other: what the batcher packs into batches
 (``outlines.runtime.batching.packing``).
 """
 from __future__ import annotations
@@ -19,6 +21,7 @@ from typing import Any
 
 from outlines.backends.base import Backend, DrawBatch, GenerationParams
 from outlines.runtime.batching.keys import Slot, draws_of
+from outlines.runtime.batching.packing import prefix_ordered
 from outlines.runtime.batching.waiting import Wait, Waiters
 
 __all__ = ["BatchQueue", "SlotQueue"]
@@ -83,8 +86,10 @@ class BatchQueue:
     def take(self) -> tuple[DrawBatch, Any]:
         """Empty the queue: its draws as one batch, each prompt's samples together, and a view of its prompts.
 
-        The view (``None`` for several slots) holds the prompts of a one-slot
-        queue without copying them: the cache's lookup reads it.
+        Prompts that share a head the backend pays for once come together,
+        group by group (``packing.prefix_ordered``). The view (``None`` for
+        several slots) holds the prompts of a one-slot queue without copying
+        them: the cache's lookup reads it.
         """
         queued = [slot for slot in self.slots.values() if slot.pending]
         tables = [(slot.slot, slot.pending) for slot in queued]
@@ -94,8 +99,8 @@ class BatchQueue:
             return DrawBatch([], [], []), None
         if len(tables) == 1:
             key, prompts = tables[0]
-            return draws_of(key, list(prompts)), prompts.keys()
-        return _interleaved(tables), None
+            return prefix_ordered(self.backend, draws_of(key, list(prompts))), prompts.keys()
+        return prefix_ordered(self.backend, _interleaved(tables)), None
 
     def requeue(self, draws: DrawBatch) -> None:
         """Queue ``draws`` again (a remainder kept for the next flush)."""

@@ -59,3 +59,15 @@ def test_a_remainder_goes_back_to_its_slots() -> None:
     draws, _ = queue.take()
     queue.requeue(draws[2:])
     assert list(queue.slot_of(PLAIN, 0).pending) == ["b"] and list(queue.slot_of(PLAIN, 1).pending) == ["b"]
+
+
+def test_take_puts_each_prefix_groups_prompts_together() -> None:
+    head = "You are a careful assistant. Answer in one word. " * 2
+    prompts = [head + "a", "lone", head + "b", "x" * 200, head + "c"]
+    grouped = BatchQueue(RecordingBackend(prefix_min_head=40))
+    grouped.slot_of(PLAIN, 0).add(dict.fromkeys(prompts))
+    draws, members = grouped.take()
+    assert draws.prompts == [prompts[i] for i in (0, 2, 4, 1, 3)] and set(members) == set(prompts)
+    plain = BatchQueue(RecordingBackend())  # a backend that gains nothing from a shared head: arrival order
+    plain.slot_of(PLAIN, 0).add(dict.fromkeys(prompts))
+    assert plain.take()[0].prompts == prompts
