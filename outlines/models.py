@@ -58,6 +58,10 @@ class Generate(Op):
     def name(self) -> str:
         return f"Generate[{self.backend.kind}:{self.backend.model_name}]"
 
+    def stacked(self) -> Generate | None:
+        """Calls of one draw each stack (a random one too: the plan keeps its draw numbers); samples do not."""
+        return self if self.num_samples == 1 else None
+
     def describe(self) -> dict[str, Any]:
         backend, params = label_of(self.backend), self.params.to_dict()
         lines = [shorten(", ".join(f"{k}={json.dumps(v)}" for k, v in params.items()), 60)] if params else []

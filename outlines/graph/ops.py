@@ -462,6 +462,10 @@ class Index(Op):
     def _key(self) -> tuple[Any, ...]:
         return tuple(_python_part(p) for p in self.parts)
 
+    def stacked(self) -> Index:
+        """The same key under a new leading axis: ``v[key]`` of each member is ``stacked[:, key]``."""
+        return Index((("slice", None, None, None),) + self.parts)
+
     def describe(self) -> dict[str, Any]:
         return {"kind": "op", "title": "index " + self.name[len("Index"):]}
 

@@ -90,18 +90,19 @@ class Plan:
         streams: dict[int, int] = {}  # id(Generate op) -> number of its (backend, params)
         stream_numbers: dict[Hashable, int] = {}  # (backend, params) -> its number
         position: dict[int, int] = {}
-        generates = 0  # model calls kept: stacking looks for families only when there are enough
-        # Per op object, once: (merge token, pure, a model call, the op). Equal ops share a
+        stackables = 0  # nodes that joined a family: stacking runs only when there are enough
+        # Per op object, once: (merge token, pure, a model call, its stacked op). Equal ops share a
         # token, so a node's merge key hashes in C (an op's own hash and equality run in Python).
-        ops: dict[int, tuple[int | None, bool, bool, Any]] = {}
+        ops: dict[int, tuple[Any, bool, bool, Any]] = {}
         tokens: dict[Any, int] = {}
-        # Families of sibling model calls, found on the way when stacking (see _stack).
+        # Families of sibling nodes, found on the way when stacking (see _stack).
         family_of: list[int] = []  # per kept node: its family, or -1
         rank: list[int] = []  # per kept node: its index in its family
         families: list[list[int]] = []
-        signatures: dict[tuple[int, int], int] = {}  # (id(op), parent family) -> family
-        above: list[int] = []  # per family: its parent family (-1: on text constants)
-        broken: list[bool] = []  # per family: not member for member with its parent
+        signatures: dict[tuple[Any, ...], int] = {}  # (op token, per input: its family or a constant's shape) -> family
+        above: list[list[int]] = []  # per family: the families its inputs come from
+        broken: list[bool] = []  # per family: not member for member with a parent
+        layouts: list[tuple[Any, ...]] = []  # per family: per input, its family (int) or a constant's shape
         for node in toposort(outputs):
             if replaced:
                 inputs: Sequence[Variable] = [replaced.get(id(v), v) for v in node.inputs]
@@ -111,14 +112,15 @@ class Plan:
             op, key = node.op, None
             info = ops.get(id(op))
             if info is None:
-                token = None
-                if op.pure:
+                token: Any = None
+                stacker = op.stacked() if stack else None
+                if op.pure or stacker is not None:
                     try:
                         token = tokens.setdefault(op, len(tokens))
                     except TypeError:  # an op with unhashable parameters is never merged
                         pass
-                info = ops[id(op)] = (token, bool(op.pure), op.mode == "generate", op)
-            token, pure, generate, _ = info
+                info = ops[id(op)] = (token, bool(op.pure), op.mode == "generate", stacker)
+            token, pure, generate, stacker = info
             if pure:
                 if all(isinstance(v, Constant) for v in inputs):
                     constant = _fold(node, inputs)
@@ -136,8 +138,6 @@ class Plan:
                 merged[key] = kept
             if kept is not node:
                 replaced.update((id(old), new) for old, new in zip(node.outputs, kept.outputs))
-            if generate:
-                generates += 1
             if not pure and generate:
                 # Draws are numbered per (backend, params, prompt), whatever num_samples;
                 # (backend, params) is numbered once per op, its hash runs in Python.
@@ -166,25 +166,39 @@ class Plan:
                 self.consumers[parent].append(index)
             if stack:
                 family = -1
-                if generate and len(inputs) == 1 and op.num_samples == 1 and id(kept) not in self.draw_offsets:  # type: ignore[attr-defined]
-                    if parents:
-                        up = parents[0]
-                        up_family = family_of[up]
+                if stacker is not None and len(kept.outputs) == 1 and id(kept) not in self.draw_offsets:
+                    # The one rule: each input is a constant (of a known shape) or a member of a
+                    # family; siblings of one op with the same layout of inputs form a family.
+                    layout: list[Any] = []
+                    ups: list[int] = []
+                    for variable in inputs:
+                        owner = variable.owner
+                        if owner is not None:
+                            up = position[id(owner)]
+                            if family_of[up] < 0:
+                                break
+                            layout.append(family_of[up])
+                            ups.append(up)
+                        elif isinstance(variable, Constant) and _stackable(variable, generate):
+                            layout.append(variable.shape)
+                        else:  # a free input: its value is known only when it is bound
+                            break
                     else:
-                        source: Any = inputs[0]
-                        up, up_family = -1, (-1 if isinstance(source, Constant) and type(source.value) is str else -2)
-                    if up_family >= -1 and (up < 0 or up_family >= 0):
-                        family = signatures.get((id(op), up_family), -1)
-                        if family < 0:
-                            family = signatures[(id(op), up_family)] = len(families)
-                            families.append([])
-                            above.append(up_family)
-                            broken.append(False)
-                        members = families[family]
-                        if up >= 0 and rank[up] != len(members):  # not member for member: it would need a gather
-                            broken[family] = True
-                        rank.append(len(members))
-                        members.append(index)
+                        if not generate or inputs[0].shape == ():  # a model call stacks over one prompt each
+                            signature = (token if token is not None else id(op), tuple(layout))
+                            family = signatures.get(signature, -1)
+                            if family < 0:
+                                family = signatures[signature] = len(families)
+                                families.append([])
+                                above.append(sorted({family_of[up] for up in ups}))
+                                broken.append(False)
+                                layouts.append(signature[1])
+                            members = families[family]
+                            if any(rank[up] != len(members) for up in ups):  # not member for member: a gather
+                                broken[family] = True
+                            rank.append(len(members))
+                            members.append(index)
+                            stackables += 1
                 family_of.append(family)
                 if family < 0:
                     rank.append(0)
@@ -193,8 +207,8 @@ class Plan:
         self.picks: dict[int, tuple[Variable, int]] = {}
         #: id(stacked Apply) -> the calls it stands for, in element order (failures name them).
         self.members: dict[int, list[Apply]] = {}
-        if stack and generates >= STACK_MIN and families:
-            self._stack(position, family_of, rank, families, above, broken)
+        if stack and stackables >= STACK_MIN:
+            self._stack(position, family_of, rank, families, above, broken, layouts)
         leaves = list({id(v): v for v in _leaves(self.nodes, self.outputs)}.values())
         self.inputs = [v for v in leaves if not isinstance(v, Constant)]
         self.constants = [v for v in leaves if isinstance(v, Constant)]
@@ -207,28 +221,32 @@ class Plan:
 
     def _stack(
         self, position: dict[int, int], family_of: list[int], rank: list[int], families: list[list[int]],
-        above: list[int], broken: list[bool],
+        above: list[list[int]], broken: list[bool], layouts: list[tuple[Any, ...]],
     ) -> None:
-        """Stack sibling model calls into array nodes: 5,000 chains built one by one run as one array each step.
+        """Stack sibling nodes into array nodes: 5,000 chains built one by one run as one array each step.
 
-        A *family* is the model calls of one op (params and samples included)
-        on a text constant, or on the outputs of one family, member for
-        member in the same order (found by ``__init__``'s walk: ``family_of``
-        and ``rank`` of each node, each family's members, parent and whether
-        it is ``broken``, not member for member). A family of at least ``STACK_MIN`` calls
-        whose parent family (if any) is stacked becomes one node over the
-        array of its prompts: the scheduler then sends, caches and waits for
-        it in bulk. A node left out that reads a stacked call's output reads
-        its element (an ``Index`` node). Draw numbers, keys and values are
-        unchanged (a call with a draw offset, or with samples, is never
-        stacked); ``picks`` maps each output of the plan to its element.
+        One rule for every op (``Op.stacked``: model calls of one draw, and
+        pure elementwise ops: templates, ``+``, pure ``outlines.fn`` steps,
+        parses, ``Index``). A *family* is the uses of one op (equal by its
+        parameters) whose inputs are, position by position, constants of one
+        shape or the members of one family, member for member in the same
+        order (found by ``__init__``'s walk: ``family_of`` and ``rank`` of
+        each node, each family's members, parents, ``layouts`` and whether it
+        is ``broken``, not member for member). A family of at least
+        ``STACK_MIN`` nodes whose parent families are stacked becomes one node
+        of the stacked op over the arrays of its inputs (the constants of its
+        members stacked into one array, or kept when all are one scalar): the
+        scheduler then runs, sends, caches and waits for it in bulk. A node
+        left out that reads a stacked node's output reads its element (an
+        ``Index`` node). Draw numbers, keys and values are unchanged (a call
+        with a draw offset, or with samples, is never stacked); ``picks`` maps
+        each output of the plan to its element, ``members`` each stacked node
+        to the nodes it stands for (failures name them).
         """
         nodes, offsets = self.nodes, self.draw_offsets
-        parent = above
-        # A family stays whole only if its members feed nothing but stacked families.
         valid = [len(m) >= STACK_MIN and not broken[f] for f, m in enumerate(families)]
-        for family, up_family in enumerate(parent):  # parents come first: one pass settles it
-            if up_family >= 0 and not valid[up_family]:
+        for family, ups in enumerate(above):  # parents come first: one pass settles it
+            if valid[family] and not all(valid[up] for up in ups):
                 valid[family] = False
         if not any(valid):
             return
@@ -268,12 +286,13 @@ class Plan:
                 continue
             if family not in stacked:
                 members = families[family]
-                if parent[family] < 0:
-                    prompts = as_object_array([nodes[i].inputs[0].value for i in members])  # type: ignore[attr-defined]
-                    source: Variable = Constant(prompts)
-                else:
-                    source = stacked[parent[family]].outputs[0]
-                new = Apply(node.op, [source])
+                sources: list[Variable] = []
+                for number, part in enumerate(layouts[family]):
+                    if type(part) is int:  # the outputs of a stacked family, member for member
+                        sources.append(stacked[part].outputs[0])
+                    else:
+                        sources.append(_stacked_constant([nodes[i].inputs[number] for i in members]))  # type: ignore[misc]
+                new = Apply(node.op.stacked(), sources)  # type: ignore[arg-type]
                 new.order = node.order  # labelled as its first member
                 self.members[id(new)] = [nodes[i] for i in members]
                 stacked[family] = new
@@ -314,6 +333,28 @@ def _input_key(variable: Variable) -> Hashable:
         ):
             return canonical(value)
     return id(variable)
+
+
+def _stackable(constant: Constant, text: bool) -> bool:
+    """Whether a constant can be stacked with its siblings' (``text``: a model call's prompt, a str)."""
+    if text:
+        return type(constant.value) is str
+    shape = constant.shape
+    return not constant.ragged and shape is not None and None not in shape
+
+
+def _stacked_constant(constants: list[Constant]) -> Constant:
+    """The constants of a family's members along a new leading axis (one scalar shared by all: itself)."""
+    first = constants[0]
+    if first.shape == ():
+        if all(c is first for c in constants):
+            return first  # an elementwise op pairs a scalar with every element
+        values = np.empty(len(constants), dtype=object)
+        for i, c in enumerate(constants):  # one by one: a list stays one element
+            values[i] = c.value
+        return Constant(values)
+    return Constant(np.stack([c.value if isinstance(c.value, np.ndarray) else as_object_array(c.value)
+                              for c in constants]).astype(object))
 
 
 def _keyed(value: Any) -> bool:
