@@ -243,8 +243,16 @@ class Prompt:
         self.names = names
         self.lists = tuple(n for n in names if n in list_arguments(source))
         self.signature = inspect.signature(fn)
+        #: Whether calls with one positional argument per name bind in order (no bind() needed).
+        self._plain = [p.name for p in self.signature.parameters.values()
+                       if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)] == list(names) and len(
+            self.signature.parameters) == len(names)
+        #: The one op of a template without list arguments (ops are immutable; equal ones stack and merge).
+        self._op = None if self.lists else Render(self.fn.__name__, source, names)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Variable:
+        if self._op is not None and self._plain and not kwargs and len(args) == len(self.names):
+            return Apply(self._op, [a if isinstance(a, Variable) else as_variable(a, array=True) for a in args]).outputs[0]
         try:
             bound = self.signature.bind(*args, **kwargs)
         except TypeError as exc:
@@ -252,6 +260,8 @@ class Prompt:
         bound.apply_defaults()
         # a Python list is an array of prompts for an ordinary argument, one list for a list argument
         inputs = [as_variable(bound.arguments[name], array=name not in self.lists) for name in self.names]
+        if self._op is not None:
+            return Apply(self._op, inputs).out
         op = Render(self.fn.__name__, self.source, self.names, self.lists)
         op.exact = not any(
             v.owner is not None and v.owner.op.mode == "python"

@@ -582,7 +582,13 @@ def _nests_variables(value: Any) -> bool:
     return any(isinstance(v, Variable) or (isinstance(v, (list, tuple)) and _nests_variables(v)) for v in value)
 
 
-def _concat() -> Concat:
-    from outlines.graph.ops import Concat
+_CONCAT: list[Concat] = []
 
-    return Concat()
+
+def _concat() -> Concat:
+    """The one ``+`` op (ops are immutable: every concatenation shares it, so planning hashes it once)."""
+    if not _CONCAT:
+        from outlines.graph.ops import Concat
+
+        _CONCAT.append(Concat())
+    return _CONCAT[0]

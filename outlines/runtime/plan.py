@@ -103,12 +103,16 @@ class Plan:
         above: list[list[int]] = []  # per family: the families its inputs come from
         broken: list[bool] = []  # per family: not member for member with a parent
         layouts: list[tuple[Any, ...]] = []  # per family: per input, its family (int) or a constant's shape
+        # Bound once: this loop runs once per node of graphs of 100k nodes.
+        nodes, indegree, consumers, offsets = self.nodes, self.indegree, self.consumers, self.draw_offsets
+        leaves: dict[int, Variable] = {}  # the free inputs and Constants read, in order of first use
         for node in toposort(outputs):
+            inputs: Sequence[Variable] = node.inputs
             if replaced:
-                inputs: Sequence[Variable] = [replaced.get(id(v), v) for v in node.inputs]
+                inputs = [replaced.get(id(v), v) for v in inputs]
                 same = all(a is b for a, b in zip(inputs, node.inputs))
             else:
-                inputs, same = node.inputs, True
+                same = True
             op, key = node.op, None
             info = ops.get(id(op))
             if info is None:
@@ -121,14 +125,32 @@ class Plan:
                         pass
                 info = ops[id(op)] = (token, bool(op.pure), op.mode == "generate", stacker)
             token, pure, generate, stacker = info
+            # One pass over the inputs: their keys, parents, and whether all are Constants.
+            constants = True
+            parents: list[int] = []
+            input_keys: list[Hashable] = []
+            try:
+                for v in inputs:
+                    owner = v.owner
+                    if owner is None:
+                        leaves[id(v)] = v
+                        if not isinstance(v, Constant):
+                            constants = False
+                        input_keys.append(_input_key(v))
+                    else:
+                        constants = False
+                        parents.append(position[id(owner)])
+                        input_keys.append(id(v))
+            except KeyError:  # an input not computed yet: only a graph rewired after it was built
+                raise rewired_error(node, position) from None
             if pure:
-                if all(isinstance(v, Constant) for v in inputs):
+                if constants:
                     constant = _fold(node, inputs)
                     if constant is not None:
                         replaced[id(node.outputs[0])] = constant
                         continue
                 if token is not None:
-                    key = (token, len(node.outputs), tuple(id(v) if v.owner is not None else _input_key(v) for v in inputs))
+                    key = (token, len(node.outputs), tuple(input_keys))
                     found = merged.get(key)
                     if found is not None:
                         replaced.update((id(old), new) for old, new in zip(node.outputs, found.outputs))
@@ -145,28 +167,22 @@ class Plan:
                 if number is None:
                     base = (op.backend, op.params)  # type: ignore[attr-defined]
                     number = streams[id(op)] = stream_numbers.setdefault(base, len(stream_numbers))
-                stream = (number, _input_key(inputs[0]))
+                stream = (number, input_keys[0])
                 offset = draws.get(stream, 0)
                 if offset:
-                    self.draw_offsets[id(kept)] = offset
+                    offsets[id(kept)] = offset
                 draws[stream] = offset + op.num_samples  # type: ignore[attr-defined]
-            try:
-                if len(inputs) == 1:  # the common case: one input, at most one parent
-                    owner = inputs[0].owner
-                    parents = [position[id(owner)]] if owner is not None else []
-                else:
-                    parents = sorted({position[id(v.owner)] for v in inputs if v.owner is not None})
-            except KeyError:  # an input not computed yet: only a graph rewired after it was built
-                raise rewired_error(node, position) from None
-            index = position[id(kept)] = len(self.nodes)  # after its parents: a node reading itself is caught
-            self.nodes.append(kept)
-            self.indegree.append(len(parents))
-            self.consumers.append([])
+            if len(parents) > 1:
+                parents = sorted(set(parents))
+            index = position[id(kept)] = len(nodes)  # after its parents: a node reading itself is caught
+            nodes.append(kept)
+            indegree.append(len(parents))
+            consumers.append([])
             for parent in parents:
-                self.consumers[parent].append(index)
+                consumers[parent].append(index)
             if stack:
                 family = -1
-                if stacker is not None and len(kept.outputs) == 1 and id(kept) not in self.draw_offsets:
+                if stacker is not None and len(kept.outputs) == 1 and id(kept) not in offsets:
                     # The one rule: each input is a constant (of a known shape) or a member of a
                     # family; siblings of one op with the same layout of inputs form a family.
                     layout: list[Any] = []
@@ -194,8 +210,9 @@ class Plan:
                                 broken.append(False)
                                 layouts.append(signature[1])
                             members = families[family]
-                            if any(rank[up] != len(members) for up in ups):  # not member for member: a gather
-                                broken[family] = True
+                            for up in ups:
+                                if rank[up] != len(members):  # not member for member: it would need a gather
+                                    broken[family] = True
                             rank.append(len(members))
                             members.append(index)
                             stackables += 1
@@ -209,9 +226,12 @@ class Plan:
         self.members: dict[int, list[Apply]] = {}
         if stack and stackables >= STACK_MIN:
             self._stack(position, family_of, rank, families, above, broken, layouts)
-        leaves = list({id(v): v for v in _leaves(self.nodes, self.outputs)}.values())
-        self.inputs = [v for v in leaves if not isinstance(v, Constant)]
-        self.constants = [v for v in leaves if isinstance(v, Constant)]
+        if self.members or replaced or any(v.owner is None for v in self.outputs):  # leaves rewritten or not seen
+            read = list({id(v): v for v in _leaves(self.nodes, self.outputs)}.values())
+        else:
+            read = list(leaves.values())
+        self.inputs = [v for v in read if not isinstance(v, Constant)]
+        self.constants = [v for v in read if isinstance(v, Constant)]
 
     def pick(self, results: list[Any]) -> list[Any]:
         """The values of the original outputs, given the values of ``outputs`` (see ``picks``)."""
