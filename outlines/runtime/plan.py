@@ -172,15 +172,16 @@ class Plan:
                 if offset:
                     offsets[id(kept)] = offset
                 draws[stream] = offset + op.num_samples  # type: ignore[attr-defined]
-            if len(parents) > 1:
-                parents = sorted(set(parents))
             index = position[id(kept)] = len(nodes)  # after its parents: a node reading itself is caught
             nodes.append(kept)
-            indegree.append(len(parents))
-            consumers.append([])
-            for parent in parents:
-                consumers[parent].append(index)
-            if stack:
+            if not stack:  # a stacking plan links its nodes once, after stacking (``_link``)
+                if len(parents) > 1:
+                    parents = sorted(set(parents))
+                indegree.append(len(parents))
+                consumers.append([])
+                for parent in parents:
+                    consumers[parent].append(index)
+            else:
                 family = -1
                 if stacker is not None and len(kept.outputs) == 1 and id(kept) not in offsets:
                     # The one rule: each input is a constant (of a known shape) or a member of a
@@ -226,6 +227,8 @@ class Plan:
         self.members: dict[int, list[Apply]] = {}
         if stack and stackables >= STACK_MIN:
             self._stack(position, family_of, rank, families, above, broken, layouts)
+        elif stack:
+            self._link()
         if self.members or replaced or any(v.owner is None for v in self.outputs):  # leaves rewritten or not seen
             read = list({id(v): v for v in _leaves(self.nodes, self.outputs)}.values())
         else:
@@ -269,6 +272,7 @@ class Plan:
             if valid[family] and not all(valid[up] for up in ups):
                 valid[family] = False
         if not any(valid):
+            self._link()
             return
         stacked: dict[int, Apply] = {}
 
@@ -328,14 +332,21 @@ class Plan:
         self._link()
 
     def _link(self) -> None:
-        """``indegree`` and ``consumers`` of ``nodes`` again (after ``_stack``)."""
+        """``indegree`` and ``consumers`` of ``nodes`` (a stacking plan's, once its nodes are final)."""
         position = {id(node): index for index, node in enumerate(self.nodes)}
-        self.indegree, self.consumers = [], [[] for _ in self.nodes]
+        indegree: list[int] = []
+        consumers: list[list[int]] = [[] for _ in self.nodes]
         for index, node in enumerate(self.nodes):
-            parents = sorted({position[id(v.owner)] for v in node.inputs if v.owner is not None})
-            self.indegree.append(len(parents))
+            inputs = node.inputs
+            if len(inputs) == 1:  # the common case: at most one parent
+                owner = inputs[0].owner
+                parents = [position[id(owner)]] if owner is not None else []
+            else:
+                parents = sorted({position[id(v.owner)] for v in inputs if v.owner is not None})
+            indegree.append(len(parents))
             for up in parents:
-                self.consumers[up].append(index)
+                consumers[up].append(index)
+        self.indegree, self.consumers = indegree, consumers
 
     def __len__(self) -> int:
         return len(self.nodes)
