@@ -293,3 +293,16 @@ def test_a_stacked_node_failing_whole_fails_each_member_as_itself(monkeypatch: p
     values = outlines.eval(*outs, cache=False, errors="return")
     for out, value in zip(outs, values):
         assert isinstance(value, Failure) and value.root.node == out.owner.inputs[0].owner.label
+
+
+def test_structured_parses_stack_and_fail_as_their_own_call() -> None:
+    def reply(prompt: str) -> str:
+        return "not json" if prompt == "Q7" else '{"a": "%s"}' % prompt
+
+    llm = models.from_function(reply, name="json")
+    schema = {"type": "object", "properties": {"a": {"type": "string"}}, "required": ["a"]}
+    outs = [llm(outlines.constant(f"Q{i}"), json_schema=schema) for i in range(N)]
+    assert [n.op.name for n in Plan(outs, stack=True).nodes] == ["Generate[function:json]", "Parse[json]"]
+    values = outlines.eval(*outs, cache=False, errors="return", progress=False)
+    assert values[0] == {"a": "Q0"} and values[7].node == outs[7].owner.label
+    assert [i for i, v in enumerate(values) if isinstance(v, Failure)] == [7]
