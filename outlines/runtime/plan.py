@@ -187,15 +187,14 @@ class Plan:
                     # The one rule: each input is a constant (of a known shape) or a member of a
                     # family; siblings of one op with the same layout of inputs form a family.
                     layout: list[Any] = []
-                    ups: list[int] = []
+                    ups: list[int] = parents  # the inputs' nodes, in input order (not sorted when stacking)
                     for variable in inputs:
                         owner = variable.owner
                         if owner is not None:
-                            up = position[id(owner)]
-                            if family_of[up] < 0:
+                            up_family = family_of[position[id(owner)]]
+                            if up_family < 0:
                                 break
-                            layout.append(family_of[up])
-                            ups.append(up)
+                            layout.append(up_family)
                         elif isinstance(variable, Constant) and _stackable(variable, generate):
                             layout.append(variable.shape)
                         else:  # a free input: its value is known only when it is bound
