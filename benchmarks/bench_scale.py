@@ -17,6 +17,14 @@ Cases (targets in brackets):
   [>= 20x faster];
 - the floor at each size: hand-written asyncio batching of the same inputs
   (one call per level), so each outlines figure also reads as ``x floor``;
+- the shapes users write (issue 24): 5k and 20k chains whose calls have a
+  step between them, cache off and on, each beside the hand-written asyncio
+  floor doing the same steps ([<= 1.2x cp at 5k; 20k: <= 1.4x off, <= 1.7x
+  on]): ``concat`` (``llm(x)``, ``llm(v + "a")``, ``llm(v + "b")``),
+  ``template`` (an ``@outlines.prompt`` between calls) and ``fn`` (an
+  ``outlines.fn(pure=True)`` step: impure steps, fn's default, never stack);
+  each prints the graph build and plan time per node; ``--shape-sizes``
+  picks the sizes;
 - peers on the chains workload (5k chains x 3; ``--quick``: 500): hand-written
   asyncio batching (one call per level: the floor), ``asyncio.gather`` of one
   coroutine per element (one call per element per step), and LangChain
@@ -28,7 +36,7 @@ The load average (``os.getloadavg``) is printed at the start and with each
 case: on a shared machine walls include time spent waiting for a core, so
 each case also prints the CPU seconds of its process.
 
-Run: ``python benchmarks/bench_scale.py [--quick] [--runs 3] [--only TEXT]``.
+Run: ``python benchmarks/bench_scale.py [--quick] [--runs 3] [--only TEXT] [--shape-sizes 5000,20000]``.
 """
 from __future__ import annotations
 
@@ -82,6 +90,79 @@ def case_chains(n: int, cache: bool) -> dict[str, Any]:
     wall, cpu, values = _clock(lambda: outlines.eval(*outs, cache=cache, progress=False))
     assert n == 0 or values[-1] == expected(f"Question {n - 1}:")
     return {"wall": wall, "cpu": cpu, "build": build, "calls": backend.calls}
+
+
+#: What each shape puts between two model calls, as outlines builds it and as plain Python does it.
+SHAPES = ("concat", "template", "fn")
+
+
+def _clean(text: str) -> str:
+    return text.strip() + "!"
+
+
+def _step_python(shape: str, text: str, k: int) -> str:
+    if shape == "concat":
+        return text + ("a" if k == 1 else "b")
+    if shape == "template":
+        return f"Answer this: {text}"
+    return _clean(text)
+
+
+def case_shape(n: int, cache: bool, shape: str) -> dict[str, Any]:
+    import outlines
+    from outlines import models
+    from outlines.runtime.plan import Plan
+
+    @outlines.prompt
+    def answer(text):  # type: ignore[no-untyped-def]
+        """Answer this: {{ text }}"""
+
+    clean = outlines.fn(_clean, pure=True)
+
+    def step(v: Any, k: int) -> Any:
+        if shape == "concat":
+            return v + ("a" if k == 1 else "b")
+        return answer(v) if shape == "template" else clean(v)
+
+    backend = Backend()
+    llm = models.from_function(backend, batched=True, name="sleepy")
+    start = time.perf_counter()
+    outs = []
+    for i in range(n):
+        x: Any = llm(outlines.constant(f"Question {i}:"))
+        for k in range(1, DEPTH):
+            x = llm(step(x, k))
+        outs.append(x)
+    build = time.perf_counter() - start
+    nodes = n * (2 * DEPTH - 1)
+    plan, _, _ = _clock(lambda: Plan(outs, stack=True))
+    wall, cpu, values = _clock(lambda: outlines.eval(*outs, cache=cache, progress=False))
+    assert n == 0 or values[-1] == expected_shape(shape, f"Question {n - 1}:")
+    return {"wall": wall, "cpu": cpu, "calls": backend.calls, "build_us": build / nodes * 1e6,
+            "plan_us": plan / nodes * 1e6}
+
+
+def expected_shape(shape: str, prompt: str) -> str:
+    prompt = prompt[-16:] + "."
+    for k in range(1, DEPTH):
+        prompt = _step_python(shape, prompt, k)[-16:] + "."
+    return prompt
+
+
+def case_shape_floor(n: int, shape: str) -> dict[str, Any]:
+    """Hand-written asyncio batching of the same chains: one call per level, the steps in a list comprehension."""
+    backend = Backend()
+    inputs = [f"Question {i}:" for i in range(n)]
+
+    async def run() -> list[str]:
+        prompts = await backend(inputs)
+        for k in range(1, DEPTH):
+            prompts = await backend([_step_python(shape, p, k) for p in prompts])
+        return prompts
+
+    wall, cpu, values = _clock(lambda: asyncio.run(run()))
+    assert values[-1] == expected_shape(shape, inputs[-1])
+    return {"wall": wall, "cpu": cpu, "calls": backend.calls}
 
 
 def case_program(n: int, cache: bool, warm: bool = False) -> dict[str, Any]:
@@ -163,6 +244,10 @@ def run_case(spec: dict[str, Any]) -> dict[str, Any]:
         return case_program(spec["n"], spec["cache"], spec.get("warm", False))
     if kind == "fn":
         return case_fn_nodes(spec["n"] // 5, 5)
+    if kind == "shape":
+        return case_shape(spec["n"], spec["cache"], spec["shape"])
+    if kind == "shape-floor":
+        return case_shape_floor(spec["n"], spec["shape"])
     return case_peers(spec["n"], spec["peer"])
 
 
@@ -202,6 +287,8 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="a tenth of each size, one run: a smoke test")
     parser.add_argument("--runs", type=int, default=3, help="fresh processes per case (min and median)")
     parser.add_argument("--only", default="", help="run only the cases whose title contains this text")
+    parser.add_argument("--shape-sizes", default="5000,20000",
+                        help="chain counts of the shapes section, comma-separated (--quick divides them by 10)")
     parser.add_argument("--child", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
@@ -244,6 +331,25 @@ def main() -> None:
             base = floor(n // scale)
             results = spawn({"kind": "chains", "n": n // scale, "cache": cache}, runs)
             report_case(title, results, base, targets.get((n, cache)))
+
+    print(f"\nshapes users write: chains x {DEPTH} calls with a step between calls (x floor: that shape's own floor)")
+    for n in (int(size) for size in args.shape_sizes.split(",") if size):
+        for shape in SHAPES:
+            for cache in (False, True):
+                title = f"{shape} {n // scale} chains, cache {'on' if cache else 'off'}"
+                if not wanted(title):
+                    continue
+                key = f"{shape}:{n // scale}"
+                if key not in floors:  # type: ignore[comparison-overlap]
+                    floors[key], _ = summary(spawn({"kind": "shape-floor", "n": n // scale, "shape": shape}, runs))  # type: ignore[index]
+                    report(f"  floor: hand-written asyncio, {shape} {n // scale}",
+                           f"{floors[key] / CRITICAL:.2f}x cp ({floors[key]:.3f} s)")  # type: ignore[index]
+                results = spawn({"kind": "shape", "n": n // scale, "cache": cache, "shape": shape}, runs)
+                bound = {5_000: 1.2, 20_000: 1.7 if cache else 1.4}.get(n)  # the issue's sizes
+                report_case(title, results, floors[key], bound)  # type: ignore[index]
+                build, plan = min(r["build_us"] for r in results), min(r["plan_us"] for r in results)
+                report("  build / plan per node", f"{build:.2f} / {plan:.2f} us",
+                       "<= 4 / 2 us" if n == 20_000 else "", (build <= 4 and plan <= 2) if n == 20_000 else None)
 
     print(f"\nProgram over N inputs, {DEPTH} model calls")
     targets = {(100_000, False): 1.3, (100_000, True): 1.6}

@@ -44,6 +44,11 @@ class CallFunction(Op):
         return self.function.pure
 
     @property
+    def elementwise(self) -> bool:
+        """One result per element of the loop axes: false for an output core axis (its length may vary)."""
+        return self.function.noutputs == 1 and not any(self.function.core_outputs)
+
+    @property
     def name(self) -> str:
         return self.function.__name__
 

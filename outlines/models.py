@@ -58,6 +58,10 @@ class Generate(Op):
     def name(self) -> str:
         return f"Generate[{self.backend.kind}:{self.backend.model_name}]"
 
+    def stacked(self) -> Generate | None:
+        """Calls of one draw each stack (a random one too: the plan keeps its draw numbers); samples do not."""
+        return self if self.num_samples == 1 else None
+
     def describe(self) -> dict[str, Any]:
         backend, params = label_of(self.backend), self.params.to_dict()
         lines = [shorten(", ".join(f"{k}={json.dumps(v)}" for k, v in params.items()), 60)] if params else []
@@ -212,6 +216,13 @@ class Model:
         ...
         outlines.errors.GraphBuildError: Generate[function:upper]: choices= is empty; give at least one string
         """
+        if (num_samples == 1 and max_tokens is None and temperature is None and stop is None and seed is None
+                and choices is None and regex is None and json_schema is None and not params
+                and type(prompt) is Variable and not prompt.ragged and type(num_samples) is int):
+            # the common call, built thousands of times in a loop: the model's defaults, one draw
+            op = self._ops.get((self.defaults, 1))
+            if op is not None:
+                return Apply(op, [prompt]).outputs[0]
         from outlines.backends.constraints import Parse, make_constraint
 
         try:

@@ -48,6 +48,38 @@ def _compiled(source: str) -> jinja2.Template:
     return _ENVIRONMENT.from_string(source)
 
 
+@functools.lru_cache(maxsize=1024)
+def _substitution(source: str, names: tuple[str, ...]) -> str | None:
+    """A ``str.format`` pattern rendering ``source`` exactly, for a template that only substitutes variables.
+
+    Such a template (text and ``{{ name }}`` only, whitespace control and
+    comments included: the parser has applied them to the text) renders
+    ``str(value)`` in place of each name (autoescape is off), which
+    ``pattern.format(*values)`` does without a Jinja context per element.
+    ``None`` for anything else (filters, tests, blocks, expressions): those
+    render through Jinja.
+    """
+    parts: list[str] = []
+    for output in _ENVIRONMENT.parse(source).body:
+        if not isinstance(output, jinja2.nodes.Output):
+            return None
+        for node in output.nodes:
+            if isinstance(node, jinja2.nodes.TemplateData):
+                parts.append(node.data.replace("{", "{{").replace("}", "}}"))
+            elif isinstance(node, jinja2.nodes.Name) and node.ctx == "load" and node.name in names:
+                parts.append("{%d!s}" % names.index(node.name))
+            else:
+                return None
+    return "".join(parts)
+
+
+def _all_text(value: Any) -> bool:
+    """Whether ``value`` is a str or an object array of str only (nothing to refuse, nothing failed)."""
+    if type(value) is str:
+        return True
+    return isinstance(value, np.ndarray) and set(map(type, value.reshape(-1).tolist())) <= {str}
+
+
 #: Filters that read a whole sequence: their argument is a list argument.
 _SEQUENCE_FILTERS = frozenset(
     {"batch", "count", "first", "join", "last", "length", "list", "map", "max", "min", "reject",
@@ -131,6 +163,10 @@ class Render(Op):
         return [any(r for name, r in zip(self.names, ragged) if name not in self.lists)]
 
     def perform(self, *values: Any, unknown: Any = None, on_error: Any = None, on_failed_input: Any = None) -> Any:
+        if not self.lists and all(_all_text(v) for v in values):
+            pattern = _substitution(self.source, self.names)
+            if pattern is not None:  # in bulk: one compiled pattern over the arrays, byte for byte Jinja's text
+                return broadcast_map(pattern.format, values)
         template, names = _compiled(self.source), self.names
         where = f"prompt {self.template_name}: input"
         values = tuple(mark_not_text(v, _not_text, f"{where} {n!r}", lists=n in self.lists) for n, v in zip(names, values))
@@ -207,8 +243,16 @@ class Prompt:
         self.names = names
         self.lists = tuple(n for n in names if n in list_arguments(source))
         self.signature = inspect.signature(fn)
+        #: Whether calls with one positional argument per name bind in order (no bind() needed).
+        self._plain = [p.name for p in self.signature.parameters.values()
+                       if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)] == list(names) and len(
+            self.signature.parameters) == len(names)
+        #: The one op of a template without list arguments (ops are immutable; equal ones stack and merge).
+        self._op = None if self.lists else Render(self.fn.__name__, source, names)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Variable:
+        if self._op is not None and self._plain and not kwargs and len(args) == len(self.names):
+            return Apply(self._op, [a if isinstance(a, Variable) else as_variable(a, array=True) for a in args]).outputs[0]
         try:
             bound = self.signature.bind(*args, **kwargs)
         except TypeError as exc:
@@ -216,6 +260,8 @@ class Prompt:
         bound.apply_defaults()
         # a Python list is an array of prompts for an ordinary argument, one list for a list argument
         inputs = [as_variable(bound.arguments[name], array=name not in self.lists) for name in self.names]
+        if self._op is not None:
+            return Apply(self._op, inputs).out
         op = Render(self.fn.__name__, self.source, self.names, self.lists)
         op.exact = not any(
             v.owner is not None and v.owner.op.mode == "python"

@@ -24,7 +24,8 @@ def test_elementwise_pairs_lower_rank_operands_on_leading_axes():
     out = join(x, y).eval({"x": ["a", "b"], "y": [["1", "2", "3"], ["4", "5", "6"]]})
     assert out.shape == (2, 3)
     assert out[1, 2] == "b-6" and out[0, 2] == "a-3"  # each x with its own row of y
-    with pytest.raises(outlines.NodeError, match=r"cannot pair shapes \(2,\) and \(3, 2\)"):
+    # The givens' shapes are checked before anything runs, as a Program checks its inputs'.
+    with pytest.raises(outlines.GraphBuildError, match=r"join#\d+: .*cannot pair shapes \(2,\) and \(3, 2\)"):
         join(x, y).eval({"x": ["a", "b"], "y": [["1", "2"]] * 3})
 
 

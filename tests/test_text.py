@@ -238,3 +238,44 @@ def test_a_failed_input_of_a_template_with_list_arguments_is_never_rendered_into
     )
     assert values[0] == "t0: [a] [b]"  # a Failure is falsy: it used to be rendered as "Failure at ...: [c] [d]"
     assert isinstance(values[1], outlines.Failure) and values[1].root.error_type == "ZeroDivisionError"
+
+
+# -- templates rendered in bulk ---------------------------------------------------------------------
+
+from hypothesis import given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+from outlines.text import Render, _compiled, _substitution  # noqa: E402
+
+_TEXT = st.text(st.characters(blacklist_characters="{%#", blacklist_categories=("Cs",)), max_size=8)
+_TAGS = st.sampled_from(["{{ %s }}", "{{- %s }}", "{{ %s -}}", "{{-%s-}}", "{{%s}}"])
+_COMMENTS = st.sampled_from(["", "{# note #}", "{#- note -#}", "{# {{ x }} #}"])
+_VALUES = st.text(st.characters(blacklist_categories=("Cs",)), max_size=10) | st.sampled_from(
+    ["{{ a }}", "}}{{", "\n", " \n\t", "{% if %}", "é✓\u2028", ""]
+)
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    pieces=st.lists(st.tuples(_TEXT, _TAGS, st.sampled_from(["a", "b"]), _COMMENTS), min_size=1, max_size=4),
+    tail=_TEXT,
+    rows=st.lists(st.tuples(_VALUES, _VALUES), min_size=1, max_size=6),
+)
+def test_a_template_rendered_in_bulk_equals_jinja_byte_for_byte(pieces, tail, rows):
+    source = "".join(text + tag % name + comment for text, tag, name, comment in pieces) + tail
+    render = Render("bulk", source, ("a", "b"))
+    assert _substitution(source, ("a", "b")) is not None  # the bulk path is the one tested
+    a = np.array([r[0] for r in rows], dtype=object)
+    b = np.array([r[1] for r in rows], dtype=object)
+    template = _compiled(source)
+    expected = [template.render({"a": x, "b": y}) for x, y in rows]
+    assert render.perform(a, b).tolist() == expected
+    assert render.perform(a[0], b[0]) == expected[0]
+    assert render.perform(a, b[0]).tolist() == [template.render({"a": x, "b": rows[0][1]}) for x, _ in rows]
+
+
+def test_templates_beyond_substitution_render_through_jinja():
+    for source in ("{{ a | upper }}", "{% if a %}x{% endif %}", "{{ a ~ b }}", "{{ 'lit' }}", "{{ c }}"):
+        assert _substitution(source, ("a", "b")) is None
+    render = Render("numbers", "n={{ a }} {{ b }}", ("a", "b"))
+    assert render.perform(np.array([1, 2.5], dtype=object), "x").tolist() == ["n=1 x", "n=2.5 x"]  # not all text

@@ -397,6 +397,18 @@ class Op:
     def make_node(self, *inputs: Any) -> Apply:
         return Apply(self, [as_variable(x) for x in inputs])
 
+    def stacked(self) -> Op | None:
+        """The op computing this op's results for many of its uses stacked along a new leading axis.
+
+        The one stacking rule (``outlines.runtime.plan``): sibling uses of an op
+        whose inputs are constants or members of stacked families become one
+        node of this op over their arrays. An op that is pure and elementwise
+        (``elementwise``: it pairs its inputs on leading axes, one result per
+        element) computes the stacked results itself; an op that is neither,
+        or impure (a side effect per call), returns ``None`` and never stacks.
+        """
+        return self if self.pure and getattr(self, "elementwise", False) else None
+
     def __call__(self, *inputs: Any) -> Variable:
         node = self.make_node(*inputs)
         return node.outputs[0] if len(node.outputs) == 1 else node.outputs  # type: ignore[return-value]
@@ -570,7 +582,13 @@ def _nests_variables(value: Any) -> bool:
     return any(isinstance(v, Variable) or (isinstance(v, (list, tuple)) and _nests_variables(v)) for v in value)
 
 
-def _concat() -> Concat:
-    from outlines.graph.ops import Concat
+_CONCAT: list[Concat] = []
 
-    return Concat()
+
+def _concat() -> Concat:
+    """The one ``+`` op (ops are immutable: every concatenation shares it, so planning hashes it once)."""
+    if not _CONCAT:
+        from outlines.graph.ops import Concat
+
+        _CONCAT.append(Concat())
+    return _CONCAT[0]

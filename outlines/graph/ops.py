@@ -65,7 +65,7 @@ def broadcast_map(
     Failure; ``on_failed_input`` builds the Failure of an element one of whose
     inputs is a Failure (that element's ``fn`` is not called).
     """
-    call = fn if on_error is None else _guarded(fn, on_error, on_failed_input)
+    call = fn if on_error is None and on_failed_input is None else _guarded(fn, on_error, on_failed_input)
     ragged = next((a for a in args if isinstance(a, Ragged)), None)
     if ragged is not None:
         flat = broadcast_map(call, _flatten_rows(ragged, [(a, 0) for a in args]))
@@ -194,13 +194,15 @@ def as_object_array(values: Any) -> np.ndarray:
 
 def _guarded(
     fn: Callable[..., Any],
-    on_error: Callable[[BaseException], Failure],
+    on_error: Callable[[BaseException], Failure] | None,
     on_failed_input: Callable[[Failure], Failure] | None,
 ) -> Callable[..., Any]:
     def call(*values: Any) -> Any:
         for value in values:
             if isinstance(value, Failure):
                 return on_failed_input(value) if on_failed_input else value
+        if on_error is None:  # only failed inputs are guarded (an async step's coroutines settle later)
+            return fn(*values)
         try:
             return fn(*values)
         except Exception as exc:  # noqa: BLE001 - becomes the element's Failure
@@ -461,6 +463,10 @@ class Index(Op):
 
     def _key(self) -> tuple[Any, ...]:
         return tuple(_python_part(p) for p in self.parts)
+
+    def stacked(self) -> Index:
+        """The same key under a new leading axis: ``v[key]`` of each member is ``stacked[:, key]``."""
+        return Index((("slice", None, None, None),) + self.parts)
 
     def describe(self) -> dict[str, Any]:
         return {"kind": "op", "title": "index " + self.name[len("Index"):]}

@@ -99,43 +99,67 @@ class Plan:
         streams: dict[int, int] = {}  # id(Generate op) -> number of its (backend, params)
         stream_numbers: dict[Hashable, int] = {}  # (backend, params) -> its number
         position: dict[int, int] = {}
-        generates = 0  # model calls kept: stacking looks for families only when there are enough
-        # Per op object, once: (merge token, pure, a model call, the op). Equal ops share a
+        stackables = 0  # nodes that joined a family: stacking runs only when there are enough
+        # Per op object, once: (merge token, pure, a model call, its stacked op). Equal ops share a
         # token, so a node's merge key hashes in C (an op's own hash and equality run in Python).
-        ops: dict[int, tuple[int | None, bool, bool, Any]] = {}
+        ops: dict[int, tuple[Any, bool, bool, Any]] = {}
         tokens: dict[Any, int] = {}
-        # Families of sibling model calls, found on the way when stacking (see _stack).
+        # Families of sibling nodes, found on the way when stacking (see _stack).
         family_of: list[int] = []  # per kept node: its family, or -1
         rank: list[int] = []  # per kept node: its index in its family
         families: list[list[int]] = []
-        signatures: dict[tuple[int, int], int] = {}  # (id(op), parent family) -> family
-        above: list[int] = []  # per family: its parent family (-1: on text constants)
-        broken: list[bool] = []  # per family: not member for member with its parent
+        signatures: dict[tuple[Any, ...], int] = {}  # (op token, per input: its family or a constant's shape) -> family
+        above: list[list[int]] = []  # per family: the families its inputs come from
+        broken: list[bool] = []  # per family: not member for member with a parent
+        layouts: list[tuple[Any, ...]] = []  # per family: per input, its family (int) or a constant's shape
+        # Bound once: this loop runs once per node of graphs of 100k nodes.
+        nodes, indegree, consumers, offsets = self.nodes, self.indegree, self.consumers, self.draw_offsets
+        leaves: dict[int, Variable] = {}  # the free inputs and Constants read, in order of first use
         for node in toposort(outputs):
+            inputs: Sequence[Variable] = node.inputs
             if replaced:
-                inputs: Sequence[Variable] = [replaced.get(id(v), v) for v in node.inputs]
+                inputs = [replaced.get(id(v), v) for v in inputs]
                 same = all(a is b for a, b in zip(inputs, node.inputs))
             else:
-                inputs, same = node.inputs, True
+                same = True
             op, key = node.op, None
             info = ops.get(id(op))
             if info is None:
-                token = None
-                if op.pure:
+                token: Any = None
+                stacker = op.stacked() if stack else None
+                if op.pure or stacker is not None:
                     try:
                         token = tokens.setdefault(op, len(tokens))
                     except TypeError:  # an op with unhashable parameters is never merged
                         pass
-                info = ops[id(op)] = (token, bool(op.pure), op.mode == "generate", op)
-            token, pure, generate, _ = info
+                info = ops[id(op)] = (token, bool(op.pure), op.mode == "generate", stacker)
+            token, pure, generate, stacker = info
+            # One pass over the inputs: their keys, parents, and whether all are Constants.
+            constants = True
+            parents: list[int] = []
+            input_keys: list[Hashable] = []
+            try:
+                for v in inputs:
+                    owner = v.owner
+                    if owner is None:
+                        leaves[id(v)] = v
+                        if not isinstance(v, Constant):
+                            constants = False
+                        input_keys.append(_input_key(v))
+                    else:
+                        constants = False
+                        parents.append(position[id(owner)])
+                        input_keys.append(id(v))
+            except KeyError:  # an input not computed yet: only a graph rewired after it was built
+                raise rewired_error(node, position) from None
             if pure:
-                if all(isinstance(v, Constant) for v in inputs):
+                if constants:
                     constant = _fold(node, inputs)
                     if constant is not None:
                         replaced[id(node.outputs[0])] = constant
                         continue
                 if token is not None:
-                    key = (token, len(node.outputs), tuple(id(v) if v.owner is not None else _input_key(v) for v in inputs))
+                    key = (token, len(node.outputs), tuple(input_keys))
                     found = merged.get(key)
                     if found is not None:
                         replaced.update((id(old), new) for old, new in zip(node.outputs, found.outputs))
@@ -145,9 +169,7 @@ class Plan:
                 merged[key] = kept
             if kept is not node:
                 replaced.update((id(old), new) for old, new in zip(node.outputs, kept.outputs))
-            if generate:
-                generates += 1
-            elif op.mode == "control":
+            if op.mode == "control":
                 if tags:
                     self.tag_offsets[kept.order] = tags
                 tags += getattr(op, "max_iter", 0) + 1  # a loop's tags: 0 (its first cond), then 1..max_iter
@@ -158,46 +180,55 @@ class Plan:
                 if number is None:
                     base = (op.backend, op.params)  # type: ignore[attr-defined]
                     number = streams[id(op)] = stream_numbers.setdefault(base, len(stream_numbers))
-                stream = (number, _input_key(inputs[0]))
+                stream = (number, input_keys[0])
                 offset = draws.get(stream, 0)
                 if offset:
-                    self.draw_offsets[id(kept)] = offset
+                    offsets[id(kept)] = offset
                 draws[stream] = offset + op.num_samples  # type: ignore[attr-defined]
-            try:
-                if len(inputs) == 1:  # the common case: one input, at most one parent
-                    owner = inputs[0].owner
-                    parents = [position[id(owner)]] if owner is not None else []
-                else:
-                    parents = sorted({position[id(v.owner)] for v in inputs if v.owner is not None})
-            except KeyError:  # an input not computed yet: only a graph rewired after it was built
-                raise rewired_error(node, position) from None
-            index = position[id(kept)] = len(self.nodes)  # after its parents: a node reading itself is caught
-            self.nodes.append(kept)
-            self.indegree.append(len(parents))
-            self.consumers.append([])
-            for parent in parents:
-                self.consumers[parent].append(index)
-            if stack:
+            index = position[id(kept)] = len(nodes)  # after its parents: a node reading itself is caught
+            nodes.append(kept)
+            if not stack:  # a stacking plan links its nodes once, after stacking (``_link``)
+                if len(parents) > 1:
+                    parents = sorted(set(parents))
+                indegree.append(len(parents))
+                consumers.append([])
+                for parent in parents:
+                    consumers[parent].append(index)
+            else:
                 family = -1
-                if generate and len(inputs) == 1 and op.num_samples == 1 and id(kept) not in self.draw_offsets:  # type: ignore[attr-defined]
-                    if parents:
-                        up = parents[0]
-                        up_family = family_of[up]
+                if stacker is not None and len(kept.outputs) == 1 and id(kept) not in offsets:
+                    # The one rule: each input is a constant (of a known shape) or a member of a
+                    # family; siblings of one op with the same layout of inputs form a family.
+                    layout: list[Any] = []
+                    ups: list[int] = parents  # the inputs' nodes, in input order (not sorted when stacking)
+                    for variable in inputs:
+                        owner = variable.owner
+                        if owner is not None:
+                            up_family = family_of[position[id(owner)]]
+                            if up_family < 0:
+                                break
+                            layout.append(up_family)
+                        elif isinstance(variable, Constant) and _stackable(variable, generate):
+                            layout.append(variable.shape)
+                        else:  # a free input: its value is known only when it is bound
+                            break
                     else:
-                        source: Any = inputs[0]
-                        up, up_family = -1, (-1 if isinstance(source, Constant) and type(source.value) is str else -2)
-                    if up_family >= -1 and (up < 0 or up_family >= 0):
-                        family = signatures.get((id(op), up_family), -1)
-                        if family < 0:
-                            family = signatures[(id(op), up_family)] = len(families)
-                            families.append([])
-                            above.append(up_family)
-                            broken.append(False)
-                        members = families[family]
-                        if up >= 0 and rank[up] != len(members):  # not member for member: it would need a gather
-                            broken[family] = True
-                        rank.append(len(members))
-                        members.append(index)
+                        if not generate or inputs[0].shape == ():  # a model call stacks over one prompt each
+                            signature = (token if token is not None else id(op), tuple(layout))
+                            family = signatures.get(signature, -1)
+                            if family < 0:
+                                family = signatures[signature] = len(families)
+                                families.append([])
+                                above.append(sorted({family_of[up] for up in ups}))
+                                broken.append(False)
+                                layouts.append(signature[1])
+                            members = families[family]
+                            for up in ups:
+                                if rank[up] != len(members):  # not member for member: it would need a gather
+                                    broken[family] = True
+                            rank.append(len(members))
+                            members.append(index)
+                            stackables += 1
                 family_of.append(family)
                 if family < 0:
                     rank.append(0)
@@ -206,11 +237,16 @@ class Plan:
         self.picks: dict[int, tuple[Variable, int]] = {}
         #: id(stacked Apply) -> the calls it stands for, in element order (failures name them).
         self.members: dict[int, list[Apply]] = {}
-        if stack and generates >= STACK_MIN and families:
-            self._stack(position, family_of, rank, families, above, broken)
-        leaves = list({id(v): v for v in _leaves(self.nodes, self.outputs)}.values())
-        self.inputs = [v for v in leaves if not isinstance(v, Constant)]
-        self.constants = [v for v in leaves if isinstance(v, Constant)]
+        if stack and stackables >= STACK_MIN:
+            self._stack(position, family_of, rank, families, above, broken, layouts)
+        elif stack:
+            self._link()
+        if self.members or replaced or any(v.owner is None for v in self.outputs):  # leaves rewritten or not seen
+            read = list({id(v): v for v in _leaves(self.nodes, self.outputs)}.values())
+        else:
+            read = list(leaves.values())
+        self.inputs = [v for v in read if not isinstance(v, Constant)]
+        self.constants = [v for v in read if isinstance(v, Constant)]
 
     def draw_numbers(self) -> dict[int, tuple[int, int]]:
         """``apply.order -> (first, last)`` draw number of each sampling model call (greedy ones: one draw, left out).
@@ -234,30 +270,35 @@ class Plan:
 
     def _stack(
         self, position: dict[int, int], family_of: list[int], rank: list[int], families: list[list[int]],
-        above: list[int], broken: list[bool],
+        above: list[list[int]], broken: list[bool], layouts: list[tuple[Any, ...]],
     ) -> None:
-        """Stack sibling model calls into array nodes: 5,000 chains built one by one run as one array each step.
+        """Stack sibling nodes into array nodes: 5,000 chains built one by one run as one array each step.
 
-        A *family* is the model calls of one op (params and samples included)
-        on a text constant, or on the outputs of one family, member for
-        member in the same order (found by ``__init__``'s walk: ``family_of``
-        and ``rank`` of each node, each family's members, parent and whether
-        it is ``broken``, not member for member). A family of at least ``STACK_MIN`` calls
-        whose parent family (if any) is stacked becomes one node over the
-        array of its prompts: the scheduler then sends, caches and waits for
-        it in bulk. A node left out that reads a stacked call's output reads
-        its element (an ``Index`` node). Draw numbers, keys and values are
-        unchanged (a call with a draw offset, or with samples, is never
-        stacked); ``picks`` maps each output of the plan to its element.
+        One rule for every op (``Op.stacked``: model calls of one draw, and
+        pure elementwise ops: templates, ``+``, pure ``outlines.fn`` steps,
+        parses, ``Index``). A *family* is the uses of one op (equal by its
+        parameters) whose inputs are, position by position, constants of one
+        shape or the members of one family, member for member in the same
+        order (found by ``__init__``'s walk: ``family_of`` and ``rank`` of
+        each node, each family's members, parents, ``layouts`` and whether it
+        is ``broken``, not member for member). A family of at least
+        ``STACK_MIN`` nodes whose parent families are stacked becomes one node
+        of the stacked op over the arrays of its inputs (the constants of its
+        members stacked into one array, or kept when all are one scalar): the
+        scheduler then runs, sends, caches and waits for it in bulk. A node
+        left out that reads a stacked node's output reads its element (an
+        ``Index`` node). Draw numbers, keys and values are unchanged (a call
+        with a draw offset, or with samples, is never stacked); ``picks`` maps
+        each output of the plan to its element, ``members`` each stacked node
+        to the nodes it stands for (failures name them).
         """
         nodes, offsets = self.nodes, self.draw_offsets
-        parent = above
-        # A family stays whole only if its members feed nothing but stacked families.
         valid = [len(m) >= STACK_MIN and not broken[f] for f, m in enumerate(families)]
-        for family, up_family in enumerate(parent):  # parents come first: one pass settles it
-            if up_family >= 0 and not valid[up_family]:
+        for family, ups in enumerate(above):  # parents come first: one pass settles it
+            if valid[family] and not all(valid[up] for up in ups):
                 valid[family] = False
         if not any(valid):
+            self._link()
             return
         stacked: dict[int, Apply] = {}
 
@@ -295,12 +336,13 @@ class Plan:
                 continue
             if family not in stacked:
                 members = families[family]
-                if parent[family] < 0:
-                    prompts = as_object_array([nodes[i].inputs[0].value for i in members])  # type: ignore[attr-defined]
-                    source: Variable = Constant(prompts)
-                else:
-                    source = stacked[parent[family]].outputs[0]
-                new = Apply(node.op, [source])
+                sources: list[Variable] = []
+                for number, part in enumerate(layouts[family]):
+                    if type(part) is int:  # the outputs of a stacked family, member for member
+                        sources.append(stacked[part].outputs[0])
+                    else:
+                        sources.append(_stacked_constant([nodes[i].inputs[number] for i in members]))  # type: ignore[misc]
+                new = Apply(node.op.stacked(), sources)  # type: ignore[arg-type]
                 new.order = node.order  # labelled as its first member
                 self.members[id(new)] = [nodes[i] for i in members]
                 stacked[family] = new
@@ -316,14 +358,21 @@ class Plan:
         self._link()
 
     def _link(self) -> None:
-        """``indegree`` and ``consumers`` of ``nodes`` again (after ``_stack``)."""
+        """``indegree`` and ``consumers`` of ``nodes`` (a stacking plan's, once its nodes are final)."""
         position = {id(node): index for index, node in enumerate(self.nodes)}
-        self.indegree, self.consumers = [], [[] for _ in self.nodes]
+        indegree: list[int] = []
+        consumers: list[list[int]] = [[] for _ in self.nodes]
         for index, node in enumerate(self.nodes):
-            parents = sorted({position[id(v.owner)] for v in node.inputs if v.owner is not None})
-            self.indegree.append(len(parents))
+            inputs = node.inputs
+            if len(inputs) == 1:  # the common case: at most one parent
+                owner = inputs[0].owner
+                parents = [position[id(owner)]] if owner is not None else []
+            else:
+                parents = sorted({position[id(v.owner)] for v in inputs if v.owner is not None})
+            indegree.append(len(parents))
             for up in parents:
-                self.consumers[up].append(index)
+                consumers[up].append(index)
+        self.indegree, self.consumers = indegree, consumers
 
     def __len__(self) -> int:
         return len(self.nodes)
@@ -341,6 +390,28 @@ def _input_key(variable: Variable) -> Hashable:
         ):
             return canonical(value)
     return id(variable)
+
+
+def _stackable(constant: Constant, text: bool) -> bool:
+    """Whether a constant can be stacked with its siblings' (``text``: a model call's prompt, a str)."""
+    if text:
+        return type(constant.value) is str
+    shape = constant.shape
+    return not constant.ragged and shape is not None and None not in shape
+
+
+def _stacked_constant(constants: list[Constant]) -> Constant:
+    """The constants of a family's members along a new leading axis (one scalar shared by all: itself)."""
+    first = constants[0]
+    if first.shape == ():
+        if all(c is first for c in constants):
+            return first  # an elementwise op pairs a scalar with every element
+        values = np.empty(len(constants), dtype=object)
+        for i, c in enumerate(constants):  # one by one: a list stays one element
+            values[i] = c.value
+        return Constant(values)
+    return Constant(np.stack([c.value if isinstance(c.value, np.ndarray) else as_object_array(c.value)
+                              for c in constants]).astype(object))
 
 
 def _keyed(value: Any) -> bool:

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import gc
 import time
 from collections import deque
@@ -77,6 +78,8 @@ class Scheduler:
         self.wakeup = asyncio.Event()
         self.failed_values: set[int] = set()  # ids of outputs holding a Failure (errors="return")
         self.python_pending: list[tuple[int, Callable[[], Any]]] = []
+        #: id(stacked node) -> {id(Failure): (the Failure, its exception)} of the elements that raised.
+        self.element_errors: dict[int, dict[int, tuple[Failure, BaseException]]] = {}
         self.error: BaseException | None = None
         self.batcher = Batcher(plan, evaluation, self)
         self.steps = walker(self)
@@ -166,18 +169,48 @@ class Scheduler:
         return bool(self.failed_values) and any(id(v) in self.failed_values for v in node.inputs)
 
     def _guards(self, node: Apply) -> dict[str, Any]:
-        if not self.return_failures:
+        stacked = id(node) in self.plan.members
+        if not self.return_failures and not stacked:
             return {}
         label, op = node.label, node.op.name
-        return {
-            "on_error": lambda exc: Failure.from_exception(label, op, exc),
-            "on_failed_input": lambda failure: failure.skipped(label, op),
-        }
+        if not stacked:
+            return {
+                "on_error": lambda exc: Failure.from_exception(label, op, exc),
+                "on_failed_input": lambda failure: failure.skipped(label, op),
+            }
+        # A stacked node fails element by element in both modes: ``finish`` names each
+        # element's own node (``_per_member``) and, with errors="raise", raises the first.
+        errors = self.element_errors.setdefault(id(node), {})
+
+        def on_error(exc: BaseException) -> Failure:
+            failure = Failure.from_exception(label, op, exc)
+            errors[id(failure)] = (failure, exc)
+            return failure
+
+        return {"on_error": on_error, "on_failed_input": lambda failure: failure.skipped(label, op)}
+
+    def _per_member(self, index: int, node: Apply, members: list[Apply], result: Any) -> Any:
+        """A stacked node's result with each failed element named by its own node; ``None`` once it failed."""
+        errors = self.element_errors.pop(id(node), {})
+        if not isinstance(result, np.ndarray) or not (errors or (self.return_failures and _has_failure(result))):
+            return result
+        out = result.copy()
+        flat, own = out.reshape(-1), node.label
+        per = max(1, flat.size // len(members))  # elements per member
+        for at, value in enumerate(flat):
+            if isinstance(value, Failure) and value.node == own:
+                member = members[min(len(members) - 1, at // per)].label
+                if id(value) in errors and not self.return_failures:
+                    self.fail(index, errors[id(value)][1], member)
+                    return None
+                flat[at] = dataclasses.replace(value, node=member)
+        return out
 
     def _perform_inline(self, node: Apply, inputs: list[Any]) -> Any:
         if getattr(node.op, "guards_elements", False):  # it fails element by element itself (text ops)
             return node.op.perform(*inputs, **self._guards(node))
-        if self._has_failed_input(node) and getattr(node.op, "elementwise", False):
+        stacked = id(node) in self.plan.members
+        if (stacked or self._has_failed_input(node)) and getattr(node.op, "elementwise", False):
             from outlines.graph.ops import broadcast_map
 
             return broadcast_map(node.op.perform, inputs, **self._guards(node))
@@ -195,14 +228,35 @@ class Scheduler:
         inline = function.blocking is False or (
             function.blocking is None and mean is not None and mean < FAST_CALL_SECONDS
         )
+        members = self.plan.members.get(id(node))
         if inline:
             start = time.perf_counter()
             result = op.perform(*inputs, **guards)
-            function.record(time.perf_counter() - start)
+            function.record((time.perf_counter() - start) / (len(members) if members else 1))
             self.finish(index, result)
             return
-
+        if members is not None:  # a stacked step: its elements still run in parallel, in a few pieces
+            self.spawn(self._pieces(node, inputs, guards, len(members)), lambda t: self._task_done(index, t))
+            return
         self.python_pending.append((index, lambda: op.perform(*inputs, **guards)))
+
+    async def _pieces(self, node: Apply, inputs: list[Any], guards: dict[str, Any], count: int) -> Any:
+        """A stacked blocking step in at most ``PYTHON_CHUNKS`` slices of its leading axis, run in the thread pool."""
+        op: Any = node.op
+        bounds = np.linspace(0, count, min(count, PYTHON_CHUNKS) + 1).astype(int).tolist()
+
+        def piece(start: int, stop: int) -> Callable[[], Any]:
+            sliced = [v[start:stop] if isinstance(v, np.ndarray) and v.ndim else v for v in inputs]
+            return lambda: op.perform(*sliced, **guards)
+
+        calls = [self.executor.call(_run_chunk, [(stop - start, piece(start, stop))])
+                 for start, stop in zip(bounds, bounds[1:])]
+        pieces = [result[0] for result in await asyncio.gather(*calls)]
+        for size, ok, value, seconds in pieces:
+            if not ok:
+                raise value
+            op.function.record(seconds / max(1, size))
+        return np.concatenate([value for _, _, value, _ in pieces])
 
     def control(self, index: int, node: Apply, inputs: list[Any]) -> None:
         """A loop or a branch: one task, whose iterations are schedules of their own (``outlines.runtime.control``)."""
@@ -250,6 +304,12 @@ class Scheduler:
     def finish(self, index: int, result: Any, error: BaseException | None = None) -> None:
         """Node ``index`` computed ``result``: store it and ready the consumers whose inputs are all there."""
         node = self.plan.nodes[index]
+        if self.plan.members and node.op.mode != "generate":  # the batcher names a stacked call's elements itself
+            members = self.plan.members.get(id(node))
+            if members is not None:
+                result = self._per_member(index, node, members, result)
+                if result is None:
+                    return
         outputs = node.outputs
         results = result if len(outputs) > 1 else (result,)
         failed = False
@@ -278,6 +338,15 @@ class Scheduler:
                     self.error.__cause__ = exc
                 self.wakeup.set()  # a batch may report a failed draw while the loop waits
             self.recorder.node_finished(node, time.perf_counter(), exc)
+            return
+        members = self.plan.members.get(id(node)) if label is None or label == node.label else None
+        if members is not None and node.op.mode != "generate":  # each element fails as its own node
+            shape = node.outputs[0].shape
+            sizes = [int(n) for n in shape if n is not None] if shape else []
+            per = int(np.prod(sizes[1:], dtype=np.int64)) if shape and len(sizes) == len(shape) else 1
+            elements: Any = np.empty(len(members) * per, dtype=object)
+            elements[:] = [Failure.from_exception(m.label, node.op.name, exc) for m in members for _ in range(per)]
+            self.finish(index, elements.reshape(tuple(sizes)) if per > 1 else elements, exc)
             return
         failure = Failure.from_exception(label, node.op.name, exc)
         self.finish(index, tuple(failure for _ in node.outputs) if len(node.outputs) > 1 else failure, exc)

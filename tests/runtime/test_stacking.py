@@ -145,3 +145,172 @@ def test_stacking_equals_sequential_evaluation(n: int, depth: int, taps: list[tu
     for (chain, step), value in zip(taps, values[n:]):
         assert value == (f"Q{chain % n}:" + "." * (depth - min(step, depth - 1))).upper()
     assert len(backend.batches) == depth  # one batch per step, stacked or not
+
+
+# -- one rule for every pure elementwise op ----------------------------------------------------------
+
+@outlines.prompt
+def _again(v):
+    """Say {{ v }} again"""
+
+
+def _shout(text: str) -> str:
+    if "7" in text[-6:]:
+        raise ValueError(f"no sevens in {text[-6:]!r}")
+    return text.upper()
+
+
+async def _quiet(text: str) -> str:
+    return text.lower()
+
+
+_SHOUT = outlines.fn(_shout, pure=True)
+_QUIET = outlines.fn(_quiet, pure=True)
+_TRIM = outlines.fn(lambda text: text[-12:], signature="()->()", pure=True, name="trim")
+_FORK = np.array(["<", ">"], dtype=object)
+#: One step of every chain: (name, how a step builds on x for chain i).
+_STEPS: dict[str, Callable[[Any, Any, int], Any]] = {
+    "llm": lambda llm, x, i: llm(x),
+    "template": lambda llm, x, i: _again(x),
+    "concat-shared": lambda llm, x, i: x + "a",
+    "concat-own": lambda llm, x, i: outlines.constant(f"[{i % 5}]") + x,
+    "fn": lambda llm, x, i: _SHOUT(x),
+    "async-fn": lambda llm, x, i: _QUIET(x),
+    "gufunc": lambda llm, x, i: _TRIM(x),
+    "index": lambda llm, x, i: (x + outlines.constant(_FORK))[1],
+}
+
+
+class _Picky:
+    """A model function that fails its own element only (a batch holding it does not fail) and records prompts."""
+
+    def __init__(self) -> None:
+        self.prompts: list[str] = []
+
+    def __call__(self, prompt: str) -> str:
+        self.prompts.append(prompt)
+        if prompt.endswith("3:"):
+            raise RuntimeError("the model refuses threes")
+        return prompt + "."
+
+
+def _relative(value: Any, base: int) -> Any:
+    """A value with creation numbers made relative to the first node of its build (two builds compare)."""
+    if isinstance(value, np.ndarray):
+        return [_relative(v, base) for v in value.reshape(-1).tolist()]
+    if isinstance(value, Failure):
+        shift = lambda text: re.sub(r"#(\d+)", lambda m: f"#{int(m.group(1)) - base}", text)  # noqa: E731
+        return "failure", shift(value.node), value.error_type, shift(value.message)
+    return value
+
+
+@settings(max_examples=5, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    n=st.integers(STACK_MIN, STACK_MIN + 8),
+    steps=st.lists(st.sampled_from(sorted(_STEPS)), min_size=1, max_size=4),
+    taps=st.lists(st.integers(0, 10**6), max_size=2),
+)
+def test_stacked_equals_unstacked_over_mixed_ops(n: int, steps: list[str], taps: list[int],
+                                                 tmp_path_factory: pytest.TempPathFactory,
+                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    """Values, failures and their labels, prompts sent and cache hits: the same whether stacked or not.
+
+    With errors="raise" the node named is one whose own element failed (which one comes first in
+    the flat plan depends on when its Python steps finish; the stacked plan names the first).
+    """
+    root = tmp_path_factory.mktemp("mixed")
+    seen = []
+    for stack in (False, True):
+        monkeypatch.setattr(plan_module, "STACK_MIN", STACK_MIN if stack else 10**9)
+        picky = _Picky()
+        llm = models.from_function(picky, name="mixed")
+        cache = Cache(root / str(stack))
+        runs: list[Any] = []
+        for errors in ("return", "return", "raise"):  # cold, warm, then raising
+            base = outlines.constant("x")
+            first = llm(base).owner.order  # creation numbers of this build start here
+            outs = []
+            for i in range(n):
+                x: Any = outlines.constant(f"Q{i}:")
+                for step in steps:
+                    x = _STEPS[step](llm, x, i)
+                outs.append(llm(x))
+            outs += [outlines.fn(str.title)(outs[t % n]) for t in taps]  # a node left out reads an element
+            if errors == "raise":
+                sent = sorted(picky.prompts)  # what a raising run sends before it stops is timing
+                own = {v[1] for v in runs[0][0] if isinstance(v, tuple) and v[2] != "UpstreamFailure"}
+                own |= {re.search(r"at (\S+):", v[3]).group(1)  # type: ignore[union-attr]
+                        for v in runs[0][0] if isinstance(v, tuple) and v[2] == "UpstreamFailure"}
+                try:
+                    outlines.eval(*outs, cache=cache)
+                    assert not own
+                except NodeError as exc:
+                    assert _relative(Failure(exc.node, exc.op, "", ""), first)[1] in own
+                continue
+            with outlines.trace() as trace:
+                values = [_relative(v, first) for v in outlines.eval(*outs, cache=cache, errors=errors)]
+            runs.append((values, trace.cache_hits, trace.cache_misses))
+            cache.flush()
+        # the same prompts sent either way (how the flat plan's calls split into batches depends on when
+        # its Python steps finish: timing, not stacking)
+        seen.append((runs, sent))
+    assert seen[1] == seen[0]
+
+
+def test_impure_ops_never_stack() -> None:
+    llm = RecordingBackend(name="impure").model()
+    impure = outlines.fn(lambda text: text + "!", name="impure")  # pure=False: the default
+    pure = outlines.fn(lambda text: text + "!", name="pure", pure=True)
+    for step, expected in ((impure, N), (pure, 1)):
+        outs = [llm(step(llm(outlines.constant(f"Q{i}")))) for i in range(N)]
+        nodes = Plan(outs, stack=True).nodes
+        assert sum(node.op.name == step.__name__ for node in nodes) == expected
+        # the first calls still stack; the impure steps read their elements, and the calls after stay flat
+        assert sum(node.op.name.startswith("Generate") for node in nodes) == (2 if expected == 1 else 1 + N)
+
+
+def test_stacked_ops_run_in_bulk(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each step of template, +, fn and index chains is one node over the arrays of its members."""
+    llm = RecordingBackend(name="bulk").model()
+    outs, concats = [], []
+    for i in range(N):
+        x: Any = outlines.constant(f"Q{i}:")
+        for step in ("llm", "template", "llm", "concat-own", "fn", "async-fn", "gufunc", "index", "llm"):
+            x = _STEPS[step](llm, x, i)
+            if step == "concat-own":
+                concats.append(x.owner)
+        outs.append(x)
+    plan = Plan(outs, stack=True)
+    assert [n.op.name for n in plan.nodes] == [
+        "Generate[recording:bulk]", "Render[_again]", "Generate[recording:bulk]", "Concat", "_shout", "_quiet",
+        "trim", "Concat", "Index[:, 1]", "Generate[recording:bulk]",
+    ]
+    assert plan.members[id(plan.nodes[3])] == concats  # failures name them
+    assert plan.nodes[3].inputs[0].value.tolist() == [f"[{i % 5}]" for i in range(N)]  # its members' constants
+    assert plan.nodes[7].inputs[1].value.shape == (N, 2)  # array constants stack along the new axis
+
+
+def test_a_stacked_node_failing_whole_fails_each_member_as_itself(monkeypatch: pytest.MonkeyPatch) -> None:
+    llm = RecordingBackend(name="whole").model()
+    outs = [llm(llm(outlines.constant(f"Q{i}")) + "a") for i in range(N)]
+
+    def broken(self: Any, *values: Any, **guards: Any) -> Any:
+        raise RuntimeError("broken as a whole")
+
+    monkeypatch.setattr(outlines.graph.ops.Concat, "perform", broken)
+    values = outlines.eval(*outs, cache=False, errors="return")
+    for out, value in zip(outs, values):
+        assert isinstance(value, Failure) and value.root.node == out.owner.inputs[0].owner.label
+
+
+def test_structured_parses_stack_and_fail_as_their_own_call() -> None:
+    def reply(prompt: str) -> str:
+        return "not json" if prompt == "Q7" else '{"a": "%s"}' % prompt
+
+    llm = models.from_function(reply, name="json")
+    schema = {"type": "object", "properties": {"a": {"type": "string"}}, "required": ["a"]}
+    outs = [llm(outlines.constant(f"Q{i}"), json_schema=schema) for i in range(N)]
+    assert [n.op.name for n in Plan(outs, stack=True).nodes] == ["Generate[function:json]", "Parse[json]"]
+    values = outlines.eval(*outs, cache=False, errors="return", progress=False)
+    assert values[0] == {"a": "Q0"} and values[7].node == outs[7].owner.label
+    assert [i for i, v in enumerate(values) if isinstance(v, Failure)] == [7]

@@ -484,7 +484,8 @@ class Batcher:
         results = wait.results() if values is None else values
         count = len(results)
         hits = wait.cache_hits() if values is None else count
-        self.recorder.node_cache(node, hits, count - hits)
+        # An element settled by its failed input was never looked up (as its own unstacked call is not).
+        self.recorder.node_cache(node, hits, count - hits - len(wait.settled or ()))
         if not wait.shape:
             self.schedule.finish(wait.index, results[0])
             return
