@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from typing import Any, Callable, Coroutine, Protocol
+from typing import Any, Callable, Coroutine, Protocol, Sequence
 
 import numpy as np
 
@@ -44,6 +44,7 @@ from outlines.runtime.batching.keys import draws_of, queue_key
 from outlines.runtime.batching.packing import Batch, pack_draws, whole_batches
 from outlines.runtime.batching.queue import BatchQueue, SlotQueue
 from outlines.runtime.batching.waiting import Wait
+from outlines.runtime.jobs import JobEvent, generate_as_jobs, has_jobs
 from outlines.runtime.plan import Plan
 from outlines.runtime.session import Evaluation
 
@@ -122,6 +123,8 @@ class Batcher:
         self.sent = 0
         self.refused: tuple[int, BaseException] | None = None  # (node, error) raised once the running end
         self.timer: asyncio.TimerHandle | None = None
+        self.jobs = evaluation.jobs
+        self.as_jobs: dict[Backend, bool] = {}  # backend -> its draws go as provider batch jobs
         for node in plan.nodes:
             if node.op.mode == "generate":
                 self._route(node.op).unready += 1
@@ -137,6 +140,15 @@ class Batcher:
                 self.evaluation.uses(op.backend)
             self.routes[id(op)] = queue
         return queue
+
+    def _as_jobs(self, backend: Backend) -> bool:
+        """Whether ``backend``'s draws go as provider batch jobs (batch mode, and a provider that has them)."""
+        if self.jobs is None:
+            return False
+        known = self.as_jobs.get(backend)
+        if known is None:
+            known = self.as_jobs[backend] = has_jobs(backend)
+        return known
 
     def queued_draws(self) -> int:
         """Draws waiting in the queues, not sent yet."""
@@ -204,7 +216,7 @@ class Batcher:
             pending = queue.pending
             if not pending:
                 continue
-            max_batch = queue.backend.max_batch
+            max_batch = None if self._as_jobs(queue.backend) else queue.backend.max_batch
             deadline = queue.since + window
             if queue.unready and others_running and now < deadline:
                 if max_batch is not None and pending >= max_batch:  # send the whole batches now
@@ -234,7 +246,7 @@ class Batcher:
             draws, rest = whole_batches(backend, draws)
             queue.requeue(rest)
         draws = self._from_cache(queue, draws, members)
-        for batch in pack_draws(backend, draws):
+        for batch in pack_draws(backend, draws, jobs=self._as_jobs(backend)):
             ticket = self._admit(queue, batch) if self.evaluation.budget is not None else None
             if ticket != -1:
                 self._dispatch(queue, batch, ticket)
@@ -329,11 +341,12 @@ class Batcher:
         error: BaseException | None = None
         worker = None
         try:
+            generate = self._jobs_generate if self._as_jobs(backend) else evaluation.executor.generate
             # Constrained draws are checked, and retried while they break their constraint.
             if queue.constrained:
-                texts, worker = await generate_valid(evaluation.executor.generate, backend, draws, report)
+                texts, worker = await generate_valid(generate, backend, draws, report)
             else:
-                texts, worker = await evaluation.executor.generate(backend, draws, report)
+                texts, worker = await generate(backend, draws, report)
             if not isinstance(texts, list) or len(texts) != len(draws):
                 raise BackendError(f"{backend!r} returned {len(texts)} completions for {len(draws)} prompts")
             if cached:  # what the backend did not report (and cache) already
@@ -364,6 +377,16 @@ class Batcher:
                 whole.release()
             if limit is not None:
                 limit.release()
+
+    async def _jobs_generate(self, backend: Any, draws: Sequence[Any], report: BatchReport) -> tuple[list[str], Any]:
+        """``executor.generate``'s shape, in batch mode: the draws asked in provider jobs, here on the loop."""
+        assert self.jobs is not None
+
+        def on_job(event: JobEvent) -> None:
+            self.recorder.job_event(event)
+
+        texts = await generate_as_jobs(self.jobs, self.cache, backend, DrawBatch.of(draws), report, on_job)
+        return texts, None
 
     # -- 4. results back --------------------------------------------------------------
     def _batch_done(self, queue: BatchQueue, draws: DrawBatch, task: asyncio.Task[Any], report: BatchReport) -> None:

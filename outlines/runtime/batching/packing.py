@@ -53,13 +53,15 @@ def group_sizes(draws: DrawBatch) -> list[int]:
     return sizes
 
 
-def pack_draws(backend: Backend, draws: DrawBatch, unknown: Sequence[int] = ()) -> list[Batch]:
+def pack_draws(backend: Backend, draws: DrawBatch, unknown: Sequence[int] = (), *, jobs: bool = False) -> list[Batch]:
     """The calls to ``backend`` that send ``draws`` (each prompt's draws adjacent, as ``take`` gives them).
 
     ``unknown`` are the sizes of groups of draws whose prompts a dry run
-    cannot know; they are packed after the known ones.
+    cannot know; they are packed after the known ones. ``jobs``: the draws go
+    as provider batch jobs (``outlines.runtime.jobs``), one call per round
+    whatever ``max_batch`` (the job client splits at the provider's limits).
     """
-    counts = pack([*group_sizes(draws), *unknown], backend.max_batch)
+    counts = pack([*group_sizes(draws), *unknown], None if jobs else backend.max_batch)
     if len(counts) == 1 and not unknown:
         return [Batch(backend, draws)]
     batches, start, known = [], 0, len(draws)
