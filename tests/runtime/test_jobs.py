@@ -1,0 +1,274 @@
+"""Batch mode (``eval(..., batch=Jobs(...))``) against the fake batch provider on 127.0.0.1.
+
+The server runs its jobs on a ``FakeClock`` that the evaluation's waiting
+advances: nothing really sleeps. Every assertion counts what the server was
+asked (uploads, creates, polls, downloads, live requests, lines paid).
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+from typing import Any, Iterator
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings, strategies as st
+
+import outlines
+from outlines import models
+from outlines.backends.jobs import Backoff, job_client
+from outlines.cache import Cache
+from outlines.cache.ledger import Ledger
+from outlines.errors import Failure, JobsRunning, NodeError
+from outlines.runtime.jobs import Jobs
+from tests.fixtures.fake_batches import FakeBatches, FakeClock, JobPlan
+
+KEY = "sk-jobs-SECRET-0123456789"
+PROVIDERS = pytest.mark.parametrize("provider", ["openai", "anthropic"])
+CREATE = {"openai": "batches.create", "anthropic": "message_batches.create"}
+
+
+def reply(prompt: str, sample: int, body: Any) -> str:
+    """Deterministic: the same request gets the same answer, live or in a job."""
+    return f"<{prompt}|{body.get('seed')}|{sample}>"
+
+
+@pytest.fixture
+def clock() -> FakeClock:
+    return FakeClock()
+
+
+@pytest.fixture
+def server(clock: FakeClock) -> Iterator[FakeBatches]:
+    with FakeBatches(clock=clock, reply=reply) as fake:
+        yield fake
+
+
+@pytest.fixture
+def cache(tmp_path: Path) -> Cache:
+    return Cache(tmp_path / "cache")
+
+
+def model(server: FakeBatches, provider: str) -> Any:
+    if provider == "openai":
+        return models.openai("fake-model", base_url=server.base_url, api_key=KEY)
+    return models.anthropic("claude-fake", base_url=server.anthropic_url, api_key=KEY)
+
+
+def two_levels(m: Any, **params: Any) -> Any:
+    q = outlines.string("q")
+    return m("then " + m(q, **params), **params)
+
+
+def jobs(clock: FakeClock, **options: Any) -> Jobs:
+    return Jobs(clock=clock, backoff=Backoff(first=1.0, cap=5.0), **options)
+
+
+@PROVIDERS
+def test_each_round_is_one_job_and_nothing_goes_live(server: FakeBatches, clock: FakeClock, cache: Cache,
+                                                     provider: str) -> None:
+    m = model(server, provider)
+    out = two_levels(m, max_tokens=8)
+    prompts = [f"p{i}" for i in range(20)]
+    value = outlines.eval(out, givens={"q": prompts}, batch=jobs(clock), cache=cache)
+    assert list(value) == [f"<then <{p}|None|0>|None|0>" for p in prompts]
+    assert server.count == 0  # no live request
+    assert server.counts[CREATE[provider]] == 2  # depth 2: two rounds, one job each
+    assert set(server.paid().values()) == {1} and len(server.paid()) == 40
+    # Every job is closed in the ledger, and a re-run is answered by the cache alone.
+    assert [r.state for r in Ledger(cache).jobs()] == ["collected", "collected"]
+    again = outlines.eval(out, givens={"q": prompts}, batch=jobs(clock), cache=cache)
+    assert list(again) == list(value) and server.counts[CREATE[provider]] == 2
+
+
+def test_samples_and_shuffled_results_land_on_their_draws(server: FakeBatches, clock: FakeClock,
+                                                          cache: Cache) -> None:
+    m = model(server, "openai")
+    q = outlines.string("q")
+    out = m(q, num_samples=3, temperature=0.7, seed=5, max_tokens=8)
+    value = outlines.eval(out, givens={"q": ["a", "b", "c", "d"]}, batch=jobs(clock), cache=cache)
+    live = outlines.eval(out, givens={"q": ["a", "b", "c", "d"]}, cache=False)
+    assert value.tolist() == live.tolist()  # the same requests, so the same texts, in the right places
+    assert server.counts["batches.create"] == 1 and server.count == 4
+
+
+def test_a_round_splits_only_at_the_limits(clock: FakeClock, cache: Cache) -> None:
+    with FakeBatches(clock=clock, reply=reply, openai_limits=(4, 10_000_000)) as server:
+        m = model(server, "openai")
+        out = m(outlines.string("q"), max_tokens=4)
+        outlines.eval(out, givens={"q": [f"p{i}" for i in range(10)]}, batch=jobs(clock, max_requests=4), cache=cache)
+        assert server.counts["batches.create"] == 3 and server.count == 0
+
+
+def test_other_backends_stay_live_in_batch_mode(server: FakeBatches, clock: FakeClock, cache: Cache) -> None:
+    upper = outlines.fn(str.upper)
+    m = model(server, "openai")
+    out = upper(m(outlines.string("q"), max_tokens=4))
+    assert outlines.eval(out, givens={"q": "x"}, batch=jobs(clock), cache=cache) == "<X|NONE|0>"
+    assert server.counts["batches.create"] == 1
+
+
+def test_batch_mode_needs_a_cache_and_a_valid_option(server: FakeBatches, clock: FakeClock) -> None:
+    out = model(server, "openai")(outlines.string("q"))
+    with pytest.raises(NodeError, match="batch mode needs a cache"):
+        outlines.eval(out, givens={"q": "x"}, batch=jobs(clock), cache=False)
+    with pytest.raises(TypeError, match="batch must be True, False or outlines.Jobs"):
+        outlines.eval(out, givens={"q": "x"}, batch="yes")
+    with pytest.raises(ValueError, match="deadline"):
+        Jobs(deadline=-1)
+
+
+# -- durability -----------------------------------------------------------------------------------
+
+
+@PROVIDERS
+def test_submit_returns_at_once_and_a_later_call_collects(server: FakeBatches, clock: FakeClock, cache: Cache,
+                                                          provider: str) -> None:
+    m = model(server, provider)
+    out = m(outlines.string("q"), max_tokens=4)
+    prompts = ["a", "b", "c"]
+    with pytest.raises(JobsRunning, match="call again to collect") as raised:
+        outlines.eval(out, givens={"q": prompts}, batch=jobs(clock, wait=False), cache=cache)
+    assert len(raised.value.jobs) == 1 and raised.value.requests == 3
+    assert [r.state in ("validating", "in_progress") for r in Ledger(cache).jobs()] == [True]
+    # Asking again without waiting still pays nothing more.
+    with pytest.raises(JobsRunning):
+        outlines.eval(out, givens={"q": prompts}, batch=jobs(clock, wait=False), cache=cache)
+    value = outlines.eval(out, givens={"q": prompts}, batch=jobs(clock), cache=cache)
+    assert list(value) == [f"<{p}|None|0>" for p in prompts]
+    assert server.counts[CREATE[provider]] == 1 and set(server.paid().values()) == {1}
+
+
+def test_a_job_created_before_the_ledger_heard_of_it_is_found_not_paid_again(
+        server: FakeBatches, clock: FakeClock, cache: Cache) -> None:
+    m = model(server, "openai")
+    out = m(outlines.string("q"), max_tokens=4)
+    prompts = ["a", "b"]
+    # What a process killed between create and the ledger write leaves: an intent, a job, no id.
+    backend = out.owner.op.backend
+    client = job_client(backend)
+    ledger = Ledger(cache)
+    from outlines.backends.base import DrawBatch
+    from outlines.cache import draw_keys
+    draws = DrawBatch.of([d for d in _draws(out, prompts)])
+    lines = client.lines(draws, draw_keys(backend.cache_identities[0], draws))
+    record = ledger.record_intent(provider="openai", backend=list(backend.identity), run="outlines",
+                                  lines=[(line.custom_id, line.keys) for line in lines])
+    created = asyncio.run(_create(client, lines, record.metadata))
+    value = outlines.eval(out, givens={"q": prompts}, batch=jobs(clock), cache=cache)
+    assert list(value) == ["<a|None|0>", "<b|None|0>"]
+    assert server.counts["batches.create"] == 1  # the lost job was found, not made again
+    assert Ledger(cache).get(record.intent).job_id == created  # type: ignore[union-attr]
+
+
+def test_an_intent_never_created_is_abandoned_and_sent(server: FakeBatches, clock: FakeClock, cache: Cache) -> None:
+    m = model(server, "openai")
+    out = m(outlines.string("q"), max_tokens=4)
+    backend = out.owner.op.backend
+    client = job_client(backend)
+    from outlines.backends.base import DrawBatch
+    from outlines.cache import draw_keys
+    draws = DrawBatch.of(_draws(out, ["a"]))
+    lines = client.lines(draws, draw_keys(backend.cache_identities[0], draws))
+    record = Ledger(cache).record_intent(provider="openai", backend=list(backend.identity), run="outlines",
+                                         lines=[(line.custom_id, line.keys) for line in lines])
+    assert outlines.eval(out, givens={"q": ["a"]}, batch=jobs(clock), cache=cache).tolist() == ["<a|None|0>"]
+    assert Ledger(cache).get(record.intent).state == "abandoned"  # type: ignore[union-attr]
+    assert server.counts["batches.create"] == 1
+
+
+def _draws(out: Any, prompts: list[str]) -> list[Any]:
+    from outlines.backends.base import Draw
+    params = out.owner.op.params
+    return [Draw(p, params, 0) for p in prompts]
+
+
+async def _create(client: Any, lines: Any, metadata: Any) -> str:
+    try:
+        return str((await client.create(lines, metadata)).id)
+    finally:
+        await client.aclose()
+
+
+# -- faults ---------------------------------------------------------------------------------------
+
+
+@PROVIDERS
+def test_an_expired_job_keeps_its_half_and_only_the_rest_goes_again(server: FakeBatches, clock: FakeClock,
+                                                                     cache: Cache, provider: str) -> None:
+    # Validating 1 s, running 10 s: it expires at 6 s, half its lines done.
+    server.plan(JobPlan(validate_s=1.0, run_s=10.0, expire_s=6.0))
+    m = model(server, provider)
+    prompts = [f"p{i}" for i in range(10)]
+    value = outlines.eval(m(outlines.string("q"), max_tokens=4), givens={"q": prompts}, batch=jobs(clock),
+                          cache=cache)
+    assert list(value) == [f"<{p}|None|0>" for p in prompts]
+    first, second = sorted(server.jobs.values(), key=lambda job: job.created)
+    assert len(first.lines) == 10 and len(second.lines) == 5
+    assert {line.custom_id for line in second.lines}.isdisjoint(first.lines[i].custom_id for i in first.done(clock.now))
+    assert set(server.paid().values()) == {1} and len(server.paid()) == 10
+
+
+@PROVIDERS
+def test_error_lines_follow_the_retry_policy(server: FakeBatches, clock: FakeClock, cache: Cache,
+                                             provider: str) -> None:
+    m = model(server, provider)
+    out = m(outlines.string("q"), max_tokens=4)
+    backend = out.owner.op.backend
+    from outlines.cache import draw_keys
+    keys = [k.hex() for k in draw_keys(backend.cache_identities[0], _draws(out, ["a", "b", "c"]))]
+    # "a" fails once with a 500 (retryable: it goes again), "b" with a 400 (it fails).
+    server.plan(JobPlan(errors={keys[0]: 500, keys[1]: 400}))
+    value = outlines.eval(out, givens={"q": ["a", "b", "c"]}, batch=jobs(clock), cache=cache, errors="return")
+    assert value[0] == "<a|None|0>" and value[2] == "<c|None|0>"
+    assert isinstance(value[1], Failure) and "400" in value[1].message
+    assert server.counts[CREATE[provider]] == 2 and len(list(server.jobs.values())[-1].lines) == 1
+
+
+@PROVIDERS
+def test_a_failed_job_quotes_the_provider(server: FakeBatches, clock: FakeClock, cache: Cache, provider: str) -> None:
+    server.plan(JobPlan(fail="line 1: the model fake-model does not exist"))
+    out = model(server, provider)(outlines.string("q"), max_tokens=4)
+    with pytest.raises(NodeError, match="does not exist"):
+        outlines.eval(out, givens={"q": ["a"]}, batch=jobs(clock), cache=cache)
+
+
+def test_a_malformed_results_file_is_a_clear_error_and_the_ledger_keeps_the_job(
+        server: FakeBatches, clock: FakeClock, cache: Cache) -> None:
+    server.plan(JobPlan(malformed=1))
+    out = model(server, "openai")(outlines.string("q"), max_tokens=4)
+    with pytest.raises(NodeError, match="malformed line"):
+        outlines.eval(out, givens={"q": ["a", "b"]}, batch=jobs(clock), cache=cache)
+    (record,) = Ledger(cache).jobs()
+    assert record.open and record.state == "completed" and record.job_id is not None
+
+
+def test_after_the_deadline_stragglers_go_live(server: FakeBatches, clock: FakeClock, cache: Cache) -> None:
+    server.plan(JobPlan(validate_s=1.0, run_s=100.0))
+    out = model(server, "openai")(outlines.string("q"), max_tokens=4)
+    prompts = [f"p{i}" for i in range(4)]
+    value = outlines.eval(out, givens={"q": prompts}, batch=jobs(clock, deadline=30.0), cache=cache)
+    assert list(value) == [f"<{p}|None|0>" for p in prompts]
+    assert server.counts["batches.cancel"] == 1 and 0 < server.count < 4  # only the stragglers went live
+    assert sum(server.paid().values()) + server.count == 4
+
+
+# -- batch mode and live mode agree -----------------------------------------------------------------
+
+
+@settings(max_examples=8, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(depth=st.integers(1, 3), width=st.integers(1, 5), samples=st.integers(1, 3))
+def test_batch_mode_gives_the_live_values(server: FakeBatches, clock: FakeClock, tmp_path: Path, depth: int,
+                                          width: int, samples: int) -> None:
+    m = model(server, "openai")
+    out = outlines.string("q")
+    for level in range(depth):
+        out = m(f"level {level}: " + out, max_tokens=4, temperature=0.5, seed=level)
+    if samples > 1:
+        out = m(out, num_samples=samples, temperature=0.9, seed=7, max_tokens=4)
+    prompts = [f"w{i}" for i in range(width)]
+    cache = Cache(tmp_path / f"c{depth}-{width}-{samples}-{len(server.jobs)}")
+    batch = outlines.eval(out, givens={"q": prompts}, batch=jobs(clock), cache=cache)
+    live = outlines.eval(out, givens={"q": prompts}, cache=False)
+    assert np.asarray(batch).tolist() == np.asarray(live).tolist()
