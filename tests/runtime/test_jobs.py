@@ -272,3 +272,80 @@ def test_batch_mode_gives_the_live_values(server: FakeBatches, clock: FakeClock,
     batch = outlines.eval(out, givens={"q": prompts}, batch=jobs(clock), cache=cache)
     live = outlines.eval(out, givens={"q": prompts}, cache=False)
     assert np.asarray(batch).tolist() == np.asarray(live).tolist()
+
+
+# -- kill -9 at every step, then a re-run ------------------------------------------------------------
+
+#: The evaluating process: a graph of two rounds in batch mode; with ``KILL_AT`` it SIGKILLs itself at
+#: that step (after the upload; after create, before the ledger heard; while polling; while downloading).
+CHILD = r'''
+import json, os, signal, sys
+import outlines
+from outlines import models
+from outlines.backends.jobs import Backoff
+from outlines.backends.jobs.openai import OpenAIJobs
+from outlines.cache import Cache
+from outlines.cache.ledger import Ledger
+from outlines.runtime.jobs import Jobs
+
+url, folder, kill_at = sys.argv[1], sys.argv[2], sys.argv[3]
+
+def die():
+    os.kill(os.getpid(), signal.SIGKILL)
+
+def after(cls, name, step, before=False):
+    original = getattr(cls, name)
+    if getattr(original, "__code__", None) and original.__code__.co_flags & 0x80:  # a coroutine function
+        async def wrapped(*args, **kwargs):
+            result = await original(*args, **kwargs)
+            die()
+    else:
+        def wrapped(*args, **kwargs):
+            if before:
+                die()
+            result = original(*args, **kwargs)
+            die()
+    if kill_at == step:
+        setattr(cls, name, wrapped)
+
+after(OpenAIJobs, "_upload", "upload")
+after(Ledger, "record_created", "create", before=True)
+after(Ledger, "advance", "poll")
+after(OpenAIJobs, "results", "download")
+m = models.openai("fake-model", base_url=url, api_key="sk-child")
+q = outlines.string("q")
+out = m("then " + m(q, max_tokens=4), max_tokens=4)
+value = outlines.eval(out, givens={"q": [f"p{i}" for i in range(6)]}, cache=Cache(folder),
+                      batch=Jobs(backoff=Backoff(first=0.02, cap=0.05)))
+print(json.dumps(list(value)))
+'''
+
+
+@pytest.mark.parametrize("step", ["upload", "create", "poll", "download"])
+def test_kill_9_at_each_step_then_a_rerun_pays_each_draw_once(tmp_path: Path, step: str) -> None:
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    script = tmp_path / "child.py"
+    script.write_text(CHILD)
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
+    with FakeBatches(speed=100.0, reply=reply) as server:
+        def child(kill_at: str) -> subprocess.CompletedProcess[str]:
+            return subprocess.run([sys.executable, str(script), server.base_url, str(tmp_path / "cache"), kill_at],
+                                  capture_output=True, text=True, env=env, timeout=120)
+
+        killed = child(step)
+        assert killed.returncode == -signal.SIGKILL, killed.stderr
+        done = child("never")
+        assert done.returncode == 0, done.stderr
+        prompts = [f"p{i}" for i in range(6)]
+        assert json.loads(done.stdout) == [f"<then <{p}|None|0>|None|0>" for p in prompts]
+        paid = server.paid()
+        assert len(paid) == 12 and set(paid.values()) == {1}  # every draw paid exactly once, none lost
+        assert server.count == 0
+        # Each round's job was created once, whatever the kill: the re-run found it.
+        created = sum(len(job.lines) for job in server.jobs.values())
+        assert created == 12 and server.counts["batches.create"] == 2
+        assert all(not record.open for record in Ledger(tmp_path / "cache" / "draws-v2.sqlite3").jobs())
