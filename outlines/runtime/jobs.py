@@ -40,7 +40,7 @@ from outlines.cache import Cache, draw_keys
 from outlines.cache.ledger import JobRecord, Ledger
 from outlines.errors import JobsRunning
 
-__all__ = ["JobEvent", "Jobs", "generate_as_jobs", "has_jobs"]
+__all__ = ["JobEvent", "Jobs", "cancel_jobs", "generate_as_jobs", "has_jobs", "jobs"]
 
 
 @dataclass(frozen=True)
@@ -367,3 +367,93 @@ async def generate_as_jobs(
         raise ValueError("batch mode needs a cache: its file holds the ledger of jobs (eval(cache=False) "
                          "cannot be combined with batch=...)")
     return await _Round(settings, cache, backend, draws, report, on_job).run()
+
+
+def jobs(cache: Any = True, *, open: bool | None = True, run: str | None = None) -> list[JobRecord]:
+    """The provider batch jobs recorded in a cache's ledger, oldest first.
+
+    Parameters
+    ----------
+    cache
+        As ``eval(cache=...)``: ``True`` (the default cache), a ``Cache`` or a path.
+    open
+        ``True`` (default): the jobs that may still deliver results (running,
+        or finished and not collected yet); ``False``: the closed ones;
+        ``None``: all.
+    run
+        Only the jobs of this run (``Jobs(run=...)``).
+
+    Returns
+    -------
+    list[JobRecord]
+        Each with its provider, job id, state, requests and last status.
+
+    Raises
+    ------
+    ValueError
+        When caching is off: there is no ledger.
+
+    Examples
+    --------
+    >>> import outlines
+    >>> outlines.jobs(cache=outlines.cache.Cache("/tmp/outlines-doc-jobs"))  # doctest: +SKIP
+    []
+    """
+    return _ledger(cache).jobs(open=open, run=run)
+
+
+def cancel_jobs(model: Any, cache: Any = True, *, run: str | None = None) -> list[JobStatus]:
+    """Ask the provider to cancel the open jobs of ``model`` (what they finished is kept).
+
+    The next batch-mode call of the same graph collects what the cancelled
+    jobs finished and sends only the rest again.
+
+    Parameters
+    ----------
+    model
+        The ``models.openai(...)``/``models.anthropic(...)`` whose jobs to
+        cancel (its key is used to ask; the ledger matches its identity).
+    cache
+        The cache whose ledger holds the jobs (as ``jobs``).
+    run
+        Only the jobs of this run.
+
+    Returns
+    -------
+    list[JobStatus]
+        The provider's answer for each job cancelled.
+
+    Raises
+    ------
+    TypeError
+        For a model whose provider has no batch jobs.
+    """
+    backend = getattr(model, "backend", model)
+    client = job_client(backend)
+    ledger = _ledger(cache)
+    records = [r for r in ledger.jobs(open=True, provider=client.provider, backend=list(backend.identity), run=run)
+               if r.job_id is not None and r.state not in ("completed", "expired", "cancelled", "failed")]
+
+    async def cancel_all() -> list[JobStatus]:
+        try:
+            out = []
+            for record in records:
+                status = await client.cancel(record.job_id or "")
+                ledger.advance(record.intent, status)
+                out.append(status)
+            return out
+        finally:
+            await client.aclose()
+
+    from outlines.runtime.evaluate import run_sync
+
+    return run_sync(lambda _: cancel_all())  # type: ignore[no-any-return]
+
+
+def _ledger(cache: Any) -> Ledger:
+    from outlines import cache as cache_module
+
+    resolved = cache_module.resolve(cache)
+    if resolved is None:
+        raise ValueError("the cache is off: there is no ledger of jobs (pass cache=... or enable the cache)")
+    return Ledger(resolved)

@@ -349,3 +349,31 @@ def test_kill_9_at_each_step_then_a_rerun_pays_each_draw_once(tmp_path: Path, st
         created = sum(len(job.lines) for job in server.jobs.values())
         assert created == 12 and server.counts["batches.create"] == 2
         assert all(not record.open for record in Ledger(tmp_path / "cache" / "draws-v2.sqlite3").jobs())
+
+
+def test_program_submit_then_call_collects_and_jobs_lists_and_cancels(server: FakeBatches, clock: FakeClock,
+                                                                     cache: Cache) -> None:
+    m = model(server, "openai")
+    prog = outlines.compile(lambda q: m("then " + m(q, max_tokens=4), max_tokens=4), batch=jobs(clock), cache=cache)
+    prompts = ["a", "b"]
+    running = prog.submit(prompts)
+    assert len(running) == 1 and server.counts["batches.create"] == 1
+    (record,) = outlines.jobs(cache=cache)
+    assert record.job_id == running[0] and record.requests == 2 and record.run == "outlines"
+    # The first round runs on; the call waits for it, then does the second round.
+    assert list(prog(prompts)) == ["<then <a|None|0>|None|0>", "<then <b|None|0>|None|0>"]
+    assert server.counts["batches.create"] == 2 and outlines.jobs(cache=cache) == []
+    assert len(outlines.jobs(cache=cache, open=None)) == 2
+    # Cancelling: what the job finished is kept, the rest goes again.
+    server.plan(JobPlan(validate_s=1.0, run_s=100.0))
+    other = m(outlines.string("q"), max_tokens=3)
+    with pytest.raises(JobsRunning):
+        outlines.eval(other, givens={"q": ["c", "d"]}, batch=jobs(clock, wait=False), cache=cache)
+    clock.advance(60.0)  # one of the two lines is done
+    (status,) = outlines.cancel_jobs(m, cache=cache)
+    assert status.state in ("cancelling", "cancelled")
+    assert list(outlines.eval(other, givens={"q": ["c", "d"]}, batch=jobs(clock), cache=cache)) == \
+        ["<c|None|0>", "<d|None|0>"]
+    assert set(server.paid().values()) == {1} and len(list(server.jobs.values())[-1].lines) == 1
+    with pytest.raises(ValueError, match="batch mode"):
+        outlines.compile(lambda q: m(q)).submit("x")
