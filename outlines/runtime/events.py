@@ -69,8 +69,8 @@ class Recorder(Protocol):
     def loop_iteration(self, node: Any, iteration: int, active: int, batches: int, start: float, end: float) -> None:
         """One iteration of a loop (``outlines.runtime.control``) finished."""
 
-    def job_event(self, event: Any) -> None:
-        """A provider batch job was created, resumed, read or collected (``outlines.runtime.jobs.JobEvent``)."""
+    def job_event(self, batch_id: int, event: Any) -> None:
+        """A job answering batch ``batch_id`` was created, resumed, read or collected (``runtime.jobs.JobEvent``)."""
 
 
 class Listener:
@@ -105,7 +105,7 @@ class Listener:
 
     def loop_iteration(self, node: Any, iteration: int, active: int, batches: int, start: float, end: float) -> None: ...
 
-    def job_event(self, event: Any) -> None: ...
+    def job_event(self, batch_id: int, event: Any) -> None: ...
 
 
 #: The recorder of an evaluation nobody listens to.
@@ -171,9 +171,9 @@ class FanOut:
         for listener in self.listeners:
             listener.loop_iteration(node, iteration, active, batches, start, end)
 
-    def job_event(self, event: Any) -> None:
+    def job_event(self, batch_id: int, event: Any) -> None:
         for listener in self.listeners:
-            listener.job_event(event)
+            listener.job_event(batch_id, event)
 
 
 def compose(*listeners: Recorder | None) -> Recorder:

@@ -377,3 +377,41 @@ def test_program_submit_then_call_collects_and_jobs_lists_and_cancels(server: Fa
     assert set(server.paid().values()) == {1} and len(list(server.jobs.values())[-1].lines) == 1
     with pytest.raises(ValueError, match="batch mode"):
         outlines.compile(lambda q: m(q)).submit("x")
+
+
+def test_traces_record_each_job_and_cost_the_batch_price(server: FakeBatches, clock: FakeClock, cache: Cache) -> None:
+    price = {"input": 1.0, "output": 2.0, "batch_discount": 0.5}
+    m = models.openai("fake-model", base_url=server.base_url, api_key=KEY, price=price)
+    out = two_levels(m, max_tokens=8)
+    prompts = [f"p{i}" for i in range(5)]
+    with outlines.trace() as batch_trace:
+        outlines.eval(out, givens={"q": prompts}, batch=jobs(clock), cache=cache)
+    with outlines.trace() as live_trace:
+        outlines.eval(out, givens={"q": prompts}, cache=False)
+    assert [(j.requests, j.draws, j.state) for j in batch_trace.jobs] == [(5, 5, "collected")] * 2
+    assert all(j.bytes > 0 and j.polls >= 1 and j.waited > 0 and not j.resumed for j in batch_trace.jobs)
+    assert [b.jobs for b in batch_trace.batches] == [[j.id] for j in batch_trace.jobs]
+    assert batch_trace.tokens == live_trace.tokens
+    assert batch_trace.cost() == pytest.approx(0.5 * live_trace.cost())  # type: ignore[operator]
+    assert "jobs" in batch_trace.to_dict() and KEY not in json.dumps(batch_trace.to_dict())
+
+
+def test_progress_shows_each_open_job() -> None:
+    from outlines.backends.jobs import JobStatus
+    from outlines.runtime.jobs import JobEvent
+    from outlines.runtime.progress import Counter, Progress
+
+    counter = Counter()
+    progress = Progress(counter, _NoQueue())
+    status = JobStatus("batch_7", "in_progress", total=20, succeeded=3, failed=1)
+    counter.job_event(1, JobEvent("status", "openai", "m", status, requests=20))
+    assert "job batch_7 in_progress 4/20" in progress.line()
+    counter.job_event(1, JobEvent("collected", "openai", "m", JobStatus("batch_7", "completed", total=20)))
+    assert "job" not in progress.line()
+
+
+class _NoQueue:
+    plan: Any = type("P", (), {"nodes": []})()
+
+    def queued_draws(self) -> int:
+        return 0

@@ -30,6 +30,7 @@ else from the ``Evaluation``.
 from __future__ import annotations
 
 import asyncio
+import functools
 import time
 from typing import Any, Callable, Coroutine, Protocol, Sequence
 
@@ -341,7 +342,9 @@ class Batcher:
         error: BaseException | None = None
         worker = None
         try:
-            generate = self._jobs_generate if self._as_jobs(backend) else evaluation.executor.generate
+            generate: Any = evaluation.executor.generate
+            if self._as_jobs(backend):
+                generate = functools.partial(self._jobs_generate, batch_id)
             # Constrained draws are checked, and retried while they break their constraint.
             if queue.constrained:
                 texts, worker = await generate_valid(generate, backend, draws, report)
@@ -378,12 +381,14 @@ class Batcher:
             if limit is not None:
                 limit.release()
 
-    async def _jobs_generate(self, backend: Any, draws: Sequence[Any], report: BatchReport) -> tuple[list[str], Any]:
+    async def _jobs_generate(
+        self, batch_id: int, backend: Any, draws: Sequence[Any], report: BatchReport
+    ) -> tuple[list[str], Any]:
         """``executor.generate``'s shape, in batch mode: the draws asked in provider jobs, here on the loop."""
         assert self.jobs is not None
 
         def on_job(event: JobEvent) -> None:
-            self.recorder.job_event(event)
+            self.recorder.job_event(batch_id, event)
 
         texts = await generate_as_jobs(self.jobs, self.cache, backend, DrawBatch.of(draws), report, on_job)
         return texts, None
