@@ -47,6 +47,8 @@ from outlines.runtime.batching.batcher import cached_values
 from outlines.runtime.batching.keys import draws_of, queue_key
 from outlines.runtime.batching.packing import pack_draws
 from outlines.runtime.batching.queue import BatchQueue
+from outlines.backends.jobs import job_client
+from outlines.runtime.jobs import has_jobs
 from outlines.runtime.session import Evaluation, Options
 from outlines.runtime.plan import Plan, bind_givens
 from outlines.runtime.scheduler import walker
@@ -70,7 +72,10 @@ class PredictedBatch:
     #: The most completion tokens (``max_tokens`` per sample); ``None``: a call sets no ``max_tokens``.
     completion_tokens: int | None = 0
     #: Wire requests (a chat batch sends one per prompt); unknown prompts count one each.
+    #: In batch mode, the requests (lines) its jobs hold.
     wire_requests: int = 1
+    #: Batch mode: the provider jobs that send it (split at the provider's request limit); 0: live.
+    jobs: int = 0
 
 
 @dataclass
@@ -90,6 +95,9 @@ class BackendUsage:
     prompt_cost: float | None = None
     #: Upper bound of the completions' cost (``None``: no price or no bound).
     completion_cost: float | None = None
+    #: Batch mode: provider jobs (their tokens cost the batch price) and the rounds they go in.
+    jobs: int = 0
+    rounds: int = 0
 
     @property
     def cost(self) -> float | None:
@@ -201,6 +209,10 @@ class Explanation:
         per_backend = ", ".join(f"{b}: {n}" for b, n in self.batches_per_backend.items())
         lines.append(f"  batches: {len(self.batches)}" + (f" ({per_backend})" if per_backend else "")
                      + f"; requests: {self.requests}")
+        for name, usage in self.usage.items():
+            if usage.jobs:
+                lines.append(f"  batch mode: {name}: {usage.rounds} round(s), {usage.jobs} provider job(s) "
+                             "at the batch price, no live request")
         lines.append(
             f"  draws: {self.draws}; cache hits known in advance: {self.cache_hits}; "
             f"duplicates merged: {self.deduplicated}"
@@ -301,8 +313,9 @@ class _DryRun:
     draws per prompt of each prompt that cannot be known.
     """
 
-    def __init__(self, plan: Plan, cache: Any, values: dict[int, Any]) -> None:
+    def __init__(self, plan: Plan, cache: Any, values: dict[int, Any], jobs: Any = None) -> None:
         self.plan = plan
+        self.jobs = jobs  # batch mode's ``Jobs`` (None: live)
         self.cache = cache
         self.values = values
         self.levels: dict[int, int] = {}
@@ -434,7 +447,9 @@ class _DryRun:
             labels = [label for label, _ in self.nodes[key]]
             backend, max_tokens = queue.backend, key[2].max_tokens
             draws, _ = queue.take()
-            for batch in pack_draws(backend, draws, self.unknown[key]):
+            as_jobs = self.jobs is not None and has_jobs(backend)
+            per_job = job_client(backend, **self.jobs.limits()).limits.requests if as_jobs else 0
+            for batch in pack_draws(backend, draws, self.unknown[key], jobs=as_jobs):
                 known, unknown = batch.draws, batch.unknown
                 prompt_tokens, completion = backend.usage_bound(known) if known else (0, 0)
                 if completion is not None and unknown:
@@ -442,8 +457,9 @@ class _DryRun:
                 requests = backend.requests_for(known) if known else 0
                 if unknown:  # an HTTP backend: one request per unknown prompt at most; others: one call
                     requests += unknown if backend.sends_requests else (0 if known else 1)
+                jobs = -(-requests // per_job) if as_jobs else 0
                 out.append(PredictedBatch(repr(backend), key[0], batch.size, unknown, list(labels), prompt_tokens,
-                                          completion, requests))
+                                          completion, requests, jobs))
         return out
 
     def usage(self, batches: list[PredictedBatch], prices: Any) -> dict[str, BackendUsage]:
@@ -457,15 +473,17 @@ class _DryRun:
             usage.prompt_tokens += batch.prompt_tokens
             usage.exact = backends[batch.backend].tokens_exact
             usage.unknown_prompts += batch.unknown
+            usage.jobs += batch.jobs
             if usage.completion_tokens is not None:
                 usage.completion_tokens = None if batch.completion_tokens is None else (
                     usage.completion_tokens + batch.completion_tokens)
         for name, usage in out.items():
+            usage.rounds = len({b.level for b in batches if b.backend == name and b.jobs})
             price = price_of(backends[name], prices)
-            if price is not None:
-                usage.prompt_cost = price.cost(usage.prompt_tokens, 0)
+            if price is not None:  # a backend's batches are all jobs or all live
+                usage.prompt_cost = price.cost(usage.prompt_tokens, 0, batch=bool(usage.jobs))
                 if usage.completion_tokens is not None:
-                    usage.completion_cost = price.cost(0, usage.completion_tokens)
+                    usage.completion_cost = price.cost(0, usage.completion_tokens, batch=bool(usage.jobs))
         return dict(sorted(out.items()))
 
     def timing_dependent(self) -> list[str]:
@@ -535,7 +553,10 @@ def explain(
         A price table, model name -> ``(input_per_1M, output_per_1M)``, for
         models without their own ``price=`` (``outlines.backends.usage``).
     **options
-        Other evaluation options (accepted for symmetry with ``eval``).
+        Other evaluation options (as for ``eval``); with ``batch=True`` (or
+        ``batch=Jobs(...)``) the OpenAI and Anthropic calls are predicted as
+        provider jobs: one batch per round, its ``jobs`` (split at the
+        provider's request limit) and the batch price.
 
     Returns
     -------
@@ -563,7 +584,7 @@ def explain(
         raise TypeError("explain needs at least one Variable")
     evaluation = Evaluation.open(Options.check({**options, "cache": cache}))
     plan = Plan(variables)
-    run = _DryRun(plan, evaluation.cache, bind_givens(plan, givens, partial=True))
+    run = _DryRun(plan, evaluation.cache, bind_givens(plan, givens, partial=True), evaluation.jobs)
     run.run()
     kinds = {"input": len(plan.inputs), "inline": 0, "python": 0, "generate": 0}
     for node in plan.nodes:

@@ -415,3 +415,19 @@ class _NoQueue:
 
     def queued_draws(self) -> int:
         return 0
+
+
+def test_explain_shows_rounds_jobs_and_the_batch_price(server: FakeBatches, clock: FakeClock, cache: Cache) -> None:
+    m = models.openai("fake-model", base_url=server.base_url, api_key=KEY, max_batch=4,
+                      price={"input": 1.0, "output": 2.0, "batch_discount": 0.5})
+    out = two_levels(m, max_tokens=8)
+    prompts = [f"p{i}" for i in range(10)]
+    live = outlines.explain(out, givens={"q": prompts}, cache=cache)
+    batch = outlines.explain(out, givens={"q": prompts}, cache=cache, batch=Jobs(max_requests=4))
+    (usage,) = batch.usage.values()
+    assert [b.jobs for b in batch.batches] == [3, 3] and usage.rounds == 2 and usage.jobs == 6
+    assert len(live.batches) == 6 and all(b.jobs == 0 for b in live.batches)  # live: max_batch splits
+    assert batch.cost == pytest.approx(0.5 * live.cost)  # type: ignore[operator]
+    assert "2 round(s), 6 provider job(s) at the batch price" in batch.summary()
+    outlines.eval(out, givens={"q": prompts}, batch=jobs(clock, max_requests=4), cache=cache)
+    assert server.counts["batches.create"] == 6 and server.count == 0  # what explain said
