@@ -93,8 +93,10 @@ class BudgetGuard:
             )
         return price
 
-    def admit(self, backend: Any, draws: Sequence[Any], node: str) -> int:
+    def admit(self, backend: Any, draws: Sequence[Any], node: str, *, batch: bool = False) -> int:
         """Reserve what sending ``draws`` to ``backend`` may cost; a ticket for ``settle``.
+
+        ``batch``: they go as provider batch jobs, at the batch price (``Price.batch_discount``).
 
         Raises
         ------
@@ -114,7 +116,7 @@ class BudgetGuard:
             )
         price = self._price(backend)
         tokens = prompt_tokens + completion
-        cost = price.cost(prompt_tokens, completion) if price is not None else 0.0
+        cost = price.cost(prompt_tokens, completion, batch=batch) if price is not None else 0.0
         in_flight_tokens = sum(t for t, _ in self.reserved.values())
         in_flight_cost = sum(c for _, c in self.reserved.values())
         over_tokens = self.budget.tokens is not None and self.tokens + in_flight_tokens + tokens > self.budget.tokens
@@ -130,7 +132,7 @@ class BudgetGuard:
         self.reserved[self.tickets] = (tokens, cost)
         return self.tickets
 
-    def settle(self, ticket: int, backend: Any, usage: tuple[int, int], failed: bool) -> None:
+    def settle(self, ticket: int, backend: Any, usage: tuple[int, int], failed: bool, *, batch: bool = False) -> None:
         """The batch of ``ticket`` ended: charge its reported ``usage`` instead of its reservation.
 
         A batch that reported no usage is charged its whole reservation if it
@@ -140,7 +142,7 @@ class BudgetGuard:
         if usage[0] or usage[1]:
             price = price_of(backend, self.budget.prices)
             tokens = usage[0] + usage[1]
-            cost = price.cost(*usage) if price is not None else 0.0
+            cost = price.cost(*usage, batch=batch) if price is not None else 0.0
         elif failed:
             tokens, cost = 0, 0.0
         self.tokens += tokens

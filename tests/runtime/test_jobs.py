@@ -431,3 +431,15 @@ def test_explain_shows_rounds_jobs_and_the_batch_price(server: FakeBatches, cloc
     assert "2 round(s), 6 provider job(s) at the batch price" in batch.summary()
     outlines.eval(out, givens={"q": prompts}, batch=jobs(clock, max_requests=4), cache=cache)
     assert server.counts["batches.create"] == 6 and server.count == 0  # what explain said
+
+
+def test_budgets_count_the_batch_price(server: FakeBatches, clock: FakeClock, cache: Cache) -> None:
+    price = {"input": 1_000_000.0, "output": 1_000_000.0, "batch_discount": 0.5}
+    m = models.openai("fake-model", base_url=server.base_url, api_key=KEY, price=price)
+    out = m(outlines.string("q"), max_tokens=4)
+    prompts = ["a", "b"]  # at most 22 tokens (prompts with their chat wrapping, 4 completion tokens each)
+    with pytest.raises(outlines.BudgetExceeded):
+        outlines.eval(out, givens={"q": prompts}, budget=outlines.Budget(cost=15.0), cache=False)
+    value = outlines.eval(out, givens={"q": prompts}, budget=outlines.Budget(cost=15.0), batch=jobs(clock),
+                          cache=cache)
+    assert list(value) == ["<a|None|0>", "<b|None|0>"] and server.count == 0

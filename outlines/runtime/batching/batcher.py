@@ -274,7 +274,8 @@ class Batcher:
         wait = self._slot(queue, batch.draws, 0).waiters.first(batch.draws.prompts[0])
         node = wait.index if wait is not None else 0
         try:
-            return budget.admit(queue.backend, batch.draws, self.plan.nodes[node].label)
+            return budget.admit(queue.backend, batch.draws, self.plan.nodes[node].label,
+                                batch=self._as_jobs(queue.backend))
         except Exception as exc:  # noqa: BLE001 - the refused draws fail with it
             if self.return_failures:
                 for index in range(len(batch.draws)):
@@ -369,7 +370,8 @@ class Batcher:
         finally:
             usage = (report.tokens[0], report.tokens[1])
             if ticket is not None and evaluation.budget is not None:
-                evaluation.budget.settle(ticket, backend, usage, failed=error is not None)
+                evaluation.budget.settle(ticket, backend, usage, failed=error is not None,
+                                         batch=self._as_jobs(backend))
             if report.answered_by:  # a fallback chain: which model answered how many draws
                 answered: dict[str, int] = {}
                 for member in report.answered_by.values():
