@@ -39,6 +39,7 @@ from outlines.backends.jobs import Backoff, Clock, JobClient, JobStatus, SystemC
 from outlines.cache import Cache, draw_keys
 from outlines.cache.ledger import JobRecord, Ledger
 from outlines.errors import JobsRunning
+from outlines.threads import pool, run_blocking
 
 __all__ = ["JobEvent", "Jobs", "cancel_jobs", "generate_as_jobs", "has_jobs", "jobs"]
 
@@ -118,8 +119,8 @@ class JobEvent:
 
     ``kind`` is ``"created"``, ``"resumed"``, ``"status"`` or ``"collected"``;
     ``requests`` its lines and ``draws`` the draws they answer; ``bytes`` its
-    upload; ``status`` the provider's last word; ``waited`` seconds since it
-    was created (or resumed) on the job's clock.
+    upload; ``status`` the provider's last word; ``waited`` seconds since this
+    evaluation created (or found) it, on the jobs' clock.
     """
 
     kind: str
@@ -161,6 +162,7 @@ class _Round:
         self.max_retries = int(getattr(getattr(backend, "client", None), "max_retries", 2))
         self.started = self.clock.time()
         self.late = False  # the deadline passed: what is left goes live
+        self.since: dict[str, float] = {}  # job id -> when this round created or found it
 
     # -- landing ---------------------------------------------------------------------
     def land(self, texts: Mapping[str, str]) -> None:
@@ -181,9 +183,11 @@ class _Round:
                     self.report.failure(index, error)
 
     def emit(self, kind: str, status: JobStatus, requests: int = 0, draws: int = 0, size: int = 0) -> None:
+        # Waits on our clock, from when this round created or found the job (the provider's may be skewed).
+        since = self.since.setdefault(status.id, self.clock.time())
         if self.on_job is not None:
             self.on_job(JobEvent(kind, self.client.provider, repr(self.backend), status, requests, draws, size,
-                                 max(0.0, self.clock.time() - (status.created_at or self.started))))
+                                 self.clock.time() - since))
 
     # -- the jobs --------------------------------------------------------------------
     async def open_jobs(self) -> list[str]:
@@ -278,7 +282,9 @@ class _Round:
                 if not (error.retryable and all(self.errors[key] <= self.max_retries for key in keys)):
                     self.fail(keys, error)
         self.land(answered)
-        self.cache.flush()  # on disk before the ledger forgets the job: a crash now loses nothing
+        # On disk before the ledger forgets the job: a crash now loses nothing. Off the loop: the cache's
+        # writer waits while the loop is busy.
+        await run_blocking(self.cache.flush)
         self.ledger.collected(intent)
         self.emit("collected", status, len(lines), len(answered))
 
@@ -427,6 +433,13 @@ def cancel_jobs(model: Any, cache: Any = True, *, run: str | None = None) -> lis
     ------
     TypeError
         For a model whose provider has no batch jobs.
+
+    Examples
+    --------
+    >>> import outlines
+    >>> llm = outlines.models.openai("gpt-4o-mini")
+    >>> [status.state for status in outlines.cancel_jobs(llm)]  # doctest: +SKIP
+    ['cancelling']
     """
     backend = getattr(model, "backend", model)
     client = job_client(backend)
@@ -445,9 +458,8 @@ def cancel_jobs(model: Any, cache: Any = True, *, run: str | None = None) -> lis
         finally:
             await client.aclose()
 
-    from outlines.runtime.evaluate import run_sync
-
-    return run_sync(lambda _: cancel_all())  # type: ignore[no-any-return]
+    # A loop of its own on a pool thread: callable from sync code and from inside a running loop (Jupyter).
+    return pool().submit(asyncio.run, cancel_all()).result()
 
 
 def _ledger(cache: Any) -> Ledger:
