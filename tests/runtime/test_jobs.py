@@ -443,3 +443,24 @@ def test_budgets_count_the_batch_price(server: FakeBatches, clock: FakeClock, ca
     value = outlines.eval(out, givens={"q": prompts}, budget=outlines.Budget(cost=15.0), batch=jobs(clock),
                           cache=cache)
     assert list(value) == ["<a|None|0>", "<b|None|0>"] and server.count == 0
+
+
+def test_a_loop_of_k_iterations_takes_k_rounds(server: FakeBatches, clock: FakeClock, cache: Cache) -> None:
+    m = models.openai("fake-model", base_url=server.base_url, api_key=KEY, max_tokens=4)
+    goal = outlines.string("goal")
+
+    @outlines.fn
+    def unfinished(total: str, goal: str) -> bool:
+        return total.count("|") < 3 * int(goal)
+
+    def step(total: Any) -> Any:
+        return total + m("n" + goal)
+
+    final = outlines.while_loop(lambda total: unfinished(total, goal), step, init="", max_iter=10)
+    totals = outlines.eval(final, givens={goal: ["1", "3", "2"]}, batch=jobs(clock), cache=cache)
+    live = outlines.eval(final, givens={goal: ["1", "3", "2"]}, cache=False)
+    assert totals.tolist() == live.tolist()
+    # Each answer adds two "|": the elements need 2, 5 and 3 iterations: five rounds, one job each, over the
+    # elements still running.
+    assert [len(job.lines) for job in sorted(server.jobs.values(), key=lambda j: j.id)] == [3, 3, 2, 1, 1]
+    assert server.count == 3 + 3 + 2 + 1 + 1  # only the live run went live
