@@ -464,3 +464,27 @@ def test_a_loop_of_k_iterations_takes_k_rounds(server: FakeBatches, clock: FakeC
     # elements still running.
     assert [len(job.lines) for job in sorted(server.jobs.values(), key=lambda j: j.id)] == [3, 3, 2, 1, 1]
     assert server.count == 3 + 3 + 2 + 1 + 1  # only the live run went live
+
+
+@PROVIDERS
+def test_structured_outputs_keep_their_meaning(clock: FakeClock, cache: Cache, provider: str) -> None:
+    from pydantic import BaseModel
+
+    class Person(BaseModel):
+        name: str
+        age: int
+
+    def person(prompt: str, sample: int, body: Any) -> str:
+        return json.dumps({"name": prompt.upper(), "age": 30}) if prompt != "bad" else "not json"
+
+    with FakeBatches(clock=clock, reply=person) as server:
+        out = model(server, provider)(outlines.string("q"), json_schema=Person, max_tokens=32, temperature=0)
+        prompts = ["a", "b", "bad"]
+        people = outlines.eval(out, givens={"q": prompts}, batch=jobs(clock), cache=cache, errors="return")
+        assert server.count == 0
+        live = outlines.eval(out, givens={"q": prompts}, cache=False, errors="return")
+    assert people[0] == Person(name="A", age=30) and people[1] == Person(name="B", age=30)
+    assert isinstance(people[2], Failure)  # greedy and invalid: fails at once, as live
+    assert [repr(p) for p in people] == [repr(p) for p in live]
+    if provider == "openai":  # the schema travels in each job line, as in a live request
+        assert all("response_format" in line.body for job in server.jobs.values() for line in job.lines)
