@@ -41,7 +41,10 @@ from outlines.cache.ledger import JobRecord, Ledger
 from outlines.errors import JobsRunning
 from outlines.threads import pool, run_blocking
 
-__all__ = ["JobEvent", "Jobs", "cancel_jobs", "generate_as_jobs", "has_jobs", "jobs"]
+__all__ = ["MAX_ASKS", "JobEvent", "Jobs", "cancel_jobs", "generate_as_jobs", "has_jobs", "jobs"]
+
+#: Jobs a request may be sent in (it expired, was cancelled or went unanswered) before its draws fail.
+MAX_ASKS = 8
 
 
 @dataclass(frozen=True)
@@ -158,6 +161,7 @@ class _Round:
         for index, key in enumerate(draw_keys(self.identity, draws)):
             self.where.setdefault(key.hex(), []).append(index)
         self.pending: dict[str, None] = dict.fromkeys(self.where)  # keys still unanswered, in order
+        self.asked: collections.Counter[str] = collections.Counter()  # jobs each key was sent in
         self.errors: collections.Counter[str] = collections.Counter()  # error lines per key: the retry policy's
         self.max_retries = int(getattr(getattr(backend, "client", None), "max_retries", 2))
         self.started = self.clock.time()
@@ -225,6 +229,7 @@ class _Round:
             self.fail([keys[position]], error)
 
         lines = self.client.lines(batch, [bytes.fromhex(key) for key in keys], BatchReport(on_failure=refused))
+        self.asked.update(keys)
         intents = []
         for job in split(lines, self.client.limits):
             record = self.ledger.record_intent(
@@ -313,6 +318,11 @@ class _Round:
             intents = await self.open_jobs()
             held = self.ledger.find(self.pending)
             fresh = [key for key in self.pending if key not in held]
+            unanswered = [key for key in fresh if self.asked[key] >= MAX_ASKS]
+            if unanswered:  # a provider that never answers some lines: stop asking
+                self.fail(unanswered, BackendError(
+                    f"{self.client.provider} jobs left these requests unanswered {MAX_ASKS} times", retryable=False))
+                fresh = [key for key in fresh if key in self.pending]
             if fresh:
                 intents += await self.create_jobs(fresh)
             if not intents:

@@ -488,3 +488,21 @@ def test_structured_outputs_keep_their_meaning(clock: FakeClock, cache: Cache, p
     assert [repr(p) for p in people] == [repr(p) for p in live]
     if provider == "openai":  # the schema travels in each job line, as in a live request
         assert all("response_format" in line.body for job in server.jobs.values() for line in job.lines)
+
+
+def test_a_request_no_job_ever_answers_fails_after_max_asks(server: FakeBatches, clock: FakeClock,
+                                                           cache: Cache) -> None:
+    from outlines.runtime.jobs import MAX_ASKS
+
+    server.plan(*[JobPlan(validate_s=2.0, expire_s=1.0)] * MAX_ASKS)  # each job expires before it starts
+    out = model(server, "openai")(outlines.string("q"), max_tokens=4)
+    value = outlines.eval(out, givens={"q": ["a"]}, batch=jobs(clock), cache=cache, errors="return")
+    assert isinstance(value[0], Failure) and f"unanswered {MAX_ASKS} times" in value[0].message
+    assert server.counts["batches.create"] == MAX_ASKS and not server.paid()
+
+
+def test_not_waiting_raises_jobs_running_even_when_failures_are_returned(server: FakeBatches, clock: FakeClock,
+                                                                          cache: Cache) -> None:
+    out = model(server, "openai")(outlines.string("q"), max_tokens=4)
+    with pytest.raises(JobsRunning):
+        outlines.eval(out, givens={"q": ["a"]}, batch=jobs(clock, wait=False), cache=cache, errors="return")

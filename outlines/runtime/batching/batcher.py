@@ -39,7 +39,7 @@ import numpy as np
 from outlines.backends.base import Backend, BackendError, BatchReport, DrawBatch
 from outlines.backends.constraints import generate_valid
 from outlines.threads import FOREGROUND
-from outlines.errors import Failure
+from outlines.errors import Failure, JobsRunning
 from outlines.graph.basic import Apply
 from outlines.runtime.batching.keys import draws_of, queue_key
 from outlines.runtime.batching.packing import Batch, pack_draws, whole_batches
@@ -415,6 +415,9 @@ class Batcher:
             self._hand_over(queue, draws.take(done), [results.get(i, texts[i]) for i in done], hit=False)
             for index, error in failures.items():
                 self._fail_draw(queue, draws, index, error)
+            return
+        if isinstance(exc, JobsRunning):  # no draw failed: the evaluation stops while its jobs run on
+            self.schedule.fail(0, exc)
             return
         if not self.return_failures:
             self._fail_draw(queue, draws, 0, exc)
