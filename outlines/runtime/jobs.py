@@ -235,7 +235,12 @@ class _Round:
             record = self.ledger.record_intent(
                 provider=self.client.provider, backend=list(self.backend.identity), run=self.settings.run,
                 lines=[(line.custom_id, line.keys) for line in job])
-            status = await self.client.create(job, record.metadata, self.report)
+            try:
+                status = await self.client.create(job, record.metadata, self.report)
+            except BackendError as error:
+                if not error.retryable:  # refused (a 4xx): no job was made, and none will be
+                    self.ledger.abandon(record.intent, f"refused: {error}")
+                raise  # otherwise the intent stays: the next run looks for the job at the provider
             self.ledger.record_created(record.intent, status)
             intents.append(record.intent)
             self.emit("created", status, len(job), sum(len(line.keys) for line in job),

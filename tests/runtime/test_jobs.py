@@ -232,6 +232,8 @@ def test_a_failed_job_quotes_the_provider(server: FakeBatches, clock: FakeClock,
     out = model(server, provider)(outlines.string("q"), max_tokens=4)
     with pytest.raises(NodeError, match="does not exist"):
         outlines.eval(out, givens={"q": ["a"]}, batch=jobs(clock), cache=cache)
+    # OpenAI's job ends failed, Anthropic refuses the create: either way the ledger holds nothing open.
+    assert [(r.state, r.note is not None) for r in Ledger(cache).jobs()] == [("abandoned", True)]
 
 
 def test_a_malformed_results_file_is_a_clear_error_and_the_ledger_keeps_the_job(
