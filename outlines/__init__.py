@@ -9,10 +9,11 @@ from typing import Any
 
 from outlines import cache, chat, config, models, text
 from outlines.runtime.program import Program, chain, compile
-from outlines.errors import BudgetExceeded, Failure, GraphBuildError, NodeError, UnboundInputError
+from outlines.errors import BudgetExceeded, Failure, GraphBuildError, JobsRunning, NodeError, UnboundInputError
 from outlines.runtime.budget import Budget
 from outlines.runtime.evaluate import aeval, eval
 from outlines.runtime.explain import explain
+from outlines.runtime.jobs import Jobs, cancel_jobs, jobs
 from outlines.runtime.stream import Stream, as_completed
 from outlines.fn import elemwise, fn
 from outlines.graph.control import cond, where, while_loop
@@ -37,6 +38,8 @@ __all__ = [
     "Constant",
     "Failure",
     "GraphBuildError",
+    "Jobs",
+    "JobsRunning",
     "NodeError",
     "Program",
     "Ragged",
@@ -48,6 +51,7 @@ __all__ = [
     "aeval",
     "as_completed",
     "cache",
+    "cancel_jobs",
     "chain",
     "chat",
     "compile",
@@ -60,6 +64,7 @@ __all__ = [
     "expand_dims",
     "explain",
     "fn",
+    "jobs",
     "models",
     "prompt",
     "stack",

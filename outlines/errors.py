@@ -9,7 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Iterable
 
-__all__ = ["BudgetExceeded", "CacheWarning", "Failure", "GraphBuildError", "NodeError", "UnboundInputError", "install_hint"]
+__all__ = ["BudgetExceeded", "CacheWarning", "Failure", "GraphBuildError", "JobsRunning", "NodeError", "UnboundInputError",
+           "install_hint"]
 
 
 class CacheWarning(UserWarning):
@@ -172,6 +173,30 @@ class BudgetExceeded(NodeError):
             node, self.budget, spent_tokens=self.spent_tokens, spent_cost=self.spent_cost,
             needed_tokens=self.needed_tokens, needed_cost=self.needed_cost, backend=self.backend, draws=self.draws,
         )
+
+
+class JobsRunning(NodeError):
+    """Batch mode without waiting (``Jobs(wait=False)``, ``Program.submit``): the jobs were created and run on.
+
+    Nothing is lost: the cache's ledger holds the jobs, and the same call
+    again (waiting, or not) finds them instead of paying twice.
+
+    Attributes
+    ----------
+    provider
+        ``"openai"`` or ``"anthropic"``.
+    jobs
+        The provider's job ids still running.
+    requests
+        The requests they hold.
+    """
+
+    def __init__(self, provider: str, jobs: list[str], requests: int) -> None:
+        self.provider, self.jobs, self.requests = provider, list(jobs), requests
+        self.message = (f"{len(self.jobs)} {provider} batch job(s) running ({requests} request(s)): "
+                        f"{', '.join(self.jobs)}; call again to collect them")
+        RuntimeError.__init__(self, self.message)
+        self.node, self.op, self.cause = "", "Generate", self
 
 
 @dataclass(frozen=True)

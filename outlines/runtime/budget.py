@@ -95,7 +95,7 @@ class BudgetGuard:
             )
         return price
 
-    def _need(self, backend: Any, draws: Sequence[Any]) -> tuple[int, float, bool]:
+    def _need(self, backend: Any, draws: Sequence[Any], batch: bool = False) -> tuple[int, float, bool]:
         """``(tokens, cost, priced)`` sending ``draws`` to ``backend`` may spend, at most."""
         prompt_tokens, completion = backend.usage_bound(draws)
         if completion is None:
@@ -104,7 +104,7 @@ class BudgetGuard:
                 f"may cost); a call to {backend!r} sets none"
             )
         price = self._price(backend)
-        cost = price.cost(prompt_tokens, completion) if price is not None else 0.0
+        cost = price.cost(prompt_tokens, completion, batch=batch) if price is not None else 0.0
         return prompt_tokens + completion, cost, price is not None
 
     def _fits(self, tokens: int, cost: float) -> bool:
@@ -114,7 +114,7 @@ class BudgetGuard:
         over_cost = self.budget.cost is not None and self.cost + in_flight_cost + cost > self.budget.cost
         return not (over_tokens or over_cost)
 
-    def fitting(self, backend: Any, draws: Sequence[Any]) -> int:
+    def fitting(self, backend: Any, draws: Sequence[Any], *, batch: bool = False) -> int:
         """How many of the leading ``draws`` fit in what is left: all, some (the batch is split) or none.
 
         Raises
@@ -124,19 +124,21 @@ class BudgetGuard:
         """
         if self.exhausted is not None:
             return 0
-        if self._fits(*self._need(backend, draws)[:2]):
+        if self._fits(*self._need(backend, draws, batch)[:2]):
             return len(draws)
         low, high = 0, len(draws) - 1  # the need grows with the draws: the most that fit, by bisection
         while low < high:
             middle = (low + high + 1) // 2
-            if self._fits(*self._need(backend, draws[:middle])[:2]):
+            if self._fits(*self._need(backend, draws[:middle], batch)[:2]):
                 low = middle
             else:
                 high = middle - 1
         return low
 
-    def admit(self, backend: Any, draws: Sequence[Any], node: str) -> int:
+    def admit(self, backend: Any, draws: Sequence[Any], node: str, *, batch: bool = False) -> int:
         """Reserve what sending ``draws`` to ``backend`` may cost; a ticket for ``settle``.
+
+        ``batch``: they go as provider batch jobs, at the batch price (``Price.batch_discount``).
 
         Raises
         ------
@@ -148,7 +150,7 @@ class BudgetGuard:
         """
         if self.exhausted is not None:
             raise self.exhausted.again(node)
-        tokens, cost, priced = self._need(backend, draws)
+        tokens, cost, priced = self._need(backend, draws, batch)
         if not self._fits(tokens, cost):
             self.exhausted = BudgetExceeded(
                 node, self.budget, spent_tokens=self.tokens + sum(t for t, _ in self.reserved.values()),
@@ -161,7 +163,7 @@ class BudgetGuard:
         self.reserved[self.tickets] = (tokens, cost)
         return self.tickets
 
-    def settle(self, ticket: int, backend: Any, usage: Sequence[int], failed: bool) -> None:
+    def settle(self, ticket: int, backend: Any, usage: Sequence[int], failed: bool, *, batch: bool = False) -> None:
         """The batch of ``ticket`` ended: charge its reported ``usage`` instead of its reservation.
 
         ``usage`` is ``(prompt, completion[, cached, cache_write])`` tokens
@@ -176,7 +178,7 @@ class BudgetGuard:
             price = price_of(backend, self.budget.prices)
             tokens = usage[0] + usage[1]
             cost = price.cost(usage[0], usage[1], cached_tokens=usage[2] if len(usage) > 2 else 0,
-                              cache_write_tokens=usage[3] if len(usage) > 3 else 0) if price is not None else 0.0
+                              cache_write_tokens=usage[3] if len(usage) > 3 else 0, batch=batch) if price is not None else 0.0
         elif failed:
             tokens, cost = 0, 0.0
         self.tokens += tokens

@@ -234,6 +234,12 @@ def eval(*variables: Variable, givens: Mapping[Any, Any] | None = None, **option
         could take the evaluation past it (prompt tokens counted, completions
         bounded by ``max_tokens``). Refused draws fail with ``BudgetExceeded``
         (a ``Failure`` with ``errors="return"``); what finished is cached.
+    batch
+        ``True`` or an ``outlines.Jobs(...)``: the draws of OpenAI and
+        Anthropic models go as provider batch jobs at half price, one round
+        of ready draws at a time, recorded in the cache's ledger so that a
+        re-run after a crash waits for them instead of paying again
+        (``outlines.runtime.jobs``; guide: "Large jobs at half price").
 
     Returns
     -------
@@ -254,6 +260,9 @@ def eval(*variables: Variable, givens: Mapping[Any, Any] | None = None, **option
     BudgetExceeded
         When the next batch could pass ``budget`` (with ``errors="raise"``),
         after the batches in flight have finished and been cached.
+    JobsRunning
+        With ``batch=Jobs(wait=False)``, once the jobs of the first round
+        that needs them are running.
     ValueError
         For ``max_concurrency`` that is not a positive integer, or ``errors``
         other than ``"raise"``/``"return"``.

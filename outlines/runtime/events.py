@@ -2,7 +2,7 @@
 
 The scheduler, the batcher and the control-flow runner report what happens
 (an evaluation starts and ends, nodes start and finish, batches go out and come
-back, wire requests end, cache hits, loop iterations) to ONE recorder: the
+back, wire requests end, cache hits, loop iterations, provider batch jobs) to ONE recorder: the
 evaluation's (``outlines.runtime.session.Evaluation.recorder``). It is composed
 once, when the evaluation is built, from the listeners that want the events:
 the active trace (``outlines.trace()``), the progress counter, a stream's
@@ -75,6 +75,9 @@ class Recorder(Protocol):
     def loop_iteration(self, node: Any, iteration: int, active: int, batches: int, start: float, end: float) -> None:
         """One iteration of a loop (``outlines.runtime.control``) finished."""
 
+    def job_event(self, batch_id: int, event: Any) -> None:
+        """A job answering batch ``batch_id`` was created, resumed, read or collected (``runtime.jobs.JobEvent``)."""
+
 
 class Listener:
     """A ``Recorder`` whose every event is a no-op: listeners override the events they act on."""
@@ -107,6 +110,8 @@ class Listener:
     def draws_answered(self, batch_id: int, answered_by: dict[str, int]) -> None: ...
 
     def loop_iteration(self, node: Any, iteration: int, active: int, batches: int, start: float, end: float) -> None: ...
+
+    def job_event(self, batch_id: int, event: Any) -> None: ...
 
 
 #: The recorder of an evaluation nobody listens to.
@@ -171,6 +176,10 @@ class FanOut:
     def loop_iteration(self, node: Any, iteration: int, active: int, batches: int, start: float, end: float) -> None:
         for listener in self.listeners:
             listener.loop_iteration(node, iteration, active, batches, start, end)
+
+    def job_event(self, batch_id: int, event: Any) -> None:
+        for listener in self.listeners:
+            listener.job_event(batch_id, event)
 
 
 def compose(*listeners: Recorder | None) -> Recorder:

@@ -71,6 +71,8 @@ from outlines.runtime.batching.batcher import cached_values
 from outlines.runtime.batching.keys import draws_of, queue_key
 from outlines.runtime.batching.packing import pack_draws
 from outlines.runtime.batching.queue import BatchQueue
+from outlines.backends.jobs import job_client
+from outlines.runtime.jobs import has_jobs
 from outlines.runtime.session import Evaluation, Options
 from outlines.runtime.plan import Plan, bind_givens
 from outlines.runtime.scheduler import walker
@@ -94,9 +96,12 @@ class PredictedBatch:
     #: The most completion tokens (``max_tokens`` per sample); ``None``: a call sets no ``max_tokens``.
     completion_tokens: int | None = 0
     #: Wire requests (a chat batch sends one per prompt); unknown prompts count one each.
+    #: In batch mode, the requests (lines) its jobs hold.
     wire_requests: int = 1
     #: Of ``prompt_tokens``: an estimate of those a prompt cache or shared prefill serves (``_estimated_cached``).
     cached_tokens: int = 0
+    #: Batch mode: the provider jobs that send it (split at the provider's request limit); 0: live.
+    jobs: int = 0
 
 
 @dataclass
@@ -123,6 +128,9 @@ class BackendUsage:
     #: What is known of the server (``outlines.backends.quirks``: noted by earlier runs, on disk):
     #: the requests above follow it (one per sample where the server ignores ``n``).
     quirks: list[str] = field(default_factory=list)
+    #: Batch mode: provider jobs (their tokens cost the batch price) and the rounds they go in.
+    jobs: int = 0
+    rounds: int = 0
 
     @property
     def cost(self) -> float | None:
@@ -313,6 +321,10 @@ class Explanation:
         looped = " (loops: 1 to max_iter iterations)" if self.loops else ""
         lines.append(f"  batches: {len(self.batches)}" + (f" ({per_backend})" if per_backend else "")
                      + f"; requests: {_span(requests)}{looped}")
+        for name, usage in self.usage.items():
+            if usage.jobs:
+                lines.append(f"  batch mode: {name}: {usage.rounds} round(s), {usage.jobs} provider job(s) "
+                             "at the batch price, no live request")
         lines.append(
             f"  draws: {_span(draws)}; cache hits known in advance: {self.cache_hits}; "
             f"duplicates merged: {self.deduplicated}"
@@ -426,8 +438,9 @@ class _DryRun:
     draws per prompt of each prompt that cannot be known.
     """
 
-    def __init__(self, plan: Plan, cache: Any, values: dict[int, Any]) -> None:
+    def __init__(self, plan: Plan, cache: Any, values: dict[int, Any], jobs: Any = None) -> None:
         self.plan = plan
+        self.jobs = jobs  # batch mode's ``Jobs`` (None: live)
         self.cache = cache
         self.values = values
         self.levels: dict[int, int] = {}
@@ -581,7 +594,9 @@ class _DryRun:
             backend, max_tokens = queue.backend, key[2].max_tokens
             draws, _ = queue.take()
             warm: set[str] = set()  # heads a provider holds from an earlier batch of this queue
-            for batch in pack_draws(backend, draws, self.unknown[key]):
+            as_jobs = self.jobs is not None and has_jobs(backend)
+            per_job = job_client(backend, **self.jobs.limits()).limits.requests if as_jobs else 0
+            for batch in pack_draws(backend, draws, self.unknown[key], jobs=as_jobs):
                 known, unknown = batch.draws, batch.unknown
                 prompt_tokens, completion = backend.usage_bound(known) if known else (0, 0)
                 if completion is not None and unknown:
@@ -589,8 +604,9 @@ class _DryRun:
                 requests = backend.requests_for(known) if known else 0
                 if unknown:  # an HTTP backend: one request per unknown prompt at most; others: one call
                     requests += unknown if backend.sends_requests else (0 if known else 1)
+                jobs = -(-requests // per_job) if as_jobs else 0
                 out.append(PredictedBatch(repr(backend), key[0], batch.size, unknown, list(labels), prompt_tokens,
-                                          completion, requests, _estimated_cached(backend, known, warm)))
+                                          completion, requests, _estimated_cached(backend, known, warm), jobs))
         return out
 
     def usage(self, batches: list[PredictedBatch], prices: Any) -> dict[str, BackendUsage]:
@@ -606,16 +622,19 @@ class _DryRun:
             usage.cached_tokens += batch.cached_tokens
             usage.exact = backends[batch.backend].tokens_exact
             usage.unknown_prompts += batch.unknown
+            usage.jobs += batch.jobs
             if usage.completion_tokens is not None:
                 usage.completion_tokens = None if batch.completion_tokens is None else (
                     usage.completion_tokens + batch.completion_tokens)
         for name, usage in out.items():
             usage.quirks = sorted(getattr(backends[name], "known_quirks", ()))
+            usage.rounds = len({b.level for b in batches if b.backend == name and b.jobs})
             price = price_of(backends[name], prices)
-            if price is not None:
-                usage.prompt_cost = price.cost(usage.prompt_tokens, 0, cached_tokens=usage.cached_tokens)
+            if price is not None:  # a backend's batches are all jobs or all live
+                usage.prompt_cost = price.cost(usage.prompt_tokens, 0, cached_tokens=usage.cached_tokens,
+                                               batch=bool(usage.jobs))
                 if usage.completion_tokens is not None:
-                    usage.completion_cost = price.cost(0, usage.completion_tokens)
+                    usage.completion_cost = price.cost(0, usage.completion_tokens, batch=bool(usage.jobs))
         return dict(sorted(out.items()))
 
     def timing_dependent(self) -> list[str]:
@@ -717,7 +736,10 @@ def explain(
         A price table, model name -> ``(input_per_1M, output_per_1M)``, for
         models without their own ``price=`` (``outlines.backends.usage``).
     **options
-        Other evaluation options (accepted for symmetry with ``eval``).
+        Other evaluation options (as for ``eval``); with ``batch=True`` (or
+        ``batch=Jobs(...)``) the OpenAI and Anthropic calls are predicted as
+        provider jobs: one batch per round, its ``jobs`` (split at the
+        provider's request limit) and the batch price.
 
     Returns
     -------
@@ -745,7 +767,7 @@ def explain(
         raise TypeError("explain needs at least one Variable")
     evaluation = Evaluation.open(Options.check({**options, "cache": cache}))
     plan = Plan(variables)
-    run = _DryRun(plan, evaluation.cache, bind_givens(plan, givens, partial=True))
+    run = _DryRun(plan, evaluation.cache, bind_givens(plan, givens, partial=True), evaluation.jobs)
     run.run()
     kinds = {"input": len(plan.inputs), "inline": 0, "python": 0, "generate": 0}
     for node in plan.nodes:

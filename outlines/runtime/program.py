@@ -11,15 +11,17 @@ running, the inputs' shapes are propagated through the graph
 """
 from __future__ import annotations
 
+import dataclasses
 import inspect
 from typing import TYPE_CHECKING, Any, Callable, Sequence
 
-from outlines.errors import GraphBuildError, UnboundInputError
+from outlines.errors import GraphBuildError, JobsRunning, UnboundInputError
 from outlines.runtime.evaluate import run_plan, run_sync
 from outlines.graph.basic import Variable, as_variable
 from outlines.graph.shapes import Shape, propagate, shape_of
 from outlines.runtime.plan import Plan, as_value
 from outlines.graph.basic import string
+from outlines.runtime.jobs import Jobs
 from outlines.runtime.session import Options
 
 if TYPE_CHECKING:
@@ -130,6 +132,51 @@ class Program:
         """Evaluate; a scalar for str arguments, arrays for list/array arguments."""
         givens = self._givens(args, kwargs)
         return run_sync(lambda blocked_loop: self._run(givens, blocked_loop))
+
+    def submit(self, *args: Any, **kwargs: Any) -> list[str]:
+        """Send the next round of provider batch jobs for these inputs and return at once.
+
+        The program must be in batch mode (``compile(..., batch=True)`` or
+        ``with_options(batch=...)``). Each call creates the jobs of the next
+        round whose inputs are ready (the first round first) or finds those
+        already running (the cache's ledger): nothing is paid twice. A plain
+        call with the same inputs later waits for the jobs and collects.
+
+        Parameters
+        ----------
+        *args, **kwargs
+            The inputs, as for a call.
+
+        Returns
+        -------
+        list[str]
+            The provider's ids of the jobs still running (empty: every
+            round is done, and the next call answers from the cache).
+
+        Raises
+        ------
+        ValueError
+            When the program is not in batch mode.
+
+        Examples
+        --------
+        >>> import outlines
+        >>> outlines.compile(lambda q: q + "!").submit("hi")
+        Traceback (most recent call last):
+        ...
+        ValueError: submit needs a program in batch mode: compile(..., batch=True) or program.with_options(batch=True)
+        """
+        settings = Jobs.of(self.options.batch)
+        if settings is None:
+            raise ValueError("submit needs a program in batch mode: compile(..., batch=True) or "
+                             "program.with_options(batch=True)")
+        options = self.options.with_changes(batch=dataclasses.replace(settings, wait=False), errors="raise")
+        givens = self._givens(args, kwargs)
+        try:
+            run_sync(lambda blocked_loop: run_plan(self.plan, givens, options, blocked_loop))
+        except JobsRunning as running:
+            return running.jobs
+        return []
 
     async def _run(self, givens: dict[Variable, Any], blocked_loop: Any = None) -> Any:
         results = await run_plan(self.plan, givens, self.options, blocked_loop, check=False)  # checked in _givens

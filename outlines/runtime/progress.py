@@ -48,6 +48,7 @@ class Counter(Listener):
         self.dispatched: set[int] = set()  # id() of Generate nodes already turned into draws
         self.failed_sent = 0  # draws of batches that failed
         self.failed_elements = 0  # draws that hold their own Failure (errors="return")
+        self.jobs: dict[str, tuple[str, int, int]] = {}  # open provider job id -> (state, lines done, lines)
 
     def node_started(self, node: Any, t: float) -> None:
         if node.op.mode == "generate":
@@ -76,6 +77,14 @@ class Counter(Listener):
         if error is not None:
             self.failed_sent += size
         self.tokens += int(usage[1])
+
+    def job_event(self, batch_id: int, event: Any) -> None:
+        status = event.status
+        if event.kind == "collected" or status.state == "failed":
+            self.jobs.pop(status.id, None)
+        else:
+            total = status.total or event.requests
+            self.jobs[status.id] = (status.state, status.succeeded + status.failed, total)
 
     @property
     def done(self) -> int:
@@ -119,7 +128,7 @@ class Progress:
         return known, exact
 
     def line(self) -> str:
-        """``outlines: 12/40 draws | 2 batches running | 1,234 tokens | 13.2 s``."""
+        """``outlines: 12/40 draws | 2 batches running | 1,234 tokens | job batch_1 in_progress 3/20 | 13.2 s``."""
         counter = self.counter
         total, exact = self.total()
         parts = [f"{counter.done}/{total} draws" if exact else f"{counter.done}/{total}+ draws"]
@@ -131,6 +140,8 @@ class Progress:
         parts.append(f"{running} batch{'es' if running != 1 else ''} running")
         if counter.tokens:
             parts.append(f"{counter.tokens:,} tokens")
+        for job_id, (state, finished, lines) in sorted(counter.jobs.items()):
+            parts.append(f"job {job_id} {state} {finished}/{lines}")
         parts.append(f"{time.perf_counter() - counter.started:.1f} s")
         return "outlines: " + " | ".join(parts)
 

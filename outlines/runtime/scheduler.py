@@ -32,7 +32,7 @@ from typing import Any, Callable, Iterator, Protocol
 import numpy as np
 
 from outlines.threads import FOREGROUND
-from outlines.errors import Failure, NodeError
+from outlines.errors import Failure, JobsRunning, NodeError
 from outlines.graph.basic import Apply
 from outlines.graph.ops import scalar_or_array
 from outlines.runtime.batching.batcher import Batcher
@@ -331,7 +331,8 @@ class Scheduler:
         """Fail node ``index`` (``label``: the call a stacked node's failing element stands for)."""
         node = self.plan.nodes[index]
         label = label or node.label
-        if not self.return_failures:
+        # ``JobsRunning`` is no failure of the node: the evaluation stops while its jobs run on.
+        if not self.return_failures or isinstance(exc, JobsRunning):
             if self.error is None:
                 self.error = exc if isinstance(exc, NodeError) else NodeError(label, node.op.name, exc)
                 if self.error is not exc:

@@ -6,7 +6,8 @@ a ``Program`` at construction) and builds one ``Evaluation`` per run
 (``Evaluation.open``). Every schedule of that run reads its state from it,
 never from another schedule:
 
-- ``options``: the checked options (``errors``, ``batch_window``, ``progress``...);
+- ``options``: the checked options (``errors``, ``batch_window``, ``progress``,
+  ``batch``: provider batch jobs, ``jobs``...);
 - ``cache``: the resolved ``Cache`` (``None``: off);
 - ``executor``: where batches and blocking Python calls run;
 - ``request_limit``: the bound on wire requests in flight (``max_concurrency``;
@@ -50,6 +51,7 @@ from outlines.backends.base import Backend
 from outlines.runtime.budget import Budget, BudgetGuard, resolve_budget
 from outlines.runtime.events import NULL, Recorder, compose
 from outlines.runtime.executor import Executor, resolve_executor
+from outlines.runtime.jobs import Jobs
 from outlines.runtime.tracing import active_recorder
 
 __all__ = ["DRAW_SHIFT", "Evaluation", "Options", "TAG_BITS"]
@@ -71,6 +73,7 @@ class Options:
     executor: Any = None
     batch_window: float = 0.005
     budget: Budget | None = None
+    batch: Any = False
 
     @classmethod
     def check(cls, options: Mapping[str, Any]) -> Options:
@@ -95,6 +98,7 @@ class Options:
         if errors not in ("raise", "return"):
             raise ValueError(f"errors must be 'raise' or 'return', got {errors!r}")
         resolve_budget(options.get("budget"))
+        Jobs.of(options.get("batch"))
         return cls(**options)
 
     def with_changes(self, **changes: Any) -> Options:
@@ -151,6 +155,11 @@ class Evaluation:
     def return_failures(self) -> bool:
         """``errors="return"``: failed elements hold ``outlines.Failure``."""
         return self.options.errors == "return"
+
+    @property
+    def jobs(self) -> Jobs | None:
+        """``batch=...``: how draws go as provider batch jobs (``None``: live)."""
+        return Jobs.of(self.options.batch)
 
     @property
     def listening(self) -> bool:

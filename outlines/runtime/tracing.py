@@ -141,6 +141,33 @@ class BatchRecord:
     requests: int = 0
     #: A fallback chain's batch: draws answered per model (``repr``); empty otherwise.
     answered_by: dict[str, int] = field(default_factory=dict)
+    #: Batch mode: the provider's ids of the jobs that answered it (its tokens cost the batch price).
+    jobs: list[str] = field(default_factory=list)
+
+
+@dataclass(slots=True)
+class JobTraceRecord:
+    """One provider batch job as a trace saw it: its id, sizes, state and waits.
+
+    ``requests`` are its lines, ``draws`` the draws they answer, ``bytes`` its
+    upload (0 for a job resumed from an earlier process), ``waited`` seconds
+    from its creation to its last status read, ``resumed`` whether this run
+    found it in the ledger instead of creating it.
+    """
+
+    id: str
+    provider: str
+    backend: str
+    batch: int
+    requests: int = 0
+    draws: int = 0
+    bytes: int = 0
+    state: str = ""
+    succeeded: int = 0
+    failed: int = 0
+    polls: int = 0
+    waited: float = 0.0
+    resumed: bool = False
 
 
 @dataclass(slots=True)
@@ -235,6 +262,7 @@ class Trace:
         self.cache_misses = 0
         self.evals: list[_Eval] = []
         self.iterations: list[IterationRecord] = []
+        self.jobs: list[JobTraceRecord] = []
         self.closed_at: float | None = None
         #: Wall-clock nanoseconds at ``origin`` (for exporters: ``outlines.otel``).
         self.origin_ns = time.time_ns()
@@ -331,14 +359,19 @@ class Trace:
         from outlines.backends.usage import Price
 
         out: dict[str, float | None] = {}
-        cached = self.cached_tokens_per_backend
         for name, (prompt, completion) in self.tokens_per_backend.items():
             model, own = self.models.get(name, (name, None))
             price = own if own is not None else (prices or {}).get(model, (prices or {}).get(name))
             reported = prompt or completion
-            read, written = cached.get(name, (0, 0))
-            out[name] = None if price is None or not reported else Price.of(price).cost(
-                prompt, completion, cached_tokens=read, cache_write_tokens=written)
+            if price is None or not reported:
+                out[name] = None
+                continue
+            # Per batch: cached prompt tokens at the cached-input price, batches answered by
+            # provider jobs at the batch price (``Price.batch_discount``).
+            price = Price.of(price)
+            out[name] = sum(price.cost(b.prompt_tokens, b.completion_tokens, cached_tokens=b.cached_tokens,
+                                       cache_write_tokens=b.cache_write_tokens, batch=bool(b.jobs))
+                            for b in self.batches if b.backend == name)
         return out
 
     def cost(self, prices: Any = None) -> float | None:
@@ -390,6 +423,7 @@ class Trace:
             "nodes": [dict(asdict(n), queued=n.queued) for n in self.nodes.values()],
             "batches": [asdict(b) for b in self.batches],
             "iterations": [asdict(i) for i in self.iterations],
+            "jobs": [asdict(j) for j in self.jobs],
             "requests": [asdict(r) for r in self.requests],
             "model_loads": [asdict(m) for m in self.model_loads],
         }
@@ -659,6 +693,25 @@ class _EvalRecorder(Listener):
             node = trace.nodes.get(label)
             if node is not None:
                 node.batch_ids.append(record.id)
+
+    def job_event(self, batch_id: int, event: Any) -> None:
+        batch = self.batches.get(batch_id)
+        if batch is None:
+            return
+        status = event.status
+        jobs = self.trace.jobs
+        record = next((j for j in reversed(jobs) if j.id == status.id and j.batch == batch.id), None)
+        if record is None:
+            record = JobTraceRecord(status.id, event.provider, event.backend, batch.id, resumed=event.kind == "resumed")
+            jobs.append(record)
+            batch.jobs.append(status.id)
+        if event.kind in ("created", "resumed"):
+            record.requests, record.draws, record.bytes = event.requests, event.draws, event.bytes
+        if event.kind == "status":
+            record.polls += 1
+        record.state = "collected" if event.kind == "collected" else status.state
+        record.succeeded, record.failed = max(record.succeeded, status.succeeded), max(record.failed, status.failed)
+        record.waited = max(record.waited, event.waited)
 
     def batch_finished(
         self,

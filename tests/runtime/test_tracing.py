@@ -148,7 +148,7 @@ def test_json_has_the_documented_fields_and_no_secret(tmp_path) -> None:
     }
     assert set(data["batches"][0]) == {
         "id", "backend", "size", "start", "end", "nodes", "worker", "prompt_tokens", "completion_tokens", "cached_tokens",
-        "cache_write_tokens", "error", "requests", "answered_by",
+        "cache_write_tokens", "error", "requests", "answered_by", "jobs",
     }
     assert data["batches"][0]["id"] == 1 and data["nodes"][1]["batch_ids"] == [1]
     assert trace.critical_path == pytest.approx(0.2)

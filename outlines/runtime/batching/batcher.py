@@ -30,20 +30,22 @@ else from the ``Evaluation``.
 from __future__ import annotations
 
 import asyncio
+import functools
 import time
-from typing import Any, Callable, Coroutine, Protocol
+from typing import Any, Callable, Coroutine, Protocol, Sequence
 
 import numpy as np
 
 from outlines.backends.base import Backend, BackendError, BatchReport, DrawBatch
 from outlines.backends.constraints import generate_valid
 from outlines.threads import FOREGROUND
-from outlines.errors import Failure
+from outlines.errors import Failure, JobsRunning
 from outlines.graph.basic import Apply
 from outlines.runtime.batching.keys import draws_of, queue_key
 from outlines.runtime.batching.packing import Batch, pack_draws, whole_batches
 from outlines.runtime.batching.queue import BatchQueue, SlotQueue
 from outlines.runtime.batching.waiting import Wait
+from outlines.runtime.jobs import JobEvent, generate_as_jobs, has_jobs
 from outlines.runtime.plan import Plan
 from outlines.runtime.session import Evaluation
 
@@ -122,6 +124,8 @@ class Batcher:
         self.sent = 0
         self.refused: tuple[int, BaseException] | None = None  # (node, error) raised once the running end
         self.timer: asyncio.TimerHandle | None = None
+        self.jobs = evaluation.jobs
+        self.as_jobs: dict[Backend, bool] = {}  # backend -> its draws go as provider batch jobs
         for node in plan.nodes:
             if node.op.mode == "generate":
                 self._route(node.op).unready += 1
@@ -137,6 +141,15 @@ class Batcher:
                 self.evaluation.uses(op.backend)
             self.routes[id(op)] = queue
         return queue
+
+    def _as_jobs(self, backend: Backend) -> bool:
+        """Whether ``backend``'s draws go as provider batch jobs (batch mode, and a provider that has them)."""
+        if self.jobs is None:
+            return False
+        known = self.as_jobs.get(backend)
+        if known is None:
+            known = self.as_jobs[backend] = has_jobs(backend)
+        return known
 
     def queued_draws(self) -> int:
         """Draws waiting in the queues, not sent yet."""
@@ -228,7 +241,7 @@ class Batcher:
             pending = queue.pending
             if not pending:
                 continue
-            max_batch = queue.backend.max_batch
+            max_batch = None if self._as_jobs(queue.backend) else queue.backend.max_batch
             deadline = queue.since + window
             if queue.unready and others_running and now < deadline:
                 if max_batch is not None and pending >= max_batch:  # send the whole batches now
@@ -258,7 +271,7 @@ class Batcher:
             draws, rest = whole_batches(backend, draws)
             queue.requeue(rest)
         draws = self._from_cache(queue, draws, members)
-        for batch in pack_draws(backend, draws):
+        for batch in pack_draws(backend, draws, jobs=self._as_jobs(backend)):
             if self.evaluation.budget is None:
                 self._dispatch(queue, batch, None)
                 continue
@@ -287,7 +300,7 @@ class Batcher:
         budget = self.evaluation.budget
         assert budget is not None
         try:
-            fit = budget.fitting(queue.backend, batch.draws)
+            fit = budget.fitting(queue.backend, batch.draws, batch=self._as_jobs(queue.backend))
         except Exception:  # noqa: BLE001 - ``_admit`` fails the draws with it
             return [batch]
         if fit in (0, len(batch.draws)):
@@ -301,7 +314,8 @@ class Batcher:
         wait = self._slot(queue, batch.draws, 0).waiters.first(batch.draws.prompts[0])
         node = wait.index if wait is not None else 0
         try:
-            return budget.admit(queue.backend, batch.draws, self.plan.nodes[node].label)
+            return budget.admit(queue.backend, batch.draws, self.plan.nodes[node].label,
+                                batch=self._as_jobs(queue.backend))
         except Exception as exc:  # noqa: BLE001 - the refused draws fail with it
             if self.return_failures:
                 for index in range(len(batch.draws)):
@@ -369,11 +383,14 @@ class Batcher:
         error: BaseException | None = None
         worker = None
         try:
+            generate: Any = evaluation.executor.generate
+            if self._as_jobs(backend):
+                generate = functools.partial(self._jobs_generate, batch_id)
             # Constrained draws are checked, and retried while they break their constraint.
             if queue.constrained:
-                texts, worker = await generate_valid(evaluation.executor.generate, backend, draws, report)
+                texts, worker = await generate_valid(generate, backend, draws, report)
             else:
-                texts, worker = await evaluation.executor.generate(backend, draws, report)
+                texts, worker = await generate(backend, draws, report)
             if not isinstance(texts, list) or len(texts) != len(draws):
                 raise BackendError(f"{backend!r} returned {len(texts)} completions for {len(draws)} prompts")
             if cached:  # what the backend did not report (and cache) already
@@ -393,7 +410,8 @@ class Batcher:
         finally:
             usage = tuple(report.tokens)  # prompt, completion, cached, written to a prompt cache
             if ticket is not None and evaluation.budget is not None:
-                evaluation.budget.settle(ticket, backend, usage, failed=error is not None)
+                evaluation.budget.settle(ticket, backend, usage, failed=error is not None,
+                                         batch=self._as_jobs(backend))
             if report.answered_by:  # a fallback chain: which model answered how many draws
                 answered: dict[str, int] = {}
                 for member in report.answered_by.values():
@@ -404,6 +422,18 @@ class Batcher:
                 whole.release()
             if limit is not None:
                 limit.release()
+
+    async def _jobs_generate(
+        self, batch_id: int, backend: Any, draws: Sequence[Any], report: BatchReport
+    ) -> tuple[list[str], Any]:
+        """``executor.generate``'s shape, in batch mode: the draws asked in provider jobs, here on the loop."""
+        assert self.jobs is not None
+
+        def on_job(event: JobEvent) -> None:
+            self.recorder.job_event(batch_id, event)
+
+        texts = await generate_as_jobs(self.jobs, self.cache, backend, DrawBatch.of(draws), report, on_job)
+        return texts, None
 
     # -- 4. results back --------------------------------------------------------------
     def _batch_done(self, queue: BatchQueue, draws: DrawBatch, task: asyncio.Task[Any], report: BatchReport) -> None:
@@ -425,6 +455,9 @@ class Batcher:
             self._hand_over(queue, draws.take(done), [results.get(i, texts[i]) for i in done], hit=False)
             for index, error in failures.items():
                 self._fail_draw(queue, draws, index, error)
+            return
+        if isinstance(exc, JobsRunning):  # no draw failed: the evaluation stops while its jobs run on
+            self.schedule.fail(0, exc)
             return
         if not self.return_failures:
             self._fail_draw(queue, draws, 0, exc)

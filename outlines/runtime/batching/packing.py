@@ -130,14 +130,16 @@ def _units(backend: Backend, draws: DrawBatch) -> list[int]:
     return units
 
 
-def pack_draws(backend: Backend, draws: DrawBatch, unknown: Sequence[int] = ()) -> list[Batch]:
+def pack_draws(backend: Backend, draws: DrawBatch, unknown: Sequence[int] = (), *, jobs: bool = False) -> list[Batch]:
     """The calls to ``backend`` that send ``draws`` (each prompt's draws adjacent, as ``take`` gives them).
 
     A prefix group (see the module docstring) stays in one call when it fits.
     ``unknown`` are the sizes of groups of draws whose prompts a dry run
-    cannot know; they are packed after the known ones.
+    cannot know; they are packed after the known ones. ``jobs``: the draws go
+    as provider batch jobs (``outlines.runtime.jobs``), one call per round
+    whatever ``max_batch`` (the job client splits at the provider's limits).
     """
-    counts = pack([*_units(backend, draws), *unknown], backend.max_batch)
+    counts = pack([*_units(backend, draws), *unknown], None if jobs else backend.max_batch)
     if len(counts) == 1 and not unknown:
         return [Batch(backend, draws)]
     batches, start, known = [], 0, len(draws)

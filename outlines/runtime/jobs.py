@@ -1,0 +1,486 @@
+"""Batch mode: a round's uncached draws of one backend sent as provider batch jobs, through the ledger.
+
+``eval(..., batch=True)`` (or ``batch=Jobs(...)``, and the same option on a
+``Program`` call) makes the batcher hand each round's ready, uncached draws of
+an OpenAI or Anthropic backend to ``generate_as_jobs`` instead of the live
+API; other backends stay live. The round's draws become lines (``custom_id`` =
+the hex cache key of the draw, ``JobClient.lines``), cut into jobs at the
+provider's limits (``jobs.split``); each job goes through the cache file's
+``Ledger``:
+
+1. ``record_intent`` before ``create``, ``record_created`` after;
+2. every status read is kept (``advance``) while the job is waited for;
+3. its results land in the cache (flushed to disk), then ``collected``.
+
+Before sending anything, the draws already in an open job of the ledger (a
+previous process's, killed at any step) are waited for instead: an intent
+with no job id is looked for at the provider by its metadata
+(``JobClient.find``) and abandoned only when it was never created. Lines of
+such a job that the current round does not ask for are cached too: nothing
+paid for is lost.
+
+Faults: the lines of an expired or cancelled job that never ran, and error
+lines the retry rules call retryable (up to the client's ``max_retries``
+times), go again in the next job; other error lines fail their draws; a job
+that ``failed`` fails its draws with the provider's reason quoted. With a
+``deadline``, jobs still running after it are cancelled and their missing
+draws go through the live API. With ``wait=False`` the jobs are created (or
+found) and ``JobsRunning`` is raised at once: a later call collects them.
+"""
+from __future__ import annotations
+
+import asyncio
+import collections
+from dataclasses import dataclass, field
+from typing import Any, Callable, Mapping, Sequence
+
+from outlines.backends.base import Backend, BackendError, BatchReport, DrawBatch
+from outlines.backends.jobs import Backoff, Clock, JobClient, JobStatus, SystemClock, job_client, split, wait
+from outlines.cache import Cache, draw_keys
+from outlines.cache.ledger import JobRecord, Ledger
+from outlines.errors import JobsRunning
+from outlines.threads import pool, run_blocking
+
+__all__ = ["MAX_ASKS", "JobEvent", "Jobs", "cancel_jobs", "generate_as_jobs", "has_jobs", "jobs"]
+
+#: Jobs a request may be sent in (it expired, was cancelled or went unanswered) before its draws fail.
+MAX_ASKS = 8
+
+
+@dataclass(frozen=True)
+class Jobs:
+    """How an evaluation sends its draws as provider batch jobs (``eval(..., batch=Jobs(...))``).
+
+    Parameters
+    ----------
+    run
+        The name the jobs carry (the provider's metadata and the ledger's
+        ``run``), e.g. the program's name.
+    wait
+        ``False``: create (or find) the round's jobs and raise ``JobsRunning``
+        at once instead of waiting; a later call with the same graph collects.
+    deadline
+        Seconds to wait for a job; after it the job is cancelled (what it
+        finished is kept) and its missing draws go through the live API.
+        ``None``: no deadline (the provider's 24 hours).
+    backoff
+        Pauses between polls of a job (capped exponential).
+    clock
+        Where waiting happens (default: the system's; tests pass a fake one).
+    max_requests, max_bytes
+        Per-job limits (default: the provider's: OpenAI 50,000 requests /
+        200 MB, Anthropic 100,000 / 256 MB).
+
+    Examples
+    --------
+    >>> Jobs(run="labels", deadline=3600.0).deadline
+    3600.0
+    >>> Jobs.of(True) == Jobs(), Jobs.of(False)
+    (True, None)
+    """
+
+    run: str = "outlines"
+    wait: bool = True
+    deadline: float | None = None
+    backoff: Backoff = Backoff()
+    clock: Any = field(default=None, compare=False)
+    max_requests: int | None = None
+    max_bytes: int | None = None
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.run, str) or not self.run:
+            raise ValueError(f"Jobs(run=...) must be a non-empty string, got {self.run!r}")
+        if self.deadline is not None and (isinstance(self.deadline, bool) or not self.deadline >= 0):
+            raise ValueError(f"Jobs(deadline=...) must be seconds >= 0 or None, got {self.deadline!r}")
+
+    @classmethod
+    def of(cls, value: Any) -> Jobs | None:
+        """The settings an ``eval(batch=...)`` option means: ``True``/``Jobs``, or ``None`` (live).
+
+        Raises
+        ------
+        TypeError
+            For anything but a bool, ``None`` or a ``Jobs``.
+        """
+        if value is None or value is False:
+            return None
+        if value is True:
+            return cls()
+        if isinstance(value, cls):
+            return value
+        raise TypeError(f"batch must be True, False or outlines.Jobs(...), got {value!r}")
+
+    def limits(self) -> dict[str, int]:
+        """The per-job limits given, as ``job_client`` keywords."""
+        given = {"max_requests": self.max_requests, "max_bytes": self.max_bytes}
+        return {name: value for name, value in given.items() if value is not None}
+
+
+@dataclass(frozen=True)
+class JobEvent:
+    """What happened to one job, for progress and traces.
+
+    ``kind`` is ``"created"``, ``"resumed"``, ``"status"`` or ``"collected"``;
+    ``requests`` its lines and ``draws`` the draws they answer; ``bytes`` its
+    upload; ``status`` the provider's last word; ``waited`` seconds since this
+    evaluation created (or found) it, on the jobs' clock.
+    """
+
+    kind: str
+    provider: str
+    backend: str
+    status: JobStatus
+    requests: int = 0
+    draws: int = 0
+    bytes: int = 0
+    waited: float = 0.0
+
+
+def has_jobs(backend: Backend) -> bool:
+    """Whether ``backend``'s provider takes batch jobs (OpenAI and Anthropic backends)."""
+    try:
+        job_client(backend)
+    except TypeError:
+        return False
+    return True
+
+
+class _Round:
+    """One call of ``generate_as_jobs``: the draws by key, what has landed, what is still missing."""
+
+    def __init__(self, settings: Jobs, cache: Cache, backend: Backend, draws: DrawBatch, report: BatchReport,
+                 on_job: Callable[[JobEvent], None] | None) -> None:
+        self.settings, self.cache, self.backend, self.draws, self.report = settings, cache, backend, draws, report
+        self.on_job = on_job
+        self.client: JobClient = job_client(backend, **settings.limits())
+        self.ledger = Ledger(cache)
+        self.clock: Clock = settings.clock or SystemClock()
+        self.identity = backend.cache_identities[0]
+        self.texts = [""] * len(draws)
+        self.where: dict[str, list[int]] = {}
+        for index, key in enumerate(draw_keys(self.identity, draws)):
+            self.where.setdefault(key.hex(), []).append(index)
+        self.pending: dict[str, None] = dict.fromkeys(self.where)  # keys still unanswered, in order
+        self.asked: collections.Counter[str] = collections.Counter()  # jobs each key was sent in
+        self.errors: collections.Counter[str] = collections.Counter()  # error lines per key: the retry policy's
+        self.max_retries = int(getattr(getattr(backend, "client", None), "max_retries", 2))
+        self.started = self.clock.time()
+        self.late = False  # the deadline passed: what is left goes live
+        self.since: dict[str, float] = {}  # job id -> when this round created or found it
+
+    # -- landing ---------------------------------------------------------------------
+    def land(self, texts: Mapping[str, str]) -> None:
+        """Cache the texts of these keys; hand this round's over (the batcher caches those)."""
+        foreign = {bytes.fromhex(key): text for key, text in texts.items() if key not in self.where}
+        if foreign:  # a previous run's job answered draws this round does not ask for: keep them
+            self.cache.put_many(foreign)
+        for key, text in texts.items():
+            for index in self.where.get(key, ()):
+                self.texts[index] = text
+                self.report.result(index, text)
+            self.pending.pop(key, None)
+
+    def fail(self, keys: Sequence[str], error: BaseException) -> None:
+        for key in keys:
+            if self.pending.pop(key, 0) is None:
+                for index in self.where[key]:
+                    self.report.failure(index, error)
+
+    def emit(self, kind: str, status: JobStatus, requests: int = 0, draws: int = 0, size: int = 0) -> None:
+        # Waits on our clock, from when this round created or found the job (the provider's may be skewed).
+        since = self.since.setdefault(status.id, self.clock.time())
+        if self.on_job is not None:
+            self.on_job(JobEvent(kind, self.client.provider, repr(self.backend), status, requests, draws, size,
+                                 self.clock.time() - since))
+
+    # -- the jobs --------------------------------------------------------------------
+    async def open_jobs(self) -> list[str]:
+        """Intents of the ledger's open jobs holding pending keys, reconciled with the provider."""
+        intents: list[str] = []
+        for intent in sorted({ref.intent for ref in self.ledger.find(self.pending).values()}):
+            record = self.ledger.get(intent)
+            if record is None or not record.open:
+                continue
+            if record.job_id is None and not await self.reconcile(record):
+                continue
+            intents.append(intent)
+            record = self.ledger.get(intent) or record
+            status = JobStatus(record.job_id or "", record.state, total=record.requests)
+            self.emit("resumed", status, record.requests)
+        return intents
+
+    async def reconcile(self, record: JobRecord) -> bool:
+        """An intent with no job id: was the job created before the process died? Record it, or abandon."""
+        known = [r.job_id for r in self.ledger.jobs(provider=record.provider) if r.job_id]
+        found = await self.client.find(record.metadata, record.requests, record.created, exclude=known,
+                                       report=self.report)
+        if found is None:
+            self.ledger.abandon(record.intent, "never created: the provider holds no job with its metadata")
+            return False
+        self.ledger.record_created(record.intent, found)
+        return True
+
+    async def create_jobs(self, keys: Sequence[str]) -> list[str]:
+        """Lines for the first draw of each key, cut at the limits; each job through the ledger."""
+        first = [self.where[key][0] for key in keys]
+        batch = self.draws.take(first)
+
+        def refused(position: int, error: BaseException) -> None:  # a request that cannot be built
+            self.fail([keys[position]], error)
+
+        lines = self.client.lines(batch, [bytes.fromhex(key) for key in keys], BatchReport(on_failure=refused))
+        self.asked.update(keys)
+        intents = []
+        for job in split(lines, self.client.limits):
+            record = self.ledger.record_intent(
+                provider=self.client.provider, backend=list(self.backend.identity), run=self.settings.run,
+                lines=[(line.custom_id, line.keys) for line in job])
+            try:
+                status = await self.client.create(job, record.metadata, self.report)
+            except BackendError as error:
+                if not error.retryable:  # refused (a 4xx): no job was made, and none will be
+                    self.ledger.abandon(record.intent, f"refused: {error}")
+                raise  # otherwise the intent stays: the next run looks for the job at the provider
+            self.ledger.record_created(record.intent, status)
+            intents.append(record.intent)
+            self.emit("created", status, len(job), sum(len(line.keys) for line in job),
+                      sum(line.size for line in job))
+        return intents
+
+    async def wait_for(self, intent: str) -> JobStatus:
+        record = self.ledger.get(intent)
+        assert record is not None and record.job_id is not None
+        lines = self.ledger.lines(intent)
+
+        def seen(status: JobStatus) -> None:
+            self.ledger.advance(intent, status)
+            self.emit("status", status, len(lines))
+
+        deadline = None
+        if self.settings.deadline is not None:
+            deadline = max(0.0, self.started + self.settings.deadline - self.clock.time())
+        status = await wait(self.client, record.job_id, clock=self.clock, backoff=self.settings.backoff,
+                            deadline=deadline, on_status=seen, report=self.report)
+        if not status.finished:  # the deadline passed: stop it, keep what it finished
+            self.late = True
+            await self.client.cancel(record.job_id, self.report)
+            status = await wait(self.client, record.job_id, clock=self.clock, backoff=self.settings.backoff,
+                                on_status=seen, report=self.report)
+        return status
+
+    async def collect(self, intent: str, status: JobStatus) -> None:
+        """Land a finished job's results; what never ran or may go again stays pending."""
+        lines = self.ledger.lines(intent)
+        if status.state == "failed":
+            reason = status.reason or "no reason given"
+            self.ledger.abandon(intent, f"failed: {reason}")
+            error = BackendError(f"{self.client.provider} batch job {status.id} failed: {reason}", retryable=False)
+            self.fail([key for keys in lines.values() for key in keys], error)
+            return
+        # A malformed results file raises here, before anything is closed: the ledger keeps the job open.
+        results = await self.client.results(status, {cid: len(keys) for cid, keys in lines.items()}, self.report)
+        answered: dict[str, str] = {}
+        for result in results:
+            keys = lines.get(result.custom_id)
+            if keys is None:
+                continue  # not a line of this job: nothing of ours
+            if result.outcome == "succeeded":
+                answered.update(zip(keys, result.texts))
+            elif result.outcome == "errored" and result.error is not None:
+                error = result.error
+                self.errors.update(keys)
+                if not (error.retryable and all(self.errors[key] <= self.max_retries for key in keys)):
+                    self.fail(keys, error)
+        self.land(answered)
+        # On disk before the ledger forgets the job: a crash now loses nothing. Off the loop: the cache's
+        # writer waits while the loop is busy.
+        await run_blocking(self.cache.flush)
+        self.ledger.collected(intent)
+        self.emit("collected", status, len(lines), len(answered))
+
+    async def live(self, keys: Sequence[str]) -> None:
+        """The stragglers after the deadline, through the live API."""
+        batch = self.draws.take([self.where[key][0] for key in keys])
+
+        def landed(position: int, text: str) -> None:
+            self.land({keys[position]: text})
+
+        def failed(position: int, error: BaseException) -> None:
+            self.fail([keys[position]], error)
+
+        live = BatchReport(on_result=landed, on_failure=failed, request_limit=self.report.request_limit)
+        texts = await self.backend.generate(batch, live)
+        self.land({key: text for position, (key, text) in enumerate(zip(keys, texts))
+                   if position not in live.failures and key in self.pending})
+        for name, value in enumerate(live.tokens):
+            self.report.tokens[name] += value
+
+    async def run(self) -> list[str]:
+        while self.pending:
+            if self.late:
+                await self.live(list(self.pending))
+                break
+            intents = await self.open_jobs()
+            held = self.ledger.find(self.pending)
+            fresh = [key for key in self.pending if key not in held]
+            unanswered = [key for key in fresh if self.asked[key] >= MAX_ASKS]
+            if unanswered:  # a provider that never answers some lines: stop asking
+                self.fail(unanswered, BackendError(
+                    f"{self.client.provider} jobs left these requests unanswered {MAX_ASKS} times", retryable=False))
+                fresh = [key for key in fresh if key in self.pending]
+            if fresh:
+                intents += await self.create_jobs(fresh)
+            if not intents:
+                break
+            if not self.settings.wait:
+                statuses = [await self.client.status(self.ledger.get(i).job_id or "", self.report)  # type: ignore[union-attr]
+                            for i in intents]
+                if not all(s.finished for s in statuses):
+                    raise JobsRunning(self.client.provider, [s.id for s in statuses],
+                                      sum(len(self.ledger.lines(i)) for i in intents))
+            statuses = await asyncio.gather(*(self.wait_for(intent) for intent in intents))
+            for intent, status in zip(intents, statuses):
+                await self.collect(intent, status)
+        return self.texts
+
+
+async def generate_as_jobs(
+    settings: Jobs,
+    cache: Cache | None,
+    backend: Backend,
+    draws: DrawBatch,
+    report: BatchReport,
+    on_job: Callable[[JobEvent], None] | None = None,
+) -> list[str]:
+    """The texts of ``draws`` (one backend), asked in provider batch jobs; see the module docstring.
+
+    Parameters
+    ----------
+    settings
+        The evaluation's ``Jobs``.
+    cache
+        The evaluation's cache: its file holds the ledger.
+    backend
+        An OpenAI or Anthropic backend (``has_jobs``).
+    draws
+        The round's uncached draws of ``backend``.
+    report
+        Each draw's result or failure is reported to it as it lands (the
+        batcher caches it); it counts the wire requests and tokens.
+    on_job
+        Called with a ``JobEvent`` at each step of each job.
+
+    Returns
+    -------
+    list[str]
+        One text per draw (``""`` for a reported failure).
+
+    Raises
+    ------
+    ValueError
+        Without a cache: the ledger lives in its file.
+    JobsRunning
+        With ``settings.wait`` false, while the jobs run.
+    BackendError
+        When the provider's answers cannot be read (the ledger keeps the job).
+    """
+    if cache is None:
+        raise ValueError("batch mode needs a cache: its file holds the ledger of jobs (eval(cache=False) "
+                         "cannot be combined with batch=...)")
+    return await _Round(settings, cache, backend, draws, report, on_job).run()
+
+
+def jobs(cache: Any = True, *, open: bool | None = True, run: str | None = None) -> list[JobRecord]:
+    """The provider batch jobs recorded in a cache's ledger, oldest first.
+
+    Parameters
+    ----------
+    cache
+        As ``eval(cache=...)``: ``True`` (the default cache), a ``Cache`` or a path.
+    open
+        ``True`` (default): the jobs that may still deliver results (running,
+        or finished and not collected yet); ``False``: the closed ones;
+        ``None``: all.
+    run
+        Only the jobs of this run (``Jobs(run=...)``).
+
+    Returns
+    -------
+    list[JobRecord]
+        Each with its provider, job id, state, requests and last status.
+
+    Raises
+    ------
+    ValueError
+        When caching is off: there is no ledger.
+
+    Examples
+    --------
+    >>> import outlines
+    >>> outlines.jobs(cache=outlines.cache.Cache("/tmp/outlines-doc-jobs"))  # doctest: +SKIP
+    []
+    """
+    return _ledger(cache).jobs(open=open, run=run)
+
+
+def cancel_jobs(model: Any, cache: Any = True, *, run: str | None = None) -> list[JobStatus]:
+    """Ask the provider to cancel the open jobs of ``model`` (what they finished is kept).
+
+    The next batch-mode call of the same graph collects what the cancelled
+    jobs finished and sends only the rest again.
+
+    Parameters
+    ----------
+    model
+        The ``models.openai(...)``/``models.anthropic(...)`` whose jobs to
+        cancel (its key is used to ask; the ledger matches its identity).
+    cache
+        The cache whose ledger holds the jobs (as ``jobs``).
+    run
+        Only the jobs of this run.
+
+    Returns
+    -------
+    list[JobStatus]
+        The provider's answer for each job cancelled.
+
+    Raises
+    ------
+    TypeError
+        For a model whose provider has no batch jobs.
+
+    Examples
+    --------
+    >>> import outlines
+    >>> llm = outlines.models.openai("gpt-4o-mini")
+    >>> [status.state for status in outlines.cancel_jobs(llm)]  # doctest: +SKIP
+    ['cancelling']
+    """
+    backend = getattr(model, "backend", model)
+    client = job_client(backend)
+    ledger = _ledger(cache)
+    records = [r for r in ledger.jobs(open=True, provider=client.provider, backend=list(backend.identity), run=run)
+               if r.job_id is not None and r.state not in ("completed", "expired", "cancelled", "failed")]
+
+    async def cancel_all() -> list[JobStatus]:
+        try:
+            out = []
+            for record in records:
+                status = await client.cancel(record.job_id or "")
+                ledger.advance(record.intent, status)
+                out.append(status)
+            return out
+        finally:
+            await client.aclose()
+
+    # A loop of its own on a pool thread: callable from sync code and from inside a running loop (Jupyter).
+    return pool().submit(asyncio.run, cancel_all()).result()
+
+
+def _ledger(cache: Any) -> Ledger:
+    from outlines import cache as cache_module
+
+    resolved = cache_module.resolve(cache)
+    if resolved is None:
+        raise ValueError("the cache is off: there is no ledger of jobs (pass cache=... or enable the cache)")
+    return Ledger(resolved)
