@@ -104,23 +104,28 @@ def shape_of(value: Any) -> Shape:
 
 
 def propagate(nodes: Sequence[Any], known: dict[int, Shape]) -> dict[int, Shape]:
-    """Static shapes of every output of ``nodes`` (in topological order).
+    """The shapes that ``known`` changes, through ``nodes`` (in topological order).
 
     ``known`` maps ``id(variable)`` to the shape of a bound input; other
-    Variables keep the shape they were built with. A pairing that fails
-    raises ``GraphBuildError`` naming the node and both shapes, before
-    anything runs.
+    Variables keep the shape they were built with, whose pairings were checked
+    when they were built. So only nodes reading a changed shape are inferred
+    again (a graph whose inputs are bound as built costs one pass of set
+    lookups). A pairing that fails raises ``GraphBuildError`` naming the node
+    and both shapes, before anything runs. Returns ``id(variable) -> shape``
+    for every Variable whose shape differs from the one it was built with.
     """
-    shapes = dict(known)
+    shapes = {key: shape for key, shape in known.items()}
+    if not shapes:
+        return shapes
     for node in nodes:
+        if not any(id(v) in shapes for v in node.inputs):
+            continue  # nothing new is known here
         inputs = [shapes.get(id(v), v.shape) for v in node.inputs]
-        if all(a == v.shape for a, v in zip(inputs, node.inputs)):
-            outs = [v.shape for v in node.outputs]  # nothing new is known here
-        else:
-            try:
-                outs = node.op.infer_shapes(inputs, len(node.outputs))
-            except GraphBuildError as exc:
-                raise GraphBuildError(f"{node.label}: {exc}") from None
+        try:
+            outs = node.op.infer_shapes(inputs, len(node.outputs))
+        except GraphBuildError as exc:
+            raise GraphBuildError(f"{node.label}: {exc}") from None
         for variable, shape in zip(node.outputs, outs):
-            shapes[id(variable)] = shape
+            if shape != variable.shape:
+                shapes[id(variable)] = shape
     return shapes

@@ -526,4 +526,10 @@ def check_shapes(plan: Plan, values: Mapping[int, Any]) -> None:
     GraphBuildError
         Naming the node and both shapes.
     """
-    propagate(plan.nodes, {id(v): shape_of(values[id(v)]) for v in plan.inputs if id(v) in values})
+    changed = {}
+    for variable in plan.inputs:
+        if id(variable) in values:
+            shape = shape_of(values[id(variable)])
+            if shape != variable.shape:  # as built: its pairings were checked when the graph was built
+                changed[id(variable)] = shape
+    propagate(plan.nodes, changed)

@@ -104,7 +104,7 @@ class Program:
         shapes = tuple(shape_of(as_value(givens[v])) if v in givens else None for v in self.inputs)
         if shapes in self._checked:
             return
-        propagate(self.plan.nodes, {id(v): s for v, s in zip(self.inputs, shapes)})
+        propagate(self.plan.nodes, {id(v): s for v, s in zip(self.inputs, shapes) if s != v.shape})
         self._checked.add(shapes)
 
     def _givens(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[Variable, Any]:
