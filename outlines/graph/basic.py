@@ -231,9 +231,14 @@ class Variable:
 
     # -- string building ------------------------------------------------------
     def __add__(self, other: Any) -> Variable:
+        if type(other) is str and type(self) is Variable:
+            # the common case, built thousands of times in a loop: nothing to convert or check
+            return Apply(_CONCAT[0] if _CONCAT else _concat(), (self, Constant(other))).outputs[0]
         return _concat()(self, other)
 
     def __radd__(self, other: Any) -> Variable:
+        if type(other) is str and type(self) is Variable:
+            return Apply(_CONCAT[0] if _CONCAT else _concat(), (Constant(other), self)).outputs[0]
         return _concat()(other, self)
 
     # -- evaluation -------------------------------------------------------------
