@@ -19,7 +19,7 @@ from typing import Any, Callable
 import numpy as np
 
 from outlines.errors import Failure, GraphBuildError
-from outlines.graph.basic import Apply, Op, as_object_array, as_variable
+from outlines.graph.basic import Apply, Op, Variable, as_object_array, as_variable
 from outlines.graph.ops import broadcast_map, core_map
 from outlines.graph.ragged import Ragged
 from outlines.graph.shapes import Shape, align
@@ -192,6 +192,11 @@ class Function:
         self.mean_seconds: float | None = None
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        op = None if kwargs else self._ops.get(())
+        if op is not None and self._min_positional <= len(args) <= self._max_positional:
+            # the common call, built thousands of times in a loop: positional arguments that surely bind
+            node = Apply(op, [a if isinstance(a, Variable) else as_variable(a) for a in args], self.noutputs)
+            return node.outputs[0] if self.noutputs == 1 else node.outputs
         if self.python_signature is not None and (kwargs or not self._positional_ok(len(args))):
             try:
                 self.python_signature.bind(*args, **kwargs)

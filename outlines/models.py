@@ -218,7 +218,9 @@ class Model:
         """
         if (num_samples == 1 and max_tokens is None and temperature is None and stop is None and seed is None
                 and choices is None and regex is None and json_schema is None and not params
-                and type(prompt) is Variable and not prompt.ragged and type(num_samples) is int):
+                and type(num_samples) is int
+                and ((type(prompt) is Variable and not prompt.ragged)
+                     or (type(prompt) is Constant and type(prompt.value) is str))):
             # the common call, built thousands of times in a loop: the model's defaults, one draw
             op = self._ops.get((self.defaults, 1))
             if op is not None:

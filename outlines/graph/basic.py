@@ -231,9 +231,14 @@ class Variable:
 
     # -- string building ------------------------------------------------------
     def __add__(self, other: Any) -> Variable:
+        if type(other) is str and type(self) is Variable:
+            # the common case, built thousands of times in a loop: nothing to convert or check
+            return Apply(_CONCAT[0] if _CONCAT else _concat(), (self, Constant(other))).outputs[0]
         return _concat()(self, other)
 
     def __radd__(self, other: Any) -> Variable:
+        if type(other) is str and type(self) is Variable:
+            return Apply(_CONCAT[0] if _CONCAT else _concat(), (Constant(other), self)).outputs[0]
         return _concat()(other, self)
 
     # -- evaluation -------------------------------------------------------------
@@ -358,10 +363,10 @@ class Apply:
 
     def __init__(self, op: Op, inputs: Sequence[Variable], noutputs: int = 1) -> None:
         self.op = op
-        self.inputs = tuple(inputs)
+        inputs = self.inputs = tuple(inputs)
         self.order = next(_creation_order)
-        shapes = op.infer_shapes([v.shape for v in self.inputs], noutputs)
-        ragged = op.ragged_outputs([v.ragged for v in self.inputs], noutputs)
+        shapes = op.infer_shapes([v.shape for v in inputs], noutputs)
+        ragged = op.ragged_outputs([v.ragged for v in inputs], noutputs)
         if noutputs == 1:  # the common case, kept cheap for deep graphs
             self.outputs: tuple[Variable, ...] = (Variable(self, 0, None, shapes[0], ragged[0]),)
         else:

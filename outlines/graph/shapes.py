@@ -56,6 +56,10 @@ def align(where: str, shapes: Sequence[Shape]) -> Shape:
     >>> align("f", [(), (4, None)])
     (4, None)
     """
+    if shapes and shapes.count(shapes[0]) == len(shapes):
+        # the common case (every operand a scalar, or of one shape): each axis keeps its size
+        first = shapes[0]
+        return None if first is None else tuple(first)
     if None in shapes:
         return None
     known_shapes = [s for s in shapes if s is not None]

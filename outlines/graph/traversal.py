@@ -5,6 +5,7 @@ in a deterministic order (creation order breaks ties), never set order.
 """
 from __future__ import annotations
 
+from operator import attrgetter
 from typing import Callable, Container, Iterable, Iterator, Sequence
 
 from outlines.errors import GraphBuildError
@@ -143,8 +144,8 @@ def applies(outputs: Iterable[Variable]) -> list[Apply]:
     return toposort(outputs)
 
 
-def _order(node: Apply) -> int:
-    return node.order
+#: An Apply's creation order, read in C (a sort key called once per node of graphs of 100k nodes).
+_order: Callable[[Apply], int] = attrgetter("order")
 
 
 def find_cycle(start: Apply) -> list[Apply] | None:

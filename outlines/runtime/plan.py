@@ -100,9 +100,10 @@ class Plan:
         stream_numbers: dict[Hashable, int] = {}  # (backend, params) -> its number
         position: dict[int, int] = {}
         stackables = 0  # nodes that joined a family: stacking runs only when there are enough
-        # Per op object, once: (merge token, pure, a model call, its stacked op). Equal ops share a
-        # token, so a node's merge key hashes in C (an op's own hash and equality run in Python).
-        ops: dict[int, tuple[Any, bool, bool, Any]] = {}
+        # Per op object, once: (merge token, pure, a model call, its stacked op, a loop or branch).
+        # Equal ops share a token, so a node's merge key hashes in C (an op's own hash and equality
+        # run in Python).
+        ops: dict[int, tuple[Any, bool, bool, Any, bool]] = {}
         tokens: dict[Any, int] = {}
         # Families of sibling nodes, found on the way when stacking (see _stack).
         family_of: list[int] = []  # per kept node: its family, or -1
@@ -132,8 +133,8 @@ class Plan:
                         token = tokens.setdefault(op, len(tokens))
                     except TypeError:  # an op with unhashable parameters is never merged
                         pass
-                info = ops[id(op)] = (token, bool(op.pure), op.mode == "generate", stacker)
-            token, pure, generate, stacker = info
+                info = ops[id(op)] = (token, bool(op.pure), op.mode == "generate", stacker, op.mode == "control")
+            token, pure, generate, stacker, control = info
             # One pass over the inputs: their keys, parents, and whether all are Constants.
             constants = True
             parents: list[int] = []
@@ -143,6 +144,9 @@ class Plan:
                     owner = v.owner
                     if owner is None:
                         leaves[id(v)] = v
+                        if type(v) is Constant and type(v.value) is str:  # most constants: _input_key inline
+                            input_keys.append(v.value)
+                            continue
                         if not isinstance(v, Constant):
                             constants = False
                         input_keys.append(_input_key(v))
@@ -169,7 +173,7 @@ class Plan:
                 merged[key] = kept
             if kept is not node:
                 replaced.update((id(old), new) for old, new in zip(node.outputs, kept.outputs))
-            if op.mode == "control":
+            if control:
                 if tags:
                     self.tag_offsets[kept.order] = tags
                 tags += getattr(op, "max_iter", 0) + 1  # a loop's tags: 0 (its first cond), then 1..max_iter

@@ -1,6 +1,7 @@
 """Variables, Constants, Apply and Op: identity, equality, symbolic guards."""
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
 import outlines
@@ -111,6 +112,31 @@ def test_string_concatenation_builds_nodes():
     assert isinstance(s, Variable)
     assert s.eval({"q": "why"}) == "Q: why?"
     assert (q + q).eval({q: "ab"}) == "abab"
+
+
+def _shape_of_node(variable):
+    node = variable.owner
+    return (node.op, [type(v) for v in node.inputs], [getattr(v, "value", v) for v in node.inputs],
+            variable.shape, variable.ragged)
+
+
+def test_adding_text_builds_the_node_the_general_path_builds():
+    # ``v + "a"`` skips conversion and checks (the common case); Concat()(v, "a") takes the general path
+    q = outlines.string("q")
+    for fast, general in [(q + "a", Concat()(q, "a")), ("a" + q, Concat()("a", q))]:
+        before = general.owner.order
+        assert _shape_of_node(fast)[0] == Concat()
+        assert _shape_of_node(fast)[1:] == (
+            [type(v) for v in general.owner.inputs],
+            [getattr(v, "value", v) for v in general.owner.inputs],
+            general.shape, general.ragged,
+        )
+        assert fast.owner.order < before  # built first, numbered first
+    rows = outlines.constant(np.array(["x", "y"], dtype=object)) + outlines.constant("-")
+    assert (rows + "!").shape == (2,)  # a Variable of shape (2,) keeps it through the fast path
+    assert list((rows + "!").eval()) == ["x-!", "y-!"]
+    with pytest.raises(outlines.GraphBuildError, match="Concat.*must be a string.*int"):
+        outlines.constant(3) + "a"  # noqa: B018 - a Constant operand still takes the checked path
 
 
 def test_concatenating_a_non_string_constant_is_rejected_at_build_time():
