@@ -143,8 +143,9 @@ class AnthropicBackend(HostedBackend):
                 out[index] = text
                 report.result(index, text)  # cached at once, whatever its siblings do
 
-        await asyncio.gather(*(one(body, indices, turn)
-                               for body, indices, turn in zip(bodies, positions.values(), turns)))
+        async with self.opening_connections(turns):
+            await asyncio.gather(*(one(body, indices, turn)
+                                   for body, indices, turn in zip(bodies, positions.values(), turns)))
         if errors:
             raise errors[0]  # every draw is reported: this only tells direct callers
         return out

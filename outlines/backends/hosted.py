@@ -8,17 +8,21 @@ the user's tokenizer, tiktoken, or the estimate (``backends.usage``). It
 also plans the warm-up of the service's prompt cache (``backends.warmup``):
 requests of a batch that share a head of at least ``cache_min_tokens`` tokens
 go leader first, the rest when the leader's response starts
-(``prefix_warmup=False`` sends them all at once). A subclass names its
-service with class attributes: the default base URL, the environment
-variables that may set the URL and the key, how the key is sent, and how its
-cache matches heads. The OpenAI backends (``backends.openai``) and
-Anthropic's (``backends.anthropic``) are its subclasses.
+(``prefix_warmup=False`` sends them all at once); while they wait, the
+connections they will use are opened (``opening_connections``). A subclass
+names its service with class attributes: the default base URL, the
+environment variables that may set the URL and the key, how the key is
+sent, and how its cache matches heads. The OpenAI backends
+(``backends.openai``) and Anthropic's (``backends.anthropic``) are its
+subclasses.
 """
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import hmac
 import os
-from typing import Any, Mapping, Sequence
+from typing import Any, AsyncIterator, Mapping, Sequence
 
 from outlines.backends import retry, urls
 from outlines.backends.base import Backend, BackendError, check_limit
@@ -166,6 +170,29 @@ class HostedBackend(Backend):
             texts, lambda head: self._count(head) >= self.cache_min_tokens, min_chars=self.cache_min_tokens,
             wait=self.prefix_warmup, exact=self.cache_boundaries_marked,
         )
+
+    @contextlib.asynccontextmanager
+    async def opening_connections(self, turns: Sequence[Turn]) -> AsyncIterator[None]:
+        """While the body runs, open one connection for each request of ``turns`` that waits for its leader.
+
+        A follower released when its leader's response starts then only
+        writes its request (``HTTPClient.preconnect``): the connects of a
+        round's followers happen during the leader's latency instead of
+        after it. ``turns``: one per request the batch sends.
+        """
+        waiting = [turn.after for turn in turns if turn.after is not None and not turn.after.ready.is_set()]
+        if not waiting:
+            yield
+            return
+        leaders = asyncio.gather(*(warm.wait() for warm in dict.fromkeys(waiting)))
+        opening = asyncio.ensure_future(self.client.preconnect(len(waiting), leaders))
+        try:
+            yield
+        finally:
+            if not opening.done():  # the followers have gone or failed: pool what is held
+                opening.cancel()
+            leaders.cancel()  # only this call's wait on them; the leaders themselves go on
+            await asyncio.wait([opening])  # it raises nothing: a failure only loses the head start
 
     def _count(self, text: str) -> int:
         if self._tokenizer is not None:

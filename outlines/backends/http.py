@@ -14,7 +14,8 @@ jobs) through the same retries and returns the raw body. Redirects are
 followed here, not by aiohttp, under the policy of ``outlines.backends.urls``:
 307 and 308 only, and a hop to another origin carries no credential of any kind.
 ``warmup`` keeps, per loop too, the prompt heads the service was sent to cache
-(``backends.warmup``).
+(``backends.warmup``); ``preconnect`` opens connections ahead of requests that
+must wait (a warm-up's followers), so that once released they only write.
 """
 from __future__ import annotations
 
@@ -27,7 +28,7 @@ import os
 import threading
 import time
 import weakref
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Awaitable, Callable, Iterable, Mapping, TypeVar
 
 import aiohttp
@@ -50,6 +51,9 @@ sleep = asyncio.sleep
 #: Failures of the transport, worth another try: refused or dropped
 #: connections, read/connect timeouts, truncated bodies.
 TRANSIENT_ERRORS = (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError, asyncio.TimeoutError)
+#: Connections ``preconnect`` opens at once on a loop: a few, so that a request
+#: sent meanwhile (a warm-up's leader) is not queued behind a burst of handshakes.
+PRECONNECT_PARALLEL = 4
 
 
 class Secret:
@@ -110,6 +114,10 @@ def _seconds(name: str, value: Any, *, zero: bool = False) -> float:
 class _LoopState:
     session: aiohttp.ClientSession
     limiter: AIMDLimiter
+    #: Bounds the connections ``preconnect`` opens at once, all its callers together.
+    opening: asyncio.Semaphore = field(default_factory=lambda: asyncio.Semaphore(PRECONNECT_PARALLEL))
+    #: Connections ``preconnect`` holds now (out of the pool, under the connector's limit).
+    held: int = 0
 
 
 @dataclass(frozen=True)
@@ -245,6 +253,74 @@ class HTTPClient:
             if warmup is None:
                 warmup = self._warmups[loop] = Warmup()
             return warmup
+
+    async def preconnect(self, count: int, until: Awaitable[Any]) -> int:
+        """Open up to ``count`` connections to the base URL, hold them until ``until`` is done, then pool them.
+
+        Requests that must wait (a warm-up's followers, ``backends.warmup``)
+        then find a connection open when they go, and only write: the
+        connect (and TLS handshake) of each is paid while they wait, not
+        after. The connections are held until then because an idle pooled
+        one would be taken by the next connect, this one's own included.
+        At most ``PRECONNECT_PARALLEL`` handshakes run at once on a loop,
+        all callers together, and requests in flight plus connections held
+        stay under ``max_concurrency``, so that a request sent meanwhile (the
+        leader) neither queues behind a burst of handshakes nor waits for a
+        connection.
+
+        Parameters
+        ----------
+        count
+            Connections wanted (one per waiting request).
+        until
+            When the waiting requests go (their leader's response started):
+            no connection is opened after it, and the held ones are pooled.
+
+        Returns
+        -------
+        int
+            Connections opened. Any failure stops the opening quietly (a
+            debug log line): the requests connect themselves, and report
+            what fails.
+        """
+        state = self.state()
+        session, connector = state.session, state.session.connector
+        released = asyncio.ensure_future(until)
+        held: list[Any] = []
+        try:
+            if connector is not None:
+                await asyncio.sleep(0)  # requests scheduled with this call (the leader) start connecting first
+                await self._open(state, connector, session, count, released, held)
+            await released
+        finally:
+            released.cancel()
+            state.held -= len(held)
+            for connection in held:
+                connection.release()  # idle in the pool, for the next requests to the same origin
+        return len(held)
+
+    async def _open(
+        self, state: _LoopState, connector: aiohttp.BaseConnector, session: aiohttp.ClientSession, count: int,
+        released: asyncio.Future[Any], held: list[Any],
+    ) -> None:
+        try:
+            # aiohttp pools connections by origin: a bare request to the base URL
+            # names the pool that the real requests, to paths under it, draw from.
+            request = aiohttp.ClientRequest("POST", yarl.URL(self.base_url), loop=asyncio.get_running_loop(),
+                                            session=session)
+            while len(held) < count and not released.done():
+                async with state.opening:
+                    if released.done() or state.limiter.in_flight + state.held + 1 >= self.max_concurrency:
+                        return
+                    state.held += 1
+                    try:
+                        connection = await connector.connect(request, [], session.timeout)
+                    except BaseException:
+                        state.held -= 1
+                        raise
+                    held.append(connection)
+        except Exception as exc:  # noqa: BLE001 - only a head start: the requests connect, and fail, themselves
+            logger.debug("opening connections to %s ahead of requests failed: %s", self.base_url, exc)
 
     async def aclose(self) -> None:
         """Close the running loop's session (a no-op when there is none) and forget its warmed heads."""

@@ -292,7 +292,8 @@ class OpenAICompletionBackend(_OpenAIBackend):
             for position, sample in zip(positions, samples):
                 done(position, sample)
 
-        await asyncio.gather(*(job(params, n, positions) for (params, n, _), positions in buckets.items()))
+        async with self.opening_connections([turns[positions[0]] for positions in buckets.values()]):
+            await asyncio.gather(*(job(params, n, positions) for (params, n, _), positions in buckets.items()))
 
     async def _complete(
         self, prompts: list[str], params: GenerationParams, n: int, report: BatchReport,
@@ -410,7 +411,8 @@ class OpenAIChatBackend(_OpenAIBackend):
                 turn.started()  # a leader that never got a response still releases its followers
             done(position, samples)
 
-        await asyncio.gather(*(one(i, g, turns[i]) for i, g in enumerate(groups)))
+        async with self.opening_connections(turns):
+            await asyncio.gather(*(one(i, g, turns[i]) for i, g in enumerate(groups)))
 
     async def _chat(
         self, prompt: str, params: GenerationParams, n: int, report: BatchReport,

@@ -133,6 +133,49 @@ def test_chat_siblings_of_a_long_head_wait_for_the_leader_and_hit_the_cache(serv
     assert report.tokens[0] == 6 * 1202
 
 
+def test_followers_connect_while_the_leader_is_in_flight(server: FakeOpenAI) -> None:
+    # Released when the leader's response starts, each follower only writes
+    # its request: the connections were opened while they waited.
+    prompts = [HEAD + f"question {i}" for i in range(6)]
+    backend = OpenAIChatBackend("m", base_url=server.base_url, api_key=KEY)
+    report = BatchReport()
+
+    async def main() -> tuple[int, int, list[str]]:
+        try:
+            sending = asyncio.ensure_future(backend.generate([Draw(p, SAMPLING, 0) for p in prompts], report))
+            while server.count < 1:  # the leader has arrived; its answer is LATENCY away
+                await asyncio.sleep(0.005)
+            await asyncio.sleep(LATENCY / 2)
+            during = await asyncio.to_thread(server.open_connections), server.count
+            return (*during, await sending)
+        finally:
+            await backend.aclose()
+
+    connections, requests, texts = asyncio.run(main())
+    assert requests == 1 and connections == len(prompts)  # the leader's, and one per follower, before it answered
+    assert texts == [p + "#0" for p in prompts] and server.count == len(prompts)  # no request more
+    assert report.cached_tokens == 5 * cached_head(1202)
+
+
+def test_opening_connections_never_takes_the_last_request_slots(server: FakeOpenAI) -> None:
+    prompts = [HEAD + f"question {i}" for i in range(6)]
+    backend = OpenAIChatBackend("m", base_url=server.base_url, api_key=KEY, max_concurrency=3)
+
+    async def main() -> tuple[int, list[str]]:
+        try:
+            sending = asyncio.ensure_future(backend.generate([Draw(p, SAMPLING, 0) for p in prompts], BatchReport()))
+            while server.count < 1:
+                await asyncio.sleep(0.005)
+            await asyncio.sleep(LATENCY / 2)
+            return await asyncio.to_thread(server.open_connections), await sending
+        finally:
+            await backend.aclose()
+
+    connections, texts = asyncio.run(main())
+    assert connections == 2  # the leader's and one held: a third would leave no room for a request
+    assert texts == [p + "#0" for p in prompts] and server.count == len(prompts)
+
+
 def test_batches_of_one_round_warm_a_head_once(server: FakeOpenAI) -> None:
     question = outlines.string("question")
     llm = models.openai("m", base_url=server.base_url, api_key=KEY, max_batch=4, max_tokens=4)
