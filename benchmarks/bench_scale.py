@@ -105,9 +105,10 @@ def _clean(text: str) -> str:
 
 
 def _step_python(shape: str, text: str, k: int) -> str:
+    """What ``shape`` puts before model call ``k`` (1, 2), in plain Python."""
     if shape == "concat":
         return text + ("a" if k == 1 else "b")
-    if shape == "template":
+    if shape == "template" or (shape == "program-steps" and k == 1):  # program-steps: the template, then fn
         return f"Answer this: {text}"
     return _clean(text)
 
@@ -169,6 +170,14 @@ def case_shape_floor(n: int, shape: str) -> dict[str, Any]:
     return {"wall": wall, "cpu": cpu, "calls": backend.calls}
 
 
+def _warm_rerun(program: Any, inputs: list[str], values: Any, backend: Backend) -> dict[str, Any]:
+    """Call ``program`` again on ``inputs`` (the cache now warm): its wall, CPU and the calls it made."""
+    calls = backend.calls
+    wall, cpu, again = _clock(lambda: program(inputs))
+    assert list(again) == list(values)
+    return {"warm_wall": wall, "warm_cpu": cpu, "warm_calls": backend.calls - calls}
+
+
 def case_program(n: int, cache: bool, warm: bool = False) -> dict[str, Any]:
     import outlines
     from outlines import models
@@ -183,16 +192,8 @@ def case_program(n: int, cache: bool, warm: bool = False) -> dict[str, Any]:
     assert len(values) == n and values[-1] == expected(inputs[-1])
     out: dict[str, Any] = {"wall": wall, "cpu": cpu, "calls": backend.calls, "kb_per_element": peak_kb / max(n, 1)}
     if warm:
-        calls = backend.calls
-        wall, cpu, again = _clock(lambda: program(inputs))
-        assert list(again) == list(values)
-        out.update(warm_wall=wall, warm_cpu=cpu, warm_calls=backend.calls - calls)
+        out.update(_warm_rerun(program, inputs, values, backend))
     return out
-
-
-def _program_steps_python(prompt: str, k: int) -> str:
-    """What the program with steps puts before call ``k`` (1, 2): the template, then the fn step."""
-    return f"Answer this: {prompt}" if k == 1 else _clean(prompt)
 
 
 def case_program_steps(n: int, cache: bool, warm: bool = False) -> dict[str, Any]:
@@ -211,37 +212,11 @@ def case_program_steps(n: int, cache: bool, warm: bool = False) -> dict[str, Any
                                progress=False)
     inputs = [f"Question {i}:" for i in range(n)]
     wall, cpu, values = _clock(lambda: program(inputs))
-    assert len(values) == n and values[-1] == expected_program_steps(inputs[-1])
+    assert len(values) == n and values[-1] == expected_shape("program-steps", inputs[-1])
     out: dict[str, Any] = {"wall": wall, "cpu": cpu, "calls": backend.calls}
     if warm:
-        calls = backend.calls
-        wall, cpu, again = _clock(lambda: program(inputs))
-        assert list(again) == list(values)
-        out.update(warm_wall=wall, warm_cpu=cpu, warm_calls=backend.calls - calls)
+        out.update(_warm_rerun(program, inputs, values, backend))
     return out
-
-
-def expected_program_steps(prompt: str) -> str:
-    prompt = prompt[-16:] + "."
-    for k in range(1, DEPTH):
-        prompt = _program_steps_python(prompt, k)[-16:] + "."
-    return prompt
-
-
-def case_program_steps_floor(n: int) -> dict[str, Any]:
-    """Hand-written asyncio batching of the program with steps: one call per level, steps in comprehensions."""
-    backend = Backend()
-    inputs = [f"Question {i}:" for i in range(n)]
-
-    async def run() -> list[str]:
-        prompts = await backend(inputs)
-        for k in range(1, DEPTH):
-            prompts = await backend([_program_steps_python(p, k) for p in prompts])
-        return prompts
-
-    wall, cpu, values = _clock(lambda: asyncio.run(run()))
-    assert values[-1] == expected_program_steps(inputs[-1])
-    return {"wall": wall, "cpu": cpu, "calls": backend.calls}
 
 
 def case_fn_nodes(chains: int, steps: int) -> dict[str, Any]:
@@ -309,7 +284,7 @@ def run_case(spec: dict[str, Any]) -> dict[str, Any]:
     if kind == "program-steps":
         return case_program_steps(spec["n"], spec["cache"], spec.get("warm", False))
     if kind == "program-steps-floor":
-        return case_program_steps_floor(spec["n"])
+        return case_shape_floor(spec["n"], "program-steps")
     return case_peers(spec["n"], spec["peer"])
 
 
