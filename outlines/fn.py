@@ -26,6 +26,8 @@ from outlines.graph.shapes import Shape, align
 
 __all__ = ["Function", "CallFunction", "fn"]
 
+#: The values ``broadcast_map`` maps over (anything else is one scalar).
+_ARRAYS = (np.ndarray, Ragged)
 _SIGNATURE = re.compile(r"^\s*(\([^()]*\)\s*(,\s*\([^()]*\)\s*)*)->\s*(\([^()]*\)\s*(,\s*\([^()]*\)\s*)*)$")
 
 
@@ -107,6 +109,13 @@ class CallFunction(Op):
 
     def perform(self, *values: Any, on_error: Any = None, on_failed_input: Any = None) -> Any:
         """Compute synchronously (for sync functions); coroutines for async ones."""
+        if on_error is None and on_failed_input is None and not self.kwnames and self.function.signature is None:
+            # the common call, once per node of a chain: scalars need no broadcasting (broadcast_map's first case)
+            for value in values:
+                if isinstance(value, _ARRAYS):
+                    break
+            else:
+                return self.function.target(*values)
         call = self._bind(values)
         signature = self.function.signature
         if signature is None:

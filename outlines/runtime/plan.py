@@ -114,8 +114,9 @@ class Plan:
         broken: list[bool] = []  # per family: not member for member with a parent
         layouts: list[tuple[Any, ...]] = []  # per family: per input, its family (int) or a constant's shape
         # Bound once: this loop runs once per node of graphs of 100k nodes.
-        nodes, indegree, consumers, offsets = self.nodes, self.indegree, self.consumers, self.draw_offsets
+        nodes, offsets = self.nodes, self.draw_offsets
         leaves: dict[int, Variable] = {}  # the free inputs and Constants read, in order of first use
+        uplinks: list[list[int]] = []  # per kept node: its inputs' nodes, in input order (linked once, ``_link``)
         for node in toposort(outputs):
             inputs: Sequence[Variable] = node.inputs
             if replaced:
@@ -140,20 +141,28 @@ class Plan:
             parents: list[int] = []
             input_keys: list[Hashable] = []
             try:
-                for v in inputs:
-                    owner = v.owner
-                    if owner is None:
-                        leaves[id(v)] = v
-                        if type(v) is Constant and type(v.value) is str:  # most constants: _input_key inline
-                            input_keys.append(v.value)
-                            continue
-                        if not isinstance(v, Constant):
+                if not (pure or generate):  # nothing to merge or number (a plain fn step): only its parents
+                    for v in inputs:
+                        owner = v.owner
+                        if owner is None:
+                            leaves[id(v)] = v
+                        else:
+                            parents.append(position[id(owner)])
+                else:
+                    for v in inputs:
+                        owner = v.owner
+                        if owner is None:
+                            leaves[id(v)] = v
+                            if type(v) is Constant and type(v.value) is str:  # most constants: _input_key inline
+                                input_keys.append(v.value)
+                                continue
+                            if not isinstance(v, Constant):
+                                constants = False
+                            input_keys.append(_input_key(v))
+                        else:
                             constants = False
-                        input_keys.append(_input_key(v))
-                    else:
-                        constants = False
-                        parents.append(position[id(owner)])
-                        input_keys.append(id(v))
+                            parents.append(position[id(owner)])
+                            input_keys.append(id(v))
             except KeyError:  # an input not computed yet: only a graph rewired after it was built
                 raise rewired_error(node, position) from None
             if pure:
@@ -191,14 +200,8 @@ class Plan:
                 draws[stream] = offset + op.num_samples  # type: ignore[attr-defined]
             index = position[id(kept)] = len(nodes)  # after its parents: a node reading itself is caught
             nodes.append(kept)
-            if not stack:  # a stacking plan links its nodes once, after stacking (``_link``)
-                if len(parents) > 1:
-                    parents = sorted(set(parents))
-                indegree.append(len(parents))
-                consumers.append([])
-                for parent in parents:
-                    consumers[parent].append(index)
-            else:
+            uplinks.append(parents)
+            if stack:
                 family = -1
                 if stacker is not None and len(kept.outputs) == 1 and id(kept) not in offsets:
                     # The one rule: each input is a constant (of a known shape) or a member of a
@@ -242,9 +245,9 @@ class Plan:
         #: id(stacked Apply) -> the calls it stands for, in element order (failures name them).
         self.members: dict[int, list[Apply]] = {}
         if stack and stackables >= STACK_MIN:
-            self._stack(position, family_of, rank, families, above, broken, layouts)
-        elif stack:
-            self._link()
+            self._stack(position, family_of, rank, families, above, broken, layouts, uplinks)
+        else:
+            self._link(uplinks)
         if self.members or replaced or any(v.owner is None for v in self.outputs):  # leaves rewritten or not seen
             read = list({id(v): v for v in _leaves(self.nodes, self.outputs)}.values())
         else:
@@ -274,7 +277,7 @@ class Plan:
 
     def _stack(
         self, position: dict[int, int], family_of: list[int], rank: list[int], families: list[list[int]],
-        above: list[list[int]], broken: list[bool], layouts: list[tuple[Any, ...]],
+        above: list[list[int]], broken: list[bool], layouts: list[tuple[Any, ...]], uplinks: list[list[int]],
     ) -> None:
         """Stack sibling nodes into array nodes: 5,000 chains built one by one run as one array each step.
 
@@ -302,7 +305,7 @@ class Plan:
             if valid[family] and not all(valid[up] for up in ups):
                 valid[family] = False
         if not any(valid):
-            self._link()
+            self._link(uplinks)
             return
         stacked: dict[int, Apply] = {}
 
@@ -361,18 +364,21 @@ class Plan:
         self.nodes = kept
         self._link()
 
-    def _link(self) -> None:
-        """``indegree`` and ``consumers`` of ``nodes`` (a stacking plan's, once its nodes are final)."""
-        position = {id(node): index for index, node in enumerate(self.nodes)}
+    def _link(self, uplinks: list[list[int]] | None = None) -> None:
+        """``indegree`` and ``consumers`` of ``nodes``, once they are final.
+
+        ``uplinks`` (per node, the indices of its inputs' nodes, as the walk
+        found them) when the walk's nodes are kept; found again from the
+        nodes' inputs after stacking rewrote them.
+        """
+        if uplinks is None:
+            position = {id(node): index for index, node in enumerate(self.nodes)}
+            uplinks = [[position[id(v.owner)] for v in node.inputs if v.owner is not None] for node in self.nodes]
         indegree: list[int] = []
-        consumers: list[list[int]] = [[] for _ in self.nodes]
-        for index, node in enumerate(self.nodes):
-            inputs = node.inputs
-            if len(inputs) == 1:  # the common case: at most one parent
-                owner = inputs[0].owner
-                parents = [position[id(owner)]] if owner is not None else []
-            else:
-                parents = sorted({position[id(v.owner)] for v in inputs if v.owner is not None})
+        consumers: list[list[int]] = [[] for _ in uplinks]
+        for index, parents in enumerate(uplinks):
+            if len(parents) > 1:  # a node waits once for each distinct parent
+                parents = sorted(set(parents))
             indegree.append(len(parents))
             for up in parents:
                 consumers[up].append(index)
