@@ -158,8 +158,10 @@ class Scheduler:
             node = nodes[index]
             if started is not None:
                 started(node, time.perf_counter())
+            inputs = node.inputs
             try:
-                steps[node.op.mode](index, node, [values[id(v)] for v in node.inputs])
+                # one input (a step of a chain) needs no comprehension
+                steps[node.op.mode](index, node, [values[id(inputs[0])]] if len(inputs) == 1 else [values[id(v)] for v in inputs])
             except Exception as exc:  # noqa: BLE001 - reported against the node
                 self.fail(index, exc)
 
@@ -238,7 +240,7 @@ class Scheduler:
         )
         if inline:
             start = time.perf_counter()
-            result = op.perform(*inputs, **guards)
+            result = op.perform(*inputs, **guards) if guards else op.perform(*inputs)
             elapsed = time.perf_counter() - start
             function.record(elapsed / len(members) if members else elapsed)
             self.finish(index, result)
