@@ -116,7 +116,9 @@ class Plan:
         # Bound once: this loop runs once per node of graphs of 100k nodes.
         nodes, offsets = self.nodes, self.draw_offsets
         leaves: dict[int, Variable] = {}  # the free inputs and Constants read, in order of first use
-        uplinks: list[list[int]] = []  # per kept node: its inputs' nodes, in input order (linked once, ``_link``)
+        # Per kept node, its inputs' nodes (linked once, ``_link``): the index of its one parent, -1 for
+        # none, or their list; ints, so that a node adds no container for the collector to walk.
+        uplinks: list[int | list[int]] = []
         for node in toposort(outputs):
             inputs: Sequence[Variable] = node.inputs
             if replaced:
@@ -200,7 +202,7 @@ class Plan:
                 draws[stream] = offset + op.num_samples  # type: ignore[attr-defined]
             index = position[id(kept)] = len(nodes)  # after its parents: a node reading itself is caught
             nodes.append(kept)
-            uplinks.append(parents)
+            uplinks.append(parents[0] if len(parents) == 1 else parents or -1)
             if stack:
                 family = -1
                 if stacker is not None and len(kept.outputs) == 1 and id(kept) not in offsets:
@@ -277,7 +279,7 @@ class Plan:
 
     def _stack(
         self, position: dict[int, int], family_of: list[int], rank: list[int], families: list[list[int]],
-        above: list[list[int]], broken: list[bool], layouts: list[tuple[Any, ...]], uplinks: list[list[int]],
+        above: list[list[int]], broken: list[bool], layouts: list[tuple[Any, ...]], uplinks: list[int | list[int]],
     ) -> None:
         """Stack sibling nodes into array nodes: 5,000 chains built one by one run as one array each step.
 
@@ -364,24 +366,36 @@ class Plan:
         self.nodes = kept
         self._link()
 
-    def _link(self, uplinks: list[list[int]] | None = None) -> None:
+    def _link(self, uplinks: list[int | list[int]] | None = None) -> None:
         """``indegree`` and ``consumers`` of ``nodes``, once they are final.
 
-        ``uplinks`` (per node, the indices of its inputs' nodes, as the walk
-        found them) when the walk's nodes are kept; found again from the
-        nodes' inputs after stacking rewrote them.
+        ``uplinks`` (per node, its parent's index, -1 or the list of its
+        parents, as the walk found them) when the walk's nodes are kept;
+        found again from the nodes' inputs after stacking rewrote them.
         """
-        if uplinks is None:
-            position = {id(node): index for index, node in enumerate(self.nodes)}
-            uplinks = [[position[id(v.owner)] for v in node.inputs if v.owner is not None] for node in self.nodes]
+        nodes = self.nodes
+        position = {id(node): index for index, node in enumerate(nodes)} if uplinks is None else {}
         indegree: list[int] = []
-        consumers: list[list[int]] = [[] for _ in uplinks]
-        for index, parents in enumerate(uplinks):
-            if len(parents) > 1:  # a node waits once for each distinct parent
-                parents = sorted(set(parents))
+        consumers: list[list[int]] = [[] for _ in nodes]
+        for index, node in enumerate(nodes):
+            if uplinks is not None:
+                up = uplinks[index]
+            elif len(node.inputs) == 1:  # the common case: at most one parent
+                owner = node.inputs[0].owner
+                up = position[id(owner)] if owner is not None else -1
+            else:
+                up = [position[id(v.owner)] for v in node.inputs if v.owner is not None]
+            if isinstance(up, int):
+                if up < 0:
+                    indegree.append(0)
+                else:
+                    indegree.append(1)
+                    consumers[up].append(index)
+                continue
+            parents = sorted(set(up))  # a node waits once for each distinct parent
             indegree.append(len(parents))
-            for up in parents:
-                consumers[up].append(index)
+            for parent in parents:
+                consumers[parent].append(index)
         self.indegree, self.consumers = indegree, consumers
 
     def __len__(self) -> int:
