@@ -216,4 +216,6 @@ def listening(recorder: Recorder, event: str) -> Callable[..., None] | None:
     True
     """
     method = getattr(recorder, event)
-    return None if getattr(method, "__func__", None) is getattr(Listener, event) else method  # type: ignore[no-any-return]
+    if getattr(method, "__func__", None) is getattr(Listener, event):
+        return None
+    return method  # type: ignore[no-any-return]

@@ -161,7 +161,8 @@ class Scheduler:
             inputs = node.inputs
             try:
                 # one input (a step of a chain) needs no comprehension
-                steps[node.op.mode](index, node, [values[id(inputs[0])]] if len(inputs) == 1 else [values[id(v)] for v in inputs])
+                args = [values[id(inputs[0])]] if len(inputs) == 1 else [values[id(v)] for v in inputs]
+                steps[node.op.mode](index, node, args)
             except Exception as exc:  # noqa: BLE001 - reported against the node
                 self.fail(index, exc)
 
