@@ -279,7 +279,8 @@ class Plan:
 
     def _stack(
         self, position: dict[int, int], family_of: list[int], rank: list[int], families: list[list[int]],
-        above: list[list[int]], broken: list[bool], layouts: list[tuple[Any, ...]], uplinks: list[int | list[int]],
+        above: list[list[int]], broken: list[bool], layouts: list[tuple[Any, ...]],
+        uplinks: list[int | list[int]] | None = None,
     ) -> None:
         """Stack sibling nodes into array nodes: 5,000 chains built one by one run as one array each step.
 
@@ -299,7 +300,8 @@ class Plan:
         ``Index`` node). Draw numbers, keys and values are unchanged (a call
         with a draw offset, or with samples, is never stacked); ``picks`` maps
         each output of the plan to its element, ``members`` each stacked node
-        to the nodes it stands for (failures name them).
+        to the nodes it stands for (failures name them). ``uplinks``, the
+        walk's parents of each node, link the nodes when no family stacks.
         """
         nodes, offsets = self.nodes, self.draw_offsets
         valid = [len(m) >= STACK_MIN and not broken[f] for f, m in enumerate(families)]
