@@ -26,6 +26,8 @@ from outlines.graph.shapes import Shape, align
 
 __all__ = ["Function", "CallFunction", "fn"]
 
+#: The values ``broadcast_map`` maps over (anything else is one scalar).
+_ARRAYS = (np.ndarray, Ragged)
 _SIGNATURE = re.compile(r"^\s*(\([^()]*\)\s*(,\s*\([^()]*\)\s*)*)->\s*(\([^()]*\)\s*(,\s*\([^()]*\)\s*)*)$")
 
 
@@ -68,6 +70,8 @@ class CallFunction(Op):
         """Leading-axis pairing of the arguments (of the loop axes, with a signature)."""
         function = self.function
         if function.signature is None:
+            if len(shapes) == 1 and noutputs == 1:  # one argument (a step of a chain): its shape, as align gives it
+                return shapes
             return [align(function.__name__, shapes)] * noutputs
         known = [s for s in shapes if s is not None]
         if len(known) < len(shapes):
@@ -93,6 +97,8 @@ class CallFunction(Op):
     def ragged_outputs(self, ragged: list[bool], noutputs: int) -> list[bool]:
         function = self.function
         if function.signature is None:
+            if len(ragged) == 1 and noutputs == 1:  # one argument: its rows (a flag, as any() gives it)
+                return ragged
             return [any(ragged)] * noutputs
         # a ragged argument without core axes loops over its items: the rows stay
         looped = any(r and not core for r, core in zip(ragged, function.core_names))
@@ -107,6 +113,13 @@ class CallFunction(Op):
 
     def perform(self, *values: Any, on_error: Any = None, on_failed_input: Any = None) -> Any:
         """Compute synchronously (for sync functions); coroutines for async ones."""
+        if on_error is None and on_failed_input is None and not self.kwnames and self.function.signature is None:
+            # the common call, once per node of a chain: scalars need no broadcasting (broadcast_map's first case)
+            for value in values:
+                if isinstance(value, _ARRAYS):
+                    break
+            else:
+                return self.function.target(*values)
         call = self._bind(values)
         signature = self.function.signature
         if signature is None:
@@ -195,7 +208,11 @@ class Function:
         op = None if kwargs else self._ops.get(())
         if op is not None and self._min_positional <= len(args) <= self._max_positional:
             # the common call, built thousands of times in a loop: positional arguments that surely bind
-            node = Apply(op, [a if isinstance(a, Variable) else as_variable(a) for a in args], self.noutputs)
+            if len(args) == 1:  # one argument: no list to build (Apply keeps a tuple as it is)
+                arg = args[0]
+                node = Apply(op, args if isinstance(arg, Variable) else (as_variable(arg),), self.noutputs)
+            else:
+                node = Apply(op, [a if isinstance(a, Variable) else as_variable(a) for a in args], self.noutputs)
             return node.outputs[0] if self.noutputs == 1 else node.outputs
         if self.python_signature is not None and (kwargs or not self._positional_ok(len(args))):
             try:

@@ -133,3 +133,43 @@ def test_fast_functions_are_measured_and_then_run_inline():
 
     tiny("a").eval()
     assert tiny.mean_seconds is not None and tiny.mean_seconds < 0.01
+
+
+def test_a_one_argument_call_builds_the_node_the_general_rule_gives():
+    """The common call (one positional argument, op made) pairs shapes and rows as ``align`` and ``any`` do."""
+    from outlines.graph.shapes import align
+
+    @outlines.fn
+    def mark(x):
+        return f"<{x}>"
+
+    @outlines.fn(signature="()->(n)")
+    def letters(text):
+        return list(text)
+
+    mark("warm")  # the first call makes the op: the rest take the common path
+    free, rows = outlines.string("x"), letters(outlines.string("y"))
+    for argument in (free, "text", np.array(["a", "b"], dtype=object), ["a", "list"], rows, mark(free)):
+        node = mark(argument).owner
+        (given,) = node.inputs
+        assert given is argument if isinstance(argument, outlines.Variable) else given.value is argument
+        assert node.outputs[0].shape == align("mark", [given.shape])
+        assert node.outputs[0].ragged is any([given.ragged])
+    assert mark(mark("a")).eval() == "<<a>>"
+    assert mark(rows).eval({"y": ["ab", "c"]}).tolist() == [["<a>", "<b>"], ["<c>"]]
+
+
+def test_a_chain_of_scalar_steps_returns_failures_named_by_their_nodes():
+    @outlines.fn
+    def check(x):
+        if x == "bad":
+            raise ValueError("bad input")
+        return x + "."
+
+    first = check(outlines.string("x"))
+    second = check(first)
+    assert second.eval({"x": "ok"}, cache=False) == "ok.."
+    failure = second.eval({"x": "bad"}, cache=False, errors="return")
+    assert isinstance(failure, outlines.Failure)
+    assert failure.node == second.owner.label and failure.upstream.node == first.owner.label
+    assert failure.upstream.error_type == "ValueError"

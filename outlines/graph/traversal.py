@@ -108,18 +108,21 @@ def toposort(outputs: Iterable[Variable]) -> list[Apply]:
     >>> [node.op.name for node in toposort([(question + "?") + "!"])]
     ['Concat', 'Concat']
     """
-    seen: dict[int, Apply] = {}
+    # Keyed by the nodes themselves: an Apply hashes and compares by identity, in C (no id() calls);
+    # a dict, not a set, so nodes sharing an order (rebuilt by a plan) keep the walk's order.
+    seen: dict[Apply, None] = {}
     stack = [v.owner for v in outputs if v.owner is not None]
+    pop, push = stack.pop, stack.append
     while stack:
-        node = stack.pop()
-        if id(node) in seen:
+        node = pop()
+        if node in seen:
             continue
-        seen[id(node)] = node
+        seen[node] = None
         for variable in node.inputs:
             owner = variable.owner
-            if owner is not None and id(owner) not in seen:
-                stack.append(owner)
-    return sorted(seen.values(), key=_order)
+            if owner is not None and owner not in seen:
+                push(owner)
+    return sorted(seen, key=_order)
 
 
 def applies(outputs: Iterable[Variable]) -> list[Apply]:

@@ -14,12 +14,14 @@ overrides the events it acts on; an event added to ``Recorder`` is added to
 ``Listener`` and ``FanOut`` (``tests/runtime/test_events.py`` checks both).
 Batch ids are numbered by the evaluation (``Evaluation.batch_id``), once for
 all its schedules, so events of a loop's iterations need no renumbering.
+``listening`` tells a caller that reports an event once per node whether
+anyone acts on it, so a schedule of 100k nodes skips the calls nobody hears.
 """
 from __future__ import annotations
 
-from typing import Any, Protocol, Sequence
+from typing import Any, Callable, Protocol, Sequence
 
-__all__ = ["FanOut", "Listener", "NULL", "Recorder", "compose"]
+__all__ = ["FanOut", "Listener", "NULL", "Recorder", "compose", "listening"]
 
 
 class Recorder(Protocol):
@@ -197,3 +199,23 @@ def compose(*listeners: Recorder | None) -> Recorder:
     if not present:
         return NULL
     return present[0] if len(present) == 1 else FanOut(present)
+
+
+def listening(recorder: Recorder, event: str) -> Callable[..., None] | None:
+    """``recorder``'s method for ``event``, or ``None`` when it is ``Listener``'s no-op (nobody acts on it).
+
+    Examples
+    --------
+    >>> listening(NULL, "node_finished") is None
+    True
+    >>> class Starts(Listener):
+    ...     def node_started(self, node, t): print("started", node)
+    >>> listening(Starts(), "node_started")("n", 0.0)
+    started n
+    >>> listening(Starts(), "node_finished") is None
+    True
+    """
+    method = getattr(recorder, event)
+    if getattr(method, "__func__", None) is getattr(Listener, event):
+        return None
+    return method  # type: ignore[no-any-return]

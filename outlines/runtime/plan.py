@@ -114,8 +114,11 @@ class Plan:
         broken: list[bool] = []  # per family: not member for member with a parent
         layouts: list[tuple[Any, ...]] = []  # per family: per input, its family (int) or a constant's shape
         # Bound once: this loop runs once per node of graphs of 100k nodes.
-        nodes, indegree, consumers, offsets = self.nodes, self.indegree, self.consumers, self.draw_offsets
+        nodes, offsets = self.nodes, self.draw_offsets
         leaves: dict[int, Variable] = {}  # the free inputs and Constants read, in order of first use
+        # Per kept node, its inputs' nodes (linked once, ``_link``): the index of its one parent, -1 for
+        # none, or their list; ints, so that a node adds no container for the collector to walk.
+        uplinks: list[int | list[int]] = []
         for node in toposort(outputs):
             inputs: Sequence[Variable] = node.inputs
             if replaced:
@@ -140,20 +143,28 @@ class Plan:
             parents: list[int] = []
             input_keys: list[Hashable] = []
             try:
-                for v in inputs:
-                    owner = v.owner
-                    if owner is None:
-                        leaves[id(v)] = v
-                        if type(v) is Constant and type(v.value) is str:  # most constants: _input_key inline
-                            input_keys.append(v.value)
-                            continue
-                        if not isinstance(v, Constant):
+                if not (pure or generate):  # nothing to merge or number (a plain fn step): only its parents
+                    for v in inputs:
+                        owner = v.owner
+                        if owner is None:
+                            leaves[id(v)] = v
+                        else:
+                            parents.append(position[id(owner)])
+                else:
+                    for v in inputs:
+                        owner = v.owner
+                        if owner is None:
+                            leaves[id(v)] = v
+                            if type(v) is Constant and type(v.value) is str:  # most constants: _input_key inline
+                                input_keys.append(v.value)
+                                continue
+                            if not isinstance(v, Constant):
+                                constants = False
+                            input_keys.append(_input_key(v))
+                        else:
                             constants = False
-                        input_keys.append(_input_key(v))
-                    else:
-                        constants = False
-                        parents.append(position[id(owner)])
-                        input_keys.append(id(v))
+                            parents.append(position[id(owner)])
+                            input_keys.append(id(v))
             except KeyError:  # an input not computed yet: only a graph rewired after it was built
                 raise rewired_error(node, position) from None
             if pure:
@@ -191,14 +202,8 @@ class Plan:
                 draws[stream] = offset + op.num_samples  # type: ignore[attr-defined]
             index = position[id(kept)] = len(nodes)  # after its parents: a node reading itself is caught
             nodes.append(kept)
-            if not stack:  # a stacking plan links its nodes once, after stacking (``_link``)
-                if len(parents) > 1:
-                    parents = sorted(set(parents))
-                indegree.append(len(parents))
-                consumers.append([])
-                for parent in parents:
-                    consumers[parent].append(index)
-            else:
+            uplinks.append(parents[0] if len(parents) == 1 else parents or -1)
+            if stack:
                 family = -1
                 if stacker is not None and len(kept.outputs) == 1 and id(kept) not in offsets:
                     # The one rule: each input is a constant (of a known shape) or a member of a
@@ -242,9 +247,9 @@ class Plan:
         #: id(stacked Apply) -> the calls it stands for, in element order (failures name them).
         self.members: dict[int, list[Apply]] = {}
         if stack and stackables >= STACK_MIN:
-            self._stack(position, family_of, rank, families, above, broken, layouts)
-        elif stack:
-            self._link()
+            self._stack(position, family_of, rank, families, above, broken, layouts, uplinks)
+        else:
+            self._link(uplinks)
         if self.members or replaced or any(v.owner is None for v in self.outputs):  # leaves rewritten or not seen
             read = list({id(v): v for v in _leaves(self.nodes, self.outputs)}.values())
         else:
@@ -275,6 +280,7 @@ class Plan:
     def _stack(
         self, position: dict[int, int], family_of: list[int], rank: list[int], families: list[list[int]],
         above: list[list[int]], broken: list[bool], layouts: list[tuple[Any, ...]],
+        uplinks: list[int | list[int]] | None = None,
     ) -> None:
         """Stack sibling nodes into array nodes: 5,000 chains built one by one run as one array each step.
 
@@ -294,7 +300,8 @@ class Plan:
         ``Index`` node). Draw numbers, keys and values are unchanged (a call
         with a draw offset, or with samples, is never stacked); ``picks`` maps
         each output of the plan to its element, ``members`` each stacked node
-        to the nodes it stands for (failures name them).
+        to the nodes it stands for (failures name them). ``uplinks``, the
+        walk's parents of each node, link the nodes when no family stacks.
         """
         nodes, offsets = self.nodes, self.draw_offsets
         valid = [len(m) >= STACK_MIN and not broken[f] for f, m in enumerate(families)]
@@ -302,7 +309,7 @@ class Plan:
             if valid[family] and not all(valid[up] for up in ups):
                 valid[family] = False
         if not any(valid):
-            self._link()
+            self._link(uplinks)
             return
         stacked: dict[int, Apply] = {}
 
@@ -361,21 +368,36 @@ class Plan:
         self.nodes = kept
         self._link()
 
-    def _link(self) -> None:
-        """``indegree`` and ``consumers`` of ``nodes`` (a stacking plan's, once its nodes are final)."""
-        position = {id(node): index for index, node in enumerate(self.nodes)}
+    def _link(self, uplinks: list[int | list[int]] | None = None) -> None:
+        """``indegree`` and ``consumers`` of ``nodes``, once they are final.
+
+        ``uplinks`` (per node, its parent's index, -1 or the list of its
+        parents, as the walk found them) when the walk's nodes are kept;
+        found again from the nodes' inputs after stacking rewrote them.
+        """
+        nodes = self.nodes
+        position = {id(node): index for index, node in enumerate(nodes)} if uplinks is None else {}
         indegree: list[int] = []
-        consumers: list[list[int]] = [[] for _ in self.nodes]
-        for index, node in enumerate(self.nodes):
-            inputs = node.inputs
-            if len(inputs) == 1:  # the common case: at most one parent
-                owner = inputs[0].owner
-                parents = [position[id(owner)]] if owner is not None else []
+        consumers: list[list[int]] = [[] for _ in nodes]
+        for index, node in enumerate(nodes):
+            if uplinks is not None:
+                up = uplinks[index]
+            elif len(node.inputs) == 1:  # the common case: at most one parent
+                owner = node.inputs[0].owner
+                up = position[id(owner)] if owner is not None else -1
             else:
-                parents = sorted({position[id(v.owner)] for v in inputs if v.owner is not None})
+                up = [position[id(v.owner)] for v in node.inputs if v.owner is not None]
+            if isinstance(up, int):
+                if up < 0:
+                    indegree.append(0)
+                else:
+                    indegree.append(1)
+                    consumers[up].append(index)
+                continue
+            parents = sorted(set(up))  # a node waits once for each distinct parent
             indegree.append(len(parents))
-            for up in parents:
-                consumers[up].append(index)
+            for parent in parents:
+                consumers[parent].append(index)
         self.indegree, self.consumers = indegree, consumers
 
     def __len__(self) -> int:

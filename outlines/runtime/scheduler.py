@@ -37,6 +37,7 @@ from outlines.graph.basic import Apply
 from outlines.graph.ops import scalar_or_array
 from outlines.runtime.batching.batcher import Batcher
 from outlines.runtime.control import run_control
+from outlines.runtime.events import listening
 from outlines.runtime.plan import Plan
 from outlines.runtime.session import Evaluation
 
@@ -47,6 +48,8 @@ FAST_CALL_SECONDS = 1e-3
 #: this many chunks (one executor task each), so thousands of calls cost a few
 #: dispatches while slow calls still run in parallel.
 PYTHON_CHUNKS = 32
+#: The guards of a node that neither returns failures nor stands for stacked calls: none (never mutated).
+_NO_GUARDS: dict[str, Any] = {}
 
 
 class Scheduler:
@@ -69,6 +72,9 @@ class Scheduler:
         self.evaluation = evaluation
         self.return_failures = evaluation.return_failures
         self.recorder = evaluation.recorder
+        # Reported once per node: None when nobody acts on them (no perf_counter, no call).
+        self._node_started = listening(self.recorder, "node_started")
+        self._node_finished = listening(self.recorder, "node_finished")
         self.executor = evaluation.executor
         self.waiting = list(plan.indegree)
         self.ready: deque[int] = deque(i for i, n in enumerate(self.waiting) if n == 0)
@@ -146,13 +152,17 @@ class Scheduler:
 
     # -- nodes ------------------------------------------------------------------
     def _dispatch_ready(self) -> None:
-        ready, plan, steps = self.ready, self.plan, self.steps
+        ready, nodes, steps, values, started = self.ready, self.plan.nodes, self.steps, self.values, self._node_started
         while ready and self.error is None:
             index = ready.popleft()
-            node = plan.nodes[index]
-            self.recorder.node_started(node, time.perf_counter())
+            node = nodes[index]
+            if started is not None:
+                started(node, time.perf_counter())
+            inputs = node.inputs
             try:
-                steps[node.op.mode](index, node, [self.values[id(v)] for v in node.inputs])
+                # one input (a step of a chain) needs no comprehension
+                args = [values[id(inputs[0])]] if len(inputs) == 1 else [values[id(v)] for v in inputs]
+                steps[node.op.mode](index, node, args)
             except Exception as exc:  # noqa: BLE001 - reported against the node
                 self.fail(index, exc)
 
@@ -220,7 +230,8 @@ class Scheduler:
         """A user function: awaited when async, run here when fast, else in the thread pool (in chunks)."""
         op: Any = node.op
         function = op.function
-        guards = self._guards(node)
+        members = self.plan.members.get(id(node)) if self.plan.members else None
+        guards = self._guards(node) if self.return_failures or members is not None else _NO_GUARDS
         if function.is_async:
             self.spawn(op.aperform(*inputs, **guards), lambda t: self._task_done(index, t))
             return
@@ -228,11 +239,11 @@ class Scheduler:
         inline = function.blocking is False or (
             function.blocking is None and mean is not None and mean < FAST_CALL_SECONDS
         )
-        members = self.plan.members.get(id(node))
         if inline:
             start = time.perf_counter()
-            result = op.perform(*inputs, **guards)
-            function.record((time.perf_counter() - start) / (len(members) if members else 1))
+            result = op.perform(*inputs, **guards) if guards else op.perform(*inputs)
+            elapsed = time.perf_counter() - start
+            function.record(elapsed / len(members) if members else elapsed)
             self.finish(index, result)
             return
         if members is not None:  # a stacked step: its elements still run in parallel, in a few pieces
@@ -303,29 +314,35 @@ class Scheduler:
 
     def finish(self, index: int, result: Any, error: BaseException | None = None) -> None:
         """Node ``index`` computed ``result``: store it and ready the consumers whose inputs are all there."""
-        node = self.plan.nodes[index]
-        if self.plan.members and node.op.mode != "generate":  # the batcher names a stacked call's elements itself
-            members = self.plan.members.get(id(node))
+        plan = self.plan
+        node = plan.nodes[index]
+        if plan.members and node.op.mode != "generate":  # the batcher names a stacked call's elements itself
+            members = plan.members.get(id(node))
             if members is not None:
                 result = self._per_member(index, node, members, result)
                 if result is None:
                     return
         outputs = node.outputs
-        results = result if len(outputs) > 1 else (result,)
-        failed = False
-        for output, value in zip(outputs, results):
-            self.values[id(output)] = value
-            if self.return_failures and _has_failure(value):
-                self.failed_values.add(id(output))
-                failed = True
-        if failed:  # a trace counts the Failure elements, which node_finished does not see
-            self.recorder.node_failures(node, tuple(results))
-        self.recorder.node_finished(node, time.perf_counter(), error)
+        if len(outputs) == 1 and not self.return_failures:  # the common case, once per node: nothing to check
+            self.values[id(outputs[0])] = result
+        else:
+            results = result if len(outputs) > 1 else (result,)
+            failed = False
+            for output, value in zip(outputs, results):
+                self.values[id(output)] = value
+                if self.return_failures and _has_failure(value):
+                    self.failed_values.add(id(output))
+                    failed = True
+            if failed:  # a trace counts the Failure elements, which node_finished does not see
+                self.recorder.node_failures(node, tuple(results))
+        if self._node_finished is not None:
+            self._node_finished(node, time.perf_counter(), error)
         self.remaining -= 1
-        for consumer in self.plan.consumers[index]:
-            self.waiting[consumer] -= 1
-            if self.waiting[consumer] == 0:
-                self.ready.append(consumer)
+        waiting, ready = self.waiting, self.ready
+        for consumer in plan.consumers[index]:
+            left = waiting[consumer] = waiting[consumer] - 1
+            if not left:
+                ready.append(consumer)
 
     def fail(self, index: int, exc: BaseException, label: str | None = None) -> None:
         """Fail node ``index`` (``label``: the call a stacked node's failing element stands for)."""
