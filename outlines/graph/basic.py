@@ -363,7 +363,7 @@ class Constant(Variable):
 class Apply:
     """One application of ``op`` to ``inputs``, producing ``outputs``."""
 
-    # family, rank: set only on a node that joined a family (``outlines.graph.families``).
+    # family: the node's family (``outlines.graph.families``) or None; rank: set on a member only.
     __slots__ = ("op", "inputs", "outputs", "order", "family", "rank", "__weakref__")
 
     def __init__(self, op: Op, inputs: Sequence[Variable], noutputs: int = 1, *, sibling: bool = True) -> None:
@@ -375,12 +375,15 @@ class Apply:
         if noutputs == 1:  # the common case, kept cheap for deep graphs
             self.outputs: tuple[Variable, ...] = (Variable(self, 0, None, shapes[0], ragged[0]),)
             # ``sibling=False``: a node a plan makes for itself, never a user's sibling.
-            stacks = op.__dict__.get("_stacks")
+            stacks = op._stacks
             if stacks is None:
-                stacks = op.__dict__["_stacks"] = 0 if op.stacked() is None else 2 if op.mode == "generate" else 1
+                stacks = op._stacks = 0 if op.stacked() is None else 2 if op.mode == "generate" else 1
             if stacks and sibling:
                 note(self, stacks == 2)
+            else:
+                self.family = None
         else:
+            self.family = None
             self.outputs = tuple(Variable(self, i, None, shapes[i], ragged[i]) for i in range(noutputs))
 
     @property
@@ -407,6 +410,8 @@ class Op:
 
     __props__: tuple[str, ...] = ()
     mode: str = "inline"
+    #: Whether this op's uses join families (``Apply``; 0 no, 1 yes, 2 as a model call), once known.
+    _stacks: int | None = None
     #: Pure ops give equal outputs for equal inputs: safe to merge and fold.
     pure: bool = True
 

@@ -26,8 +26,8 @@ from typing import Any, Callable
 __all__ = ["Family", "note", "stackable"]
 
 _order = itertools.count()
-#: (id(op), layout) -> the family of uses of ``op`` on constants only (its roots).
-_ROOTS: dict[tuple[Any, ...], weakref.ref[Family]] = {}
+#: (id(op), layout or one input's shape) -> the family of uses of ``op`` on constants only (its roots).
+_ROOTS: dict[Any, weakref.ref[Family]] = {}
 
 
 class Family:
@@ -56,8 +56,8 @@ class Family:
         self.members: list[Any] = []
         self.shift = shift
         self.order = next(_order)
-        #: (id(op), layout) -> a family reading this one, weakly.
-        self.children: dict[tuple[Any, ...], weakref.ref[Family]] = {}
+        #: id(op) (one input) or (id(op), layout) -> a family reading this one first, weakly.
+        self.children: dict[Any, weakref.ref[Family]] = {}
 
     @property
     def parents(self) -> list[Family]:
@@ -77,41 +77,63 @@ def stackable(constant: Any, text: bool) -> bool:
 
 
 def note(node: Any, generate: bool) -> None:
-    """Join ``node`` (one output, of an op that stacks) to its family, if its inputs allow.
+    """Join ``node`` (one output, of an op that stacks) to its family if its inputs allow; else ``family = None``.
 
     ``generate``: the op is a model call, which stacks over one ``str``
     prompt each. A node with a free input, a constant that cannot stack, an
     input outside any family, or family inputs of different ranks joins none.
+    Runs once per node built (graphs of 100k nodes are built in a loop): the
+    one-input case is spelled out.
     """
+    inputs = node.inputs
+    op = node.op
+    if len(inputs) == 1:  # a call, a template, a step: keyed by the op alone under its parent
+        variable = inputs[0]
+        owner = variable.owner
+        if owner is not None:
+            parent = owner.family
+            if parent is None or (generate and variable.shape != ()):
+                node.family = None
+                return
+            _join(node, parent.children, id(op), (parent,), parent, owner.rank)
+        elif variable.is_constant and stackable(variable, generate):
+            _join(node, _ROOTS, (id(op), variable.shape), (variable.shape,), None, -1)
+        else:
+            node.family = None  # a free input: its value is known only when it is bound
+        return
     rank = -1
-    parent: Family | None = None
+    first: Family | None = None
     layout: list[Any] = []
-    for variable in node.inputs:
+    for variable in inputs:
         owner = variable.owner
         if owner is None:
             if not variable.is_constant or not stackable(variable, generate):
-                return  # a free input: its value is known only when it is bound
+                node.family = None
+                return
             layout.append(variable.shape)
             continue
-        family = getattr(owner, "family", None)
-        if family is None:
+        family = owner.family
+        if family is None or (rank >= 0 and owner.rank != rank):  # outside, or not member for member
+            node.family = None
             return
-        if owner.rank != rank:
-            if rank >= 0:
-                return  # inputs of different ranks: not member for member
-            rank = owner.rank
-        if parent is None:
-            parent = family
+        rank = owner.rank
+        if first is None:
+            first = family
         layout.append(family)
-    if generate and node.inputs[0].shape != ():
+    if not layout or (generate and inputs[0].shape != ()):
+        node.family = None
         return
-    key = (id(node.op), tuple(layout))
-    registry = _ROOTS if parent is None else parent.children
+    shape = tuple(layout)
+    _join(node, _ROOTS if first is None else first.children, (id(op), shape), shape, first, rank)
+
+
+def _join(node: Any, registry: dict[Any, Any], key: Any, layout: tuple[Any, ...], parent: Family | None,
+          rank: int) -> None:
+    """Add ``node`` to the family under ``key`` (a new one when there is none, or ``node`` is out of its step)."""
     ref = registry.get(key)
     family = ref() if ref is not None else None
     if family is None or (parent is not None and rank - len(family.members) != family.shift):
-        # the first of its kind, or out of step with the family so far: a new family under the key
-        family = Family(node.op, key[1], rank if parent is not None else 0)
+        family = Family(node.op, layout, rank if parent is not None else 0)
         registry[key] = weakref.ref(family, _forget(registry, key))
     members = family.members
     node.family = family
@@ -119,7 +141,7 @@ def note(node: Any, generate: bool) -> None:
     members.append(node)
 
 
-def _forget(registry: dict[tuple[Any, ...], Any], key: tuple[Any, ...]) -> Callable[[Any], None]:
+def _forget(registry: dict[Any, Any], key: Any) -> Callable[[Any], None]:
     """A weakref callback dropping ``key`` once its family is gone (unless a new one took the key)."""
 
     def forget(ref: Any) -> None:

@@ -298,7 +298,9 @@ class Plan:
         owners = list(map(_OWNER, outputs))
         try:
             families = list(map(_FAMILY, owners))
-        except AttributeError:  # an output of no family (or no node)
+        except AttributeError:  # an output of no node (a constant or a free input)
+            return False
+        if None in families:  # an output of no family
             return False
         ranks = list(map(_RANK, owners))
         by_family: dict[int, tuple[Family, set[int]]] = {}

@@ -73,11 +73,11 @@ def test_what_joins_no_family() -> None:
     llm = RecordingBackend(name="none").model()
     free = outlines.string("q")
     impure = outlines.fn(str.upper, name="impure")  # not declared pure: never stacks
-    assert getattr(llm(free).owner, "family", None) is None  # a free input: known only when bound
-    assert getattr(impure(llm("a")).owner, "family", None) is None
-    assert getattr(llm(outlines.constant("a"), num_samples=2).owner, "family", None) is None
-    assert getattr(llm(impure("a")).owner, "family", None) is None  # an input outside any family
-    assert getattr(llm(outlines.constant(["a", "b"])).owner, "family", None) is None  # not one prompt
+    assert llm(free).owner.family is None  # a free input: known only when bound
+    assert impure(llm("a")).owner.family is None
+    assert llm(outlines.constant("a"), num_samples=2).owner.family is None
+    assert llm(impure("a")).owner.family is None  # an input outside any family
+    assert llm(outlines.constant(["a", "b"])).owner.family is None  # not one prompt
 
 
 def test_a_node_out_of_step_starts_a_new_family() -> None:
