@@ -22,6 +22,7 @@ objects, so givens still bind. Nothing recurses.
 from __future__ import annotations
 
 import warnings
+from itertools import repeat
 from operator import attrgetter, itemgetter
 from typing import Any, Hashable, Iterable, Mapping, Sequence
 
@@ -88,9 +89,9 @@ class Plan:
 
     def __init__(self, outputs: Iterable[Variable], *, stack: bool = False) -> None:
         outputs = list(outputs)
-        for argument, output in enumerate(outputs):
-            if not isinstance(output, Variable):
-                raise TypeError(f"eval expects symbolic Variables; argument {argument} is {type(output).__name__}")
+        if not all(map(isinstance, outputs, repeat(Variable))):
+            argument, output = next((i, v) for i, v in enumerate(outputs) if not isinstance(v, Variable))
+            raise TypeError(f"eval expects symbolic Variables; argument {argument} is {type(output).__name__}")
         self.nodes: list[Apply] = []
         self.indegree: list[int] = []
         self.consumers: list[list[int]] = []
@@ -300,11 +301,12 @@ class Plan:
             families = list(map(_FAMILY, owners))
         except AttributeError:  # an output of no node (a constant or a free input)
             return False
-        if None in families:  # an output of no family
+        kinds = set(families)  # families hash by identity
+        if None in kinds:  # an output of no family
             return False
         ranks = list(map(_RANK, owners))
         by_family: dict[int, tuple[Family, set[int]]] = {}
-        if len(set(map(id, families))) == 1:  # the common case: one family of outputs
+        if len(kinds) == 1:  # the common case: one family of outputs
             by_family[id(families[0])] = (families[0], set(ranks))
         else:
             for family, rank in zip(families, ranks):
@@ -351,8 +353,11 @@ class Plan:
             count = hi - lo
             members = family.members[lo:hi]
             rows = list(map(_INPUTS, members))
-            if len(members) != count or list(map(_RANK, members)) != list(range(lo, hi)) or set(map(len, rows)) != {
-                    len(layout)}:
+            if len(members) != count or set(map(len, rows)) != {len(layout)}:
+                return False
+            # A member's rank is its place in its family, unless two threads built members at once: what
+            # the outputs pick by rank is checked; the rest are read by place (their children's inputs are).
+            if id(family) in by_family and list(map(_RANK, members)) != list(range(lo, hi)):
                 return False
             sources: list[Variable] = []
             for number, part in enumerate(layout):
