@@ -9,7 +9,8 @@ in its family, its family inputs are all members of one rank, and that rank is
 its own plus the family's ``shift`` (a family's first member sets it: a
 test call built before the loop shifts every family after it by one). A node
 that would break the step starts a new family under the same key (a graph
-built again while the old one lives).
+built again while the old one lives; nodes that never run in step, such as a
+step for every other chain, each make a family of one, kept small).
 ``outlines.eval``'s plan (``outlines.runtime.plan``) then stacks whole families
 from this record, one array node each, and checks member by member that the
 graph is still what was noted; anything else takes the plan's general walk.
@@ -21,13 +22,13 @@ from __future__ import annotations
 
 import itertools
 import weakref
-from typing import Any, Callable
+from typing import Any
 
 __all__ = ["Family", "note", "stackable"]
 
 _order = itertools.count()
 #: (id(op), layout or one input's shape) -> the family of uses of ``op`` on constants only (its roots).
-_ROOTS: dict[Any, weakref.ref[Family]] = {}
+_ROOTS: dict[Any, _Entry] = {}
 
 
 class Family:
@@ -56,8 +57,8 @@ class Family:
         self.members: list[Any] = []
         self.shift = shift
         self.order = next(_order)
-        #: id(op) (one input) or (id(op), layout) -> a family reading this one first, weakly.
-        self.children: dict[Any, weakref.ref[Family]] = {}
+        #: id(op) (one input) or (id(op), layout) -> a family reading this one first, weakly (made on first use).
+        self.children: dict[Any, _Entry] | None = None
 
     @property
     def parents(self) -> list[Family]:
@@ -95,7 +96,10 @@ def note(node: Any, generate: bool) -> None:
             if parent is None or (generate and variable.shape != ()):
                 node.family = None
                 return
-            _join(node, parent.children, id(op), (parent,), parent, owner.rank)
+            children = parent.children
+            if children is None:
+                children = parent.children = {}
+            _join(node, children, id(op), (parent,), parent, owner.rank)
         elif variable.is_constant and stackable(variable, generate):
             _join(node, _ROOTS, (id(op), variable.shape), (variable.shape,), None, -1)
         else:
@@ -124,28 +128,40 @@ def note(node: Any, generate: bool) -> None:
         node.family = None
         return
     shape = tuple(layout)
-    _join(node, _ROOTS if first is None else first.children, (id(op), shape), shape, first, rank)
+    registry = _ROOTS if first is None else first.children
+    if registry is None:
+        registry = first.children = {}  # type: ignore[union-attr]
+    _join(node, registry, (id(op), shape), shape, first, rank)
 
 
 def _join(node: Any, registry: dict[Any, Any], key: Any, layout: tuple[Any, ...], parent: Family | None,
           rank: int) -> None:
-    """Add ``node`` to the family under ``key`` (a new one when there is none, or ``node`` is out of its step)."""
+    """Add ``node`` to the family under ``key``: a new one when there is none, or ``node`` starts a new run."""
     ref = registry.get(key)
     family = ref() if ref is not None else None
     if family is None or (parent is not None and rank - len(family.members) != family.shift):
         family = Family(node.op, layout, rank if parent is not None else 0)
-        registry[key] = weakref.ref(family, _forget(registry, key))
+        registry[key] = _Entry(family, registry, key)
     members = family.members
     node.family = family
     node.rank = len(members)
     members.append(node)
 
 
-def _forget(registry: dict[Any, Any], key: Any) -> Callable[[Any], None]:
-    """A weakref callback dropping ``key`` once its family is gone (unless a new one took the key)."""
+class _Entry(weakref.ref):  # type: ignore[type-arg]
+    """A registry's weak reference to a family, which drops its key once the family is gone."""
 
-    def forget(ref: Any) -> None:
-        if registry.get(key) is ref:
-            del registry[key]
+    __slots__ = ("registry", "key")
 
-    return forget
+    def __init__(self, family: Family, registry: dict[Any, Any], key: Any) -> None:
+        super().__init__(family, _forget)  # type: ignore[call-arg]
+        self.registry, self.key = registry, key
+
+    def __new__(cls, family: Family, registry: dict[Any, Any], key: Any) -> _Entry:
+        return super().__new__(cls, family, _forget)
+
+
+def _forget(entry: _Entry) -> None:
+    """Drop a dead family's key (unless a newer family took it)."""
+    if entry.registry.get(entry.key) is entry:
+        del entry.registry[entry.key]
