@@ -99,6 +99,16 @@ def note(node: Any, generate: bool) -> None:
             children = parent.children
             if children is None:
                 children = parent.children = {}
+            entry = children.get(id(op))
+            family = entry() if entry is not None else None
+            if family is not None:  # the common case, inline: the next member of a family in step
+                members = family.members
+                rank = len(members)
+                if owner.rank - rank == family.shift:
+                    node.family = family
+                    node.rank = rank
+                    members.append(node)
+                    return
             _join(node, children, id(op), (parent,), parent, owner.rank)
         elif variable.is_constant and stackable(variable, generate):
             _join(node, _ROOTS, (id(op), variable.shape), (variable.shape,), None, -1)
@@ -111,8 +121,8 @@ def note(node: Any, generate: bool) -> None:
     for variable in inputs:
         owner = variable.owner
         if owner is None:
-            if not variable.is_constant or not stackable(variable, generate):
-                node.family = None
+            if not variable.is_constant or (type(variable.value) is not str and not stackable(variable, generate)):
+                node.family = None  # (one text always stacks)
                 return
             layout.append(variable.shape)
             continue
