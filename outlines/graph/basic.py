@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any, Sequence
 import numpy as np
 
 from outlines.errors import GraphBuildError
+from outlines.graph.families import note
 from outlines.graph.ragged import Ragged
 from outlines.graph.shapes import Shape, align, shape_of
 
@@ -91,6 +92,8 @@ class Variable:
     """
 
     __slots__ = ("owner", "index", "name", "shape", "ragged", "__weakref__")
+    #: Whether this is a ``Constant`` (read where importing the class would be a cycle).
+    is_constant = False
 
     def __init__(
         self,
@@ -340,6 +343,7 @@ class Constant(Variable):
     """A Variable with a fixed value."""
 
     __slots__ = ("value",)
+    is_constant = True
 
     def __init__(self, value: Any, name: str | None = None) -> None:
         super().__init__(None, 0, name, shape_of(value), isinstance(value, Ragged))
@@ -359,9 +363,10 @@ class Constant(Variable):
 class Apply:
     """One application of ``op`` to ``inputs``, producing ``outputs``."""
 
-    __slots__ = ("op", "inputs", "outputs", "order", "__weakref__")
+    # family: the node's family (``outlines.graph.families``) or None; rank: set on a member only.
+    __slots__ = ("op", "inputs", "outputs", "order", "family", "rank", "__weakref__")
 
-    def __init__(self, op: Op, inputs: Sequence[Variable], noutputs: int = 1) -> None:
+    def __init__(self, op: Op, inputs: Sequence[Variable], noutputs: int = 1, *, sibling: bool = True) -> None:
         self.op = op
         inputs = self.inputs = tuple(inputs)
         self.order = next(_creation_order)
@@ -369,7 +374,16 @@ class Apply:
         ragged = op.ragged_outputs([v.ragged for v in inputs], noutputs)
         if noutputs == 1:  # the common case, kept cheap for deep graphs
             self.outputs: tuple[Variable, ...] = (Variable(self, 0, None, shapes[0], ragged[0]),)
+            # ``sibling=False``: a node a plan makes for itself, never a user's sibling.
+            stacks = op._stacks
+            if stacks is None:
+                stacks = op._stacks = 0 if op.stacked() is None else 2 if op.mode == "generate" else 1
+            if stacks and sibling:
+                note(self, stacks == 2)
+            else:
+                self.family = None
         else:
+            self.family = None
             self.outputs = tuple(Variable(self, i, None, shapes[i], ragged[i]) for i in range(noutputs))
 
     @property
@@ -396,6 +410,8 @@ class Op:
 
     __props__: tuple[str, ...] = ()
     mode: str = "inline"
+    #: Whether this op's uses join families (``Apply``; 0 no, 1 yes, 2 as a model call), once known.
+    _stacks: int | None = None
     #: Pure ops give equal outputs for equal inputs: safe to merge and fold.
     pure: bool = True
 

@@ -306,8 +306,28 @@ class Concat(Op):
         return {"kind": "op", "title": "+ (concat)"}
 
     def perform(self, *values: Any, on_error: Any = None, on_failed_input: Any = None) -> Any:
+        shape = _text_shape(values)
+        if shape is not None and shape != ():  # all text, arrays of one shape: numpy adds them (str + str) in bulk
+            total = values[0]
+            for value in values[1:]:
+                total = total + value
+            return total
         marked = [mark_not_text(v, not_str, f"operand {i + 1} of +") for i, v in enumerate(values)]
         return broadcast_map(_join, marked, on_error=on_error, on_failed_input=on_failed_input)
+
+
+def _text_shape(values: Sequence[Any]) -> tuple[int, ...] | None:
+    """The shape of ``values`` when each is a ``str`` or an object array of ``str`` of that one shape, else None."""
+    shape: tuple[int, ...] = ()
+    for value in values:
+        if type(value) is str:
+            continue
+        if type(value) is not np.ndarray or value.dtype != object or (shape and value.shape != shape):
+            return None
+        if set(map(type, value.flat)) - {str}:
+            return None
+        shape = value.shape
+    return shape
 
 
 def _join(*parts: str) -> str:
@@ -441,6 +461,10 @@ def _show_part(part: Any) -> str:
     return "..." if part == "..." else repr(part)
 
 
+#: repr(normalised parts) -> the shared ``Index`` op of that key (see ``Index.create``).
+_INDEX_OPS: dict[str, Index] = {}
+
+
 class Index(Op):
     """``v[key]`` for ints, slices, ``None`` (a new axis) and ``...``."""
 
@@ -455,7 +479,18 @@ class Index(Op):
     def create(cls, key: Any) -> Index:
         """The op for a Python index key."""
         parts = key if isinstance(key, tuple) else (key,)
-        return cls(tuple(_index_part(p) for p in parts))
+        normal = tuple(_index_part(p) for p in parts)
+        if cls is not Index:
+            return cls(normal)
+        # One op per key (ops are immutable): the uses of x[1] in a loop are siblings, a family.
+        # Keyed by repr, which tells 1 from True; the most recent keys only.
+        shown = repr(normal)
+        op = _INDEX_OPS.get(shown)
+        if op is None:
+            if len(_INDEX_OPS) >= 256:
+                _INDEX_OPS.clear()
+            op = _INDEX_OPS[shown] = cls(normal)
+        return op
 
     @property
     def name(self) -> str:

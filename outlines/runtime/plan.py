@@ -22,6 +22,8 @@ objects, so givens still bind. Nothing recurses.
 from __future__ import annotations
 
 import warnings
+from itertools import repeat
+from operator import attrgetter, itemgetter
 from typing import Any, Hashable, Iterable, Mapping, Sequence
 
 import numpy as np
@@ -29,12 +31,15 @@ import numpy as np
 from outlines.keys import canonical
 from outlines.errors import UnboundInputError
 from outlines.graph.basic import Apply, Constant, Variable, as_object_array
+from outlines.graph.families import Family, stackable
 from outlines.graph.ops import Index
 from outlines.graph.shapes import propagate, shape_of
 from outlines.graph.traversal import rewired_error, toposort
 
 __all__ = ["Plan", "bind_givens", "check_shapes"]
 
+_OWNER, _FAMILY, _RANK, _INPUTS = attrgetter("owner"), attrgetter("family"), attrgetter("rank"), attrgetter("inputs")
+_VALUE, _SHAPE, _RAGGED = attrgetter("value"), attrgetter("shape"), attrgetter("ragged")
 # Constants of these exact types (and object arrays of them) are keyed by value.
 # Integral floats are not: canonical text writes 1.0 as 1 and -0.0 as 0, which
 # is right for a backend's parameters but not for a value a Python op reads.
@@ -84,14 +89,16 @@ class Plan:
 
     def __init__(self, outputs: Iterable[Variable], *, stack: bool = False) -> None:
         outputs = list(outputs)
-        for argument, output in enumerate(outputs):
-            if not isinstance(output, Variable):
-                raise TypeError(f"eval expects symbolic Variables; argument {argument} is {type(output).__name__}")
+        if not all(map(isinstance, outputs, repeat(Variable))):
+            argument, output = next((i, v) for i, v in enumerate(outputs) if not isinstance(v, Variable))
+            raise TypeError(f"eval expects symbolic Variables; argument {argument} is {type(output).__name__}")
         self.nodes: list[Apply] = []
         self.indegree: list[int] = []
         self.consumers: list[list[int]] = []
         self.draw_offsets: dict[int, int] = {}
         self.tag_offsets: dict[int, int] = {}
+        if stack and self._from_families(outputs):
+            return
         tags = 0  # namespace tags taken by the control nodes so far
         replaced: dict[int, Variable] = {}  # id(original Variable) -> its replacement
         merged: dict[Hashable, Apply] = {}  # (op, noutputs, input keys) of a pure node -> the node computing it
@@ -217,7 +224,7 @@ class Plan:
                             if up_family < 0:
                                 break
                             layout.append(up_family)
-                        elif isinstance(variable, Constant) and _stackable(variable, generate):
+                        elif isinstance(variable, Constant) and stackable(variable, generate):
                             layout.append(variable.shape)
                         else:  # a free input: its value is known only when it is bound
                             break
@@ -277,6 +284,129 @@ class Plan:
             return results
         return [results[i][self.picks[i][1]] if i in self.picks else value for i, value in enumerate(results)]
 
+    def _from_families(self, outputs: list[Variable]) -> bool:
+        """Stack whole families noted as the graph was built (``outlines.graph.families``), walking no node.
+
+        Applies when every output is a member of a family, the outputs of
+        each family one contiguous range of ranks ``[lo, hi)`` of at least
+        ``STACK_MIN``, and each family read over one range (member ``r``
+        reads members ``r + shift``): the graph is then exactly those members
+        of those families and of the families they read, and each family
+        becomes one node of its stacked op, as ``_stack`` makes it. Each
+        family's members are checked against what was noted (their inputs
+        still the parents' members, or constants of the noted shape). What the
+        walk would rewrite is left to the walk: model calls repeating a prompt
+        (their draws are numbered apart, or merged when greedy), two families
+        of equal ops on the same inputs (merged), pure ops on constants only
+        (folded). Returns False, having changed nothing, when anything differs.
+        """
+        # map() with attrgetter: these passes touch every node of graphs of 100k nodes.
+        owners = list(map(_OWNER, outputs))
+        try:
+            families = list(map(_FAMILY, owners))
+        except AttributeError:  # an output of no node (a constant or a free input)
+            return False
+        kinds = set(families)  # families hash by identity
+        if None in kinds:  # an output of no family
+            return False
+        ranks = list(map(_RANK, owners))
+        by_family: dict[int, tuple[Family, set[int]]] = {}
+        if len(kinds) == 1:  # the common case: one family of outputs
+            by_family[id(families[0])] = (families[0], set(ranks))
+        else:
+            for family, rank in zip(families, ranks):
+                by_family.setdefault(id(family), (family, set()))[1].add(rank)
+        # The ranks each family must give, [lo, hi): the outputs' own, and their parents' shifted.
+        need: dict[int, tuple[int, int]] = {}
+        closure: dict[int, Family] = {}
+        for family, asked in by_family.values():
+            lo, hi = min(asked), max(asked) + 1
+            if len(asked) != hi - lo or hi - lo < STACK_MIN:
+                return False
+            need[id(family)] = (lo, hi)
+        todo = [family for family, _ in by_family.values()]
+        while todo:
+            family = todo.pop()
+            if id(family) not in closure:
+                closure[id(family)] = family
+                todo.extend(family.parents)
+        ordered = sorted(closure.values(), key=lambda f: f.order)  # the families a family reads come first
+        for family in reversed(ordered):  # children first: each passes its range up, shifted
+            if id(family) not in need:
+                return False  # defensive: a parent is made before its children, so they pass it a range
+            lo, hi = need[id(family)]
+            for parent in family.parents:
+                wanted = (lo + family.shift, hi + family.shift)
+                if need.setdefault(id(parent), wanted) != wanted:
+                    return False  # read over two ranges: some members of it are read by others
+        seen: set[Hashable] = set()
+        stacked: dict[int, Apply] = {}
+        nodes: list[Apply] = []
+        members_of: dict[int, list[Apply]] = {}
+        for family in ordered:
+            op, layout = family.op, family.layout
+            generate = op.mode == "generate"
+            if not generate and not any(type(part) is Family for part in layout):
+                return False  # a pure op on constants only: the walk folds it
+            try:
+                if (op, layout) in seen:
+                    return False  # equal ops on the same inputs: the walk merges them, or numbers their draws apart
+                seen.add((op, layout))
+            except TypeError:  # an op with unhashable parameters is never merged
+                pass
+            lo, hi = need[id(family)]
+            count = hi - lo
+            members = family.members[lo:hi]
+            rows = list(map(_INPUTS, members))
+            if len(members) != count or set(map(len, rows)) != {len(layout)}:
+                return False
+            # A member's rank is its place in its family, unless two threads built members at once: what
+            # the outputs pick by rank is checked; the rest are read by place (their children's inputs are).
+            if id(family) in by_family and list(map(_RANK, members)) != list(range(lo, hi)):
+                return False
+            sources: list[Variable] = []
+            for number, part in enumerate(layout):
+                inputs = list(map(itemgetter(number), rows))
+                if type(part) is Family:
+                    if list(map(_OWNER, inputs)) != part.members[lo + family.shift:hi + family.shift]:
+                        return False  # rewired since it was built
+                    sources.append(stacked[id(part)].outputs[0])
+                    continue
+                if set(map(type, inputs)) != {Constant}:
+                    return False  # a free input (or a Variable no longer a Constant's)
+                values = list(map(_VALUE, inputs))
+                texts = set(map(type, values)) == {str}  # the common case: checked in bulk
+                if generate and (not texts or len(set(values)) != count):
+                    return False  # not text, or a prompt asked twice: the walk numbers its draws (or merges greedy calls)
+                if texts and part != () or not texts and (
+                        set(map(_SHAPE, inputs)) != {part} or not stackable(inputs[0], False) or any(map(_RAGGED, inputs))):
+                    return False
+                sources.append(_stacked_constant(inputs, values))  # type: ignore[arg-type]
+            new = Apply(op.stacked(), sources, sibling=False)
+            new.order = members[0].order  # labelled as its first member
+            members_of[id(new)] = members
+            stacked[id(family)] = new
+            nodes.append(new)
+        if len(by_family) == 1:
+            self.outputs = [stacked[id(families[0])].outputs[0]] * len(outputs)
+        else:
+            chosen = {key: node.outputs[0] for key, node in stacked.items()}
+            self.outputs = [chosen[id(family)] for family in families]
+        starts = {need[key][0] for key in by_family}
+        if starts == {0}:
+            elements = ranks
+        else:
+            first = {key: need[key][0] for key in by_family}
+            elements = [rank - first[id(family)] for family, rank in zip(families, ranks)]
+        self.picks = dict(enumerate(zip(self.outputs, elements)))
+        self.members = members_of
+        self.nodes = nodes
+        self._link()
+        read = list({id(v): v for v in _leaves(self.nodes, self.outputs)}.values())
+        self.inputs = []
+        self.constants = [v for v in read if isinstance(v, Constant)]
+        return True
+
     def _stack(
         self, position: dict[int, int], family_of: list[int], rank: list[int], families: list[list[int]],
         above: list[list[int]], broken: list[bool], layouts: list[tuple[Any, ...]],
@@ -306,7 +436,8 @@ class Plan:
         nodes, offsets = self.nodes, self.draw_offsets
         valid = [len(m) >= STACK_MIN and not broken[f] for f, m in enumerate(families)]
         for family, ups in enumerate(above):  # parents come first: one pass settles it
-            if valid[family] and not all(valid[up] for up in ups):
+            # A parent with more members than its child: its stacked array holds elements nobody reads.
+            if valid[family] and not all(valid[up] and len(families[up]) == len(families[family]) for up in ups):
                 valid[family] = False
         if not any(valid):
             self._link(uplinks)
@@ -353,7 +484,7 @@ class Plan:
                         sources.append(stacked[part].outputs[0])
                     else:
                         sources.append(_stacked_constant([nodes[i].inputs[number] for i in members]))  # type: ignore[misc]
-                new = Apply(node.op.stacked(), sources)  # type: ignore[arg-type]
+                new = Apply(node.op.stacked(), sources, sibling=False)  # type: ignore[arg-type]
                 new.order = node.order  # labelled as its first member
                 self.members[id(new)] = [nodes[i] for i in members]
                 stacked[family] = new
@@ -418,24 +549,25 @@ def _input_key(variable: Variable) -> Hashable:
     return id(variable)
 
 
-def _stackable(constant: Constant, text: bool) -> bool:
-    """Whether a constant can be stacked with its siblings' (``text``: a model call's prompt, a str)."""
-    if text:
-        return type(constant.value) is str
-    shape = constant.shape
-    return not constant.ragged and shape is not None and None not in shape
+def _stacked_constant(constants: list[Constant], values: list[Any] | None = None) -> Constant:
+    """The constants of a family's members along a new leading axis (one scalar shared by all: itself).
 
-
-def _stacked_constant(constants: list[Constant]) -> Constant:
-    """The constants of a family's members along a new leading axis (one scalar shared by all: itself)."""
+    ``values``: their values, when the caller has them already.
+    """
     first = constants[0]
     if first.shape == ():
-        if all(c is first for c in constants):
-            return first  # an elementwise op pairs a scalar with every element
-        values = np.empty(len(constants), dtype=object)
-        for i, c in enumerate(constants):  # one by one: a list stays one element
-            values[i] = c.value
-        return Constant(values)
+        if values is None:
+            values = list(map(_VALUE, constants))
+        texts = set(map(type, values)) == {str}
+        if texts and len(set(values)) == 1:
+            return first  # an elementwise op pairs one scalar with every element: one text shared by all
+        array = np.empty(len(constants), dtype=object)
+        if texts:
+            array[:] = values
+        else:
+            for i, value in enumerate(values):  # one by one: a list stays one element
+                array[i] = value
+        return Constant(array)
     return Constant(np.stack([c.value if isinstance(c.value, np.ndarray) else as_object_array(c.value)
                               for c in constants]).astype(object))
 
@@ -458,7 +590,7 @@ def _fold(node: Apply, inputs: Sequence[Variable]) -> Constant | None:
 
 def _rebuild(node: Apply, inputs: Sequence[Variable]) -> Apply:
     """``node``'s op on rewritten inputs, keeping its creation order and output names."""
-    new = Apply(node.op, inputs, len(node.outputs))
+    new = Apply(node.op, inputs, len(node.outputs), sibling=False)
     new.order = node.order
     for old, output in zip(node.outputs, new.outputs):
         output.name = old.name

@@ -111,7 +111,12 @@ class Scheduler:
             await self._cleanup()
         if self.error is not None:
             raise self.error
-        return [scalar_or_array(self.values[id(v)]) for v in self.plan.outputs]
+        values, outputs = self.values, self.plan.outputs
+        if len(outputs) <= 64:
+            return [scalar_or_array(values[id(v)]) for v in outputs]
+        # a stacked plan's outputs are a few arrays, each repeated (``Plan.picks``): unwrap each once
+        unwrapped = {key: scalar_or_array(values[key]) for key in dict.fromkeys(map(id, outputs))}
+        return [unwrapped[key] for key in map(id, outputs)]
 
     def _round(self) -> str:
         """Dispatch what is ready and flush the queues; then ``stop``, ``continue``, ``wait`` or ``callbacks``."""

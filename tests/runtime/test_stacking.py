@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 import outlines
 from outlines import models
 from outlines.cache import Cache
-from outlines.errors import Failure, NodeError
+from outlines.errors import Failure, GraphBuildError, NodeError
 from outlines.runtime import plan as plan_module
 from outlines.runtime.plan import Plan
 from tests.fixtures.recording import RecordingBackend
@@ -314,3 +314,70 @@ def test_structured_parses_stack_and_fail_as_their_own_call() -> None:
     values = outlines.eval(*outs, cache=False, errors="return", progress=False)
     assert values[0] == {"a": "Q0"} and values[7].node == outs[7].owner.label
     assert [i for i, v in enumerate(values) if isinstance(v, Failure)] == [7]
+
+
+# -- stacking from the families noted at build time (outlines.graph.families) --------------------------
+
+def _no_walk(*args: Any, **kwargs: Any) -> Any:
+    raise AssertionError("the plan walked the graph node by node")
+
+
+def test_eval_stacks_from_the_families_noted_at_build_without_walking_the_graph(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    def build(llm: Any) -> list[Any]:
+        probe = llm(outlines.constant("built before the loop"))  # shifts every family after it
+        outs = [probe]
+        for i in range(N):
+            x: Any = outlines.constant(f"Q{i}:")
+            for step in ("llm", "template", "llm", "concat-own", "concat-shared", "fn", "async-fn", "gufunc",
+                         "index", "llm"):
+                x = _STEPS[step](llm, x, i)
+            outs.append(x)
+        return outs[1:]
+
+    flat = observe(build, tmp_path, False, monkeypatch, errors="return")
+    monkeypatch.setattr(plan_module, "toposort", _no_walk)
+    stacked = observe(build, tmp_path, True, monkeypatch, errors="return")
+    (cold, warm), (flat_cold, flat_warm) = stacked[0], flat[0]
+    assert cold[0] == flat_cold[0] and warm == flat_warm  # values, failures and their labels; warm: all hits
+    # as many draws asked cold (chains whose trimmed prompts coincide share a draw: the flat plan counts
+    # a copy sent in a later batch as a hit, which batch depends on when its async step finishes)
+    assert cold[1] + cold[2] == flat_cold[1] + flat_cold[2]
+    # the same prompts sent (how the flat plan's calls split into batches depends on when its async
+    # step finishes), and stacked: one batch per call of the chains, cold (none warm)
+    assert sorted(p for batch in stacked[1] for p in batch) == sorted(p for batch in flat[1] for p in batch)
+    assert len(stacked[1]) == 3
+
+
+def test_a_member_rewired_after_it_was_built_is_planned_by_the_walk() -> None:
+    llm = RecordingBackend(name="rewired").model()
+    outs = chains(llm)
+    outs[3].owner.inputs = (outs[2].owner.inputs[0],)  # chain 3's last call now reads chain 2's second
+    values = outlines.eval(*outs, cache=False)
+    assert values[3] == values[2] == "Q2:..."
+    assert values[5] == "Q5:..."
+    later = llm(outlines.constant("later"))
+    outs[6].owner.inputs[0].owner.inputs = (later,)  # reads a node built after it: the walk names it
+    with pytest.raises(GraphBuildError, match="built after it"):
+        outlines.eval(*outs, cache=False)
+
+
+@pytest.mark.parametrize("shape", ["repeated-prompts", "twin-models", "some-chains", "two-ranges"])
+def test_what_the_walk_would_rewrite_is_left_to_it(shape: str, tmp_path: Path,
+                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """Values, batches and cache counts as the flat plan's, where a family plan would go wrong."""
+    def build(llm: Any) -> list[Any]:
+        if shape == "repeated-prompts":  # a prompt asked twice draws twice (draw numbers apart)
+            return [llm(llm(outlines.constant(f"Q{i % 50}"))) for i in range(N)]
+        if shape == "twin-models":  # an equal model's calls on the same prompts: numbered apart too
+            twin = llm.backend.model(temperature=0.7)
+            firsts = [llm(outlines.constant(f"Q{i}")) for i in range(N)]
+            return [llm(x) for x in firsts] + [twin(x) for x in firsts]
+        outs = chains(llm)
+        if shape == "some-chains":  # the first calls of the chains left out are not evaluated
+            return outs[: N // 2]
+        return outs[:STACK_MIN] + [o.owner.inputs[0] for o in outs[STACK_MIN:]]  # two ranges: a gap in each
+
+    flat = observe(build, tmp_path, False, monkeypatch)
+    stacked = observe(build, tmp_path, True, monkeypatch)
+    assert stacked == flat
