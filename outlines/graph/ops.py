@@ -462,7 +462,7 @@ def _show_part(part: Any) -> str:
 
 
 #: repr(normalised parts) -> the shared ``Index`` op of that key (see ``Index.create``).
-_INDEX_OPS: dict[str, Index] = {}
+_INDEX_OPS: dict[Any, Index] = {}
 
 
 class Index(Op):
@@ -483,8 +483,8 @@ class Index(Op):
         if cls is not Index:
             return cls(normal)
         # One op per key (ops are immutable): the uses of x[1] in a loop are siblings, a family.
-        # Keyed by repr, which tells 1 from True; the most recent keys only.
-        shown = repr(normal)
+        # Keyed by the parts when all are ints, else by repr (which tells 1 from True); recent keys only.
+        shown: Any = normal if all(type(p) is int for p in normal) else repr(normal)
         op = _INDEX_OPS.get(shown)
         if op is None:
             if len(_INDEX_OPS) >= 256:

@@ -5,6 +5,7 @@ import gc
 import weakref
 from typing import Any
 
+import numpy as np
 import pytest
 
 import outlines
@@ -121,3 +122,12 @@ def test_a_family_shows_its_op_and_size() -> None:
     outs = [llm(outlines.constant(f"Q{i}")) for i in range(3)]
     assert isinstance(outs[0].owner.family, Family)
     assert repr(outs[0].owner.family).endswith("3 members)")
+
+
+def test_indexing_with_one_key_shares_one_op_so_its_uses_are_siblings() -> None:
+    llm = RecordingBackend(name="index").model()
+    pairs = [llm(outlines.constant(f"Q{i}")) + outlines.constant(np.array(["<", ">"], dtype=object)) for i in range(N)]
+    firsts = [p[1] for p in pairs]
+    assert len({id(v.owner.op) for v in firsts}) == 1 and len({id(v.owner.family) for v in firsts}) == 1
+    assert pairs[0][1:].owner.op is not pairs[0][True:].owner.op  # 1 and True are different keys, as in Python
+    assert outlines.eval(firsts[0], cache=False) == "Q0.>"
