@@ -28,7 +28,7 @@ from outlines.errors import Failure, GraphBuildError
 from outlines.graph.basic import Apply, Op, Variable, as_variable
 from outlines.graph.ops import broadcast_map, core_map, mark_not_text, raise_not_text
 from outlines.graph.ragged import Ragged
-from outlines.graph.shapes import Shape, align
+from outlines.graph.shapes import Shape, align, broadcast_leading
 from outlines.labels import shorten
 
 __all__ = ["Prompt", "Render", "function", "prompt"]
@@ -49,28 +49,63 @@ def _compiled(source: str) -> jinja2.Template:
 
 
 @functools.lru_cache(maxsize=1024)
-def _substitution(source: str, names: tuple[str, ...]) -> str | None:
-    """A ``str.format`` pattern rendering ``source`` exactly, for a template that only substitutes variables.
+def _substitution(source: str, names: tuple[str, ...]) -> tuple[str | int, ...] | None:
+    """The parts rendering ``source`` exactly, for a template that only substitutes variables.
 
     Such a template (text and ``{{ name }}`` only, whitespace control and
     comments included: the parser has applied them to the text) renders
-    ``str(value)`` in place of each name (autoescape is off), which
-    ``pattern.format(*values)`` does without a Jinja context per element.
-    ``None`` for anything else (filters, tests, blocks, expressions): those
-    render through Jinja.
+    ``str(value)`` in place of each name (autoescape is off). Its parts are
+    the literal texts (``str``) and the positions of the names (``int``) in
+    order: for text values, the concatenation of the parts is the render,
+    done without a Jinja context per element (``_render_parts``). ``None``
+    for anything else (filters, tests, blocks, expressions): those render
+    through Jinja.
     """
-    parts: list[str] = []
+    parts: list[str | int] = []
     for output in _ENVIRONMENT.parse(source).body:
         if not isinstance(output, jinja2.nodes.Output):
             return None
         for node in output.nodes:
             if isinstance(node, jinja2.nodes.TemplateData):
-                parts.append(node.data.replace("{", "{{").replace("}", "}}"))
+                if parts and isinstance(parts[-1], str):
+                    parts[-1] += node.data
+                elif node.data:
+                    parts.append(node.data)
             elif isinstance(node, jinja2.nodes.Name) and node.ctx == "load" and node.name in names:
-                parts.append("{%d!s}" % names.index(node.name))
+                parts.append(names.index(node.name))
             else:
                 return None
-    return "".join(parts)
+    return tuple(parts)
+
+
+def _render_parts(parts: tuple[str | int, ...], values: tuple[Any, ...]) -> Any:
+    """Concatenate ``parts`` over text ``values`` (str, or object arrays of str paired on leading axes).
+
+    Each ``+`` is one NumPy pass over the paired arrays (``str.__add__`` per
+    element, in C), so a (100,000,) input costs a few passes and no Python
+    call per element.
+    """
+    if not any(isinstance(v, np.ndarray) for v in values):
+        return "".join(part if isinstance(part, str) else values[part] for part in parts)
+    shape, arrays = broadcast_leading("elementwise op", [v for v in values if isinstance(v, np.ndarray)])
+    paired = iter(arrays)
+    full = [next(paired) if isinstance(v, np.ndarray) else v for v in values]
+    out: Any = None
+    for part in parts:
+        operand = part if isinstance(part, str) else full[part]
+        if out is None:
+            out = operand
+        elif isinstance(out, str) and isinstance(operand, str):
+            out = out + operand  # NumPy would make an ``np.str_`` of two scalars
+        else:
+            out = np.add(out, operand, dtype=object)
+    if isinstance(out, np.ndarray) and out.shape == shape and len(parts) > 1:
+        return out  # made by the last ``+``: a fresh array
+    if isinstance(out, np.ndarray):
+        return np.array(np.broadcast_to(out, shape), dtype=object)
+    whole = np.empty(shape, dtype=object)
+    whole[...] = "" if out is None else out
+    return whole
 
 
 def _all_text(value: Any) -> bool:
@@ -164,9 +199,9 @@ class Render(Op):
 
     def perform(self, *values: Any, unknown: Any = None, on_error: Any = None, on_failed_input: Any = None) -> Any:
         if not self.lists and all(_all_text(v) for v in values):
-            pattern = _substitution(self.source, self.names)
-            if pattern is not None:  # in bulk: one compiled pattern over the arrays, byte for byte Jinja's text
-                return broadcast_map(pattern.format, values)
+            parts = _substitution(self.source, self.names)
+            if parts is not None:  # in bulk: concatenated over the arrays, byte for byte Jinja's text
+                return _render_parts(parts, values)
         template, names = _compiled(self.source), self.names
         where = f"prompt {self.template_name}: input"
         values = tuple(mark_not_text(v, _not_text, f"{where} {n!r}", lists=n in self.lists) for n, v in zip(names, values))

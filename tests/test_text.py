@@ -269,9 +269,23 @@ def test_a_template_rendered_in_bulk_equals_jinja_byte_for_byte(pieces, tail, ro
     b = np.array([r[1] for r in rows], dtype=object)
     template = _compiled(source)
     expected = [template.render({"a": x, "b": y}) for x, y in rows]
-    assert render.perform(a, b).tolist() == expected
-    assert render.perform(a[0], b[0]) == expected[0]
+    out = render.perform(a, b)
+    assert out.tolist() == expected and {type(x) for x in out.tolist()} <= {str}  # str, never np.str_
+    assert render.perform(a[0], b[0]) == expected[0] and type(render.perform(a[0], b[0])) is str
     assert render.perform(a, b[0]).tolist() == [template.render({"a": x, "b": rows[0][1]}) for x, _ in rows]
+
+
+def test_a_bulk_render_has_the_shape_of_every_input_and_never_aliases_one():
+    rows = np.array(["x", "y"], dtype=object)
+    unused = Render("unused", "hi {{ a }}", ("a", "b"))  # b only sets the shape, as per element
+    assert unused.perform("s", rows).tolist() == ["hi s", "hi s"]
+    grid = np.array([["p", "q"], ["r", "s"]], dtype=object)
+    paired = Render("paired", "{{ b }}-{{ a }}", ("a", "b")).perform(rows, grid)  # leading axes pair
+    assert paired.tolist() == [["p-x", "q-x"], ["r-y", "s-y"]]
+    alone = Render("alone", "{{ a }}", ("a",)).perform(rows)
+    assert alone.tolist() == ["x", "y"] and not np.shares_memory(alone, rows)
+    assert Render("empty", "{# nothing #}", ("a",)).perform(rows).tolist() == ["", ""]
+    assert Render("scalar", "{{ a }}{{ b }}", ("a", "b")).perform(np.array("z", dtype=object), "w")[()] == "zw"
 
 
 def test_templates_beyond_substitution_render_through_jinja():
