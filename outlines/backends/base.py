@@ -31,6 +31,7 @@ __all__ = [
     "BatchReport",
     "Draw",
     "DrawBatch",
+    "all_text",
     "GenerationParams",
     "Slot",
     "check_limit",
@@ -282,6 +283,24 @@ class DrawBatch(Sequence[Draw]):
 
     def __repr__(self) -> str:
         return f"DrawBatch({len(self)} draws)"
+
+
+def all_text(values: Sequence[Any]) -> bool:
+    """Whether every one of ``values`` is a ``str`` (a subclass counts): prompts and completions are checked so.
+
+    One C-speed ``str.join`` pass, which stops at the first value that is
+    not text; the caller then finds it and names it in its error.
+
+    Examples
+    --------
+    >>> all_text(["a", "b"]), all_text(["a", 1]), all_text([])
+    (True, False, True)
+    """
+    try:
+        "".join(values)
+    except TypeError:
+        return False
+    return True
 
 
 class BackendError(RuntimeError):
