@@ -174,3 +174,14 @@ def test_draws_stored_by_eval_are_read_back_by_key(tmp_path: Path) -> None:
     cache.flush()
     keys = draw_keys(llm.backend.cache_identities[0], [Draw(p, llm.defaults, 0) for p in prompts])
     assert Cache(tmp_path, timeout=3.0).get_many(keys) == {k: p.upper() for k, p in zip(keys, prompts)}
+
+
+def test_memory_counts_the_length_of_each_prompt_and_text(tmp_path: Path) -> None:
+    from outlines.cache.store import _ENTRY_BYTES
+
+    cache = Cache(tmp_path)
+    cache.put_draws(IDENTITY, batch(["ab", "é✓x"]), ["one", ""])
+    assert cache._memory_size == 2 + 3 + 3 + 0 + 2 * _ENTRY_BYTES
+    conversation = DrawBatch([("system", "user"), "plain"], [GREEDY] * 2, [0, 0])  # not all text: len of each
+    cache.put_draws(IDENTITY, conversation, ["x", "yz"])
+    assert cache._memory_size == 8 + 2 * _ENTRY_BYTES + 2 + 5 + 1 + 2 + 2 * _ENTRY_BYTES  # a tuple's len: 2
