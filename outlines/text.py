@@ -96,16 +96,21 @@ def _render_parts(parts: tuple[str | int, ...], values: tuple[Any, ...]) -> Any:
         if out is None:
             out = operand
         elif isinstance(out, str) and isinstance(operand, str):
-            out = out + operand  # NumPy would make an ``np.str_`` of two scalars
-        else:
-            out = np.add(out, operand, dtype=object)
+            out = out + operand
+        else:  # as object arrays: NumPy would read a str as its own text type (an ``np.str_``, NULs cut)
+            out = np.add(_object(out), _object(operand))
     if isinstance(out, np.ndarray) and out.shape == shape and len(parts) > 1:
         return out  # made by the last ``+``: a fresh array
-    if isinstance(out, np.ndarray):
-        return np.array(np.broadcast_to(out, shape), dtype=object)
-    whole = np.empty(shape, dtype=object)
-    whole[...] = "" if out is None else out
-    return whole
+    return np.array(np.broadcast_to(_object("" if out is None else out), shape), dtype=object)
+
+
+def _object(value: Any) -> np.ndarray:
+    """``value`` as an object array (a str as a 0-d one holding it as it is)."""
+    if isinstance(value, np.ndarray):
+        return value
+    array = np.empty((), dtype=object)
+    array[()] = value
+    return array
 
 
 def _all_text(value: Any) -> bool:

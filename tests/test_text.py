@@ -251,7 +251,7 @@ _TEXT = st.text(st.characters(blacklist_characters="{%#", blacklist_categories=(
 _TAGS = st.sampled_from(["{{ %s }}", "{{- %s }}", "{{ %s -}}", "{{-%s-}}", "{{%s}}"])
 _COMMENTS = st.sampled_from(["", "{# note #}", "{#- note -#}", "{# {{ x }} #}"])
 _VALUES = st.text(st.characters(blacklist_categories=("Cs",)), max_size=10) | st.sampled_from(
-    ["{{ a }}", "}}{{", "\n", " \n\t", "{% if %}", "é✓\u2028", ""]
+    ["{{ a }}", "}}{{", "\n", " \n\t", "{% if %}", "é✓\u2028", "", "\x00", "a\x00"]
 )
 
 
@@ -286,6 +286,8 @@ def test_a_bulk_render_has_the_shape_of_every_input_and_never_aliases_one():
     assert alone.tolist() == ["x", "y"] and not np.shares_memory(alone, rows)
     assert Render("empty", "{# nothing #}", ("a",)).perform(rows).tolist() == ["", ""]
     assert Render("scalar", "{{ a }}{{ b }}", ("a", "b")).perform(np.array("z", dtype=object), "w")[()] == "zw"
+    nul = Render("nul", "\x00{{ a }}\x00", ("a",)).perform(np.array(["", "x\x00"], dtype=object))
+    assert nul.tolist() == ["\x00\x00", "\x00x\x00\x00"]  # NumPy's own text type would cut trailing NULs
 
 
 def test_templates_beyond_substitution_render_through_jinja():
