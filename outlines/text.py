@@ -87,7 +87,8 @@ def _render_parts(parts: tuple[str | int, ...], values: tuple[Any, ...]) -> Any:
     """
     if not any(isinstance(v, np.ndarray) for v in values):
         return "".join(part if isinstance(part, str) else values[part] for part in parts)
-    shape, arrays = broadcast_leading("elementwise op", [v for v in values if isinstance(v, np.ndarray)])
+    given = [v if v.dtype == object else v.astype(object) for v in values if isinstance(v, np.ndarray)]
+    shape, arrays = broadcast_leading("elementwise op", given)
     paired = iter(arrays)
     full = [next(paired) if isinstance(v, np.ndarray) else v for v in values]
     out: Any = None

@@ -288,6 +288,8 @@ def test_a_bulk_render_has_the_shape_of_every_input_and_never_aliases_one():
     assert Render("scalar", "{{ a }}{{ b }}", ("a", "b")).perform(np.array("z", dtype=object), "w")[()] == "zw"
     nul = Render("nul", "\x00{{ a }}\x00", ("a",)).perform(np.array(["", "x\x00"], dtype=object))
     assert nul.tolist() == ["\x00\x00", "\x00x\x00\x00"]  # NumPy's own text type would cut trailing NULs
+    texts = Render("unicode", "x{{ a }}", ("a",)).perform(np.array(["p", "q"]))  # a NumPy str array
+    assert texts.dtype == object and [type(v) for v in texts.tolist()] == [str, str] and texts.tolist() == ["xp", "xq"]
 
 
 def test_templates_beyond_substitution_render_through_jinja():
