@@ -31,9 +31,9 @@ __all__ = [
     "BatchReport",
     "Draw",
     "DrawBatch",
-    "all_text",
     "GenerationParams",
     "Slot",
+    "all_text",
     "check_limit",
 ]
 
@@ -286,21 +286,18 @@ class DrawBatch(Sequence[Draw]):
 
 
 def all_text(values: Sequence[Any]) -> bool:
-    """Whether every one of ``values`` is a ``str`` (a subclass counts): prompts and completions are checked so.
+    """Whether the type of every one of ``values`` is exactly ``str``: the usual prompts and completions.
 
-    One C-speed ``str.join`` pass, which stops at the first value that is
-    not text; the caller then finds it and names it in its error.
+    One C-speed pass whatever the texts' lengths. ``False`` says only that
+    the caller must look closer: it then checks each value (a ``str``
+    subclass is text) and names the first that is not.
 
     Examples
     --------
     >>> all_text(["a", "b"]), all_text(["a", 1]), all_text([])
     (True, False, True)
     """
-    try:
-        "".join(values)
-    except TypeError:
-        return False
-    return True
+    return list(map(type, values)).count(str) == len(values)
 
 
 class BackendError(RuntimeError):

@@ -357,7 +357,7 @@ class Cache:
             self._slot_bytes[slot] = 0
         else:
             self._slots.move_to_end(slot)
-        size = _total_length(prompts) + _total_length(texts)
+        size = sum(map(len, prompts)) + sum(map(len, texts))
         if index:
             before = len(table)
             table.update(zip(prompts, texts))
@@ -448,14 +448,6 @@ def _prompts(draws: Sequence[Any]) -> list[Any]:
     """The prompts of a batch: a ``DrawBatch``'s column, or each ``Draw``'s."""
     prompts = getattr(draws, "prompts", None)
     return prompts if prompts is not None else [d.prompt for d in draws]
-
-
-def _total_length(values: list[Any]) -> int:
-    """``sum(map(len, values))``; for text, one ``str.join`` (no call per value: 100,000 cost a copy)."""
-    try:
-        return len("".join(values))
-    except TypeError:  # not all text (a conversation's messages): the sizes one by one
-        return sum(map(len, values))
 
 
 def _check_keys(keys: Iterable[bytes]) -> None:
