@@ -78,31 +78,36 @@ def _substitution(source: str, names: tuple[str, ...]) -> tuple[str | int, ...] 
     return tuple(parts)
 
 
+#: Elements concatenated per pass of a bulk render: bounds the texts made between two ``+``.
+_RENDER_CHUNK = 8192
+
+
 def _render_parts(parts: tuple[str | int, ...], values: tuple[Any, ...]) -> Any:
     """Concatenate ``parts`` over text ``values`` (str, or object arrays of str paired on leading axes).
 
-    Each ``+`` is one NumPy pass over the paired arrays (``str.__add__`` per
-    element, in C), so a (100,000,) input costs a few passes and no Python
-    call per element.
+    Each ``+`` is one NumPy pass over a chunk of the paired arrays
+    (``str.__add__`` per element, in C), so a (100,000,) input costs a few
+    passes per chunk and no Python call per element; the partial texts
+    between two ``+`` are those of one chunk, never a whole copy.
     """
     if not any(isinstance(v, np.ndarray) for v in values):
         return "".join(part if isinstance(part, str) else values[part] for part in parts)
     given = [v if v.dtype == object else v.astype(object) for v in values if isinstance(v, np.ndarray)]
     shape, arrays = broadcast_leading("elementwise op", given)
     paired = iter(arrays)
-    full = [next(paired) if isinstance(v, np.ndarray) else v for v in values]
-    out: Any = None
-    for part in parts:
-        operand = part if isinstance(part, str) else full[part]
-        if out is None:
-            out = operand
-        elif isinstance(out, str) and isinstance(operand, str):
-            out = out + operand
-        else:  # as object arrays: NumPy would read a str as its own text type (an ``np.str_``, NULs cut)
-            out = np.add(_object(out), _object(operand))
-    if isinstance(out, np.ndarray) and out.shape == shape and len(parts) > 1:
-        return out  # made by the last ``+``: a fresh array
-    return np.array(np.broadcast_to(_object("" if out is None else out), shape), dtype=object)
+    flat = [next(paired).reshape(-1) if isinstance(v, np.ndarray) else _object(v) for v in values]
+    operands = [_object(part) if isinstance(part, str) else flat[part] for part in parts] or [_object("")]
+    count = int(np.prod(shape, dtype=np.int64))
+    out = np.empty(count, dtype=object)
+    for start in range(0, count, _RENDER_CHUNK):
+        stop = min(start + _RENDER_CHUNK, count)
+        text: Any = None
+        for operand in operands:
+            piece = operand[start:stop] if operand.ndim else operand
+            # as object arrays: NumPy would read a str as its own text type (an ``np.str_``, NULs cut)
+            text = piece if text is None else np.add(_object(text), piece)
+        out[start:stop] = _object(text)
+    return out.reshape(shape)
 
 
 def _object(value: Any) -> np.ndarray:
