@@ -24,6 +24,7 @@ import jinja2.meta
 import jinja2.nodes
 import numpy as np
 
+from outlines.backends.base import all_text
 from outlines.errors import Failure, GraphBuildError
 from outlines.graph.basic import Apply, Op, Variable, as_variable
 from outlines.graph.ops import broadcast_map, core_map, mark_not_text, raise_not_text
@@ -123,7 +124,7 @@ def _all_text(value: Any) -> bool:
     """Whether ``value`` is a str or an object array of str only (nothing to refuse, nothing failed)."""
     if type(value) is str:
         return True
-    return isinstance(value, np.ndarray) and set(map(type, value.reshape(-1).tolist())) <= {str}
+    return isinstance(value, np.ndarray) and all_text(value.reshape(-1).tolist())
 
 
 #: Filters that read a whole sequence: their argument is a list argument.
