@@ -24,11 +24,12 @@ import jinja2.meta
 import jinja2.nodes
 import numpy as np
 
+from outlines.backends.base import all_text
 from outlines.errors import Failure, GraphBuildError
 from outlines.graph.basic import Apply, Op, Variable, as_variable
 from outlines.graph.ops import broadcast_map, core_map, mark_not_text, raise_not_text
 from outlines.graph.ragged import Ragged
-from outlines.graph.shapes import Shape, align
+from outlines.graph.shapes import Shape, align, broadcast_leading
 from outlines.labels import shorten
 
 __all__ = ["Prompt", "Render", "function", "prompt"]
@@ -49,35 +50,81 @@ def _compiled(source: str) -> jinja2.Template:
 
 
 @functools.lru_cache(maxsize=1024)
-def _substitution(source: str, names: tuple[str, ...]) -> str | None:
-    """A ``str.format`` pattern rendering ``source`` exactly, for a template that only substitutes variables.
+def _substitution(source: str, names: tuple[str, ...]) -> tuple[str | int, ...] | None:
+    """The parts rendering ``source`` exactly, for a template that only substitutes variables.
 
     Such a template (text and ``{{ name }}`` only, whitespace control and
     comments included: the parser has applied them to the text) renders
-    ``str(value)`` in place of each name (autoescape is off), which
-    ``pattern.format(*values)`` does without a Jinja context per element.
-    ``None`` for anything else (filters, tests, blocks, expressions): those
-    render through Jinja.
+    ``str(value)`` in place of each name (autoescape is off). Its parts are
+    the literal texts (``str``) and the positions of the names (``int``) in
+    order: for text values, the concatenation of the parts is the render,
+    done without a Jinja context per element (``_render_parts``). ``None``
+    for anything else (filters, tests, blocks, expressions): those render
+    through Jinja.
     """
-    parts: list[str] = []
+    parts: list[str | int] = []
     for output in _ENVIRONMENT.parse(source).body:
         if not isinstance(output, jinja2.nodes.Output):
             return None
         for node in output.nodes:
             if isinstance(node, jinja2.nodes.TemplateData):
-                parts.append(node.data.replace("{", "{{").replace("}", "}}"))
+                if parts and isinstance(parts[-1], str):
+                    parts[-1] += node.data
+                elif node.data:
+                    parts.append(node.data)
             elif isinstance(node, jinja2.nodes.Name) and node.ctx == "load" and node.name in names:
-                parts.append("{%d!s}" % names.index(node.name))
+                parts.append(names.index(node.name))
             else:
                 return None
-    return "".join(parts)
+    return tuple(parts)
+
+
+#: Elements concatenated per pass of a bulk render: bounds the texts made between two ``+``.
+_RENDER_CHUNK = 8192
+
+
+def _render_parts(parts: tuple[str | int, ...], values: tuple[Any, ...]) -> Any:
+    """Concatenate ``parts`` over text ``values`` (str, or object arrays of str paired on leading axes).
+
+    Each ``+`` is one NumPy pass over a chunk of the paired arrays
+    (``str.__add__`` per element, in C), so a (100,000,) input costs a few
+    passes per chunk and no Python call per element; the partial texts
+    between two ``+`` are those of one chunk, never a whole copy.
+    """
+    if not any(isinstance(v, np.ndarray) for v in values):
+        return "".join(part if isinstance(part, str) else values[part] for part in parts)
+    given = [v if v.dtype == object else v.astype(object) for v in values if isinstance(v, np.ndarray)]
+    shape, arrays = broadcast_leading("elementwise op", given)
+    paired = iter(arrays)
+    flat = [next(paired).reshape(-1) if isinstance(v, np.ndarray) else _object(v) for v in values]
+    operands = [_object(part) if isinstance(part, str) else flat[part] for part in parts] or [_object("")]
+    count = int(np.prod(shape, dtype=np.int64))
+    out = np.empty(count, dtype=object)
+    for start in range(0, count, _RENDER_CHUNK):
+        stop = min(start + _RENDER_CHUNK, count)
+        text: Any = None
+        for operand in operands:
+            piece = operand[start:stop] if operand.ndim else operand
+            # as object arrays: NumPy would read a str as its own text type (an ``np.str_``, NULs cut)
+            text = piece if text is None else np.add(_object(text), piece)
+        out[start:stop] = _object(text)
+    return out.reshape(shape)
+
+
+def _object(value: Any) -> np.ndarray:
+    """``value`` as an object array (a str as a 0-d one holding it as it is)."""
+    if isinstance(value, np.ndarray):
+        return value
+    array = np.empty((), dtype=object)
+    array[()] = value
+    return array
 
 
 def _all_text(value: Any) -> bool:
     """Whether ``value`` is a str or an object array of str only (nothing to refuse, nothing failed)."""
     if type(value) is str:
         return True
-    return isinstance(value, np.ndarray) and set(map(type, value.reshape(-1).tolist())) <= {str}
+    return isinstance(value, np.ndarray) and all_text(value.reshape(-1).tolist())
 
 
 #: Filters that read a whole sequence: their argument is a list argument.
@@ -164,9 +211,9 @@ class Render(Op):
 
     def perform(self, *values: Any, unknown: Any = None, on_error: Any = None, on_failed_input: Any = None) -> Any:
         if not self.lists and all(_all_text(v) for v in values):
-            pattern = _substitution(self.source, self.names)
-            if pattern is not None:  # in bulk: one compiled pattern over the arrays, byte for byte Jinja's text
-                return broadcast_map(pattern.format, values)
+            parts = _substitution(self.source, self.names)
+            if parts is not None:  # in bulk: concatenated over the arrays, byte for byte Jinja's text
+                return _render_parts(parts, values)
         template, names = _compiled(self.source), self.names
         where = f"prompt {self.template_name}: input"
         values = tuple(mark_not_text(v, _not_text, f"{where} {n!r}", lists=n in self.lists) for n, v in zip(names, values))

@@ -251,7 +251,7 @@ _TEXT = st.text(st.characters(blacklist_characters="{%#", blacklist_categories=(
 _TAGS = st.sampled_from(["{{ %s }}", "{{- %s }}", "{{ %s -}}", "{{-%s-}}", "{{%s}}"])
 _COMMENTS = st.sampled_from(["", "{# note #}", "{#- note -#}", "{# {{ x }} #}"])
 _VALUES = st.text(st.characters(blacklist_categories=("Cs",)), max_size=10) | st.sampled_from(
-    ["{{ a }}", "}}{{", "\n", " \n\t", "{% if %}", "é✓\u2028", ""]
+    ["{{ a }}", "}}{{", "\n", " \n\t", "{% if %}", "é✓\u2028", "", "\x00", "a\x00"]
 )
 
 
@@ -269,9 +269,37 @@ def test_a_template_rendered_in_bulk_equals_jinja_byte_for_byte(pieces, tail, ro
     b = np.array([r[1] for r in rows], dtype=object)
     template = _compiled(source)
     expected = [template.render({"a": x, "b": y}) for x, y in rows]
-    assert render.perform(a, b).tolist() == expected
-    assert render.perform(a[0], b[0]) == expected[0]
+    out = render.perform(a, b)
+    assert out.tolist() == expected and {type(x) for x in out.tolist()} <= {str}  # str, never np.str_
+    assert render.perform(a[0], b[0]) == expected[0] and type(render.perform(a[0], b[0])) is str
     assert render.perform(a, b[0]).tolist() == [template.render({"a": x, "b": rows[0][1]}) for x, _ in rows]
+
+
+def test_a_bulk_render_has_the_shape_of_every_input_and_never_aliases_one():
+    rows = np.array(["x", "y"], dtype=object)
+    unused = Render("unused", "hi {{ a }}", ("a", "b"))  # b only sets the shape, as per element
+    assert unused.perform("s", rows).tolist() == ["hi s", "hi s"]
+    grid = np.array([["p", "q"], ["r", "s"]], dtype=object)
+    paired = Render("paired", "{{ b }}-{{ a }}", ("a", "b")).perform(rows, grid)  # leading axes pair
+    assert paired.tolist() == [["p-x", "q-x"], ["r-y", "s-y"]]
+    alone = Render("alone", "{{ a }}", ("a",)).perform(rows)
+    assert alone.tolist() == ["x", "y"] and not np.shares_memory(alone, rows)
+    assert Render("empty", "{# nothing #}", ("a",)).perform(rows).tolist() == ["", ""]
+    assert Render("scalar", "{{ a }}{{ b }}", ("a", "b")).perform(np.array("z", dtype=object), "w")[()] == "zw"
+    nul = Render("nul", "\x00{{ a }}\x00", ("a",)).perform(np.array(["", "x\x00"], dtype=object))
+    assert nul.tolist() == ["\x00\x00", "\x00x\x00\x00"]  # NumPy's own text type would cut trailing NULs
+    texts = Render("unicode", "x{{ a }}", ("a",)).perform(np.array(["p", "q"]))  # a NumPy str array
+    assert texts.dtype == object and [type(v) for v in texts.tolist()] == [str, str] and texts.tolist() == ["xp", "xq"]
+
+
+def test_a_bulk_render_in_chunks_equals_one_pass(monkeypatch: pytest.MonkeyPatch) -> None:
+    import outlines.text as text_module
+
+    monkeypatch.setattr(text_module, "_RENDER_CHUNK", 3)  # chunks that cut rows of the paired (4, 5) grid
+    rows = np.array([f"r{i}" for i in range(4)], dtype=object)
+    grid = np.array([[f"g{i}{j}" for j in range(5)] for i in range(4)], dtype=object)
+    out = Render("chunks", "<{{ a }}|{{ b }}>", ("a", "b")).perform(rows, grid)
+    assert out.shape == (4, 5) and out.tolist() == [[f"<r{i}|g{i}{j}>" for j in range(5)] for i in range(4)]
 
 
 def test_templates_beyond_substitution_render_through_jinja():

@@ -29,7 +29,7 @@ from typing import Any, Callable, Sequence
 
 from outlines.errors import CacheWarning
 from outlines.threads import run_blocking
-from outlines.backends.base import Backend, BatchReport, Draw, DrawBatch, check_limit
+from outlines.backends.base import Backend, BatchReport, Draw, DrawBatch, all_text, check_limit
 
 __all__ = ["FunctionBackend", "Unhashable", "code_hash", "state_hash"]
 
@@ -326,7 +326,7 @@ class FunctionBackend(Backend):
             if not isinstance(outputs, (list, tuple)) or len(outputs) != len(prompts):
                 got = f"{len(outputs)} outputs" if isinstance(outputs, (list, tuple)) else type(outputs).__name__
                 raise ValueError(f"batched function {self.name!r} returned {got} for {len(prompts)} prompts")
-            if set(map(type, outputs)) - {str}:  # one C-speed pass over the exact types first
+            if not all_text(outputs):
                 return [self._check(o) for o in outputs]
             return list(outputs)
         semaphore = self._semaphore()

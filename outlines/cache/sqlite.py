@@ -421,8 +421,17 @@ class SQLiteStore:
         """
         now = time.time_ns()
         crc32 = zlib.crc32
-        rows = list(rows)  # a writer's blocks hash their keys as this consumes them
-        ids = _row_array([key for key, _ in rows])
+        # Two columns, not a list of row tuples: a write of 100,000 rows would make
+        # 100,000 tuples for the garbage collector, whose passes (on this thread or,
+        # triggered by the count, on the event loop's) hold the GIL. Unpacked at once,
+        # the iterator's tuple is reused. A writer's blocks hash their keys as this runs.
+        all_keys: list[bytes] = []
+        all_blobs: list[bytes] = []
+        add_key, add_blob = all_keys.append, all_blobs.append
+        for key, blob in rows:
+            add_key(key)
+            add_blob(blob)
+        ids = _row_array(all_keys)
         order = ids.argsort(kind="stable")  # one C sort: the whole write walks the B-tree once; a repeated key keeps its order
         added = 0
         with self._lock("write"):
@@ -432,13 +441,13 @@ class SQLiteStore:
                 if self._fresh is None:
                     self._look(connection)  # before our rows land: was the file empty?
                 connection.executemany("DELETE FROM entries WHERE key = ? AND checksum IS ?", damaged)
-                for first in range(0, len(rows), _PREPARED):
+                for first in range(0, len(all_keys), _PREPARED):
                     if pause is not None:
                         pause()
                     chunk = order[first : first + _PREPARED]
                     positions = chunk.tolist()
-                    keys = [rows[i][0] for i in positions]
-                    blobs = [rows[i][1] for i in positions]
+                    keys = [all_keys[i] for i in positions]
+                    blobs = [all_blobs[i] for i in positions]
                     params: list[Any] = [None] * (3 * len(positions))
                     params[0::3] = ids[chunk].tolist()
                     params[1::3] = blobs

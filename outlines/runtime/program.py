@@ -121,6 +121,7 @@ class Program:
         missing = [name for name, v in self._positions.items() if v not in givens]
         if missing:
             raise UnboundInputError(missing)
+        givens = {v: as_value(value) for v, value in givens.items()}  # once: checking and binding read these
         self.check_shapes(givens)
         return givens
 

@@ -433,15 +433,20 @@ def quiet_collector() -> Iterator[None]:
 
 
 def _run_chunk(chunk: list[tuple[int, Callable[[], Any]]]) -> list[tuple[int, bool, Any, float]]:
-    """Run blocking calls (in a thread or on a worker); time each one."""
+    """Run blocking calls (in a thread or on a worker); time each one.
+
+    The schedule waits for them, so they count as ``FOREGROUND``: the cache
+    writer's hashing would otherwise take turns with them for the GIL.
+    """
     results = []
-    for index, call in chunk:
-        start = time.perf_counter()
-        try:
-            value, ok = call(), True
-        except Exception as exc:  # noqa: BLE001 - reported against its node
-            value, ok = exc, False
-        results.append((index, ok, value, time.perf_counter() - start))
+    with FOREGROUND:
+        for index, call in chunk:
+            start = time.perf_counter()
+            try:
+                value, ok = call(), True
+            except Exception as exc:  # noqa: BLE001 - reported against its node
+                value, ok = exc, False
+            results.append((index, ok, value, time.perf_counter() - start))
     return results
 
 

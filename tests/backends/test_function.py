@@ -152,3 +152,16 @@ def test_bad_limits_fail_at_construction(options: dict[str, Any], batched: bool)
     name = next(iter(options))
     with pytest.raises(ValueError, match=f"from_function\\('upper'\\): {name} must be a positive integer"):
         models.from_function(str.upper, batched=batched, name="upper", **options)
+
+
+class Text(str):
+    """A str subclass: text, as ``isinstance`` says."""
+
+
+@pytest.mark.parametrize("bad", [None, 3, b"bytes"])
+def test_a_batched_function_returning_a_non_text_fails_naming_it(bad: Any) -> None:
+    llm = models.from_function(lambda prompts: [p + "!" for p in prompts[:-1]] + [bad], batched=True, name="odd")
+    with pytest.raises(outlines.NodeError, match=f"must return str, got {type(bad).__name__}"):
+        outlines.eval(llm(outlines.constant(["a", "b", "c"])), cache=False)
+    texts = models.from_function(lambda prompts: [Text(p + "!") for p in prompts], batched=True, name="sub")
+    assert texts(outlines.constant(["a", "b"])).eval(cache=False).tolist() == ["a!", "b!"]

@@ -158,3 +158,27 @@ def test_a_file_replaced_under_the_cache_by_one_it_did_not_make_is_not_moved(tmp
         cache.flush()
     assert own.read_text() == "someone else's file now\n" * 100
     assert not list(tmp_path.glob("*.corrupt-*"))
+
+
+def test_a_large_write_leaves_the_garbage_collector_alone(tmp_path: Path) -> None:
+    import gc
+    import hashlib
+
+    store = SQLiteStore(tmp_path / f"draws-v{FORMAT}.sqlite3")
+    keys = [hashlib.blake2b(b"%d" % i, digest_size=16).digest() for i in range(20_000)]
+    blobs = [b'"v%d"' % i for i in range(20_000)]
+    collections: list[int] = []
+
+    def count(phase: str, info: dict[str, Any]) -> None:
+        if phase == "start" and threading.current_thread() is threading.main_thread():
+            collections.append(info["generation"])
+
+    gc.collect()
+    gc.callbacks.append(count)
+    try:
+        store.write(zip(keys, blobs))  # a row tuple each, as the writer's blocks give them
+    finally:
+        gc.callbacks.remove(count)
+    assert len(collections) < 5  # 20,000 row tuples kept alive would trigger some 28
+    found, damaged = store.read(keys[::997])
+    assert found == {keys[i]: f"v{i}" for i in range(0, 20_000, 997)} and not damaged

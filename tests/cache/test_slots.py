@@ -82,6 +82,25 @@ def test_peek_answers_only_when_memory_holds_every_draw(tmp_path: Path) -> None:
     assert cache.stats()["hits"] == 3 and cache.stats()["misses"] == 0  # a refused peek counts nothing
 
 
+def test_peek_of_a_stored_call_again_reads_its_block_as_the_table_would(tmp_path: Path) -> None:
+    cache = Cache(tmp_path)
+    cache.put_draws(IDENTITY, batch(["a", "b"]), ["A", "B"])
+    cache.put_draws(IDENTITY, batch(["c", "d"]), ["C", "D"])
+    (slot,) = cache._slots
+    again = cache.peek_draws(IDENTITY, batch(["a", "b"]))
+    assert again == ["A", "B"] and cache.stats()["hits"] == 2
+    assert len(cache._unindexed[slot]) == 2 and not cache._slots[slot]  # read from the block, nothing indexed
+    again.append("changed")  # the caller's copy: the block is not touched
+    assert cache.peek_draws(IDENTITY, batch(["a", "b"])) == ["A", "B"]
+    # A newer block with one of its prompts: its text wins, as once indexed.
+    cache.put_draws(IDENTITY, batch(["b", "e"]), ["B2", "E"])
+    assert cache.peek_draws(IDENTITY, batch(["a", "b"])) == ["A", "B2"]
+    assert cache.get_draws(IDENTITY, batch(["a", "b", "e"])) == ["A", "B2", "E"]
+    # The same prompts in another order, or fewer of them: looked up one by one, same texts.
+    assert cache.peek_draws(IDENTITY, batch(["d", "c"])) == ["D", "C"]
+    assert cache.peek_draws(IDENTITY, batch(["c"])) == ["C"]
+
+
 def test_memory_bounds_evict_whole_slots_and_the_file_still_answers(tmp_path: Path) -> None:
     cache = Cache(tmp_path, memory_entries=150, memory_bytes=1 << 20)
     first = batch([f"a{i}" for i in range(100)])
@@ -155,3 +174,14 @@ def test_draws_stored_by_eval_are_read_back_by_key(tmp_path: Path) -> None:
     cache.flush()
     keys = draw_keys(llm.backend.cache_identities[0], [Draw(p, llm.defaults, 0) for p in prompts])
     assert Cache(tmp_path, timeout=3.0).get_many(keys) == {k: p.upper() for k, p in zip(keys, prompts)}
+
+
+def test_memory_counts_the_length_of_each_prompt_and_text(tmp_path: Path) -> None:
+    from outlines.cache.store import _ENTRY_BYTES
+
+    cache = Cache(tmp_path)
+    cache.put_draws(IDENTITY, batch(["ab", "é✓x"]), ["one", ""])
+    assert cache._memory_size == 2 + 3 + 3 + 0 + 2 * _ENTRY_BYTES
+    conversation = DrawBatch([("system", "user"), "plain"], [GREEDY] * 2, [0, 0])  # not all text: len of each
+    cache.put_draws(IDENTITY, conversation, ["x", "yz"])
+    assert cache._memory_size == 8 + 2 * _ENTRY_BYTES + 2 + 5 + 1 + 2 + 2 * _ENTRY_BYTES  # a tuple's len: 2

@@ -151,3 +151,15 @@ def test_labels_and_reprs_are_short():
     y = q + "!"
     assert "Concat" in y.label and "Concat" in repr(y)
     assert len(Constant("x" * 100).label) <= 24
+
+
+def test_as_object_array_keeps_each_value_and_nested_shapes() -> None:
+    from outlines.graph.basic import as_object_array
+
+    texts = as_object_array(["a", "b", "c"])
+    assert texts.dtype == object and texts.shape == (3,) and texts.tolist() == ["a", "b", "c"]
+    mixed = as_object_array(("a", 1, None))
+    assert mixed.tolist() == ["a", 1, None] and mixed.shape == (3,)
+    nested = as_object_array([["a", "b"], ["c", "d"]])
+    assert nested.shape == (2, 2) and nested[1, 0] == "c"
+    assert as_object_array([]).shape == (0,)

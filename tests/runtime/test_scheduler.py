@@ -341,3 +341,22 @@ def test_backends_receive_one_draw_batch_of_unique_draws_per_batch() -> None:
     assert len(received) == 1 and isinstance(received[0], DrawBatch)
     assert list(zip(received[0].prompts, received[0].numbers)) == [
         ("a", 0), ("a", 1), ("b", 0), ("b", 1), ("c", 0), ("c", 1)]  # each prompt's draws together
+
+
+def test_a_blocking_step_in_the_pool_keeps_the_cache_writer_waiting() -> None:
+    import threading
+    import time
+
+    from outlines.threads import FOREGROUND
+
+    seen: list[tuple[bool, bool]] = []
+
+    def step(text: str) -> str:
+        time.sleep(0.05)  # the loop is waiting in its selector by now
+        seen.append((threading.current_thread() is threading.main_thread(), FOREGROUND.idle.is_set()))
+        return text + "!"
+
+    program = outlines.compile(lambda q: outlines.fn(step, blocking=True)(q), cache=False, progress=False)
+    assert program(["a", "b"]).tolist() == ["a!", "b!"]
+    assert seen == [(False, False), (False, False)]  # off the loop, and counted as foreground
+    assert FOREGROUND.idle.is_set()  # left idle once the evaluation is over

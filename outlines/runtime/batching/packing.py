@@ -100,6 +100,8 @@ def prefix_ordered(backend: Backend, draws: DrawBatch) -> DrawBatch:
     >>> prefix_ordered(backend, draws).prompts
     ['Translate to French: cat', 'Translate to French: dog', 'Hello']
     """
+    if backend.prefix_min_head is None:  # no head to share: nothing moves
+        return draws
     sizes, prompts = _runs(draws)
     found = _prefix_groups(backend, prompts)
     if found is None or found.order == list(range(len(prompts))):
@@ -139,7 +141,10 @@ def pack_draws(backend: Backend, draws: DrawBatch, unknown: Sequence[int] = (), 
     as provider batch jobs (``outlines.runtime.jobs``), one call per round
     whatever ``max_batch`` (the job client splits at the provider's limits).
     """
-    counts = pack([*_units(backend, draws), *unknown], None if jobs else backend.max_batch)
+    max_batch = None if jobs else backend.max_batch
+    if max_batch is None and not unknown:  # one call takes them all: no step per draw
+        return [Batch(backend, draws)] if len(draws) else []
+    counts = pack([*_units(backend, draws), *unknown], max_batch)
     if len(counts) == 1 and not unknown:
         return [Batch(backend, draws)]
     batches, start, known = [], 0, len(draws)

@@ -156,7 +156,7 @@ class Waiters:
         wait.missing += len(prompts)
         self._write()
         waits = self.waits
-        if waits.keys().isdisjoint(prompts):
+        if not waits or waits.keys().isdisjoint(prompts.keys()):  # a view: the smaller side is walked
             self.claim = (prompts, wait)
             return prompts
         new: dict[Any, None] = {}
