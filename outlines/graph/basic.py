@@ -368,7 +368,13 @@ class Apply:
 
     def __init__(self, op: Op, inputs: Sequence[Variable], noutputs: int = 1, *, sibling: bool = True) -> None:
         self.op = op
-        inputs = self.inputs = tuple(inputs)
+        self.inputs: tuple[Variable, ...]
+        if len(inputs) == 1 and (owner := inputs[0].owner) is not None and len(owner.outputs) == 1:
+            # the one output of a one-output node: its owner's outputs tuple is this node's inputs,
+            # shared (tuples are immutable), one container less for the collector per node of a chain
+            inputs = self.inputs = owner.outputs
+        else:
+            inputs = self.inputs = tuple(inputs)
         self.order = next(_creation_order)
         shapes = op.infer_shapes([v.shape for v in inputs], noutputs)
         ragged = op.ragged_outputs([v.ragged for v in inputs], noutputs)

@@ -163,3 +163,13 @@ def test_as_object_array_keeps_each_value_and_nested_shapes() -> None:
     nested = as_object_array([["a", "b"], ["c", "d"]])
     assert nested.shape == (2, 2) and nested[1, 0] == "c"
     assert as_object_array([]).shape == (0,)
+
+
+def test_a_node_reading_the_one_output_of_another_shares_its_outputs_tuple_as_inputs() -> None:
+    """One container less per node of a chain for the garbage collector; the inputs are the same Variables."""
+    first = outlines.fn(str.upper, name="up")(outlines.string("q"))
+    second = outlines.fn(str.lower, name="down")(first)
+    assert second.owner.inputs is first.owner.outputs and second.owner.inputs == (first,)
+    both = outlines.fn(lambda a, b: a + b, name="both")(first, first)
+    assert both.owner.inputs == (first, first) and both.owner.inputs is not first.owner.outputs
+    assert outlines.eval(second, givens={"q": "Hi"}, cache=False) == "hi"
