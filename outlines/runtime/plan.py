@@ -32,7 +32,6 @@ from outlines.keys import canonical
 from outlines.errors import UnboundInputError
 from outlines.graph.basic import Apply, Constant, Variable, as_object_array
 from outlines.graph.families import Family, stackable
-from outlines.graph.ops import Index
 from outlines.graph.shapes import propagate, shape_of
 from outlines.graph.traversal import rewired_error, toposort
 
@@ -97,6 +96,9 @@ class Plan:
         self.consumers: list[list[int]] = []
         self.draw_offsets: dict[int, int] = {}
         self.tag_offsets: dict[int, int] = {}
+        #: id(stacked Apply) -> (member output, its element) for each member output a node left out reads:
+        #: the scheduler stores each such element under the member's output when the stacked node finishes.
+        self.scatter: dict[int, list[tuple[Variable, int]]] = {}
         if stack and self._from_families(outputs):
             return
         tags = 0  # namespace tags taken by the control nodes so far
@@ -426,14 +428,15 @@ class Plan:
         of the stacked op over the arrays of its inputs (the constants of its
         members stacked into one array, or kept when all are one scalar): the
         scheduler then runs, sends, caches and waits for it in bulk. A node
-        left out that reads a stacked node's output reads its element (an
-        ``Index`` node). Draw numbers, keys and values are unchanged (a call
+        left out that reads a member's output is kept as built: it waits for
+        the stacked node, which gives the member's output its element
+        (``scatter``), so nothing downstream is rebuilt. Draw numbers, keys and values are unchanged (a call
         with a draw offset, or with samples, is never stacked); ``picks`` maps
         each output of the plan to its element, ``members`` each stacked node
         to the nodes it stands for (failures name them). ``uplinks``, the
         walk's parents of each node, link the nodes when no family stacks.
         """
-        nodes, offsets = self.nodes, self.draw_offsets
+        nodes = self.nodes
         valid = [len(m) >= STACK_MIN and not broken[f] for f, m in enumerate(families)]
         for family, ups in enumerate(above):  # parents come first: one pass settles it
             # A parent with more members than its child: its stacked array holds elements nobody reads.
@@ -453,27 +456,19 @@ class Plan:
             family = family_of[at] if at >= 0 else -1
             return (stacked[family].outputs[0], rank[at]) if family >= 0 and valid[family] else None
 
-        taps: dict[int, Variable] = {}  # id(member output) -> its element, for a node left out
-        replaced: dict[int, Variable] = {}  # id(output of a node rebuilt on taps) -> the new one
+        aliases: dict[int, Apply] = {}  # id(member read by a node left out) -> its stacked node
         kept: list[Apply] = []
         for index, node in enumerate(nodes):
             family = family_of[index]
             if family < 0 or not valid[family]:
-                inputs = [replaced.get(id(v), v) for v in node.inputs]
-                for number, variable in enumerate(inputs):
+                for variable in node.inputs:
+                    if variable.owner is None or id(variable.owner) in aliases:
+                        continue
                     found = element(variable)
                     if found is not None:  # a stacked call's output read by a node left out: its element
-                        tap = taps.get(id(variable))
-                        if tap is None:
-                            tap = taps[id(variable)] = Index.create(found[1])(found[0])
-                            kept.append(tap.owner)  # type: ignore[arg-type]
-                        inputs[number] = tap
-                if any(a is not b for a, b in zip(inputs, node.inputs)):
-                    rebuilt = _rebuild(node, inputs)
-                    replaced.update((id(old), new) for old, new in zip(node.outputs, rebuilt.outputs))
-                    if id(node) in offsets:
-                        offsets[id(rebuilt)] = offsets.pop(id(node))
-                    node = rebuilt
+                        source = found[0].owner
+                        aliases[id(variable.owner)] = source  # type: ignore[assignment]
+                        self.scatter.setdefault(id(source), []).append((variable, found[1]))
                 kept.append(node)
                 continue
             if family not in stacked:
@@ -494,12 +489,10 @@ class Plan:
             if found is not None:
                 self.picks[number] = found
                 self.outputs[number] = found[0]
-            elif id(output) in replaced:
-                self.outputs[number] = replaced[id(output)]
         self.nodes = kept
-        self._link()
+        self._link(aliases=aliases)
 
-    def _link(self, uplinks: list[int | list[int]] | None = None) -> None:
+    def _link(self, uplinks: list[int | list[int]] | None = None, aliases: Mapping[int, Apply] | None = None) -> None:
         """``indegree`` and ``consumers`` of ``nodes``, once they are final.
 
         ``uplinks`` (per node, its parent's index, -1 or the list of its
@@ -508,6 +501,8 @@ class Plan:
         """
         nodes = self.nodes
         position = {id(node): index for index, node in enumerate(nodes)} if uplinks is None else {}
+        if aliases:  # a member of a stacked node, read by a node left out: that node waits for the stacked one
+            position.update((member, position[id(stacked)]) for member, stacked in aliases.items())
         indegree: list[int] = []
         consumers: list[list[int]] = [[] for _ in nodes]
         for index, node in enumerate(nodes):

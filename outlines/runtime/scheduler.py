@@ -340,6 +340,10 @@ class Scheduler:
                     failed = True
             if failed:  # a trace counts the Failure elements, which node_finished does not see
                 self.recorder.node_failures(node, tuple(results))
+        if plan.scatter:
+            scatter = plan.scatter.get(id(node))
+            if scatter is not None:
+                self._scatter(scatter, result)
         if self._node_finished is not None:
             self._node_finished(node, time.perf_counter(), error)
         self.remaining -= 1
@@ -348,6 +352,15 @@ class Scheduler:
             left = waiting[consumer] = waiting[consumer] - 1
             if not left:
                 ready.append(consumer)
+
+    def _scatter(self, scatter: list[tuple[Any, int]], result: Any) -> None:
+        """Store each element a node left out reads under its member's output (``Plan.scatter``)."""
+        values, whole = self.values, not isinstance(result, np.ndarray)  # not an array: a Failure of the whole node
+        for variable, element in scatter:
+            value = result if whole else scalar_or_array(result[element])
+            values[id(variable)] = value
+            if self.return_failures and _has_failure(value):
+                self.failed_values.add(id(variable))
 
     def fail(self, index: int, exc: BaseException, label: str | None = None) -> None:
         """Fail node ``index`` (``label``: the call a stacked node's failing element stands for)."""

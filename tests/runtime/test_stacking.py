@@ -70,8 +70,11 @@ def test_chains_plan_as_one_node_per_step() -> None:
                                                                   for o in outs]
     assert len(Plan(outs).nodes) == 3 * N  # explain and stream plan without stacking
     tapped = outs + [outlines.fn(str.upper)(outs[5].owner.inputs[0]), outlines.fn(str.lower)(outs[5])]
-    names = [n.op.name for n in Plan(tapped, stack=True).nodes]  # a node left out reads its element
-    assert len(names) == 7 and names.count("Index[5]") == 2
+    plan = Plan(tapped, stack=True)  # a node left out reads its element, which the stacked node scatters
+    assert [n.op.name for n in plan.nodes][3:] == ["upper", "lower"] and len(plan.nodes) == 5
+    assert plan.nodes[3] is tapped[-2].owner and plan.nodes[4] is tapped[-1].owner  # kept as built
+    assert plan.scatter == {id(plan.nodes[1]): [(outs[5].owner.inputs[0], 5)], id(plan.nodes[2]): [(outs[5], 5)]}
+    assert plan.consumers[1] == [2, 3] and plan.consumers[2] == [4]
     assert len(Plan(chains(llm, n=STACK_MIN - 1), stack=True).nodes) == 3 * (STACK_MIN - 1)
 
 
