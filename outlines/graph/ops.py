@@ -75,8 +75,30 @@ def broadcast_map(
     shape, arrays = broadcast_leading("elementwise op", [_as_array(a) for a in args])
     flats = [a.reshape(-1) for a in arrays]
     count = int(np.prod(shape, dtype=np.int64))
-    out = np.fromiter(map(call, *flats), dtype=object, count=count)
+    if on_error is not None and not any(_holds_failure(flat) for flat in flats):
+        # no failed input (one pass over each): only exceptions to guard, without a wrapper per element
+        out = np.fromiter(_each_once(fn, on_error, flats), dtype=object, count=count)
+    else:
+        out = np.fromiter(map(call, *flats), dtype=object, count=count)
     return out.reshape(shape)
+
+
+def _holds_failure(flat: np.ndarray) -> bool:
+    return any(issubclass(kind, Failure) for kind in set(map(type, flat)))
+
+
+def _each_once(fn: Callable[..., Any], on_error: Callable[[BaseException], Failure], flats: list[np.ndarray]) -> list[Any]:
+    """``fn`` over the elements of ``flats``, each called exactly once; one that raises is its Failure (``on_error``)."""
+    results: list[Any] = []
+    append, elements = results.append, zip(*flats)
+    while True:
+        try:
+            for values in elements:  # resumes after the element that raised
+                append(fn(*values))
+        except Exception as exc:  # noqa: BLE001 - becomes the element's Failure
+            append(on_error(exc))
+            continue
+        return results
 
 
 def _flatten_rows(ragged: Ragged, args: list[tuple[Any, int]]) -> list[Any]:
