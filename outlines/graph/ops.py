@@ -483,7 +483,7 @@ def _show_part(part: Any) -> str:
     return "..." if part == "..." else repr(part)
 
 
-#: repr(normalised parts) -> the shared ``Index`` op of that key (see ``Index.create``).
+#: Normalised parts (or their repr, unless all are ints) -> the shared ``Index`` op of that key (``Index.create``).
 _INDEX_OPS: dict[Any, Index] = {}
 
 

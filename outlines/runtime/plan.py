@@ -260,9 +260,12 @@ class Plan:
         else:
             self._link(uplinks)
         if self.members or replaced or any(v.owner is None for v in self.outputs):  # leaves rewritten or not seen
-            read = list({id(v): v for v in _leaves(self.nodes, self.outputs)}.values())
+            self._read(list({id(v): v for v in _leaves(self.nodes, self.outputs)}.values()))
         else:
-            read = list(leaves.values())
+            self._read(list(leaves.values()))
+
+    def _read(self, read: list[Variable]) -> None:
+        """``inputs`` and ``constants``: the leaves the plan reads, split."""
         self.inputs = [v for v in read if not isinstance(v, Constant)]
         self.constants = [v for v in read if isinstance(v, Constant)]
 
@@ -333,9 +336,7 @@ class Plan:
                 closure[id(family)] = family
                 todo.extend(family.parents)
         ordered = sorted(closure.values(), key=lambda f: f.order)  # the families a family reads come first
-        for family in reversed(ordered):  # children first: each passes its range up, shifted
-            if id(family) not in need:
-                return False  # defensive: a parent is made before its children, so they pass it a range
+        for family in reversed(ordered):  # children first (a parent is made before them): each passes its range up
             lo, hi = need[id(family)]
             for parent in family.parents:
                 wanted = (lo + family.shift, hi + family.shift)
@@ -384,10 +385,7 @@ class Plan:
                         set(map(_SHAPE, inputs)) != {part} or not stackable(inputs[0], False) or any(map(_RAGGED, inputs))):
                     return False
                 sources.append(_stacked_constant(inputs, values))  # type: ignore[arg-type]
-            new = Apply(op.stacked(), sources, sibling=False)
-            new.order = members[0].order  # labelled as its first member
-            members_of[id(new)] = members
-            stacked[id(family)] = new
+            new = stacked[id(family)] = _stacked_node(op, sources, members, members_of)
             nodes.append(new)
         if len(by_family) == 1:
             self.outputs = [stacked[id(families[0])].outputs[0]] * len(outputs)
@@ -404,9 +402,7 @@ class Plan:
         self.members = members_of
         self.nodes = nodes
         self._link()
-        read = list({id(v): v for v in _leaves(self.nodes, self.outputs)}.values())
-        self.inputs = []
-        self.constants = [v for v in read if isinstance(v, Constant)]
+        self._read(list({id(v): v for v in _leaves(self.nodes, self.outputs)}.values()))
         return True
 
     def _stack(
@@ -479,10 +475,7 @@ class Plan:
                         sources.append(stacked[part].outputs[0])
                     else:
                         sources.append(_stacked_constant([nodes[i].inputs[number] for i in members]))  # type: ignore[misc]
-                new = Apply(node.op.stacked(), sources, sibling=False)  # type: ignore[arg-type]
-                new.order = node.order  # labelled as its first member
-                self.members[id(new)] = [nodes[i] for i in members]
-                stacked[family] = new
+                new = stacked[family] = _stacked_node(node.op, sources, [nodes[i] for i in members], self.members)
                 kept.append(new)
         for number, output in enumerate(self.outputs):
             found = element(output)
@@ -542,6 +535,14 @@ def _input_key(variable: Variable) -> Hashable:
         ):
             return canonical(value)
     return id(variable)
+
+
+def _stacked_node(op: Any, sources: list[Variable], members: list[Apply], members_of: dict[int, list[Apply]]) -> Apply:
+    """The node of ``op``'s stacked op over ``sources``, standing for ``members`` (recorded in ``members_of``)."""
+    new = Apply(op.stacked(), sources, sibling=False)
+    new.order = members[0].order  # labelled as its first member
+    members_of[id(new)] = members
+    return new
 
 
 def _stacked_constant(constants: list[Constant], values: list[Any] | None = None) -> Constant:

@@ -334,10 +334,7 @@ class Scheduler:
             results = result if len(outputs) > 1 else (result,)
             failed = False
             for output, value in zip(outputs, results):
-                self.values[id(output)] = value
-                if self.return_failures and _has_failure(value):
-                    self.failed_values.add(id(output))
-                    failed = True
+                failed = self._store(output, value) or failed
             if failed:  # a trace counts the Failure elements, which node_finished does not see
                 self.recorder.node_failures(node, tuple(results))
         if plan.scatter:
@@ -353,14 +350,19 @@ class Scheduler:
             if not left:
                 ready.append(consumer)
 
+    def _store(self, variable: Any, value: Any) -> bool:
+        """Store ``value`` as ``variable``'s; whether it holds a ``Failure`` (noted with ``errors="return"``)."""
+        self.values[id(variable)] = value
+        if self.return_failures and _has_failure(value):
+            self.failed_values.add(id(variable))
+            return True
+        return False
+
     def _scatter(self, scatter: list[tuple[Any, int]], result: Any) -> None:
         """Store each element a node left out reads under its member's output (``Plan.scatter``)."""
-        values, whole = self.values, not isinstance(result, np.ndarray)  # not an array: a Failure of the whole node
+        whole = not isinstance(result, np.ndarray)  # not an array: a Failure of the whole node
         for variable, element in scatter:
-            value = result if whole else scalar_or_array(result[element])
-            values[id(variable)] = value
-            if self.return_failures and _has_failure(value):
-                self.failed_values.add(id(variable))
+            self._store(variable, result if whole else scalar_or_array(result[element]))
 
     def fail(self, index: int, exc: BaseException, label: str | None = None) -> None:
         """Fail node ``index`` (``label``: the call a stacked node's failing element stands for)."""
