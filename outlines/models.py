@@ -24,10 +24,10 @@ from typing import Any, Callable
 
 import numpy as np
 
-from outlines.backends.base import Backend, Draw, GenerationParams, all_text
+from outlines.backends.base import Backend, Draw, GenerationParams
 from outlines.errors import GraphBuildError
 from outlines.graph.basic import Apply, Constant, Op, Variable, as_object_array, as_variable
-from outlines.graph.ops import Flatten, Regroup, check_text_input
+from outlines.graph.ops import Flatten, Regroup, all_text, check_text_input
 from outlines.graph.shapes import Shape
 from outlines.labels import label_of, shorten
 

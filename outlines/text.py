@@ -24,10 +24,9 @@ import jinja2.meta
 import jinja2.nodes
 import numpy as np
 
-from outlines.backends.base import all_text
 from outlines.errors import Failure, GraphBuildError
 from outlines.graph.basic import Apply, Op, Variable, as_variable
-from outlines.graph.ops import broadcast_map, core_map, mark_not_text, raise_not_text
+from outlines.graph.ops import all_text, broadcast_map, core_map, mark_not_text, raise_not_text
 from outlines.graph.ragged import Ragged
 from outlines.graph.shapes import Shape, align, broadcast_leading
 from outlines.labels import shorten

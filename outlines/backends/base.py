@@ -33,7 +33,6 @@ __all__ = [
     "DrawBatch",
     "GenerationParams",
     "Slot",
-    "all_text",
     "check_limit",
 ]
 
@@ -283,21 +282,6 @@ class DrawBatch(Sequence[Draw]):
 
     def __repr__(self) -> str:
         return f"DrawBatch({len(self)} draws)"
-
-
-def all_text(values: Sequence[Any]) -> bool:
-    """Whether the type of every one of ``values`` is exactly ``str``: the usual prompts and completions.
-
-    One C-speed pass whatever the texts' lengths. ``False`` says only that
-    the caller must look closer: it then checks each value (a ``str``
-    subclass is text) and names the first that is not.
-
-    Examples
-    --------
-    >>> all_text(["a", "b"]), all_text(["a", 1]), all_text([])
-    (True, False, True)
-    """
-    return list(map(type, values)).count(str) == len(values)
 
 
 class BackendError(RuntimeError):

@@ -27,6 +27,7 @@ from outlines.cache.disk import Block, disk
 from outlines.cache.keys import SlotKey, SlotDraws, draw_keys, draw_slots, prompt_keys
 from outlines.cache.sqlite import FORMAT, KEY_BYTES, encode
 from outlines.errors import CacheWarning
+from outlines.graph.ops import all_text
 
 __all__ = ["Cache", "default_directory"]
 
@@ -334,7 +335,7 @@ class Cache:
         texts = list(texts)
         if not texts:
             return
-        if set(map(type, texts)) - {str}:
+        if not all_text(texts):
             self.put_many(dict(zip(draw_keys(identity, draws), texts)))
             return
         prompts_all: list[Any] = _prompts(draws)

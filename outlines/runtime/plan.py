@@ -32,6 +32,7 @@ from outlines.keys import canonical
 from outlines.errors import UnboundInputError
 from outlines.graph.basic import Apply, Constant, Variable, as_object_array
 from outlines.graph.families import Family, stackable
+from outlines.graph.ops import all_text
 from outlines.graph.shapes import propagate, shape_of
 from outlines.graph.traversal import rewired_error, toposort
 
@@ -378,7 +379,7 @@ class Plan:
                 if set(map(type, inputs)) != {Constant}:
                     return False  # a free input (or a Variable no longer a Constant's)
                 values = list(map(_VALUE, inputs))
-                texts = set(map(type, values)) == {str}  # the common case: checked in bulk
+                texts = all_text(values)  # the common case: checked in bulk (count >= STACK_MIN, never empty)
                 if generate and (not texts or len(set(values)) != count):
                     return False  # not text, or a prompt asked twice: the walk numbers its draws (or merges greedy calls)
                 if texts and part != () or not texts and (
@@ -554,7 +555,7 @@ def _stacked_constant(constants: list[Constant], values: list[Any] | None = None
     if first.shape == ():
         if values is None:
             values = list(map(_VALUE, constants))
-        texts = set(map(type, values)) == {str}
+        texts = all_text(values)  # (a family is never empty)
         if texts and len(set(values)) == 1:
             return first  # an elementwise op pairs one scalar with every element: one text shared by all
         array = np.empty(len(constants), dtype=object)

@@ -8,7 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from outlines.errors import Failure
-from outlines.graph.ops import broadcast_map
+from outlines.graph.ops import all_text, broadcast_map
 
 
 def _failure(exc: BaseException) -> Failure:
@@ -46,3 +46,12 @@ def test_a_failed_input_skips_its_element_and_the_others_still_run() -> None:
                         on_failed_input=lambda f: f.skipped("g#2", "g"))
     assert seen == ["a", "c"] and out[0] == "A" and out[2] == "C"
     assert isinstance(out[1], Failure) and out[1].node == "g#2"
+
+
+def test_all_text_holds_for_exact_str_only() -> None:
+    class Text(str):
+        pass
+
+    assert all_text(["a", "b" * 10_000, ""]) and all_text(()) and all_text(("x",))
+    for odd in (None, 1, b"a", ["a"], 1.5, Text("b")):  # a subclass: the caller looks closer
+        assert not all_text(["a", odd, "b"])

@@ -41,6 +41,7 @@ from outlines.backends.constraints import generate_valid
 from outlines.threads import FOREGROUND
 from outlines.errors import Failure, JobsRunning
 from outlines.graph.basic import Apply
+from outlines.graph.ops import all_text
 from outlines.runtime.batching.keys import draws_of, queue_key
 from outlines.runtime.batching.packing import Batch, pack_draws, whole_batches
 from outlines.runtime.batching.queue import BatchQueue, SlotQueue
@@ -202,7 +203,7 @@ class Batcher:
         text fails alone, naming its index and type: the others are drawn.
         """
         values = prompt.reshape(-1).tolist()
-        if not failed_input and not set(map(type, values)) - {str}:  # the usual prompt: one C-speed pass
+        if not failed_input and all_text(values):  # the usual prompt: one C-speed pass
             return {}
         op: Any = node.op
         members = self.plan.members.get(id(node))  # a stacked node: each element stands for a call
