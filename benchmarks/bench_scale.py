@@ -343,7 +343,7 @@ def main() -> None:
     def load() -> str:
         return f"load {os.getloadavg()[0]:.1f}"
 
-    floors: dict[int, float] = {}
+    floors: dict[Any, float] = {}
 
     def floor(n: int) -> float:
         """Hand-written asyncio batching over ``n`` inputs (3 calls): what no scheduler can beat."""
@@ -351,6 +351,14 @@ def main() -> None:
             floors[n], _ = summary(spawn({"kind": "peer", "n": n, "peer": "asyncio-batched"}, runs))
             report(f"  floor: hand-written asyncio batching, {n}", f"{floors[n]:.3f} s = {floors[n] / CRITICAL:.2f}x cp")
         return floors[n]
+
+    def steps_floor(spec: dict[str, Any], what: str) -> float:
+        """Hand-written asyncio doing ``spec``'s steps between its calls (``what`` names it), measured once."""
+        key = json.dumps(spec, sort_keys=True)
+        if key not in floors:
+            floors[key], _ = summary(spawn(spec, runs))
+            report(f"  floor: hand-written asyncio, {what}", f"{floors[key] / CRITICAL:.2f}x cp ({floors[key]:.3f} s)")
+        return floors[key]
 
     def report_case(title: str, results: list[dict[str, Any]], base: float, bound: float | None) -> None:
         """One case: walls against the critical path and the floor, with its target if it has one."""
@@ -378,14 +386,10 @@ def main() -> None:
                 title = f"{shape} {n // scale} chains, cache {'on' if cache else 'off'}"
                 if not wanted(title):
                     continue
-                key = f"{shape}:{n // scale}"
-                if key not in floors:  # type: ignore[comparison-overlap]
-                    floors[key], _ = summary(spawn({"kind": "shape-floor", "n": n // scale, "shape": shape}, runs))  # type: ignore[index]
-                    report(f"  floor: hand-written asyncio, {shape} {n // scale}",
-                           f"{floors[key] / CRITICAL:.2f}x cp ({floors[key]:.3f} s)")  # type: ignore[index]
+                base = steps_floor({"kind": "shape-floor", "n": n // scale, "shape": shape}, f"{shape} {n // scale}")
                 results = spawn({"kind": "shape", "n": n // scale, "cache": cache, "shape": shape}, runs)
                 bound = {5_000: 1.2, 20_000: 1.7 if cache else 1.4}.get(n)  # the issue's sizes
-                report_case(title, results, floors[key], bound)  # type: ignore[index]
+                report_case(title, results, base, bound)
                 build, plan = min(r["build_us"] for r in results), min(r["plan_us"] for r in results)
                 report("  build / plan per node", f"{build:.2f} / {plan:.2f} us",
                        "<= 4 / 2 us" if n == 20_000 else "", (build <= 4 and plan <= 2) if n == 20_000 else None)
@@ -416,12 +420,7 @@ def main() -> None:
         title = f"Program with steps {n}, cache {'on' if cache else 'off'}"
         if not wanted(title):
             continue
-        key = f"program-steps:{n}"
-        if key not in floors:  # type: ignore[comparison-overlap]
-            floors[key], _ = summary(spawn({"kind": "program-steps-floor", "n": n}, runs))  # type: ignore[index]
-            report(f"  floor: hand-written asyncio, program with steps {n}",
-                   f"{floors[key] / CRITICAL:.2f}x cp ({floors[key]:.3f} s)")  # type: ignore[index]
-        base = floors[key]  # type: ignore[index]
+        base = steps_floor({"kind": "program-steps-floor", "n": n}, f"program with steps {n}")
         results = spawn({"kind": "program-steps", "n": n, "cache": cache, "warm": cache}, runs)
         low, mid = summary(results)
         bound = 1.5 if cache else 1.25  # the issue's targets, against the floor
