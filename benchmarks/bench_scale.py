@@ -29,6 +29,12 @@ Cases (targets in brackets):
   ``outlines.fn(pure=True)`` step: impure steps, fn's default, never stack);
   each prints the graph build and plan time per node; ``--shape-sizes``
   picks the sizes;
+- refine loops (issue 24: loops whose bodies are elementwise): 1k and 5k
+  chains ``llm(x)``, a ``while_loop`` refining with ``llm(template(s))``
+  while a pure ``outlines.fn`` says so (at most 3 iterations, 1-3 per
+  element), then ``llm`` on the result; cache off, stacked (what ``eval``
+  does) and unstacked (each loop its own node), beside hand-written asyncio
+  doing the same loop over the active elements (the floor);
 - peers on the chains workload (5k chains x 3; ``--quick``: 500): hand-written
   asyncio batching (one call per level: the floor), ``asyncio.gather`` of one
   coroutine per element (one call per element per step), and LangChain
@@ -170,6 +176,71 @@ def case_shape_floor(n: int, shape: str) -> dict[str, Any]:
     return {"wall": wall, "cpu": cpu, "calls": backend.calls}
 
 
+#: The most iterations of the refine loops.
+LOOP_ITERATIONS = 3
+
+
+def _more(text: str) -> bool:
+    """Whether a refine loop goes on: a deterministic mix of 1 to 3 iterations per element."""
+    return text.count(".") <= 1 + len(set(text)) % LOOP_ITERATIONS
+
+
+def case_loops(n: int, cache: bool, stack: bool) -> dict[str, Any]:
+    """n chains with a refine loop between two calls (``stack=False``: each loop left as its own node)."""
+    import outlines
+    from outlines import models
+    from outlines.runtime import plan as plan_module
+
+    if not stack:
+        plan_module.STACK_MIN = 10**9
+
+    @outlines.prompt
+    def refine(text):  # type: ignore[no-untyped-def]
+        """Refine: {{ text }}"""
+
+    more = outlines.fn(_more, pure=True)
+    backend = Backend()
+    llm = models.from_function(backend, batched=True, name="sleepy")
+    start = time.perf_counter()
+    outs = []
+    for i in range(n):
+        x = llm(outlines.constant(f"Question {i}:"))
+        y = outlines.while_loop(more, lambda s: llm(refine(s)), init=x, max_iter=LOOP_ITERATIONS)
+        outs.append(llm(y))
+    build = time.perf_counter() - start
+    wall, cpu, values = _clock(lambda: outlines.eval(*outs, cache=cache, progress=False))
+    assert n == 0 or values[-1] == _loops_floor_values([f"Question {n - 1}:"])[-1]
+    return {"wall": wall, "cpu": cpu, "calls": backend.calls, "build_us": build / n * 1e6}
+
+
+async def _refine_loops(backend: Any, inputs: list[str]) -> list[str]:
+    """The refine loops by hand: one call per step over the elements still active."""
+    texts = await backend(inputs)
+    active = list(range(len(texts)))
+    for _ in range(LOOP_ITERATIONS):
+        active = [i for i in active if _more(texts[i])]
+        if not active:
+            break
+        for i, text in zip(active, await backend([f"Refine: {texts[i]}" for i in active])):
+            texts[i] = text
+    return await backend(texts)  # type: ignore[no-any-return]
+
+
+def _loops_floor_values(inputs: list[str]) -> list[str]:
+    async def no_wait(prompts: list[str]) -> list[str]:
+        return [p[-16:] + "." for p in prompts]
+
+    return asyncio.run(_refine_loops(no_wait, inputs))
+
+
+def case_loops_floor(n: int) -> dict[str, Any]:
+    backend = Backend()
+    inputs = [f"Question {i}:" for i in range(n)]
+    wall, cpu, values = _clock(lambda: asyncio.run(_refine_loops(backend, inputs)))
+    assert values == _loops_floor_values(inputs)
+    return {"wall": wall, "cpu": cpu, "calls": backend.calls}
+
+
 def _warm_rerun(program: Any, inputs: list[str], values: Any, backend: Backend) -> dict[str, Any]:
     """Call ``program`` again on ``inputs`` (the cache now warm): its wall, CPU and the calls it made."""
     calls = backend.calls
@@ -285,6 +356,10 @@ def run_case(spec: dict[str, Any]) -> dict[str, Any]:
         return case_shape_floor(spec["n"], spec["shape"])
     if kind == "program-steps":
         return case_program_steps(spec["n"], spec["cache"], spec.get("warm", False))
+    if kind == "loops":
+        return case_loops(spec["n"], spec["cache"], spec["stack"])
+    if kind == "loops-floor":
+        return case_loops_floor(spec["n"])
     if kind == "program-steps-floor":
         return case_shape_floor(spec["n"], "program-steps")
     return case_peers(spec["n"], spec["peer"])
@@ -431,6 +506,20 @@ def main() -> None:
             wlow, wmid = summary(results, "warm_wall")
             report(f"  warm re-eval ({results[0]['warm_calls']} calls)",
                    f"{wlow:.3f} / {wmid:.3f} s (cpu {results[0]['warm_cpu']:.2f} s)", "<= 0.3 s", wlow <= 0.3)
+
+    print(f"\nrefine loops: llm(x), a while_loop of llm(template(s)) (1-{LOOP_ITERATIONS} iterations), llm(result); "
+          "cache off (x floor: hand-written asyncio looping over the active elements)")
+    for n in (1_000, 5_000):
+        for stack in (True, False):
+            title = f"refine loops {n // scale}, {'stacked' if stack else 'each loop its own node'}"
+            if not wanted(title):
+                continue
+            base = steps_floor({"kind": "loops-floor", "n": n // scale}, f"refine loops {n // scale}")
+            results = spawn({"kind": "loops", "n": n // scale, "cache": False, "stack": stack}, runs)
+            low, mid = summary(results)
+            report(f"{title} ({results[0]['calls']} calls)",
+                   f"{low:.3f} / {mid:.3f} s = {low / base:.2f}x floor (build {results[0]['build_us']:.0f} us/chain, "
+                   f"cpu {results[0]['cpu']:.2f} s, {load()})")
 
     title = f"{10_000 // scale}-node build + eval vs dask.delayed"
     if wanted(title):

@@ -436,6 +436,15 @@ class Op:
         """
         return self if self.pure and getattr(self, "elementwise", False) else None
 
+    @property
+    def kin(self) -> Any:
+        """What equal ops share when the plan stacks or merges them: the op itself (its parameters).
+
+        A control op (``outlines.graph.control``) is its own op per call, but
+        its kin is its traced structure: loops built from the same code stack.
+        """
+        return self
+
     def __call__(self, *inputs: Any) -> Variable:
         node = self.make_node(*inputs)
         return node.outputs[0] if len(node.outputs) == 1 else node.outputs  # type: ignore[return-value]

@@ -20,9 +20,10 @@ from outlines.errors import GraphBuildError
 from outlines.graph import basic
 from outlines.graph.basic import Apply, Constant, Op, SymbolicValueError, Variable, as_variable
 from outlines.graph.ops import broadcast_map
+from outlines.graph.shapes import propagate
 from outlines.graph.traversal import ancestors, toposort
 
-__all__ = ["Cond", "Subgraph", "WhileLoop", "Where", "cond", "truth", "where", "while_loop"]
+__all__ = ["Cond", "Subgraph", "WhileLoop", "Where", "cond", "traced_nodes", "truth", "where", "while_loop"]
 
 _serials = itertools.count(1)
 
@@ -209,16 +210,114 @@ def _depends_on(outputs: Sequence[Variable], parameters: Sequence[Variable]) -> 
     return any(id(v) in params for v in ancestors(outputs))
 
 
-class WhileLoop(Op):
-    """Repeat ``body`` on each element while ``cond`` holds; see ``while_loop``.
+def traced_nodes(op: Any) -> list[Apply]:
+    """The nodes a control op traced, over all its sub-graphs, in creation order (found once per op).
 
-    The Apply's inputs are the initial state, then the captured Variables;
-    its outputs are the final state.
+    Two loops (or conds) traced from the same Python code have their nodes
+    in the same order: position ``i`` of one is position ``i`` of the other.
+    """
+    found = op.__dict__.get("_traced")
+    if found is None:
+        found = op.__dict__["_traced"] = toposort([v for _, subgraph in op.traced for v in subgraph.outputs])
+    return found  # type: ignore[no-any-return]
+
+
+def _signature(op: Any) -> tuple[Any, ...] | None:
+    """What two control ops must share to compute the same thing per element: their structure.
+
+    Per traced node (``traced_nodes``): its op (equal by parameters) and
+    where each input comes from: a parameter, a slot (a captured outer
+    Variable), an earlier traced node's output, or a constant's value; then
+    where each sub-graph's outputs come from. ``None`` when the op must run
+    alone: a nested control node, an op that never stacks (impure, samples),
+    a model call whose prompt does not read the state (it would draw one
+    scalar prompt per member), a constant that is an array or unhashable.
+    """
+    nodes = traced_nodes(op)
+    where: dict[int, tuple[Any, ...]] = {}
+    for _, subgraph in op.traced:
+        where.update((id(p), ("p", i)) for i, p in enumerate(subgraph.parameters))
+        where.update((id(s), ("s", i)) for i, s in enumerate(subgraph.slots))
+    stateful = {id(p) for _, subgraph in op.traced for p in subgraph.parameters}  # what reads the state
+    for position, node in enumerate(nodes):
+        inner = node.op
+        if inner.mode == "control" or inner.stacked() is None:
+            return None
+        if inner.mode == "generate" and id(node.inputs[0]) not in stateful:
+            return None
+        if any(id(v) in stateful for v in node.inputs):
+            stateful.update(id(v) for v in node.outputs)
+        for index, output in enumerate(node.outputs):
+            where[id(output)] = ("n", position, index)
+    parts: list[Any] = [type(op).__name__, op._structure]
+    try:
+        for node in nodes:
+            refs = []
+            for variable in node.inputs:
+                ref = where.get(id(variable))
+                if ref is None:
+                    if not isinstance(variable, Constant) or _is_array(variable.value):
+                        return None
+                    ref = ("c", type(variable.value), variable.value)
+                refs.append(ref)
+            parts.append((node.op, len(node.outputs), tuple(refs)))
+        for _, subgraph in op.traced:
+            parts.append(tuple(where.get(id(v)) or ("c", type(v), getattr(v, "value", None)) for v in subgraph.outputs))
+        signature = tuple(parts)
+        hash(signature)
+    except TypeError:  # an unhashable constant or op parameter
+        return None
+    return signature
+
+
+class _Control(Op):
+    """What loops and conds share: traced sub-graphs, and stacking by structure.
+
+    A control op's identity is its serial (each ``while_loop`` call is its
+    own op), but its *kin* (``Op.kin``) is its structure (``_signature``):
+    loops traced from the same code on members of one family stack into one
+    loop over their arrays (``outlines.runtime.plan``), each element keeping
+    its own loop's draw namespace (``outlines.runtime.control``). They are
+    never noted in build-time families: only the plan's walk stacks them.
     """
 
     __props__ = ("serial",)
     mode = "control"
     pure = False
+    _stacks = 0  # never in a build-time family (``Apply``): the walk stacks control nodes
+
+    @property
+    def traced(self) -> list[tuple[str, Subgraph]]:
+        """The sub-graphs whose nodes the op traced (a loop's condition and body, a cond's branches)."""
+        raise NotImplementedError
+
+    @property
+    def _structure(self) -> Any:
+        raise NotImplementedError
+
+    @property
+    def kin(self) -> Any:
+        """Its structure when it can stack, else itself (see ``_signature``)."""
+        signature = self.__dict__.get("_signature", False)
+        if signature is False:
+            signature = self.__dict__["_signature"] = _signature(self)
+        return self if signature is None else signature
+
+    def stacked(self) -> Op | None:
+        """Itself, over the stacked arrays, when its structure allows (``_signature``); else ``None``."""
+        return None if self.kin is self else self
+
+
+def _scalars(shapes: list[Any]) -> bool:
+    return all(shape == () for shape in shapes)
+
+
+class WhileLoop(_Control):
+    """Repeat ``body`` on each element while ``cond`` holds; see ``while_loop``.
+
+    The Apply's inputs are the initial state, then the captured Variables;
+    its outputs are the final state.
+    """
 
     def __init__(self, where: str, condition: Subgraph, body: Subgraph, max_iter: int) -> None:
         self.serial = next(_serials)
@@ -235,6 +334,18 @@ class WhileLoop(Op):
     def subgraphs(self) -> list[tuple[str, Subgraph]]:
         return [("body", self.body)]
 
+    @property
+    def traced(self) -> list[tuple[str, Subgraph]]:
+        return [("cond", self.condition), ("body", self.body)]
+
+    @property
+    def _structure(self) -> Any:
+        return self.max_iter
+
+    def infer_shapes(self, shapes: list[Any], noutputs: int) -> list[Any]:
+        """A loop over scalars gives scalars (one element); otherwise unknown until it runs."""
+        return [() if _scalars(shapes) else None] * noutputs
+
     def describe(self) -> dict[str, Any]:
         return {"kind": "op", "title": "while_loop", "lines": [f"max_iter={self.max_iter}"]}
 
@@ -245,16 +356,12 @@ class WhileLoop(Op):
         return "captured"
 
 
-class Cond(Op):
+class Cond(_Control):
     """Per element, evaluate one of two branches; see ``cond``.
 
     The Apply's inputs are the predicate, the operands, then the captured
     Variables of both branches.
     """
-
-    __props__ = ("serial",)
-    mode = "control"
-    pure = False
 
     def __init__(self, branches: tuple[Subgraph, Subgraph], noperands: int) -> None:
         self.serial = next(_serials)
@@ -268,6 +375,25 @@ class Cond(Op):
     @property
     def subgraphs(self) -> list[tuple[str, Subgraph]]:
         return [("if true", self.branches[0]), ("if false", self.branches[1])]
+
+    @property
+    def traced(self) -> list[tuple[str, Subgraph]]:
+        return self.subgraphs
+
+    @property
+    def _structure(self) -> Any:
+        return self.noperands
+
+    def infer_shapes(self, shapes: list[Any], noutputs: int) -> list[Any]:
+        """Scalars when every input is one and both branches give scalars on scalars; else unknown."""
+        if not _scalars(shapes):
+            return [None] * noutputs
+        outs: list[list[Any]] = []
+        for branch in self.branches:
+            known: dict[int, Any] = {id(v): () for v in (*branch.parameters, *branch.slots)}
+            found = propagate(toposort(branch.outputs), known)
+            outs.append([found.get(id(v), v.shape) for v in branch.outputs])
+        return [() if a == () and b == () else None for a, b in zip(*outs)] if len(outs[0]) == noutputs else [None] * noutputs
 
     def describe(self) -> dict[str, Any]:
         return {"kind": "op", "title": "cond"}

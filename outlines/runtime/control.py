@@ -9,9 +9,18 @@ error mode and recorder), then ``cond`` on the new state decides who stays.
 Draws inside a control node carry its iteration in their number
 (``Evaluation.child``: the draw namespace), so a repeated prompt is a new draw
 and a re-run replays finished iterations from the cache.
+
+A stacked control node (``Plan.element_tags``: loops or conds of one
+structure, stacked by the plan) runs the same way over the elements of all
+its members, each element in its own loop's namespaces (``child`` of an array
+of tags) and each failure named by the element's own loop and traced node
+(the sub-plans' ``members``: ``_Elements``), as the members run one by one
+would; a stacked cond runs its two branches as two schedules side by side.
 """
 from __future__ import annotations
 
+import asyncio
+import copy
 import time
 from typing import Any, Awaitable, Callable, Sequence
 
@@ -19,7 +28,7 @@ import numpy as np
 
 from outlines.errors import Failure, NodeError
 from outlines.graph.basic import Apply
-from outlines.graph.control import Cond, Subgraph, WhileLoop, truth
+from outlines.graph.control import Cond, Subgraph, WhileLoop, traced_nodes, truth
 from outlines.runtime.events import Recorder
 from outlines.runtime.plan import Plan
 from outlines.runtime.session import Evaluation
@@ -33,16 +42,20 @@ Schedule = Callable[[Plan, dict[int, Any], Evaluation], Awaitable[tuple[list[Any
 
 
 async def run_control(
-    evaluation: Evaluation, node: Apply, inputs: list[Any], schedule: Schedule, first_tag: int = 0
+    evaluation: Evaluation, node: Apply, inputs: list[Any], schedule: Schedule, first_tag: int | np.ndarray = 0,
+    members: Sequence[Apply] | None = None,
 ) -> Any:
     """Evaluate a control node's output value(s) from its input values, each iteration run by ``schedule``.
 
-    ``first_tag`` is the node's first namespace tag (``Plan.tag_offsets``).
+    ``first_tag`` is the node's first namespace tag (``Plan.tag_offsets``);
+    for a stacked node, the first tag of each element (``Plan.element_tags``)
+    and ``members``, the loops (or conds) its elements stand for.
     """
+    run = _Runner(evaluation, schedule, first_tag, members)
     if isinstance(node.op, WhileLoop):
-        return await _run_loop(_Runner(evaluation, schedule, first_tag), node, node.op, inputs)
+        return await _run_loop(run, node, node.op, inputs)
     if isinstance(node.op, Cond):
-        return await _run_cond(_Runner(evaluation, schedule, first_tag), node, node.op, inputs)
+        return await _run_cond(run, node, node.op, inputs)
     raise TypeError(f"{node.label}: {type(node.op).__name__} is not a control-flow op")
 
 
@@ -59,22 +72,70 @@ def _plan(op: Any, outputs: Sequence[Any]) -> Plan:
 
 # -- one schedule -----------------------------------------------------------------
 class _Runner:
-    """Runs the sub-plans of one control node: the evaluation, and how to run a schedule of it."""
+    """Runs the sub-plans of one control node: the evaluation, and how to run a schedule of it.
 
-    def __init__(self, evaluation: Evaluation, schedule: Schedule, first_tag: int = 0) -> None:
+    ``members``: for a stacked node, the node each element stands for
+    (``first_tag`` then holds each element's first tag); ``None`` for one node.
+    """
+
+    def __init__(self, evaluation: Evaluation, schedule: Schedule, first_tag: int | np.ndarray = 0,
+                 members: Sequence[Apply] | None = None) -> None:
         self.evaluation = evaluation
         self.schedule = schedule
         self.first_tag = first_tag
+        self.members = members
 
-    async def __call__(self, plan: Plan, values: dict[int, Any], tag: int) -> tuple[list[Any], int]:
-        """Run ``plan`` in the draw namespace of ``tag``; (outputs, batches sent).
+    async def __call__(self, plan: Plan, values: dict[int, Any], tag: int, rows: np.ndarray) -> tuple[list[Any], int]:
+        """Run ``plan`` over the elements ``rows`` in the draw namespace of ``tag``; (outputs, batches sent).
 
         ``tag`` (the iteration) joins the draw namespace of the enclosing
         control node (``Evaluation.child``), so a loop nested in a loop draws
-        anew at each outer iteration.
+        anew at each outer iteration; each element of a stacked node joins
+        its own node's.
         """
         constants = {id(c): c.value for c in plan.constants}
-        return await self.schedule(plan, {**constants, **values}, self.evaluation.child(self.first_tag + tag))
+        if self.members is None:
+            evaluation = self.evaluation.child(self.first_tag + tag)
+        else:
+            evaluation = self.evaluation.child(self.first_tag[rows] + tag)  # type: ignore[index]
+            plan = self._labelled(plan, rows)
+        return await self.schedule(plan, {**constants, **values}, evaluation)
+
+    def _labelled(self, plan: Plan, rows: np.ndarray) -> Plan:
+        """``plan`` whose nodes name, per element, the node traced by that element's own member."""
+        assert self.members is not None
+        positions = {node.order: i for i, node in enumerate(traced_nodes(self.members[0].op))}
+        labelled = copy.copy(plan)
+        labelled.members = {id(node): _Elements(self.members, rows, positions[node.order])
+                            for node in plan.nodes if node.order in positions}
+        return labelled
+
+    def name(self, node: Apply, element: int) -> str:
+        """Who an element's failure names: the node, or the member the element stands for."""
+        return node.label if self.members is None else self.members[element].label
+
+    def owner(self, node: Apply, error: NodeError) -> str:
+        """The label of the control node an inner node's failure belongs to (for a stacked node: its member's)."""
+        if self.members is not None:
+            for member in self.members:
+                if any(traced.label == error.node for traced in traced_nodes(member.op)):
+                    return member.label
+        return node.label
+
+
+class _Elements(Sequence[Apply]):
+    """The nodes one node of a stacked control node's sub-plan stands for, per element: each member's own."""
+
+    def __init__(self, members: Sequence[Apply], rows: np.ndarray, position: int) -> None:
+        self.members, self.rows, self.position = members, rows, position
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def __getitem__(self, element: Any) -> Any:
+        if isinstance(element, slice):
+            return [self[i] for i in range(len(self))[element]]
+        return traced_nodes(self.members[self.rows[element]].op)[self.position]
 
 
 # -- values -----------------------------------------------------------------------
@@ -159,34 +220,34 @@ async def _run_loop(run: _Runner, node: Apply, op: WhileLoop, inputs: list[Any])
 
     if active.size:
         check = _plan(op, op.condition.outputs)
-        schedule = run(check, values(op.condition), 0)
-        (pred,), _ = await _guarded(node, "cond on the initial state", schedule)
-        active = _stay(node, pred, active, state)
+        schedule = run(check, values(op.condition), 0, active)
+        (pred,), _ = await _guarded(run, node, "cond on the initial state", schedule)
+        active = _stay(run, node, pred, active, state)
     step, last = _plan(op, body.outputs), _plan(op, body.outputs[:count])
     iteration = 0
     while active.size and iteration < op.max_iter:
         final = iteration == op.max_iter - 1
         start = time.perf_counter()
-        schedule = run(last if final else step, values(body), iteration + 1)
-        results, batches = await _guarded(node, f"iteration {iteration + 1}", schedule)
+        schedule = run(last if final else step, values(body), iteration + 1, active)
+        results, batches = await _guarded(run, node, f"iteration {iteration + 1}", schedule)
         for position, array in enumerate(state):
             array[active] = _per_element(node, f"body output {position}", results[position], active.size)
         _record(run.evaluation.recorder, node, iteration + 1, int(active.size), batches, start)
         if final:
             break
-        active = _stay(node, results[count], active, state)
+        active = _stay(run, node, results[count], active, state)
         iteration += 1
     return _result(node, state, shape)
 
 
-async def _guarded(node: Apply, what: str, schedule: Any) -> Any:
+async def _guarded(run: _Runner, node: Apply, what: str, schedule: Any) -> Any:
     try:
         return await schedule
     except NodeError as exc:
-        raise NodeError(node.label, f"{node.op.name}, {what}", exc) from exc
+        raise NodeError(run.owner(node, exc), f"{node.op.name}, {what}", exc) from exc
 
 
-def _stay(node: Apply, pred: Any, active: np.ndarray, state: list[np.ndarray]) -> np.ndarray:
+def _stay(run: _Runner, node: Apply, pred: Any, active: np.ndarray, state: list[np.ndarray]) -> np.ndarray:
     """The active elements whose ``cond`` holds; a failed element leaves holding its Failure."""
     values = _per_element(node, "cond", pred, active.size).tolist()
     if all(type(v) is bool for v in values):  # the common case, in one pass
@@ -199,7 +260,7 @@ def _stay(node: Apply, pred: Any, active: np.ndarray, state: list[np.ndarray]) -
                     if not isinstance(array[active[position]], Failure):
                         array[active[position]] = value
             else:
-                keep[position] = truth(f"{node.label}: cond", value)
+                keep[position] = truth(f"{run.name(node, int(active[position]))}: cond", value)
     current = [array[active] for array in state]
     failed = _failed(current, active.size)  # the body failed on these: they leave holding the Failure
     return active[keep & ~failed]
@@ -224,20 +285,35 @@ async def _run_cond(run: _Runner, node: Apply, op: Cond, inputs: list[Any]) -> A
     pred_flat = _flat(pred, shape)
     chosen = np.zeros(size, dtype=bool)
     for index in np.flatnonzero(~failed):
-        chosen[index] = truth(f"{node.label}: pred", pred_flat[index])
+        chosen[index] = truth(f"{run.name(node, int(index))}: pred", pred_flat[index])
     sides = [np.flatnonzero(chosen & ~failed), np.flatnonzero(~chosen & ~failed)]
     outputs: list[Any] = []
     values: dict[int, Any] = {}
+    parts: list[tuple[list[Any], dict[int, Any], np.ndarray]] = []  # per branch that runs: outputs, values, rows
     for branch, captured, rows in zip(op.branches, (captured_t, captured_f), sides):
         if rows.size:
-            outputs.extend(branch.outputs)
+            part: dict[int, Any] = {}
             for parameter, operand in zip(branch.parameters, operands):
-                values[id(parameter)] = _flat(operand, shape)[rows]
+                part[id(parameter)] = _flat(operand, shape)[rows]
             for slot, value in zip(branch.slots, captured):
-                values[id(slot)] = _flat(value, shape)[rows] if isinstance(value, np.ndarray) else value
+                part[id(slot)] = _flat(value, shape)[rows] if isinstance(value, np.ndarray) else value
+            outputs.extend(branch.outputs)
+            values.update(part)
+            parts.append((list(branch.outputs), part, rows))
     results: list[Any] = []
-    if outputs:
-        results, _ = await _guarded(node, "branches", run(_plan(op, outputs), values, 0))
+    if outputs and run.members is None:  # both branches in one schedule, in the node's namespace
+        results, _ = await _guarded(run, node, "branches", run(_plan(op, outputs), values, 0, sides[0]))
+    elif outputs:  # stacked: each branch over its own elements, each in its own namespaces, side by side
+        tasks = [asyncio.ensure_future(_guarded(run, node, "branches", run(_plan(op, outs), part, 0, rows)))
+                 for outs, part, rows in parts]
+        try:
+            for outs, _ in await asyncio.gather(*tasks):
+                results.extend(outs)
+        except BaseException:
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+            raise
     merged = _merge(node, results, sides, size, len(node.outputs))
     for index in np.flatnonzero(failed):
         failure = _first_failure(flat, index).skipped(node.label, op.name)

@@ -100,6 +100,8 @@ class Plan:
         #: id(stacked Apply) -> (member output, its element) for each member output a node left out reads:
         #: the scheduler stores each such element under the member's output when the stacked node finishes.
         self.scatter: dict[int, list[tuple[Variable, int]]] = {}
+        #: id(stacked loop or cond) -> the first namespace tag of each element (its own node's ``tag_offsets``).
+        self.element_tags: dict[int, np.ndarray] = {}
         if stack and self._from_families(outputs):
             return
         tags = 0  # namespace tags taken by the control nodes so far
@@ -143,7 +145,7 @@ class Plan:
                 stacker = op.stacked() if stack else None
                 if op.pure or stacker is not None:
                     try:
-                        token = tokens.setdefault(op, len(tokens))
+                        token = tokens.setdefault(op.kin, len(tokens))  # control ops: by their structure
                     except TypeError:  # an op with unhashable parameters is never merged
                         pass
                 info = ops[id(op)] = (token, bool(op.pure), op.mode == "generate", stacker, op.mode == "control")
@@ -215,7 +217,8 @@ class Plan:
             uplinks.append(parents[0] if len(parents) == 1 else parents or -1)
             if stack:
                 family = -1
-                if stacker is not None and len(kept.outputs) == 1 and id(kept) not in offsets:
+                if stacker is not None and len(kept.outputs) == 1 and id(kept) not in offsets and (
+                        not control or all(v.shape == () for v in inputs)):  # a loop stacks over one element each
                     # The one rule: each input is a constant (of a known shape) or a member of a
                     # family; siblings of one op with the same layout of inputs form a family.
                     layout: list[Any] = []
@@ -232,7 +235,9 @@ class Plan:
                         else:  # a free input: its value is known only when it is bound
                             break
                     else:
-                        if not generate or inputs[0].shape == ():  # a model call stacks over one prompt each
+                        # A model call stacks over one prompt each; a loop over a family's members (on constants
+                        # alone, its members would stack into one element).
+                        if (inputs[0].shape == () if generate else not control or any(type(p) is int for p in layout)):
                             signature = (token if token is not None else id(op), tuple(layout))
                             family = signatures.get(signature, -1)
                             if family < 0:
@@ -255,7 +260,7 @@ class Plan:
         #: output position -> (the stacked Variable computing it, its index there); see ``_stack``.
         self.picks: dict[int, tuple[Variable, int]] = {}
         #: id(stacked Apply) -> the calls it stands for, in element order (failures name them).
-        self.members: dict[int, list[Apply]] = {}
+        self.members: dict[int, Sequence[Apply]] = {}
         if stack and stackables >= STACK_MIN:
             self._stack(position, family_of, rank, families, above, broken, layouts, uplinks)
         else:
@@ -346,7 +351,7 @@ class Plan:
         seen: set[Hashable] = set()
         stacked: dict[int, Apply] = {}
         nodes: list[Apply] = []
-        members_of: dict[int, list[Apply]] = {}
+        members_of: dict[int, Sequence[Apply]] = {}
         for family in ordered:
             op, layout = family.op, family.layout
             generate = op.mode == "generate"
@@ -430,7 +435,9 @@ class Plan:
         (``scatter``), so nothing downstream is rebuilt. Draw numbers, keys and values are unchanged (a call
         with a draw offset, or with samples, is never stacked); ``picks`` maps
         each output of the plan to its element, ``members`` each stacked node
-        to the nodes it stands for (failures name them). ``uplinks``, the
+        to the nodes it stands for (failures name them). Loops and conds stack
+        by their traced structure (``Op.kin``) over members of one element
+        each; ``element_tags`` keeps each element's own namespace tag. ``uplinks``, the
         walk's parents of each node, link the nodes when no family stacks.
         """
         nodes = self.nodes
@@ -477,6 +484,8 @@ class Plan:
                     else:
                         sources.append(_stacked_constant([nodes[i].inputs[number] for i in members]))  # type: ignore[misc]
                 new = stacked[family] = _stacked_node(node.op, sources, [nodes[i] for i in members], self.members)
+                if node.op.mode == "control":  # each element draws in its own loop's namespaces
+                    self.element_tags[id(new)] = np.array([self.tag_offsets.get(nodes[i].order, 0) for i in members])
                 kept.append(new)
         for number, output in enumerate(self.outputs):
             found = element(output)
@@ -538,7 +547,7 @@ def _input_key(variable: Variable) -> Hashable:
     return id(variable)
 
 
-def _stacked_node(op: Any, sources: list[Variable], members: list[Apply], members_of: dict[int, list[Apply]]) -> Apply:
+def _stacked_node(op: Any, sources: list[Variable], members: list[Apply], members_of: dict[int, Sequence[Apply]]) -> Apply:
     """The node of ``op``'s stacked op over ``sources``, standing for ``members`` (recorded in ``members_of``)."""
     new = Apply(op.stacked(), sources, sibling=False)
     new.order = members[0].order  # labelled as its first member

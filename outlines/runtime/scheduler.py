@@ -27,7 +27,7 @@ import dataclasses
 import gc
 import time
 from collections import deque
-from typing import Any, Callable, Iterator, Protocol
+from typing import Any, Callable, Iterator, Protocol, Sequence
 
 import numpy as np
 
@@ -204,7 +204,7 @@ class Scheduler:
 
         return {"on_error": on_error, "on_failed_input": lambda failure: failure.skipped(label, op)}
 
-    def _per_member(self, index: int, node: Apply, members: list[Apply], result: Any) -> Any:
+    def _per_member(self, index: int, node: Apply, members: Sequence[Apply], result: Any) -> Any:
         """A stacked node's result with each failed element named by its own node; ``None`` once it failed."""
         errors = self.element_errors.pop(id(node), {})
         if not isinstance(result, np.ndarray) or not (errors or (self.return_failures and _has_failure(result))):
@@ -276,8 +276,14 @@ class Scheduler:
 
     def control(self, index: int, node: Apply, inputs: list[Any]) -> None:
         """A loop or a branch: one task, whose iterations are schedules of their own (``outlines.runtime.control``)."""
-        first_tag = self.plan.tag_offsets.get(node.order, 0)  # loops number their namespaces like calls their draws
-        self.spawn(run_control(self.evaluation, node, inputs, schedule, first_tag), lambda task: self._task_done(index, task))
+        plan = self.plan
+        tags = plan.element_tags.get(id(node)) if plan.element_tags else None  # stacked: a first tag per element
+        if tags is None:
+            first_tag = plan.tag_offsets.get(node.order, 0)  # loops number their namespaces like calls their draws
+            control = run_control(self.evaluation, node, inputs, schedule, first_tag)
+        else:
+            control = run_control(self.evaluation, node, inputs, schedule, tags, plan.members[id(node)])
+        self.spawn(control, lambda task: self._task_done(index, task))
 
     def _flush_python(self) -> None:
         """Send the blocking Python calls made ready this round, in a few chunks."""

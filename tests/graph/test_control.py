@@ -139,3 +139,66 @@ def test_a_body_that_adds_a_samples_axis_is_a_build_error() -> None:
     llm = models.from_function(lambda p: p, name="echo")
     with pytest.raises(GraphBuildError, match=r"body output 0 adds an axis \(num_samples=3\)"):
         outlines.while_loop(short, lambda s: llm(s, num_samples=3), init="", max_iter=2)
+
+
+# -- kin: loops and conds traced from the same code stack ------------------------------------------
+
+_pure_grow = outlines.fn(lambda s: s + "a", name="pure_grow", pure=True)
+_pure_short = outlines.fn(lambda s: len(s) < 3, name="pure_short", pure=True)
+
+
+def _loop(init: object, body: object = None, max_iter: int = 4) -> object:
+    return outlines.while_loop(_pure_short, body or _pure_grow, init=init, max_iter=max_iter)
+
+
+def test_loops_traced_from_the_same_code_share_their_kin_and_stack() -> None:
+    a, b = _loop(outlines.constant("x")), _loop(outlines.constant("y"))
+    assert a.owner.op != b.owner.op  # each while_loop call is its own op
+    assert a.owner.op.kin == b.owner.op.kin and hash(a.owner.op.kin) == hash(b.owner.op.kin)
+    assert a.owner.op.stacked() is a.owner.op
+
+
+@pytest.mark.parametrize("other", ["max_iter", "body", "constant"])
+def test_loops_of_another_structure_have_another_kin(other: str) -> None:
+    base = _loop(outlines.constant("x")).owner.op
+    if other == "max_iter":
+        changed = _loop(outlines.constant("x"), max_iter=5)
+    elif other == "body":
+        changed = _loop(outlines.constant("x"), body=lambda s: _pure_grow(_pure_grow(s)))
+    else:
+        changed = _loop(outlines.constant("x"), body=lambda s: s + "b")
+    assert changed.owner.op.kin != base.kin
+
+
+def test_loops_that_cannot_stack_are_their_own_kin() -> None:
+    llm = models.from_function(lambda p: p + ".", name="kin")
+    impure = outlines.fn(lambda s: s + "a", name="impure")
+    nested = lambda s: _loop(s, max_iter=2)  # noqa: E731
+    constant_prompt = lambda s: _pure_grow(s) + llm(outlines.constant("always the same"))  # noqa: E731
+    for body in (impure, nested, constant_prompt, lambda s: llm(s, num_samples=2)[0]):
+        op = _loop(outlines.constant("x"), body=body).owner.op
+        assert op.kin is op and op.stacked() is None
+    assert _loop(outlines.constant("x"), body=lambda s: llm(s)).owner.op.stacked() is not None
+
+
+def test_conds_traced_from_the_same_code_share_their_kin() -> None:
+    def branch(x: object) -> object:
+        return outlines.cond(_pure_short(x), lambda s: s + "!", lambda s: s + "?", x)
+
+    a, b = branch(outlines.constant("x")), branch(outlines.constant("yyyy"))
+    assert a.owner.op.kin == b.owner.op.kin and a.owner.op.stacked() is not None
+    other = outlines.cond(_pure_short(outlines.constant("x")), lambda s: s + "?", lambda s: s + "!", "x")
+    assert other.owner.op.kin != a.owner.op.kin
+
+
+def test_control_nodes_over_scalars_give_scalars() -> None:
+    assert _loop(outlines.constant("x")).shape == ()
+    assert _loop(outlines.string("q")).shape is None  # unknown until bound
+    assert outlines.cond(_pure_short(outlines.constant("x")), lambda s: s + "!", lambda s: s + "?", "x").shape == ()
+    kept = outlines.cond(_pure_short(outlines.constant("x")), lambda s: s + "!", lambda s: outlines.stack([s, s]), "x")
+    assert kept.shape is None  # a branch adds an axis: not a scalar
+
+
+def test_control_nodes_never_join_build_time_families() -> None:
+    x = outlines.constant("x")
+    assert _loop(x).owner.family is None

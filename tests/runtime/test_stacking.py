@@ -171,6 +171,8 @@ _SHOUT = outlines.fn(_shout, pure=True)
 _QUIET = outlines.fn(_quiet, pure=True)
 _TRIM = outlines.fn(lambda text: text[-12:], signature="()->()", pure=True, name="trim")
 _FORK = np.array(["<", ">"], dtype=object)
+_SHORT = outlines.fn(lambda s: s.count("~") + s.count(".") < 1 + len(s) % 3, name="short", pure=True)
+_EVEN = outlines.fn(lambda s: len(s) % 2 == 0, name="even", pure=True)
 #: One step of every chain: (name, how a step builds on x for chain i).
 _STEPS: dict[str, Callable[[Any, Any, int], Any]] = {
     "llm": lambda llm, x, i: llm(x),
@@ -181,6 +183,8 @@ _STEPS: dict[str, Callable[[Any, Any, int], Any]] = {
     "async-fn": lambda llm, x, i: _QUIET(x),
     "gufunc": lambda llm, x, i: _TRIM(x),
     "index": lambda llm, x, i: (x + outlines.constant(_FORK))[1],
+    "loop": lambda llm, x, i: outlines.while_loop(_SHORT, lambda s: _SHOUT(llm(s)), init=x, max_iter=3),
+    "cond": lambda llm, x, i: outlines.cond(_EVEN(x), lambda s: llm(s + " even"), lambda s: s + " odd", x),
 }
 
 
@@ -384,3 +388,109 @@ def test_what_the_walk_would_rewrite_is_left_to_it(shape: str, tmp_path: Path,
     flat = observe(build, tmp_path, False, monkeypatch)
     stacked = observe(build, tmp_path, True, monkeypatch)
     assert stacked == flat
+
+
+# -- loops and conds whose bodies are elementwise ------------------------------------------------------
+
+class _Numbered(RecordingBackend):
+    """Replies with the prompt and its draw number: a draw in the wrong namespace shows in the value."""
+
+    async def generate(self, draws: Any, report: Any) -> list[str]:
+        self.batches.append([d.prompt for d in draws])
+        return [f"{d.prompt}~{d.draw}." for d in draws]
+
+
+def _loops(llm: Any, n: int, *, body: Callable[[Any], Any] | None = None, max_iter: int = 4) -> list[Any]:
+    """n chains: a call, a loop calling the model until its text is long enough, a call on the result."""
+    outs = []
+    for i in range(n):
+        x = llm(outlines.constant(f"Q{i}:"))
+        y = outlines.while_loop(_SHORT, body or (lambda s: _again(llm(s))), init=x, max_iter=max_iter)
+        outs.append(llm(y))
+    return outs
+
+
+def _conds(llm: Any, n: int) -> list[Any]:
+    """n chains: a call, a cond asking the model one of two ways, a call on the result."""
+    outs = []
+    for i in range(n):
+        x = llm(outlines.constant(f"Q{i}:"))
+        y = outlines.cond(_EVEN(x), lambda s: llm(s + " even"), lambda s: _SHOUT(llm(s + " odd")), x)
+        outs.append(llm(y))
+    return outs
+
+
+@pytest.mark.parametrize("build", [_loops, _conds], ids=["loop", "cond"])
+def test_loops_and_conds_of_one_structure_stack_into_one_node(build: Callable[..., list[Any]]) -> None:
+    llm = _Numbered(name="kinds").model(temperature=0.7)
+    outs = build(llm, N)
+    plan = Plan(outs, stack=True)
+    expected = ["generate", "control", "generate"] if build is _loops else ["generate", "python", "control", "generate"]
+    assert [node.op.mode for node in plan.nodes] == expected  # a cond's predicate is a step of its own
+    control = plan.nodes[-2]
+    assert len(plan.members[id(control)]) == N
+    step = 5 if build is _loops else 1  # a loop takes max_iter + 1 namespace tags, a cond one
+    assert plan.element_tags[id(control)].tolist() == [step * i for i in range(N)]
+
+
+@pytest.mark.parametrize("build", [_loops, _conds], ids=["loop", "cond"])
+@pytest.mark.parametrize("temperature", [0.7, 0.0], ids=["random", "greedy"])
+def test_stacked_loops_and_conds_equal_the_flat_ones(build: Callable[..., list[Any]], temperature: float,
+                                                     tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Values (each element in its own loop's draw namespaces), cache keys and counts: as run one by one."""
+    cache = Cache(tmp_path / "shared")
+    seen = []
+    for stack in (False, True):
+        monkeypatch.setattr(plan_module, "STACK_MIN", STACK_MIN if stack else 10**9)
+        backend = _Numbered(name="kinds")
+        llm = backend.model(temperature=temperature)
+        with outlines.trace() as trace:
+            values = outlines.eval(*build(llm, N), cache=cache)
+        cache.flush()
+        seen.append((values, trace.cache_hits, trace.cache_misses, backend.batches))
+    (flat, _, misses, flat_batches), (stacked, hits, stacked_misses, batches) = seen
+    assert list(stacked) == list(flat)
+    assert len(set(flat)) == N
+    assert (hits, stacked_misses, batches) == (misses, 0, [])  # every draw of the stacked run hit the flat run's keys
+    if temperature:
+        assert any("~" in v and not v.endswith("~0.") for v in flat)  # draw numbers other than 0 were asked
+
+
+@pytest.mark.parametrize("build", [_loops, _conds], ids=["loop", "cond"])
+def test_stacked_loops_and_conds_send_a_few_batches(build: Callable[..., list[Any]]) -> None:
+    backend = _Numbered(name="few")
+    outs = build(backend.model(temperature=0.7), N)
+    values = outlines.eval(*outs, cache=False)
+    assert len(values) == N
+    # first call, at most max_iter loop iterations (a cond: one batch per branch), last call
+    assert len(backend.batches) <= (6 if build is _loops else 4)
+
+
+def test_a_failing_element_of_a_stacked_loop_names_its_own_loop_and_call(monkeypatch: pytest.MonkeyPatch) -> None:
+    labels = {}
+    for stack in (False, True):
+        monkeypatch.setattr(plan_module, "STACK_MIN", STACK_MIN if stack else 10**9)
+        llm = _Numbered(name="fails").model(temperature=0.7)
+        first = llm(outlines.constant("x")).owner.order
+        body = lambda s: _SHOUT(_again(llm(s)))  # noqa: E731 - _shout refuses a 7 near the end
+        outs = _loops(llm, N, body=body)
+        values = outlines.eval(*outs, cache=False, errors="return")
+        failed = [_relative(v, first) for v in values if isinstance(v, Failure)]
+        assert failed
+        with pytest.raises(NodeError) as info:
+            outlines.eval(*outs, cache=False)
+        own = {f[1] for f in failed} | {re.search(r"at (\S+):", f[3]).group(1) for f in failed}  # type: ignore[union-attr]
+        loop = _relative(Failure(info.value.node, "", "", ""), first)[1]
+        inner = _relative(Failure(info.value.cause.node, "", "", ""), first)[1]  # type: ignore[attr-defined]
+        assert loop.startswith("while_loop#") and inner.startswith("_shout#") and inner in own
+        labels[stack] = failed
+    assert labels[True] == labels[False]
+
+
+def test_loops_that_cannot_stack_run_one_by_one() -> None:
+    llm = _Numbered(name="alone").model(temperature=0.7)
+    impure = outlines.fn(lambda s: s + "!", name="impure")
+    for body in (lambda s: impure(llm(s)), lambda s: outlines.while_loop(_SHORT, llm, init=s, max_iter=2),
+                 lambda s: llm(s) + llm(outlines.constant("the same prompt"))):
+        plan = Plan(_loops(llm, N, body=body), stack=True)
+        assert sum(node.op.mode == "control" for node in plan.nodes) == N
