@@ -235,9 +235,7 @@ class Plan:
                         else:  # a free input: its value is known only when it is bound
                             break
                     else:
-                        # A model call stacks over one prompt each; a loop over a family's members (on constants
-                        # alone, its members would stack into one element).
-                        if (inputs[0].shape == () if generate else not control or any(type(p) is int for p in layout)):
+                        if not generate or inputs[0].shape == ():  # a model call stacks over one prompt each
                             signature = (token if token is not None else id(op), tuple(layout))
                             family = signatures.get(signature, -1)
                             if family < 0:
@@ -482,7 +480,8 @@ class Plan:
                     if type(part) is int:  # the outputs of a stacked family, member for member
                         sources.append(stacked[part].outputs[0])
                     else:
-                        sources.append(_stacked_constant([nodes[i].inputs[number] for i in members]))  # type: ignore[misc]
+                        sources.append(_stacked_constant([nodes[i].inputs[number] for i in members],  # type: ignore[misc]
+                                                         whole=node.op.mode == "control"))
                 new = stacked[family] = _stacked_node(node.op, sources, [nodes[i] for i in members], self.members)
                 if node.op.mode == "control":  # each element draws in its own loop's namespaces
                     self.element_tags[id(new)] = np.array([self.tag_offsets.get(nodes[i].order, 0) for i in members])
@@ -555,17 +554,19 @@ def _stacked_node(op: Any, sources: list[Variable], members: list[Apply], member
     return new
 
 
-def _stacked_constant(constants: list[Constant], values: list[Any] | None = None) -> Constant:
+def _stacked_constant(constants: list[Constant], values: list[Any] | None = None, whole: bool = False) -> Constant:
     """The constants of a family's members along a new leading axis (one scalar shared by all: itself).
 
-    ``values``: their values, when the caller has them already.
+    ``values``: their values, when the caller has them already. ``whole``:
+    an array even of one shared scalar (a loop's elements are as many as its
+    inputs' leading axis: loops on one constant are still one element each).
     """
     first = constants[0]
     if first.shape == ():
         if values is None:
             values = list(map(_VALUE, constants))
         texts = all_text(values)  # (a family is never empty)
-        if texts and len(set(values)) == 1:
+        if texts and not whole and len(set(values)) == 1:
             return first  # an elementwise op pairs one scalar with every element: one text shared by all
         array = np.empty(len(constants), dtype=object)
         if texts:

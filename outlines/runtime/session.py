@@ -34,7 +34,11 @@ loop (and of a loop nested in it) draws anew, outer draws stay below
 ``1 << DRAW_SHIFT``, and the numbers fit a 64-bit seed. The control nodes
 of one plan take consecutive tags (``Plan.tag_offsets``: a loop takes
 ``max_iter + 1``), so two loops making the same calls draw apart; their
-tags together should stay below ``1 << TAG_BITS``.
+tags together should stay below ``1 << TAG_BITS``. A stacked loop runs the
+elements of many loops at once, each in its own namespace: ``child`` of an
+array of tags (one per element of the schedule's leading axis) makes
+``draw_base`` an array of Python ints, one namespace per element, and the
+batcher numbers each element's draws in its own (``Batcher.start``).
 """
 from __future__ import annotations
 
@@ -45,6 +49,8 @@ import sys
 import time
 from dataclasses import dataclass, field, fields, replace
 from typing import Any, AsyncIterator, Mapping
+
+import numpy as np
 
 from outlines import cache as cache_module
 from outlines.backends.base import Backend
@@ -118,7 +124,7 @@ class Evaluation:
     budget: BudgetGuard | None = None
     backend_limits: dict[Backend, asyncio.Semaphore | None] = field(default_factory=dict)
     backends: dict[Backend, None] = field(default_factory=dict)  # in first-use order
-    draw_base: int = 0
+    draw_base: int | np.ndarray = 0  # an object array of Python ints: a namespace per element
     batch_ids: Any = field(default_factory=lambda: itertools.count(1))
 
     @classmethod
@@ -147,9 +153,29 @@ class Evaluation:
             budget=BudgetGuard(options.budget) if options.budget is not None else None,
         )
 
-    def child(self, tag: int) -> Evaluation:
-        """The same evaluation in the draw namespace of iteration ``tag`` (see the module docstring)."""
-        return replace(self, draw_base=(self.draw_base << TAG_BITS) + tag + 1)
+    def child(self, tag: int | np.ndarray) -> Evaluation:
+        """The same evaluation in the draw namespace of iteration ``tag`` (see the module docstring).
+
+        ``tag`` may be an array: one tag per element of the schedule's leading
+        axis, each element in a namespace of its own (as may ``draw_base``).
+
+        Raises
+        ------
+        ValueError
+            When an array tag and an array namespace differ in length.
+        """
+        base = self.draw_base
+        if type(base) is int and not isinstance(tag, np.ndarray):
+            return replace(self, draw_base=(base << TAG_BITS) + tag + 1)
+        tags = tag.tolist() if isinstance(tag, np.ndarray) else None  # Python ints: numbers outgrow 64 bits
+        bases = base.tolist() if isinstance(base, np.ndarray) else None
+        if tags is not None and bases is not None and len(tags) != len(bases):
+            raise ValueError(f"{len(tags)} namespace tags for {len(bases)} elements")
+        size = len(tags) if tags is not None else len(bases)  # type: ignore[arg-type]
+        per_element = np.empty(size, dtype=object)
+        per_element[:] = [((base if bases is None else bases[e]) << TAG_BITS) + (tag if tags is None else tags[e]) + 1
+                          for e in range(size)]
+        return replace(self, draw_base=per_element)
 
     @property
     def return_failures(self) -> bool:
@@ -167,8 +193,8 @@ class Evaluation:
         return self.recorder is not NULL
 
     @property
-    def draw_shift(self) -> int:
-        """What this namespace adds to a random model call's draw numbers."""
+    def draw_shift(self) -> int | np.ndarray:
+        """What this namespace adds to a random model call's draw numbers (per element: an array)."""
         return self.draw_base << DRAW_SHIFT
 
     def batch_id(self) -> int:

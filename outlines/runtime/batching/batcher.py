@@ -45,7 +45,7 @@ from outlines.graph.ops import all_text
 from outlines.runtime.batching.keys import draws_of, queue_key
 from outlines.runtime.batching.packing import Batch, pack_draws, whole_batches
 from outlines.runtime.batching.queue import BatchQueue, SlotQueue
-from outlines.runtime.batching.waiting import Wait
+from outlines.runtime.batching.waiting import Wait, Whole
 from outlines.runtime.jobs import JobEvent, generate_as_jobs, has_jobs
 from outlines.runtime.plan import Plan
 from outlines.runtime.session import Evaluation
@@ -177,24 +177,56 @@ class Batcher:
                 flat = prompt.reshape(-1).copy()
                 flat[list(settled)] = ""  # a placeholder: settled elements are never drawn
                 prompt = flat.reshape(prompt.shape)
-        offset = self.plan.draw_offsets.get(id(node), 0) + self.evaluation.draw_shift
-        shape, prompts, numbers = op.columns(prompt, offset)
+        first, shift = self.plan.draw_offsets.get(id(node), 0), self.evaluation.draw_shift
+        if isinstance(shift, np.ndarray):  # each element in a namespace of its own (a stacked loop's body)
+            if not op.params.deterministic:
+                self._start_elements(index, node, queue, prompt, settled, first, shift)
+                return
+            shift = 0  # greedy draws are all number 0, in any namespace
+        shape, prompts, numbers = op.columns(prompt, first + shift)
         slots = [queue.slot_of(op.params, number) for number in numbers]
         wait = Wait(index, shape, prompts, [slot.waiters for slot in slots], settled)
         if not queue.pending:
             queue.since = time.perf_counter()
         if len(numbers) == 1 and not settled and len(prompts) >= PEEK_MIN and self._from_memory(op, wait, slots[0]):
             return
-        active = [p for e, p in enumerate(prompts) if e not in settled] if settled else prompts
-        if active:
-            unique = dict.fromkeys(active)
-            joined: set[int] = set()
-            for slot in slots:  # a greedy call's draw numbers are all 0: one slot, joined once
-                if id(slot) not in joined:
-                    slot.join(wait, unique if not joined else dict(unique))  # each slot keeps its own table
-                    joined.add(id(slot))
+        _join(wait, slots, prompts, settled)
         if not wait.missing:
             self._finish(wait)
+
+    def _start_elements(self, index: int, node: Apply, queue: BatchQueue, prompt: Any, settled: dict[int, Any],
+                        first: int, shifts: np.ndarray) -> None:
+        """``start`` for a node whose elements (rows of its prompt) draw in namespaces of their own.
+
+        Element ``e`` draws numbers ``first + shifts[e] + j``: the elements
+        of one namespace are one ``Wait``, a part of the node's ``Whole``.
+        """
+        op: Any = node.op
+        count = len(shifts)
+        if not isinstance(prompt, np.ndarray) or prompt.ndim == 0 or prompt.shape[0] != count:
+            got = f"shape {prompt.shape}" if isinstance(prompt, np.ndarray) else "one value"
+            raise ValueError(f"{node.label}: its {count} element(s) each draw in a namespace of their own, so its "
+                             f"prompt needs one row per element; it has {got}")
+        shape, prompts, numbers = op.columns(prompt, 0)
+        inner = len(prompts) // count if count else 0  # prompts per element
+        namespaces: dict[int, list[int]] = {}
+        for element, shift in enumerate(shifts.tolist()):
+            namespaces.setdefault(shift, []).append(element)
+        whole = Whole(index, shape, len(prompts), len(numbers), settled)
+        if not queue.pending:
+            queue.since = time.perf_counter()
+        for shift, elements in namespaces.items():
+            positions = elements if inner == 1 else [e * inner + i for e in elements for i in range(inner)]
+            own = {j: settled[p] for j, p in enumerate(positions) if p in settled} if settled else {}
+            slots = [queue.slot_of(op.params, first + shift + j) for j in numbers]
+            part = Wait(index, (len(positions),), [prompts[p] for p in positions], [slot.waiters for slot in slots], own)
+            whole.add(part, positions)
+            _join(part, slots, part.prompts, own)
+        done = [part for part in whole.parts if not part.missing]
+        if not whole.parts:  # no element at all
+            self._finish_node(index, shape, [], 0, 0)
+        for part in done:
+            self._finish(part)
 
     def _settled(self, node: Apply, prompt: np.ndarray, failed_input: bool) -> dict[int, Failure]:
         """The elements of ``prompt`` that fail before anything is sent (``errors="return"``), by flat index.
@@ -509,19 +541,44 @@ class Batcher:
         members = self.plan.members.get(id(node))
         if members is None:
             return node.label
-        per_member = max(1, len(wait.prompts) // len(members))  # elements per call
-        return members[min(len(members) - 1, wait.element_of(prompt) // per_member)].label
+        element, size = wait.element_of(prompt), len(wait.prompts)
+        if wait.parent is not None:  # a part of a node: the element's place in the whole node
+            element, size = wait.parent.position(wait, element), wait.parent.size
+        per_member = max(1, size // len(members))  # elements per call
+        return members[min(len(members) - 1, element // per_member)].label
 
     def _finish(self, wait: Wait, values: list[Any] | None = None) -> None:
-        """A complete Wait: its node's value (``values``: all from the cache's memory)."""
-        node = self.plan.nodes[wait.index]
-        results = wait.results() if values is None else values
-        count = len(results)
-        hits = wait.cache_hits() if values is None else count
-        # An element settled by its failed input was never looked up (as its own unstacked call is not).
-        self.recorder.node_cache(node, hits, count - hits - len(wait.settled or ()))
-        if not wait.shape:
-            self.schedule.finish(wait.index, results[0])
+        """A complete Wait: its node's value (``values``: all from the cache's memory), once all its parts are."""
+        whole = wait.parent
+        if whole is not None:
+            whole.left -= 1
+            if not whole.left:
+                results = whole.results()
+                self._finish_node(whole.index, whole.shape, results, whole.cache_hits(), len(whole.settled))
             return
-        array = np.fromiter(results, dtype=object, count=count).reshape(wait.shape)
-        self.schedule.finish(wait.index, array)
+        results = wait.results() if values is None else values
+        hits = wait.cache_hits() if values is None else len(results)
+        self._finish_node(wait.index, wait.shape, results, hits, len(wait.settled or ()))
+
+    def _finish_node(self, index: int, shape: tuple[int, ...], results: list[Any], hits: int, settled: int) -> None:
+        """Node ``index`` has ``results`` (element-major), ``hits`` of them from the cache."""
+        count = len(results)
+        # An element settled by its failed input was never looked up (as its own unstacked call is not).
+        self.recorder.node_cache(self.plan.nodes[index], hits, count - hits - settled)
+        if not shape:
+            self.schedule.finish(index, results[0])
+            return
+        array = np.fromiter(results, dtype=object, count=count).reshape(shape)
+        self.schedule.finish(index, array)
+
+
+def _join(wait: Wait, slots: list[SlotQueue], prompts: list[Any], settled: dict[int, Any]) -> None:
+    """``wait`` waits for the draws of its prompts (but the settled elements') in each of its slots."""
+    active = [p for e, p in enumerate(prompts) if e not in settled] if settled else prompts
+    if active:
+        unique = dict.fromkeys(active)
+        joined: set[int] = set()
+        for slot in slots:  # a greedy call's draw numbers are all 0: one slot, joined once
+            if id(slot) not in joined:
+                slot.join(wait, unique if not joined else dict(unique))  # each slot keeps its own table
+                joined.add(id(slot))

@@ -32,7 +32,7 @@ from itertools import repeat
 from operator import is_
 from typing import Any, Sequence
 
-__all__ = ["Wait", "Waiters"]
+__all__ = ["Wait", "Waiters", "Whole"]
 
 
 class Wait:
@@ -52,7 +52,8 @@ class Wait:
         positions holds it).
     """
 
-    __slots__ = ("index", "shape", "prompts", "slots", "found", "hits", "missing", "settled", "whole", "whole_hit")
+    __slots__ = ("index", "shape", "prompts", "slots", "found", "hits", "missing", "settled", "whole", "whole_hit",
+                 "parent")
 
     def __init__(
         self, index: int, shape: tuple[int, ...], prompts: list[Any], slots: Sequence[Waiters],
@@ -68,6 +69,7 @@ class Wait:
         self.settled = settled or {}
         self.whole: list[Any] | None = None  # its values, when they came in one piece in its prompts' order
         self.whole_hit = False
+        self.parent: Whole | None = None  # the node it is a part of, when its elements draw in namespaces apart
 
     @property
     def count(self) -> int:
@@ -136,6 +138,59 @@ class Wait:
     def element_of(self, prompt: Any) -> int:
         """The first element drawing ``prompt`` (what a failure of its draw names)."""
         return self.prompts.index(prompt)
+
+
+class Whole:
+    """A node whose elements draw in namespaces of their own: one ``Wait`` per namespace, as its parts.
+
+    Each part waits for the elements of one namespace (their flat
+    ``positions`` in the node); once every part is complete, ``results``
+    puts their values back in the node's element-major order.
+
+    Parameters
+    ----------
+    index, shape
+        The node's position in the plan and its output shape.
+    size, k
+        Its elements (prompts) and draws per element.
+    settled
+        ``element -> value`` of the elements decided up front, by flat position in the node.
+    """
+
+    __slots__ = ("index", "shape", "size", "k", "settled", "parts", "left")
+
+    def __init__(self, index: int, shape: tuple[int, ...], size: int, k: int, settled: dict[int, Any]) -> None:
+        self.index, self.shape, self.size, self.k, self.settled = index, shape, size, k, settled
+        self.parts: dict[Wait, list[int]] = {}  # each part -> the node's positions of its elements
+        self.left = 0  # parts not complete yet
+
+    def add(self, wait: Wait, positions: list[int]) -> None:
+        """``wait`` waits for the elements at ``positions`` of the node."""
+        wait.parent = self
+        self.parts[wait] = positions
+        self.left += 1
+
+    def position(self, wait: Wait, element: int) -> int:
+        """The node's position of element ``element`` of part ``wait``."""
+        return self.parts[wait][element]
+
+    def results(self) -> list[Any]:
+        """The value of each position of the node, element-major, from its parts."""
+        k = self.k
+        values: list[Any] = [None] * (self.size * k)
+        for wait, positions in self.parts.items():
+            got = wait.results()
+            if k == 1:
+                for position, value in zip(positions, got):
+                    values[position] = value
+            else:
+                for j, position in enumerate(positions):
+                    values[position * k : (position + 1) * k] = got[j * k : (j + 1) * k]
+        return values
+
+    def cache_hits(self) -> int:
+        """Positions whose draw the cache answered."""
+        return sum(wait.cache_hits() for wait in self.parts)
 
 
 class Waiters:
