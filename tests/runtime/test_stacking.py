@@ -476,13 +476,25 @@ def test_stacked_loops_and_conds_send_a_few_batches(build: Callable[..., list[An
     assert len(backend.batches) <= (6 if build is _loops else 4)
 
 
-def test_a_failing_element_of_a_stacked_loop_names_its_own_loop_and_call(monkeypatch: pytest.MonkeyPatch) -> None:
+def _sevens(prompt: str) -> str:
+    if "7" in prompt[-8:]:
+        raise RuntimeError(f"the model refuses {prompt[-8:]!r}")
+    return prompt + "."
+
+
+@pytest.mark.parametrize("failing", ["step", "call"])
+def test_a_failing_element_of_a_stacked_loop_names_its_own_loop_and_call(failing: str,
+                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
     labels = {}
     for stack in (False, True):
         monkeypatch.setattr(plan_module, "STACK_MIN", STACK_MIN if stack else 10**9)
         llm = _Numbered(name="fails").model(temperature=0.7)
+        sevens = models.from_function(_sevens, name="sevens")  # fails its own element, draw by draw
         first = llm(outlines.constant("x")).owner.order
-        body = lambda s: _again(_SHOUT(llm(s)))  # noqa: E731 - _shout refuses a 7 near the end
+        if failing == "step":
+            body = lambda s: _again(_SHOUT(llm(s)))  # noqa: E731 - _shout refuses a 7 near the end
+        else:
+            body = lambda s: _again(sevens(llm(s)))  # noqa: E731
         outs = _loops(llm, N, body=body)
         values = outlines.eval(*outs, cache=False, errors="return")
         failed = [_relative(v, first) for v in values if isinstance(v, Failure)]
@@ -492,7 +504,8 @@ def test_a_failing_element_of_a_stacked_loop_names_its_own_loop_and_call(monkeyp
         own = {f[1] for f in failed} | {re.search(r"at (\S+):", f[3]).group(1) for f in failed}  # type: ignore[union-attr]
         loop = _relative(Failure(info.value.node, "", "", ""), first)[1]
         inner = _relative(Failure(info.value.cause.node, "", "", ""), first)[1]  # type: ignore[attr-defined]
-        assert loop.startswith("while_loop#") and inner.startswith("_shout#") and inner in own
+        assert loop.startswith("while_loop#") and inner.startswith(("_shout#", "Generate[function:sevens]#"))
+        assert inner in own and 0 < int(loop.split("#")[1]) - int(inner.split("#")[1]) < 8  # the loop tracing it
         labels[stack] = failed
     assert labels[True] == labels[False]
 

@@ -9,7 +9,10 @@ State, named once (Dask's ``local.py`` style):
   ``missing``, the elements decided before anything is sent (``settled``:
   a prompt that failed upstream) and the draws the cache answered (``hits``);
 - per slot of a queue, ``Waiters``: who waits for each of its draws that is
-  pending or in flight (``waits``: prompt -> the Waits that want it).
+  pending or in flight (``waits``: prompt -> the Waits that want it);
+- a ``Whole`` per running node whose elements draw in namespaces of their
+  own (a stacked loop's body): one Wait per namespace as its parts, their
+  values put back in the node's order once all are complete.
 
 The rule: a node's value at position ``e * k + j`` is the value of the draw
 of ``slots[j]`` and ``prompts[e]``; once nothing is missing it is read out of
