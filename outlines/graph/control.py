@@ -235,35 +235,40 @@ def _signature(op: Any) -> tuple[Any, ...] | None:
     """
     nodes = traced_nodes(op)
     where: dict[int, tuple[Any, ...]] = {}
+    stateful: set[int] = set()  # what reads the state
     for _, subgraph in op.traced:
-        where.update((id(p), ("p", i)) for i, p in enumerate(subgraph.parameters))
-        where.update((id(s), ("s", i)) for i, s in enumerate(subgraph.slots))
-    stateful = {id(p) for _, subgraph in op.traced for p in subgraph.parameters}  # what reads the state
-    for position, node in enumerate(nodes):
-        inner = node.op
+        for number, parameter in enumerate(subgraph.parameters):
+            where[id(parameter)] = ("p", number)
+            stateful.add(id(parameter))
+        for number, slot in enumerate(subgraph.slots):
+            where[id(slot)] = ("s", number)
+    parts: list[Any] = [type(op).__name__, op._structure]
+    for position, node in enumerate(nodes):  # one pass: each node's inputs come before it
+        inner, inputs = node.op, node.inputs
         if inner.mode == "control" or inner.stacked() is None:
             return None
-        if inner.mode == "generate" and id(node.inputs[0]) not in stateful:
+        if inner.mode == "generate" and id(inputs[0]) not in stateful:
             return None
-        if any(id(v) in stateful for v in node.inputs):
-            stateful.update(id(v) for v in node.outputs)
+        refs = []
+        reads = False
+        for variable in inputs:
+            ref = where.get(id(variable))
+            if ref is None:
+                if not variable.is_constant or _is_array(variable.value):
+                    return None
+                ref = ("c", type(variable.value), variable.value)
+            elif id(variable) in stateful:
+                reads = True
+            refs.append(ref)
         for index, output in enumerate(node.outputs):
             where[id(output)] = ("n", position, index)
-    parts: list[Any] = [type(op).__name__, op._structure]
+            if reads:
+                stateful.add(id(output))
+        parts.append((inner, len(node.outputs), tuple(refs)))
+    for _, subgraph in op.traced:
+        parts.append(tuple(where.get(id(v)) or ("c", type(v), getattr(v, "value", None)) for v in subgraph.outputs))
+    signature = tuple(parts)
     try:
-        for node in nodes:
-            refs = []
-            for variable in node.inputs:
-                ref = where.get(id(variable))
-                if ref is None:
-                    if not isinstance(variable, Constant) or _is_array(variable.value):
-                        return None
-                    ref = ("c", type(variable.value), variable.value)
-                refs.append(ref)
-            parts.append((node.op, len(node.outputs), tuple(refs)))
-        for _, subgraph in op.traced:
-            parts.append(tuple(where.get(id(v)) or ("c", type(v), getattr(v, "value", None)) for v in subgraph.outputs))
-        signature = tuple(parts)
         hash(signature)
     except TypeError:  # an unhashable constant or op parameter
         return None
