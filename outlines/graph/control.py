@@ -254,7 +254,7 @@ def _signature(op: Any) -> tuple[Any, ...] | None:
         for variable in inputs:
             ref = where.get(id(variable))
             if ref is None:
-                if not variable.is_constant or _is_array(variable.value):
+                if not isinstance(variable, Constant) or _is_array(variable.value):
                     return None
                 ref = ("c", type(variable.value), variable.value)
             elif id(variable) in stateful:
