@@ -149,12 +149,11 @@ class WriteBehind:
         get = rows.get
         return {key: value for key in keys if (value := get(key)) is not None}
 
-    def pending_draws(self, slot: SlotKey, prompts: Sequence[Any]) -> dict[Any, str]:
-        """The texts of those ``prompts`` of ``slot`` queued in blocks not committed yet."""
-        found: dict[Any, str] = {}
-        for block in [b for b in self._blocks if b.slot == slot]:  # a copy: the thread may drop some
-            table = block.table()
-            found.update((p, table[p]) for p in prompts if p in table)
+    def blocks_by_slot(self) -> dict[SlotKey, list[Block]]:
+        """The blocks queued and not committed yet, by slot (a copy: the thread may drop some)."""
+        found: dict[SlotKey, list[Block]] = {}
+        for block in list(self._blocks):
+            found.setdefault(block.slot, []).append(block)
         return found
 
     @property
@@ -315,45 +314,65 @@ class Disk:
         return found, damaged
 
     def get_draws(
-        self, slot: SlotKey, hasher: Any, number: int, prompts: Sequence[Any], *, sole: bool
-    ) -> tuple[dict[Any, Any], list[tuple[int, Any]]]:
-        """Values of the draws of ``slot`` with these ``prompts`` (queued or committed), and damaged rows.
+        self, wanted: Sequence[tuple[SlotKey, Any, int, Sequence[Any]]], *, sole: bool
+    ) -> tuple[list[dict[Any, Any]], list[tuple[int, Any]]]:
+        """The values of the draws ``wanted`` (queued or committed), and damaged rows: one lookup for all.
 
+        ``wanted`` lists ``(slot, hasher, number, prompts)`` per slot; the
+        result holds a dict prompt -> value for each, in order. The file's
+        freshness is looked at once, and the keys of every slot go to SQLite
+        together (a stacked loop's batch spans one slot per element).
         ``sole``: the caller's memory holds every draw this process stored in
         blocks (it stored them all and evicted none). On a fresh file such a
         caller's misses are misses without a key hashed or a query sent; other
         callers send only the draws this process queued. Blocks not committed
         yet are read by prompt; the rest by key.
         """
-        writer = self.writer
+        writer, store = self.writer, self.store
         # A sole caller's memory holds the blocks not committed yet too.
-        found = writer.pending_draws(slot, prompts) if writer.has_blocks and not sole else {}
-        rest = [p for p in prompts if p not in found] if found else list(prompts)
-        store = self.store
-        if not rest or store is None:
-            return found, []
-        queued = self._fresh_queue(store)
-        if queued is not None:
-            if sole and not queued:
-                return found, []
-            # A block leaves the writer's queue only after its prompts are here.
-            committed = self._committed_set(slot)
-            candidates = [p for p in rest if p in committed] if committed else []
-            if queued:
-                more = [p for p, key in zip(rest, prompt_keys(hasher, number, rest)) if key in queued]
-                candidates = list(dict.fromkeys(candidates + more))
-            rest = candidates
-            if not rest:
-                return found, []
-        keys = prompt_keys(hasher, number, rest)
-        owners = dict(zip(keys, rest))
+        blocks = writer.blocks_by_slot() if writer.has_blocks and not sole else None
+        founds: list[dict[Any, Any]] = []
+        keys: list[bytes] = []
+        owners: list[tuple[int, Any]] = []  # per key: (its slot's place in ``wanted``, its prompt)
+        queued: set[bytes] | None = None
+        looked = False
+        for slot, hasher, number, prompts in wanted:
+            found: dict[Any, Any] = {}
+            founds.append(found)
+            for block in blocks.get(slot, ()) if blocks else ():
+                table = block.table()
+                found.update((p, table[p]) for p in prompts if p in table)
+            rest = [p for p in prompts if p not in found] if found else list(prompts)
+            if not rest or store is None:
+                continue
+            if not looked:
+                queued, looked = self._fresh_queue(store), True
+            if queued is not None:
+                if sole and not queued:
+                    continue
+                # A block leaves the writer's queue only after its prompts are here.
+                committed = self._committed_set(slot)
+                candidates = [p for p in rest if p in committed] if committed else []
+                if queued:
+                    more = [p for p, key in zip(rest, prompt_keys(hasher, number, rest)) if key in queued]
+                    candidates = list(dict.fromkeys(candidates + more))
+                rest = candidates
+                if not rest:
+                    continue
+            keys.extend(prompt_keys(hasher, number, rest))
+            owners.extend((len(founds) - 1, prompt) for prompt in rest)
+        if not keys:
+            return founds, []
+        where = dict(zip(keys, owners))
         queued_rows = writer.pending(keys)
         for key, value in queued_rows.items():
-            found[owners[key]] = value if type(value) is str else json.loads(value)
+            at, prompt = where[key]
+            founds[at][prompt] = value if type(value) is str else json.loads(value)
         stored, damaged = self._read([key for key in keys if key not in queued_rows] if queued_rows else keys)
         for key, value in stored.items():
-            found[owners[key]] = value
-        return found, damaged
+            at, prompt = where[key]
+            founds[at][prompt] = value
+        return founds, damaged
 
     def _committed_set(self, slot: SlotKey) -> set[Any]:
         with self._fresh_lock:

@@ -192,8 +192,7 @@ class Cache:
         """
         prompts_all: list[Any] = _prompts(draws)
         out: list[Any] = [None] * len(prompts_all)
-        hits = 0
-        touched: list[bytes] = []
+        looked: list[tuple[SlotDraws, list[Any], list[Any]]] = []  # per slot: its prompts, their values so far
         for part in draw_slots(identity, draws):
             prompts = prompts_all if part.positions is None else [prompts_all[i] for i in part.positions]
             with self._lock:
@@ -206,14 +205,22 @@ class Cache:
                         self._slots.move_to_end(part.slot)
                 else:
                     values = [None] * len(prompts)
+            looked.append((part, prompts, values))
+        # The misses of every slot are read from the file in one lookup.
+        wanted = [(at, [p for p, v in zip(prompts, values) if v is None] if misses < len(prompts) else prompts)
+                  for at, (_, prompts, values) in enumerate(looked) if (misses := values.count(None))]
+        if wanted:
+            with self._lock:
                 sole = not self._evicted and self._disk.block_writers <= {id(self)}
-            misses = values.count(None)
-            if misses:
-                wanted = prompts if misses == len(prompts) else [p for p, v in zip(prompts, values) if v is None]
-                found = self._read_draws(part, wanted, sole)
+            founds = self._read_draws([(looked[at][0], prompts) for at, prompts in wanted], sole)
+            for (at, _), found in zip(wanted, founds):
                 if found:
+                    part, prompts, values = looked[at]
                     get = found.get
-                    values = [get(p) if v is None else v for p, v in zip(prompts, values)]
+                    looked[at] = (part, prompts, [get(p) if v is None else v for p, v in zip(prompts, values)])
+        hits = 0
+        touched: list[bytes] = []
+        for part, prompts, values in looked:
             got = len(values) - values.count(None)
             hits += got
             if part.positions is None:
@@ -292,15 +299,19 @@ class Cache:
                 return None
         return list(texts)
 
-    def _read_draws(self, part: SlotDraws, prompts: list[Any], sole: bool) -> dict[Any, str]:
-        found, damaged = self._disk.get_draws(part.slot, part.hasher, part.number, prompts, sole=sole)
+    def _read_draws(self, wanted: list[tuple[SlotDraws, list[Any]]], sole: bool) -> list[dict[Any, str]]:
+        """The texts the file (or the writer's queue) holds of each slot's ``prompts``: one lookup for all."""
+        founds, damaged = self._disk.get_draws([(part.slot, part.hasher, part.number, prompts)
+                                                for part, prompts in wanted], sole=sole)
         if damaged:
             self._warn_damaged(damaged, stacklevel=4)
-        self._drop_wrong(found, str, lambda prompt: f"the draw of prompt {str(prompt)[:40]!r}", stacklevel=4)
-        if found:
-            with self._lock:
-                self._remember_draws(part.slot, list(found), list(found.values()))
-        return found
+        for found in founds:
+            self._drop_wrong(found, str, lambda prompt: f"the draw of prompt {str(prompt)[:40]!r}", stacklevel=4)
+        with self._lock:
+            for (part, _), found in zip(wanted, founds):
+                if found:
+                    self._remember_draws(part.slot, list(found), list(found.values()))
+        return founds
 
     def _drop_wrong(self, found: dict[Any, Any], expect: type, example: Callable[[Any], str], stacklevel: int) -> None:
         """Drop the values in ``found`` not of type ``expect`` (misses, recomputed), with one warning."""
@@ -345,9 +356,10 @@ class Cache:
                 prompts, values = list(prompts_all), texts
             else:
                 prompts, values = [prompts_all[i] for i in part.positions], [texts[i] for i in part.positions]
-            with self._lock:
-                self._remember_draws(part.slot, prompts, values, index=False)
             blocks.append(Block(part.slot, part.hasher, part.number, prompts, values))
+        with self._lock:
+            for block in blocks:
+                self._remember_draws(block.slot, block.prompts, block.values, index=False)
         self._disk.submit_blocks(blocks, id(self), self.max_bytes)
 
     def _remember_draws(self, slot: SlotKey, prompts: list[Any], texts: list[str], index: bool = True) -> None:

@@ -182,3 +182,48 @@ def test_a_large_write_leaves_the_garbage_collector_alone(tmp_path: Path) -> Non
     assert len(collections) < 5  # 20,000 row tuples kept alive would trigger some 28
     found, damaged = store.read(keys[::997])
     assert found == {keys[i]: f"v{i}" for i in range(0, 20_000, 997)} and not damaged
+
+
+def test_a_batch_over_many_slots_is_one_lookup_of_the_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # A stacked loop's batch has one slot per element (each draws in its own namespace): its misses
+    # go to the file together, the file's freshness looked at once, and each slot gets its own values.
+    count = 40
+    first = Cache(tmp_path)
+    stored = DrawBatch([f"p{i}" for i in range(count)], [GenerationParams()] * count, list(range(1, count + 1)))
+    first.put_draws(IDENTITY, stored, [f"T{i}" for i in range(count)])
+    first.flush()
+    calls = {"read": 0, "fresh": 0}
+    read, fresh = SQLiteStore.read, SQLiteStore.fresh
+
+    def counted_read(self: SQLiteStore, keys: Any) -> Any:
+        calls["read"] += 1
+        return read(self, keys)
+
+    def counted_fresh(self: SQLiteStore) -> bool:
+        calls["fresh"] += 1
+        return fresh(self)
+
+    monkeypatch.setattr(SQLiteStore, "read", counted_read)
+    monkeypatch.setattr(SQLiteStore, "fresh", counted_fresh)
+    second = Cache(tmp_path)  # not the writer: its memory holds nothing, every draw is asked of the file
+    # even elements in their stored slot, odd ones one slot off (misses), and a prompt never stored
+    numbers = [i + 1 if i % 2 == 0 else i + 2 for i in range(count)] + [1]
+    asked = DrawBatch([f"p{i}" for i in range(count)] + ["new"], [GenerationParams()] * (count + 1), numbers)
+    assert second.get_draws(IDENTITY, asked) == [f"T{i}" if i % 2 == 0 else None for i in range(count)] + [None]
+    assert calls == {"read": 1, "fresh": 1}
+    assert second.get_draws(IDENTITY, stored) == [f"T{i}" for i in range(count)]
+    assert calls["read"] == 2
+
+
+def test_a_batch_over_many_slots_reads_blocks_still_queued(tmp_path: Path, stalled_writer: threading.Event) -> None:
+    count = 30
+    first = Cache(tmp_path)
+    stored = DrawBatch([f"p{i}" for i in range(count)], [GenerationParams()] * count, list(range(1, count + 1)))
+    first.put_draws(IDENTITY, stored, [f"T{i}" for i in range(count)])  # one block per slot, none committed
+    second = Cache(tmp_path)
+    numbers = [i + 1 if i % 3 else i + 2 for i in range(count)]  # every third one slot off: a miss
+    asked = DrawBatch([f"p{i}" for i in range(count)], [GenerationParams()] * count, numbers)
+    assert second.get_draws(IDENTITY, asked) == [f"T{i}" if i % 3 else None for i in range(count)]
+    stalled_writer.set()
+    second.flush()
+    assert Cache(tmp_path).get_draws(IDENTITY, asked) == [f"T{i}" if i % 3 else None for i in range(count)]
