@@ -32,8 +32,8 @@ Cases (targets in brackets):
 - refine loops (issue 24: loops whose bodies are elementwise): 1k and 5k
   chains ``llm(x)``, a ``while_loop`` refining with ``llm(template(s))``
   while a pure ``outlines.fn`` says so (at most 3 iterations, 1-3 per
-  element), then ``llm`` on the result; cache off, stacked (what ``eval``
-  does) and unstacked (each loop its own node), beside hand-written asyncio
+  element), then ``llm`` on the result; stacked (what ``eval`` does; cache
+  off and on) and unstacked (each loop its own node), beside hand-written asyncio
   doing the same loop over the active elements (the floor);
 - peers on the chains workload (5k chains x 3; ``--quick``: 500): hand-written
   asyncio batching (one call per level: the floor), ``asyncio.gather`` of one
@@ -508,14 +508,15 @@ def main() -> None:
                    f"{wlow:.3f} / {wmid:.3f} s (cpu {results[0]['warm_cpu']:.2f} s)", "<= 0.3 s", wlow <= 0.3)
 
     print(f"\nrefine loops: llm(x), a while_loop of llm(template(s)) (1-{LOOP_ITERATIONS} iterations), llm(result); "
-          "cache off (x floor: hand-written asyncio looping over the active elements)")
+          "(x floor: hand-written asyncio looping over the active elements)")
     for n in (1_000, 5_000):
-        for stack in (True, False):
-            title = f"refine loops {n // scale}, {'stacked' if stack else 'each loop its own node'}"
+        for stack, cache in ((True, False), (True, True), (False, False)):
+            how = f"stacked, cache {'on' if cache else 'off'}" if stack else "each loop its own node, cache off"
+            title = f"refine loops {n // scale}, {how}"
             if not wanted(title):
                 continue
             base = steps_floor({"kind": "loops-floor", "n": n // scale}, f"refine loops {n // scale}")
-            results = spawn({"kind": "loops", "n": n // scale, "cache": False, "stack": stack}, runs)
+            results = spawn({"kind": "loops", "n": n // scale, "cache": cache, "stack": stack}, runs)
             low, mid = summary(results)
             report(f"{title} ({results[0]['calls']} calls)",
                    f"{low:.3f} / {mid:.3f} s = {low / base:.2f}x floor (build {results[0]['build_us']:.0f} us/chain, "
