@@ -21,7 +21,7 @@ import pytest
 
 from outlines.cache import Cache, CacheWarning
 from tests.fixtures import cache_workers
-from tests.fixtures.subprocesses import ROOT, python_env
+from tests.fixtures.subprocesses import ROOT, python_env, sigint_default
 
 def _env(tmp_path: Path) -> dict[str, str]:
     return python_env(OUTLINES_CACHE_DIR=str(tmp_path / "default"))
@@ -155,7 +155,7 @@ def test_ctrl_c_mid_run_keeps_what_finished(tmp_path: Path, batch_options: tuple
     command = [sys.executable, "-m", "tests.fixtures.cache_program", "--cache", str(tmp_path / "cache"),
                "--log", str(log), *options]
     process = subprocess.Popen(command, cwd=ROOT, env=_env(tmp_path), stdout=subprocess.PIPE,
-                               stderr=subprocess.PIPE, text=True)
+                               stderr=subprocess.PIPE, text=True, preexec_fn=sigint_default)
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
         if log.exists() and len(log.read_text().splitlines()) >= 40:

@@ -5,7 +5,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from tests.fixtures.subprocesses import ROOT, python_env
+from tests.fixtures.subprocesses import ROOT, python_env, sigint_default
 
 
 def test_ctrl_c_in_a_sync_eval_inside_asyncio_run_cancels_at_once_and_keeps_what_finished(tmp_path: Path) -> None:
@@ -13,7 +13,7 @@ def test_ctrl_c_in_a_sync_eval_inside_asyncio_run_cancels_at_once_and_keeps_what
     env = python_env(OUTLINES_CACHE_DIR=str(tmp_path / "default"))
     result = subprocess.run(
         [sys.executable, "-X", "dev", "-W", "error", str(script), str(tmp_path / "cache")],
-        capture_output=True, text=True, timeout=120, cwd=ROOT, env=env,
+        capture_output=True, text=True, timeout=120, cwd=ROOT, env=env, preexec_fn=sigint_default,
     )
     # The script fails when the interrupt waits for the 30 s call to finish.
     assert result.returncode == 0, result.stderr[-3000:]

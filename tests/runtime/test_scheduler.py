@@ -23,7 +23,7 @@ import outlines
 from outlines import models
 from outlines.cache import Cache
 from tests.fixtures.recording import RecordingBackend
-from tests.fixtures.subprocesses import ROOT, python_env
+from tests.fixtures.subprocesses import ROOT, python_env, sigint_default
 
 
 
@@ -274,7 +274,7 @@ def test_cancellation_leaves_nothing_pending(mode: str, tmp_path: Path) -> None:
     env = python_env(OUTLINES_CACHE_DIR=str(tmp_path / "default"))
     result = subprocess.run(
         [sys.executable, "-X", "dev", "-W", "error", str(script), mode, str(tmp_path / "cache")],
-        capture_output=True, text=True, timeout=120, cwd=ROOT, env=env,
+        capture_output=True, text=True, timeout=120, cwd=ROOT, env=env, preexec_fn=sigint_default,
     )
     assert result.returncode == 0, result.stderr[-3000:]
     assert result.stdout.startswith(f"OK {mode} hits=20"), result.stdout
