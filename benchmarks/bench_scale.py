@@ -35,6 +35,9 @@ Cases (targets in brackets):
   element), then ``llm`` on the result; stacked (what ``eval`` does; cache
   off and on) and unstacked (each loop its own node), beside hand-written asyncio
   doing the same loop over the active elements (the floor);
+- routed chains (conds whose branches are elementwise): the same with a
+  ``cond`` between two calls, each branch a template and a call; the floor
+  calls both branches at once, each over its own elements;
 - peers on the chains workload (5k chains x 3; ``--quick``: 500): hand-written
   asyncio batching (one call per level: the floor), ``asyncio.gather`` of one
   coroutine per element (one call per element per step), and LangChain
@@ -241,6 +244,71 @@ def case_loops_floor(n: int) -> dict[str, Any]:
     return {"wall": wall, "cpu": cpu, "calls": backend.calls}
 
 
+def _short(text: str) -> bool:
+    """Which branch a routed chain takes: a deterministic mix of both."""
+    return len(set(text)) % 2 == 0
+
+
+def case_routes(n: int, cache: bool, stack: bool) -> dict[str, Any]:
+    """n chains with a ``cond`` between two calls, each branch a template and a call (``stack=False``: each cond its own node)."""
+    import outlines
+    from outlines import models
+    from outlines.runtime import plan as plan_module
+
+    if not stack:
+        plan_module.STACK_MIN = 10**9
+
+    @outlines.prompt
+    def brief(text):  # type: ignore[no-untyped-def]
+        """Briefly: {{ text }}"""
+
+    @outlines.prompt
+    def detail(text):  # type: ignore[no-untyped-def]
+        """In detail: {{ text }}"""
+
+    short = outlines.fn(_short, pure=True)
+    backend = Backend()
+    llm = models.from_function(backend, batched=True, name="sleepy")
+    start = time.perf_counter()
+    outs = []
+    for i in range(n):
+        x = llm(outlines.constant(f"Question {i}:"))
+        y = outlines.cond(short(x), lambda s: llm(brief(s)), lambda s: llm(detail(s)), x)
+        outs.append(llm(y))
+    build = time.perf_counter() - start
+    wall, cpu, values = _clock(lambda: outlines.eval(*outs, cache=cache, progress=False))
+    assert n == 0 or values[-1] == _routes_floor_values([f"Question {n - 1}:"])[-1]
+    return {"wall": wall, "cpu": cpu, "calls": backend.calls, "build_us": build / n * 1e6}
+
+
+async def _routes(backend: Any, inputs: list[str]) -> list[str]:
+    """The routed chains by hand: both branches' calls at once, each over its own elements."""
+    texts = await backend(inputs)
+    ways = [[i for i, t in enumerate(texts) if _short(t) is way] for way in (True, False)]
+    templates = ("Briefly: {}", "In detail: {}")
+    answers = await asyncio.gather(*(backend([template.format(texts[i]) for i in way])
+                                     for way, template in zip(ways, templates) if way))
+    for way, got in zip([way for way in ways if way], answers):
+        for i, text in zip(way, got):
+            texts[i] = text
+    return await backend(texts)  # type: ignore[no-any-return]
+
+
+def _routes_floor_values(inputs: list[str]) -> list[str]:
+    async def no_wait(prompts: list[str]) -> list[str]:
+        return [p[-16:] + "." for p in prompts]
+
+    return asyncio.run(_routes(no_wait, inputs))
+
+
+def case_routes_floor(n: int) -> dict[str, Any]:
+    backend = Backend()
+    inputs = [f"Question {i}:" for i in range(n)]
+    wall, cpu, values = _clock(lambda: asyncio.run(_routes(backend, inputs)))
+    assert values == _routes_floor_values(inputs)
+    return {"wall": wall, "cpu": cpu, "calls": backend.calls}
+
+
 def _warm_rerun(program: Any, inputs: list[str], values: Any, backend: Backend) -> dict[str, Any]:
     """Call ``program`` again on ``inputs`` (the cache now warm): its wall, CPU and the calls it made."""
     calls = backend.calls
@@ -360,6 +428,10 @@ def run_case(spec: dict[str, Any]) -> dict[str, Any]:
         return case_loops(spec["n"], spec["cache"], spec["stack"])
     if kind == "loops-floor":
         return case_loops_floor(spec["n"])
+    if kind == "routes":
+        return case_routes(spec["n"], spec["cache"], spec["stack"])
+    if kind == "routes-floor":
+        return case_routes_floor(spec["n"])
     if kind == "program-steps-floor":
         return case_shape_floor(spec["n"], "program-steps")
     return case_peers(spec["n"], spec["peer"])
@@ -507,20 +579,26 @@ def main() -> None:
             report(f"  warm re-eval ({results[0]['warm_calls']} calls)",
                    f"{wlow:.3f} / {wmid:.3f} s (cpu {results[0]['warm_cpu']:.2f} s)", "<= 0.3 s", wlow <= 0.3)
 
-    print(f"\nrefine loops: llm(x), a while_loop of llm(template(s)) (1-{LOOP_ITERATIONS} iterations), llm(result); "
-          "(x floor: hand-written asyncio looping over the active elements)")
-    for n in (1_000, 5_000):
-        for stack, cache in ((True, False), (True, True), (False, False)):
-            how = f"stacked, cache {'on' if cache else 'off'}" if stack else "each loop its own node, cache off"
-            title = f"refine loops {n // scale}, {how}"
-            if not wanted(title):
-                continue
-            base = steps_floor({"kind": "loops-floor", "n": n // scale}, f"refine loops {n // scale}")
-            results = spawn({"kind": "loops", "n": n // scale, "cache": cache, "stack": stack}, runs)
-            low, mid = summary(results)
-            report(f"{title} ({results[0]['calls']} calls)",
-                   f"{low:.3f} / {mid:.3f} s = {low / base:.2f}x floor (build {results[0]['build_us']:.0f} us/chain, "
-                   f"cpu {results[0]['cpu']:.2f} s, {load()})")
+    sections = (
+        ("refine loops", "loops", f"llm(x), a while_loop of llm(template(s)) (1-{LOOP_ITERATIONS} iterations), "
+         "llm(result); x floor: hand-written asyncio looping over the active elements"),
+        ("routed chains", "routes", "llm(x), a cond of llm(template_a(s)) / llm(template_b(s)), llm(result); "
+         "x floor: hand-written asyncio calling both branches at once, each over its elements"),
+    )
+    for name, kind, what in sections:
+        print(f"\n{name}: {what}")
+        for n in (1_000, 5_000):
+            for stack, cache in ((True, False), (True, True), (False, False)):
+                how = f"stacked, cache {'on' if cache else 'off'}" if stack else "each its own node, cache off"
+                title = f"{name} {n // scale}, {how}"
+                if not wanted(title):
+                    continue
+                base = steps_floor({"kind": f"{kind}-floor", "n": n // scale}, f"{name} {n // scale}")
+                results = spawn({"kind": kind, "n": n // scale, "cache": cache, "stack": stack}, runs)
+                low, mid = summary(results)
+                report(f"{title} ({results[0]['calls']} calls)",
+                       f"{low:.3f} / {mid:.3f} s = {low / base:.2f}x floor (build {results[0]['build_us']:.0f} "
+                       f"us/chain, cpu {results[0]['cpu']:.2f} s, {load()})")
 
     title = f"{10_000 // scale}-node build + eval vs dask.delayed"
     if wanted(title):
