@@ -188,8 +188,16 @@ def _more(text: str) -> bool:
     return text.count(".") <= 1 + len(set(text)) % LOOP_ITERATIONS
 
 
-def case_loops(n: int, cache: bool, stack: bool) -> dict[str, Any]:
-    """n chains with a refine loop between two calls (``stack=False``: each loop left as its own node)."""
+def _short(text: str) -> bool:
+    """Which branch a routed chain takes: a deterministic mix of both."""
+    return len(set(text)) % 2 == 0
+
+
+def case_control(n: int, cache: bool, stack: bool, kind: str) -> dict[str, Any]:
+    """n chains with a control node between two calls (``stack=False``: each control node left as its own node).
+
+    ``loops``: a refine loop; ``routes``: a cond of two templated calls.
+    """
     import outlines
     from outlines import models
     from outlines.runtime import plan as plan_module
@@ -201,18 +209,28 @@ def case_loops(n: int, cache: bool, stack: bool) -> dict[str, Any]:
     def refine(text):  # type: ignore[no-untyped-def]
         """Refine: {{ text }}"""
 
-    more = outlines.fn(_more, pure=True)
+    @outlines.prompt
+    def brief(text):  # type: ignore[no-untyped-def]
+        """Briefly: {{ text }}"""
+
+    @outlines.prompt
+    def detail(text):  # type: ignore[no-untyped-def]
+        """In detail: {{ text }}"""
+
+    more, short = outlines.fn(_more, pure=True), outlines.fn(_short, pure=True)
     backend = Backend()
     llm = models.from_function(backend, batched=True, name="sleepy")
+
+    def middle(x: Any) -> Any:
+        if kind == "loops":
+            return outlines.while_loop(more, lambda s: llm(refine(s)), init=x, max_iter=LOOP_ITERATIONS)
+        return outlines.cond(short(x), lambda s: llm(brief(s)), lambda s: llm(detail(s)), x)
+
     start = time.perf_counter()
-    outs = []
-    for i in range(n):
-        x = llm(outlines.constant(f"Question {i}:"))
-        y = outlines.while_loop(more, lambda s: llm(refine(s)), init=x, max_iter=LOOP_ITERATIONS)
-        outs.append(llm(y))
+    outs = [llm(middle(llm(outlines.constant(f"Question {i}:")))) for i in range(n)]
     build = time.perf_counter() - start
     wall, cpu, values = _clock(lambda: outlines.eval(*outs, cache=cache, progress=False))
-    assert n == 0 or values[-1] == _loops_floor_values([f"Question {n - 1}:"])[-1]
+    assert n == 0 or values[-1] == _control_floor_values(kind, [f"Question {n - 1}:"])[-1]
     return {"wall": wall, "cpu": cpu, "calls": backend.calls, "build_us": build / n * 1e6}
 
 
@@ -229,58 +247,6 @@ async def _refine_loops(backend: Any, inputs: list[str]) -> list[str]:
     return await backend(texts)  # type: ignore[no-any-return]
 
 
-def _loops_floor_values(inputs: list[str]) -> list[str]:
-    async def no_wait(prompts: list[str]) -> list[str]:
-        return [p[-16:] + "." for p in prompts]
-
-    return asyncio.run(_refine_loops(no_wait, inputs))
-
-
-def case_loops_floor(n: int) -> dict[str, Any]:
-    backend = Backend()
-    inputs = [f"Question {i}:" for i in range(n)]
-    wall, cpu, values = _clock(lambda: asyncio.run(_refine_loops(backend, inputs)))
-    assert values == _loops_floor_values(inputs)
-    return {"wall": wall, "cpu": cpu, "calls": backend.calls}
-
-
-def _short(text: str) -> bool:
-    """Which branch a routed chain takes: a deterministic mix of both."""
-    return len(set(text)) % 2 == 0
-
-
-def case_routes(n: int, cache: bool, stack: bool) -> dict[str, Any]:
-    """n chains with a ``cond`` between two calls, each branch a template and a call (``stack=False``: each cond its own node)."""
-    import outlines
-    from outlines import models
-    from outlines.runtime import plan as plan_module
-
-    if not stack:
-        plan_module.STACK_MIN = 10**9
-
-    @outlines.prompt
-    def brief(text):  # type: ignore[no-untyped-def]
-        """Briefly: {{ text }}"""
-
-    @outlines.prompt
-    def detail(text):  # type: ignore[no-untyped-def]
-        """In detail: {{ text }}"""
-
-    short = outlines.fn(_short, pure=True)
-    backend = Backend()
-    llm = models.from_function(backend, batched=True, name="sleepy")
-    start = time.perf_counter()
-    outs = []
-    for i in range(n):
-        x = llm(outlines.constant(f"Question {i}:"))
-        y = outlines.cond(short(x), lambda s: llm(brief(s)), lambda s: llm(detail(s)), x)
-        outs.append(llm(y))
-    build = time.perf_counter() - start
-    wall, cpu, values = _clock(lambda: outlines.eval(*outs, cache=cache, progress=False))
-    assert n == 0 or values[-1] == _routes_floor_values([f"Question {n - 1}:"])[-1]
-    return {"wall": wall, "cpu": cpu, "calls": backend.calls, "build_us": build / n * 1e6}
-
-
 async def _routes(backend: Any, inputs: list[str]) -> list[str]:
     """The routed chains by hand: both branches' calls at once, each over its own elements."""
     texts = await backend(inputs)
@@ -294,18 +260,22 @@ async def _routes(backend: Any, inputs: list[str]) -> list[str]:
     return await backend(texts)  # type: ignore[no-any-return]
 
 
-def _routes_floor_values(inputs: list[str]) -> list[str]:
+#: Each control chain's floor: the same steps by hand.
+_BY_HAND = {"loops": _refine_loops, "routes": _routes}
+
+
+def _control_floor_values(kind: str, inputs: list[str]) -> list[str]:
     async def no_wait(prompts: list[str]) -> list[str]:
         return [p[-16:] + "." for p in prompts]
 
-    return asyncio.run(_routes(no_wait, inputs))
+    return asyncio.run(_BY_HAND[kind](no_wait, inputs))
 
 
-def case_routes_floor(n: int) -> dict[str, Any]:
+def case_control_floor(n: int, kind: str) -> dict[str, Any]:
     backend = Backend()
     inputs = [f"Question {i}:" for i in range(n)]
-    wall, cpu, values = _clock(lambda: asyncio.run(_routes(backend, inputs)))
-    assert values == _routes_floor_values(inputs)
+    wall, cpu, values = _clock(lambda: asyncio.run(_BY_HAND[kind](backend, inputs)))
+    assert values == _control_floor_values(kind, inputs)
     return {"wall": wall, "cpu": cpu, "calls": backend.calls}
 
 
@@ -424,14 +394,10 @@ def run_case(spec: dict[str, Any]) -> dict[str, Any]:
         return case_shape_floor(spec["n"], spec["shape"])
     if kind == "program-steps":
         return case_program_steps(spec["n"], spec["cache"], spec.get("warm", False))
-    if kind == "loops":
-        return case_loops(spec["n"], spec["cache"], spec["stack"])
-    if kind == "loops-floor":
-        return case_loops_floor(spec["n"])
-    if kind == "routes":
-        return case_routes(spec["n"], spec["cache"], spec["stack"])
-    if kind == "routes-floor":
-        return case_routes_floor(spec["n"])
+    if kind in ("loops", "routes"):
+        return case_control(spec["n"], spec["cache"], spec["stack"], kind)
+    if kind in ("loops-floor", "routes-floor"):
+        return case_control_floor(spec["n"], kind.split("-")[0])
     if kind == "program-steps-floor":
         return case_shape_floor(spec["n"], "program-steps")
     return case_peers(spec["n"], spec["peer"])
