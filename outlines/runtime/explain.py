@@ -74,7 +74,7 @@ from outlines.runtime.batching.queue import BatchQueue
 from outlines.backends.jobs import job_client
 from outlines.runtime.jobs import has_jobs
 from outlines.runtime.session import Evaluation, Options
-from outlines.runtime.plan import Plan, bind_givens
+from outlines.runtime.plan import STACK_MIN, Plan, bind_givens
 from outlines.runtime.scheduler import walker
 
 __all__ = ["BackendUsage", "Explanation", "LoopEstimate", "PredictedBatch", "explain"]
@@ -210,6 +210,9 @@ class Explanation:
     draw_numbers: dict[str, tuple[int, int]] = field(default_factory=dict)
     #: ``repr(backend) -> how the summary names it`` (``kind: model`` in full, told apart by number).
     names: dict[str, str] = field(default_factory=dict)
+    #: ``(name, uses)`` of each ``outlines.fn`` step not declared pure that is used ``STACK_MIN`` or
+    #: more times: its uses run one node each, where declared pure they would stack (a hint).
+    unstacked: list[tuple[str, int]] = field(default_factory=list)
 
     @property
     def draws_range(self) -> tuple[int, int]:
@@ -301,6 +304,7 @@ class Explanation:
             "draw_numbers": {label: list(span) for label, span in self.draw_numbers.items()},
             "draws_range": list(self.draws_range),
             "requests_range": list(self.requests_range),
+            "unstacked": [list(pair) for pair in self.unstacked],
         }
 
     def summary(self) -> str:
@@ -358,6 +362,10 @@ class Explanation:
                 "Python steps; a step slower than batch_window splits their batch: "
                 + ", ".join(self.timing_dependent[:5])
             )
+        for name, uses in self.unstacked:
+            lines.append(f"  hint: outlines.fn {name!r} is used {uses} times and runs as {uses} nodes: it is not "
+                         "declared pure, so its uses never stack; if it has no side effects, pure=True runs them as "
+                         "one array node per step")
         lines.extend(f"  {line}" for line in self.control)
         lines.extend(f"  {line}" for loop in self.loops for line in loop.lines(names))
         shifted = [(label, span) for label, span in self.draw_numbers.items() if span[0] > 0]
@@ -752,8 +760,11 @@ def explain(
         tokens (after cache hits and dedup; exact with the model's tokenizer,
         else estimated), completion tokens as an upper bound (``max_tokens``
         x samples) and cost where a price is known, with the totals
-        ``prompt_tokens``, ``completion_tokens`` and ``cost``; ``summary()``
-        (with a caveat line when timing can split a batch) and ``to_dict()``.
+        ``prompt_tokens``, ``completion_tokens`` and ``cost``; ``unstacked``:
+        ``(name, uses)`` of each ``outlines.fn`` step not declared pure and
+        used ``STACK_MIN`` (128) times or more, whose uses run one node each;
+        ``summary()`` (with a caveat line when timing can split a batch, a
+        hint line per such step) and ``to_dict()``.
 
     Examples
     --------
@@ -785,6 +796,12 @@ def explain(
     names = apart({name: label_of(backends[name]) for name in sorted(backends)})
     spans = plan.draw_numbers()
     numbers = {node.label: spans[node.order] for node in plan.nodes if node.order in spans}
+    uses: dict[Any, int] = {}
+    for node in plan.nodes:  # the user's elementwise steps not declared pure: they never stack
+        op = node.op
+        if op.mode == "python" and not op.pure and getattr(op, "elementwise", False):
+            uses[op] = uses.get(op, 0) + 1
+    unstacked = [(op.name, count) for op, count in uses.items() if count >= STACK_MIN]
     return Explanation(
         kinds,
         batches,
@@ -799,4 +816,5 @@ def explain(
         loops,
         numbers,
         names,
+        unstacked,
     )
