@@ -781,8 +781,12 @@ def explain(
     run = _DryRun(plan, evaluation.cache, bind_givens(plan, givens, partial=True), evaluation.jobs)
     run.run()
     kinds = {"input": len(plan.inputs), "inline": 0, "python": 0, "generate": 0}
+    uses: dict[Any, int] = {}  # the user's elementwise steps not declared pure: they never stack
     for node in plan.nodes:
-        kinds[node.op.mode] = kinds.get(node.op.mode, 0) + 1
+        op = node.op
+        kinds[op.mode] = kinds.get(op.mode, 0) + 1
+        if op.mode == "python" and not op.pure and getattr(op, "elementwise", False):
+            uses[op] = uses.get(op, 0) + 1
     sent = sum(queue.pending for queue in run.queues.values())
     merged = run.draws - run.unknown_draws - run.hits - sent
     batches = run.batches()
@@ -796,11 +800,6 @@ def explain(
     names = apart({name: label_of(backends[name]) for name in sorted(backends)})
     spans = plan.draw_numbers()
     numbers = {node.label: spans[node.order] for node in plan.nodes if node.order in spans}
-    uses: dict[Any, int] = {}
-    for node in plan.nodes:  # the user's elementwise steps not declared pure: they never stack
-        op = node.op
-        if op.mode == "python" and not op.pure and getattr(op, "elementwise", False):
-            uses[op] = uses.get(op, 0) + 1
     unstacked = [(op.name, count) for op, count in uses.items() if count >= STACK_MIN]
     return Explanation(
         kinds,
