@@ -250,12 +250,12 @@ async def _refine_loops(backend: Any, inputs: list[str]) -> list[str]:
 async def _routes(backend: Any, inputs: list[str]) -> list[str]:
     """The routed chains by hand: both branches' calls at once, each over its own elements."""
     texts = await backend(inputs)
-    ways = [[i for i, t in enumerate(texts) if _short(t) is way] for way in (True, False)]
-    templates = ("Briefly: {}", "In detail: {}")
-    answers = await asyncio.gather(*(backend([template.format(texts[i]) for i in way])
-                                     for way, template in zip(ways, templates) if way))
-    for way, got in zip([way for way in ways if way], answers):
-        for i, text in zip(way, got):
+    ways = [(template, [i for i, t in enumerate(texts) if _short(t) is way])
+            for way, template in ((True, "Briefly: {}"), (False, "In detail: {}"))]
+    ways = [(template, rows) for template, rows in ways if rows]  # a branch nobody takes sends nothing
+    answers = await asyncio.gather(*(backend([template.format(texts[i]) for i in rows]) for template, rows in ways))
+    for (_, rows), got in zip(ways, answers):
+        for i, text in zip(rows, got):
             texts[i] = text
     return await backend(texts)  # type: ignore[no-any-return]
 
