@@ -24,6 +24,7 @@ __all__ = [
     "Concat",
     "Concatenate",
     "Flatten",
+    "Gather",
     "Index",
     "Regroup",
     "Reshape",
@@ -424,6 +425,41 @@ class Stack(Op):
     def perform(self, *values: Any, unknown: Any = None) -> Any:
         _, arrays = broadcast_leading(self.name, [_check_value(self, v) for v in values])
         return np.stack(arrays, axis=self.axis)
+
+
+class Gather(Op):
+    """The results of ``n`` separate nodes of one scalar each, in order, as one array of shape ``(n,)``.
+
+    A plan's own node, never a user's (``Plan._stack``): the uses of an
+    impure step never stack, each runs once as its own node, but the model
+    calls reading their results still stack, over this array. Values are
+    kept as they are, ``Failure`` elements too (each names its own node).
+    """
+
+    moves_unknown = True  # moves elements without reading them (explain's dry run)
+
+    __props__ = ("n",)
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+
+    def describe(self) -> dict[str, Any]:
+        return {"kind": "op", "title": f"gather {self.n}"}
+
+    def infer_shapes(self, shapes: list[Shape], noutputs: int) -> list[Shape]:
+        return [(self.n,)]
+
+    def ragged_outputs(self, ragged: list[bool], noutputs: int) -> list[bool]:
+        return [False]
+
+    def perform(self, *values: Any, unknown: Any = None) -> np.ndarray:
+        array = np.empty(len(values), dtype=object)
+        if all_text(values):  # the common case: texts, assigned in one go
+            array[:] = values
+        else:
+            for at, value in enumerate(values):  # one by one: a list stays one element
+                array[at] = value
+        return array
 
 
 class Concatenate(Op):
