@@ -25,9 +25,10 @@ Cases (targets in brackets):
   step between them, cache off and on, each beside the hand-written asyncio
   floor doing the same steps ([<= 1.2x cp at 5k; 20k: <= 1.4x off, <= 1.7x
   on]): ``concat`` (``llm(x)``, ``llm(v + "a")``, ``llm(v + "b")``),
-  ``template`` (an ``@outlines.prompt`` between calls) and ``fn`` (an
-  ``outlines.fn(pure=True)`` step: impure steps, fn's default, never stack);
-  each prints the graph build and plan time per node; ``--shape-sizes``
+  ``template`` (an ``@outlines.prompt`` between calls), ``fn`` (an
+  ``outlines.fn(pure=True)`` step) and ``fn-default`` (the step as written,
+  not declared pure: its uses never stack, the calls reading them stack over
+  their results gathered); each prints the graph build and plan time per node; ``--shape-sizes``
   picks the sizes;
 - refine loops (issue 24: loops whose bodies are elementwise): 1k and 5k
   chains ``llm(x)``, a ``while_loop`` refining with ``llm(template(s))``

@@ -364,8 +364,8 @@ class Explanation:
             )
         for name, uses in self.unstacked:
             lines.append(f"  hint: outlines.fn {name!r} is used {uses} times and runs as {uses} nodes: it is not "
-                         "declared pure, so its uses never stack; if it has no side effects, pure=True runs them as "
-                         "one array node per step")
+                         "declared pure, so its uses never stack (the model calls reading them still do); if it has "
+                         "no side effects, pure=True runs them as one array node per step")
         lines.extend(f"  {line}" for line in self.control)
         lines.extend(f"  {line}" for loop in self.loops for line in loop.lines(names))
         shifted = [(label, span) for label, span in self.draw_numbers.items() if span[0] > 0]

@@ -32,7 +32,7 @@ from outlines.keys import canonical
 from outlines.errors import UnboundInputError
 from outlines.graph.basic import Apply, Constant, Variable, as_object_array
 from outlines.graph.families import Family, stackable
-from outlines.graph.ops import all_text
+from outlines.graph.ops import Gather, all_text
 from outlines.graph.shapes import propagate, shape_of
 from outlines.graph.traversal import rewired_error, toposort
 
@@ -112,10 +112,10 @@ class Plan:
         stream_numbers: dict[Hashable, int] = {}  # (backend, params) -> its number
         position: dict[int, int] = {}
         stackables = 0  # nodes that joined a family: stacking runs only when there are enough
-        # Per op object, once: (merge token, pure, a model call, its stacked op, a loop or branch).
+        # Per op object, once: (merge token, pure, a model call, its stacked op, a loop or branch, gathered).
         # Equal ops share a token, so a node's merge key hashes in C (an op's own hash and equality
         # run in Python).
-        ops: dict[int, tuple[Any, bool, bool, Any, bool]] = {}
+        ops: dict[int, tuple[Any, bool, bool, Any, bool, bool]] = {}
         tokens: dict[Any, int] = {}
         # Families of sibling nodes, found on the way when stacking (see _stack).
         family_of: list[int] = []  # per kept node: its family, or -1
@@ -124,6 +124,7 @@ class Plan:
         signatures: dict[tuple[Any, ...], int] = {}  # (op token, per input: its family or a constant's shape) -> family
         above: list[list[int]] = []  # per family: the families its inputs come from
         broken: list[bool] = []  # per family: not member for member with a parent
+        gathered: list[bool] = []  # per family: uses of an impure step, kept one node each (see _stack)
         layouts: list[tuple[Any, ...]] = []  # per family: per input, its family (int) or a constant's shape
         # Bound once: this loop runs once per node of graphs of 100k nodes.
         nodes, offsets = self.nodes, self.draw_offsets
@@ -148,8 +149,10 @@ class Plan:
                         token = tokens.setdefault(op.kin, len(tokens))  # control ops: by their structure
                     except TypeError:  # an op with unhashable parameters is never merged
                         pass
-                info = ops[id(op)] = (token, bool(op.pure), op.mode == "generate", stacker, op.mode == "control")
-            token, pure, generate, stacker, control = info
+                # an impure elementwise step never stacks, but what reads its uses may, over them gathered
+                gather = stack and stacker is None and op.mode == "python" and bool(getattr(op, "elementwise", False))
+                info = ops[id(op)] = (token, bool(op.pure), op.mode == "generate", stacker, op.mode == "control", gather)
+            token, pure, generate, stacker, control, gather = info
             # One pass over the inputs: their keys, parents, and whether all are Constants.
             constants = True
             parents: list[int] = []
@@ -217,7 +220,8 @@ class Plan:
             uplinks.append(parents[0] if len(parents) == 1 else parents or -1)
             if stack:
                 family = -1
-                if stacker is not None and len(kept.outputs) == 1 and id(kept) not in offsets and (
+                if (stacker is not None or gather and kept.outputs[0].shape == ()) and len(kept.outputs) == 1 and (
+                        id(kept) not in offsets) and (
                         not control or all(v.shape == () for v in inputs)):  # a loop stacks over one element each
                     # The one rule: each input is a constant (of a known shape) or a member of a
                     # family; siblings of one op with the same layout of inputs form a family.
@@ -243,6 +247,7 @@ class Plan:
                                 families.append([])
                                 above.append(sorted({family_of[up] for up in ups}))
                                 broken.append(False)
+                                gathered.append(gather)
                                 layouts.append(signature[1])
                             members = families[family]
                             for up in ups:
@@ -260,7 +265,7 @@ class Plan:
         #: id(stacked Apply) -> the calls it stands for, in element order (failures name them).
         self.members: dict[int, Sequence[Apply]] = {}
         if stack and stackables >= STACK_MIN:
-            self._stack(position, family_of, rank, families, above, broken, layouts, uplinks)
+            self._stack(position, family_of, rank, families, above, broken, layouts, uplinks, gathered)
         else:
             self._link(uplinks)
         if self.members or replaced or any(v.owner is None for v in self.outputs):  # leaves rewritten or not seen
@@ -412,7 +417,7 @@ class Plan:
     def _stack(
         self, position: dict[int, int], family_of: list[int], rank: list[int], families: list[list[int]],
         above: list[list[int]], broken: list[bool], layouts: list[tuple[Any, ...]],
-        uplinks: list[int | list[int]] | None = None,
+        uplinks: list[int | list[int]] | None = None, gathered: list[bool] | None = None,
     ) -> None:
         """Stack sibling nodes into array nodes: 5,000 chains built one by one run as one array each step.
 
@@ -433,7 +438,10 @@ class Plan:
         (``scatter``), so nothing downstream is rebuilt. Draw numbers, keys and values are unchanged (a call
         with a draw offset, or with samples, is never stacked); ``picks`` maps
         each output of the plan to its element, ``members`` each stacked node
-        to the nodes it stands for (failures name them). Loops and conds stack
+        to the nodes it stands for (failures name them). The uses of an impure
+        step (``gathered`` families) never stack: each stays its own node, run
+        once, but a family reading them member for member still stacks, over
+        a ``Gather`` node of their results in order. Loops and conds stack
         by their traced structure (``Op.kin``) over members of one element
         each; ``element_tags`` keeps each element's own namespace tag. ``uplinks``, the
         walk's parents of each node, link the nodes when no family stacks.
@@ -447,7 +455,9 @@ class Plan:
         if not any(valid):
             self._link(uplinks)
             return
+        gathered = gathered or [False] * len(families)
         stacked: dict[int, Apply] = {}
+        gathers: dict[int, Apply] = {}  # gathered family -> its Gather node, made for the first family reading it
 
         def element(variable: Variable) -> tuple[Variable, int] | None:
             """(stacked output, element) of a stacked call's output; None for anything else."""
@@ -456,13 +466,23 @@ class Plan:
                 return None
             at = position.get(id(owner), -1)
             family = family_of[at] if at >= 0 else -1
-            return (stacked[family].outputs[0], rank[at]) if family >= 0 and valid[family] else None
+            return (stacked[family].outputs[0], rank[at]) if family >= 0 and valid[family] and not gathered[family] \
+                else None
+
+        def gather(family: int) -> Variable:
+            """The output of the Gather node of ``family``'s members, made (and kept) the first time it is read."""
+            node = gathers.get(family)
+            if node is None:
+                members = [nodes[i] for i in families[family]]
+                node = gathers[family] = Apply(Gather(len(members)), [m.outputs[0] for m in members], sibling=False)
+                kept.append(node)  # its own creation number: its members are nodes of the plan too
+            return node.outputs[0]
 
         aliases: dict[int, Apply] = {}  # id(member read by a node left out) -> its stacked node
         kept: list[Apply] = []
         for index, node in enumerate(nodes):
             family = family_of[index]
-            if family < 0 or not valid[family]:
+            if family < 0 or not valid[family] or gathered[family]:
                 for variable in node.inputs:
                     if variable.owner is None or id(variable.owner) in aliases:
                         continue
@@ -477,8 +497,8 @@ class Plan:
                 members = families[family]
                 sources: list[Variable] = []
                 for number, part in enumerate(layouts[family]):
-                    if type(part) is int:  # the outputs of a stacked family, member for member
-                        sources.append(stacked[part].outputs[0])
+                    if type(part) is int:  # the outputs of a stacked (or gathered) family, member for member
+                        sources.append(gather(part) if gathered[part] else stacked[part].outputs[0])
                     else:
                         sources.append(_stacked_constant([nodes[i].inputs[number] for i in members],  # type: ignore[misc]
                                                          whole=node.op.mode == "control"))
@@ -493,6 +513,30 @@ class Plan:
                 self.outputs[number] = found[0]
         self.nodes = kept
         self._link(aliases=aliases)
+        if gathers:  # a Gather and what reads it were placed before the last members it gathers
+            self._sort()
+
+    def _sort(self) -> None:
+        """Reorder ``nodes`` (and ``indegree``, ``consumers``) so that each comes after the nodes it waits for."""
+        indegree, consumers = self.indegree, self.consumers
+        left = list(indegree)
+        order = [index for index, count in enumerate(left) if not count]
+        for index in order:  # Kahn's: the list grows as nodes become ready
+            for consumer in consumers[index]:
+                left[consumer] -= 1
+                if not left[consumer]:
+                    order.append(consumer)
+        if len(order) != len(indegree):
+            raise RuntimeError(f"plan: {len(indegree) - len(order)} node(s) wait in a cycle after stacking")
+        moved = [0] * len(order)
+        for at, index in enumerate(order):
+            moved[index] = at
+        for readers in consumers:  # renumbered in place: no new list per node for the collector to walk
+            for at, consumer in enumerate(readers):
+                readers[at] = moved[consumer]
+        self.nodes = [self.nodes[index] for index in order]
+        self.indegree = [indegree[index] for index in order]
+        self.consumers = [consumers[index] for index in order]
 
     def _link(self, uplinks: list[int | list[int]] | None = None, aliases: Mapping[int, Apply] | None = None) -> None:
         """``indegree`` and ``consumers`` of ``nodes``, once they are final.

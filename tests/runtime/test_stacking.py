@@ -173,6 +173,7 @@ _TRIM = outlines.fn(lambda text: text[-12:], signature="()->()", pure=True, name
 _FORK = np.array(["<", ">"], dtype=object)
 _SHORT = outlines.fn(lambda s: s.count("~") + s.count(".") < 1 + len(s) % 3, name="short", pure=True)
 _EVEN = outlines.fn(lambda s: len(s) % 2 == 0, name="even", pure=True)
+_IMPURE = outlines.fn(lambda s: s + "'", name="impure")  # not declared pure: its uses stay one node each
 #: One step of every chain: (name, how a step builds on x for chain i).
 _STEPS: dict[str, Callable[[Any, Any, int], Any]] = {
     "llm": lambda llm, x, i: llm(x),
@@ -182,6 +183,7 @@ _STEPS: dict[str, Callable[[Any, Any, int], Any]] = {
     "fn": lambda llm, x, i: _SHOUT(x),
     "async-fn": lambda llm, x, i: _QUIET(x),
     "gufunc": lambda llm, x, i: _TRIM(x),
+    "impure": lambda llm, x, i: _IMPURE(x),
     "index": lambda llm, x, i: (x + outlines.constant(_FORK))[1],
     "loop": lambda llm, x, i: outlines.while_loop(_SHORT, lambda s: _SHOUT(llm(s)), init=x, max_iter=3),
     "cond": lambda llm, x, i: outlines.cond(_EVEN(x), lambda s: llm(s + " even"), lambda s: s + " odd", x),
@@ -245,6 +247,8 @@ def test_stacked_equals_unstacked_over_mixed_ops(n: int, steps: list[str], taps:
                     x = _STEPS[step](llm, x, i)
                 outs.append(llm(x))
             outs += [outlines.fn(str.title)(outs[t % n]) for t in taps]  # a node left out reads an element
+            if stack:
+                _assert_topological(Plan(outs, stack=True))
             if errors == "raise":
                 sent = sorted(picky.prompts)  # what a raising run sends before it stops is timing
                 own = {v[1] for v in runs[0][0] if isinstance(v, tuple) and v[2] != "UpstreamFailure"}
@@ -274,10 +278,67 @@ def test_impure_ops_never_stack() -> None:
     pure = outlines.fn(lambda text: text + "!", name="pure", pure=True)
     for step, expected in ((impure, N), (pure, 1)):
         outs = [llm(step(llm(outlines.constant(f"Q{i}")))) for i in range(N)]
-        nodes = Plan(outs, stack=True).nodes
-        assert sum(node.op.name == step.__name__ for node in nodes) == expected
-        # the first calls still stack; the impure steps read their elements, and the calls after stay flat
-        assert sum(node.op.name.startswith("Generate") for node in nodes) == (2 if expected == 1 else 1 + N)
+        plan = Plan(outs, stack=True)
+        nodes = plan.nodes
+        steps = [node for node in nodes if node.op.name == step.__name__]
+        assert len(steps) == expected
+        # the calls before and after stack either way: the impure steps read their elements of the first
+        # stacked call, and the second reads their results gathered in order (one node, a plan's own)
+        assert sum(node.op.name.startswith("Generate") for node in nodes) == 2
+        gathers = [node for node in nodes if node.op.name == "Gather"]
+        if expected == N:
+            assert steps == [out.owner.inputs[0].owner for out in outs]  # kept as built
+            assert len(gathers) == 1 and gathers[0].inputs == tuple(s.outputs[0] for s in steps)
+            assert nodes[-1].inputs == gathers[0].outputs
+            assert [m.label for m in plan.members[id(nodes[-1])]] == [out.owner.label for out in outs]
+        else:
+            assert not gathers
+        _assert_topological(plan)
+
+
+def _assert_topological(plan: Plan) -> None:
+    """Each node of ``plan`` comes after every node it waits for, and waits once for each."""
+    for index, consumers in enumerate(plan.consumers):
+        assert all(consumer > index for consumer in consumers)
+    assert [sum(i in c for c in plan.consumers) for i in range(len(plan.nodes))] == plan.indegree
+
+
+@pytest.mark.parametrize("fault", ["raises", "not-text"])
+def test_impure_steps_between_stacked_calls_run_once_and_fail_as_themselves(
+        fault: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Gathered: each use runs once; a failing one (or a value no call can send) fails its own chain as flat."""
+    calls: list[str] = []
+
+    def step(text: str) -> Any:
+        calls.append(text)
+        if text.startswith("Q7:"):
+            if fault == "raises":
+                raise ValueError("no sevens")
+            return ["not", "text"]
+        return text + "?"
+
+    impure = outlines.fn(step, name="step")
+
+    def build(llm: Any) -> list[Any]:
+        return [llm(impure(llm(outlines.constant(f"Q{i}:")))) for i in range(N)]
+
+    flat = observe(build, tmp_path, False, monkeypatch, errors="return")
+    flat_calls, calls[:] = sorted(calls), []
+    stacked = observe(build, tmp_path, True, monkeypatch, errors="return")
+    assert stacked[0] == flat[0] and sorted(calls) == flat_calls  # twice each (cold, warm): impure steps are not cached
+    # the same prompts sent (the flat plan's second calls split into batches as its steps finish: timing)
+    assert sorted(p for b in stacked[1] for p in b) == sorted(p for b in flat[1] for p in b)
+    assert len(calls) == 2 * N
+    values = stacked[0][0][0]
+    assert [i for i, v in enumerate(values) if isinstance(v, tuple)] == [7]
+    backend = RecordingBackend(name="raise")
+    outs = build(backend.model())
+    named = outs[7].owner.inputs[0].owner if fault == "raises" else outs[7].owner
+    with pytest.raises(NodeError, match=re.escape(named.label)):
+        outlines.eval(*outs, cache=False)
+    got = outlines.eval(*outs, cache=False, errors="return")
+    assert isinstance(got[7], Failure) and got[7].root.node == named.label
+    assert backend.sizes == [N - 1, N, N]  # raising: the first call only; returning: both, the second without chain 7
 
 
 def test_stacked_ops_run_in_bulk(monkeypatch: pytest.MonkeyPatch) -> None:

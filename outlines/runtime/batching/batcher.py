@@ -171,8 +171,13 @@ class Batcher:
             self.schedule.finish(index, prompt.skipped(node.label, op.name))
             return
         settled: dict[int, Any] = {}
-        if self.return_failures and isinstance(prompt, np.ndarray):
+        if isinstance(prompt, np.ndarray) and (self.return_failures or id(node) in self.plan.members):
             settled = self._settled(node, prompt, failed_input)
+            if settled and not self.return_failures:  # errors="raise": the first element's own call fails
+                element = min(settled)
+                failure = settled[element]
+                self.schedule.fail(index, TypeError(failure.message), failure.node)
+                return
             if settled:
                 flat = prompt.reshape(-1).copy()
                 flat[list(settled)] = ""  # a placeholder: settled elements are never drawn
@@ -229,7 +234,7 @@ class Batcher:
             self._finish(part)
 
     def _settled(self, node: Apply, prompt: np.ndarray, failed_input: bool) -> dict[int, Failure]:
-        """The elements of ``prompt`` that fail before anything is sent (``errors="return"``), by flat index.
+        """The elements of ``prompt`` that fail before anything is sent, by flat index.
 
         An element whose input failed upstream is skipped; one that is not
         text fails alone, naming its index and type: the others are drawn.
@@ -247,9 +252,12 @@ class Batcher:
             if isinstance(value, Failure):
                 settled[element] = value.skipped(label, op.name)
                 continue
-            where = np.unravel_index(element, prompt.shape)
-            at = where[0] if len(where) == 1 else tuple(int(i) for i in where)
-            error = TypeError(f"the prompt at index {at} must be text, got {type(value).__name__} {value!r:.60}")
+            if members:  # an element of a stacked call is its own call's one prompt: said as that call says it
+                error = TypeError(f"the prompt must be text, got {type(value).__name__} {value!r:.60}")
+            else:
+                where = np.unravel_index(element, prompt.shape)
+                at = where[0] if len(where) == 1 else tuple(int(i) for i in where)
+                error = TypeError(f"the prompt at index {at} must be text, got {type(value).__name__} {value!r:.60}")
             settled[element] = Failure.from_exception(label, op.name, error)
         return settled
 
