@@ -383,7 +383,8 @@ class Apply:
             # ``sibling=False``: a node a plan makes for itself, never a user's sibling.
             stacks = op._stacks
             if stacks is None:
-                stacks = op._stacks = 0 if op.stacked() is None else 2 if op.mode == "generate" else 1
+                stacks = op._stacks = (2 if op.mode == "generate" else 1) if op.stacked() is not None else (
+                    3 if op.gathered else 0)
             if stacks and sibling:
                 note(self, stacks == 2)
             else:
@@ -416,7 +417,7 @@ class Op:
 
     __props__: tuple[str, ...] = ()
     mode: str = "inline"
-    #: Whether this op's uses join families (``Apply``; 0 no, 1 yes, 2 as a model call), once known.
+    #: Whether this op's uses join families (``Apply``; 0 no, 1 yes, 2 as a model call, 3 gathered), once known.
     _stacks: int | None = None
     #: Pure ops give equal outputs for equal inputs: safe to merge and fold.
     pure: bool = True
@@ -435,6 +436,17 @@ class Op:
         or impure (a side effect per call), returns ``None`` and never stacks.
         """
         return self if self.pure and getattr(self, "elementwise", False) else None
+
+    @property
+    def gathered(self) -> bool:
+        """Whether this op's uses, which never stack, are gathered for what reads them.
+
+        An impure elementwise user step (``outlines.fn`` not declared pure)
+        runs once per use, each its own node; the model calls and steps that
+        read its uses, one each, still stack over their results gathered in
+        order (``outlines.graph.ops.Gather``, made by the plan).
+        """
+        return self.mode == "python" and not self.pure and bool(getattr(self, "elementwise", False))
 
     @property
     def kin(self) -> Any:

@@ -149,8 +149,7 @@ class Plan:
                         token = tokens.setdefault(op.kin, len(tokens))  # control ops: by their structure
                     except TypeError:  # an op with unhashable parameters is never merged
                         pass
-                # an impure elementwise step never stacks, but what reads its uses may, over them gathered
-                gather = stack and stacker is None and op.mode == "python" and bool(getattr(op, "elementwise", False))
+                gather = stack and stacker is None and op.gathered  # it never stacks; what reads it may
                 info = ops[id(op)] = (token, bool(op.pure), op.mode == "generate", stacker, op.mode == "control", gather)
             token, pure, generate, stacker, control, gather = info
             # One pass over the inputs: their keys, parents, and whether all are Constants.
@@ -306,8 +305,10 @@ class Plan:
         ``STACK_MIN``, and each family read over one range (member ``r``
         reads members ``r + shift``): the graph is then exactly those members
         of those families and of the families they read, and each family
-        becomes one node of its stacked op, as ``_stack`` makes it. Each
-        family's members are checked against what was noted (their inputs
+        becomes one node of its stacked op, as ``_stack`` makes it; a
+        gathered family (an impure step's uses) keeps its members as nodes,
+        and a ``Gather`` of their results is made for the families reading
+        them (``_gather_members``). Each family's members are checked against what was noted (their inputs
         still the parents' members, or constants of the noted shape). What the
         walk would rewrite is left to the walk: model calls repeating a prompt
         (their draws are numbered apart, or merged when greedy), two families
@@ -352,16 +353,29 @@ class Plan:
                 if need.setdefault(id(parent), wanted) != wanted:
                     return False  # read over two ranges: some members of it are read by others
         seen: set[Hashable] = set()
-        stacked: dict[int, Apply] = {}
+        stacked: dict[int, Apply] = {}  # per family: its stacked node, or a gathered family's Gather node once read
+        gathered_members: dict[int, list[Apply]] = {}  # per gathered family: its members in the plan
         nodes: list[Apply] = []
         members_of: dict[int, Sequence[Apply]] = {}
+        scatter: dict[int, list[tuple[Variable, int]]] = {}
+        aliases: dict[int, Apply] = {}  # id(member of a stacked family read by a gathered one) -> its stacked node
+
+        def source(part: Family) -> Variable:
+            """What a stacked family reads of ``part``: its stacked node, or its members gathered (made once)."""
+            node = stacked.get(id(part))
+            if node is None:  # after the gathered members (families come in order), before this reader
+                members = gathered_members[id(part)]
+                node = stacked[id(part)] = Apply(Gather(len(members)), [m.outputs[0] for m in members], sibling=False)
+                nodes.append(node)
+            return node.outputs[0]
+
         for family in ordered:
             op, layout = family.op, family.layout
-            generate = op.mode == "generate"
-            if not generate and not any(type(part) is Family for part in layout):
+            generate, gathered = op.mode == "generate", op._stacks == 3
+            if not (generate or gathered) and not any(type(part) is Family for part in layout):
                 return False  # a pure op on constants only: the walk folds it
             try:
-                if (op, layout) in seen:
+                if not gathered and (op, layout) in seen:
                     return False  # equal ops on the same inputs: the walk merges them, or numbers their draws apart
                 seen.add((op, layout))
             except TypeError:  # an op with unhashable parameters is never merged
@@ -372,6 +386,12 @@ class Plan:
             rows = list(map(_INPUTS, members))
             if len(members) != count or set(map(len, rows)) != {len(layout)}:
                 return False
+            if gathered:  # each member kept as built, reading its elements; then their results gathered
+                if not self._gather_members(family, members, rows, lo, need, stacked, scatter, aliases):
+                    return False
+                nodes.extend(members)
+                gathered_members[id(family)] = members
+                continue
             # A member's rank is its place in its family, unless two threads built members at once: what
             # the outputs pick by rank is checked; the rest are read by place (their children's inputs are).
             if id(family) in by_family and list(map(_RANK, members)) != list(range(lo, hi)):
@@ -382,7 +402,7 @@ class Plan:
                 if type(part) is Family:
                     if list(map(_OWNER, inputs)) != part.members[lo + family.shift:hi + family.shift]:
                         return False  # rewired since it was built
-                    sources.append(stacked[id(part)].outputs[0])
+                    sources.append(source(part))
                     continue
                 if set(map(type, inputs)) != {Constant}:
                     return False  # a free input (or a Variable no longer a Constant's)
@@ -396,11 +416,13 @@ class Plan:
                 sources.append(_stacked_constant(inputs, values))  # type: ignore[arg-type]
             new = stacked[id(family)] = _stacked_node(op, sources, members, members_of)
             nodes.append(new)
-        if len(by_family) == 1:
+        kept = [key for key in by_family if key in gathered_members]  # outputs of gathered families: as built
+        if len(by_family) == 1 and not kept:
             self.outputs = [stacked[id(families[0])].outputs[0]] * len(outputs)
         else:
-            chosen = {key: node.outputs[0] for key, node in stacked.items()}
-            self.outputs = [chosen[id(family)] for family in families]
+            chosen = {key: node.outputs[0] for key, node in stacked.items() if key not in gathered_members}
+            self.outputs = [chosen[id(family)] if id(family) in chosen else output
+                            for family, output in zip(families, outputs)]
         starts = {need[key][0] for key in by_family}
         if starts == {0}:
             elements = ranks
@@ -408,10 +430,45 @@ class Plan:
             first = {key: need[key][0] for key in by_family}
             elements = [rank - first[id(family)] for family, rank in zip(families, ranks)]
         self.picks = dict(enumerate(zip(self.outputs, elements)))
+        if kept:
+            for at in [at for at, family in enumerate(families) if id(family) in gathered_members]:
+                del self.picks[at]
         self.members = members_of
+        self.scatter = scatter
         self.nodes = nodes
-        self._link()
+        self._link(aliases=aliases)
         self._read(list({id(v): v for v in _leaves(self.nodes, self.outputs)}.values()))
+        return True
+
+    @staticmethod
+    def _gather_members(family: Family, members: list[Apply], rows: list[tuple[Variable, ...]], lo: int,
+                        need: dict[int, tuple[int, int]], stacked: dict[int, Apply],
+                        scatter: dict[int, list[tuple[Variable, int]]], aliases: dict[int, Apply]) -> bool:
+        """Check a gathered family's members as ``_from_families`` checks a stacked one's; note what they read.
+
+        A member reading a member of a stacked family reads its element: the
+        stacked node scatters it (``scatter``) and the member waits for that
+        node (``aliases``). One reading a gathered family's member reads it
+        as built; constants stay its own. False when anything differs.
+        """
+        if any(member.outputs[0].shape != () for member in members):
+            return False  # the Gather holds one scalar per member
+        hi = lo + len(members)
+        for number, part in enumerate(family.layout):
+            inputs = list(map(itemgetter(number), rows))
+            if type(part) is not Family:
+                if set(map(type, inputs)) != {Constant}:
+                    return False  # a free input (or a Variable no longer a Constant's)
+                continue
+            owners = list(map(_OWNER, inputs))
+            if owners != part.members[lo + family.shift:hi + family.shift]:
+                return False  # rewired since it was built
+            if part.op._stacks == 3:
+                continue  # a gathered family's members are nodes of the plan: read as built
+            source = stacked[id(part)]
+            start = lo + family.shift - need[id(part)][0]  # the element of the first member's input there
+            scatter.setdefault(id(source), []).extend(zip(inputs, range(start, start + len(inputs))))
+            aliases.update(zip(map(id, owners), repeat(source)))
         return True
 
     def _stack(

@@ -75,9 +75,12 @@ def test_what_joins_no_family() -> None:
     free = outlines.string("q")
     impure = outlines.fn(str.upper, name="impure")  # not declared pure: never stacks
     assert llm(free).owner.family is None  # a free input: known only when bound
-    assert impure(llm("a")).owner.family is None
     assert llm(outlines.constant("a"), num_samples=2).owner.family is None
-    assert llm(impure("a")).owner.family is None  # an input outside any family
+    assert llm(impure(free)).owner.family is None  # an input outside any family
+    assert outlines.fn(lambda s: [s], signature="()->(n)", name="split")("a").owner.family is None  # not elementwise
+    # an impure step joins a family all the same: its uses are gathered for the calls reading them
+    step = impure(llm("a")).owner
+    assert step.family is not None and step.op._stacks == 3 and llm(step.outputs[0]).owner.family is not None
     assert llm(outlines.constant(["a", "b"])).owner.family is None  # not one prompt
 
 

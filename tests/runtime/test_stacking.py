@@ -394,15 +394,19 @@ def _no_walk(*args: Any, **kwargs: Any) -> Any:
     raise AssertionError("the plan walked the graph node by node")
 
 
+@pytest.mark.parametrize("steps", [
+    ("llm", "template", "llm", "concat-own", "concat-shared", "fn", "async-fn", "gufunc", "index", "llm"),
+    ("llm", "impure", "llm", "impure", "template", "llm"),  # the shape users write: an impure step, gathered
+    ("impure", "impure", "llm", "impure"),  # on constants, on each other, and the outputs their own nodes
+], ids=["pure", "impure", "impure-ends"])
 def test_eval_stacks_from_the_families_noted_at_build_without_walking_the_graph(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+        steps: tuple[str, ...], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     def build(llm: Any) -> list[Any]:
         probe = llm(outlines.constant("built before the loop"))  # shifts every family after it
         outs = [probe]
         for i in range(N):
             x: Any = outlines.constant(f"Q{i}:")
-            for step in ("llm", "template", "llm", "concat-own", "concat-shared", "fn", "async-fn", "gufunc",
-                         "index", "llm"):
+            for step in steps:
                 x = _STEPS[step](llm, x, i)
             outs.append(x)
         return outs[1:]
@@ -418,7 +422,14 @@ def test_eval_stacks_from_the_families_noted_at_build_without_walking_the_graph(
     # the same prompts sent (how the flat plan's calls split into batches depends on when its async
     # step finishes), and stacked: one batch per call of the chains, cold (none warm)
     assert sorted(p for batch in stacked[1] for p in batch) == sorted(p for batch in flat[1] for p in batch)
-    assert len(stacked[1]) == 3
+    assert len(stacked[1]) == steps.count("llm")
+    if "impure" in steps:
+        plan = Plan(build(RecordingBackend(name="noted").model()), stack=True)
+        impure = [node for node in plan.nodes if node.op.name == "impure"]
+        assert len(impure) == N * steps.count("impure")  # never stacked: one node each
+        # gathered for the stacked calls and template reading them; not for a step reading a step, nor for outputs
+        assert sum(node.op.name == "Gather" for node in plan.nodes) == (2 if steps[-1] == "llm" else 1)
+        _assert_topological(plan)
 
 
 def test_a_member_rewired_after_it_was_built_is_planned_by_the_walk() -> None:
