@@ -645,13 +645,25 @@ class _DryRun:
                     usage.completion_cost = price.cost(0, usage.completion_tokens, batch=bool(usage.jobs))
         return dict(sorted(out.items()))
 
-    def timing_dependent(self) -> list[str]:
-        """Model calls sharing a predicted batch while waiting on different Python steps."""
+    def timing_dependent(self, together: Mapping[str, int] | None = None) -> list[str]:
+        """Model calls sharing a predicted batch while waiting on different Python steps.
+
+        ``together``: label -> its stacked node, for the calls that eval
+        stacks: such calls are sent together, however many steps they wait on.
+        """
+        together = together or {}
         labels: list[str] = []
         for members in self.nodes.values():
-            if len({waits for _, waits in members}) > 1:
+            if len({together.get(label, waits) for label, waits in members}) > 1:
                 labels.extend(label for label, _ in members)
         return labels
+
+
+def _stacked_calls(variables: tuple[Variable, ...] | list[Variable]) -> dict[str, int]:
+    """Label -> id(stacked node) of each model call that ``eval``'s plan stacks (its calls go out together)."""
+    plan = Plan(variables, stack=True)
+    return {member.label: id(node) for node in plan.nodes if node.op.mode == "generate"
+            for member in plan.members.get(id(node), ())}
 
 
 _CORE = re.compile(r"\(([^()]*)\)")
@@ -785,7 +797,7 @@ def explain(
     for node in plan.nodes:
         op = node.op
         kinds[op.mode] = kinds.get(op.mode, 0) + 1
-        if op.mode == "python" and not op.pure and getattr(op, "elementwise", False):
+        if op.gathered:
             uses[op] = uses.get(op, 0) + 1
     sent = sum(queue.pending for queue in run.queues.values())
     merged = run.draws - run.unknown_draws - run.hits - sent
@@ -801,6 +813,9 @@ def explain(
     spans = plan.draw_numbers()
     numbers = {node.label: spans[node.order] for node in plan.nodes if node.order in spans}
     unstacked = [(op.name, count) for op, count in uses.items() if count >= STACK_MIN]
+    dependent = run.timing_dependent()
+    if dependent:  # unless eval stacks them: calls of one stacked node go out together
+        dependent = run.timing_dependent(_stacked_calls(variables))
     return Explanation(
         kinds,
         batches,
@@ -809,7 +824,7 @@ def explain(
         merged,
         run.unknown_draws,
         run.unknown_nodes,
-        run.timing_dependent(),
+        dependent,
         control,
         usage,
         loops,

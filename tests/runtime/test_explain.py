@@ -5,6 +5,7 @@ import asyncio
 import itertools
 import time
 from collections import Counter
+from typing import Any
 
 import pytest
 
@@ -192,6 +193,30 @@ def test_a_python_step_on_one_branch_is_a_caveat_not_an_exact_prediction() -> No
     # ... and the run does split the predicted batch: the slow step outlasts the window.
     outlines.eval(fast_branch, slow_branch, givens={"q": "x"}, cache=False)
     assert recording.sizes == [1, 1]
+
+
+@pytest.mark.parametrize("chains", [3, "STACK_MIN"])
+def test_calls_after_an_impure_step_are_a_caveat_unless_eval_stacks_them(chains: Any) -> None:
+    """Flat, a slow use splits the calls' batch; stacked over the uses gathered, they go out together."""
+    from outlines.runtime.plan import STACK_MIN
+
+    n = STACK_MIN if chains == "STACK_MIN" else chains
+    recording = RecordingBackend(answer)
+    llm = recording.model()
+
+    @outlines.fn(blocking=True, name="step")  # not declared pure: each use its own node
+    def step(x: str) -> str:
+        if x.startswith("q0"):
+            time.sleep(0.2)
+        return x
+
+    outs = [llm(step(llm(outlines.constant(f"q{i}")))) for i in range(n)]
+    explained = outlines.explain(*outs, cache=False)
+    stacked = n >= STACK_MIN
+    assert len(explained.batches) == 2 and explained.batching_exact == stacked
+    assert len(explained.timing_dependent) == (0 if stacked else n)
+    outlines.eval(*outs, cache=False)
+    assert recording.sizes == ([n, n] if stacked else [1, n - 1, n])  # the run does what was said
 
 
 def test_branches_waiting_on_the_same_step_stay_exact() -> None:
