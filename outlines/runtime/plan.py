@@ -364,14 +364,13 @@ class Plan:
             """What a stacked family reads of ``part``: its stacked node, or its members gathered (made once)."""
             node = stacked.get(id(part))
             if node is None:  # after the gathered members (families come in order), before this reader
-                members = gathered_members[id(part)]
-                node = stacked[id(part)] = Apply(Gather(len(members)), [m.outputs[0] for m in members], sibling=False)
+                node = stacked[id(part)] = _gather_node(gathered_members[id(part)])
                 nodes.append(node)
             return node.outputs[0]
 
         for family in ordered:
             op, layout = family.op, family.layout
-            generate, gathered = op.mode == "generate", op._stacks == 3
+            generate, gathered = op.mode == "generate", op.gathered
             if not (generate or gathered) and not any(type(part) is Family for part in layout):
                 return False  # a pure op on constants only: the walk folds it
             try:
@@ -463,7 +462,7 @@ class Plan:
             owners = list(map(_OWNER, inputs))
             if owners != part.members[lo + family.shift:hi + family.shift]:
                 return False  # rewired since it was built
-            if part.op._stacks == 3:
+            if part.op.gathered:
                 continue  # a gathered family's members are nodes of the plan: read as built
             source = stacked[id(part)]
             start = lo + family.shift - need[id(part)][0]  # the element of the first member's input there
@@ -474,7 +473,7 @@ class Plan:
     def _stack(
         self, position: dict[int, int], family_of: list[int], rank: list[int], families: list[list[int]],
         above: list[list[int]], broken: list[bool], layouts: list[tuple[Any, ...]],
-        uplinks: list[int | list[int]] | None = None, gathered: list[bool] | None = None,
+        uplinks: list[int | list[int]] | None, gathered: list[bool],
     ) -> None:
         """Stack sibling nodes into array nodes: 5,000 chains built one by one run as one array each step.
 
@@ -512,7 +511,6 @@ class Plan:
         if not any(valid):
             self._link(uplinks)
             return
-        gathered = gathered or [False] * len(families)
         stacked: dict[int, Apply] = {}
         gathers: dict[int, Apply] = {}  # gathered family -> its Gather node, made for the first family reading it
 
@@ -530,9 +528,8 @@ class Plan:
             """The output of the Gather node of ``family``'s members, made (and kept) the first time it is read."""
             node = gathers.get(family)
             if node is None:
-                members = [nodes[i] for i in families[family]]
-                node = gathers[family] = Apply(Gather(len(members)), [m.outputs[0] for m in members], sibling=False)
-                kept.append(node)  # its own creation number: its members are nodes of the plan too
+                node = gathers[family] = _gather_node([nodes[i] for i in families[family]])
+                kept.append(node)
             return node.outputs[0]
 
         aliases: dict[int, Apply] = {}  # id(member read by a node left out) -> its stacked node
@@ -653,6 +650,11 @@ def _stacked_node(op: Any, sources: list[Variable], members: list[Apply], member
     new.order = members[0].order  # labelled as its first member
     members_of[id(new)] = members
     return new
+
+
+def _gather_node(members: list[Apply]) -> Apply:
+    """A ``Gather`` of the outputs of ``members``, in order (its own creation number: they are nodes of the plan too)."""
+    return Apply(Gather(len(members)), [member.outputs[0] for member in members], sibling=False)
 
 
 def _stacked_constant(constants: list[Constant], values: list[Any] | None = None, whole: bool = False) -> Constant:
