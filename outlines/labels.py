@@ -1,7 +1,7 @@
 """How things name themselves in pictures and reports: one short line, never a secret.
 
 ``shorten`` puts text on one line within a width; ``hide_keys`` stars out
-anything shaped like an API key. Something a picture names without knowing
+anything shaped like an API key, ``hide_secrets`` the secrets a thing holds. Something a picture names without knowing
 its class (a backend, in a graph picture or a timeline) is ``Shown``: it
 gives its ``label`` and ``redact``s its own secrets out of any text. Pictures
 ask through ``label_of`` and ``redactor``, which answer safely for objects
@@ -12,9 +12,13 @@ from __future__ import annotations
 import re
 from typing import Any, Callable, Iterable, Protocol, runtime_checkable
 
-__all__ = ["Shown", "apart", "hide_keys", "label_of", "redactor", "shorten"]
+__all__ = ["Shown", "apart", "hide_keys", "hide_secrets", "label_of", "redactor", "shorten"]
 
 _KEY_PATTERN = re.compile(r"\b(sk-[A-Za-z0-9_\-]{3,}|Bearer\s+\S+)")
+#: The characters keys are made of: a short secret next to one of them is part of a longer word.
+_KEY_CHARACTERS = r"A-Za-z0-9_\-"
+#: Secrets this long are hidden wherever they stand (no word holds one by chance); shorter ones as whole tokens.
+ANYWHERE_FROM = 16
 
 
 @runtime_checkable
@@ -52,6 +56,32 @@ def hide_keys(text: str) -> str:
     'Authorization: Bea***'
     """
     return _KEY_PATTERN.sub(lambda m: m.group(0)[:3] + "***", text)
+
+
+def hide_secrets(text: str, secrets: Iterable[str]) -> str:
+    """``text`` with each of ``secrets`` replaced by ``***``, the longest first.
+
+    A secret of ``ANYWHERE_FROM`` (16) characters or more is hidden wherever
+    it stands, even glued to other text (``key%3Dsk-...``); a shorter one (a
+    test key such as ``"k"``) only as a whole token: not inside a longer run
+    of key characters (letters, digits, ``_``, ``-``), so the words around it
+    keep their letters.
+
+    Examples
+    --------
+    >>> hide_secrets("SocketTimeoutError for k", ["k"])
+    'SocketTimeoutError for ***'
+    >>> hide_secrets("key=sk-0123456789abcdefXYZ&k=1", ["sk-0123456789abcdefXYZ"])
+    'key=***&k=1'
+    """
+    for secret in sorted({s for s in secrets if s}, key=len, reverse=True):
+        if secret not in text:
+            continue
+        if len(secret) >= ANYWHERE_FROM:
+            text = text.replace(secret, "***")
+        else:
+            text = re.sub(f"(?<![{_KEY_CHARACTERS}]){re.escape(secret)}(?![{_KEY_CHARACTERS}])", "***", text)
+    return text
 
 
 def label_of(thing: Any) -> str:

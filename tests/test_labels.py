@@ -1,7 +1,7 @@
 """outlines.labels: one-line text, hidden keys, and what a picture asks of a thing it names."""
 from __future__ import annotations
 
-from outlines.labels import Shown, hide_keys, label_of, redactor, shorten
+from outlines.labels import Shown, hide_keys, hide_secrets, label_of, redactor, shorten
 
 
 class Named:
@@ -37,6 +37,15 @@ def test_a_shown_thing_gives_its_label_and_others_only_their_type() -> None:
             return "Holder(api_key='hunter2')"  # a repr may hold a secret: never used
 
     assert label_of(Holder()) == "Holder" and label_of(None) == "NoneType"
+
+
+def test_short_secrets_are_hidden_as_whole_tokens_long_ones_anywhere() -> None:
+    """Issue 38, item 15: a one-letter key must not star out the letters of ordinary words."""
+    assert hide_secrets("SocketTimeoutError: k refused (k)", ["k"]) == "SocketTimeoutError: *** refused (***)"
+    assert hide_secrets("kk k-1 x_k key=k.", ["k"]) == "kk k-1 x_k key=***."
+    long = "sk-proj-0123456789abcdef"
+    assert hide_secrets(f"key%3D{long}x and {long}", [long]) == "key%3D***x and ***"  # glued to text: still hidden
+    assert hide_secrets("abc abcdef", ["abc", "abcdef", ""]) == "*** ***"  # the longest first
 
 
 def test_the_redactor_asks_every_shown_thing_once_then_hides_keys() -> None:

@@ -39,6 +39,7 @@ from outlines.backends.base import BackendError, BatchReport
 from outlines.backends.ratelimit import AIMDLimiter, TokenBucket
 from outlines.backends.usage import wire_usage
 from outlines.backends.warmup import Warmup
+from outlines.labels import hide_secrets
 
 __all__ = ["HTTPClient", "Secret", "credential_fingerprint", "gather_or_cancel"]
 
@@ -331,13 +332,14 @@ class HTTPClient:
             await state.session.close()
 
     def redact(self, text: str) -> str:
-        """``text`` with every occurrence of the API key (or a header value) replaced by ``***``."""
+        """``text`` with every occurrence of the API key (or a header value) replaced by ``***``.
+
+        A key shorter than ``labels.ANYWHERE_FROM`` characters is hidden only
+        as a whole token, not inside a longer word.
+        """
         secrets = [self._api_key, *self._headers.values()] if self._api_key else list(self._headers.values())
-        # Longest first, so a key that contains a shorter secret is hidden whole.
-        for value in sorted((s.reveal() for s in secrets), key=len, reverse=True):
-            if value and value in text:  # however short: a short key is still a key
-                text = text.replace(value, "***")
-        return text
+        # However short (a short key is still a key); a short one as a whole token (labels.hide_secrets).
+        return hide_secrets(text, (secret.reveal() for secret in secrets))
 
     async def post_json(
         self,

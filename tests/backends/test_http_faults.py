@@ -133,6 +133,16 @@ def test_short_keys_are_redacted_too(fake_openai: FakeOpenAI, key: str) -> None:
     assert f"[{key}]" not in text and "[***]" in text
 
 
+def test_a_short_key_is_hidden_as_a_word_not_inside_other_words(fake_openai: FakeOpenAI) -> None:
+    """Issue 38, item 15: api_key="k" once starred the k of every word ("Soc***etTimeoutError")."""
+    fake_openai.script(Status(401, body={"error": {"message": "SocketTimeoutError, then key k was refused"}}))
+    llm = models.openai("m", base_url=fake_openai.base_url, api_key="k")
+    with pytest.raises(outlines.NodeError) as caught:
+        llm("hello").eval(cache=False)
+    text = str(caught.value)
+    assert "SocketTimeoutError, then key *** was refused" in text and " k " not in text
+
+
 def test_a_trickling_server_is_cut_off_by_total_timeout(fake_openai: FakeOpenAI, sleeps: list[float]) -> None:
     fake_openai.script(Trickle(interval=0.02, seconds=30), Trickle(interval=0.02, seconds=30))
     backend = OpenAICompletionBackend(
