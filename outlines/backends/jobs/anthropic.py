@@ -27,7 +27,7 @@ import yarl
 from outlines.backends.anthropic import AnthropicBackend
 from outlines.backends.base import BackendError, BatchReport, Draw
 from outlines.backends.jobs.base import JobLimits, JobLine, JobStatus, LineResult
-from outlines.backends.jobs.wire import CLOCK_SKEW, WireJobs, jsonl, line_error, mapping, number, path_segment
+from outlines.backends.jobs.wire import CLOCK_SKEW, WireJobs, jsonl, mapping, number, path_segment
 from outlines.backends.usage import WireUsage, wire_usage
 
 __all__ = ["AnthropicJobs"]
@@ -163,12 +163,12 @@ class AnthropicJobs(WireJobs):
             wrapper = result.get("error") if isinstance(result, dict) else None
             detail = wrapper.get("error", wrapper) if isinstance(wrapper, dict) else None
             if not isinstance(detail, dict):
-                return line_error(custom_id, None, f"errored without an error: {json.dumps(record)[:200]}")
+                return self.line_error(custom_id, None, f"errored without an error: {json.dumps(record)[:200]}")
             status = ERROR_STATUS.get(str(detail.get("type")))
-            return line_error(custom_id, status, f"{detail.get('type')}: {detail.get('message')}")
+            return self.line_error(custom_id, status, f"{detail.get('type')}: {detail.get('message')}")
         message = result.get("message") if isinstance(result, dict) else None
         if kind != "succeeded" or not isinstance(message, dict):
-            return line_error(custom_id, 200, f"malformed result {json.dumps(record)[:200]}", retryable=False)
+            return self.line_error(custom_id, 200, f"malformed result {json.dumps(record)[:200]}", retryable=False)
         used = wire_usage(message.get("usage")) or WireUsage(0, 0)
         report.usage(*used)
         try:

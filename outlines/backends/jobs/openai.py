@@ -25,7 +25,7 @@ import yarl
 
 from outlines.backends.base import BackendError, BatchReport, Draw
 from outlines.backends.jobs.base import STATES, JobLimits, JobLine, JobStatus, LineResult
-from outlines.backends.jobs.wire import CLOCK_SKEW, WireJobs, jsonl, line_error, mapping, number, path_segment
+from outlines.backends.jobs.wire import CLOCK_SKEW, WireJobs, jsonl, mapping, number, path_segment
 from outlines.backends.openai import OpenAIChatBackend, OpenAICompletionBackend, sample_groups
 from outlines.backends.usage import WireUsage, wire_usage
 
@@ -137,7 +137,8 @@ class OpenAIJobs(WireJobs):
         return JobStatus(
             id=job_id, state=str(state), total=number(counts, "total"), succeeded=number(counts, "completed"),
             failed=number(counts, "failed"), created_at=float(number(data, "created_at")),
-            metadata={str(k): str(v) for k, v in metadata.items()}, reason="; ".join(reasons) or None,
+            metadata={str(k): str(v) for k, v in metadata.items()},
+            reason=self.client.redact("; ".join(reasons)) or None,  # it may quote the key: hidden before it is kept
             results=files,
         )
 
@@ -169,26 +170,26 @@ class OpenAIJobs(WireJobs):
             code = str(error.get("code") or "")
             if code in NOT_RUN:
                 return LineResult(custom_id, NOT_RUN[code])
-            return line_error(custom_id, None, _reason(error), retryable=code in TRANSIENT_CODES)
+            return self.line_error(custom_id, None, _reason(error), retryable=code in TRANSIENT_CODES)
         if not isinstance(response, dict) or not isinstance(response.get("status_code"), int):
-            return line_error(custom_id, 200, f"malformed result {json.dumps(record)[:200]}", retryable=False)
+            return self.line_error(custom_id, 200, f"malformed result {json.dumps(record)[:200]}", retryable=False)
         body = response.get("body")
         status_code = int(response["status_code"])
         if not 200 <= status_code < 300:
             detail = body.get("error") if isinstance(body, dict) else None
             message = _reason(detail) if isinstance(detail, dict) else str(body)[:200]
-            return line_error(custom_id, status_code, f"HTTP {status_code}: {message}")
+            return self.line_error(custom_id, status_code, f"HTTP {status_code}: {message}")
         if not isinstance(body, dict):
-            return line_error(custom_id, status_code, f"the answer is not a JSON object: {str(body)[:200]}",
-                              retryable=False)
+            return self.line_error(custom_id, status_code, f"the answer is not a JSON object: {str(body)[:200]}",
+                                   retryable=False)
         used = wire_usage(body.get("usage")) or WireUsage(0, 0)
         report.usage(*used)
         try:
             n = samples.get(custom_id) or len(body.get("choices") or ()) or 1
             texts = self.backend.group_texts(body, n)
         except Exception as exc:  # noqa: BLE001 - a malformed answer fails its own line
-            return line_error(custom_id, status_code, str(exc) or f"expected {samples.get(custom_id)} choices",
-                              retryable=False)
+            return self.line_error(custom_id, status_code, str(exc) or f"expected {samples.get(custom_id)} choices",
+                                   retryable=False)
         return LineResult(custom_id, "succeeded", tuple(texts), usage=used)
 
     async def find(

@@ -3,11 +3,14 @@
 ``WireJobs`` is the part of a ``JobClient`` that only differs by names: the
 jobs' path and the list's cursor parameter. Status, page and cancel requests
 go through the backend's ``http.HTTPClient`` (its base URL, key, retries);
-``start`` creates a job without paying twice (``create_once``). A subclass
-reads the provider's job object (``parse``), builds lines, finds lost jobs
-and reads results. The small readers here (``jsonl``, ``line_error``,
-``mapping``, ``number``, ``path_segment``) turn provider answers into the
-values of ``jobs.base``, quoting what they cannot read.
+``start`` creates a job without paying twice (``create_once``);
+``line_error`` makes an errored line's result. A subclass reads the
+provider's job object (``parse``), builds lines, finds lost jobs and reads
+results. The small readers here (``jsonl``, ``mapping``, ``number``,
+``path_segment``) turn provider answers into the values of ``jobs.base``,
+quoting what they cannot read. Whatever a provider says that is kept or
+shown (a job's reason, a line's error) passes the client's ``redact`` where
+it is read: a key the provider echoes goes no further.
 """
 from __future__ import annotations
 
@@ -24,8 +27,7 @@ from outlines.backends.http import HTTPClient
 from outlines.backends.jobs.base import JobLimits, JobLine, JobStatus, LineResult
 from outlines.backends.retry import retry_delay, should_retry
 
-__all__ = ["CLOCK_SKEW", "WireJobs", "create_once", "get_json", "jsonl", "line_error", "mapping", "number",
-           "path_segment"]
+__all__ = ["CLOCK_SKEW", "WireJobs", "create_once", "get_json", "jsonl", "mapping", "number", "path_segment"]
 
 
 class WireJobs:
@@ -102,6 +104,21 @@ class WireJobs:
     async def aclose(self) -> None:
         await self.backend.aclose()
 
+    def line_error(
+        self, custom_id: str, status: int | None, message: str, *, retryable: bool | None = None
+    ) -> LineResult:
+        """An ``errored`` result, retryable by the shared rules (``retry.should_retry``) unless told.
+
+        ``message`` quotes the provider, who may echo the key ("Incorrect API
+        key provided: sk-..."): it is redacted here, where the answer is read,
+        so no ledger, cache, ``Failure`` or trace downstream ever holds it.
+        """
+        if retryable is None:
+            retryable = status is not None and should_retry(status)
+        error = BackendError(f"request {custom_id} failed in its job: {self.client.redact(message)}", status=status,
+                             retryable=retryable)
+        return LineResult(custom_id, "errored", error=error)
+
 
 def jsonl(body: bytes, where: str, client: HTTPClient) -> Iterator[tuple[str, dict[str, Any]]]:
     """``(custom_id, record)`` of each line of a results file.
@@ -124,14 +141,6 @@ def jsonl(body: bytes, where: str, client: HTTPClient) -> Iterator[tuple[str, di
             text = client.redact(raw[:200].decode("utf-8", "replace"))
             raise BackendError(f"malformed line {number} in the results of {where}: {text!r}", status=200)
         yield custom_id, record
-
-
-def line_error(custom_id: str, status: int | None, message: str, *, retryable: bool | None = None) -> LineResult:
-    """An ``errored`` result, retryable by the shared rules (``retry.should_retry``) unless told."""
-    if retryable is None:
-        retryable = status is not None and should_retry(status)
-    error = BackendError(f"request {custom_id} failed in its job: {message}", status=status, retryable=retryable)
-    return LineResult(custom_id, "errored", error=error)
 
 
 #: Seconds a provider's clock may run behind ours when ``find`` compares creation times.

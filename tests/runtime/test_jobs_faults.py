@@ -1,0 +1,60 @@
+"""Batch mode under provider faults (issue 38): echoed keys, bad elements, bad polls, a job stuck cancelling.
+
+Against the fake batch provider on 127.0.0.1, its jobs on a ``FakeClock``
+that the evaluation's waiting advances (nothing really sleeps), with the
+fixtures and helpers of ``test_jobs``.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import outlines
+from outlines.cache import Cache, draw_keys
+from outlines.cache.ledger import Ledger
+from outlines.errors import Failure, NodeError
+from tests.fixtures.fake_batches import FakeBatches, FakeClock, JobPlan
+from tests.runtime.test_jobs import CREATE, KEY, PROVIDERS, _draws, cache, clock, jobs, model, server
+
+__all__ = ["cache", "clock", "server"]  # fixtures, used by name
+
+
+def keys_of(out: Any, prompts: list[str]) -> list[str]:
+    """The hex cache keys (``custom_id``s) of the first draw of each prompt."""
+    backend = out.owner.op.backend
+    return [key.hex() for key in draw_keys(backend.cache_identities[0], _draws(out, prompts))]
+
+
+def stored_bytes(cache: Cache) -> bytes:
+    """Every byte the cache keeps on disk (its database, journal and any other file)."""
+    cache.flush()
+    return b"".join(path.read_bytes() for path in sorted(Path(cache.path).rglob("*")) if path.is_file())
+
+
+# -- item 7: a key the provider echoes is kept nowhere ------------------------------------------------
+
+
+@PROVIDERS
+def test_a_key_the_provider_echoes_is_stored_and_shown_nowhere(server: FakeBatches, clock: FakeClock, cache: Cache,
+                                                                provider: str) -> None:
+    out = model(server, provider)(outlines.string("q"), max_tokens=4)
+    echoed = f"Incorrect API key provided: {KEY}. Find yours at https://example.com."
+    # A line refused with the key quoted in its error, then a job refused (failed, or its create) quoting it.
+    server.plan(JobPlan(errors={keys_of(out, ["b"])[0]: 401}, message=echoed), JobPlan(fail=echoed))
+    with outlines.trace() as trace:
+        value = outlines.eval(out, givens={"q": ["a", "b", "c"]}, batch=jobs(clock), cache=cache, errors="return")
+        with pytest.raises(NodeError) as caught:
+            outlines.eval(out, givens={"q": ["d"]}, batch=jobs(clock), cache=cache)
+    assert value[0] == "<a|None|0>" and isinstance(value[1], Failure) and "Incorrect API key" in value[1].message
+    assert "Incorrect API key" in str(caught.value)
+    records = outlines.jobs(cache=cache, open=None)
+    assert len(records) == 2 and any("Incorrect API key" in (r.note or "") for r in records)
+    shown = [repr(value[1]), str(value[1]), str(caught.value), repr(caught.value.cause),
+             str(trace.errors()), json.dumps(trace.to_dict()), repr(records),
+             json.dumps([r.to_json().decode() for r in records])]
+    assert [i for i, text in enumerate(shown) if KEY in text] == [] and "***" in str(caught.value)
+    Ledger(cache).close()
+    assert KEY.encode() not in stored_bytes(cache)
