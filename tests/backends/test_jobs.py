@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 from typing import Any, Awaitable, Callable, Iterator, Sequence, TypeVar
 
 import pytest
@@ -233,10 +234,32 @@ def test_the_fake_enforces_the_providers_limits(clock: FakeClock, sleeps: list[f
         assert not caught.value.retryable
 
 
+@PROVIDERS
+@pytest.mark.parametrize("bad", ["a lone \ud800 surrogate", "y" * 300], ids=["surrogate", "too-large"])
+def test_a_line_no_job_can_take_fails_its_draws_alone_naming_the_prompt(server: FakeBatches, provider: str,
+                                                                         bad: str) -> None:
+    """Issue 38, items 8 and 9: a line that cannot be encoded, or is larger than a job, fails only its draws."""
+    client = client_for(server, provider, max_bytes=400)
+    batch = draws(["fine", bad, "good"], samples=2)
+    report = BatchReport()
+    lines = lines_for(client, batch, report)
+    assert sorted(report.failures) == [2, 3] and len({k for line in lines for k in line.keys}) == 4
+    message = str(report.failures[2])
+    assert isinstance(report.failures[2], BackendError) and not report.failures[2].retryable
+    assert repr(bad[:20])[1:-1] in message  # named by its prompt (escaped), not by a cache key
+    assert draw_keys(client.backend.cache_identities[0], [batch[2]])[0].hex() not in message
+    expected = r"lone surrogate \('\\ud800' at character 7\)" if "\ud800" in bad else r"takes \d+ bytes, more than"
+    assert re.search(expected, message)
+    for line in lines:
+        line.data.decode("utf-8")  # strict UTF-8: nothing a provider would refuse
+    with pytest.raises(BackendError, match="cannot go in a job" if "\ud800" in bad else "more than one"):
+        lines_for(client, [batch[2]])
+
+
 def test_a_line_too_large_for_any_job_is_named_and_a_too_large_job_is_refused_unsent(server: FakeBatches) -> None:
     client = client_for(server, "openai", max_bytes=200)
-    (line,) = lines_for(client, draws(["y" * 300]))
-    with pytest.raises(ValueError, match=line.custom_id):
+    line = JobLine("big", ("big",), b"y" * 300, 301)
+    with pytest.raises(ValueError, match="big"):
         split([line], client.limits)
     with pytest.raises(ValueError, match="split them"):
         run(client, lambda: client.create([line], {}))

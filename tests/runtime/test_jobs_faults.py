@@ -58,3 +58,25 @@ def test_a_key_the_provider_echoes_is_stored_and_shown_nowhere(server: FakeBatch
     assert [i for i, text in enumerate(shown) if KEY in text] == [] and "***" in str(caught.value)
     Ledger(cache).close()
     assert KEY.encode() not in stored_bytes(cache)
+
+
+# -- items 8 and 9: a line no job can take fails alone -------------------------------------------------
+
+
+@PROVIDERS
+@pytest.mark.parametrize("bad", ["a lone \ud800 surrogate", "y" * 600], ids=["surrogate", "too-large"])
+def test_a_line_no_job_can_take_fails_its_element_alone_and_the_job_goes(server: FakeBatches, clock: FakeClock,
+                                                                         cache: Cache, provider: str, bad: str) -> None:
+    out = model(server, provider)(outlines.string("q"), max_tokens=4)
+    prompts = ["a", bad, "c"]
+    value = outlines.eval(out, givens={"q": prompts}, batch=jobs(clock, max_bytes=500), cache=cache, errors="return")
+    assert value[0] == "<a|None|0>" and value[2] == "<c|None|0>"
+    failure = value[1]
+    assert isinstance(failure, Failure) and failure.node == out.owner.label  # its element, its node
+    assert repr(bad[:20])[1:-1] in failure.message and keys_of(out, [bad])[0] not in failure.message
+    assert ("lone surrogate" if "\ud800" in bad else "more than one") in failure.message
+    assert server.counts[CREATE[provider]] == 1 and sorted(server.submitted) == sorted(keys_of(out, ["a", "c"]))
+    assert set(server.paid().values()) == {1} and server.count == 0  # the others in the job, nothing live
+    with pytest.raises(NodeError, match="cannot go in a job" if "\ud800" in bad else "more than one") as caught:
+        outlines.eval(out, givens={"q": prompts}, batch=jobs(clock, max_bytes=500), cache=cache)
+    assert caught.value.node == out.owner.label

@@ -88,17 +88,15 @@ class AnthropicJobs(WireJobs):
             positions.setdefault(key, []).append(position)
         out = []
         for key, where in positions.items():
+            draw = draws[where[0]]
             try:
-                params = self.backend.request_body(draws[where[0]])
-            except BackendError as error:
+                record = {"custom_id": key, "params": self.backend.request_body(draw)}
+                out.append(self.line((key,), record, draw.prompt))
+            except BackendError as error:  # this draw fails alone
                 if report is None:
                     raise
                 for position in where:
                     report.failure(position, error)
-                continue
-            data = json.dumps({"custom_id": key, "params": params}, ensure_ascii=False,
-                              separators=(",", ":")).encode("utf-8", "surrogatepass")
-            out.append(JobLine(key, (key,), data, len(data) + 1))
         return out
 
     async def create(

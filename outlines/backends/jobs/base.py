@@ -198,8 +198,11 @@ class JobClient(Protocol):
         by the caller: backends know nothing of the cache); each line's
         ``custom_id`` is the hex key of its first draw.
 
-        A draw whose request cannot be built is reported with
-        ``report.failure(index, error)`` and left out (raised without a report).
+        A draw whose request cannot be built, or cannot go in any job (a lone
+        surrogate, which UTF-8 cannot encode; more bytes than a job may
+        hold), is reported with ``report.failure(index, error)``, the error
+        naming its prompt, and left out (raised without a report): it fails
+        alone and the rest of the job goes.
         """
 
     async def create(

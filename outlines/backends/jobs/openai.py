@@ -91,10 +91,15 @@ class OpenAIJobs(WireJobs):
         out = []
         for group, member in zip(groups, members):
             line_keys = tuple(hex_keys[positions[m]] for m in member)
-            record = {"custom_id": line_keys[0], "method": "POST", "url": self.endpoint,
-                      "body": self.backend.request_body(group)}
-            data = json.dumps(record, ensure_ascii=False, separators=(",", ":")).encode("utf-8", "surrogatepass")
-            out.append(JobLine(line_keys[0], line_keys, data, len(data) + 1))
+            try:
+                record = {"custom_id": line_keys[0], "method": "POST", "url": self.endpoint,
+                          "body": self.backend.request_body(group)}
+                out.append(self.line(line_keys, record, group.prompt))
+            except BackendError as error:  # this prompt's draws fail alone
+                if report is None:
+                    raise
+                for position in (p for p, key in enumerate(hex_keys) if key in line_keys):
+                    report.failure(position, error)
         return out
 
     async def create(

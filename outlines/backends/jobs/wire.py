@@ -3,8 +3,9 @@
 ``WireJobs`` is the part of a ``JobClient`` that only differs by names: the
 jobs' path and the list's cursor parameter. Status, page and cancel requests
 go through the backend's ``http.HTTPClient`` (its base URL, key, retries);
-``start`` creates a job without paying twice (``create_once``);
-``line_error`` makes an errored line's result. A subclass reads the
+``start`` creates a job without paying twice (``create_once``); ``line``
+makes a request's line (or refuses one no job can take), ``line_error`` an
+errored line's result. A subclass reads the
 provider's job object (``parse``), builds lines, finds lost jobs and reads
 results. The small readers here (``jsonl``, ``mapping``, ``number``,
 ``path_segment``) turn provider answers into the values of ``jobs.base``,
@@ -26,6 +27,7 @@ from outlines.backends.hosted import HostedBackend
 from outlines.backends.http import HTTPClient
 from outlines.backends.jobs.base import JobLimits, JobLine, JobStatus, LineResult
 from outlines.backends.retry import retry_delay, should_retry
+from outlines.labels import shorten
 
 __all__ = ["CLOCK_SKEW", "WireJobs", "create_once", "get_json", "jsonl", "mapping", "number", "path_segment"]
 
@@ -56,6 +58,31 @@ class WireJobs:
         report: BatchReport | None = None,
     ) -> JobStatus | None:
         raise NotImplementedError
+
+    def line(self, keys: tuple[str, ...], record: Mapping[str, Any], prompt: str) -> JobLine:
+        """The line sending ``record`` for the draws of ``keys``, its ``custom_id`` the first.
+
+        Raises
+        ------
+        BackendError
+            Naming ``prompt`` (not retryable), for a request no job can take:
+            one holding a lone surrogate (UTF-8 has none: the upload would be
+            refused, the whole job with it) or larger than a job may be. The
+            caller fails that line's draws alone; the rest of the job goes.
+        """
+        try:
+            data = json.dumps(record, ensure_ascii=False, separators=(",", ":")).encode("utf-8")
+        except UnicodeEncodeError:
+            at = next((i for i, c in enumerate(prompt) if "\ud800" <= c <= "\udfff"), None)
+            where = f"its prompt holds a lone surrogate ({prompt[at]!r} at character {at})" if at is not None \
+                else "its request holds a lone surrogate"
+            raise BackendError(f"the request for the prompt {shorten(prompt, 30)!r} cannot go in a job: {where}, "
+                               "which no provider accepts; fix the text's encoding", retryable=False) from None
+        size = len(data) + 1  # its newline (OpenAI's JSONL) or comma (Anthropic's list of requests)
+        if size + self.limits.envelope > self.limits.bytes:
+            raise BackendError(f"the request for the prompt {shorten(prompt, 30)!r} takes {size} bytes, more than one "
+                               f"{self.provider} job may hold ({self.limits.bytes} bytes)", retryable=False)
+        return JobLine(keys[0], keys, data, size)
 
     def check(self, lines: Sequence[JobLine], size: int) -> None:
         """Refuse a job over the limits before anything is sent (``jobs.split`` makes them fit)."""
