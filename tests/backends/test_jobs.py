@@ -298,6 +298,59 @@ def test_a_deadline_returns_the_job_unfinished(server: FakeBatches, clock: FakeC
     assert status.state == "in_progress" and not status.finished and sum(clock.slept) == 3.0
 
 
+@PROVIDERS
+def test_transient_poll_failures_do_not_end_the_wait(server: FakeBatches, clock: FakeClock, provider: str,
+                                                     sleeps: list[float]) -> None:
+    """Issue 38, item 12: a gateway's 200 with an error body, a 503 past the client's retries, a garbled body."""
+    client = client_for(server, provider)
+    get = "batches.get" if provider == "openai" else "message_batches.get"
+    gateway = Status(200, body={"error": {"message": "upstream timed out", "type": "server_error"}})
+    server.script_route(get, gateway, *[Status(503)] * (client.client.max_retries + 1), Malformed("<html>"))
+    lines = lines_for(client, draws(["a", "b"]))
+    seen: list[str] = []
+
+    async def main() -> JobStatus:
+        status = await client.create(lines, {})
+        return await wait(client, status.id, clock=clock, backoff=Backoff(first=1, factor=1), failures=3,
+                          on_status=lambda s: seen.append(s.state))
+
+    assert run(client, main).state == "completed"
+    assert server.counts[get] == 2 + client.client.max_retries + 1 + len(seen) and seen[-1] == "completed"
+
+
+@pytest.mark.parametrize("faults, raised", [
+    ([Status(404, body={"error": {"message": "No batch found"}})], "404"),  # a refusal ends it at once
+    ([Status(200, body={"error": {"message": "down"}})] * 3, "status"),  # more failures in a row than allowed
+])
+def test_a_refused_poll_or_too_many_failures_in_a_row_end_the_wait(server: FakeBatches, clock: FakeClock,
+                                                                   faults: list[Any], raised: str) -> None:
+    client = client_for(server, "openai")
+    lines = lines_for(client, draws(["a"]))
+
+    async def main() -> JobStatus:
+        status = await client.create(lines, {})
+        server.script_route("batches.get", *faults)
+        return await wait(client, status.id, clock=clock, failures=2)
+
+    with pytest.raises(BackendError, match=raised):
+        run(client, main)
+    assert server.counts["batches.get"] == len(faults)
+
+
+def test_a_deadline_passing_before_any_poll_answered_raises(server: FakeBatches, clock: FakeClock) -> None:
+    client = client_for(server, "openai")
+    lines = lines_for(client, draws(["a"]))
+
+    async def main() -> JobStatus:
+        status = await client.create(lines, {})
+        server.script_route("batches.get", *[Malformed("<html>")] * 3)
+        return await wait(client, status.id, clock=clock, deadline=1.5, backoff=Backoff(first=1, factor=1))
+
+    with pytest.raises(BackendError, match="malformed"):
+        run(client, main)
+    assert server.counts["batches.get"] == 3 and sum(clock.slept) == 1.5
+
+
 # -- faults ----------------------------------------------------------------------------------
 
 
@@ -387,8 +440,8 @@ def test_malformed_provider_answers_are_clear_errors(server: FakeBatches, clock:
     get = "batches.get" if provider == "openai" else "message_batches.get"
     lines = lines_for(client, draws(["m1", "m2"]))
 
-    async def poll() -> JobStatus:
-        return await wait(client, (await client.create(lines, {})).id, clock=clock)
+    async def poll() -> JobStatus:  # a poll's garbled answer is transient: here it ends the wait, as persistent ones do
+        return await wait(client, (await client.create(lines, {})).id, clock=clock, failures=0)
 
     server.script_route(get, Malformed())
     with pytest.raises(BackendError, match="malformed JSON"):

@@ -17,6 +17,7 @@ from outlines.cache import Cache, draw_keys
 from outlines.cache.ledger import Ledger
 from outlines.errors import Failure, NodeError
 from tests.fixtures.fake_batches import FakeBatches, FakeClock, JobPlan
+from tests.fixtures.fake_openai import OK, Malformed, Status
 from tests.runtime.test_jobs import CREATE, KEY, PROVIDERS, _draws, cache, clock, jobs, model, server
 
 __all__ = ["cache", "clock", "server"]  # fixtures, used by name
@@ -80,3 +81,19 @@ def test_a_line_no_job_can_take_fails_its_element_alone_and_the_job_goes(server:
     with pytest.raises(NodeError, match="cannot go in a job" if "\ud800" in bad else "more than one") as caught:
         outlines.eval(out, givens={"q": prompts}, batch=jobs(clock, max_bytes=500), cache=cache)
     assert caught.value.node == out.owner.label
+
+
+# -- item 12: a bad poll answer does not end the run --------------------------------------------------
+
+
+@PROVIDERS
+def test_a_bad_poll_answer_does_not_end_a_long_wait(server: FakeBatches, clock: FakeClock, cache: Cache,
+                                                     provider: str) -> None:
+    server.plan(JobPlan(validate_s=1.0, run_s=3600.0))
+    get = "batches.get" if provider == "openai" else "message_batches.get"
+    gateway = Status(200, body={"error": {"message": "upstream connect error", "type": "server_error"}})
+    server.script_route(get, OK, gateway, OK, Malformed("<html>bad gateway</html>"))
+    out = model(server, provider)(outlines.string("q"), max_tokens=4)
+    value = outlines.eval(out, givens={"q": ["a", "b"]}, batch=jobs(clock), cache=cache)
+    assert list(value) == ["<a|None|0>", "<b|None|0>"] and server.count == 0
+    assert server.counts[CREATE[provider]] == 1 and set(server.paid().values()) == {1}

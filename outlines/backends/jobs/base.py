@@ -11,10 +11,11 @@ that died before it could record the job's id (``find``).
 
 ``split`` cuts lines into jobs at the provider's limits (``JobLimits``);
 ``wait`` polls a job with a capped exponential backoff on an injectable
-``Clock`` (tests advance a fake one instead of sleeping). Job states use
-OpenAI's words for both providers: ``validating``, ``in_progress``,
-``finalizing``, ``cancelling``, then one of the ``FINISHED`` states
-``completed``, ``expired``, ``cancelled`` or ``failed``.
+``Clock`` (tests advance a fake one instead of sleeping); a poll that
+fails for a transient reason (``transient``) is tried again at the next
+pause. Job states use OpenAI's words for both providers: ``validating``,
+``in_progress``, ``finalizing``, ``cancelling``, then one of the
+``FINISHED`` states ``completed``, ``expired``, ``cancelled`` or ``failed``.
 """
 from __future__ import annotations
 
@@ -28,6 +29,7 @@ from outlines.backends.usage import WireUsage
 
 __all__ = [
     "FINISHED",
+    "POLL_FAILURES",
     "STATES",
     "Backoff",
     "Clock",
@@ -38,12 +40,16 @@ __all__ = [
     "LineResult",
     "SystemClock",
     "split",
+    "transient",
     "wait",
 ]
 
 #: States after which a job changes no more.
 FINISHED = frozenset({"completed", "expired", "cancelled", "failed"})
 STATES = ("validating", "in_progress", "finalizing", "cancelling", "completed", "expired", "cancelled", "failed")
+#: Polls in a row that may fail for a transient reason (``transient``) before ``wait`` gives up: with the
+#: default backoff, minutes of a gateway's trouble, each poll after the HTTP client's own retries.
+POLL_FAILURES = 10
 #: What became of one line: answered, answered with an error, or never run
 #: (its job expired or was cancelled first: sent again, never a failure).
 OUTCOMES = ("succeeded", "errored", "expired", "cancelled")
@@ -288,6 +294,18 @@ def split(lines: Sequence[JobLine], limits: JobLimits) -> list[list[JobLine]]:
     return jobs
 
 
+def transient(error: BackendError) -> bool:
+    """Whether a failed poll may simply be tried again at the next pause.
+
+    It may when the retry rules call its failure retryable (``retry.should_retry``:
+    a 5xx, 429, a dropped connection, after the HTTP client's own retries) or
+    when a 2xx answer held no job (a gateway's error body or page): reading a
+    job's status costs nothing, and a hiccup must not end a day-long wait.
+    A refusal (401, 403, 404...) is not transient.
+    """
+    return error.retryable or error.status == 200
+
+
 async def wait(
     client: JobClient,
     job_id: str,
@@ -297,6 +315,7 @@ async def wait(
     deadline: float | None = None,
     on_status: Callable[[JobStatus], None] | None = None,
     report: BatchReport | None = None,
+    failures: int = POLL_FAILURES,
 ) -> JobStatus:
     """Poll a job until it finishes, or until ``deadline`` seconds have passed.
 
@@ -315,24 +334,44 @@ async def wait(
         Called with every status read (progress).
     report
         Counts the polls' wire requests.
+    failures
+        Polls in a row that may fail for a transient reason (``transient``)
+        before the wait gives up: each is tried again at the next pause.
 
     Returns
     -------
     JobStatus
         Finished, or the last one read when the deadline passed.
+
+    Raises
+    ------
+    BackendError
+        For a poll refused for good, for more than ``failures`` transient
+        failures in a row, or when the deadline passes before any poll
+        answered.
     """
     clock = clock or SystemClock()
     start = clock.time()
+    last: JobStatus | None = None
+    failed = 0
     for pause in backoff.pauses():
-        status = await client.status(job_id, report)
-        if on_status is not None:
-            on_status(status)
-        if status.finished:
-            return status
+        try:
+            status = await client.status(job_id, report)
+        except BackendError as error:
+            failed += 1
+            late = deadline is not None and clock.time() >= start + deadline
+            if not transient(error) or failed > failures or (late and last is None):
+                raise
+        else:
+            last, failed = status, 0
+            if on_status is not None:
+                on_status(status)
+            if status.finished:
+                return status
         if deadline is not None:
             left = start + deadline - clock.time()
-            if left <= 0:
-                return status
-            pause = min(pause, left)
+            if left <= 0 and last is not None:
+                return last
+            pause = min(pause, max(0.0, left))
         await clock.sleep(pause)
     raise AssertionError("unreachable")  # pauses() never ends
