@@ -23,9 +23,13 @@ Faults: the lines of an expired or cancelled job that never ran, and error
 lines the retry rules call retryable (up to the client's ``max_retries``
 times), go again in the next job; other error lines fail their draws; a job
 that ``failed`` fails its draws with the provider's reason quoted. With a
-``deadline``, jobs still running after it are cancelled and their missing
-draws go through the live API. With ``wait=False`` the jobs are created (or
-found) and ``JobsRunning`` is raised at once: a later call collects them.
+``deadline``, jobs still running after it are cancelled, what they finish
+before they stop (within ``cancel_wait``) is kept, and their missing draws go
+through the live API. A job still cancelling after that stays open in the
+ledger (a later run that asks for its draws collects it); its unanswered
+draws go live at once, so a line it finishes while cancelling is paid twice.
+With ``wait=False`` the jobs are created (or found) and ``JobsRunning`` is
+raised at once: a later call collects them.
 """
 from __future__ import annotations
 
@@ -63,6 +67,14 @@ class Jobs:
         Seconds to wait for a job; after it the job is cancelled (what it
         finished is kept) and its missing draws go through the live API.
         ``None``: no deadline (the provider's 24 hours).
+    cancel_wait
+        Seconds past the deadline that a cancelled job may take to stop
+        (OpenAI's take up to 10 minutes), so that what it finished is
+        collected rather than bought again live. One still ``cancelling``
+        after it stays open in the ledger (``outlines.jobs()``) and its
+        unanswered draws go live at once: a line it finishes meanwhile is
+        paid twice. With a deadline every wait is bounded: ``deadline +
+        cancel_wait`` in all.
     backoff
         Pauses between polls of a job (capped exponential).
     clock
@@ -82,6 +94,7 @@ class Jobs:
     run: str = "outlines"
     wait: bool = True
     deadline: float | None = None
+    cancel_wait: float = 600.0
     backoff: Backoff = Backoff()
     clock: Any = field(default=None, compare=False)
     max_requests: int | None = None
@@ -92,6 +105,9 @@ class Jobs:
             raise ValueError(f"Jobs(run=...) must be a non-empty string, got {self.run!r}")
         if self.deadline is not None and (isinstance(self.deadline, bool) or not self.deadline >= 0):
             raise ValueError(f"Jobs(deadline=...) must be seconds >= 0 or None, got {self.deadline!r}")
+        if isinstance(self.cancel_wait, bool) or not isinstance(self.cancel_wait, (int, float)) \
+                or not self.cancel_wait >= 0:
+            raise ValueError(f"Jobs(cancel_wait=...) must be seconds >= 0, got {self.cancel_wait!r}")
 
     @classmethod
     def of(cls, value: Any) -> Jobs | None:
@@ -248,6 +264,13 @@ class _Round:
         return intents
 
     async def wait_for(self, intent: str) -> JobStatus:
+        """The job's status once it has finished, or once the deadline (and ``cancel_wait``) passed.
+
+        After the deadline the job is cancelled and waited for ``cancel_wait``
+        more seconds, so what it finished is kept. One still ``cancelling``
+        then is returned unfinished: it stays open in the ledger and ``run``
+        sends its unanswered draws live.
+        """
         record = self.ledger.get(intent)
         assert record is not None and record.job_id is not None
         lines = self.ledger.lines(intent)
@@ -256,17 +279,23 @@ class _Round:
             self.ledger.advance(intent, status)
             self.emit("status", status, len(lines))
 
-        deadline = None
-        if self.settings.deadline is not None:
-            deadline = max(0.0, self.started + self.settings.deadline - self.clock.time())
         status = await wait(self.client, record.job_id, clock=self.clock, backoff=self.settings.backoff,
-                            deadline=deadline, on_status=seen, report=self.report)
+                            deadline=self.left(), on_status=seen, report=self.report)
         if not status.finished:  # the deadline passed: stop it, keep what it finished
             self.late = True
-            await self.client.cancel(record.job_id, self.report)
-            status = await wait(self.client, record.job_id, clock=self.clock, backoff=self.settings.backoff,
-                                on_status=seen, report=self.report)
+            status = await self.client.cancel(record.job_id, self.report)
+            self.ledger.advance(intent, status)
+            grace = self.left(self.settings.cancel_wait)
+            if not status.finished and grace:  # bounded too: a job may stay "cancelling" for good
+                status = await wait(self.client, record.job_id, clock=self.clock, backoff=self.settings.backoff,
+                                    deadline=grace, on_status=seen, report=self.report)
         return status
+
+    def left(self, grace: float = 0.0) -> float | None:
+        """Seconds left before the deadline (and ``grace`` after it); ``None`` without a deadline."""
+        if self.settings.deadline is None:
+            return None
+        return max(0.0, self.started + self.settings.deadline + grace - self.clock.time())
 
     async def collect(self, intent: str, status: JobStatus) -> None:
         """Land a finished job's results; what never ran or may go again stays pending."""
@@ -340,7 +369,8 @@ class _Round:
                                       sum(len(self.ledger.lines(i)) for i in intents))
             statuses = await asyncio.gather(*(self.wait_for(intent) for intent in intents))
             for intent, status in zip(intents, statuses):
-                await self.collect(intent, status)
+                if status.finished:  # one still cancelling past the deadline stays open: a later run collects it
+                    await self.collect(intent, status)
         return self.texts
 
 

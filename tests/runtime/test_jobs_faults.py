@@ -18,9 +18,13 @@ from outlines.cache.ledger import Ledger
 from outlines.errors import Failure, NodeError
 from tests.fixtures.fake_batches import FakeBatches, FakeClock, JobPlan
 from tests.fixtures.fake_openai import OK, Malformed, Status
-from tests.runtime.test_jobs import CREATE, KEY, PROVIDERS, _draws, cache, clock, jobs, model, server
+from outlines.runtime.jobs import Jobs
+from tests.runtime.test_jobs import CREATE, KEY, PROVIDERS, _draws, cache, clock, jobs, model, reply, server
 
 __all__ = ["cache", "clock", "server"]  # fixtures, used by name
+
+GET = {"openai": "batches.get", "anthropic": "message_batches.get"}
+CANCEL = {"openai": "batches.cancel", "anthropic": "message_batches.cancel"}
 
 
 def keys_of(out: Any, prompts: list[str]) -> list[str]:
@@ -89,11 +93,51 @@ def test_a_line_no_job_can_take_fails_its_element_alone_and_the_job_goes(server:
 @PROVIDERS
 def test_a_bad_poll_answer_does_not_end_a_long_wait(server: FakeBatches, clock: FakeClock, cache: Cache,
                                                      provider: str) -> None:
-    server.plan(JobPlan(validate_s=1.0, run_s=3600.0))
-    get = "batches.get" if provider == "openai" else "message_batches.get"
+    server.plan(JobPlan(validate_s=1.0, run_s=60.0))
+    get = GET[provider]
     gateway = Status(200, body={"error": {"message": "upstream connect error", "type": "server_error"}})
     server.script_route(get, OK, gateway, OK, Malformed("<html>bad gateway</html>"))
     out = model(server, provider)(outlines.string("q"), max_tokens=4)
     value = outlines.eval(out, givens={"q": ["a", "b"]}, batch=jobs(clock), cache=cache)
     assert list(value) == ["<a|None|0>", "<b|None|0>"] and server.count == 0
     assert server.counts[CREATE[provider]] == 1 and set(server.paid().values()) == {1}
+
+
+# -- item 5: the deadline bounds the wait after the cancel too ----------------------------------------
+
+
+@PROVIDERS
+def test_a_job_stuck_cancelling_past_the_deadline_stays_open_and_its_draws_go_live(
+        clock: FakeClock, cache: Cache, provider: str) -> None:
+    with FakeBatches(clock=clock, reply=reply, cancel_s=1e9) as stuck:  # cancelled, it never stops
+        stuck.plan(JobPlan(validate_s=1.0, run_s=100.0))
+        out = model(stuck, provider)(outlines.string("q"), max_tokens=4)
+        prompts = [f"p{i}" for i in range(4)]
+        start = clock.now
+        value = outlines.eval(out, givens={"q": prompts}, batch=jobs(clock, deadline=30.0, cancel_wait=20.0),
+                              cache=cache)
+        assert list(value) == [f"<{p}|None|0>" for p in prompts] and stuck.count == 4  # all of them live
+        assert clock.now - start <= 50.0 and sum(clock.slept) <= 50.0  # deadline + cancel_wait, not forever
+        assert stuck.counts[CANCEL[provider]] == 1 and stuck.counts[GET[provider]] <= 20
+        (job,) = stuck.jobs.values()
+        (record,) = outlines.jobs(cache=cache)  # open: a later run that asks for its draws collects it
+        assert record.job_id == job.id and record.state == "cancelling"
+        # What is paid: the lines the job finished before it was cancelled, in it and again live (documented).
+        assert len(stuck.paid()) == len(job.done(clock.now)) > 0
+
+
+def test_cancel_wait_must_be_seconds() -> None:
+    with pytest.raises(ValueError, match="cancel_wait"):
+        Jobs(cancel_wait=-1.0)
+    assert Jobs(deadline=60.0).cancel_wait == 600.0
+
+
+def test_with_no_cancel_wait_the_deadline_is_the_bound(clock: FakeClock, cache: Cache) -> None:
+    with FakeBatches(clock=clock, reply=reply, cancel_s=1e9) as stuck:
+        stuck.plan(JobPlan(validate_s=1.0, run_s=100.0))
+        out = model(stuck, "openai")(outlines.string("q"), max_tokens=4)
+        value = outlines.eval(out, givens={"q": ["a", "b"]}, batch=jobs(clock, deadline=30.0, cancel_wait=0.0),
+                              cache=cache)
+        assert list(value) == ["<a|None|0>", "<b|None|0>"] and sum(clock.slept) == 30.0
+        (record,) = outlines.jobs(cache=cache)
+        assert record.state == "cancelling" and stuck.counts["batches.cancel"] == 1
