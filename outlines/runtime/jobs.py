@@ -283,7 +283,12 @@ class _Round:
                             deadline=self.left(), on_status=seen, report=self.report)
         if not status.finished:  # the deadline passed: stop it, keep what it finished
             self.late = True
-            status = await self.client.cancel(record.job_id, self.report)
+            try:
+                status = await self.client.cancel(record.job_id, self.report)
+            except BackendError as error:  # refused: it may have finished since the last poll
+                status = await self.client.status(record.job_id, self.report)
+                if not status.finished:
+                    raise error from None
             self.ledger.advance(intent, status)
             grace = self.left(self.settings.cancel_wait)
             if not status.finished and grace:  # bounded too: a job may stay "cancelling" for good

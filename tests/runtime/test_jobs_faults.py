@@ -6,18 +6,19 @@ fixtures and helpers of ``test_jobs``.
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 from typing import Any
 
 import pytest
+from aiohttp import web
 
 import outlines
 from outlines.cache import Cache, draw_keys
-from outlines.cache.ledger import Ledger
 from outlines.errors import Failure, NodeError
 from tests.fixtures.fake_batches import FakeBatches, FakeClock, JobPlan
-from tests.fixtures.fake_openai import OK, Malformed, Status
+from tests.fixtures.fake_openai import OK, Action, Malformed, Status
 from outlines.runtime.jobs import Jobs
 from tests.runtime.test_jobs import CREATE, KEY, PROVIDERS, _draws, cache, clock, jobs, model, reply, server
 
@@ -61,7 +62,6 @@ def test_a_key_the_provider_echoes_is_stored_and_shown_nowhere(server: FakeBatch
              str(trace.errors()), json.dumps(trace.to_dict()), repr(records),
              json.dumps([r.to_json().decode() for r in records])]
     assert [i for i, text in enumerate(shown) if KEY in text] == [] and "***" in str(caught.value)
-    Ledger(cache).close()
     assert KEY.encode() not in stored_bytes(cache)
 
 
@@ -141,3 +141,24 @@ def test_with_no_cancel_wait_the_deadline_is_the_bound(clock: FakeClock, cache: 
         assert list(value) == ["<a|None|0>", "<b|None|0>"] and sum(clock.slept) == 30.0
         (record,) = outlines.jobs(cache=cache)
         assert record.state == "cancelling" and stuck.counts["batches.cancel"] == 1
+
+
+@dataclasses.dataclass(frozen=True)
+class FinishedMeanwhile(Action):
+    """The job finishes between the last poll and the cancel, which the provider then refuses."""
+
+    clock: FakeClock
+
+    async def respond(self, server: Any, request: web.Request, body: Any) -> web.StreamResponse:
+        self.clock.advance(1000.0)
+        return web.json_response({"error": {"message": "Cannot cancel a batch with status 'completed'."}}, status=400)
+
+
+def test_a_cancel_refused_because_the_job_just_finished_collects_it(server: FakeBatches, clock: FakeClock,
+                                                                     cache: Cache) -> None:
+    server.plan(JobPlan(validate_s=1.0, run_s=100.0))
+    server.script_route("batches.cancel", FinishedMeanwhile(clock))
+    out = model(server, "openai")(outlines.string("q"), max_tokens=4)
+    value = outlines.eval(out, givens={"q": ["a", "b"]}, batch=jobs(clock, deadline=30.0), cache=cache)
+    assert list(value) == ["<a|None|0>", "<b|None|0>"] and server.count == 0  # all from the job, none live
+    assert outlines.jobs(cache=cache) == [] and set(server.paid().values()) == {1}
