@@ -12,7 +12,7 @@ from __future__ import annotations
 import re
 from typing import Any, Callable, Iterable, Protocol, runtime_checkable
 
-__all__ = ["Shown", "apart", "hide_keys", "hide_secrets", "label_of", "redactor", "shorten"]
+__all__ = ["ANYWHERE_FROM", "Shown", "apart", "hide_keys", "hide_secrets", "label_of", "redactor", "shorten"]
 
 _KEY_PATTERN = re.compile(r"\b(sk-[A-Za-z0-9_\-]{3,}|Bearer\s+\S+)")
 #: The characters keys are made of: a short secret next to one of them is part of a longer word.

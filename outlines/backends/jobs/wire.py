@@ -5,13 +5,13 @@ jobs' path and the list's cursor parameter. Status, page and cancel requests
 go through the backend's ``http.HTTPClient`` (its base URL, key, retries);
 ``start`` creates a job without paying twice (``create_once``); ``line``
 makes a request's line (or refuses one no job can take), ``line_error`` an
-errored line's result. A subclass reads the
-provider's job object (``parse``), builds lines, finds lost jobs and reads
-results. The small readers here (``jsonl``, ``mapping``, ``number``,
-``path_segment``) turn provider answers into the values of ``jobs.base``,
-quoting what they cannot read. Whatever a provider says that is kept or
-shown (a job's reason, a line's error) passes the client's ``redact`` where
-it is read: a key the provider echoes goes no further.
+errored line's result. A subclass reads the provider's job object
+(``parse``), builds lines, finds lost jobs and reads results. The small
+readers here (``jsonl``, ``mapping``, ``number``, ``path_segment``) turn
+provider answers into the values of ``jobs.base``, quoting what they cannot
+read. Whatever a provider says that is kept or shown (a job's reason, a
+line's error) passes the client's ``redact`` where it is read: a key the
+provider echoes goes no further.
 """
 from __future__ import annotations
 
