@@ -23,6 +23,7 @@ and a budget equal to a reported estimate admits the run it estimates.
 """
 from __future__ import annotations
 
+import functools
 import hashlib
 import math
 import os
@@ -244,13 +245,19 @@ class Price:
         >>> Price(0.1, 0.3).money(3, 0) == Fraction(3, 10) / 1_000_000
         True
         """
-        input_price = exact_money(self.input)
-        cached_price = input_price if self.cached_input is None else exact_money(self.cached_input)
-        write_price = input_price if self.cache_write is None else exact_money(self.cache_write)
+        input_price, cached_price, write_price, output_price, kept = self._exact
         plain = max(prompt_tokens - cached_tokens - cache_write_tokens, 0)
         money = plain * input_price + cached_tokens * cached_price + cache_write_tokens * write_price
-        money += completion_tokens * exact_money(self.output)
-        return money * (1 - exact_money(self.batch_discount) if batch else 1) / 1_000_000
+        money += completion_tokens * output_price
+        return money * kept if batch else money
+
+    @functools.cached_property
+    def _exact(self) -> tuple[Fraction, Fraction, Fraction, Fraction, Fraction]:
+        """Input, cached-input, cache-write and output prices per token, exact; the part a batch job keeps."""
+        input_price = exact_money(self.input) / 1_000_000
+        cached_price = input_price if self.cached_input is None else exact_money(self.cached_input) / 1_000_000
+        write_price = input_price if self.cache_write is None else exact_money(self.cache_write) / 1_000_000
+        return input_price, cached_price, write_price, exact_money(self.output) / 1_000_000, 1 - exact_money(self.batch_discount)
 
     def cost(
         self,

@@ -375,12 +375,20 @@ class Trace:
             if price is None or not (prompt or completion):
                 out[name] = None
                 continue
-            # Per batch: cached prompt tokens at the cached-input price, batches answered by
-            # provider jobs at the batch price (``Price.batch_discount``).
+            # Cached prompt tokens at the cached-input price, batches answered by provider jobs at
+            # the batch price (``Price.batch_discount``). Money is linear in the tokens of each kind:
+            # they are added up per price (live, batch) first, then priced once.
             price = Price.of(price)
-            out[name] = sum((price.money(b.prompt_tokens, b.completion_tokens, cached_tokens=b.cached_tokens,
-                                         cache_write_tokens=b.cache_write_tokens, batch=bool(b.jobs))
-                             for b in self.batches if b.backend == name), Fraction(0))
+            tokens = {False: [0, 0, 0, 0], True: [0, 0, 0, 0]}  # batch? -> plain, cached, written, completion
+            for b in self.batches:
+                if b.backend == name:
+                    counts = tokens[bool(b.jobs)]
+                    counts[0] += max(b.prompt_tokens - b.cached_tokens - b.cache_write_tokens, 0)
+                    counts[1] += b.cached_tokens
+                    counts[2] += b.cache_write_tokens
+                    counts[3] += b.completion_tokens
+            out[name] = sum((price.money(sum(c[:3]), c[3], cached_tokens=c[1], cache_write_tokens=c[2], batch=batch)
+                             for batch, c in tokens.items()), Fraction(0))
         return out
 
     @property
