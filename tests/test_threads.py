@@ -2,6 +2,8 @@
 from __future__ import annotations
 
 import asyncio
+import os
+import signal
 import threading
 import time
 
@@ -71,3 +73,51 @@ def test_a_watched_loop_is_busy_except_while_it_waits_for_events() -> None:
         seen = runner.run(main())
     assert seen == [False, True]
     assert threads.FOREGROUND.idle.is_set()  # every burst ended with the loop
+
+
+def test_the_pool_runs_calls_side_by_side_in_daemon_threads_and_hands_back_their_errors() -> None:
+    pool = threads.DaemonPool(8, "test-pool")
+    together = threading.Barrier(8, timeout=10)  # broken, and each call fails, unless all 8 run at once
+
+    def meet(i: int) -> tuple[int, bool]:
+        together.wait()
+        return i, threading.current_thread().daemon
+
+    futures = [pool.submit(meet, i) for i in range(8)]
+    assert [f.result(timeout=20) for f in futures] == [(i, True) for i in range(8)]
+    with pytest.raises(ZeroDivisionError):
+        pool.submit(lambda: 1 / 0).result(timeout=20)
+    assert pool.submit(lambda *, x: x, x="kw").result(timeout=20) == "kw"
+
+
+def test_more_calls_than_workers_queue_in_order_and_idle_workers_end(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(threads, "IDLE_SECONDS", 0.05)
+    pool = threads.DaemonPool(1, "capped-pool")
+    release = threading.Event()
+    order: list[int] = []
+    futures = [pool.submit(lambda i=i: (release.wait(10), order.append(i))) for i in range(5)]
+    assert sum(t.name.startswith("capped-pool") for t in threading.enumerate()) == 1  # the cap
+    release.set()
+    for future in futures:
+        future.result(timeout=20)
+    assert order == [0, 1, 2, 3, 4]  # the queued calls ran in the order given
+    deadline = time.monotonic() + 10
+    while any(t.name.startswith("capped-pool") for t in threading.enumerate()) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert not any(t.name.startswith("capped-pool") for t in threading.enumerate())  # idle: ended
+    assert pool.submit(lambda: "again").result(timeout=20) == "again"  # a new worker starts on demand
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="fork")
+def test_a_forked_child_runs_blocking_calls_in_a_pool_of_its_own() -> None:
+    asyncio.run(threads.run_blocking(int))  # the parent's pool has an idle worker, which the child lacks
+    pid = os.fork()
+    if pid == 0:  # the child: a call that never runs ends it by SIGALRM
+        code = 1
+        try:
+            signal.alarm(10)
+            code = 0 if asyncio.run(threads.run_blocking(lambda: 7)) == 7 else 1
+        finally:
+            os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0

@@ -12,24 +12,37 @@ discount of provider batch jobs). There is no built-in price table: prices go
 stale, so they come from the user (``models.openai(..., price=(0.15, 0.60))``,
 ``price=Price(3.0, 15.0, cached_input=0.30, cache_write=3.75)`` or a
 ``prices={model name: (input, output)}`` table).
+
+Money follows one rule everywhere (``explain``, budgets, ``Trace.cost()``):
+it is counted exactly (``Price.money``: a ``Fraction``, with each price and
+budget read as the decimal it is written as, so ``0.1`` is one tenth), and
+rounded only where it is reported, up to a whole micro-unit (a millionth of
+the prices' currency: a micro-dollar for prices in dollars; ``reported``).
+A run split into batches then costs to the last digit what it costs whole,
+and a budget equal to a reported estimate admits the run it estimates.
 """
 from __future__ import annotations
 
+import functools
 import hashlib
 import math
 import os
 import tempfile
 from dataclasses import dataclass
+from fractions import Fraction
 from typing import Any, Callable, Mapping, NamedTuple, Sequence, Union
 
 __all__ = [
     "CHARS_PER_TOKEN",
+    "MICROS",
     "Price",
     "PriceTable",
     "TokenCounter",
     "WireUsage",
     "estimate_tokens",
+    "exact_money",
     "price_of",
+    "reported",
     "tiktoken_counter",
     "user_counter",
     "wire_usage",
@@ -38,6 +51,9 @@ __all__ = [
 #: The estimate's ratio: English text averages about 4 characters per token
 #: with OpenAI's tokenizers; code and other languages use more tokens.
 CHARS_PER_TOKEN = 4
+
+#: Reported money is rounded up to a whole 1/MICROS of the prices' currency (a micro-dollar).
+MICROS = 1_000_000
 
 #: ``text -> tokens``: an int, or a sequence of tokens (its length counts).
 Tokenizer = Callable[[str], Union[int, Sequence[Any]]]
@@ -208,27 +224,79 @@ class Price:
         raise TypeError(f"a price is (input_per_1M, output_per_1M), a mapping of Price's fields or a Price, "
                         f"got {value!r}")
 
-    def cost(
+    def money(
         self,
-        prompt_tokens: float,
-        completion_tokens: float,
+        prompt_tokens: int,
+        completion_tokens: int,
         *,
-        cached_tokens: float = 0,
-        cache_write_tokens: float = 0,
+        cached_tokens: int = 0,
+        cache_write_tokens: int = 0,
         batch: bool = False,
-    ) -> float:
-        """The money ``prompt_tokens`` in and ``completion_tokens`` out cost.
+    ) -> Fraction:
+        """The money ``prompt_tokens`` in and ``completion_tokens`` out cost, exactly (what totals add up).
 
         ``cached_tokens`` and ``cache_write_tokens`` are the parts of
         ``prompt_tokens`` read from and written to the provider's prompt
-        cache; ``batch``: they ran in a provider batch job.
+        cache; ``batch``: they ran in a provider batch job. Each price is
+        read as the decimal it is written as (``exact_money``).
+
+        Examples
+        --------
+        >>> Price(0.1, 0.3).money(3, 0) == Fraction(3, 10) / 1_000_000
+        True
         """
-        cached_price = self.input if self.cached_input is None else self.cached_input
-        write_price = self.input if self.cache_write is None else self.cache_write
+        input_price, cached_price, write_price, output_price, kept = self._exact
         plain = max(prompt_tokens - cached_tokens - cache_write_tokens, 0)
-        money = plain * self.input + cached_tokens * cached_price + cache_write_tokens * write_price
-        money += completion_tokens * self.output
-        return money * (1 - self.batch_discount if batch else 1) / 1_000_000
+        money = plain * input_price + cached_tokens * cached_price + cache_write_tokens * write_price
+        money += completion_tokens * output_price
+        return money * kept if batch else money
+
+    @functools.cached_property
+    def _exact(self) -> tuple[Fraction, Fraction, Fraction, Fraction, Fraction]:
+        """Input, cached-input, cache-write and output prices per token, exact; the part a batch job keeps."""
+        input_price = exact_money(self.input) / 1_000_000
+        cached_price = input_price if self.cached_input is None else exact_money(self.cached_input) / 1_000_000
+        write_price = input_price if self.cache_write is None else exact_money(self.cache_write) / 1_000_000
+        return input_price, cached_price, write_price, exact_money(self.output) / 1_000_000, 1 - exact_money(self.batch_discount)
+
+    def cost(
+        self,
+        prompt_tokens: int,
+        completion_tokens: int,
+        *,
+        cached_tokens: int = 0,
+        cache_write_tokens: int = 0,
+        batch: bool = False,
+    ) -> float:
+        """``money(...)`` as reported: rounded up to a whole micro-unit (``reported``)."""
+        return reported(self.money(prompt_tokens, completion_tokens, cached_tokens=cached_tokens,
+                                   cache_write_tokens=cache_write_tokens, batch=batch))
+
+
+def exact_money(amount: float) -> Fraction:
+    """A price or a budget as exact money: the decimal it is written as (``0.1`` is one tenth).
+
+    Examples
+    --------
+    >>> exact_money(0.1) * 3 == Fraction(3, 10)
+    True
+    """
+    return Fraction(repr(amount)) if isinstance(amount, float) else Fraction(amount)
+
+
+def reported(money: Fraction) -> float:
+    """Exact ``money`` rounded up to a whole micro-unit (``MICROS``): how every amount is shown.
+
+    The float prints as that many micro-units, and ``exact_money`` reads it
+    back as exactly them (up to 10**15 micro-units), so a budget set to a
+    reported estimate is never below the money it estimates.
+
+    Examples
+    --------
+    >>> reported(Fraction(1, 3))
+    0.333334
+    """
+    return math.ceil(money * MICROS) / MICROS
 
 
 _PRICE_FIELDS = frozenset({"input", "output", "cached_input", "cache_write", "batch_discount"})

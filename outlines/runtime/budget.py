@@ -13,13 +13,19 @@ budget too small for a whole batch still buys what it can. When a batch ends its
 is replaced by the usage the backend reported (or kept whole when it reported
 none). Cache hits cost nothing, so raising the budget and running again sends
 only what was refused.
+
+Money is counted exactly (``outlines.backends.usage``: ``Price.money``, the
+budget's ``cost`` read as the decimal it is written as) and compared with no
+rounding, so a batch split in any way needs what it needs whole, and a budget
+equal to ``explain``'s estimate (rounded up to a micro-unit) admits the run.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
+from fractions import Fraction
 from typing import Any, Sequence
 
-from outlines.backends.usage import Price, PriceTable, price_of
+from outlines.backends.usage import Price, PriceTable, exact_money, price_of, reported
 from outlines.errors import BudgetExceeded
 
 __all__ = ["Budget", "BudgetGuard"]
@@ -34,9 +40,11 @@ class Budget:
     tokens
         Prompt plus completion tokens, all backends together (``None``: no bound).
     cost
-        Money, in the unit of the prices (``None``: no bound). Every model
-        called must have a price: ``models.openai(..., price=(in, out))`` per
-        million tokens, or an entry of ``prices``.
+        Money, in the unit of the prices (``None``: no bound), read as the
+        decimal it is written as and compared exactly: ``explain(...).cost``
+        admits the run it estimates. Every model called must have a price:
+        ``models.openai(..., price=(in, out))`` per million tokens, or an
+        entry of ``prices``.
     prices
         A user price table, model name (or backend repr) -> ``(input_per_1M,
         output_per_1M)``; a model's own ``price`` wins.
@@ -80,9 +88,10 @@ class BudgetGuard:
 
     def __init__(self, budget: Budget) -> None:
         self.budget = budget
+        self.limit = None if budget.cost is None else exact_money(budget.cost)
         self.tokens = 0  # spent, as reported (or reserved, where nothing was reported)
-        self.cost = 0.0
-        self.reserved: dict[int, tuple[int, float]] = {}  # ticket -> (tokens, cost) in flight
+        self.cost = Fraction(0)  # exact money (``Price.money``)
+        self.reserved: dict[int, tuple[int, Fraction]] = {}  # ticket -> (tokens, cost) in flight
         self.tickets = 0
         self.exhausted: BudgetExceeded | None = None
 
@@ -95,7 +104,7 @@ class BudgetGuard:
             )
         return price
 
-    def _need(self, backend: Any, draws: Sequence[Any], batch: bool = False) -> tuple[int, float, bool]:
+    def _need(self, backend: Any, draws: Sequence[Any], batch: bool = False) -> tuple[int, Fraction, bool]:
         """``(tokens, cost, priced)`` sending ``draws`` to ``backend`` may spend, at most."""
         prompt_tokens, completion = backend.usage_bound(draws)
         if completion is None:
@@ -104,14 +113,16 @@ class BudgetGuard:
                 f"may cost); a call to {backend!r} sets none"
             )
         price = self._price(backend)
-        cost = price.cost(prompt_tokens, completion, batch=batch) if price is not None else 0.0
+        cost = price.money(prompt_tokens, completion, batch=batch) if price is not None else Fraction(0)
         return prompt_tokens + completion, cost, price is not None
 
-    def _fits(self, tokens: int, cost: float) -> bool:
-        in_flight_tokens = sum(t for t, _ in self.reserved.values())
-        in_flight_cost = sum(c for _, c in self.reserved.values())
+    def _in_flight(self) -> tuple[int, Fraction]:
+        return sum(t for t, _ in self.reserved.values()), sum((c for _, c in self.reserved.values()), Fraction(0))
+
+    def _fits(self, tokens: int, cost: Fraction) -> bool:
+        in_flight_tokens, in_flight_cost = self._in_flight()
         over_tokens = self.budget.tokens is not None and self.tokens + in_flight_tokens + tokens > self.budget.tokens
-        over_cost = self.budget.cost is not None and self.cost + in_flight_cost + cost > self.budget.cost
+        over_cost = self.limit is not None and self.cost + in_flight_cost + cost > self.limit
         return not (over_tokens or over_cost)
 
     def fitting(self, backend: Any, draws: Sequence[Any], *, batch: bool = False) -> int:
@@ -152,10 +163,11 @@ class BudgetGuard:
             raise self.exhausted.again(node)
         tokens, cost, priced = self._need(backend, draws, batch)
         if not self._fits(tokens, cost):
+            in_flight_tokens, in_flight_cost = self._in_flight()
             self.exhausted = BudgetExceeded(
-                node, self.budget, spent_tokens=self.tokens + sum(t for t, _ in self.reserved.values()),
-                spent_cost=self.cost + sum(c for _, c in self.reserved.values()),
-                needed_tokens=tokens, needed_cost=cost if priced else None,
+                node, self.budget, spent_tokens=self.tokens + in_flight_tokens,
+                spent_cost=reported(self.cost + in_flight_cost),
+                needed_tokens=tokens, needed_cost=reported(cost) if priced else None,
                 backend=repr(backend), draws=len(draws),
             )
             raise self.exhausted
@@ -173,13 +185,13 @@ class BudgetGuard:
         A batch that reported no usage is charged its whole reservation if it
         succeeded (its real use is unknown) and nothing if it failed.
         """
-        tokens, cost = self.reserved.pop(ticket, (0, 0.0))
+        tokens, cost = self.reserved.pop(ticket, (0, Fraction(0)))
         if usage[0] or usage[1]:
             price = price_of(backend, self.budget.prices)
             tokens = usage[0] + usage[1]
-            cost = price.cost(usage[0], usage[1], cached_tokens=usage[2] if len(usage) > 2 else 0,
-                              cache_write_tokens=usage[3] if len(usage) > 3 else 0, batch=batch) if price is not None else 0.0
+            cost = price.money(usage[0], usage[1], cached_tokens=usage[2] if len(usage) > 2 else 0,
+                               cache_write_tokens=usage[3] if len(usage) > 3 else 0, batch=batch) if price is not None else Fraction(0)
         elif failed:
-            tokens, cost = 0, 0.0
+            tokens, cost = 0, Fraction(0)
         self.tokens += tokens
         self.cost += cost

@@ -50,18 +50,26 @@ one that first carries it. A provider keeps a head cached across batches (the
 warm-up sends one request per head first), a local model only within one.
 What a provider really caches depends on its own rules (OpenAI's 128-token
 steps, eviction after minutes), so the run's trace reports the real counts.
+
+Costs are upper bounds, priced the way a ``Budget`` prices each batch: every
+prompt token at the input price (the estimated cached ones too: their
+discount, ``BackendUsage.cache_saving``, is not promised), completions at
+``max_tokens``, provider jobs at the batch price. Money is summed exactly and
+reported rounded up to a micro-unit (``outlines.backends.usage.reported``),
+so ``Budget(cost=explain(...).cost)`` admits the run it estimates.
 """
 from __future__ import annotations
 
 import re
 from dataclasses import asdict, dataclass, field
+from fractions import Fraction
 from typing import Any, Mapping
 
 import numpy as np
 
 from outlines.backends.base import Backend, DrawBatch, Slot
 from outlines.backends.prefix import prefix_groups
-from outlines.backends.usage import PriceTable, price_of
+from outlines.backends.usage import Price, PriceTable, price_of, reported
 from outlines.graph.basic import Variable
 from outlines.graph.control import WhileLoop
 from outlines.labels import apart, label_of
@@ -121,10 +129,8 @@ class BackendUsage:
     exact: bool = True
     #: Prompts not known in advance (computed from model outputs): their tokens are not counted.
     unknown_prompts: int = 0
-    #: Money, from the model's price or the ``prices`` table (``None``: no price).
-    prompt_cost: float | None = None
-    #: Upper bound of the completions' cost (``None``: no price or no bound).
-    completion_cost: float | None = None
+    #: The model's price, or its entry of the ``prices`` table (``None``: no price, no cost).
+    price: Price | None = None
     #: What is known of the server (``outlines.backends.quirks``: noted by earlier runs, on disk):
     #: the requests above follow it (one per sample where the server ignores ``n``).
     quirks: list[str] = field(default_factory=list)
@@ -133,11 +139,43 @@ class BackendUsage:
     rounds: int = 0
 
     @property
-    def cost(self) -> float | None:
-        """Upper bound of the whole cost (``None`` when unknown)."""
-        if self.prompt_cost is None or self.completion_cost is None:
+    def money(self) -> Fraction | None:
+        """The upper bound of the cost, exact (``None``: no price or no bound); ``cost`` reports it."""
+        if self.price is None or self.completion_tokens is None:
             return None
-        return self.prompt_cost + self.completion_cost
+        return self.price.money(self.prompt_tokens, self.completion_tokens, batch=bool(self.jobs))
+
+    @property
+    def cost(self) -> float | None:
+        """Upper bound of the whole cost (``None`` when unknown), rounded up to a micro-unit."""
+        money = self.money
+        return None if money is None else reported(money)
+
+    @property
+    def prompt_cost(self) -> float | None:
+        """The prompts' cost, every token at the input price (``None``: no price)."""
+        return None if self.price is None else self.price.cost(self.prompt_tokens, 0, batch=bool(self.jobs))
+
+    @property
+    def completion_cost(self) -> float | None:
+        """Upper bound of the completions' cost (``None``: no price or no bound)."""
+        if self.price is None or self.completion_tokens is None:
+            return None
+        return self.price.cost(0, self.completion_tokens, batch=bool(self.jobs))
+
+    @property
+    def cache_saving(self) -> float | None:
+        """An estimate of what the prompt cache may take off ``cost`` (``cached_tokens`` at the cached price)."""
+        if self.price is None:
+            return None
+        batch = bool(self.jobs)
+        full = self.price.money(self.prompt_tokens, 0, batch=batch)
+        return reported(full - self.price.money(self.prompt_tokens, 0, cached_tokens=self.cached_tokens, batch=batch))
+
+    def to_dict(self) -> dict[str, Any]:
+        """The fields, and the costs as reported."""
+        return dict(asdict(self), prompt_cost=self.prompt_cost, completion_cost=self.completion_cost,
+                    cost=self.cost, cache_saving=self.cache_saving)
 
 
 @dataclass
@@ -169,8 +207,8 @@ class LoopEstimate:
     def cost(self, backend: str) -> tuple[float, float] | None:
         """(one iteration's, ``max_iter`` iterations') upper bound of the cost; ``None`` when unknown."""
         usage = self.iteration.get(backend)
-        cost = None if usage is None else usage.cost
-        return None if cost is None else (cost, cost * self.max_iter)
+        money = None if usage is None else usage.money
+        return None if money is None else (reported(money), reported(money * self.max_iter))
 
     def lines(self, names: Mapping[str, str] | None = None) -> list[str]:
         """The summary's lines for this loop (``names``: how to print each backend)."""
@@ -247,8 +285,8 @@ class Explanation:
     @property
     def cost(self) -> float | None:
         """Upper bound of the money spent (``None`` when a backend has no price or no bound)."""
-        costs = [u.cost for u in self.usage.values()]
-        return None if None in costs else sum(c for c in costs if c is not None)
+        money = [u.money for u in self.usage.values()]
+        return None if None in money else reported(sum((m for m in money if m is not None), Fraction(0)))
 
     @property
     def requests(self) -> int:
@@ -299,8 +337,9 @@ class Explanation:
             "timing_dependent": list(self.timing_dependent),
             "exact": self.exact,
             "control": list(self.control),
-            "usage": {name: dict(asdict(u), cost=u.cost) for name, u in self.usage.items()},
-            "loops": [asdict(loop) for loop in self.loops],
+            "usage": {name: u.to_dict() for name, u in self.usage.items()},
+            "loops": [dict(asdict(loop), iteration={name: u.to_dict() for name, u in loop.iteration.items()})
+                      for loop in self.loops],
             "draw_numbers": {label: list(span) for label, span in self.draw_numbers.items()},
             "draws_range": list(self.draws_range),
             "requests_range": list(self.requests_range),
@@ -341,7 +380,10 @@ class Explanation:
             cost = "" if usage.cost is None else f"; cost <= {usage.cost:.6g} (prompts {usage.prompt_cost:.6g})"
             if usage.quirks:
                 cost += f"; server quirks known: {', '.join(usage.quirks)} (requests counted with them)"
-            cached = f", about {usage.cached_tokens} of them cached (an estimate)" if usage.cached_tokens else ""
+            cached = f", about {usage.cached_tokens} of them cached (an estimate" if usage.cached_tokens else ""
+            if cached:
+                saving = usage.cache_saving
+                cached += ")" if not saving else f": the cost would be about {saving:.6g} less)"
             lines.append(
                 f"  {names.get(name, name)}: {usage.requests} request(s) in {usage.batches} batch(es); tokens: "
                 f"{usage.prompt_tokens} prompt ({counted}){cached}, completion {bound}{cost}"
@@ -637,12 +679,7 @@ class _DryRun:
         for name, usage in out.items():
             usage.quirks = sorted(getattr(backends[name], "known_quirks", ()))
             usage.rounds = len({b.level for b in batches if b.backend == name and b.jobs})
-            price = price_of(backends[name], prices)
-            if price is not None:  # a backend's batches are all jobs or all live
-                usage.prompt_cost = price.cost(usage.prompt_tokens, 0, cached_tokens=usage.cached_tokens,
-                                               batch=bool(usage.jobs))
-                if usage.completion_tokens is not None:
-                    usage.completion_cost = price.cost(0, usage.completion_tokens, batch=bool(usage.jobs))
+            usage.price = price_of(backends[name], prices)  # a backend's batches are all jobs or all live
         return dict(sorted(out.items()))
 
     def timing_dependent(self, together: Mapping[str, int] | None = None) -> list[str]:

@@ -9,9 +9,16 @@ schedule the way Ctrl-C does, waits for the cache writers to commit
 everything queued, puts the default action back and sends SIGTERM again, so
 the process still ends with the status SIGTERM gives (143 in a shell).
 
+A step that never returns while holding the schedule's event loop (a
+Python step run on the loop, ``outlines.fn(blocking=False)``, stuck in
+``time.sleep``) would keep the cancellation from ever running: if the
+process is still there ``GRACE_SECONDS`` after SIGTERM, a watchdog thread
+waits for the cache writers and ends it by SIGTERM all the same. Steps run
+in the thread pool never hold it back (``outlines.threads.DaemonPool``).
+
 An application that installed its own SIGTERM handler (or ignores the
-signal) keeps it: nothing is installed then. A second SIGTERM while the
-writers flush ends the process at once.
+signal) keeps it: nothing is installed then. A second SIGTERM ends the
+process at once.
 """
 from __future__ import annotations
 
@@ -20,11 +27,15 @@ import contextlib
 import os
 import signal
 import threading
+import time
 from typing import Any, Awaitable, Callable, Iterator, TypeVar
 
 from outlines.cache.disk import flush_all
 
-__all__ = ["Termination", "terminating_gracefully"]
+__all__ = ["GRACE_SECONDS", "Termination", "terminating_gracefully"]
+
+#: After SIGTERM, how long the running schedule has to stop before the process ends anyway.
+GRACE_SECONDS = 5.0
 
 T = TypeVar("T")
 Factory = Callable[[Any], Awaitable[T]]
@@ -58,10 +69,12 @@ class Termination:
         return noted
 
     def receive(self, signum: int, frame: Any) -> None:
-        """The SIGTERM handler (main thread): cancel the schedule, as Ctrl-C does."""
+        """The SIGTERM handler (main thread): cancel the schedule, as Ctrl-C does; end anyway after the grace."""
         with self._lock:
             self.received = True
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)  # a second SIGTERM, or the watchdog's, ends the process at once
         self._cancel()
+        threading.Thread(target=_flush_then_die, args=(GRACE_SECONDS,), name="outlines-sigterm", daemon=True).start()
 
     def _cancel(self) -> None:
         with self._lock:
@@ -93,7 +106,9 @@ def terminating_gracefully() -> Iterator[Termination]:
             _flush_then_die()
 
 
-def _flush_then_die() -> None:
+def _flush_then_die(after: float = 0.0) -> None:
+    """After ``after`` seconds, wait for the cache writers, then end the process by SIGTERM (its default action)."""
+    time.sleep(after)
     flush_all()
     os.kill(os.getpid(), signal.SIGTERM)
     # Delivered at once unless the signal is blocked in this thread: exit as a shell reports SIGTERM.

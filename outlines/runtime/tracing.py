@@ -16,8 +16,10 @@ import json
 import os
 import time
 from dataclasses import asdict, dataclass, field
+from fractions import Fraction
 from typing import Any, Callable, Iterator, Sequence
 
+from outlines.backends.usage import Price, reported
 from outlines.labels import apart, label_of
 from outlines.runtime.events import NULL, Listener, Recorder
 
@@ -354,30 +356,40 @@ class Trace:
         ``None`` for a backend without a price, or that reported no usage
         (a ``from_function`` model): its cost is unknown, not zero. Cached
         prompt tokens cost the price's ``cached_input``, tokens written to a
-        prompt cache its ``cache_write`` (each ``input`` when unset).
+        prompt cache its ``cache_write`` (each ``input`` when unset). Summed
+        exactly, rounded up to a micro-unit (``outlines.backends.usage.reported``).
         """
-        from outlines.backends.usage import Price
-
-        out: dict[str, float | None] = {}
-        for name, (prompt, completion) in self.tokens_per_backend.items():
-            model, own = self.models.get(name, (name, None))
-            price = own if own is not None else (prices or {}).get(model, (prices or {}).get(name))
-            reported = prompt or completion
-            if price is None or not reported:
-                out[name] = None
-                continue
-            # Per batch: cached prompt tokens at the cached-input price, batches answered by
-            # provider jobs at the batch price (``Price.batch_discount``).
-            price = Price.of(price)
-            out[name] = sum(price.cost(b.prompt_tokens, b.completion_tokens, cached_tokens=b.cached_tokens,
-                                       cache_write_tokens=b.cache_write_tokens, batch=bool(b.jobs))
-                            for b in self.batches if b.backend == name)
-        return out
+        return {name: None if money is None else reported(money) for name, money in self._money(prices).items()}
 
     def cost(self, prices: Any = None) -> float | None:
         """Money spent, from the usage backends reported (``None`` when a backend has no price)."""
-        costs = list(self.cost_per_backend(prices).values())
-        return None if None in costs else sum(c for c in costs if c is not None)
+        money = list(self._money(prices).values())
+        return None if None in money else reported(sum((m for m in money if m is not None), Fraction(0)))
+
+    def _money(self, prices: Any) -> dict[str, Fraction | None]:
+        """``repr(backend) -> exact money`` spent (``Price.money``); see ``cost_per_backend``."""
+        out: dict[str, Fraction | None] = {}
+        for name, (prompt, completion) in self.tokens_per_backend.items():
+            model, own = self.models.get(name, (name, None))
+            price = own if own is not None else (prices or {}).get(model, (prices or {}).get(name))
+            if price is None or not (prompt or completion):
+                out[name] = None
+                continue
+            # Cached prompt tokens at the cached-input price, batches answered by provider jobs at
+            # the batch price (``Price.batch_discount``). Money is linear in the tokens of each kind:
+            # they are added up per price (live, batch) first, then priced once.
+            price = Price.of(price)
+            tokens = {False: [0, 0, 0, 0], True: [0, 0, 0, 0]}  # batch? -> plain, cached, written, completion
+            for b in self.batches:
+                if b.backend == name:
+                    counts = tokens[bool(b.jobs)]
+                    counts[0] += max(b.prompt_tokens - b.cached_tokens - b.cache_write_tokens, 0)
+                    counts[1] += b.cached_tokens
+                    counts[2] += b.cache_write_tokens
+                    counts[3] += b.completion_tokens
+            out[name] = sum((price.money(sum(c[:3]), c[3], cached_tokens=c[1], cache_write_tokens=c[2], batch=batch)
+                             for batch, c in tokens.items()), Fraction(0))
+        return out
 
     @property
     def errors(self) -> ErrorList:

@@ -1,10 +1,14 @@
 """Token usage read off the wire, and prices with prompt-cache reads, writes and the batch discount."""
 from __future__ import annotations
 
+from fractions import Fraction
+
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from outlines.backends.base import BatchReport
-from outlines.backends.usage import Price, WireUsage, wire_usage
+from outlines.backends.usage import MICROS, Price, WireUsage, exact_money, reported, wire_usage
 
 
 def test_wire_usage_reads_both_providers_cache_counts() -> None:
@@ -47,3 +51,35 @@ def test_prices_bill_cached_reads_writes_and_batch_jobs_apart() -> None:
 def test_bad_prices_say_what_is_wrong(value: object, error: type[Exception], message: str) -> None:
     with pytest.raises(error, match=message):
         Price.of(value)
+
+
+PRICE = st.one_of(st.sampled_from([0.1, 0.15, 0.075, 1 / 3, 2.5, 0.0]), st.integers(0, 100_000).map(lambda n: n / 1000))
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    price=st.builds(Price, PRICE, PRICE, cached_input=st.none() | PRICE, cache_write=st.none() | PRICE,
+                    batch_discount=st.sampled_from([0.0, 0.5, 0.25])),
+    parts=st.lists(st.tuples(st.integers(0, 10**6), st.integers(0, 10**5), st.integers(0, 10**6)), min_size=1,
+                   max_size=20),
+    batch=st.booleans(),
+)
+def test_money_of_a_run_split_in_any_way_adds_up_exactly_and_is_reported_rounded_up_to_a_micro_unit(
+    price: Price, parts: list[tuple[int, int, int]], batch: bool,
+) -> None:
+    # (prompt, completion, cached) tokens per batch; the cached ones are part of the prompt's.
+    batches = [(prompt + cached, completion, cached) for prompt, completion, cached in parts]
+    whole = price.money(sum(b[0] for b in batches), sum(b[1] for b in batches),
+                        cached_tokens=sum(b[2] for b in batches), batch=batch)
+    assert sum(price.money(p, c, cached_tokens=k, batch=batch) for p, c, k in batches) == whole
+    shown = price.cost(sum(b[0] for b in batches), sum(b[1] for b in batches),
+                       cached_tokens=sum(b[2] for b in batches), batch=batch)
+    assert shown == reported(whole) and whole <= exact_money(shown) < whole + Fraction(1, MICROS)
+    assert exact_money(shown) * MICROS == round(shown * MICROS)  # whole micro-units, read back exactly
+
+
+def test_prices_and_budgets_are_read_as_the_decimals_they_are_written_as() -> None:
+    assert exact_money(0.1) == Fraction(1, 10) and exact_money(3) == 3 and exact_money(1e-7) == Fraction(1, 10**7)
+    assert Price(0.1, 0.2).money(1, 1) == Fraction(3, 10**7)
+    assert Price(0.1, 0.2).cost(1, 1) == 1e-6  # 0.3 micro-units, reported as one
+    assert reported(Fraction(0)) == 0.0

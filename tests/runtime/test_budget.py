@@ -11,6 +11,8 @@ from typing import Any
 
 import numpy as np
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 import outlines
 from outlines import models
@@ -190,3 +192,39 @@ def test_a_program_carries_its_budget(server: FakeOpenAI, tmp_path: Any) -> None
     assert len(server.requests) == 1 and sum(isinstance(v, outlines.Failure) for v in values) == 4
     assert list(program.with_options(budget=Budget(tokens=PER_BATCH))(PROMPTS[:8])) == ["short answer"] * 8
     assert len(server.requests) == 2
+
+
+#: Prices per 1M tokens as users write them: round decimals, and ones no binary float holds exactly.
+PRICES = st.one_of(st.sampled_from([0.1, 0.15, 0.3, 0.6, 0.075, 2.5, 15.0, 1 / 3, 0.0]),
+                   st.integers(0, 100_000).map(lambda n: n / 1000))
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    prices=st.lists(st.tuples(PRICES, PRICES), min_size=1, max_size=2),
+    prompts=st.lists(st.text(alphabet="ab ", max_size=30), min_size=1, max_size=12),
+    max_batch=st.integers(1, 5),
+    max_tokens=st.integers(1, 300),
+    samples=st.integers(1, 3),
+)
+def test_a_budget_equal_to_explains_cost_admits_the_run_and_one_micro_unit_less_refuses_it(
+    prices: list[tuple[float, float]], prompts: list[str], max_batch: int, max_tokens: int, samples: int,
+) -> None:
+    # Backends that report no usage: each batch is charged its whole reservation, as explain bounds it.
+    backends = [RecordingBackend(name=f"model-{i}", max_batch=max_batch) for i in range(len(prices))]
+    table = {backend.model_name: price for backend, price in zip(backends, prices)}
+    q = outlines.string("q")
+    outs = [models.Model(backend)(q, max_tokens=max_tokens, num_samples=samples) for backend in backends]
+    givens = {"q": prompts}
+    cost = outlines.explain(*outs, givens=givens, prices=table).cost
+    assert cost is not None
+
+    def refused(budget: float) -> int:
+        values = outlines.eval(*outs, givens=givens, cache=False, errors="return", budget=Budget(cost=budget, prices=table))
+        return sum(isinstance(v, outlines.Failure) for value in values for v in np.ravel(value))
+
+    assert refused(cost) == 0
+    micros = round(cost * 1_000_000)  # explain reports whole micro-units
+    assert cost == micros / 1_000_000
+    if micros:
+        assert refused((micros - 1) / 1_000_000) > 0

@@ -394,7 +394,8 @@ def test_traces_record_each_job_and_cost_the_batch_price(server: FakeBatches, cl
     assert all(j.bytes > 0 and j.polls >= 1 and j.waited > 0 and not j.resumed for j in batch_trace.jobs)
     assert [b.jobs for b in batch_trace.batches] == [[j.id] for j in batch_trace.jobs]
     assert batch_trace.tokens == live_trace.tokens
-    assert batch_trace.cost() == pytest.approx(0.5 * live_trace.cost())  # type: ignore[operator]
+    # Each is rounded up to a whole micro-unit (outlines.backends.usage.reported): half of one is within one of the other.
+    assert batch_trace.cost() == pytest.approx(0.5 * live_trace.cost(), abs=1e-6)  # type: ignore[operator]
     assert "jobs" in batch_trace.to_dict() and KEY not in json.dumps(batch_trace.to_dict())
 
 
