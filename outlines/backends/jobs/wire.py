@@ -51,7 +51,7 @@ class WireJobs:
 
     async def find(
         self, metadata: Mapping[str, str], requests: int, since: float, *, exclude: Iterable[str] = (),
-        report: BatchReport | None = None,
+        custom_ids: Iterable[str] = (), report: BatchReport | None = None,
     ) -> JobStatus | None:
         raise NotImplementedError
 
@@ -75,7 +75,8 @@ class WireJobs:
             return self.parse(self.client.json_object(answer, self.jobs_path))
 
         async def look() -> JobStatus | None:
-            return await self.find(metadata, len(lines), since, report=report)
+            return await self.find(metadata, len(lines), since, custom_ids=[line.custom_id for line in lines],
+                                   report=report)
 
         return await create_once(send, look, self.client.max_retries)
 
