@@ -307,6 +307,23 @@ class _Round:
             self.emit("resumed", status, len(held), sum(len(line.keys) for line in held))
         return intents
 
+    async def send(self, keys: Sequence[str]) -> list[str]:
+        """Jobs for keys no open job holds: the run's jobs the ledger lost first, then new ones."""
+        if not self.looked:  # once a round: jobs the ledger lost are waited for, not paid again
+            self.looked = True
+            intents = await self.adopt(keys)
+            held = self.ledger.find(keys)
+            keys = [key for key in keys if key not in held]
+        else:
+            intents = []
+        again = [key for key in keys if key in self.unread]
+        if again:  # sent again without evidence that they were not answered: once, in a marked job
+            intents += await self.create_jobs(again, RESENT)
+        fresh = [key for key in keys if key not in self.unread]
+        if fresh:
+            intents += await self.create_jobs(fresh)
+        return intents
+
     async def create_jobs(self, keys: Sequence[str], metadata: Mapping[str, str] | None = None) -> list[str]:
         """Lines for the first draw of each key, cut at the limits; each job through the ledger."""
         first = [self.where[key][0] for key in keys]
@@ -362,6 +379,17 @@ class _Round:
             status = await wait(self.client, record.job_id, clock=self.clock, backoff=self.settings.backoff,
                                 on_status=seen, report=self.report)
         return status
+
+    async def status(self, intent: str) -> JobStatus:
+        """The provider's status of the job of ``intent`` now (one read, as ``wait_for``'s)."""
+        record = self.ledger.get(intent)
+        assert record is not None and record.job_id is not None
+        try:
+            return await self.client.status(record.job_id, self.report)
+        except BackendError as error:
+            if error.status != 404:
+                raise
+            raise self.gone(record, error) from None
 
     def gone(self, record: JobRecord, error: BackendError) -> JobInDoubt:
         """The error for a job the provider no longer knows (404): the ledger keeps it open."""
@@ -425,18 +453,24 @@ class _Round:
         """
         record = self.ledger.get(intent)
         read = sum(result.outcome == "succeeded" for result in results)
-        counted = status.total > 0 and status.succeeded + status.failed == status.total
+        # Counts that cover every line, or a job stopped early that counts at all, say what was answered.
+        counted = status.total > 0 and (status.succeeded + status.failed == status.total
+                                        or status.state in ("expired", "cancelled"))
         if counted and status.succeeded <= read:
             return  # the provider says they were not answered: they stay pending
         if status.succeeded <= read and not (record is not None and _resent(record.metadata)):
             self.unread.update(unread)
             return
-        paid = max(0, status.succeeded - read)
+        if status.succeeded > read:
+            known = (f"the provider counts {status.succeeded} answered (paid) and the results hold {read}, so "
+                     f"{status.succeeded - read} paid answer(s) cannot be read")
+        else:
+            known = ("the provider gives no counts, so whether they were answered (and paid) is unknown, and "
+                     "they were sent again once already")
         raise JobInDoubt(
             f"{self.client.provider} batch job {status.id} (intent {intent}) is {status.state}, but its results "
-            f"name {len(unread)} of its draws nowhere (read twice): the provider counts {status.succeeded} "
-            f"answered (paid) and the results hold {read}, so {paid} paid answer(s) cannot be read. The job stays "
-            f"open and nothing is sent again: run again later to read it again, or, to pay for them again, "
+            f"name {len(unread)} of its draws nowhere (read twice): {known}. The job stays open and nothing is "
+            f"sent again: run again later to read it again, or, to pay for them again, "
             f"outlines.forget_job({status.id!r}) and run again", [status.id])
 
     async def live(self, keys: Sequence[str]) -> None:
@@ -469,22 +503,12 @@ class _Round:
                 self.fail(unanswered, BackendError(
                     f"{self.client.provider} jobs left these requests unanswered {MAX_ASKS} times", retryable=False))
                 fresh = [key for key in fresh if key in self.pending]
-            if fresh and not self.looked:  # jobs the ledger lost: waited for, not paid again
-                self.looked = True
-                intents += await self.adopt(fresh)
-                held = self.ledger.find(fresh)
-                fresh = [key for key in fresh if key not in held]
-            again = [key for key in fresh if key in self.unread]
-            if again:  # sent again without evidence that they were not answered: once, in a marked job
-                intents += await self.create_jobs(again, RESENT)
-                fresh = [key for key in fresh if key not in self.unread]
             if fresh:
-                intents += await self.create_jobs(fresh)
+                intents += await self.send(fresh)
             if not intents:
                 break
             if not self.settings.wait:
-                statuses = [await self.client.status(self.ledger.get(i).job_id or "", self.report)  # type: ignore[union-attr]
-                            for i in intents]
+                statuses = [await self.status(intent) for intent in intents]
                 if not all(s.finished for s in statuses):
                     raise JobsRunning(self.client.provider, [s.id for s in statuses],
                                       sum(len(self.ledger.lines(i)) for i in intents))
