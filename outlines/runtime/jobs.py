@@ -248,9 +248,9 @@ class _Round:
         self.ledger.record_created(record.intent, found)
         return True
 
-    def known(self) -> list[str]:
-        """The job ids the ledger holds (in any state) for this provider."""
-        return [r.job_id for r in self.ledger.jobs(provider=self.client.provider) if r.job_id]
+    def known(self, open: bool | None = None) -> list[str]:
+        """The job ids the ledger holds for this provider (``open``: only those open, or closed)."""
+        return [r.job_id for r in self.ledger.jobs(provider=self.client.provider, open=open) if r.job_id]
 
     def left(self) -> float | None:
         """Seconds to the deadline (``None``: no deadline)."""
@@ -284,15 +284,16 @@ class _Round:
     async def adopt(self, keys: Sequence[str]) -> list[str]:
         """The provider's jobs of this run that the ledger lost and that ask for some of ``keys``: recorded.
 
-        A damaged ledger row or a deleted cache file forgets a job the
-        provider still holds (for a day); its requests' ``custom_ids`` are
-        draw keys, so a job asking for ours is ours to wait for, not to pay
-        for again.
+        A damaged ledger row or a deleted cache file forgets a job (or some
+        of its lines) the provider still holds (for a day); its requests'
+        ``custom_ids`` are draw keys, so a job asking for ours is ours to
+        wait for, not to pay for again.
         """
         batch = self.draws.take([self.where[key][0] for key in keys])
         lines = self.client.lines(batch, [bytes.fromhex(key) for key in keys], BatchReport())
+        # An open job is looked at too: a damaged line row forgets one of its draws.
         found = await self.client.jobs_of(self.settings.run, self.clock.time() - JOB_LIFETIME, lines,
-                                          exclude=self.known(), report=self.report)
+                                          exclude=self.known(open=False), report=self.report)
         intents: list[str] = []
         taken: set[str] = set()
         for status, held in found:
@@ -504,7 +505,7 @@ class _Round:
                     f"{self.client.provider} jobs left these requests unanswered {MAX_ASKS} times", retryable=False))
                 fresh = [key for key in fresh if key in self.pending]
             if fresh:
-                intents += await self.send(fresh)
+                intents += [intent for intent in await self.send(fresh) if intent not in intents]
             if not intents:
                 break
             if not self.settings.wait:

@@ -474,6 +474,31 @@ def test_anthropic_find_takes_a_batch_by_its_results_never_by_its_size(server: F
     assert found is not None and found.id == mine.id and known is None
 
 
+@PROVIDERS
+def test_jobs_of_finds_the_jobs_holding_our_requests(server: FakeBatches, clock: FakeClock, provider: str) -> None:
+    client = client_for(server, provider)
+    ours = lines_for(client, draws(["o1", "o2", "o3"]))
+
+    async def main() -> Any:
+        since = clock.time()
+        mine = await client.create(ours[:2], {"outlines_run": "r", "outlines_intent": "i1"})
+        other_run = await client.create(lines_for(client, draws(["x1"])), {"outlines_run": "r2"})
+        known = await client.create(ours[2:], {"outlines_run": "r", "outlines_intent": "i3"})
+        running = await client.jobs_of("r", since, ours, exclude=[known.id])
+        clock.advance(60)
+        ended = await client.jobs_of("r", since, ours, exclude=[known.id])
+        return mine, other_run, running, ended
+
+    mine, other_run, running, ended = run(client, main)
+    assert [(status.id, held) for status, held in ended] == [(mine.id, ours[:2])]
+    # OpenAI tells a run's jobs by their metadata while they run; Anthropic's batches only by their results.
+    found = [(status.id, held) for status, held in running]
+    assert found == ([(mine.id, ours[:2])] if provider == "openai" else [])
+    # What was read: the run's input files (twice), or the ended batches' results (the other run's too).
+    assert server.counts["files.content"] == (2 if provider == "openai" else 0)
+    assert server.counts["message_batches.results"] == (0 if provider == "openai" else 2)
+
+
 # -- the wire ------------------------------------------------------------------------------------
 
 

@@ -27,7 +27,8 @@ from tests.fixtures.fake_batches import FakeBatches, FakeClock, JobPlan, Made
 from tests.fixtures.fake_openai import Status
 from tests.runtime.test_jobs import CREATE, PROVIDERS, _draws, jobs, model, reply
 
-pytestmark = pytest.mark.filterwarnings("ignore:outlines cache. a damaged job record")
+pytestmark = [pytest.mark.filterwarnings("ignore:outlines cache. a damaged job record"),
+              pytest.mark.filterwarnings("ignore:outlines cache. .* damaged job line")]
 
 
 @pytest.fixture
@@ -204,13 +205,13 @@ def test_a_job_deleted_at_the_provider_stops_with_a_way_out(server: FakeBatches,
 # -- 10 and 11. a damaged ledger row, a deleted cache ---------------------------------------------------
 
 
-def _damage(cache: Cache) -> None:
+def _damage(cache: Cache, table: str) -> None:
     with sqlite3.connect(cache.file) as connection:
-        connection.execute("UPDATE jobs SET checksum = checksum + 1")
+        connection.execute(f"UPDATE {table} SET checksum = checksum + 1")
 
 
-@pytest.mark.parametrize("provider,fault", [("openai", "damaged row"), ("openai", "deleted cache"),
-                                            ("anthropic", "damaged row"), ("anthropic", "deleted cache")])
+@pytest.mark.parametrize("provider", ["openai", "anthropic"])
+@pytest.mark.parametrize("fault", ["damaged row", "damaged lines", "deleted cache"])
 def test_a_job_the_ledger_lost_is_found_at_the_provider_not_paid_again(
         server: FakeBatches, clock: FakeClock, tmp_path: Path, provider: str, fault: str) -> None:
     folder = tmp_path / "cache"
@@ -219,10 +220,10 @@ def test_a_job_the_ledger_lost_is_found_at_the_provider_not_paid_again(
         outlines.eval(out, givens={"q": PROMPTS}, batch=jobs(clock, wait=False), cache=Cache(folder))
     if provider == "anthropic":  # a batch carries no metadata: it is known by its results once it ended
         clock.advance(60.0)
-    if fault == "damaged row":
-        _damage(Cache(folder))
-    else:
+    if fault == "deleted cache":
         shutil.rmtree(folder)
+    else:
+        _damage(Cache(folder), "jobs" if fault == "damaged row" else "job_lines")
     cache = Cache(folder)
     with outlines.trace() as trace:
         value = outlines.eval(out, givens={"q": PROMPTS}, batch=jobs(clock), cache=cache)

@@ -220,12 +220,11 @@ class AnthropicJobs(WireJobs):
         ``custom_id`` is its whole draw's key: a batch naming it asked for it.
         Batches still running cannot be read yet, nor larger ones be ours.
         """
-        ours = {line.custom_id: line for line in lines}
         found = []
         for status in await self._recent(since, exclude, report):
             if status.finished and status.results and status.total <= len(lines):
-                held = [ours[custom_id] for custom_id in sorted(await self._custom_ids(status, report))
-                        if custom_id in ours]
+                named = await self._custom_ids(status, report)
+                held = [line for line in lines if line.custom_id in named]
                 if held:
                     found.append((status, held))
         return found

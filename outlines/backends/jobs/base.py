@@ -149,7 +149,7 @@ class JobInDoubt(BackendError):
     ``outlines.forget_job`` for a job known to be gone).
     """
 
-    def __init__(self, message: str, jobs: Iterable[str], *, endpoint: str | None = None,
+    def __init__(self, message: str, jobs: Iterable[str] = (), *, endpoint: str | None = None,
                  model: str | None = None) -> None:
         super().__init__(message, endpoint=endpoint, model=model, retryable=False)
         self.jobs = list(jobs)

@@ -217,9 +217,10 @@ class OpenAIJobs(WireJobs):
             content = await self.client.request("GET", f"/files/{path_segment(status.input)}/content",
                                                 report or BatchReport())
             # The same custom_id with another n (or body) is another request: only the very line counts.
-            held = [ours[custom_id] for custom_id, record in jsonl(content, f"the input of batch job {status.id}",
-                                                                    self.client)
-                    if custom_id in ours and record == json.loads(ours[custom_id].data)]
+            named = {custom_id for custom_id, record in jsonl(content, f"the input of batch job {status.id}",
+                                                              self.client)
+                     if custom_id in ours and record == json.loads(ours[custom_id].data)}
+            held = [line for line in lines if line.custom_id in named]
             if held:
                 found.append((status, held))
         return found
