@@ -10,6 +10,7 @@ what the provider was asked to run (``submitted``) and what it billed
 from __future__ import annotations
 
 import asyncio
+import json
 import shutil
 import sqlite3
 from pathlib import Path
@@ -18,6 +19,7 @@ from typing import Any, Iterator
 import pytest
 
 import outlines
+from outlines import models
 from outlines.backends.base import DrawBatch
 from outlines.backends.jobs import job_client
 from outlines.cache import Cache, draw_keys
@@ -245,3 +247,60 @@ def test_a_stranger_job_of_the_same_run_with_other_requests_is_left_alone(server
     value = outlines.eval(m(q, num_samples=2, temperature=0.7, max_tokens=4), givens={"q": PROMPTS},
                           batch=jobs(clock), cache=cache)
     assert value.shape == (3, 2) and server.counts["batches.create"] == 2
+
+
+#: An evaluating process on Anthropic that SIGKILLs itself after its batch was created, before the ledger
+#: heard of it (with ``die``), or runs to the end and prints its values.
+CHILD = r'''
+import json, os, signal, sys
+import outlines
+from outlines import models
+from outlines import models
+from outlines.backends.jobs import Backoff
+from outlines.cache import Cache
+from outlines.cache.ledger import Ledger
+from outlines.runtime.jobs import Jobs
+
+url, folder, step = sys.argv[1], sys.argv[2], sys.argv[3]
+if step == "die":
+    def record_created(*args, **kwargs):
+        os.kill(os.getpid(), signal.SIGKILL)
+    Ledger.record_created = record_created
+m = models.anthropic("claude-fake", base_url=url, api_key="sk-ant-child")
+out = m(outlines.string("q"), max_tokens=4)
+value = outlines.eval(out, givens={"q": [f"p{i}" for i in range(4)]}, cache=Cache(folder),
+                      batch=Jobs(backoff=Backoff(first=0.02, cap=0.05)))
+print(json.dumps(list(value)))
+'''
+
+
+def test_anthropic_kill_9_after_create_then_a_rerun_takes_its_own_batch(tmp_path: Path) -> None:
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    script = tmp_path / "child.py"
+    script.write_text(CHILD)
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
+    with FakeBatches(speed=100.0, reply=reply) as server:
+        def child(step: str) -> subprocess.CompletedProcess[str]:
+            return subprocess.run([sys.executable, str(script), server.anthropic_url, str(tmp_path / "cache"), step],
+                                  capture_output=True, text=True, env=env, timeout=120)
+
+        # Another program's batch of the same size, started just before: the re-run must not take it.
+        stranger = models.anthropic("claude-fake", base_url=server.anthropic_url, api_key="sk-ant-other")
+        with pytest.raises(JobsRunning):
+            outlines.eval(stranger(outlines.string("q"), max_tokens=5), givens={"q": ["w", "x", "y", "z"]},
+                          batch=outlines.Jobs(wait=False), cache=Cache(tmp_path / "other"))
+        killed = child("die")
+        assert killed.returncode == -signal.SIGKILL, killed.stderr
+        done = child("never")
+        assert done.returncode == 0, done.stderr
+        assert json.loads(done.stdout) == [f"<p{i}|None|0>" for i in range(4)]
+        assert server.counts["message_batches.create"] == 2 and server.count == 0
+        ours = [job for job in server.jobs.values() if job.lines[0].body["max_tokens"] == 4]
+        assert len(ours) == 1 and all(line.custom_id in server.paid() for line in ours[0].lines)
+        assert set(server.submitted.values()) == {1}
+        (record,) = Ledger(tmp_path / "cache" / "draws-v2.sqlite3").jobs()
+        assert record.job_id == ours[0].id and record.state == "collected"
