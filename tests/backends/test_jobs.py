@@ -499,6 +499,26 @@ def test_jobs_of_finds_the_jobs_holding_our_requests(server: FakeBatches, clock:
     assert server.counts["message_batches.results"] == (0 if provider == "openai" else 2)
 
 
+@PROVIDERS
+def test_jobs_of_skips_a_job_it_cannot_read(server: FakeBatches, clock: FakeClock, provider: str) -> None:
+    # A stranger's job whose input file was deleted (or whose results are gone) must not stop our runs.
+    client = client_for(server, provider)
+    ours = lines_for(client, draws(["k1"]))
+
+    async def main() -> Any:
+        since = clock.time()
+        gone = await client.create(ours, {"outlines_run": "r"})
+        clock.advance(60)
+        job = server.job(gone.id)
+        if provider == "openai":
+            server.files.pop(job.input_file_id)
+        else:
+            server.script_route("message_batches.results", Status(404))
+        return await client.jobs_of("r", since, ours)
+
+    assert run(client, main) == []
+
+
 # -- the wire ------------------------------------------------------------------------------------
 
 

@@ -223,7 +223,10 @@ class AnthropicJobs(WireJobs):
         found = []
         for status in await self._recent(since, exclude, report):
             if status.finished and status.results and status.total <= len(lines):
-                named = await self._custom_ids(status, report)
+                try:
+                    named = await self._custom_ids(status, report)
+                except BackendError:  # results gone (archived, deleted) or unreadable: nothing to tell by
+                    continue
                 held = [line for line in lines if line.custom_id in named]
                 if held:
                     found.append((status, held))

@@ -214,12 +214,15 @@ class OpenAIJobs(WireJobs):
             if (status.id in excluded or status.metadata.get("outlines_run") != run or status.input is None
                     or status.state == "failed" or status.created_at < since - CLOCK_SKEW):
                 continue
-            content = await self.client.request("GET", f"/files/{path_segment(status.input)}/content",
-                                                report or BatchReport())
-            # The same custom_id with another n (or body) is another request: only the very line counts.
-            named = {custom_id for custom_id, record in jsonl(content, f"the input of batch job {status.id}",
-                                                              self.client)
-                     if custom_id in ours and record == json.loads(ours[custom_id].data)}
+            try:
+                content = await self.client.request("GET", f"/files/{path_segment(status.input)}/content",
+                                                    report or BatchReport())
+                # The same custom_id with another n (or body) is another request: only the very line counts.
+                named = {custom_id for custom_id, record in jsonl(content, f"the input of batch job {status.id}",
+                                                                  self.client)
+                         if custom_id in ours and record == json.loads(ours[custom_id].data)}
+            except (BackendError, ValueError):  # an input file deleted or unreadable: nothing to tell by
+                continue
             held = [line for line in lines if line.custom_id in named]
             if held:
                 found.append((status, held))
