@@ -7,7 +7,9 @@ A job is made in two steps: ``POST /files`` uploads the lines (multipart,
 error files (``GET /files/{id}/content``) hold one JSON line per request,
 in any order, each naming its ``custom_id``. ``GET /batches?limit=&after=``
 lists the account's jobs (newest first) and ``POST /batches/{id}/cancel``
-cancels one. Servers that speak the same protocol (Azure, Groq, Together,
+cancels one. A job's metadata names its run and intent, and its input file
+(``input_file_id``) lists its requests: ``find`` and ``jobs_of`` recognise a
+job the ledger never heard of (or lost) by them. Servers that speak the same protocol (Azure, Groq, Together,
 OpenRouter, vLLM) work the same way through ``base_url``.
 
 Each line asks for the ``n`` samples of one prompt with the body the live
