@@ -13,7 +13,7 @@ from outlines.errors import BudgetExceeded, Failure, GraphBuildError, JobsRunnin
 from outlines.runtime.budget import Budget
 from outlines.runtime.evaluate import aeval, eval
 from outlines.runtime.explain import explain
-from outlines.runtime.jobs import Jobs, cancel_jobs, jobs
+from outlines.runtime.jobs import Jobs, cancel_jobs, forget_job, jobs
 from outlines.runtime.stream import Stream, as_completed
 from outlines.fn import elemwise, fn
 from outlines.graph.control import cond, where, while_loop
@@ -64,6 +64,7 @@ __all__ = [
     "expand_dims",
     "explain",
     "fn",
+    "forget_job",
     "jobs",
     "models",
     "prompt",

@@ -478,3 +478,65 @@ class Ledger:
                     connection.execute("ROLLBACK")
                 raise
             connection.execute("COMMIT")
+
+    # -- doubts settled by the provider ----------------------------------------------
+
+    def adopt(
+        self,
+        *,
+        provider: str,
+        backend: Sequence[Any],
+        run: str,
+        lines: Iterable[tuple[str, Sequence[str]]],
+        status: Status,
+        metadata: Mapping[str, str],
+    ) -> JobRecord:
+        """Record a job the provider holds that this ledger lost (a damaged row, a deleted cache file).
+
+        ``lines`` are the ``(custom_id, keys)`` of its requests that a run asks
+        for; they are written (again). The record is the readable one holding
+        the job, or of the intent its ``metadata`` names when that holds no
+        other job (its status updated); else a new one, written over any
+        damaged row of that intent.
+        """
+        pairs = [(str(custom_id), tuple(keys)) for custom_id, keys in lines]
+        intent = str(metadata.get("outlines_intent") or "") or uuid.uuid4().hex
+        now = self.clock()
+        with self._locked(transaction=True) as connection:
+            current = self._one(connection, "job_id", status.id) or self._one(connection, "intent", intent)
+            if current is not None and current.job_id not in (None, status.id):
+                intent, current = uuid.uuid4().hex, None
+            if current is not None:
+                intent = current.intent
+            else:
+                current = JobRecord(intent, str(provider), list(normalize(list(backend))), str(run), INTENT,
+                                    requests=len(pairs), metadata=dict(metadata), created=now, updated=now)
+            if current.state in _FINISHED and status.state not in _FINISHED:
+                record = current  # a stale read never takes a finished job back
+            else:  # a job closed by mistake (abandoned as never created) is open again
+                record = self._with_status(self._replace(current, note=None) if not current.open else current,
+                                           status)
+            self._write(connection, record)
+            connection.executemany("INSERT OR REPLACE INTO job_lines VALUES (?, ?, ?, ?, ?)", [
+                (key, intent, custom_id, sample, _line_checksum(key, intent, custom_id, sample))
+                for custom_id, keys in pairs for sample, key in enumerate(keys)])
+        return record
+
+    def forget(self, intent: str, reason: str) -> JobRecord:
+        """Close a job whatever its state, saying why: its draws are asked again by the next run.
+
+        For a job its owner knows is gone (deleted at the provider, or whose
+        results cannot be read): unlike ``abandon``, a job the ledger last saw
+        running is closed too.
+
+        Raises
+        ------
+        LedgerError
+            When the intent is unknown.
+        """
+        def change(record: JobRecord) -> JobRecord:
+            if not record.open:
+                return record
+            return self._replace(record, state="abandoned", note=str(reason)[:2000])
+
+        return self._change(intent, change)

@@ -17,7 +17,19 @@ previous process's, killed at any step) are waited for instead: an intent
 with no job id is looked for at the provider by its metadata
 (``JobClient.find``) and abandoned only when it was never created. Lines of
 such a job that the current round does not ask for are cached too: nothing
-paid for is lost.
+paid for is lost. Before the first job of fresh draws is created, the
+provider's recent jobs of the run that the ledger does not hold (a damaged
+row, a deleted cache file) are looked at (``JobClient.jobs_of``): those
+whose requests are the draws' keys are recorded and waited for instead.
+
+Every doubt about a job is settled by asking the provider before anything
+is sent again (``settle``): a create answered with an error body (or not at
+all) is looked for; a finished job whose results do not name all its lines
+is read again, and when the provider's counts say it answered lines its
+results do not hold, or the job is unknown to it (404), ``JobInDoubt``
+stops the round with the job open, naming it and what was paid
+(``forget_job`` closes a job known to be gone). Lines whose fate nothing
+settles go again once, never more.
 
 Faults: the lines of an expired or cancelled job that never ran, and error
 lines the retry rules call retryable (up to the client's ``max_retries``
@@ -39,16 +51,32 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Sequence
 
 from outlines.backends.base import Backend, BackendError, BatchReport, DrawBatch
-from outlines.backends.jobs import Backoff, Clock, JobClient, JobStatus, SystemClock, job_client, split, wait
+from outlines.backends.jobs import (
+    Backoff,
+    Clock,
+    JobClient,
+    JobInDoubt,
+    JobStatus,
+    LineResult,
+    SystemClock,
+    job_client,
+    split,
+    wait,
+)
 from outlines.cache import Cache, draw_keys
 from outlines.cache.ledger import JobRecord, Ledger
 from outlines.errors import JobsRunning
 from outlines.threads import pool, run_blocking
 
-__all__ = ["MAX_ASKS", "JobEvent", "Jobs", "cancel_jobs", "generate_as_jobs", "has_jobs", "jobs"]
+__all__ = ["MAX_ASKS", "JobEvent", "Jobs", "cancel_jobs", "forget_job", "generate_as_jobs", "has_jobs", "jobs"]
 
 #: Jobs a request may be sent in (it expired, was cancelled or went unanswered) before its draws fail.
 MAX_ASKS = 8
+#: Seconds a job lives at the provider (its 24-hour window, and an hour to finish): how far back a
+#: run looks for jobs its ledger lost.
+JOB_LIFETIME = 25 * 3600.0
+#: The metadata of a job holding lines sent again without evidence that the last job did not answer them.
+RESENT = {"outlines_resent": "unread"}
 
 
 @dataclass(frozen=True)
@@ -183,6 +211,8 @@ class _Round:
         self.started = self.clock.time()
         self.late = False  # the deadline passed: what is left goes live
         self.since: dict[str, float] = {}  # job id -> when this round created or found it
+        self.unread: set[str] = set()  # keys a finished job's results did not name, with nothing to say why
+        self.looked = False  # the provider's jobs the ledger lost were looked for
 
     # -- landing ---------------------------------------------------------------------
     def land(self, texts: Mapping[str, str]) -> None:
@@ -227,16 +257,85 @@ class _Round:
 
     async def reconcile(self, record: JobRecord) -> bool:
         """An intent with no job id: was the job created before the process died? Record it, or abandon."""
-        known = [r.job_id for r in self.ledger.jobs(provider=record.provider) if r.job_id]
-        found = await self.client.find(record.metadata, record.requests, record.created, exclude=known,
-                                       report=self.report)
+        found = await self.settle(record)
         if found is None:
             self.ledger.abandon(record.intent, "never created: the provider holds no job with its metadata")
             return False
         self.ledger.record_created(record.intent, found)
         return True
 
-    async def create_jobs(self, keys: Sequence[str]) -> list[str]:
+    def known(self, open: bool | None = None) -> list[str]:
+        """The job ids the ledger holds for this provider (``open``: only those open, or closed)."""
+        return [r.job_id for r in self.ledger.jobs(provider=self.client.provider, open=open) if r.job_id]
+
+    async def settle(self, record: JobRecord) -> JobStatus | None:
+        """Ask the provider whether the job of an intent was made: its status, or ``None`` when it was not.
+
+        Jobs that may be it but cannot be told apart yet (Anthropic's batches
+        carry no metadata: their results tell, once they end) are waited for
+        (they cost nothing more); without waiting, or past the deadline, the
+        ``JobInDoubt`` naming them stops the round, the intent kept.
+        """
+        custom_ids = list(self.ledger.lines(record.intent))
+        for attempt in range(3):  # new look-alikes may start while we wait: a bounded number of looks
+            try:
+                return await self.client.find(record.metadata, record.requests, record.created,
+                                              exclude=self.known(), custom_ids=custom_ids, report=self.report)
+            except JobInDoubt as doubt:
+                if not self.settings.wait or attempt == 2:
+                    raise
+                for job_id in doubt.jobs:
+                    status = await wait(self.client, job_id, clock=self.clock, backoff=self.settings.backoff,
+                                        deadline=self.left(), report=self.report)
+                    if not status.finished:
+                        raise
+        raise AssertionError("unreachable")
+
+    async def adopt(self, keys: Sequence[str]) -> list[str]:
+        """The provider's jobs of this run that the ledger lost and that ask for some of ``keys``: recorded.
+
+        A damaged ledger row or a deleted cache file forgets a job (or some
+        of its lines) the provider still holds (for a day); its requests'
+        ``custom_ids`` are draw keys, so a job asking for ours is ours to
+        wait for, not to pay for again.
+        """
+        batch = self.draws.take([self.where[key][0] for key in keys])
+        lines = self.client.lines(batch, [bytes.fromhex(key) for key in keys], BatchReport())
+        # An open job is looked at too: a damaged line row forgets one of its draws.
+        found = await self.client.jobs_of(self.settings.run, self.clock.time() - JOB_LIFETIME, lines,
+                                          exclude=self.known(open=False), report=self.report)
+        intents: list[str] = []
+        taken: set[str] = set()
+        for status, held in found:
+            held = [line for line in held if line.custom_id not in taken]  # a line waits for one job
+            if not held:
+                continue
+            taken.update(line.custom_id for line in held)
+            record = self.ledger.adopt(
+                provider=self.client.provider, backend=list(self.backend.identity), run=self.settings.run,
+                lines=[(line.custom_id, line.keys) for line in held], status=status, metadata=status.metadata)
+            intents.append(record.intent)
+            self.emit("resumed", status, len(held), sum(len(line.keys) for line in held))
+        return intents
+
+    async def send(self, keys: Sequence[str]) -> list[str]:
+        """Jobs for keys no open job holds: the run's jobs the ledger lost first, then new ones."""
+        if not self.looked:  # once a round: jobs the ledger lost are waited for, not paid again
+            self.looked = True
+            intents = await self.adopt(keys)
+            held = self.ledger.find(keys)
+            keys = [key for key in keys if key not in held]
+        else:
+            intents = []
+        again = [key for key in keys if key in self.unread]
+        if again:  # sent again without evidence that they were not answered: once, in a marked job
+            intents += await self.create_jobs(again, RESENT)
+        fresh = [key for key in keys if key not in self.unread]
+        if fresh:
+            intents += await self.create_jobs(fresh)
+        return intents
+
+    async def create_jobs(self, keys: Sequence[str], metadata: Mapping[str, str] | None = None) -> list[str]:
         """Lines for the first draw of each key, cut at the limits; each job through the ledger."""
         first = [self.where[key][0] for key in keys]
         batch = self.draws.take(first)
@@ -250,13 +349,19 @@ class _Round:
         for job in split(lines, self.client.limits):
             record = self.ledger.record_intent(
                 provider=self.client.provider, backend=list(self.backend.identity), run=self.settings.run,
-                lines=[(line.custom_id, line.keys) for line in job])
+                lines=[(line.custom_id, line.keys) for line in job], metadata=metadata)
             try:
                 status = await self.client.create(job, record.metadata, self.report)
             except BackendError as error:
-                if not error.retryable:  # refused (a 4xx): no job was made, and none will be
+                if _refused(error):  # refused (a 4xx): no job was made, and none will be
                     self.ledger.abandon(record.intent, f"refused: {error}")
-                raise  # otherwise the intent stays: the next run looks for the job at the provider
+                    raise
+                # Anything else (a 200 whose body is an error, an answer lost, a 5xx) may have made the job:
+                # the provider is asked. Not found, the intent stays: the next run looks again.
+                found = await self.settle(record)
+                if found is None:
+                    raise
+                status = found
             self.ledger.record_created(record.intent, status)
             intents.append(record.intent)
             self.emit("created", status, len(job), sum(len(line.keys) for line in job),
@@ -279,8 +384,13 @@ class _Round:
             self.ledger.advance(intent, status)
             self.emit("status", status, len(lines))
 
-        status = await wait(self.client, record.job_id, clock=self.clock, backoff=self.settings.backoff,
-                            deadline=self.left(), on_status=seen, report=self.report)
+        try:
+            status = await wait(self.client, record.job_id, clock=self.clock, backoff=self.settings.backoff,
+                                deadline=self.left(), on_status=seen, report=self.report)
+        except BackendError as error:
+            if error.status != 404:
+                raise
+            raise self.gone(record, error) from None
         if not status.finished:  # the deadline passed: stop it, keep what it finished
             self.late = True
             try:
@@ -302,6 +412,28 @@ class _Round:
             return None
         return max(0.0, self.started + self.settings.deadline + grace - self.clock.time())
 
+    async def status(self, intent: str) -> JobStatus:
+        """The provider's status of the job of ``intent`` now (one read, as ``wait_for``'s)."""
+        record = self.ledger.get(intent)
+        assert record is not None and record.job_id is not None
+        try:
+            return await self.client.status(record.job_id, self.report)
+        except BackendError as error:
+            if error.status != 404:
+                raise
+            raise self.gone(record, error) from None
+
+    def gone(self, record: JobRecord, error: BackendError) -> JobInDoubt:
+        """The error for a job the provider no longer knows (404): the ledger keeps it open."""
+        last = record.status or {}
+        return JobInDoubt(
+            f"{self.client.provider} batch job {record.job_id} ({record.requests} request(s), intent "
+            f"{record.intent}) is unknown to the provider (404: deleted?); last seen {record.state} with "
+            f"{last.get('succeeded', 0)} request(s) answered (paid). Its requests are not sent again while the "
+            f"ledger holds it open: if it is gone for good, outlines.forget_job({record.job_id!r}) closes it "
+            f"and the next run sends them again (paying again for those answered). ({error})",
+            [record.job_id or ""])
+
     async def collect(self, intent: str, status: JobStatus) -> None:
         """Land a finished job's results; what never ran or may go again stays pending."""
         lines = self.ledger.lines(intent)
@@ -312,7 +444,13 @@ class _Round:
             self.fail([key for keys in lines.values() for key in keys], error)
             return
         # A malformed results file raises here, before anything is closed: the ledger keeps the job open.
-        results = await self.client.results(status, {cid: len(keys) for cid, keys in lines.items()}, self.report)
+        samples = {cid: len(keys) for cid, keys in lines.items()}
+        results = await self.client.results(status, samples, self.report)
+        if set(lines) - {result.custom_id for result in results}:
+            # Finished, yet its results do not name every line: the provider is asked again once.
+            status = await self.client.status(status.id, self.report)
+            self.ledger.advance(intent, status)
+            results = await self.client.results(status, samples, self.report)
         answered: dict[str, str] = {}
         for result in results:
             keys = lines.get(result.custom_id)
@@ -329,8 +467,43 @@ class _Round:
         # On disk before the ledger forgets the job: a crash now loses nothing. Off the loop: the cache's
         # writer waits while the loop is busy.
         await run_blocking(self.cache.flush)
+        unread = set(lines) - {result.custom_id for result in results}
+        if unread:
+            self.doubt(intent, status, results, [key for custom_id in sorted(unread) for key in lines[custom_id]])
         self.ledger.collected(intent)
         self.emit("collected", status, len(lines), len(answered))
+
+    def doubt(self, intent: str, status: JobStatus, results: Sequence[LineResult], unread: Sequence[str]) -> None:
+        """Lines a finished job's results do not name, read twice: settled by the provider's counts, or stop.
+
+        Counts that say the job answered more lines than its results hold:
+        those were paid and cannot be read, so the job stays open and
+        ``JobInDoubt`` says so. Counts that account for every line say the
+        unread ones were not answered: they go again like expired ones. No
+        counts to tell: they go again once (in a job marked ``RESENT``), and
+        a marked job that leaves them unread stops the same way.
+        """
+        record = self.ledger.get(intent)
+        read = sum(result.outcome == "succeeded" for result in results)
+        # Counts that cover every line, or a job stopped early that counts at all, say what was answered.
+        counted = status.total > 0 and (status.succeeded + status.failed == status.total
+                                        or status.state in ("expired", "cancelled"))
+        if counted and status.succeeded <= read:
+            return  # the provider says they were not answered: they stay pending
+        if status.succeeded <= read and not (record is not None and _resent(record.metadata)):
+            self.unread.update(unread)
+            return
+        if status.succeeded > read:
+            known = (f"the provider counts {status.succeeded} answered (paid) and the results hold {read}, so "
+                     f"{status.succeeded - read} paid answer(s) cannot be read")
+        else:
+            known = ("the provider gives no counts, so whether they were answered (and paid) is unknown, and "
+                     "they were sent again once already")
+        raise JobInDoubt(
+            f"{self.client.provider} batch job {status.id} (intent {intent}) is {status.state}, but its results "
+            f"name {len(unread)} of its draws nowhere (read twice): {known}. The job stays open and nothing is "
+            f"sent again: run again later to read it again, or, to pay for them again, "
+            f"outlines.forget_job({status.id!r}) and run again", [status.id])
 
     async def live(self, keys: Sequence[str]) -> None:
         """The stragglers after the deadline, through the live API."""
@@ -363,12 +536,11 @@ class _Round:
                     f"{self.client.provider} jobs left these requests unanswered {MAX_ASKS} times", retryable=False))
                 fresh = [key for key in fresh if key in self.pending]
             if fresh:
-                intents += await self.create_jobs(fresh)
+                intents += [intent for intent in await self.send(fresh) if intent not in intents]
             if not intents:
                 break
             if not self.settings.wait:
-                statuses = [await self.client.status(self.ledger.get(i).job_id or "", self.report)  # type: ignore[union-attr]
-                            for i in intents]
+                statuses = [await self.status(intent) for intent in intents]
                 if not all(s.finished for s in statuses):
                     raise JobsRunning(self.client.provider, [s.id for s in statuses],
                                       sum(len(self.ledger.lines(i)) for i in intents))
@@ -510,6 +682,57 @@ def cancel_jobs(model: Any, cache: Any = True, *, run: str | None = None) -> lis
 
     # A loop of its own on a pool thread: callable from sync code and from inside a running loop (Jupyter).
     return pool().submit(asyncio.run, cancel_all()).result()
+
+
+def forget_job(job: str | JobRecord, cache: Any = True, *, reason: str = "forgotten by its owner") -> JobRecord:
+    """Close a job in the ledger whatever its state: the next batch-mode run sends its draws again.
+
+    The way out of a job whose fate nothing settles (``JobInDoubt``): one
+    deleted at the provider, or finished with results that cannot be read.
+    The draws it answered and that are not cached are paid again; cancel a
+    job still running first (``cancel_jobs``), or its lines are paid twice.
+
+    Parameters
+    ----------
+    job
+        The provider's job id, the ledger's intent, or a ``JobRecord`` of
+        ``jobs()``.
+    cache
+        The cache whose ledger holds the job (as ``jobs``).
+    reason
+        Kept as the record's ``note``.
+
+    Returns
+    -------
+    JobRecord
+        The closed record (state ``"abandoned"``).
+
+    Raises
+    ------
+    ValueError
+        When the ledger holds no such job, or caching is off.
+
+    Examples
+    --------
+    >>> import outlines
+    >>> outlines.forget_job("batch_abc123").state  # doctest: +SKIP
+    'abandoned'
+    """
+    ledger = _ledger(cache)
+    name = job.intent if isinstance(job, JobRecord) else str(job)
+    record = ledger.by_job_id(name) or ledger.get(name)
+    if record is None:
+        raise ValueError(f"no job {name!r} in the ledger of {ledger.file} (outlines.jobs(open=None) lists them)")
+    return ledger.forget(record.intent, reason)
+
+
+def _refused(error: BackendError) -> bool:
+    """A create the provider refused outright (a 4xx that no retry mends): it made no job."""
+    return error.status is not None and 400 <= error.status < 500 and not error.retryable
+
+
+def _resent(metadata: Mapping[str, str]) -> bool:
+    return all(metadata.get(name) == value for name, value in RESENT.items())
 
 
 def _ledger(cache: Any) -> Ledger:

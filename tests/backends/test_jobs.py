@@ -18,6 +18,7 @@ from outlines.backends.anthropic import AnthropicBackend
 from outlines.backends.base import BackendError, BatchReport, Draw, GenerationParams
 from outlines.backends.jobs import Backoff, JobClient, JobLimits, JobLine, JobStatus, job_client, split, wait
 from outlines.backends.jobs.anthropic import AnthropicJobs
+from outlines.backends.jobs.base import JobInDoubt
 from outlines.backends.jobs.openai import OpenAIJobs
 from outlines.backends.openai import OpenAIChatBackend, OpenAICompletionBackend
 from outlines.cache import draw_key, draw_keys
@@ -465,15 +466,29 @@ def test_a_sample_count_that_does_not_match_fails_its_line(clock: FakeClock) -> 
 # -- never paying twice -------------------------------------------------------------------------
 
 
-@PROVIDERS
-def test_a_create_whose_answer_is_lost_is_found_not_sent_again(server: FakeBatches, provider: str,
-                                                               sleeps: list[float]) -> None:
-    client = client_for(server, provider)
-    create = "batches.create" if provider == "openai" else "message_batches.create"
-    server.script_route(create, Lost())
+def test_a_create_whose_answer_is_lost_is_found_not_sent_again(server: FakeBatches, sleeps: list[float]) -> None:
+    client = client_for(server, "openai")
+    server.script_route("batches.create", Lost())
     lines = lines_for(client, draws(["lost", "found"]))
     status = run(client, lambda: client.create(lines, {"outlines_intent": "i-lost"}))
-    assert list(server.jobs) == [status.id] and server.counts[create] == 1
+    assert list(server.jobs) == [status.id] and server.counts["batches.create"] == 1
+    assert sum(server.submitted.values()) == len(lines)
+
+
+def test_an_anthropic_create_whose_answer_is_lost_names_the_batch_it_cannot_tell_yet(
+        server: FakeBatches, clock: FakeClock, sleeps: list[float]) -> None:
+    # A batch carries no metadata: the one that appeared is not taken on its size while it runs (another
+    # program's could be that size), nor is the create sent again. Once it has ended, its results tell.
+    client = client_for(server, "anthropic")
+    server.script_route("message_batches.create", Lost())
+    lines = lines_for(client, draws(["lost", "found"]))
+    since = clock.time()
+    with pytest.raises(JobInDoubt, match="msgbatch_fake.* may be the one whose answer was lost") as caught:
+        run(client, lambda: client.create(lines, {}))
+    assert caught.value.jobs == list(server.jobs) and server.counts["message_batches.create"] == 1
+    clock.advance(60)
+    found = run(client, lambda: client.find({}, 2, since, custom_ids=[line.custom_id for line in lines]))
+    assert found is not None and [found.id] == list(server.jobs)
     assert sum(server.submitted.values()) == len(lines)
 
 
@@ -509,18 +524,75 @@ def test_find_looks_by_metadata_through_every_page(server: FakeBatches, clock: F
     assert found is not None and found.id == ids[1] and missing is None
 
 
-def test_anthropic_find_looks_by_size_and_time_skipping_known_jobs(server: FakeBatches, clock: FakeClock) -> None:
+def test_anthropic_find_takes_a_batch_by_its_results_never_by_its_size(server: FakeBatches,
+                                                                       clock: FakeClock) -> None:
     client = client_for(server, "anthropic")
+    ours = lines_for(client, draws(["ours-1", "ours-2"]))
+    custom_ids = [line.custom_id for line in ours]
 
     async def main() -> Any:
         since = clock.time()
-        made = [await client.create(lines_for(client, draws([f"s{i}-{k}" for k in range(i)])), {}) for i in (1, 2, 3)]
-        first = await client.find({}, 2, since)
-        known = await client.find({}, 2, since, exclude=[made[1].id])
-        return made, first, known
+        # Another program's batch of the same size, created first, then ours (and others of other sizes).
+        stranger = await client.create(lines_for(client, draws(["theirs-1", "theirs-2"])), {})
+        clock.advance(1)
+        mine = await client.create(ours, {})
+        for size in (1, 3):
+            await client.create(lines_for(client, draws([f"s{size}-{k}" for k in range(size)])), {})
+        with pytest.raises(JobInDoubt) as running:  # both may be ours while they run: no guess
+            await client.find({}, 2, since, custom_ids=custom_ids)
+        clock.advance(60)
+        found = await client.find({}, 2, since, custom_ids=custom_ids)
+        known = await client.find({}, 2, since, exclude=[mine.id], custom_ids=custom_ids)
+        return stranger, mine, running.value, found, known
 
-    made, first, known = run(client, main)
-    assert first is not None and first.id == made[1].id and known is None
+    stranger, mine, running, found, known = run(client, main)
+    assert sorted(running.jobs) == sorted([stranger.id, mine.id]) and "run again once they have ended" in str(running)
+    assert found is not None and found.id == mine.id and known is None
+
+
+@PROVIDERS
+def test_jobs_of_finds_the_jobs_holding_our_requests(server: FakeBatches, clock: FakeClock, provider: str) -> None:
+    client = client_for(server, provider)
+    ours = lines_for(client, draws(["o1", "o2", "o3"]))
+
+    async def main() -> Any:
+        since = clock.time()
+        mine = await client.create(ours[:2], {"outlines_run": "r", "outlines_intent": "i1"})
+        other_run = await client.create(lines_for(client, draws(["x1"])), {"outlines_run": "r2"})
+        known = await client.create(ours[2:], {"outlines_run": "r", "outlines_intent": "i3"})
+        running = await client.jobs_of("r", since, ours, exclude=[known.id])
+        clock.advance(60)
+        ended = await client.jobs_of("r", since, ours, exclude=[known.id])
+        return mine, other_run, running, ended
+
+    mine, other_run, running, ended = run(client, main)
+    assert [(status.id, held) for status, held in ended] == [(mine.id, ours[:2])]
+    # OpenAI tells a run's jobs by their metadata while they run; Anthropic's batches only by their results.
+    found = [(status.id, held) for status, held in running]
+    assert found == ([(mine.id, ours[:2])] if provider == "openai" else [])
+    # What was read: the run's input files (twice), or the ended batches' results (the other run's too).
+    assert server.counts["files.content"] == (2 if provider == "openai" else 0)
+    assert server.counts["message_batches.results"] == (0 if provider == "openai" else 2)
+
+
+@PROVIDERS
+def test_jobs_of_skips_a_job_it_cannot_read(server: FakeBatches, clock: FakeClock, provider: str) -> None:
+    # A stranger's job whose input file was deleted (or whose results are gone) must not stop our runs.
+    client = client_for(server, provider)
+    ours = lines_for(client, draws(["k1"]))
+
+    async def main() -> Any:
+        since = clock.time()
+        gone = await client.create(ours, {"outlines_run": "r"})
+        clock.advance(60)
+        job = server.job(gone.id)
+        if provider == "openai":
+            server.files.pop(job.input_file_id)
+        else:
+            server.script_route("message_batches.results", Status(404))
+        return await client.jobs_of("r", since, ours)
+
+    assert run(client, main) == []
 
 
 # -- the wire ------------------------------------------------------------------------------------

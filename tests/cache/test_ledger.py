@@ -202,3 +202,47 @@ def test_each_step_survives_kill_9(tmp_path: Path, killed_after: str) -> None:
     with sqlite3.connect(cache.file) as connection:
         assert connection.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
     ledger.close()
+
+
+# -- doubts settled by the provider --------------------------------------------------------------
+
+
+def test_adopt_writes_over_a_damaged_row_of_the_jobs_intent(cache: Cache, ledger: Ledger) -> None:
+    record = intent(ledger)
+    ledger.record_created(record.intent, JobStatus("batch_1", "in_progress", total=2))
+    with sqlite3.connect(cache.file) as connection:
+        connection.execute("UPDATE jobs SET checksum = checksum + 1")
+    with pytest.warns(CacheWarning, match="damaged job record"):
+        assert ledger.get(record.intent) is None
+    status = JobStatus("batch_1", "completed", total=2, succeeded=2, metadata=record.metadata)
+    with pytest.warns(CacheWarning, match="damaged job record"):  # the row it writes over
+        adopted = ledger.adopt(provider="openai", backend=BACKEND, run="labels", lines=LINES, status=status,
+                               metadata=status.metadata)
+    assert (adopted.intent, adopted.job_id, adopted.state) == (record.intent, "batch_1", "completed")
+    assert ledger.get(record.intent) == adopted and ledger.find(["k1"])["k1"].intent == record.intent
+
+
+def test_adopt_repairs_the_lines_of_a_readable_record_and_keeps_it(cache: Cache, ledger: Ledger) -> None:
+    record = intent(ledger)
+    created = ledger.record_created(record.intent, JobStatus("batch_1", "in_progress", total=2))
+    with sqlite3.connect(cache.file) as connection:
+        connection.execute("UPDATE job_lines SET checksum = checksum + 1 WHERE key = 'k2'")
+    with pytest.warns(CacheWarning, match="damaged job line"):
+        assert "k2" not in ledger.find(["k2"])
+    # Anthropic: the batch names no intent; the record holding the job is the one repaired.
+    adopted = ledger.adopt(provider="openai", backend=BACKEND, run="labels", lines=[("k2", ["k2"])],
+                           status=JobStatus("batch_1", "in_progress", total=2), metadata={})
+    assert adopted.intent == record.intent and adopted.requests == 2 and adopted.created == created.created
+    assert ledger.find(["k2"])["k2"].intent == record.intent and len(ledger.jobs()) == 1
+
+
+def test_forget_closes_a_job_whatever_its_state(ledger: Ledger) -> None:
+    record = intent(ledger)
+    ledger.record_created(record.intent, JobStatus("batch_1", "in_progress", total=2))
+    with pytest.raises(LedgerError, match="cancel it before abandoning it"):
+        ledger.abandon(record.intent, "gone")
+    forgotten = ledger.forget(record.intent, "deleted at the provider")
+    assert (forgotten.state, forgotten.note, forgotten.open) == ("abandoned", "deleted at the provider", False)
+    assert ledger.find(["k0"]) == {} and ledger.forget(record.intent, "again") == forgotten
+    with pytest.raises(LedgerError, match="no job intent"):
+        ledger.forget("nope", "x")

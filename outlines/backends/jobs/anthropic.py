@@ -10,11 +10,13 @@ lists the workspace's batches (newest first), ``POST .../{id}/cancel``
 cancels one. A line is one draw: the API has no ``n``.
 
 A batch carries no metadata, so a batch created by a process that died
-before recording its id is found by its size and creation time (``find``):
-the oldest batch of that many requests created since the intent that the
-ledger does not already hold. Should that ever pick a stranger's batch, its
-results still cannot land on the wrong draws (each names its draw's key);
-the draws it does not answer are simply sent again.
+before recording its id is never taken on its size alone (``find``): a
+batch of that many requests created since the intent, that the ledger does
+not already hold, is ours only when its results (readable once it has
+ended) name exactly our ``custom_ids``, which are our draw keys. While such
+batches still run they cannot be told from a stranger's: ``find`` raises
+``JobInDoubt`` naming them, and the runtime waits for them to end before it
+looks again. ``jobs_of`` reads the ended batches the same way.
 """
 from __future__ import annotations
 
@@ -26,7 +28,7 @@ import yarl
 
 from outlines.backends.anthropic import AnthropicBackend
 from outlines.backends.base import BackendError, BatchReport, Draw
-from outlines.backends.jobs.base import JobLimits, JobLine, JobStatus, LineResult
+from outlines.backends.jobs.base import JobInDoubt, JobLimits, JobLine, JobStatus, LineResult
 from outlines.backends.jobs.wire import CLOCK_SKEW, WireJobs, jsonl, mapping, number, path_segment
 from outlines.backends.usage import WireUsage, wire_usage
 
@@ -124,6 +126,8 @@ class AnthropicJobs(WireJobs):
         else:
             state = "expired" if done["expired"] else "completed"
         results = data.get("results_url")
+        if not isinstance(results, str) and processing == "ended":
+            results = ""  # an ended batch without its URL: its results are still at the documented path
         return JobStatus(
             id=job_id, state=state, total=sum(done.values()), succeeded=done["succeeded"],
             failed=done["errored"] + done["canceled"] + done["expired"], created_at=_timestamp(data.get("created_at")),
@@ -177,19 +181,69 @@ class AnthropicJobs(WireJobs):
 
     async def find(
         self, metadata: Mapping[str, str], requests: int, since: float, *, exclude: Iterable[str] = (),
-        report: BatchReport | None = None,
+        custom_ids: Iterable[str] = (), report: BatchReport | None = None,
     ) -> JobStatus | None:
-        """The oldest batch of ``requests`` requests created since ``since`` and not in ``exclude``."""
+        """The batch of ``requests`` requests since ``since`` whose results name exactly ``custom_ids``.
+
+        Raises
+        ------
+        JobInDoubt
+            When no ended batch is ours but batches of that size still run
+            (they cannot be read yet), or ``custom_ids`` are not given.
+        """
+        ours = frozenset(custom_ids)
+        candidates = [s for s in await self._recent(since, exclude, report) if s.total == requests]
+        running = []
+        for status in sorted(candidates, key=lambda s: s.created_at):
+            if not status.finished or not ours:
+                running.append(status)
+            elif status.results and await self._custom_ids(status, report) == ours:
+                return status
+        if not running:
+            return None
+        names = ", ".join(s.id for s in running)
+        raise JobInDoubt(
+            f"anthropic message batch(es) {names} of {requests} request(s), created since the job was meant to "
+            f"be, may be the one whose answer was lost; batches carry no metadata, so they are told apart by "
+            f"their results once they end. Nothing is sent again meanwhile: run again once they have ended",
+            [s.id for s in running], endpoint=self.backend.base_url + PATH, model=self.backend.model)
+
+    async def jobs_of(
+        self, run: str, since: float, lines: Sequence[JobLine], *, exclude: Iterable[str] = (),
+        report: BatchReport | None = None,
+    ) -> list[tuple[JobStatus, list[JobLine]]]:
+        """The ended batches since ``since`` whose results name some of ``lines``' ``custom_ids``.
+
+        Batches carry no metadata (``run`` cannot be checked), but a line's
+        ``custom_id`` is its whole draw's key: a batch naming it asked for it.
+        Batches still running cannot be read yet, nor larger ones be ours.
+        """
+        found = []
+        for status in await self._recent(since, exclude, report):
+            if status.finished and status.results and status.total <= len(lines):
+                try:
+                    named = await self._custom_ids(status, report)
+                except BackendError:  # results gone (archived, deleted) or unreadable: nothing to tell by
+                    continue
+                held = [line for line in lines if line.custom_id in named]
+                if held:
+                    found.append((status, held))
+        return found
+
+    async def _recent(self, since: float, exclude: Iterable[str], report: BatchReport | None) -> list[JobStatus]:
+        """The batches created since ``since`` (allowing for skew), newest first, but those in ``exclude``."""
         excluded = set(exclude)
-        candidates: list[JobStatus] = []
+        out: list[JobStatus] = []
         after = None
         while True:
             statuses, after = await self.page(after, report=report)
-            candidates += [s for s in statuses if s.id not in excluded and s.total == requests
-                           and s.created_at >= since - CLOCK_SKEW]
+            out += [s for s in statuses if s.id not in excluded and s.created_at >= since - CLOCK_SKEW]
             if after is None or all(s.created_at < since - CLOCK_SKEW for s in statuses):
-                break
-        return min(candidates, key=lambda s: s.created_at) if candidates else None
+                return out
+
+    async def _custom_ids(self, status: JobStatus, report: BatchReport | None) -> frozenset[str]:
+        content = await self.client.request("GET", status.results[0], report or BatchReport())
+        return frozenset(custom_id for custom_id, _ in jsonl(content, f"message batch {status.id}", self.client))
 
 
 def _timestamp(value: Any) -> float:

@@ -9,6 +9,11 @@ creates jobs from them, reads a job's ``JobStatus``, parses its results into
 ``LineResult``s, lists and cancels jobs, and finds a job created by a process
 that died before it could record the job's id (``find``).
 
+A job whose fate the provider's answers cannot settle (a completed job whose
+results cannot be read, a job the provider no longer knows, a lost create
+that matches only batches still running) raises ``JobInDoubt``: nothing is
+sent again until it is settled.
+
 ``split`` cuts lines into jobs at the provider's limits (``JobLimits``);
 ``wait`` polls a job with a capped exponential backoff on an injectable
 ``Clock`` (tests advance a fake one instead of sleeping); a poll that
@@ -34,6 +39,7 @@ __all__ = [
     "Backoff",
     "Clock",
     "JobClient",
+    "JobInDoubt",
     "JobLimits",
     "JobLine",
     "JobStatus",
@@ -98,7 +104,8 @@ class JobStatus:
     ``succeeded`` and ``failed`` count lines so far (``failed`` includes lines
     that expired or were cancelled); ``reason`` quotes the provider's
     reason for a ``failed`` job; ``results`` locates its results (OpenAI: the
-    output and error file ids; Anthropic: the results path).
+    output and error file ids; Anthropic: the results path); ``input`` its
+    requests (OpenAI: the input file id; Anthropic: none).
     """
 
     id: str
@@ -110,6 +117,7 @@ class JobStatus:
     metadata: Mapping[str, str] = field(default_factory=dict)
     reason: str | None = None
     results: tuple[str, ...] = ()
+    input: str | None = None
 
     @property
     def finished(self) -> bool:
@@ -119,7 +127,7 @@ class JobStatus:
         """JSON-able form (the ledger keeps it)."""
         return {"id": self.id, "state": self.state, "total": self.total, "succeeded": self.succeeded,
                 "failed": self.failed, "created_at": self.created_at, "metadata": dict(self.metadata),
-                "reason": self.reason, "results": list(self.results)}
+                "reason": self.reason, "results": list(self.results), "input": self.input}
 
 
 @dataclass(frozen=True)
@@ -137,6 +145,20 @@ class LineResult:
     texts: tuple[str, ...] = ()
     error: BackendError | None = None
     usage: WireUsage = WireUsage(0, 0)
+
+
+class JobInDoubt(BackendError):
+    """A job whose fate the provider's answers do not settle; nothing is sent again until they do.
+
+    ``jobs`` are the provider's ids of the jobs concerned; the message says
+    what was paid and how to resolve it (run again later, or
+    ``outlines.forget_job`` for a job known to be gone).
+    """
+
+    def __init__(self, message: str, jobs: Iterable[str] = (), *, endpoint: str | None = None,
+                 model: str | None = None) -> None:
+        super().__init__(message, endpoint=endpoint, model=model, retryable=False)
+        self.jobs = list(jobs)
 
 
 class Clock(Protocol):
@@ -248,11 +270,34 @@ class JobClient(Protocol):
 
     async def find(
         self, metadata: Mapping[str, str], requests: int, since: float, *, exclude: Iterable[str] = (),
-        report: BatchReport | None = None,
+        custom_ids: Iterable[str] = (), report: BatchReport | None = None,
     ) -> JobStatus | None:
         """The job a ``create(lines, metadata)`` of ``requests`` lines made at or after ``since``, if any.
 
-        ``exclude`` holds job ids already accounted for (the ledger's).
+        ``exclude`` holds job ids already accounted for (the ledger's);
+        ``custom_ids`` those of the lines, for a provider whose jobs carry no
+        metadata: a job is never taken on its size alone.
+
+        Raises
+        ------
+        JobInDoubt
+            When jobs that may be it cannot be told apart from strangers'
+            yet (naming them): they can be once they have finished.
+        """
+
+    async def jobs_of(
+        self, run: str, since: float, lines: Sequence[JobLine], *, exclude: Iterable[str] = (),
+        report: BatchReport | None = None,
+    ) -> list[tuple[JobStatus, list[JobLine]]]:
+        """The jobs created at or after ``since`` that ask for some of ``lines``, each with those lines.
+
+        For a ledger that lost them (a damaged row, a deleted cache): OpenAI
+        lists the jobs whose metadata names ``run`` and reads their input
+        files (a line is held when its request is the same); Anthropic's
+        batches carry no metadata, so those that have ended (with at most
+        ``len(lines)`` requests) are read by their results (a ``custom_id``
+        is a whole draw's key). ``exclude`` holds the job ids the ledger
+        already holds.
         """
 
     async def aclose(self) -> None:

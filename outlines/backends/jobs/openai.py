@@ -7,7 +7,9 @@ A job is made in two steps: ``POST /files`` uploads the lines (multipart,
 error files (``GET /files/{id}/content``) hold one JSON line per request,
 in any order, each naming its ``custom_id``. ``GET /batches?limit=&after=``
 lists the account's jobs (newest first) and ``POST /batches/{id}/cancel``
-cancels one. Servers that speak the same protocol (Azure, Groq, Together,
+cancels one. A job's metadata names its run and intent, and its input file
+(``input_file_id``) lists its requests: ``find`` and ``jobs_of`` recognise a
+job the ledger never heard of (or lost) by them. Servers that speak the same protocol (Azure, Groq, Together,
 OpenRouter, vLLM) work the same way through ``base_url``.
 
 Each line asks for the ``n`` samples of one prompt with the body the live
@@ -19,7 +21,7 @@ from __future__ import annotations
 
 import json
 import uuid
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Any, AsyncIterator, Iterable, Mapping, Sequence
 
 import yarl
 
@@ -144,7 +146,7 @@ class OpenAIJobs(WireJobs):
             failed=number(counts, "failed"), created_at=float(number(data, "created_at")),
             metadata={str(k): str(v) for k, v in metadata.items()},
             reason=self.client.redact("; ".join(reasons)) or None,  # it may quote the key: hidden before it is kept
-            results=files,
+            results=files, input=data["input_file_id"] if isinstance(data.get("input_file_id"), str) else None,
         )
 
     async def results(
@@ -199,18 +201,50 @@ class OpenAIJobs(WireJobs):
 
     async def find(
         self, metadata: Mapping[str, str], requests: int, since: float, *, exclude: Iterable[str] = (),
-        report: BatchReport | None = None,
+        custom_ids: Iterable[str] = (), report: BatchReport | None = None,
     ) -> JobStatus | None:
         """The job whose metadata holds all of ``metadata`` (the run and the intent name it)."""
         excluded = set(exclude)
+        async for status in self._since(since, report):
+            if status.id not in excluded and all(status.metadata.get(k) == v for k, v in metadata.items()):
+                return status
+        return None
+
+    async def jobs_of(
+        self, run: str, since: float, lines: Sequence[JobLine], *, exclude: Iterable[str] = (),
+        report: BatchReport | None = None,
+    ) -> list[tuple[JobStatus, list[JobLine]]]:
+        """The jobs whose metadata names ``run`` and whose input files hold some of ``lines``' requests."""
+        excluded = set(exclude)
+        ours = {line.custom_id: line for line in lines}
+        found = []
+        async for status in self._since(since, report):
+            if (status.id in excluded or status.metadata.get("outlines_run") != run or status.input is None
+                    or status.state == "failed" or status.created_at < since - CLOCK_SKEW):
+                continue
+            try:
+                content = await self.client.request("GET", f"/files/{path_segment(status.input)}/content",
+                                                    report or BatchReport())
+                # The same custom_id with another n (or body) is another request: only the very line counts.
+                named = {custom_id for custom_id, record in jsonl(content, f"the input of batch job {status.id}",
+                                                                  self.client)
+                         if custom_id in ours and record == json.loads(ours[custom_id].data)}
+            except (BackendError, ValueError):  # an input file deleted or unreadable: nothing to tell by
+                continue
+            held = [line for line in lines if line.custom_id in named]
+            if held:
+                found.append((status, held))
+        return found
+
+    async def _since(self, since: float, report: BatchReport | None) -> AsyncIterator[JobStatus]:
+        """The account's jobs, newest first, down to those created before ``since`` (allowing for skew)."""
         after = None
         while True:
             statuses, after = await self.page(after, report=report)
             for status in statuses:
-                if status.id not in excluded and all(status.metadata.get(k) == v for k, v in metadata.items()):
-                    return status
+                yield status
             if after is None or all(s.created_at < since - CLOCK_SKEW for s in statuses):
-                return None
+                return
 
 
 def _reason(error: Mapping[str, Any]) -> str:

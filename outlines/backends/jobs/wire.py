@@ -55,7 +55,7 @@ class WireJobs:
 
     async def find(
         self, metadata: Mapping[str, str], requests: int, since: float, *, exclude: Iterable[str] = (),
-        report: BatchReport | None = None,
+        custom_ids: Iterable[str] = (), report: BatchReport | None = None,
     ) -> JobStatus | None:
         raise NotImplementedError
 
@@ -104,7 +104,8 @@ class WireJobs:
             return self.parse(self.client.json_object(answer, self.jobs_path))
 
         async def look() -> JobStatus | None:
-            return await self.find(metadata, len(lines), since, report=report)
+            return await self.find(metadata, len(lines), since, custom_ids=[line.custom_id for line in lines],
+                                   report=report)
 
         return await create_once(send, look, self.client.max_retries)
 
