@@ -257,3 +257,41 @@ def test_an_undeclared_violation_fails_the_test_and_a_declared_one_must_come(ser
     with pytest.raises(AssertionError, match="expected a violation matching 'never sent', none came"):
         validate.check_ledgers()
     validate.check_ledgers()  # each look sees only what came since the last one
+
+
+def test_a_test_whose_request_is_refused_fails(tmp_path: Any) -> None:
+    import os
+    import pathlib
+    import subprocess
+    import sys
+
+    root = pathlib.Path(__file__).resolve().parents[2]
+    (tmp_path / "conftest.py").write_text("from tests.conftest import _spec_violations, pytest_runtest_call\n")
+    (tmp_path / "test_refused.py").write_text(
+        "import json, urllib.error, urllib.request\n"
+        "from tests.fixtures.fake_openai import FakeOpenAI\n"
+        "def send(server, body):\n"
+        "    request = urllib.request.Request(server.base_url + '/chat/completions', json.dumps(body).encode(),\n"
+        "                                     {'Content-Type': 'application/json', 'Authorization': 'Bearer k'})\n"
+        "    try:\n"
+        "        urllib.request.urlopen(request).close()\n"
+        "    except urllib.error.HTTPError as error:\n"
+        "        error.close()\n"
+        "BAD = {'model': 'gpt-5-mini', 'messages': [{'role': 'user', 'content': 'hi'}], 'max_tokens': 5}\n"
+        "def test_undeclared():\n"
+        "    with FakeOpenAI() as server:\n"
+        "        send(server, BAD)\n"
+        "def test_declared():\n"
+        "    with FakeOpenAI() as server:\n"
+        "        server.expect_violations('max_tokens')\n"
+        "        send(server, BAD)\n"
+        "def test_declared_but_never_sent():\n"
+        "    with FakeOpenAI() as server:\n"
+        "        server.expect_violations('max_tokens')\n")
+    done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+                           str(tmp_path)], cwd=tmp_path, capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "PYTHONPATH": str(root)})
+    assert "2 failed, 1 passed" in done.stdout, done.stdout
+    assert "FAILED test_refused.py::test_undeclared" in done.stdout
+    assert "FAILED test_refused.py::test_declared_but_never_sent" in done.stdout
+    assert "unexpected spec violation: /chat/completions: Unsupported parameter: 'max_tokens'" in done.stdout
