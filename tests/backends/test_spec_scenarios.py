@@ -77,6 +77,12 @@ def test_live_structured_output_with_an_array_root(server: FakeBatches) -> None:
     assert openai(server)("list them", json_schema=ARRAY).eval(cache=False) == ["x"]
 
 
+def test_live_completions_with_a_json_schema(server: FakeBatches) -> None:
+    server.reply = lambda prompt, sample, body: '{"name": "x", "age": 0}'
+    model = models.openai_completion("gpt-3.5-turbo-instruct", base_url=server.base_url, api_key=KEY)
+    assert model("who?", json_schema=OBJECT).eval(cache=False) == {"name": "x", "age": 0}
+
+
 @pytest.mark.parametrize("name", ["gpt-5-mini", "o3-mini"])
 def test_live_chat_to_a_reasoning_model(server: FakeBatches, name: str) -> None:
     assert openai(server, name, max_tokens=32)("q").eval(cache=False) == "q#0"
