@@ -1,7 +1,46 @@
-"""Shared pytest fixtures: the tiny local model, an isolated default cache, the fake OpenAI server."""
+"""Shared pytest fixtures: the tiny local model, an isolated default cache, the fake OpenAI server.
+
+Every fake provider checks each request against the provider's published
+spec (``tests/fixtures/spec/validate.py``); a request it refused fails the
+test that sent it (``pytest_runtest_call``, and ``_spec_violations`` for what
+comes during teardown) unless the test declared it (``expect_violations``).
+"""
 from __future__ import annotations
 
+import sys
+from typing import Any, Iterator
+
 import pytest
+
+VALIDATE = "tests.fixtures.spec.validate"
+
+
+def _check_spec_violations() -> None:
+    validate = sys.modules.get(VALIDATE)  # loaded by the fakes: a test without one pays nothing
+    if validate is not None:
+        validate.check_ledgers()
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_call(item: pytest.Item) -> Iterator[Any]:
+    """Fail a test whose requests a fake provider refused for breaking the spec."""
+    try:
+        result = yield
+    except BaseException as error:
+        try:
+            _check_spec_violations()
+        except AssertionError as violations:  # the test's own failure stays the one reported
+            error.add_note(str(violations))
+        raise
+    _check_spec_violations()
+    return result
+
+
+@pytest.fixture(autouse=True)
+def _spec_violations() -> Iterator[None]:
+    """Violations during the test's teardown (a fixture's last requests) fail it too."""
+    yield
+    _check_spec_violations()
 
 
 @pytest.fixture(scope="session")

@@ -289,9 +289,9 @@ def test_breakpoints_split_the_text_where_the_head_ends() -> None:
 
 def test_the_fake_refuses_what_the_api_refuses(server: FakeBatches) -> None:
     block = {"type": "text", "text": "x", "cache_control": {"type": "ephemeral"}}
-    status, data = server.anthropic_answer({"model": "m", "max_tokens": 5,
-                                            "messages": [{"role": "user", "content": [block] * 5}]})
-    assert status == 400 and "A maximum of 4 blocks with cache_control" in data["error"]["message"]
-    status, data = server.anthropic_answer({"model": "m", "max_tokens": 5,
-                                            "messages": [{"role": "user", "content": [{"type": "text", "text": " "}]}]})
-    assert status == 400 and "non-whitespace" in data["error"]["message"]
+    refused = server.refusal("/v1/messages", {"model": "m", "max_tokens": 5,
+                                              "messages": [{"role": "user", "content": [block] * 5}]})
+    assert refused is not None and "A maximum of 4 blocks with cache_control" in refused.message
+    refused = server.refusal("/v1/messages", {"model": "m", "max_tokens": 5,
+                                              "messages": [{"role": "user", "content": [{"type": "text", "text": " "}]}]})
+    assert refused is not None and "non-whitespace" in refused.message

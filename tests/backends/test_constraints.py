@@ -255,7 +255,7 @@ def test_wire_fields() -> None:
 
 
 def test_a_server_that_honours_response_format_is_asked_once() -> None:
-    with FakeOpenAI(honour_constraints=True) as server:
+    with FakeOpenAI(honour_constraints=True, dialect="vllm") as server:  # guided_choice is vLLM's
         model = models.openai("fake", base_url=server.base_url, api_key="sk-test", temperature=0.7)
         out = outlines.eval(model(["a", "b"], json_schema=SCHEMA), cache=False, progress=False)
         assert list(out) == [{"name": "x", "age": 0}] * 2
@@ -298,10 +298,8 @@ def test_a_server_that_refuses_the_fields_is_remembered() -> None:
     def refuse(prompt: str, sample: int, body: Any) -> str:
         return "yes"
 
-    with FakeOpenAI(reply=refuse) as server:
-        from tests.fixtures.fake_openai import Status
-
-        server.script(Status(400, body={"error": {"message": "Unrecognized request argument: guided_choice"}}))
+    with FakeOpenAI(reply=refuse) as server:  # OpenAI's: "Unrecognized request argument supplied: guided_choice"
+        server.expect_violations("Unrecognized request argument supplied: guided_choice")
         model = models.openai_completion("fake", base_url=server.base_url, api_key="sk-test")
         assert outlines.eval(model("a", choices=["yes", "no"]), cache=False, progress=False) == "yes"
         assert server.count == 2 and "guided_choice" not in server.requests[1].body

@@ -227,9 +227,10 @@ def test_the_fake_enforces_the_providers_limits(clock: FakeClock, sleeps: list[f
     with FakeBatches(clock=clock, openai_limits=(2, 10**6), anthropic_limits=(100, 300)) as server:
         openai, anthropic = client_for(server, "openai"), client_for(server, "anthropic")
         many = draws(["a", "b", "c"])
+        server.expect_violations("must hold 1 to 2 requests, it holds 3", "exceeds 300 bytes")
         job_id = run(openai, lambda: openai.create(lines_for(openai, many), {})).id
         status = run(openai, lambda: wait(openai, job_id, clock=clock))
-        assert status.state == "failed" and status.reason == "the input file must hold 1 to 2 requests, it holds 3"
+        assert status.state == "failed" and status.reason == "The input file must hold 1 to 2 requests, it holds 3."
         with pytest.raises(BackendError, match="413") as caught:
             run(anthropic, lambda: anthropic.create(lines_for(anthropic, many), {}))
         assert not caught.value.retryable
@@ -415,14 +416,15 @@ def test_line_errors_follow_the_retry_rules(server: FakeBatches, clock: FakeCloc
 def test_a_failed_job_quotes_the_providers_reason(server: FakeBatches, clock: FakeClock) -> None:
     client = client_for(server, "openai")
     broken = JobLine("x1", ("x1",), b'{"custom_id": "x1", "method": "POST", "url": "/v1/chat/completions", "bo', 10)
+    server.expect_violations("Line 1: the line is not valid JSON")
 
     async def main() -> JobStatus:
         status = await client.create([broken], {})
         return await wait(client, status.id, clock=clock)
 
     status = run(client, main)
-    assert status.state == "failed" and status.reason == "line 1: not valid JSON"
-    with pytest.raises(BackendError, match="failed: line 1: not valid JSON"):
+    assert status.state == "failed" and status.reason == "Line 1: the line is not valid JSON."
+    with pytest.raises(BackendError, match="failed: Line 1: the line is not valid JSON"):
         run(client, lambda: client.results(status, {}))
     assert not server.paid()
 
