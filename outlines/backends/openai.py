@@ -56,6 +56,8 @@ LISTS_REFUSED = quirks.Quirk(quirks.REFUSES_LISTS)
 N_IGNORED = quirks.Quirk(quirks.IGNORES_N)
 #: Base URLs that answered 4xx to the structured-output fields (issue 13).
 CONSTRAINTS_REFUSED = quirks.Quirk(quirks.REFUSES_CONSTRAINTS)
+#: The most samples (``n``) one request may ask (OpenAI's spec: ``n`` is 1 to 128).
+MAX_N = 128
 #: The fields ``wire_constraint`` may send.
 CONSTRAINT_FIELDS = ("response_format", "guided_choice", "guided_regex", "guided_json")
 #: How servers word "send one prompt, not a list": transformers serve says
@@ -494,19 +496,27 @@ def sample_groups(draws: Sequence[Draw]) -> tuple[list[PromptSamples], list[list
     """The requests a batch of draws needs: one group per (params, prompt), and each group's draw positions.
 
     A group asks ``n`` samples (one when greedy: every draw is the same
-    text) with the seed shifted by its first draw number (``_offset_seed``);
-    the ``k``-th position of a group takes sample ``k`` (modulo ``n``).
+    text; at most ``MAX_N``, the spec's limit, so a prompt with more samples
+    is several groups) with the seed shifted by its first draw number
+    (``_offset_seed``); the ``k``-th position of a group takes sample ``k``
+    (modulo ``n``). Live requests and batch-job lines both come from here.
     """
     by_prompt: dict[tuple[GenerationParams, str], list[int]] = {}
     for index, draw in enumerate(draws):
         by_prompt.setdefault((draw.params, draw.prompt), []).append(index)
-    groups = []
+    groups, members = [], []
     for (params, prompt), indices in by_prompt.items():
-        first_draw = min(draws[i].draw for i in indices)
-        # Greedy draws are all the same text: ask once.
-        n = 1 if params.deterministic else len(indices)
-        groups.append(PromptSamples(_offset_seed(params, first_draw), prompt, n))
-    return groups, list(by_prompt.values())
+        if params.deterministic:  # greedy draws are all the same text: ask once
+            groups.append(PromptSamples(params, prompt, 1))
+            members.append(indices)
+            continue
+        # The spec's most choices of one request: more samples go in pieces, each seeded from its first draw.
+        for start in range(0, len(indices), MAX_N):
+            piece = indices[start : start + MAX_N]
+            first_draw = min(draws[i].draw for i in piece)
+            groups.append(PromptSamples(_offset_seed(params, first_draw), prompt, len(piece)))
+            members.append(piece)
+    return groups, members
 
 
 def _in_order(choices: list[Any]) -> list[Any]:

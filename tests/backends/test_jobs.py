@@ -118,6 +118,22 @@ def test_greedy_and_repeated_draws_share_a_line(server: FakeBatches, provider: s
     assert [len(line.keys) for line in lines] == [1, 1]
 
 
+@pytest.mark.parametrize("backend", [OpenAIChatBackend, OpenAICompletionBackend])
+def test_a_prompt_with_more_samples_than_n_allows_is_several_lines_keyed_one_to_one(
+    server: FakeBatches, clock: FakeClock, backend: Any
+) -> None:
+    """150 samples of one prompt: lines of n=128 and n=22 (the spec's most), each key on one line, all answered."""
+    client = OpenAIJobs(backend("fake-model", base_url=server.base_url, api_key=KEY))
+    batch = draws(["a"], samples=150)
+    lines = lines_for(client, batch)
+    bodies = [json.loads(line.data)["body"] for line in lines]
+    assert [(body["n"], body["seed"]) for body in bodies] == [(128, 100), (22, 228)]
+    assert [len(line.keys) for line in lines] == [128, 22] and len({k for line in lines for k in line.keys}) == 150
+    _, results = run(client, lambda: through(client, lines, clock))
+    assert sorted(len(result.texts) for result in results) == [22, 128]
+    assert len({text for result in results for text in result.texts}) == 150
+
+
 def test_completions_lines_name_their_endpoint(server: FakeBatches) -> None:
     client = OpenAIJobs(OpenAICompletionBackend("fake-model", base_url=server.base_url, api_key=KEY))
     (line,) = lines_for(client, draws(["a"], samples=3))

@@ -601,6 +601,18 @@ def test_chat_max_batch_keeps_each_prompts_samples_in_one_request(fake_openai: F
 
 
 @pytest.mark.parametrize("constructor", [models.openai, models.openai_completion])
+def test_more_samples_than_the_spec_allows_in_one_request_go_in_pieces_of_128(
+    fake_openai: FakeOpenAI, constructor: Any
+) -> None:
+    """The spec caps ``n`` at 128: 300 samples with no max_batch are requests of 128, 128 and 44, seeds apart."""
+    llm = constructor("fake-model", base_url=fake_openai.base_url, api_key=KEY, temperature=0.7, seed=5,
+                      max_batch=None)
+    result = llm("p", num_samples=300).eval(cache=False)
+    assert result.tolist() == [f"p#{i % 128}" for i in range(300)]  # each piece's samples on its own draws
+    assert sorted((r.body["seed"], r.body["n"]) for r in fake_openai.requests) == [(5, 128), (133, 128), (261, 44)]
+
+
+@pytest.mark.parametrize("constructor", [models.openai, models.openai_completion])
 def test_a_missing_key_for_the_openai_api_fails_at_once_naming_where_to_give_one(
     monkeypatch: pytest.MonkeyPatch, sleeps: list[float], constructor: Any
 ) -> None:
