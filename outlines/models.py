@@ -133,6 +133,7 @@ class Model:
     def __init__(self, backend: Backend, **defaults: Any) -> None:
         self.backend = backend
         self.defaults = GenerationParams.create(**defaults)
+        backend.check_params(self.defaults)  # a provider's documented ranges, before anything is built
         self._ops: dict[tuple[GenerationParams, int], Generate] = {}
 
     def __call__(
@@ -232,6 +233,8 @@ class Model:
             merged = self.defaults.merged(
                 max_tokens=max_tokens, temperature=temperature, stop=stop, seed=seed, constraint=constraint, **params
             )
+            if merged is not self.defaults:
+                self.backend.check_params(merged)
         except ValueError as exc:
             raise GraphBuildError(f"Generate[{self.backend.kind}:{self.backend.model_name}]: {exc}") from None
         op = self._ops.get((merged, num_samples)) if type(num_samples) is int else None

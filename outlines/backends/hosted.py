@@ -30,10 +30,25 @@ from outlines.backends.http import HTTPClient, credential_fingerprint
 from outlines.backends.usage import Price, estimate_tokens, tiktoken_counter, user_counter
 from outlines.backends.warmup import ALONE, Turn
 
-__all__ = ["WARMUP_WAIT", "HostedBackend"]
+__all__ = ["WARMUP_WAIT", "HostedBackend", "check_range"]
 
 #: The most seconds the siblings of a shared head wait for their leader's response to start.
 WARMUP_WAIT = 30.0
+
+
+def check_range(name: str, value: Any, low: float, high: float, provider: str) -> None:
+    """Refuse ``value`` (when set) outside ``[low, high]``, naming the provider's documented range.
+
+    Examples
+    --------
+    >>> check_range("temperature", 3, 0, 2, "OpenAI")
+    Traceback (most recent call last):
+    ...
+    ValueError: temperature must be between 0 and 2 for OpenAI (its API's documented range), got 3
+    """
+    if value is not None and not low <= float(value) <= high:
+        raise ValueError(f"{name} must be between {low:g} and {high:g} for {provider} (its API's documented "
+                         f"range), got {value!r}")
 
 
 class HostedBackend(Backend):

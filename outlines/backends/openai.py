@@ -39,7 +39,7 @@ import yarl
 from outlines.backends.base import BackendError, BatchReport, Draw, GenerationParams
 from outlines.backends.constraints import Constraint
 from outlines.backends import quirks
-from outlines.backends.hosted import HostedBackend
+from outlines.backends.hosted import HostedBackend, check_range
 from outlines.backends.http import gather_or_cancel
 from outlines.backends.warmup import Turn, joined
 from outlines.conversation import messages_of
@@ -58,6 +58,10 @@ N_IGNORED = quirks.Quirk(quirks.IGNORES_N)
 CONSTRAINTS_REFUSED = quirks.Quirk(quirks.REFUSES_CONSTRAINTS)
 #: The most samples (``n``) one request may ask (OpenAI's spec: ``n`` is 1 to 128).
 MAX_N = 128
+#: The most stop sequences a request may carry (the spec's ``StopConfiguration``).
+MAX_STOPS = 4
+#: Documented ranges of the numeric parameters (``ModelResponseProperties``, ``CreateChatCompletionRequest``).
+RANGES = {"temperature": (0, 2), "top_p": (0, 1), "presence_penalty": (-2, 2), "frequency_penalty": (-2, 2)}
 #: The fields ``wire_constraint`` may send.
 CONSTRAINT_FIELDS = ("response_format", "guided_choice", "guided_regex", "guided_json")
 #: How servers word "send one prompt, not a list": transformers serve says
@@ -107,6 +111,17 @@ class _OpenAIBackend(HostedBackend):
         groups, _ = sample_groups(draws)
         ignores_n = quirks.IGNORES_N in self.known_quirks
         return sum(group.n if ignores_n else 1 for group in groups)
+
+    def check_params(self, params: GenerationParams) -> None:
+        """The spec's ranges: ``temperature`` 0 to 2, ``top_p`` 0 to 1, penalties -2 to 2, at most 4 stops."""
+        values = {"temperature": params.temperature, "top_p": params.top_p, **dict(params.extra)}
+        for name, (low, high) in RANGES.items():
+            value = values.get(name)
+            if isinstance(value, (int, float)) and not isinstance(value, bool):
+                check_range(name, value, low, high, "OpenAI")
+        if len(params.stop) > MAX_STOPS:
+            raise ValueError(f"stop takes at most {MAX_STOPS} sequences for OpenAI (its API's documented limit), "
+                             f"got {len(params.stop)}")
 
     @property
     def known_quirks(self) -> frozenset[str]:

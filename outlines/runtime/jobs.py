@@ -45,6 +45,8 @@ __all__ = ["MAX_ASKS", "JobEvent", "Jobs", "cancel_jobs", "generate_as_jobs", "h
 
 #: Jobs a request may be sent in (it expired, was cancelled or went unanswered) before its draws fail.
 MAX_ASKS = 8
+#: The longest ``Jobs(run=...)``: the provider's limit on one metadata value (OpenAI's ``Metadata``).
+MAX_RUN = 512
 
 
 @dataclass(frozen=True)
@@ -90,6 +92,9 @@ class Jobs:
     def __post_init__(self) -> None:
         if not isinstance(self.run, str) or not self.run:
             raise ValueError(f"Jobs(run=...) must be a non-empty string, got {self.run!r}")
+        if len(self.run) > MAX_RUN:  # it travels as a metadata value, which OpenAI caps at 512 characters
+            raise ValueError(f"Jobs(run=...) must be at most {MAX_RUN} characters (OpenAI's limit on a metadata "
+                             f"value), got {len(self.run)}")
         if self.deadline is not None and (isinstance(self.deadline, bool) or not self.deadline >= 0):
             raise ValueError(f"Jobs(deadline=...) must be seconds >= 0 or None, got {self.deadline!r}")
 

@@ -601,6 +601,24 @@ def test_chat_max_batch_keeps_each_prompts_samples_in_one_request(fake_openai: F
 
 
 @pytest.mark.parametrize("constructor", [models.openai, models.openai_completion])
+@pytest.mark.parametrize("options, message", [
+    ({"temperature": 2.5}, "temperature must be between 0 and 2 for OpenAI"),
+    ({"top_p": 1.5}, "top_p must be between 0 and 1 for OpenAI"),
+    ({"presence_penalty": -3}, "presence_penalty must be between -2 and 2 for OpenAI"),
+    ({"stop": ["a", "b", "c", "d", "e"]}, "stop takes at most 4 sequences for OpenAI"),
+    ({"max_tokens": 0}, "max_tokens must be a positive integer"),
+])
+def test_settings_outside_the_specs_range_are_refused_at_build_time(
+    constructor: Any, options: dict[str, Any], message: str
+) -> None:
+    with pytest.raises(ValueError, match=message):  # at construction, as model defaults
+        constructor("fake-model", api_key=KEY, **options)
+    llm = constructor("fake-model", api_key=KEY, temperature=2)  # the edge of the range is fine
+    with pytest.raises(outlines.GraphBuildError, match=message):  # when a call is built with them
+        llm("hi", **options)
+
+
+@pytest.mark.parametrize("constructor", [models.openai, models.openai_completion])
 def test_more_samples_than_the_spec_allows_in_one_request_go_in_pieces_of_128(
     fake_openai: FakeOpenAI, constructor: Any
 ) -> None:
