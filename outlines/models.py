@@ -488,7 +488,9 @@ def anthropic(model: str, *, base_url: str | None = None, api_key: str | None = 
     model
         Model name, e.g. ``"claude-haiku-4-5"``.
     base_url
-        API root (default ``ANTHROPIC_BASE_URL`` or ``https://api.anthropic.com``).
+        API root with its version, as for ``openai`` (default
+        ``ANTHROPIC_BASE_URL`` or ``https://api.anthropic.com/v1``); the
+        ``anthropic`` SDK's spelling without ``/v1`` is the same URL.
     api_key
         Secret key (default ``ANTHROPIC_API_KEY``); sent as ``x-api-key``, never
         shown or cached.

@@ -79,7 +79,11 @@ class AnthropicBackend(HostedBackend):
     ``max_retries`` 3...) and ``system_prompt``, sent as ``system`` (part of
     the identity: it changes the outputs). The key comes from ``api_key`` or
     ``ANTHROPIC_API_KEY``, the base URL from ``base_url``,
-    ``ANTHROPIC_BASE_URL`` or ``https://api.anthropic.com``.
+    ``ANTHROPIC_BASE_URL`` or ``https://api.anthropic.com/v1``: the API root
+    with its version, as for ``models.openai``; the ``anthropic`` SDK's
+    spelling without ``/v1`` is the same URL (the backend keeps the root
+    without it, so its requests go to ``/v1/messages`` and its cache keys
+    stay as they were).
 
     Examples
     --------
@@ -95,6 +99,7 @@ class AnthropicBackend(HostedBackend):
     api_key_env = "ANTHROPIC_API_KEY"
     key_header = ("x-api-key", "{key}")
     static_headers = {"anthropic-version": API_VERSION}
+    version_in_paths = "v1"
 
     def __init__(
         self, model: str, *, system_prompt: str | None = None, max_batch: int | None = 16, **options: Any

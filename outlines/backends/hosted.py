@@ -59,8 +59,10 @@ class HostedBackend(Backend):
     model
         Model name sent to the service.
     base_url
-        API root (default: the environment variable ``base_url_env``, else
-        ``default_base_url``).
+        API root with its version, ``https://api.openai.com/v1`` or
+        ``https://api.anthropic.com/v1`` (default: the environment variable
+        ``base_url_env``, else ``default_base_url``); a backend whose paths
+        carry the version (``version_in_paths``) takes it without too.
     api_key
         Secret key (default: the environment variable ``api_key_env``);
         never shown, logged or cached.
@@ -90,6 +92,9 @@ class HostedBackend(Backend):
     static_headers: Mapping[str, str] = {}
     #: The shortest prompt head the service caches, in its tokens (OpenAI: 1,024).
     cache_min_tokens = 1024
+    #: The version segment the request paths start with (Anthropic's ``/v1/messages``), if any: a base
+    #: URL ending in it (the convention: ``https://api.anthropic.com/v1``) is kept without it.
+    version_in_paths = ""
     #: True when the cache hits only at boundaries the request marks (Anthropic's breakpoints).
     cache_boundaries_marked = False
 
@@ -121,6 +126,8 @@ class HostedBackend(Backend):
             base_url = urls.check_base_url(os.environ[self.base_url_env], self.base_url_env)
         else:
             base_url = self.default_base_url
+        if self.version_in_paths:  # the convention's /v1 is in the request paths: the other spelling is the same
+            base_url = urls.without_version(base_url, self.version_in_paths)
         where = f"{self.kind}({model!r})"
         max_batch = check_limit("max_batch", max_batch, where=where)
         max_concurrency = check_limit("max_concurrency", max_concurrency, where=where) or 32
