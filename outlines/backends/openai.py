@@ -49,13 +49,17 @@ __all__ = ["OpenAIChatBackend", "OpenAICompletionBackend", "PromptSamples", "sam
 logger = logging.getLogger("outlines.backends.openai")
 
 DEFAULT_BASE_URL = "https://api.openai.com/v1"
-#: Hosts that answer 401 to every request without a key: none is sent to them.
-KEYED_HOSTS = ("api.openai.com",)
+#: OpenAI's own API: it answers 401 to every request without a key (none is sent to it), and it
+#: speaks the published spec and nothing else (``dialect="openai"``).
+OPENAI_HOSTS = ("api.openai.com",)
+#: ``"openai"``: the spec's fields only; ``"compatible"``: also the fields of vLLM and SGLang (``guided_*``).
+DIALECTS = ("openai", "compatible")
+#: Model names that reason (o-series, GPT-5 and later, with or without a ``provider/`` prefix): they
+#: refuse ``max_tokens`` ("not compatible with o-series models", the spec), so never get it.
+REASONING_MODELS = re.compile(r"^(?:[\w.-]+/)?(?:o\d|gpt-(?:[5-9]|\d{2,}))(?!\d)")
 #: Base URLs whose completions endpoint refuses a list of prompts / ignores ``n``.
 LISTS_REFUSED = quirks.Quirk(quirks.REFUSES_LISTS)
 N_IGNORED = quirks.Quirk(quirks.IGNORES_N)
-#: Base URLs that answered 4xx to the structured-output fields (issue 13).
-CONSTRAINTS_REFUSED = quirks.Quirk(quirks.REFUSES_CONSTRAINTS)
 #: The most samples (``n``) one request may ask (OpenAI's spec: ``n`` is 1 to 128).
 MAX_N = 128
 #: The most stop sequences a request may carry (the spec's ``StopConfiguration``).
@@ -64,6 +68,18 @@ MAX_STOPS = 4
 RANGES = {"temperature": (0, 2), "top_p": (0, 1), "presence_penalty": (-2, 2), "frequency_penalty": (-2, 2)}
 #: The fields ``wire_constraint`` may send.
 CONSTRAINT_FIELDS = ("response_format", "guided_choice", "guided_regex", "guided_json")
+#: A probe's value of each field a server may not know (``quirks.FIELDS``): valid wherever the field is.
+PROBES: dict[str, Any] = {
+    "max_completion_tokens": 16,
+    "response_format": {"type": "json_schema", "json_schema": {"name": "probe", "strict": True, "schema": {
+        "type": "object", "properties": {"ok": {"type": "boolean"}}, "required": ["ok"],
+        "additionalProperties": False}}},
+    "guided_choice": ["OK"],
+    "guided_regex": "OK",
+    "guided_json": {"type": "object", "properties": {"ok": {"type": "boolean"}}, "required": ["ok"]},
+}
+#: Probes in flight, shared by the requests of one loop that wait for the same answer.
+_probing: dict[tuple[int, str, str], asyncio.Future[bool | None]] = {}
 #: How servers word "send one prompt, not a list": transformers serve says
 #: "prompt must be a string."; others name the type they wanted or got.
 _LIST_REFUSAL = re.compile(
@@ -101,6 +117,15 @@ class _OpenAIBackend(HostedBackend):
     base_url_env = "OPENAI_BASE_URL"
     api_key_env = "OPENAI_API_KEY"
 
+    def __init__(self, model: str, *, dialect: str | None = None, **options: Any) -> None:
+        super().__init__(model, **options)
+        if dialect is None:
+            dialect = "openai" if yarl.URL(self.base_url).host in OPENAI_HOSTS else "compatible"
+        elif dialect not in DIALECTS:
+            raise ValueError(f"{self.kind}({model!r}): dialect must be one of {', '.join(DIALECTS)}, got {dialect!r}")
+        self.dialect = dialect
+        self.reasoning = REASONING_MODELS.match(model) is not None
+
     def requests_for(self, draws: Sequence[Draw]) -> int:
         """Requests of one call, with what is known of the server (``known_quirks``).
 
@@ -125,11 +150,41 @@ class _OpenAIBackend(HostedBackend):
 
     @property
     def known_quirks(self) -> frozenset[str]:
-        """What is known of this backend's server (``outlines.backends.quirks.known``)."""
-        return quirks.known(self.base_url)
+        """What is known of this backend's server and model (``outlines.backends.quirks.known``)."""
+        return quirks.known(self.base_url) | quirks.known(self.scope)
+
+    @property
+    def scope(self) -> str:
+        """Where this backend's field quirks hold: its model at its server (``quirks.scope``)."""
+        return quirks.scope(self.base_url, self.model)
+
+    @property
+    def refused_fields(self) -> frozenset[str]:
+        """The request fields a probe found this server refuses for this model."""
+        known = quirks.known(self.scope)
+        return frozenset(field for field in quirks.FIELDS if quirks.refuses(field) in known)
+
+    @property
+    def tokens_field(self) -> str:
+        """The field that bounds a completion: the spec's ``max_completion_tokens`` for chat, unless a
+        compatible server refused it for a model that is not a reasoning model (then ``max_tokens``);
+        ``max_tokens`` for ``/completions``."""
+        if self.kind != "openai" or ("max_completion_tokens" in self.refused_fields and self._may_drop_tokens_field):
+            return "max_tokens"
+        return "max_completion_tokens"
+
+    @property
+    def _may_drop_tokens_field(self) -> bool:
+        # OpenAI's API and reasoning models take only max_completion_tokens: never probed, never dropped.
+        return self.kind == "openai" and self.dialect == "compatible" and not self.reasoning
+
+    def expresses(self, constraint: Constraint) -> bool:
+        """Whether a request to this server can carry ``constraint`` (``wire_constraint``), as things stand."""
+        return bool(wire_constraint(constraint, chat=self.kind == "openai", dialect=self.dialect,
+                                    refused=self.refused_fields))
 
     async def generate(self, draws: Sequence[Draw], report: BatchReport) -> list[str]:
-        if not self._has_key and yarl.URL(self.base_url).host in KEYED_HOSTS:
+        if not self._has_key and yarl.URL(self.base_url).host in OPENAI_HOSTS:
             raise self._key_error(None)  # every request would be refused: none is sent, none retried
         groups, members = sample_groups(draws)
         out: list[str] = [""] * len(draws)
@@ -161,27 +216,97 @@ class _OpenAIBackend(HostedBackend):
     def _payload(self, params: GenerationParams, n: int, **fields: Any) -> dict[str, Any]:
         payload: dict[str, Any] = {"model": self.model, **fields, **params.to_dict()}
         payload.pop("constraint", None)
-        if params.constraint is not None and self.base_url not in CONSTRAINTS_REFUSED:
-            payload.update(wire_constraint(params.constraint, chat=self.kind == "openai"))
+        if "max_tokens" in payload and self.tokens_field != "max_tokens":
+            payload[self.tokens_field] = payload.pop("max_tokens")
+        if params.constraint is not None:
+            payload.update(wire_constraint(params.constraint, chat=self.kind == "openai", dialect=self.dialect,
+                                           refused=self.refused_fields))
         if n > 1:
             payload["n"] = n
         return payload
 
     async def _post(
-        self, payload: dict[str, Any], report: BatchReport, tokens: float, on_response: Callable[[], None] | None = None
+        self, build: Callable[[], dict[str, Any]], report: BatchReport, tokens: float,
+        on_response: Callable[[], None] | None = None,
     ) -> Any:
-        """POST ``payload``; a server that refuses the constraint fields is remembered and asked without them."""
+        """POST the body ``build()`` makes, settling a refusal that names one of its fields.
+
+        The field is probed (``_probe``): refused there too, the server does
+        not know it (noted), and the body is built again in the form the
+        server takes; taken there, the refusal was this request's own: a
+        constraint's form is left out (the text is checked instead, said in
+        a log line), anything else fails the request.
+        """
+        payload = build()
+        for _ in range(len(quirks.FIELDS) + 1):  # each pass notes a new quirk or drops the constraint: bounded
+            try:
+                return await self.client.post_json(self.path, payload, report, tokens=tokens, on_response=on_response)
+            except BackendError as error:
+                if error.status == 401:
+                    raise self._key_error(error) from None
+                field = self._named_field(error, payload)
+                if field is None:
+                    raise
+                taken = await self._probe(field, report)
+                if taken is False:
+                    payload = build()
+                elif taken and field in CONSTRAINT_FIELDS:
+                    logger.warning("%s refused this request's %s (%s); sending it without, checking the text instead",
+                                   self.base_url, field, self.redact(error.body or ""))
+                    payload = {k: v for k, v in payload.items() if k not in CONSTRAINT_FIELDS}
+                else:
+                    raise
+        raise BackendError("the server kept refusing the request's fields", endpoint=self.base_url + self.path,
+                           model=self.model)
+
+    def _named_field(self, error: BackendError, payload: Mapping[str, Any]) -> str | None:
+        """The probe-able field of ``payload`` a 400/422 names, if any."""
+        if error.status not in (400, 422) or not error.body:
+            return None
+        for field in quirks.FIELDS:
+            if field in payload and field in error.body:
+                if field == "max_completion_tokens" and not self._may_drop_tokens_field:
+                    continue  # the spec's field: a refusal of it is the request's
+                return field
+        return None
+
+    async def _probe(self, field: str, report: BatchReport) -> bool | None:
+        """Whether the server takes ``field`` for this model: ``True``, ``False`` (noted), ``None`` when unsure.
+
+        Asked once per process per model and field (requests refused together
+        wait for one probe): a request that carries nothing but the field,
+        with a value valid wherever the field is known (``PROBES``).
+        """
+        where = self.scope
+        if quirks.accepts(where, field):
+            return True
+        if field in self.refused_fields:
+            return False
+        key = (id(asyncio.get_running_loop()), where, field)
+        running = _probing.get(key)
+        if running is None:
+            running = _probing[key] = asyncio.ensure_future(self._ask(field, report))
+            running.add_done_callback(lambda _: _probing.pop(key, None))
+        return await asyncio.shield(running)
+
+    async def _ask(self, field: str, report: BatchReport) -> bool | None:
+        prompt: dict[str, Any] = (
+            {"messages": [{"role": "user", "content": "Say OK."}]} if self.kind == "openai" else {"prompt": "OK"}
+        )
+        tokens = {} if field == "max_completion_tokens" else {self.tokens_field: PROBES["max_completion_tokens"]}
+        body = {"model": self.model, **prompt, **tokens, field: PROBES[field]}
         try:
-            return await self.client.post_json(self.path, payload, report, tokens=tokens, on_response=on_response)
+            await self.client.post_json(self.path, body, report, tokens=32)
         except BackendError as error:
-            if error.status == 401:
-                raise self._key_error(error) from None
-            fields = [k for k in CONSTRAINT_FIELDS if k in payload]
-            if not fields or error.status not in (400, 422) or not any(f in (error.body or "") for f in fields):
-                raise
-            await self._note_once(CONSTRAINTS_REFUSED, f"refuses {', '.join(fields)}; checking outputs instead")
-            return await self.client.post_json(self.path, {k: v for k, v in payload.items() if k not in fields},
-                                               report, tokens=tokens, on_response=on_response)
+            if error.status in (400, 422) and field in (error.body or ""):
+                if quirks.note(self.scope, quirks.refuses(field)):
+                    instead = "sending max_tokens" if field == "max_completion_tokens" else "checking outputs instead"
+                    logger.warning("%s refuses %s for %s; %s", self.base_url, field, self.model, instead)
+                    await quirks.remember(self.scope, quirks.refuses(field))
+                return False
+            return None  # refused for another reason, or unreachable: nothing learned
+        quirks.note_accepted(self.scope, field)
+        return True
 
     def _key_error(self, refused: BackendError | None) -> BackendError:
         """Why the server wants a key, naming where to give one (401s are never retried)."""
@@ -334,8 +459,8 @@ class OpenAICompletionBackend(_OpenAIBackend):
         if n > 1 and self.base_url in N_IGNORED:
             return await self._per_sample(prompts, params, n, report, on_response=on_response)
         prompt: str | list[str] = prompts[0] if len(prompts) == 1 else prompts
-        payload = self._payload(params, n, prompt=prompt)
-        data = await self._post(payload, report, self._tokens(prompts, params, n), on_response)
+        data = await self._post(lambda: self._payload(params, n, prompt=prompt), report,
+                                self._tokens(prompts, params, n), on_response)
         try:
             choices = self._choices(data, len(prompts) * n, n)
         except _NIgnored as ignored:
@@ -437,8 +562,9 @@ class OpenAIChatBackend(_OpenAIBackend):
     ) -> list[str]:
         if n > 1 and self.base_url in N_IGNORED:
             return await self._per_sample(prompt, params, n, report, on_response=on_response)
-        payload = self.request_body(PromptSamples(params, prompt, n))
-        data = await self._post(payload, report, self._tokens([prompt], params, n), on_response)
+        group = PromptSamples(params, prompt, n)
+        data = await self._post(lambda: self.request_body(group), report, self._tokens([prompt], params, n),
+                                on_response)
         try:
             return self.group_texts(data, n)
         except _NIgnored as ignored:
@@ -473,25 +599,51 @@ class OpenAIChatBackend(_OpenAIBackend):
         return content
 
 
-def wire_constraint(constraint: Constraint, *, chat: bool) -> dict[str, Any]:
-    """The request fields asking a server to obey ``constraint``.
+def wire_constraint(
+    constraint: Constraint, *, chat: bool, dialect: str = "compatible", refused: frozenset[str] = frozenset()
+) -> dict[str, Any]:
+    """The request field asking a server to obey ``constraint``: its first form the server takes, or none.
 
-    Chat sends a JSON schema as OpenAI's ``response_format`` (``strict`` when
-    the schema meets OpenAI's strict rules); choices and patterns, and schemas
-    on ``/completions``, use the guided-decoding names of vLLM and SGLang.
-    Outputs are checked either way (``constraints.generate_valid``).
+    The forms, in order: on chat, a schema as the spec's ``response_format``
+    (``json_schema``); then, for a ``"compatible"`` server, the guided-decoding
+    field of vLLM and SGLang (``guided_choice``, ``guided_regex``,
+    ``guided_json``); then, on chat, choices and patterns as
+    ``response_format`` too (``Constraint.json_form``: a string ``enum`` or
+    ``pattern`` in an object, unwrapped on reading). A form whose field is in
+    ``refused`` is passed over. ``strict`` is set where the schema meets
+    OpenAI's strict rules (an object root, every object closed, every
+    property required). OpenAI's ``/completions`` takes none of these: there
+    the text is only checked. Outputs are checked either way
+    (``constraints.generate_valid``).
+
+    Examples
+    --------
+    >>> from outlines.backends.constraints import make_constraint
+    >>> wire_constraint(make_constraint(choices=["a", "b"]), chat=True, dialect="compatible")
+    {'guided_choice': ['a', 'b']}
+    >>> wire_constraint(make_constraint(choices=["a", "b"]), chat=True, dialect="openai")["response_format"]["type"]
+    'json_schema'
+    >>> wire_constraint(make_constraint(regex="[0-9]+"), chat=False, dialect="openai")
+    {}
     """
-    if constraint.kind == "json_schema":
-        schema = constraint.schema
-        if chat:
-            spec: dict[str, Any] = {"name": "output", "schema": schema}
-            if _strict_compatible(schema):
-                spec["strict"] = True
-            return {"response_format": {"type": "json_schema", "json_schema": spec}}
-        return {"guided_json": schema}
-    if constraint.kind == "choices":
-        return {"guided_choice": constraint.choices}
-    return {"guided_regex": constraint.value}
+    schema = constraint.json_form()
+    spec: dict[str, Any] = {"name": "output", "schema": schema}
+    if _strict_compatible(schema):
+        spec["strict"] = True
+    response_format = ("response_format", {"type": "json_schema", "json_schema": spec})
+    guided = {"choices": ("guided_choice", constraint.choices), "regex": ("guided_regex", constraint.value),
+              "json_schema": ("guided_json", constraint.schema)}[constraint.kind]
+    forms: list[tuple[str, Any]] = []
+    if chat and constraint.kind == "json_schema":
+        forms.append(response_format)
+    if dialect == "compatible":
+        forms.append(guided)
+    if chat and constraint.kind != "json_schema":
+        forms.append(response_format)
+    for field, value in forms:
+        if field not in refused:
+            return {field: value}
+    return {}
 
 
 def _strict_compatible(schema: Any) -> bool:

@@ -97,6 +97,65 @@ def test_generation_params_pass_through(fake_openai: FakeOpenAI) -> None:
     assert body["stop"] == ["\n", "END"] and body["seed"] == 11 and body["logit_bias"] == {"50256": -100}
 
 
+@pytest.mark.parametrize("model, dialect", [("gpt-4o-mini", "openai"), ("gpt-5-mini", "openai"), ("o3", "compatible"),
+                                            ("openai/gpt-5.1", "compatible"), ("fake-model", "compatible")])
+def test_chat_bounds_completions_with_max_completion_tokens_never_max_tokens(
+    fake_openai: FakeOpenAI, model: str, dialect: str
+) -> None:
+    """The spec's field (max_tokens is deprecated and refused by o-series and GPT-5 models); seed and stop go as given."""
+    backend = OpenAIChatBackend(model, base_url=fake_openai.base_url, api_key=KEY, dialect=dialect)
+    params = GenerationParams.create(max_tokens=7, temperature=0.3, stop=["END"], seed=11)
+    run(backend, [Draw("x", params, 0), Draw("x", params, 1)])
+    (body,) = (r.body for r in fake_openai.requests)
+    assert body == {"model": model, "messages": [{"role": "user", "content": "x"}], "max_completion_tokens": 7,
+                    "temperature": 0.3, "seed": 11, "stop": ["END"], "n": 2}
+    run(completion(fake_openai), [Draw("x", params, 0)])  # /completions has only max_tokens in the spec
+    assert fake_openai.requests[1].body["max_tokens"] == 7 and "max_completion_tokens" not in fake_openai.requests[1].body
+
+
+UNKNOWN_FIELD = Status(400, body={"error": {"message": "Unrecognized request argument supplied: max_completion_tokens"}})
+
+
+def test_a_compatible_server_that_does_not_know_max_completion_tokens_learns_it_from_a_probe(
+    fake_openai: FakeOpenAI, default_cache: Any
+) -> None:
+    from outlines.backends import quirks
+
+    fake_openai.script(UNKNOWN_FIELD, UNKNOWN_FIELD)  # the request, then the probe that carries only the field
+    params = GenerationParams.create(max_tokens=7)
+    assert run(chat(fake_openai), [Draw("x", params)]) == ["x#0"]
+    first, probe, again = (r.body for r in fake_openai.requests)
+    assert first["max_completion_tokens"] == 7 and probe == {
+        "model": "fake-model", "messages": [{"role": "user", "content": "Say OK."}], "max_completion_tokens": 16}
+    assert again["max_tokens"] == 7 and "max_completion_tokens" not in again
+    assert quirks.known(quirks.scope(fake_openai.base_url, "fake-model")) == {"refuses_max_completion_tokens"}
+    run(chat(fake_openai), [Draw("y", params)])
+    assert fake_openai.requests[3].body["max_tokens"] == 7 and fake_openai.count == 4  # known: no probe again
+
+
+@pytest.mark.parametrize("model, dialect", [("gpt-4o-mini", "openai"), ("gpt-5-mini", "compatible")])
+def test_openais_server_and_reasoning_models_never_fall_back_to_max_tokens(
+    fake_openai: FakeOpenAI, model: str, dialect: str
+) -> None:
+    fake_openai.script(UNKNOWN_FIELD)
+    backend = OpenAIChatBackend(model, base_url=fake_openai.base_url, api_key=KEY, dialect=dialect)
+    with pytest.raises(BackendError, match="status=400"):
+        run(backend, [Draw("x", GenerationParams.create(max_tokens=7))])
+    assert fake_openai.count == 1  # no probe, no max_tokens
+
+
+def test_a_refusal_of_one_requests_max_completion_tokens_is_that_requests(fake_openai: FakeOpenAI) -> None:
+    from outlines.backends import quirks
+
+    too_large = Status(400, body={"error": {"message": "max_completion_tokens is too large: 999999. This model "
+                                            "supports at most 16384 completion tokens."}})
+    fake_openai.script(too_large)  # the probe is answered: the server knows the field
+    with pytest.raises(BackendError, match="too large"):
+        run(chat(fake_openai), [Draw("x", GenerationParams.create(max_tokens=999999))])
+    assert fake_openai.count == 2 and quirks.known(quirks.scope(fake_openai.base_url, "fake-model")) == frozenset()
+    quirks.forget()
+
+
 def test_later_draws_with_a_seed_get_a_shifted_seed(fake_openai: FakeOpenAI) -> None:
     params = GenerationParams.create(temperature=1.0, seed=100)
     run(completion(fake_openai), [Draw("x", params, 3), Draw("x", params, 4)])
