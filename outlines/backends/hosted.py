@@ -222,6 +222,15 @@ class HostedBackend(Backend):
         counter = tiktoken_counter(self.model)
         return counter(text) if counter is not None else estimate_tokens(text)
 
+    def constraint_field(self, constraint: Any) -> str | None:
+        """The request field that carries ``constraint`` to the service, live and in a batch job's lines.
+
+        ``None`` (here): the service has no field for it, so the text is only
+        checked (``constraints.generate_valid``) and a draw that breaks it is
+        asked again: live at once, in batch mode in the next job round.
+        """
+        return None
+
     def count_tokens(self, prompt: str) -> int:
         """Prompt tokens of one request (the user's tokenizer, tiktoken, or ``usage.estimate_tokens``)."""
         return self._count(prompt)

@@ -178,10 +178,11 @@ class _OpenAIBackend(HostedBackend):
         # OpenAI's API and reasoning models take only max_completion_tokens: never probed, never dropped.
         return self.kind == "openai" and self.dialect == "compatible" and not self.reasoning
 
-    def expresses(self, constraint: Constraint) -> bool:
-        """Whether a request to this server can carry ``constraint`` (``wire_constraint``), as things stand."""
-        return bool(wire_constraint(constraint, chat=self.kind == "openai", dialect=self.dialect,
-                                    refused=self.refused_fields))
+    def constraint_field(self, constraint: Constraint) -> str | None:
+        """The field ``wire_constraint`` sends ``constraint`` in to this server, as things stand (``None``: none)."""
+        fields = wire_constraint(constraint, chat=self.kind == "openai", dialect=self.dialect,
+                                 refused=self.refused_fields)
+        return next(iter(fields), None)
 
     async def generate(self, draws: Sequence[Draw], report: BatchReport) -> list[str]:
         if not self._has_key and yarl.URL(self.base_url).host in OPENAI_HOSTS:
