@@ -390,7 +390,10 @@ def openai(model: str, *, base_url: str | None = None, api_key: str | None = Non
         Generation defaults (``max_tokens``, ``temperature``, ``stop``, ``seed``,
         ``top_p``, ``logit_bias``) and backend options (``max_batch``, default
         16 draws per call; ``max_concurrency``, default 32 requests in flight;
-        ``max_retries``; ``system_prompt``; ``timeout`` and ``connect_timeout``
+        ``max_retries``; ``system_prompt``; ``dialect``, ``"openai"`` for
+        OpenAI's API (the default for its host: the spec's fields only) or
+        ``"compatible"`` (vLLM, SGLang...: their ``guided_*`` fields for
+        constraints); ``timeout`` and ``connect_timeout``
         in seconds; ``total_timeout``, the most seconds one request may take;
         ``rpm`` and ``tpm`` budgets; ``max_retry_after``; ``headers``). Models
         that differ only in ``api_key`` (or ``headers``) never share a batch,
@@ -418,8 +421,9 @@ def openai(model: str, *, base_url: str | None = None, api_key: str | None = Non
     ------
     ValueError
         For an option that is not valid (``max_batch``/``max_concurrency``
-        that are not positive integers, a non-positive timeout, ``rpm=0``...),
-        naming it.
+        that are not positive integers, a non-positive timeout, ``rpm=0``...)
+        or a setting outside OpenAI's documented range (``temperature`` 0 to
+        2, ``top_p`` 0 to 1, at most 4 ``stop`` sequences), naming it.
 
     Examples
     --------
@@ -496,7 +500,8 @@ def anthropic(model: str, *, base_url: str | None = None, api_key: str | None = 
         shown or cached.
     **options
         Generation defaults (``max_tokens``, default 1024, which the API
-        requires; ``temperature`` between 0 and 1; ``stop``; ``top_p``; extras
+        requires; ``temperature`` between 0 and 1 or ``top_p``, not both,
+        and neither for the models that refuse them; ``stop``; extras
         such as ``top_k``) and the backend options of ``openai`` (``max_batch``,
         default 16 draws per call; ``max_concurrency``; ``max_retries``;
         ``system_prompt``; timeouts; ``rpm``/``tpm``; ``headers``; ``price``;

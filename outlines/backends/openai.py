@@ -15,10 +15,27 @@ cache file, so a new process knows them too), said once in a log line, and
 served with one prompt, or one sample, per request from then on. The one
 answer of a server that ignored ``n`` is kept as the first sample.
 
+The fields follow OpenAI's published spec (``openai/openai-openapi``):
+``n`` is at most ``MAX_N`` (128; more samples are more requests), chat bounds
+the answer with ``max_completion_tokens`` (``max_tokens`` is deprecated there
+and refused by o-series and GPT-5 models), constraints go in the spec's
+``response_format`` (``wire_constraint``). The ``dialect`` says what else a
+server speaks: ``"openai"`` (OpenAI's API, the default for its host) takes
+the spec's fields only; ``"compatible"`` (vLLM, SGLang, ``transformers
+serve``...) is asked the ``guided_*`` fields first, and gets ``max_tokens``
+once it is known not to take ``max_completion_tokens``. What a server does not
+know is learnt only from a probe (``_probe``): a refusal of one request that
+names a field costs one small request carrying only that field; refused
+too, the field is noted for the model (``backends.quirks``) and the request
+goes again without it; answered, the refusal was that request's own.
+
 Seeds: a group of draws of one prompt whose first draw number is ``d`` is sent
 with ``seed + d`` (and sample ``j`` of a split group with a further ``+ j``),
 so that draws fetched later, or separately, are fresh samples rather than
-replays of the draws already made with the same seed.
+replays of the draws already made with the same seed. The spec marks chat's
+``seed`` deprecated but still takes it: it is sent as given; the draws of a
+call stay independent through their draw numbers whether or not a server
+honours it.
 
 Prompt cache: OpenAI caches a prompt's head of 1,024 tokens or more once a
 request carrying it was processed. Requests of a batch that share such a
@@ -117,14 +134,15 @@ class _OpenAIBackend(HostedBackend):
     base_url_env = "OPENAI_BASE_URL"
     api_key_env = "OPENAI_API_KEY"
 
-    def __init__(self, model: str, *, dialect: str | None = None, **options: Any) -> None:
-        super().__init__(model, **options)
+    def _speak(self, dialect: str | None) -> None:
+        """Set ``dialect`` (``None``: by host) and whether the model reasons; called by each constructor."""
         if dialect is None:
             dialect = "openai" if yarl.URL(self.base_url).host in OPENAI_HOSTS else "compatible"
         elif dialect not in DIALECTS:
-            raise ValueError(f"{self.kind}({model!r}): dialect must be one of {', '.join(DIALECTS)}, got {dialect!r}")
+            raise ValueError(f"{self.kind}({self.model!r}): dialect must be one of {', '.join(DIALECTS)}, "
+                             f"got {dialect!r}")
         self.dialect = dialect
-        self.reasoning = REASONING_MODELS.match(model) is not None
+        self.reasoning = REASONING_MODELS.match(self.model) is not None
 
     def requests_for(self, draws: Sequence[Draw]) -> int:
         """Requests of one call, with what is known of the server (``known_quirks``).
@@ -382,6 +400,10 @@ class OpenAICompletionBackend(_OpenAIBackend):
         Longest Retry-After honoured (default 60 s); longer fails at once.
     headers
         Extra headers sent with every request.
+    dialect
+        ``"openai"`` (the spec's fields only) or ``"compatible"`` (also
+        vLLM's and SGLang's ``guided_*``); default by host: ``"openai"`` for
+        ``api.openai.com``.
 
     Examples
     --------
@@ -402,8 +424,9 @@ class OpenAICompletionBackend(_OpenAIBackend):
         per_prompt, per_sample = quirks.REFUSES_LISTS in known, quirks.IGNORES_N in known
         return sum((prompts if per_prompt else 1) * (n if per_sample else 1) for (_, n), prompts in lists.items())
 
-    def __init__(self, model: str, *, max_batch: int | None = 128, **options: Any) -> None:
+    def __init__(self, model: str, *, max_batch: int | None = 128, dialect: str | None = None, **options: Any) -> None:
         super().__init__(model, max_batch=max_batch, **options)
+        self._speak(dialect)
 
     async def _sample_groups(
         self, groups: list[PromptSamples], report: BatchReport, done: GroupDone, failed: GroupFailed
@@ -512,9 +535,11 @@ class OpenAIChatBackend(_OpenAIBackend):
     path = "/chat/completions"
 
     def __init__(
-        self, model: str, *, system_prompt: str | None = None, max_batch: int | None = 16, **options: Any
+        self, model: str, *, system_prompt: str | None = None, max_batch: int | None = 16, dialect: str | None = None,
+        **options: Any,
     ) -> None:
         super().__init__(model, max_batch=max_batch, **options)
+        self._speak(dialect)
         if system_prompt is not None and not isinstance(system_prompt, str):
             raise ValueError(f"system_prompt must be a string, got {type(system_prompt).__name__}")
         self.system_prompt = system_prompt
