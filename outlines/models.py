@@ -133,6 +133,7 @@ class Model:
     def __init__(self, backend: Backend, **defaults: Any) -> None:
         self.backend = backend
         self.defaults = GenerationParams.create(**defaults)
+        backend.check_params(self.defaults)  # a provider's documented ranges, before anything is built
         self._ops: dict[tuple[GenerationParams, int], Generate] = {}
 
     def __call__(
@@ -232,6 +233,8 @@ class Model:
             merged = self.defaults.merged(
                 max_tokens=max_tokens, temperature=temperature, stop=stop, seed=seed, constraint=constraint, **params
             )
+            if merged is not self.defaults:
+                self.backend.check_params(merged)
         except ValueError as exc:
             raise GraphBuildError(f"Generate[{self.backend.kind}:{self.backend.model_name}]: {exc}") from None
         op = self._ops.get((merged, num_samples)) if type(num_samples) is int else None
@@ -387,7 +390,10 @@ def openai(model: str, *, base_url: str | None = None, api_key: str | None = Non
         Generation defaults (``max_tokens``, ``temperature``, ``stop``, ``seed``,
         ``top_p``, ``logit_bias``) and backend options (``max_batch``, default
         16 draws per call; ``max_concurrency``, default 32 requests in flight;
-        ``max_retries``; ``system_prompt``; ``timeout`` and ``connect_timeout``
+        ``max_retries``; ``system_prompt``; ``dialect``, ``"openai"`` for
+        OpenAI's API (the default for its host: the spec's fields only) or
+        ``"compatible"`` (vLLM, SGLang...: their ``guided_*`` fields for
+        constraints); ``timeout`` and ``connect_timeout``
         in seconds; ``total_timeout``, the most seconds one request may take;
         ``rpm`` and ``tpm`` budgets; ``max_retry_after``; ``headers``). Models
         that differ only in ``api_key`` (or ``headers``) never share a batch,
@@ -415,8 +421,9 @@ def openai(model: str, *, base_url: str | None = None, api_key: str | None = Non
     ------
     ValueError
         For an option that is not valid (``max_batch``/``max_concurrency``
-        that are not positive integers, a non-positive timeout, ``rpm=0``...),
-        naming it.
+        that are not positive integers, a non-positive timeout, ``rpm=0``...)
+        or a setting outside OpenAI's documented range (``temperature`` 0 to
+        2, ``top_p`` 0 to 1, at most 4 ``stop`` sequences), naming it.
 
     Examples
     --------
@@ -485,13 +492,16 @@ def anthropic(model: str, *, base_url: str | None = None, api_key: str | None = 
     model
         Model name, e.g. ``"claude-haiku-4-5"``.
     base_url
-        API root (default ``ANTHROPIC_BASE_URL`` or ``https://api.anthropic.com``).
+        API root with its version, as for ``openai`` (default
+        ``ANTHROPIC_BASE_URL`` or ``https://api.anthropic.com/v1``); the
+        ``anthropic`` SDK's spelling without ``/v1`` is the same URL.
     api_key
         Secret key (default ``ANTHROPIC_API_KEY``); sent as ``x-api-key``, never
         shown or cached.
     **options
         Generation defaults (``max_tokens``, default 1024, which the API
-        requires; ``temperature`` between 0 and 1; ``stop``; ``top_p``; extras
+        requires; ``temperature`` between 0 and 1 or ``top_p``, not both,
+        and neither for the models that refuse them; ``stop``; extras
         such as ``top_k``) and the backend options of ``openai`` (``max_batch``,
         default 16 draws per call; ``max_concurrency``; ``max_retries``;
         ``system_prompt``; timeouts; ``rpm``/``tpm``; ``headers``; ``price``;

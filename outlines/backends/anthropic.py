@@ -32,7 +32,7 @@ import asyncio
 from typing import Any, Callable, Mapping, Sequence
 
 from outlines.backends.base import BackendError, BatchReport, Draw, GenerationParams
-from outlines.backends.hosted import HostedBackend
+from outlines.backends.hosted import HostedBackend, check_range
 from outlines.backends.warmup import Turn, joined
 from outlines.conversation import messages_of
 
@@ -50,6 +50,12 @@ CACHE_MIN_TOKENS = (
     ("claude-haiku-4-5", 4096), ("claude-sonnet-4-6", 2048),
     ("claude-3-5-haiku", 2048), ("claude-3-haiku", 2048),
 )
+#: Models that refuse every sampling parameter (400 "`temperature` is deprecated for this model"):
+#: Claude Opus 4.7 and later, and the fifth generation. The SDK's types for API version 2026-10-21
+#: have no ``temperature``, ``top_p`` or ``top_k`` at all; this backend speaks ``API_VERSION``,
+#: under which earlier models still take them.
+NO_SAMPLING_PARAMETERS = ("claude-opus-4-7", "claude-opus-4-8", "claude-mythos", "claude-fable", "claude-opus-5",
+                          "claude-sonnet-5", "claude-haiku-5")
 #: A breakpoint: the prompt cache may end after this block.
 EPHEMERAL = {"type": "ephemeral"}
 
@@ -73,7 +79,11 @@ class AnthropicBackend(HostedBackend):
     ``max_retries`` 3...) and ``system_prompt``, sent as ``system`` (part of
     the identity: it changes the outputs). The key comes from ``api_key`` or
     ``ANTHROPIC_API_KEY``, the base URL from ``base_url``,
-    ``ANTHROPIC_BASE_URL`` or ``https://api.anthropic.com``.
+    ``ANTHROPIC_BASE_URL`` or ``https://api.anthropic.com/v1``: the API root
+    with its version, as for ``models.openai``; the ``anthropic`` SDK's
+    spelling without ``/v1`` is the same URL (the backend keeps the root
+    without it, so its requests go to ``/v1/messages`` and its cache keys
+    stay as they were).
 
     Examples
     --------
@@ -89,6 +99,7 @@ class AnthropicBackend(HostedBackend):
     api_key_env = "ANTHROPIC_API_KEY"
     key_header = ("x-api-key", "{key}")
     static_headers = {"anthropic-version": API_VERSION}
+    version_in_paths = "v1"
 
     def __init__(
         self, model: str, *, system_prompt: str | None = None, max_batch: int | None = 16, **options: Any
@@ -102,6 +113,25 @@ class AnthropicBackend(HostedBackend):
     @property
     def identity(self) -> tuple[Any, ...]:
         return (self.kind, self.model, self.base_url, self.system_prompt)
+
+    def check_params(self, params: GenerationParams) -> None:
+        """Anthropic's documented ranges: ``temperature`` 0 to 1, ``top_p`` 0 to 1, not both; ``top_k`` >= 1.
+
+        Newer Claude models refuse ``temperature`` and ``top_p`` together, and
+        those of ``NO_SAMPLING_PARAMETERS`` refuse every sampling parameter.
+        """
+        top_k = dict(params.extra).get("top_k")
+        given = [name for name, value in (("temperature", params.temperature), ("top_p", params.top_p),
+                                          ("top_k", top_k)) if value is not None]
+        if given and self.model.startswith(NO_SAMPLING_PARAMETERS):
+            raise ValueError(f"{self.model} takes no {', '.join(given)} (Anthropic refuses sampling parameters "
+                             "for this model): leave them out")
+        check_range("temperature", params.temperature, 0, 1, "Anthropic")
+        check_range("top_p", params.top_p, 0, 1, "Anthropic")
+        if params.temperature is not None and params.top_p is not None:
+            raise ValueError("give temperature or top_p, not both: newer Claude models refuse the two together")
+        if top_k is not None and (isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 1):
+            raise ValueError(f"top_k must be an integer >= 1 for Anthropic, got {top_k!r}")
 
     def count_tokens(self, prompt: str) -> int:
         """Prompt tokens of one request: its messages' contents and the system prompt."""
@@ -163,7 +193,7 @@ class AnthropicBackend(HostedBackend):
         Raises
         ------
         BackendError
-            For parameters the API cannot take (a temperature above 1), naming them.
+            For parameters the API cannot take (``check_params``), naming them.
         """
         params = draw.params
         messages = messages_of(draw.prompt, self.system_prompt)  # a Conversation sends its own messages
@@ -175,10 +205,11 @@ class AnthropicBackend(HostedBackend):
         }
         if system:
             body["system"] = "\n\n".join(system)
+        try:  # checked when the call was built; a fallback chain's draws carry another model's params
+            self.check_params(params)
+        except ValueError as exc:
+            raise BackendError(str(exc), endpoint=self.base_url + self.path, model=self.model) from None
         if params.temperature is not None:
-            if not 0 <= float(params.temperature) <= 1:
-                raise BackendError(f"Anthropic takes a temperature between 0 and 1, got {params.temperature!r}",
-                                   endpoint=self.base_url + self.path, model=self.model)
             body["temperature"] = params.temperature
         if params.top_p is not None:
             body["top_p"] = params.top_p

@@ -410,6 +410,14 @@ class Backend(abc.ABC):
                 completion += params.max_tokens * (1 if params.deterministic else count)
         return prompt_tokens, completion
 
+    def check_params(self, params: GenerationParams) -> None:
+        """Raise ``ValueError`` for parameters outside what the provider documents (here: none).
+
+        Called when a model is built and when a call is built, so a setting
+        the provider would refuse fails at once, naming its range, instead of
+        on every request.
+        """
+
     def requests_for(self, draws: Sequence[Draw]) -> int:
         """Wire requests one ``generate(draws)`` call sends (here: one)."""
         return 1

@@ -30,10 +30,25 @@ from outlines.backends.http import HTTPClient, credential_fingerprint
 from outlines.backends.usage import Price, estimate_tokens, tiktoken_counter, user_counter
 from outlines.backends.warmup import ALONE, Turn
 
-__all__ = ["WARMUP_WAIT", "HostedBackend"]
+__all__ = ["WARMUP_WAIT", "HostedBackend", "check_range"]
 
 #: The most seconds the siblings of a shared head wait for their leader's response to start.
 WARMUP_WAIT = 30.0
+
+
+def check_range(name: str, value: Any, low: float, high: float, provider: str) -> None:
+    """Refuse ``value`` (when set) outside ``[low, high]``, naming the provider's documented range.
+
+    Examples
+    --------
+    >>> check_range("temperature", 3, 0, 2, "OpenAI")
+    Traceback (most recent call last):
+    ...
+    ValueError: temperature must be between 0 and 2 for OpenAI (its API's documented range), got 3
+    """
+    if value is not None and not low <= float(value) <= high:
+        raise ValueError(f"{name} must be between {low:g} and {high:g} for {provider} (its API's documented "
+                         f"range), got {value!r}")
 
 
 class HostedBackend(Backend):
@@ -44,8 +59,10 @@ class HostedBackend(Backend):
     model
         Model name sent to the service.
     base_url
-        API root (default: the environment variable ``base_url_env``, else
-        ``default_base_url``).
+        API root with its version, ``https://api.openai.com/v1`` or
+        ``https://api.anthropic.com/v1`` (default: the environment variable
+        ``base_url_env``, else ``default_base_url``); a backend whose paths
+        carry the version (``version_in_paths``) takes it without too.
     api_key
         Secret key (default: the environment variable ``api_key_env``);
         never shown, logged or cached.
@@ -75,6 +92,9 @@ class HostedBackend(Backend):
     static_headers: Mapping[str, str] = {}
     #: The shortest prompt head the service caches, in its tokens (OpenAI: 1,024).
     cache_min_tokens = 1024
+    #: The version segment the request paths start with (Anthropic's ``/v1/messages``), if any: a base
+    #: URL ending in it (the convention: ``https://api.anthropic.com/v1``) is kept without it.
+    version_in_paths = ""
     #: True when the cache hits only at boundaries the request marks (Anthropic's breakpoints).
     cache_boundaries_marked = False
 
@@ -106,6 +126,8 @@ class HostedBackend(Backend):
             base_url = urls.check_base_url(os.environ[self.base_url_env], self.base_url_env)
         else:
             base_url = self.default_base_url
+        if self.version_in_paths:  # the convention's /v1 is in the request paths: the other spelling is the same
+            base_url = urls.without_version(base_url, self.version_in_paths)
         where = f"{self.kind}({model!r})"
         max_batch = check_limit("max_batch", max_batch, where=where)
         max_concurrency = check_limit("max_concurrency", max_concurrency, where=where) or 32
@@ -199,6 +221,15 @@ class HostedBackend(Backend):
             return user_counter(self._tokenizer)(text)
         counter = tiktoken_counter(self.model)
         return counter(text) if counter is not None else estimate_tokens(text)
+
+    def constraint_field(self, constraint: Any) -> str | None:
+        """The request field that carries ``constraint`` to the service, live and in a batch job's lines.
+
+        ``None`` (here): the service has no field for it, so the text is only
+        checked (``constraints.generate_valid``) and a draw that breaks it is
+        asked again: live at once, in batch mode in the next job round.
+        """
+        return None
 
     def count_tokens(self, prompt: str) -> int:
         """Prompt tokens of one request (the user's tokenizer, tiktoken, or ``usage.estimate_tokens``)."""

@@ -15,10 +15,27 @@ cache file, so a new process knows them too), said once in a log line, and
 served with one prompt, or one sample, per request from then on. The one
 answer of a server that ignored ``n`` is kept as the first sample.
 
+The fields follow OpenAI's published spec (``openai/openai-openapi``):
+``n`` is at most ``MAX_N`` (128; more samples are more requests), chat bounds
+the answer with ``max_completion_tokens`` (``max_tokens`` is deprecated there
+and refused by o-series and GPT-5 models), constraints go in the spec's
+``response_format`` (``wire_constraint``). The ``dialect`` says what else a
+server speaks: ``"openai"`` (OpenAI's API, the default for its host) takes
+the spec's fields only; ``"compatible"`` (vLLM, SGLang, ``transformers
+serve``...) is asked the ``guided_*`` fields first, and gets ``max_tokens``
+once it is known not to take ``max_completion_tokens``. What a server does not
+know is learnt only from a probe (``_probe``): a refusal of one request that
+names a field costs one small request carrying only that field; refused
+too, the field is noted for the model (``backends.quirks``) and the request
+goes again without it; answered, the refusal was that request's own.
+
 Seeds: a group of draws of one prompt whose first draw number is ``d`` is sent
 with ``seed + d`` (and sample ``j`` of a split group with a further ``+ j``),
 so that draws fetched later, or separately, are fresh samples rather than
-replays of the draws already made with the same seed.
+replays of the draws already made with the same seed. The spec marks chat's
+``seed`` deprecated but still takes it: it is sent as given; the draws of a
+call stay independent through their draw numbers whether or not a server
+honours it.
 
 Prompt cache: OpenAI caches a prompt's head of 1,024 tokens or more once a
 request carrying it was processed. Requests of a batch that share such a
@@ -39,7 +56,7 @@ import yarl
 from outlines.backends.base import BackendError, BatchReport, Draw, GenerationParams
 from outlines.backends.constraints import Constraint
 from outlines.backends import quirks
-from outlines.backends.hosted import HostedBackend
+from outlines.backends.hosted import HostedBackend, check_range
 from outlines.backends.http import gather_or_cancel
 from outlines.backends.warmup import Turn, joined
 from outlines.conversation import messages_of
@@ -49,15 +66,37 @@ __all__ = ["OpenAIChatBackend", "OpenAICompletionBackend", "PromptSamples", "sam
 logger = logging.getLogger("outlines.backends.openai")
 
 DEFAULT_BASE_URL = "https://api.openai.com/v1"
-#: Hosts that answer 401 to every request without a key: none is sent to them.
-KEYED_HOSTS = ("api.openai.com",)
+#: OpenAI's own API: it answers 401 to every request without a key (none is sent to it), and it
+#: speaks the published spec and nothing else (``dialect="openai"``).
+OPENAI_HOSTS = ("api.openai.com",)
+#: ``"openai"``: the spec's fields only; ``"compatible"``: also the fields of vLLM and SGLang (``guided_*``).
+DIALECTS = ("openai", "compatible")
+#: Model names that reason (o-series, GPT-5 and later, with or without a ``provider/`` prefix): they
+#: refuse ``max_tokens`` ("not compatible with o-series models", the spec), so never get it.
+REASONING_MODELS = re.compile(r"^(?:[\w.-]+/)?(?:o\d|gpt-(?:[5-9]|\d{2,}))(?!\d)")
 #: Base URLs whose completions endpoint refuses a list of prompts / ignores ``n``.
 LISTS_REFUSED = quirks.Quirk(quirks.REFUSES_LISTS)
 N_IGNORED = quirks.Quirk(quirks.IGNORES_N)
-#: Base URLs that answered 4xx to the structured-output fields (issue 13).
-CONSTRAINTS_REFUSED = quirks.Quirk(quirks.REFUSES_CONSTRAINTS)
+#: The most samples (``n``) one request may ask (OpenAI's spec: ``n`` is 1 to 128).
+MAX_N = 128
+#: The most stop sequences a request may carry (the spec's ``StopConfiguration``).
+MAX_STOPS = 4
+#: Documented ranges of the numeric parameters (``ModelResponseProperties``, ``CreateChatCompletionRequest``).
+RANGES = {"temperature": (0, 2), "top_p": (0, 1), "presence_penalty": (-2, 2), "frequency_penalty": (-2, 2)}
 #: The fields ``wire_constraint`` may send.
 CONSTRAINT_FIELDS = ("response_format", "guided_choice", "guided_regex", "guided_json")
+#: A probe's value of each field a server may not know (``quirks.FIELDS``): valid wherever the field is.
+PROBES: dict[str, Any] = {
+    "max_completion_tokens": 16,
+    "response_format": {"type": "json_schema", "json_schema": {"name": "probe", "strict": True, "schema": {
+        "type": "object", "properties": {"ok": {"type": "boolean"}}, "required": ["ok"],
+        "additionalProperties": False}}},
+    "guided_choice": ["OK"],
+    "guided_regex": "OK",
+    "guided_json": {"type": "object", "properties": {"ok": {"type": "boolean"}}, "required": ["ok"]},
+}
+#: Probes in flight, shared by the requests of one loop that wait for the same answer.
+_probing: dict[tuple[int, str, str], asyncio.Future[bool | None]] = {}
 #: How servers word "send one prompt, not a list": transformers serve says
 #: "prompt must be a string."; others name the type they wanted or got.
 _LIST_REFUSAL = re.compile(
@@ -95,6 +134,16 @@ class _OpenAIBackend(HostedBackend):
     base_url_env = "OPENAI_BASE_URL"
     api_key_env = "OPENAI_API_KEY"
 
+    def _speak(self, dialect: str | None) -> None:
+        """Set ``dialect`` (``None``: by host) and whether the model reasons; called by each constructor."""
+        if dialect is None:
+            dialect = "openai" if yarl.URL(self.base_url).host in OPENAI_HOSTS else "compatible"
+        elif dialect not in DIALECTS:
+            raise ValueError(f"{self.kind}({self.model!r}): dialect must be one of {', '.join(DIALECTS)}, "
+                             f"got {dialect!r}")
+        self.dialect = dialect
+        self.reasoning = REASONING_MODELS.match(self.model) is not None
+
     def requests_for(self, draws: Sequence[Draw]) -> int:
         """Requests of one call, with what is known of the server (``known_quirks``).
 
@@ -106,13 +155,55 @@ class _OpenAIBackend(HostedBackend):
         ignores_n = quirks.IGNORES_N in self.known_quirks
         return sum(group.n if ignores_n else 1 for group in groups)
 
+    def check_params(self, params: GenerationParams) -> None:
+        """The spec's ranges: ``temperature`` 0 to 2, ``top_p`` 0 to 1, penalties -2 to 2, at most 4 stops."""
+        values = {"temperature": params.temperature, "top_p": params.top_p, **dict(params.extra)}
+        for name, (low, high) in RANGES.items():
+            value = values.get(name)
+            if isinstance(value, (int, float)) and not isinstance(value, bool):
+                check_range(name, value, low, high, "OpenAI")
+        if len(params.stop) > MAX_STOPS:
+            raise ValueError(f"stop takes at most {MAX_STOPS} sequences for OpenAI (its API's documented limit), "
+                             f"got {len(params.stop)}")
+
     @property
     def known_quirks(self) -> frozenset[str]:
-        """What is known of this backend's server (``outlines.backends.quirks.known``)."""
-        return quirks.known(self.base_url)
+        """What is known of this backend's server and model (``outlines.backends.quirks.known``)."""
+        return quirks.known(self.base_url) | quirks.known(self.scope)
+
+    @property
+    def scope(self) -> str:
+        """Where this backend's field quirks hold: its model at its server (``quirks.scope``)."""
+        return quirks.scope(self.base_url, self.model)
+
+    @property
+    def refused_fields(self) -> frozenset[str]:
+        """The request fields a probe found this server refuses for this model."""
+        known = quirks.known(self.scope)
+        return frozenset(field for field in quirks.FIELDS if quirks.refuses(field) in known)
+
+    @property
+    def tokens_field(self) -> str:
+        """The field that bounds a completion: the spec's ``max_completion_tokens`` for chat, unless a
+        compatible server refused it for a model that is not a reasoning model (then ``max_tokens``);
+        ``max_tokens`` for ``/completions``."""
+        if self.kind != "openai" or ("max_completion_tokens" in self.refused_fields and self._may_drop_tokens_field):
+            return "max_tokens"
+        return "max_completion_tokens"
+
+    @property
+    def _may_drop_tokens_field(self) -> bool:
+        # OpenAI's API and reasoning models take only max_completion_tokens: never probed, never dropped.
+        return self.kind == "openai" and self.dialect == "compatible" and not self.reasoning
+
+    def constraint_field(self, constraint: Constraint) -> str | None:
+        """The field ``wire_constraint`` sends ``constraint`` in to this server, as things stand (``None``: none)."""
+        fields = wire_constraint(constraint, chat=self.kind == "openai", dialect=self.dialect,
+                                 refused=self.refused_fields)
+        return next(iter(fields), None)
 
     async def generate(self, draws: Sequence[Draw], report: BatchReport) -> list[str]:
-        if not self._has_key and yarl.URL(self.base_url).host in KEYED_HOSTS:
+        if not self._has_key and yarl.URL(self.base_url).host in OPENAI_HOSTS:
             raise self._key_error(None)  # every request would be refused: none is sent, none retried
         groups, members = sample_groups(draws)
         out: list[str] = [""] * len(draws)
@@ -144,27 +235,97 @@ class _OpenAIBackend(HostedBackend):
     def _payload(self, params: GenerationParams, n: int, **fields: Any) -> dict[str, Any]:
         payload: dict[str, Any] = {"model": self.model, **fields, **params.to_dict()}
         payload.pop("constraint", None)
-        if params.constraint is not None and self.base_url not in CONSTRAINTS_REFUSED:
-            payload.update(wire_constraint(params.constraint, chat=self.kind == "openai"))
+        if "max_tokens" in payload and self.tokens_field != "max_tokens":
+            payload[self.tokens_field] = payload.pop("max_tokens")
+        if params.constraint is not None:
+            payload.update(wire_constraint(params.constraint, chat=self.kind == "openai", dialect=self.dialect,
+                                           refused=self.refused_fields))
         if n > 1:
             payload["n"] = n
         return payload
 
     async def _post(
-        self, payload: dict[str, Any], report: BatchReport, tokens: float, on_response: Callable[[], None] | None = None
+        self, build: Callable[[], dict[str, Any]], report: BatchReport, tokens: float,
+        on_response: Callable[[], None] | None = None,
     ) -> Any:
-        """POST ``payload``; a server that refuses the constraint fields is remembered and asked without them."""
+        """POST the body ``build()`` makes, settling a refusal that names one of its fields.
+
+        The field is probed (``_probe``): refused there too, the server does
+        not know it (noted), and the body is built again in the form the
+        server takes; taken there, the refusal was this request's own: a
+        constraint's form is left out (the text is checked instead, said in
+        a log line), anything else fails the request.
+        """
+        payload = build()
+        for _ in range(len(quirks.FIELDS) + 1):  # each pass notes a new quirk or drops the constraint: bounded
+            try:
+                return await self.client.post_json(self.path, payload, report, tokens=tokens, on_response=on_response)
+            except BackendError as error:
+                if error.status == 401:
+                    raise self._key_error(error) from None
+                field = self._named_field(error, payload)
+                if field is None:
+                    raise
+                taken = await self._probe(field, report)
+                if taken is False:
+                    payload = build()
+                elif taken and field in CONSTRAINT_FIELDS:
+                    logger.warning("%s refused this request's %s (%s); sending it without, checking the text instead",
+                                   self.base_url, field, self.redact(error.body or ""))
+                    payload = {k: v for k, v in payload.items() if k not in CONSTRAINT_FIELDS}
+                else:
+                    raise
+        raise BackendError("the server kept refusing the request's fields", endpoint=self.base_url + self.path,
+                           model=self.model)
+
+    def _named_field(self, error: BackendError, payload: Mapping[str, Any]) -> str | None:
+        """The probe-able field of ``payload`` a 400/422 names, if any."""
+        if error.status not in (400, 422) or not error.body:
+            return None
+        for field in quirks.FIELDS:
+            if field in payload and field in error.body:
+                if field == "max_completion_tokens" and not self._may_drop_tokens_field:
+                    continue  # the spec's field: a refusal of it is the request's
+                return field
+        return None
+
+    async def _probe(self, field: str, report: BatchReport) -> bool | None:
+        """Whether the server takes ``field`` for this model: ``True``, ``False`` (noted), ``None`` when unsure.
+
+        Asked once per process per model and field (requests refused together
+        wait for one probe): a request that carries nothing but the field,
+        with a value valid wherever the field is known (``PROBES``).
+        """
+        where = self.scope
+        if quirks.accepts(where, field):
+            return True
+        if field in self.refused_fields:
+            return False
+        key = (id(asyncio.get_running_loop()), where, field)
+        running = _probing.get(key)
+        if running is None:
+            running = _probing[key] = asyncio.ensure_future(self._ask(field, report))
+            running.add_done_callback(lambda _: _probing.pop(key, None))
+        return await asyncio.shield(running)
+
+    async def _ask(self, field: str, report: BatchReport) -> bool | None:
+        prompt: dict[str, Any] = (
+            {"messages": [{"role": "user", "content": "Say OK."}]} if self.kind == "openai" else {"prompt": "OK"}
+        )
+        tokens = {} if field == "max_completion_tokens" else {self.tokens_field: PROBES["max_completion_tokens"]}
+        body = {"model": self.model, **prompt, **tokens, field: PROBES[field]}
         try:
-            return await self.client.post_json(self.path, payload, report, tokens=tokens, on_response=on_response)
+            await self.client.post_json(self.path, body, report, tokens=32)
         except BackendError as error:
-            if error.status == 401:
-                raise self._key_error(error) from None
-            fields = [k for k in CONSTRAINT_FIELDS if k in payload]
-            if not fields or error.status not in (400, 422) or not any(f in (error.body or "") for f in fields):
-                raise
-            await self._note_once(CONSTRAINTS_REFUSED, f"refuses {', '.join(fields)}; checking outputs instead")
-            return await self.client.post_json(self.path, {k: v for k, v in payload.items() if k not in fields},
-                                               report, tokens=tokens, on_response=on_response)
+            if error.status in (400, 422) and field in (error.body or ""):
+                if quirks.note(self.scope, quirks.refuses(field)):
+                    instead = "sending max_tokens" if field == "max_completion_tokens" else "checking outputs instead"
+                    logger.warning("%s refuses %s for %s; %s", self.base_url, field, self.model, instead)
+                    await quirks.remember(self.scope, quirks.refuses(field))
+                return False
+            return None  # refused for another reason, or unreachable: nothing learned
+        quirks.note_accepted(self.scope, field)
+        return True
 
     def _key_error(self, refused: BackendError | None) -> BackendError:
         """Why the server wants a key, naming where to give one (401s are never retried)."""
@@ -239,6 +400,10 @@ class OpenAICompletionBackend(_OpenAIBackend):
         Longest Retry-After honoured (default 60 s); longer fails at once.
     headers
         Extra headers sent with every request.
+    dialect
+        ``"openai"`` (the spec's fields only) or ``"compatible"`` (also
+        vLLM's and SGLang's ``guided_*``); default by host: ``"openai"`` for
+        ``api.openai.com``.
 
     Examples
     --------
@@ -259,8 +424,9 @@ class OpenAICompletionBackend(_OpenAIBackend):
         per_prompt, per_sample = quirks.REFUSES_LISTS in known, quirks.IGNORES_N in known
         return sum((prompts if per_prompt else 1) * (n if per_sample else 1) for (_, n), prompts in lists.items())
 
-    def __init__(self, model: str, *, max_batch: int | None = 128, **options: Any) -> None:
+    def __init__(self, model: str, *, max_batch: int | None = 128, dialect: str | None = None, **options: Any) -> None:
         super().__init__(model, max_batch=max_batch, **options)
+        self._speak(dialect)
 
     async def _sample_groups(
         self, groups: list[PromptSamples], report: BatchReport, done: GroupDone, failed: GroupFailed
@@ -317,8 +483,8 @@ class OpenAICompletionBackend(_OpenAIBackend):
         if n > 1 and self.base_url in N_IGNORED:
             return await self._per_sample(prompts, params, n, report, on_response=on_response)
         prompt: str | list[str] = prompts[0] if len(prompts) == 1 else prompts
-        payload = self._payload(params, n, prompt=prompt)
-        data = await self._post(payload, report, self._tokens(prompts, params, n), on_response)
+        data = await self._post(lambda: self._payload(params, n, prompt=prompt), report,
+                                self._tokens(prompts, params, n), on_response)
         try:
             choices = self._choices(data, len(prompts) * n, n)
         except _NIgnored as ignored:
@@ -369,9 +535,11 @@ class OpenAIChatBackend(_OpenAIBackend):
     path = "/chat/completions"
 
     def __init__(
-        self, model: str, *, system_prompt: str | None = None, max_batch: int | None = 16, **options: Any
+        self, model: str, *, system_prompt: str | None = None, max_batch: int | None = 16, dialect: str | None = None,
+        **options: Any,
     ) -> None:
         super().__init__(model, max_batch=max_batch, **options)
+        self._speak(dialect)
         if system_prompt is not None and not isinstance(system_prompt, str):
             raise ValueError(f"system_prompt must be a string, got {type(system_prompt).__name__}")
         self.system_prompt = system_prompt
@@ -420,8 +588,9 @@ class OpenAIChatBackend(_OpenAIBackend):
     ) -> list[str]:
         if n > 1 and self.base_url in N_IGNORED:
             return await self._per_sample(prompt, params, n, report, on_response=on_response)
-        payload = self.request_body(PromptSamples(params, prompt, n))
-        data = await self._post(payload, report, self._tokens([prompt], params, n), on_response)
+        group = PromptSamples(params, prompt, n)
+        data = await self._post(lambda: self.request_body(group), report, self._tokens([prompt], params, n),
+                                on_response)
         try:
             return self.group_texts(data, n)
         except _NIgnored as ignored:
@@ -456,25 +625,51 @@ class OpenAIChatBackend(_OpenAIBackend):
         return content
 
 
-def wire_constraint(constraint: Constraint, *, chat: bool) -> dict[str, Any]:
-    """The request fields asking a server to obey ``constraint``.
+def wire_constraint(
+    constraint: Constraint, *, chat: bool, dialect: str = "compatible", refused: frozenset[str] = frozenset()
+) -> dict[str, Any]:
+    """The request field asking a server to obey ``constraint``: its first form the server takes, or none.
 
-    Chat sends a JSON schema as OpenAI's ``response_format`` (``strict`` when
-    the schema meets OpenAI's strict rules); choices and patterns, and schemas
-    on ``/completions``, use the guided-decoding names of vLLM and SGLang.
-    Outputs are checked either way (``constraints.generate_valid``).
+    The forms, in order: on chat, a schema as the spec's ``response_format``
+    (``json_schema``); then, for a ``"compatible"`` server, the guided-decoding
+    field of vLLM and SGLang (``guided_choice``, ``guided_regex``,
+    ``guided_json``); then, on chat, choices and patterns as
+    ``response_format`` too (``Constraint.json_form``: a string ``enum`` or
+    ``pattern`` in an object, unwrapped on reading). A form whose field is in
+    ``refused`` is passed over. ``strict`` is set where the schema meets
+    OpenAI's strict rules (an object root, every object closed, every
+    property required). OpenAI's ``/completions`` takes none of these: there
+    the text is only checked. Outputs are checked either way
+    (``constraints.generate_valid``).
+
+    Examples
+    --------
+    >>> from outlines.backends.constraints import make_constraint
+    >>> wire_constraint(make_constraint(choices=["a", "b"]), chat=True, dialect="compatible")
+    {'guided_choice': ['a', 'b']}
+    >>> wire_constraint(make_constraint(choices=["a", "b"]), chat=True, dialect="openai")["response_format"]["type"]
+    'json_schema'
+    >>> wire_constraint(make_constraint(regex="[0-9]+"), chat=False, dialect="openai")
+    {}
     """
-    if constraint.kind == "json_schema":
-        schema = constraint.schema
-        if chat:
-            spec: dict[str, Any] = {"name": "output", "schema": schema}
-            if _strict_compatible(schema):
-                spec["strict"] = True
-            return {"response_format": {"type": "json_schema", "json_schema": spec}}
-        return {"guided_json": schema}
-    if constraint.kind == "choices":
-        return {"guided_choice": constraint.choices}
-    return {"guided_regex": constraint.value}
+    schema = constraint.json_form()
+    spec: dict[str, Any] = {"name": "output", "schema": schema}
+    if _strict_compatible(schema):
+        spec["strict"] = True
+    response_format = ("response_format", {"type": "json_schema", "json_schema": spec})
+    guided = {"choices": ("guided_choice", constraint.choices), "regex": ("guided_regex", constraint.value),
+              "json_schema": ("guided_json", constraint.schema)}[constraint.kind]
+    forms: list[tuple[str, Any]] = []
+    if chat and constraint.kind == "json_schema":
+        forms.append(response_format)
+    if dialect == "compatible":
+        forms.append(guided)
+    if chat and constraint.kind != "json_schema":
+        forms.append(response_format)
+    for field, value in forms:
+        if field not in refused:
+            return {field: value}
+    return {}
 
 
 def _strict_compatible(schema: Any) -> bool:
@@ -494,19 +689,27 @@ def sample_groups(draws: Sequence[Draw]) -> tuple[list[PromptSamples], list[list
     """The requests a batch of draws needs: one group per (params, prompt), and each group's draw positions.
 
     A group asks ``n`` samples (one when greedy: every draw is the same
-    text) with the seed shifted by its first draw number (``_offset_seed``);
-    the ``k``-th position of a group takes sample ``k`` (modulo ``n``).
+    text; at most ``MAX_N``, the spec's limit, so a prompt with more samples
+    is several groups) with the seed shifted by its first draw number
+    (``_offset_seed``); the ``k``-th position of a group takes sample ``k``
+    (modulo ``n``). Live requests and batch-job lines both come from here.
     """
     by_prompt: dict[tuple[GenerationParams, str], list[int]] = {}
     for index, draw in enumerate(draws):
         by_prompt.setdefault((draw.params, draw.prompt), []).append(index)
-    groups = []
+    groups, members = [], []
     for (params, prompt), indices in by_prompt.items():
-        first_draw = min(draws[i].draw for i in indices)
-        # Greedy draws are all the same text: ask once.
-        n = 1 if params.deterministic else len(indices)
-        groups.append(PromptSamples(_offset_seed(params, first_draw), prompt, n))
-    return groups, list(by_prompt.values())
+        if params.deterministic:  # greedy draws are all the same text: ask once
+            groups.append(PromptSamples(params, prompt, 1))
+            members.append(indices)
+            continue
+        # The spec's most choices of one request: more samples go in pieces, each seeded from its first draw.
+        for start in range(0, len(indices), MAX_N):
+            piece = indices[start : start + MAX_N]
+            first_draw = min(draws[i].draw for i in piece)
+            groups.append(PromptSamples(_offset_seed(params, first_draw), prompt, len(piece)))
+            members.append(piece)
+    return groups, members
 
 
 def _in_order(choices: list[Any]) -> list[Any]:

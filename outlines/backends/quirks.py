@@ -1,8 +1,18 @@
 """What is known about servers: quirks noted per base URL, remembered across processes.
 
 An OpenAI-compatible server may ignore ``n`` (``transformers serve``), refuse
-a list of prompts, or refuse the structured-output fields. A backend notes a
-quirk the first time a server shows it and works around it from then on. A
+a list of prompts, or refuse a request field (``max_completion_tokens``, the
+structured-output fields). A backend notes a quirk the first time a server
+shows it and works around it from then on. A field is refused by a server
+for one model (OpenAI's older models refuse ``json_schema`` outputs), so
+field quirks are noted per ``scope(base_url, model)``; and only a *probe*
+notes one: a request that carries nothing but the field, in a form known to
+be valid, and is refused naming it (``refuses(field)``). A 400 about what one
+request held (a schema a strict mode cannot take, a value too large) is that
+request's, never the server's. Notes of names this version does not know
+(``refuses_constraint_fields``, which an earlier version wrote after any 400
+naming a constraint field, schema errors included) are not trusted: the
+field is probed again when a server refuses it. A
 note is kept for the process and written through a ``QuirkStore``: the
 package wires in the default cache's SQLite file (``outlines.cache.quirks``,
 connected in ``outlines/__init__.py``: backends import nothing from the
@@ -26,8 +36,8 @@ from typing import Protocol
 from outlines.threads import run_blocking
 
 __all__ = [
-    "IGNORES_N", "QUIRKS", "REFUSES_CONSTRAINTS", "REFUSES_LISTS", "Quirk", "QuirkStore", "forget", "known", "note",
-    "use_store",
+    "FIELDS", "IGNORES_N", "QUIRKS", "REFUSES_LISTS", "Quirk", "QuirkStore", "accepts", "forget", "known", "note",
+    "note_accepted", "refuses", "scope", "use_store",
 ]
 
 logger = logging.getLogger("outlines.backends.quirks")
@@ -36,12 +46,36 @@ logger = logging.getLogger("outlines.backends.quirks")
 IGNORES_N = "ignores_n"
 #: ``/completions`` refuses a list of prompts (``prompt`` must be a string).
 REFUSES_LISTS = "refuses_prompt_lists"
-#: The server answers 4xx to ``response_format`` / ``guided_*`` fields.
-REFUSES_CONSTRAINTS = "refuses_constraint_fields"
-QUIRKS = (IGNORES_N, REFUSES_LISTS, REFUSES_CONSTRAINTS)
+#: Request fields a server may not know, each probed on its own (``refuses``).
+FIELDS = ("max_completion_tokens", "response_format", "guided_choice", "guided_regex", "guided_json")
+QUIRKS = (IGNORES_N, REFUSES_LISTS, *(f"refuses_{field}" for field in FIELDS))
 #: Seconds a note on disk is trusted.
 MAX_AGE = 7 * 24 * 3600.0
 
+
+
+def refuses(field: str) -> str:
+    """The quirk of a server that refuses the request field ``field`` (one of ``FIELDS``).
+
+    Examples
+    --------
+    >>> refuses("guided_choice")
+    'refuses_guided_choice'
+    """
+    if field not in FIELDS:
+        raise ValueError(f"unknown request field {field!r}; one of {', '.join(FIELDS)}")
+    return f"refuses_{field}"
+
+
+def scope(base_url: str, model: str) -> str:
+    """Where a field quirk holds: one model at one server (what ``known`` and ``note`` take for them).
+
+    Examples
+    --------
+    >>> scope("http://127.0.0.1:9/v1", "m")
+    'http://127.0.0.1:9/v1 model=m'
+    """
+    return f"{base_url} model={model}"
 
 
 class QuirkStore(Protocol):
@@ -61,7 +95,8 @@ class QuirkStore(Protocol):
 
 
 _lock = threading.Lock()
-_known: dict[str, set[str]] = {}  # base URL -> quirks, for every base URL looked up on disk
+_known: dict[str, set[str]] = {}  # base URL (or scope) -> quirks, for every one looked up on disk
+_accepted: set[tuple[str, str]] = set()  # (scope, field): a probe of this process found the field taken
 _store: QuirkStore | None = None
 
 
@@ -77,7 +112,8 @@ def known(base_url: str) -> frozenset[str]:
     Parameters
     ----------
     base_url
-        The API root, as a backend holds it (``backend.base_url``).
+        The API root, as a backend holds it (``backend.base_url``), or a
+        ``scope(base_url, model)`` for the fields it refuses.
 
     Returns
     -------
@@ -103,8 +139,8 @@ def _read(base_url: str) -> frozenset[str]:
     store = _store
     if store is None:
         return frozenset()
-    try:
-        return store.read(base_url, newer_than=time.time() - MAX_AGE)
+    try:  # a name this version does not know is an older version's note: not trusted
+        return store.read(base_url, newer_than=time.time() - MAX_AGE) & frozenset(QUIRKS)
     except (sqlite3.Error, OSError) as exc:
         logger.debug("server quirks of %s not read from %s: %s", base_url, store.where(), exc)
         return frozenset()
@@ -136,10 +172,26 @@ async def remember(base_url: str, quirk: str) -> None:
         logger.debug("server quirk %s of %s not written to %s: %s", quirk, base_url, store.where(), exc)
 
 
+def accepts(where: str, field: str) -> bool:
+    """Whether a probe of this process found ``field`` taken at ``where`` (a ``scope``); kept in memory only.
+
+    A refusal of one request naming the field is then that request's own.
+    """
+    with _lock:
+        return (where, field) in _accepted
+
+
+def note_accepted(where: str, field: str) -> None:
+    """Note that a probe found ``field`` taken at ``where``, for this process."""
+    with _lock:
+        _accepted.add((where, field))
+
+
 def forget() -> None:
     """Drop every note: in this process and in the store."""
     with _lock:
         _known.clear()
+        _accepted.clear()
     store = _store
     if store is not None:
         try:

@@ -26,7 +26,7 @@ import re
 import yarl
 
 __all__ = ["MAX_REDIRECTS", "REDIRECTS", "RedirectRefused", "check_base_url", "redact", "redirect_target",
-           "same_origin"]
+           "same_origin", "without_version"]
 
 #: The redirect statuses; only 307 and 308 are followed (``redirect_target``).
 REDIRECTS = frozenset({301, 302, 303, 307, 308})
@@ -123,6 +123,25 @@ def check_base_url(url: object, name: str) -> str:
     if credentials:
         raise ValueError(f"{name} must not hold credentials (user:password@), got {shown!r}; pass api_key= instead")
     return text
+
+
+def without_version(url: str, version: str) -> str:
+    """``url`` (checked by ``check_base_url``) without its last path segment when that is ``version``.
+
+    The base URL convention of every HTTP backend is the API root with its
+    version, as OpenAI's is (``https://api.openai.com/v1``,
+    ``https://api.anthropic.com/v1``). A backend whose request paths carry
+    the version themselves (Anthropic's ``/v1/messages``, as its own SDK
+    spells them) takes the URL through this, so both spellings reach the
+    same endpoints and the same cache keys.
+
+    Examples
+    --------
+    >>> without_version("https://api.anthropic.com/v1", "v1"), without_version("https://api.anthropic.com", "v1")
+    ('https://api.anthropic.com', 'https://api.anthropic.com')
+    """
+    head, _, last = url.rpartition("/")
+    return head if last == version and "://" in head and not head.endswith("/") else url
 
 
 def same_origin(one: yarl.URL, other: yarl.URL) -> bool:

@@ -1,9 +1,10 @@
 """Server quirks on disk: one small table in the cache's SQLite file, data only.
 
-A row says that the server at one base URL showed one quirk (it ignores ``n``,
-refuses a list of prompts, refuses the constraint fields) and when it was last
-seen. The base URL is stored as a BLAKE2b digest, never as text: a URL may
-carry a secret in its query. The table lives beside the draws
+A row says that the server at one base URL (or one model at it:
+``backends.quirks.scope``) showed one quirk (it ignores ``n``, refuses a list
+of prompts, refuses a request field) and when it was last seen. The base URL
+is stored as a BLAKE2b digest, never as text: a URL may carry a secret in its
+query. The table lives beside the draws
 (``outlines.cache.sqlite`` never reads it) and is created by the first write.
 Every function opens its own short-lived connection and raises
 ``sqlite3.Error`` or ``OSError``; ``outlines.backends.quirks`` decides how to

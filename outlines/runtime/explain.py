@@ -137,6 +137,8 @@ class BackendUsage:
     #: Batch mode: provider jobs (their tokens cost the batch price) and the rounds they go in.
     jobs: int = 0
     rounds: int = 0
+    #: Batch mode: how each constraint of its calls travels, and what a draw that breaks it costs.
+    constraints: list[str] = field(default_factory=list)
 
     @property
     def money(self) -> Fraction | None:
@@ -368,6 +370,7 @@ class Explanation:
             if usage.jobs:
                 lines.append(f"  batch mode: {name}: {usage.rounds} round(s), {usage.jobs} provider job(s) "
                              "at the batch price, no live request")
+                lines.extend(f"    {note}" for note in usage.constraints)
         lines.append(
             f"  draws: {_span(draws)}; cache hits known in advance: {self.cache_hits}; "
             f"duplicates merged: {self.deduplicated}"
@@ -498,6 +501,7 @@ class _DryRun:
         self.queues: dict[tuple[int, Any, Any], BatchQueue] = {}
         self.unknown: dict[tuple[int, Any, Any], list[int]] = {}
         self.nodes: dict[tuple[int, Any, Any], list[tuple[str, frozenset[int]]]] = {}
+        self.constraints: dict[Any, dict[Any, None]] = {}  # backend -> the constraints of its calls, in order
         self.sent: dict[Slot, dict[Any, int]] = {}  # per slot, prompt -> level its draw is first sent at
         self.draws = self.hits = self.unknown_draws = 0
         self.unknown_nodes: list[str] = []
@@ -634,6 +638,8 @@ class _DryRun:
             queue = self.queues[key] = BatchQueue(op.backend)
         self.nodes.setdefault(key, []).append((label, self.current_waits))
         self.unknown.setdefault(key, []).extend(unknown)
+        if op.params.constraint is not None:
+            self.constraints.setdefault(op.backend, {})[op.params.constraint] = None
         return queue
 
     def batches(self) -> list[PredictedBatch]:
@@ -679,6 +685,9 @@ class _DryRun:
         for name, usage in out.items():
             usage.quirks = sorted(getattr(backends[name], "known_quirks", ()))
             usage.rounds = len({b.level for b in batches if b.backend == name and b.jobs})
+            if usage.jobs:
+                usage.constraints = [_job_constraint(backends[name], c)
+                                     for c in self.constraints.get(backends[name], ())]
             usage.price = price_of(backends[name], prices)  # a backend's batches are all jobs or all live
         return dict(sorted(out.items()))
 
@@ -769,6 +778,18 @@ def _gufunc_shapes(signature: str, shapes: list[tuple[int, ...]]) -> list[Any]:
     loop = tuple(np.broadcast_shapes(*loops)) if loops else ()
     out_cores = [[d for d in c.split(",") if d] for c in _CORE.findall(outputs)]
     return [loop + tuple(sizes[d] for d in core) if all(d in sizes for d in core) else None for core in out_cores]
+
+
+def _job_constraint(backend: Backend, constraint: Any) -> str:
+    """How ``constraint`` travels in ``backend``'s job lines, and what a draw that breaks it costs."""
+    from outlines.backends.hosted import HostedBackend
+
+    field = backend.constraint_field(constraint) if isinstance(backend, HostedBackend) else None
+    retries = backend.max_retries
+    how = (f"sent as {field} (the provider enforces it)" if field is not None else
+           "not expressible in the provider's job requests: checked here")
+    return (f"{constraint.kind}=: {how}; a draw that breaks it is asked again in a new job round, up to {retries} "
+            "more (each may take the provider's 24 h): call it live (batch=False) to retry at once")
 
 
 def explain(

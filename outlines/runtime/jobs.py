@@ -77,6 +77,8 @@ MAX_ASKS = 8
 JOB_LIFETIME = 25 * 3600.0
 #: The metadata of a job holding lines sent again without evidence that the last job did not answer them.
 RESENT = {"outlines_resent": "unread"}
+#: The longest ``Jobs(run=...)``: the provider's limit on one metadata value (OpenAI's ``Metadata``).
+MAX_RUN = 512
 
 
 @dataclass(frozen=True)
@@ -131,6 +133,9 @@ class Jobs:
     def __post_init__(self) -> None:
         if not isinstance(self.run, str) or not self.run:
             raise ValueError(f"Jobs(run=...) must be a non-empty string, got {self.run!r}")
+        if len(self.run) > MAX_RUN:  # it travels as a metadata value, which OpenAI caps at 512 characters
+            raise ValueError(f"Jobs(run=...) must be at most {MAX_RUN} characters (OpenAI's limit on a metadata "
+                             f"value), got {len(self.run)}")
         if self.deadline is not None and (isinstance(self.deadline, bool) or not self.deadline >= 0):
             raise ValueError(f"Jobs(deadline=...) must be seconds >= 0 or None, got {self.deadline!r}")
         if isinstance(self.cancel_wait, bool) or not isinstance(self.cancel_wait, (int, float)) \

@@ -43,7 +43,7 @@ def run(model: AnthropicBackend, draws: Sequence[Draw], report: BatchReport | No
 
 
 def test_a_request_speaks_the_messages_api(server: FakeBatches) -> None:
-    params = GenerationParams.create(temperature=0.5, top_p=0.9, stop=["END"], seed=7, max_tokens=32, top_k=5)
+    params = GenerationParams.create(temperature=0.5, stop=["END"], seed=7, max_tokens=32, top_k=5)
     assert run(backend(server, system_prompt="Be brief."), [Draw("hello", params, 0)]) == ["hello#0"]
     (request,) = server.requests
     assert request.path == "/v1/messages"
@@ -51,8 +51,26 @@ def test_a_request_speaks_the_messages_api(server: FakeBatches) -> None:
     assert "Authorization" not in request.headers
     # No seed and no n (the API rejects both); stops are stop_sequences; the system prompt is top-level.
     assert request.body == {"model": "claude-fake", "max_tokens": 32, "system": "Be brief.",
-                            "messages": [{"role": "user", "content": "hello"}], "temperature": 0.5, "top_p": 0.9,
+                            "messages": [{"role": "user", "content": "hello"}], "temperature": 0.5,
                             "top_k": 5, "stop_sequences": ["END"]}
+
+
+@pytest.mark.parametrize("model, options, message", [
+    ("claude-fake", {"temperature": 1.5}, "temperature must be between 0 and 1 for Anthropic"),
+    ("claude-fake", {"top_p": 1.2}, "top_p must be between 0 and 1 for Anthropic"),
+    ("claude-fake", {"temperature": 0.5, "top_p": 0.9}, "temperature or top_p, not both"),
+    ("claude-fake", {"top_k": 0}, "top_k must be an integer >= 1"),
+    ("claude-fake", {"max_tokens": 0}, "max_tokens must be a positive integer"),
+    ("claude-opus-4-7", {"temperature": 0}, "claude-opus-4-7 takes no temperature"),
+    ("claude-sonnet-5-5", {"top_p": 0.5}, "claude-sonnet-5-5 takes no top_p"),
+])
+def test_settings_outside_anthropics_range_are_refused_at_build_time(model: str, options: dict[str, Any],
+                                                                     message: str) -> None:
+    with pytest.raises(ValueError, match=message):  # at construction, as model defaults
+        models.anthropic(model, api_key=KEY, **options)
+    llm = models.anthropic(model, api_key=KEY)
+    with pytest.raises(outlines.GraphBuildError, match=message):  # when a call is built with them
+        llm("hi", **options)
 
 
 def test_max_tokens_is_always_sent(server: FakeBatches) -> None:

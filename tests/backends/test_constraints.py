@@ -247,11 +247,50 @@ def test_wire_fields() -> None:
     assert schema is not None
     chat = wire_constraint(schema, chat=True)
     assert chat["response_format"]["json_schema"]["strict"] is True
+    assert chat["response_format"]["json_schema"]["schema"] == SCHEMA  # an object root goes as it is
     loose = make_constraint(json_schema={"type": "object", "properties": {"a": {"type": "string"}}})
     assert loose is not None and "strict" not in wire_constraint(loose, chat=True)["response_format"]["json_schema"]
     assert wire_constraint(schema, chat=False) == {"guided_json": SCHEMA}
     assert wire_constraint(make_constraint(choices=["a", "b"]), chat=False) == {"guided_choice": ["a", "b"]}  # type: ignore[arg-type]
     assert wire_constraint(make_constraint(regex="a+"), chat=True) == {"guided_regex": "a+"}  # type: ignore[arg-type]
+
+
+def _strict(value: dict[str, Any]) -> dict[str, Any]:
+    return {"type": "json_schema", "json_schema": {"name": "output", "strict": True, "schema": {
+        "type": "object", "properties": {"value": value}, "required": ["value"], "additionalProperties": False}}}
+
+
+@pytest.mark.parametrize("kind, value, chat, dialect, refused, sent", [
+    # OpenAI's own server: the spec's response_format only, a value that is not an object wrapped in one
+    ("choices", ["a", "b"], True, "openai", (), {"response_format": _strict({"type": "string", "enum": ["a", "b"]})}),
+    ("regex", "[0-9]+", True, "openai", (), {"response_format": _strict({"type": "string", "pattern": "^(?:[0-9]+)$"})}),
+    ("json_schema", {"type": "array", "items": {"type": "integer"}}, True, "openai", (),
+     {"response_format": _strict({"type": "array", "items": {"type": "integer"}})}),
+    ("choices", ["a", "b"], False, "openai", (), {}),  # /completions has no such field in the spec: checked only
+    # a compatible server: its guided field first, then the spec's form where it refused that
+    ("choices", ["a", "b"], True, "compatible", ("guided_choice",),
+     {"response_format": _strict({"type": "string", "enum": ["a", "b"]})}),
+    ("json_schema", SCHEMA, True, "compatible", ("response_format",), {"guided_json": SCHEMA}),
+    ("regex", "a+", False, "compatible", ("guided_regex",), {}),
+])
+def test_each_constraint_goes_in_the_first_form_the_server_takes(
+    kind: str, value: Any, chat: bool, dialect: str, refused: tuple[str, ...], sent: dict[str, Any]
+) -> None:
+    constraint = make_constraint(**{kind: value})
+    assert constraint is not None
+    assert wire_constraint(constraint, chat=chat, dialect=dialect, refused=frozenset(refused)) == sent
+
+
+@pytest.mark.parametrize("kind, value, answer, text", [
+    ("choices", ["yes", "no"], '{"value": "no"}', "no"),
+    ("regex", "[0-9]+", '{"value":"42"}', "42"),
+    ("json_schema", {"type": "array", "items": {"type": "integer"}}, '{"value": [1, 2]}', "[1, 2]"),
+    ("choices", ['{"value": "no"}', "no"], '{"value": "no"}', '{"value": "no"}'),  # valid as it is: kept
+    ("json_schema", SCHEMA, '{"value": 1}', '{"value": 1}'),  # an object root is never wrapped
+])
+def test_an_answer_in_the_wrapped_form_is_read_back(kind: str, value: Any, answer: str, text: str) -> None:
+    constraint = make_constraint(**{kind: value})
+    assert constraint is not None and constraint.unwrap(answer) == text
 
 
 def test_a_server_that_honours_response_format_is_asked_once() -> None:
@@ -294,17 +333,71 @@ def test_a_greedy_draw_that_breaks_its_constraint_fails_at_once(constructor: Any
         assert server.count == 4  # a sampled draw may come out differently: 1 + 3 retries
 
 
-def test_a_server_that_refuses_the_fields_is_remembered() -> None:
-    def refuse(prompt: str, sample: int, body: Any) -> str:
-        return "yes"
+def test_a_server_that_refuses_a_field_is_probed_then_remembered_per_model() -> None:
+    from outlines.backends import quirks
 
-    with FakeOpenAI(reply=refuse) as server:  # OpenAI's: "Unrecognized request argument supplied: guided_choice"
+    with FakeOpenAI(reply=lambda prompt, sample, body: "yes") as server:  # it refuses guided_* as OpenAI does
         server.expect_violations("Unrecognized request argument supplied: guided_choice")
         model = models.openai_completion("fake", base_url=server.base_url, api_key="sk-test")
         assert outlines.eval(model("a", choices=["yes", "no"]), cache=False, progress=False) == "yes"
-        assert server.count == 2 and "guided_choice" not in server.requests[1].body
-        assert outlines.eval(model("b", choices=["yes", "no"]), cache=False, progress=False) == "yes"
+        probe = server.requests[1].body
+        assert probe["guided_choice"] == ["OK"] and probe["prompt"] == "OK" and probe["max_tokens"] == 16
         assert server.count == 3 and "guided_choice" not in server.requests[2].body
+        assert quirks.known(quirks.scope(server.base_url, "fake")) == {"refuses_guided_choice"}
+        assert quirks.known(server.base_url) == frozenset()  # the server's other models are not judged
+        assert outlines.eval(model("b", choices=["yes", "no"]), cache=False, progress=False) == "yes"
+        assert server.count == 4 and "guided_choice" not in server.requests[3].body
+        other = models.openai_completion("other", base_url=server.base_url, api_key="sk-test")
+        assert outlines.eval(other("c", choices=["yes", "no"]), cache=False, progress=False) == "yes"
+        assert server.requests[4].body["guided_choice"] == ["yes", "no"]
+    quirks.forget()
+
+
+def test_a_refusal_of_what_one_request_held_is_never_a_quirk(caplog: pytest.LogCaptureFixture) -> None:
+    """A strict schema the server refuses: the probe finds response_format taken, so only that request goes without."""
+    from outlines.backends import quirks
+    from tests.fixtures.fake_openai import Status
+
+    invalid = Status(400, body={"error": {"message": "Invalid schema for response_format 'output': In context=(), "
+                                          "'minimum' is not permitted.", "param": "response_format"}})
+    answer = json.dumps({"name": "x", "age": 3})
+    with FakeOpenAI(reply=lambda prompt, sample, body: answer) as server:
+        server.script(invalid)
+        model = models.openai("fake", base_url=server.base_url, api_key="sk-test", dialect="openai")
+        assert outlines.eval(model("a", json_schema=SCHEMA), cache=False, progress=False) == {"name": "x", "age": 3}
+        first, probe, again = (r.body for r in server.requests)
+        assert "response_format" in first and probe["response_format"]["json_schema"]["name"] == "probe"
+        assert "response_format" not in again and "refused this request's response_format" in caplog.text
+        assert quirks.known(quirks.scope(server.base_url, "fake")) == frozenset()
+        server.reset()
+        assert outlines.eval(model("b", json_schema=SCHEMA), cache=False, progress=False) == {"name": "x", "age": 3}
+        assert server.count == 1 and server.requests[0].body["response_format"]["json_schema"]["schema"] == SCHEMA
+    quirks.forget()
+
+
+def test_on_openais_server_choices_and_patterns_go_as_strict_json_schema_never_guided() -> None:
+    """No guided_* probed first: one request each, its answer unwrapped from the object it was asked in."""
+    def reply(prompt: str, sample: int, body: Any) -> str:
+        return json.dumps({"value": "no" if prompt == "choose" else "1234"})
+
+    with FakeOpenAI(reply=reply) as server:
+        model = models.openai("fake", base_url=server.base_url, api_key="sk-test", dialect="openai", temperature=0.5)
+        chosen, number = outlines.eval(model("choose", choices=["yes", "no"]), model("count", regex="[0-9]+"),
+                                       cache=False, progress=False)
+        assert (chosen, number) == ("no", "1234") and server.count == 2
+        bodies = {r.body["messages"][-1]["content"]: r.body for r in server.requests}
+        assert bodies["choose"]["response_format"] == _strict({"type": "string", "enum": ["yes", "no"]})
+        assert bodies["count"]["response_format"] == _strict({"type": "string", "pattern": "^(?:[0-9]+)$"})
+        assert not any(k.startswith("guided_") for body in bodies.values() for k in body)
+
+
+def test_a_schema_whose_root_is_not_an_object_is_wrapped_and_unwrapped() -> None:
+    array = {"type": "array", "items": {"type": "integer"}, "minItems": 2}
+    with FakeOpenAI(honour_constraints=True) as server:
+        model = models.openai("fake", base_url=server.base_url, api_key="sk-test")
+        assert outlines.eval(model("a", json_schema=array), cache=False, progress=False) == [0, 0]
+        (request,) = server.requests
+        assert request.body["response_format"] == _strict(array)  # strict: OpenAI takes an object root only
 
 
 # -- local models: masks ----------------------------------------------------------------------

@@ -120,6 +120,22 @@ def test_greedy_and_repeated_draws_share_a_line(server: FakeBatches, provider: s
     assert [len(line.keys) for line in lines] == [1, 1]
 
 
+@pytest.mark.parametrize("backend", [OpenAIChatBackend, OpenAICompletionBackend])
+def test_a_prompt_with_more_samples_than_n_allows_is_several_lines_keyed_one_to_one(
+    server: FakeBatches, clock: FakeClock, backend: Any
+) -> None:
+    """150 samples of one prompt: lines of n=128 and n=22 (the spec's most), each key on one line, all answered."""
+    client = OpenAIJobs(backend("fake-model", base_url=server.base_url, api_key=KEY))
+    batch = draws(["a"], samples=150)
+    lines = lines_for(client, batch)
+    bodies = [json.loads(line.data)["body"] for line in lines]
+    assert [(body["n"], body["seed"]) for body in bodies] == [(128, 100), (22, 228)]
+    assert [len(line.keys) for line in lines] == [128, 22] and len({k for line in lines for k in line.keys}) == 150
+    _, results = run(client, lambda: through(client, lines, clock))
+    assert sorted(len(result.texts) for result in results) == [22, 128]
+    assert len({text for result in results for text in result.texts}) == 150
+
+
 def test_completions_lines_name_their_endpoint(server: FakeBatches) -> None:
     client = OpenAIJobs(OpenAICompletionBackend("fake-model", base_url=server.base_url, api_key=KEY))
     (line,) = lines_for(client, draws(["a"], samples=3))
@@ -635,3 +651,65 @@ def test_limits_must_be_positive() -> None:
         JobLimits(0, 10)
     with pytest.raises(ValueError, match="bytes"):
         OpenAIJobs(OpenAIChatBackend("m", api_key="k"), max_bytes=-1)
+
+
+# -- batch mode end to end: what the lines carry ------------------------------------------------
+
+
+def _sent_lines(server: FakeBatches) -> list[Any]:
+    return [line for job in server.jobs.values() for line in job.lines]
+
+
+def test_batch_mode_sends_choices_and_patterns_as_openai_takes_them(clock: FakeClock, tmp_path: Any) -> None:
+    """OpenAI's server: choices as a strict enum, a pattern as a strict string pattern, 150 samples on two lines;
+    the answers come back wrapped in an object and land unwrapped; one job, no live request, no retry round."""
+    import outlines
+    from outlines.cache import Cache
+    from outlines.runtime.jobs import Jobs
+
+    def answer(prompt: str, sample: int, body: Any) -> str:
+        value = body["response_format"]["json_schema"]["schema"]["properties"]["value"]
+        return json.dumps({"value": value["enum"][-1] if "enum" in value else str(100 + sample)})
+
+    with FakeBatches(clock=clock, reply=answer) as server:
+        llm = models.openai("fake-model", base_url=server.base_url, api_key=KEY, dialect="openai", temperature=0.7)
+        picked, counted = llm("pick", choices=["yes", "no"], num_samples=150), llm("count", regex="[0-9]+")
+        plan = outlines.explain(picked, counted, batch=Jobs(clock=clock))
+        assert "choices=: sent as response_format (the provider enforces it)" in plan.summary()
+        assert "regex=: sent as response_format" in plan.summary()
+        settings = Jobs(clock=clock, backoff=Backoff(first=1.0, cap=5.0))
+        chosen, number = outlines.eval(picked, counted, batch=settings, cache=Cache(tmp_path))
+        assert chosen.tolist() == ["no"] * 150 and number == "100"
+        assert server.count == 0 and server.counts["batches.create"] == 1
+        bodies = sorted((line.body for line in _sent_lines(server)), key=lambda b: -b.get("n", 1))
+        assert [b.get("n", 1) for b in bodies] == [128, 22, 1]  # the spec's most samples per request
+        for body in bodies:
+            assert not any(k.startswith("guided_") for k in body) and body["response_format"]["json_schema"]["strict"]
+            assert "max_tokens" not in body
+        assert bodies[0]["response_format"]["json_schema"]["schema"]["properties"]["value"] == {
+            "type": "string", "enum": ["yes", "no"]}
+        assert bodies[2]["response_format"]["json_schema"]["schema"]["properties"]["value"] == {
+            "type": "string", "pattern": "^(?:[0-9]+)$"}
+
+
+def test_batch_mode_says_where_a_constraint_cannot_travel_and_what_a_retry_costs(clock: FakeClock,
+                                                                                 tmp_path: Any) -> None:
+    """Anthropic's job requests carry no constraint, nor do OpenAI's /completions lines: checked here, and a draw
+    that breaks it is asked again in a new job round: explain says so before anything is paid."""
+    import outlines
+    from outlines.cache import Cache
+    from outlines.runtime.jobs import Jobs
+
+    answers = iter(["perhaps", "yes"] + ["yes"] * 200)
+    with FakeBatches(clock=clock, reply=lambda prompt, sample, body: next(answers)) as server:
+        claude = models.anthropic("claude-fake", base_url=server.anthropic_url, api_key=KEY, temperature=0.5)
+        legacy = models.openai_completion("fake-model", base_url=server.base_url, api_key=KEY, dialect="openai")
+        settings = Jobs(clock=clock, backoff=Backoff(first=1.0, cap=5.0))
+        summary = outlines.explain(claude("Is it?", choices=["yes", "no"]), legacy("p", regex="y.*"),
+                                   batch=settings).summary()
+        assert summary.count("not expressible in the provider's job requests: checked here") == 2
+        assert "asked again in a new job round, up to 3 more" in summary and "batch=False" in summary
+        value = outlines.eval(claude("Is it?", choices=["yes", "no"]), batch=settings, cache=Cache(tmp_path))
+        assert value == "yes" and server.counts["message_batches.create"] == 2  # the retry was a second job
+        assert not any(k in line.body for line in _sent_lines(server)  # a line's body: its params
+                       for k in ("output_config", "response_format", "guided_choice"))

@@ -97,6 +97,65 @@ def test_generation_params_pass_through(fake_openai: FakeOpenAI) -> None:
     assert body["stop"] == ["\n", "END"] and body["seed"] == 11 and body["logit_bias"] == {"50256": -100}
 
 
+@pytest.mark.parametrize("model, dialect", [("gpt-4o-mini", "openai"), ("gpt-5-mini", "openai"), ("o3", "compatible"),
+                                            ("openai/gpt-5.1", "compatible"), ("fake-model", "compatible")])
+def test_chat_bounds_completions_with_max_completion_tokens_never_max_tokens(
+    fake_openai: FakeOpenAI, model: str, dialect: str
+) -> None:
+    """The spec's field (max_tokens is deprecated and refused by o-series and GPT-5 models); seed and stop go as given."""
+    backend = OpenAIChatBackend(model, base_url=fake_openai.base_url, api_key=KEY, dialect=dialect)
+    params = GenerationParams.create(max_tokens=7, temperature=0.3, stop=["END"], seed=11)
+    run(backend, [Draw("x", params, 0), Draw("x", params, 1)])
+    (body,) = (r.body for r in fake_openai.requests)
+    assert body == {"model": model, "messages": [{"role": "user", "content": "x"}], "max_completion_tokens": 7,
+                    "temperature": 0.3, "seed": 11, "stop": ["END"], "n": 2}
+    run(completion(fake_openai), [Draw("x", params, 0)])  # /completions has only max_tokens in the spec
+    assert fake_openai.requests[1].body["max_tokens"] == 7 and "max_completion_tokens" not in fake_openai.requests[1].body
+
+
+UNKNOWN_FIELD = Status(400, body={"error": {"message": "Unrecognized request argument supplied: max_completion_tokens"}})
+
+
+def test_a_compatible_server_that_does_not_know_max_completion_tokens_learns_it_from_a_probe(
+    fake_openai: FakeOpenAI, default_cache: Any
+) -> None:
+    from outlines.backends import quirks
+
+    fake_openai.script(UNKNOWN_FIELD, UNKNOWN_FIELD)  # the request, then the probe that carries only the field
+    params = GenerationParams.create(max_tokens=7)
+    assert run(chat(fake_openai), [Draw("x", params)]) == ["x#0"]
+    first, probe, again = (r.body for r in fake_openai.requests)
+    assert first["max_completion_tokens"] == 7 and probe == {
+        "model": "fake-model", "messages": [{"role": "user", "content": "Say OK."}], "max_completion_tokens": 16}
+    assert again["max_tokens"] == 7 and "max_completion_tokens" not in again
+    assert quirks.known(quirks.scope(fake_openai.base_url, "fake-model")) == {"refuses_max_completion_tokens"}
+    run(chat(fake_openai), [Draw("y", params)])
+    assert fake_openai.requests[3].body["max_tokens"] == 7 and fake_openai.count == 4  # known: no probe again
+
+
+@pytest.mark.parametrize("model, dialect", [("gpt-4o-mini", "openai"), ("gpt-5-mini", "compatible")])
+def test_openais_server_and_reasoning_models_never_fall_back_to_max_tokens(
+    fake_openai: FakeOpenAI, model: str, dialect: str
+) -> None:
+    fake_openai.script(UNKNOWN_FIELD)
+    backend = OpenAIChatBackend(model, base_url=fake_openai.base_url, api_key=KEY, dialect=dialect)
+    with pytest.raises(BackendError, match="status=400"):
+        run(backend, [Draw("x", GenerationParams.create(max_tokens=7))])
+    assert fake_openai.count == 1  # no probe, no max_tokens
+
+
+def test_a_refusal_of_one_requests_max_completion_tokens_is_that_requests(fake_openai: FakeOpenAI) -> None:
+    from outlines.backends import quirks
+
+    too_large = Status(400, body={"error": {"message": "max_completion_tokens is too large: 999999. This model "
+                                            "supports at most 16384 completion tokens."}})
+    fake_openai.script(too_large)  # the probe is answered: the server knows the field
+    with pytest.raises(BackendError, match="too large"):
+        run(chat(fake_openai), [Draw("x", GenerationParams.create(max_tokens=999999))])
+    assert fake_openai.count == 2 and quirks.known(quirks.scope(fake_openai.base_url, "fake-model")) == frozenset()
+    quirks.forget()
+
+
 def test_later_draws_with_a_seed_get_a_shifted_seed(fake_openai: FakeOpenAI) -> None:
     params = GenerationParams.create(temperature=1.0, seed=100)
     run(completion(fake_openai), [Draw("x", params, 3), Draw("x", params, 4)])
@@ -598,6 +657,36 @@ def test_chat_max_batch_keeps_each_prompts_samples_in_one_request(fake_openai: F
     result = llm(question, num_samples=3).eval({question: [f"q{i}" for i in range(20)]}, cache=False)
     assert result.shape == (20, 3)
     assert len(fake_openai.requests) == 20 and all(r.body["n"] == 3 for r in fake_openai.requests)
+
+
+@pytest.mark.parametrize("constructor", [models.openai, models.openai_completion])
+@pytest.mark.parametrize("options, message", [
+    ({"temperature": 2.5}, "temperature must be between 0 and 2 for OpenAI"),
+    ({"top_p": 1.5}, "top_p must be between 0 and 1 for OpenAI"),
+    ({"presence_penalty": -3}, "presence_penalty must be between -2 and 2 for OpenAI"),
+    ({"stop": ["a", "b", "c", "d", "e"]}, "stop takes at most 4 sequences for OpenAI"),
+    ({"max_tokens": 0}, "max_tokens must be a positive integer"),
+])
+def test_settings_outside_the_specs_range_are_refused_at_build_time(
+    constructor: Any, options: dict[str, Any], message: str
+) -> None:
+    with pytest.raises(ValueError, match=message):  # at construction, as model defaults
+        constructor("fake-model", api_key=KEY, **options)
+    llm = constructor("fake-model", api_key=KEY, temperature=2)  # the edge of the range is fine
+    with pytest.raises(outlines.GraphBuildError, match=message):  # when a call is built with them
+        llm("hi", **options)
+
+
+@pytest.mark.parametrize("constructor", [models.openai, models.openai_completion])
+def test_more_samples_than_the_spec_allows_in_one_request_go_in_pieces_of_128(
+    fake_openai: FakeOpenAI, constructor: Any
+) -> None:
+    """The spec caps ``n`` at 128: 300 samples with no max_batch are requests of 128, 128 and 44, seeds apart."""
+    llm = constructor("fake-model", base_url=fake_openai.base_url, api_key=KEY, temperature=0.7, seed=5,
+                      max_batch=None)
+    result = llm("p", num_samples=300).eval(cache=False)
+    assert result.tolist() == [f"p#{i % 128}" for i in range(300)]  # each piece's samples on its own draws
+    assert sorted((r.body["seed"], r.body["n"]) for r in fake_openai.requests) == [(5, 128), (133, 128), (261, 44)]
 
 
 @pytest.mark.parametrize("constructor", [models.openai, models.openai_completion])

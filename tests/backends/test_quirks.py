@@ -93,3 +93,24 @@ def test_a_new_process_does_not_learn_a_servers_quirks_again(tmp_path, kind, fir
     # the second knows from the cache file and asks one prompt, one sample per request from the start
     assert counts == [first, second]
     assert known == [f"| {learned}", f"{learned} | {learned}"]
+
+
+def test_a_quirk_an_earlier_version_noted_after_a_schema_error_is_healed(default_cache):
+    """The old version wrote 'refuses_constraint_fields' for the base URL after any 400 naming response_format.
+
+    Such a note is not trusted: the next run sends response_format again (and would probe the
+    field if the server refused it), and structured outputs stay on for that server.
+    """
+    from outlines import models
+    from outlines.cache import quirks as stored
+
+    with FakeOpenAI(honour_constraints=True) as server:
+        stored.write(default_cache.path, server.base_url, "refuses_constraint_fields")  # as the old version did
+        quirks._known.clear()  # a new process
+        schema = {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"],
+                  "additionalProperties": False}
+        llm = models.openai("fake-model", base_url=server.base_url, api_key="sk-local")
+        assert llm("q", json_schema=schema).eval(cache=False) == {"a": 0}
+        (request,) = server.requests
+        assert request.body["response_format"]["json_schema"]["schema"] == schema
+        assert quirks.known(server.base_url) == frozenset()

@@ -203,8 +203,9 @@ def test_a_constraint_transformers_serve_refuses_is_checked_and_retried(
         result = llm("Answer yes or no:", choices=["certainly", "never"]).eval(cache=False, errors="return")
     lines = [line for line in log.read_text().splitlines()[len(before):] if "POST /v1/completions" in line]
     assert isinstance(result, outlines.Failure) and "is not one of the choices ['certainly', 'never']" in result.message
-    # serve answers 422 to guided_choice: remembered, then the draw and 2 retries without it
-    assert [line.split('HTTP/1.1" ')[1][:3] for line in lines] == ["422", "200", "200", "200"]
+    # serve answers 422 to guided_choice, and to the probe carrying only it: remembered, then the draw and 2
+    # retries without it
+    assert [line.split('HTTP/1.1" ')[1][:3] for line in lines] == ["422", "422", "200", "200", "200"]
     assert any("refuses guided_choice" in r.getMessage() for r in caplog.records)
 
 
@@ -216,4 +217,4 @@ def test_a_greedy_draw_serve_answers_outside_its_constraint_is_not_asked_again(s
     result = llm("Answer yes or no:", choices=["certainly", "never"]).eval(cache=False, errors="return")
     assert isinstance(result, outlines.Failure) and "is not one of the choices ['certainly', 'never']" in result.message
     assert "not asked again: at temperature=0" in result.message
-    assert _posts(log, before) == ["422", "200"]  # serve refuses guided_choice; the draw once without it
+    assert _posts(log, before) == ["422", "422", "200"]  # serve refuses guided_choice (and its probe); once without

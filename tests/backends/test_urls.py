@@ -120,3 +120,20 @@ def test_redirects_that_are_refused(status: int, location: str | None, message: 
     with pytest.raises(urls.RedirectRefused, match=message) as caught:
         urls.redirect_target(status, HERE, location)
     assert PASSWORD not in _shown(caught.value) and caught.value.status == status
+
+
+@pytest.mark.parametrize("given", ["https://proxy.example/anthropic/v1", "https://proxy.example/anthropic",
+                                   "https://proxy.example/anthropic/v1/"])
+@pytest.mark.parametrize("through", ["argument", "environment"])
+def test_one_base_url_convention_for_both_native_backends(
+    monkeypatch: pytest.MonkeyPatch, given: str, through: str
+) -> None:
+    """The API root with its version, as for OpenAI; Anthropic's SDK spelling without /v1 is the same URL."""
+    if through == "environment":
+        monkeypatch.setenv("ANTHROPIC_BASE_URL", given)
+    claude = models.anthropic("claude-x", api_key="k", **({"base_url": given} if through == "argument" else {}))
+    backend = claude.backend
+    assert backend.base_url + backend.path == "https://proxy.example/anthropic/v1/messages"
+    assert backend.identity[2] == "https://proxy.example/anthropic"  # one identity: one cache key for both
+    gpt = models.openai("gpt-x", api_key="k", base_url="https://proxy.example/openai/v1").backend
+    assert gpt.base_url + gpt.path == "https://proxy.example/openai/v1/chat/completions"

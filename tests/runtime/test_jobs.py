@@ -117,6 +117,9 @@ def test_batch_mode_needs_a_cache_and_a_valid_option(server: FakeBatches, clock:
         outlines.eval(out, givens={"q": "x"}, batch="yes")
     with pytest.raises(ValueError, match="deadline"):
         Jobs(deadline=-1)
+    with pytest.raises(ValueError, match="at most 512 characters"):  # it travels as a metadata value
+        Jobs(run="r" * 513)
+    assert Jobs(run="r" * 512).run == "r" * 512
 
 
 # -- durability -----------------------------------------------------------------------------------
