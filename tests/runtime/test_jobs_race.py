@@ -1,0 +1,202 @@
+"""Two real processes in batch mode on one cache file, against the fake provider running in a third.
+
+Each process is ``tests/fixtures/jobs_race.py`` (the same graph, a 2 s lease);
+one is paused at a step of its job (its heartbeat beating), stopped
+(``SIGSTOP``: alive, its heartbeat frozen) or ``kill -9``-ed there while the
+other runs. Every case asserts on the provider's own counts
+(``GET /stats/batches``): each line paid once, none twice, none lost, no
+live request; and the ledger holds no open job at the end.
+"""
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import urllib.request
+from pathlib import Path
+from typing import Any, Callable, Iterator
+
+import pytest
+
+from outlines.cache import Cache
+from outlines.cache.ledger import Ledger
+from tests.fixtures.jobs_race import PROMPTS
+from tests.fixtures.subprocesses import ROOT, python_env
+
+pytestmark = pytest.mark.slow
+EXPECTED = [f"{prompt}#0" for prompt in PROMPTS]  # the fake's echo
+STEPS = ["intent", "upload", "create", "poll", "download", "collected"]
+
+
+class Child:
+    """One evaluating process; it starts on ``go()`` and pauses at ``hold_at`` until the next ``go()``."""
+
+    def __init__(self, url: str, folder: Path, hold_at: str | None = None) -> None:
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "tests.fixtures.jobs_race", url, str(folder), *([hold_at] if hold_at else [])],
+            cwd=ROOT, env=python_env(), stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+            text=True)
+        self.lines: list[str] = []
+
+    def go(self) -> None:
+        assert self.process.stdin is not None
+        self.process.stdin.write("\n")
+        self.process.stdin.flush()
+
+    def reads(self, wanted: str) -> bool:
+        """Read its output up to the line ``wanted`` (``False``: it ended without saying it)."""
+        assert self.process.stdout is not None
+        for line in self.process.stdout:
+            self.lines.append(line.strip())
+            if line.strip() == wanted:
+                return True
+        return False
+
+    def values(self) -> list[Any]:
+        assert self.process.stdout is not None and self.process.stdin is not None
+        self.process.stdin.close()  # a hold still reading stdin ends
+        self.lines += [line.strip() for line in self.process.stdout]
+        assert self.process.wait(60) == 0, self.process.stderr.read() if self.process.stderr else ""
+        return json.loads(self.lines[-1])  # type: ignore[no-any-return]
+
+    def signal(self, number: int) -> None:
+        self.process.send_signal(number)
+        if number == signal.SIGKILL:
+            assert self.process.wait(30) == -signal.SIGKILL
+
+    def close(self) -> None:
+        if self.process.poll() is None:
+            self.process.kill()
+            self.process.wait(30)
+        for stream in (self.process.stdin, self.process.stdout, self.process.stderr):
+            if stream is not None and not stream.closed:
+                stream.close()
+
+
+@pytest.fixture
+def server() -> Iterator[tuple[str, Callable[[], dict[str, Any]]]]:
+    """The fake provider in a process of its own (real time x100): its URL and its counts."""
+    process = subprocess.Popen([sys.executable, "-m", "tests.fixtures.fake_batches", "--speed", "100"], cwd=ROOT,
+                               env=python_env(), stdout=subprocess.PIPE, text=True)
+    try:
+        assert process.stdout is not None
+        url = process.stdout.readline().strip()
+        process.stdout.readline()
+
+        def stats() -> dict[str, Any]:
+            with urllib.request.urlopen(url.rsplit("/v1", 1)[0] + "/stats/batches") as answer:
+                return json.loads(answer.read())  # type: ignore[no-any-return]
+
+        yield url, stats
+    finally:
+        process.terminate()
+        process.wait(30)
+        assert process.stdout is not None
+        process.stdout.close()
+
+
+@pytest.fixture
+def children() -> Iterator[list[Child]]:
+    started: list[Child] = []
+    yield started
+    for child in started:
+        child.close()
+
+
+def paid_once(stats: dict[str, Any], folder: Path) -> None:
+    assert stats["paid_twice"] == [] and stats["paid"] == len(PROMPTS), stats  # none twice, none lost
+    assert stats["live"] == 0 and stats["counts"].get("batches.create") == 1, stats
+    ledger = Ledger(Cache(folder))
+    assert ledger.jobs(open=True) == []
+    ledger.close()
+
+
+def test_a_second_process_waits_for_the_first_ones_upload_instead_of_paying_again(server: Any, children: list[Child],
+                                                                                 tmp_path: Path) -> None:
+    url, stats = server
+    first, second = Child(url, tmp_path, "upload"), Child(url, tmp_path)
+    children += [first, second]
+    first.go()
+    assert first.reads("at upload")  # its file is at the provider, no job yet
+    second.go()
+    waited = second.reads("waiting")
+    first.go()
+    assert first.values() == EXPECTED and second.values() == EXPECTED
+    paid_once(stats(), tmp_path)
+    assert waited  # it saw the job's live lease, and read the draws from the cache once the first collected them
+
+
+def test_two_processes_started_at_once_send_each_line_once(server: Any, children: list[Child],
+                                                           tmp_path: Path) -> None:
+    url, stats = server
+    both = [Child(url, tmp_path), Child(url, tmp_path)]
+    children += both
+    for child in both:
+        child.go()
+    assert [child.values() for child in both] == [EXPECTED, EXPECTED]
+    paid_once(stats(), tmp_path)
+
+
+@pytest.mark.parametrize("step", ["intent", "upload"])
+def test_a_process_that_lost_its_lease_never_creates_the_job(server: Any, children: list[Child], tmp_path: Path,
+                                                              step: str) -> None:
+    url, stats = server
+    first, second = Child(url, tmp_path, step), Child(url, tmp_path, "create")
+    children += [first, second]
+    first.go()
+    assert first.reads(f"at {step}")
+    first.signal(signal.SIGSTOP)  # alive but frozen: its lease runs out
+    second.go()
+    assert second.reads("waiting") and second.reads("at create")  # it took the job over and created it
+    first.signal(signal.SIGCONT)  # its heartbeat finds the lease lost and stops its own create
+    second.go()
+    assert second.values() == EXPECTED and first.values() == EXPECTED
+    paid_once(stats(), tmp_path)
+
+
+@pytest.mark.parametrize("step", STEPS)
+def test_kill_9_of_the_holder_at_each_step_the_waiting_process_takes_over(server: Any, children: list[Child],
+                                                                         tmp_path: Path, step: str) -> None:
+    url, stats = server
+    first, second = Child(url, tmp_path, step), Child(url, tmp_path)
+    children += [first, second]
+    first.go()
+    assert first.reads(f"at {step}")
+    if step == "collected":  # closed: nothing to wait for, the draws are in the cache
+        first.signal(signal.SIGKILL)
+        second.go()
+    else:
+        second.go()
+        assert second.reads("waiting")
+        first.signal(signal.SIGKILL)
+    assert second.values() == EXPECTED
+    paid_once(stats(), tmp_path)
+
+
+@pytest.mark.parametrize("step", ["waiting", "poll"])
+def test_kill_9_of_the_waiting_process_before_or_after_it_took_over(server: Any, children: list[Child],
+                                                                   tmp_path: Path, step: str) -> None:
+    url, stats = server
+    # The first is killed once its job is created but not recorded; the second waits, takes it over, and is
+    # killed while waiting (the first then lives on) or at its first poll of the job it found.
+    first = Child(url, tmp_path, "create")
+    second = Child(url, tmp_path, None if step == "waiting" else step)
+    children += [first, second]
+    first.go()
+    assert first.reads("at create")
+    second.go()
+    assert second.reads("waiting")
+    if step == "waiting":
+        second.signal(signal.SIGKILL)
+        first.go()
+        assert first.values() == EXPECTED
+    else:
+        first.signal(signal.SIGKILL)
+        assert second.reads(f"at {step}")
+        second.signal(signal.SIGKILL)
+        third = Child(url, tmp_path)
+        children.append(third)
+        third.go()
+        assert third.values() == EXPECTED
+    paid_once(stats(), tmp_path)
