@@ -21,10 +21,10 @@ import pytest
 
 from outlines.cache import Cache
 from outlines.cache.ledger import Ledger
+from outlines.runtime.jobs import Jobs
 from tests.fixtures.jobs_race import PROMPTS
 from tests.fixtures.subprocesses import ROOT, python_env
 
-pytestmark = pytest.mark.slow
 EXPECTED = [f"{prompt}#0" for prompt in PROMPTS]  # the fake's echo
 STEPS = ["intent", "upload", "create", "poll", "download", "collected"]
 
@@ -104,6 +104,14 @@ def children() -> Iterator[list[Child]]:
         child.close()
 
 
+def test_lease_timing_is_an_option_with_a_heartbeat_shorter_than_the_lease() -> None:
+    assert (Jobs().lease, Jobs().heartbeat) == (60.0, 10.0)
+    assert Jobs(lease=5.0, heartbeat=1.0) != Jobs()
+    for bad in ({"lease": 0}, {"lease": True}, {"heartbeat": 0}, {"lease": 5.0, "heartbeat": 5.0}):
+        with pytest.raises(ValueError, match="lease|heartbeat"):
+            Jobs(**bad)
+
+
 def paid_once(stats: dict[str, Any], folder: Path) -> None:
     assert stats["paid_twice"] == [] and stats["paid"] == len(PROMPTS), stats  # none twice, none lost
     assert stats["live"] == 0 and stats["counts"].get("batches.create") == 1, stats
@@ -112,6 +120,7 @@ def paid_once(stats: dict[str, Any], folder: Path) -> None:
     ledger.close()
 
 
+@pytest.mark.slow
 def test_a_second_process_waits_for_the_first_ones_upload_instead_of_paying_again(server: Any, children: list[Child],
                                                                                  tmp_path: Path) -> None:
     url, stats = server
@@ -127,6 +136,7 @@ def test_a_second_process_waits_for_the_first_ones_upload_instead_of_paying_agai
     assert waited  # it saw the job's live lease, and read the draws from the cache once the first collected them
 
 
+@pytest.mark.slow
 def test_two_processes_started_at_once_send_each_line_once(server: Any, children: list[Child],
                                                            tmp_path: Path) -> None:
     url, stats = server
@@ -138,6 +148,7 @@ def test_two_processes_started_at_once_send_each_line_once(server: Any, children
     paid_once(stats(), tmp_path)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("step", ["intent", "upload"])
 def test_a_process_that_lost_its_lease_never_creates_the_job(server: Any, children: list[Child], tmp_path: Path,
                                                               step: str) -> None:
@@ -155,6 +166,7 @@ def test_a_process_that_lost_its_lease_never_creates_the_job(server: Any, childr
     paid_once(stats(), tmp_path)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("step", STEPS)
 def test_kill_9_of_the_holder_at_each_step_the_waiting_process_takes_over(server: Any, children: list[Child],
                                                                          tmp_path: Path, step: str) -> None:
@@ -174,6 +186,7 @@ def test_kill_9_of_the_holder_at_each_step_the_waiting_process_takes_over(server
     paid_once(stats(), tmp_path)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("step", ["waiting", "poll"])
 def test_kill_9_of_the_waiting_process_before_or_after_it_took_over(server: Any, children: list[Child],
                                                                    tmp_path: Path, step: str) -> None:
