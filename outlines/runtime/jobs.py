@@ -462,9 +462,9 @@ class _Round:
                             for i in intents]
                 if not all(s.finished for s in statuses) or self.others:
                     theirs = [r for r in map(self.ledger.get, sorted(self.others)) if r is not None]
-                    raise JobsRunning(self.client.provider, [s.id for s in statuses] + [
-                        r.job_id for r in theirs if r.job_id is not None], sum(
-                        len(self.ledger.lines(i)) for i in intents) + sum(r.requests for r in theirs))
+                    ids = [s.id for s in statuses] + [r.job_id for r in theirs if r.job_id is not None]
+                    requests = sum(len(self.ledger.lines(i)) for i in intents) + sum(r.requests for r in theirs)
+                    raise JobsRunning(self.client.provider, ids, requests)
             statuses, _ = await asyncio.gather(asyncio.gather(*(self.wait_for(intent) for intent in intents)),
                                                self.wait_for_others())
             for intent, status in zip(intents, statuses):

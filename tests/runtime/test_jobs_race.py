@@ -19,59 +19,16 @@ from typing import Any, Callable, Iterator
 
 import pytest
 
+import outlines
+from outlines import models
 from outlines.cache import Cache
 from outlines.cache.ledger import Ledger
+from outlines.errors import JobsRunning
 from outlines.runtime.jobs import Jobs
-from tests.fixtures.jobs_race import PROMPTS
+from tests.fixtures.jobs_race import PROMPTS, STEPS, Racer
 from tests.fixtures.subprocesses import ROOT, python_env
 
 EXPECTED = [f"{prompt}#0" for prompt in PROMPTS]  # the fake's echo
-STEPS = ["intent", "upload", "create", "poll", "download", "collected"]
-
-
-class Child:
-    """One evaluating process; it starts on ``go()`` and pauses at ``hold_at`` until the next ``go()``."""
-
-    def __init__(self, url: str, folder: Path, hold_at: str | None = None) -> None:
-        self.process = subprocess.Popen(
-            [sys.executable, "-m", "tests.fixtures.jobs_race", url, str(folder), *([hold_at] if hold_at else [])],
-            cwd=ROOT, env=python_env(), stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-            text=True)
-        self.lines: list[str] = []
-
-    def go(self) -> None:
-        assert self.process.stdin is not None
-        self.process.stdin.write("\n")
-        self.process.stdin.flush()
-
-    def reads(self, wanted: str) -> bool:
-        """Read its output up to the line ``wanted`` (``False``: it ended without saying it)."""
-        assert self.process.stdout is not None
-        for line in self.process.stdout:
-            self.lines.append(line.strip())
-            if line.strip() == wanted:
-                return True
-        return False
-
-    def values(self) -> list[Any]:
-        assert self.process.stdout is not None and self.process.stdin is not None
-        self.process.stdin.close()  # a hold still reading stdin ends
-        self.lines += [line.strip() for line in self.process.stdout]
-        assert self.process.wait(60) == 0, self.process.stderr.read() if self.process.stderr else ""
-        return json.loads(self.lines[-1])  # type: ignore[no-any-return]
-
-    def signal(self, number: int) -> None:
-        self.process.send_signal(number)
-        if number == signal.SIGKILL:
-            assert self.process.wait(30) == -signal.SIGKILL
-
-    def close(self) -> None:
-        if self.process.poll() is None:
-            self.process.kill()
-            self.process.wait(30)
-        for stream in (self.process.stdin, self.process.stdout, self.process.stderr):
-            if stream is not None and not stream.closed:
-                stream.close()
 
 
 @pytest.fixture
@@ -97,8 +54,8 @@ def server() -> Iterator[tuple[str, Callable[[], dict[str, Any]]]]:
 
 
 @pytest.fixture
-def children() -> Iterator[list[Child]]:
-    started: list[Child] = []
+def children() -> Iterator[list[Racer]]:
+    started: list[Racer] = []
     yield started
     for child in started:
         child.close()
@@ -121,10 +78,10 @@ def paid_once(stats: dict[str, Any], folder: Path) -> None:
 
 
 @pytest.mark.slow
-def test_a_second_process_waits_for_the_first_ones_upload_instead_of_paying_again(server: Any, children: list[Child],
+def test_a_second_process_waits_for_the_first_ones_upload_instead_of_paying_again(server: Any, children: list[Racer],
                                                                                  tmp_path: Path) -> None:
     url, stats = server
-    first, second = Child(url, tmp_path, "upload"), Child(url, tmp_path)
+    first, second = Racer(url, tmp_path, "upload"), Racer(url, tmp_path)
     children += [first, second]
     first.go()
     assert first.reads("at upload")  # its file is at the provider, no job yet
@@ -137,10 +94,10 @@ def test_a_second_process_waits_for_the_first_ones_upload_instead_of_paying_agai
 
 
 @pytest.mark.slow
-def test_two_processes_started_at_once_send_each_line_once(server: Any, children: list[Child],
+def test_two_processes_started_at_once_send_each_line_once(server: Any, children: list[Racer],
                                                            tmp_path: Path) -> None:
     url, stats = server
-    both = [Child(url, tmp_path), Child(url, tmp_path)]
+    both = [Racer(url, tmp_path), Racer(url, tmp_path)]
     children += both
     for child in both:
         child.go()
@@ -149,11 +106,29 @@ def test_two_processes_started_at_once_send_each_line_once(server: Any, children
 
 
 @pytest.mark.slow
+def test_not_waiting_names_the_job_another_process_holds(server: Any, children: list[Racer], tmp_path: Path) -> None:
+    url, stats = server
+    first = Racer(url, tmp_path, "poll")
+    children.append(first)
+    first.go()
+    assert first.reads("at poll")
+    llm = models.openai("fake-model", base_url=url, api_key="sk-race", max_tokens=4)
+    with pytest.raises(JobsRunning) as running:  # this process is the second: it does not wait, nor pay
+        outlines.eval(llm(outlines.string("q")), givens={"q": PROMPTS}, cache=Cache(tmp_path), progress=False,
+                      batch=Jobs(wait=False))
+    (record,) = outlines.jobs(cache=Cache(tmp_path))
+    assert running.value.jobs == [record.job_id] and running.value.requests == len(PROMPTS)
+    first.go()
+    assert first.values() == EXPECTED
+    paid_once(stats(), tmp_path)
+
+
+@pytest.mark.slow
 @pytest.mark.parametrize("step", ["intent", "upload"])
-def test_a_process_that_lost_its_lease_never_creates_the_job(server: Any, children: list[Child], tmp_path: Path,
+def test_a_process_that_lost_its_lease_never_creates_the_job(server: Any, children: list[Racer], tmp_path: Path,
                                                               step: str) -> None:
     url, stats = server
-    first, second = Child(url, tmp_path, step), Child(url, tmp_path, "create")
+    first, second = Racer(url, tmp_path, step), Racer(url, tmp_path, "create")
     children += [first, second]
     first.go()
     assert first.reads(f"at {step}")
@@ -168,10 +143,10 @@ def test_a_process_that_lost_its_lease_never_creates_the_job(server: Any, childr
 
 @pytest.mark.slow
 @pytest.mark.parametrize("step", STEPS)
-def test_kill_9_of_the_holder_at_each_step_the_waiting_process_takes_over(server: Any, children: list[Child],
+def test_kill_9_of_the_holder_at_each_step_the_waiting_process_takes_over(server: Any, children: list[Racer],
                                                                          tmp_path: Path, step: str) -> None:
     url, stats = server
-    first, second = Child(url, tmp_path, step), Child(url, tmp_path)
+    first, second = Racer(url, tmp_path, step), Racer(url, tmp_path)
     children += [first, second]
     first.go()
     assert first.reads(f"at {step}")
@@ -188,13 +163,13 @@ def test_kill_9_of_the_holder_at_each_step_the_waiting_process_takes_over(server
 
 @pytest.mark.slow
 @pytest.mark.parametrize("step", ["waiting", "poll"])
-def test_kill_9_of_the_waiting_process_before_or_after_it_took_over(server: Any, children: list[Child],
+def test_kill_9_of_the_waiting_process_before_or_after_it_took_over(server: Any, children: list[Racer],
                                                                    tmp_path: Path, step: str) -> None:
     url, stats = server
     # The first is killed once its job is created but not recorded; the second waits, takes it over, and is
     # killed while waiting (the first then lives on) or at its first poll of the job it found.
-    first = Child(url, tmp_path, "create")
-    second = Child(url, tmp_path, None if step == "waiting" else step)
+    first = Racer(url, tmp_path, "create")
+    second = Racer(url, tmp_path, None if step == "waiting" else step)
     children += [first, second]
     first.go()
     assert first.reads("at create")
@@ -208,7 +183,7 @@ def test_kill_9_of_the_waiting_process_before_or_after_it_took_over(server: Any,
         first.signal(signal.SIGKILL)
         assert second.reads(f"at {step}")
         second.signal(signal.SIGKILL)
-        third = Child(url, tmp_path)
+        third = Racer(url, tmp_path)
         children.append(third)
         third.go()
         assert third.values() == EXPECTED
