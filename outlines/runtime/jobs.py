@@ -79,7 +79,8 @@ class Jobs:
     deadline
         Seconds to wait for a job; after it the job is cancelled (what it
         finished is kept) and its missing draws go through the live API.
-        ``None``: no deadline (the provider's 24 hours).
+        ``None``: no deadline (the provider's 24 hours). A job another
+        process holds is waited for to its end: its draws are paid already.
     backoff
         Pauses between polls of a job (capped exponential).
     clock

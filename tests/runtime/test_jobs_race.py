@@ -25,6 +25,7 @@ from outlines.cache import Cache
 from outlines.cache.ledger import Ledger
 from outlines.errors import JobsRunning
 from outlines.runtime.jobs import Jobs
+from tests.fixtures.fake_batches import FakeBatches, FakeClock
 from tests.fixtures.jobs_race import PROMPTS, STEPS, Racer
 from tests.fixtures.subprocesses import ROOT, python_env
 
@@ -67,6 +68,19 @@ def test_lease_timing_is_an_option_with_a_heartbeat_shorter_than_the_lease() -> 
     for bad in ({"lease": 0}, {"lease": True}, {"heartbeat": 0}, {"lease": 5.0, "heartbeat": 5.0}):
         with pytest.raises(ValueError, match="lease|heartbeat"):
             Jobs(**bad)
+
+
+def test_a_round_lets_go_of_its_leases_when_it_returns_or_raises(tmp_path: Path) -> None:
+    clock = FakeClock()
+    with FakeBatches(clock=clock) as fake:
+        llm = models.openai("fake-model", base_url=fake.base_url, api_key="sk-race", max_tokens=4)
+        with pytest.raises(JobsRunning):
+            outlines.eval(llm(outlines.string("q")), givens={"q": PROMPTS}, cache=Cache(tmp_path), progress=False,
+                          batch=Jobs(wait=False, clock=clock))
+    (record,) = outlines.jobs(cache=Cache(tmp_path))
+    ledger = Ledger(Cache(tmp_path))
+    assert record.job_id is not None and ledger.leased(record.intent) is None  # another process takes it at once
+    ledger.close()
 
 
 def paid_once(stats: dict[str, Any], folder: Path) -> None:
