@@ -310,7 +310,7 @@ class Ledger:
                               f"{', '.join(intents)}", intents)
             self._write(connection, record)
             connection.executemany("INSERT OR REPLACE INTO job_lines VALUES (?, ?, ?, ?, ?)", rows)
-            self._write_lease(connection, intent, now)
+            self._write_lease(connection, intent, self.clock())  # from when the file let us write
         return record
 
     def record_created(self, intent: str, status: Status) -> JobRecord:
