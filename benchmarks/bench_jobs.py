@@ -14,7 +14,11 @@ in the fake's seconds) scaled by the same factor. Printed:
 - with ``--kill`` the kill -9 matrix: the evaluating process (a child) is
   killed after the upload, after create before the ledger write, while
   polling and while downloading, then run again: duplicate paid requests and
-  lost results (must both be 0).
+  lost results (must both be 0); and the two-process race
+  (``tests/fixtures/jobs_race.py``, a 2 s lease): two processes evaluating
+  the same graph on one cache, started together, and the first held at each
+  step of its job and ``kill -9``-ed there once the second waits for it:
+  lines paid twice and lost (must both be 0).
 
 Run ``python benchmarks/bench_jobs.py`` for the issue's sizes (10,000 prompts
 x 3 levels, 5 s jobs), ``--quick`` for 1,000 prompts, or set ``--prompts``,
@@ -44,6 +48,7 @@ from outlines import models  # noqa: E402
 from outlines.backends.jobs import Backoff  # noqa: E402
 from outlines.backends.usage import Price  # noqa: E402
 from outlines.cache import Cache  # noqa: E402
+from tests.fixtures.jobs_race import STEPS, Racer  # noqa: E402
 
 PRICE = {"input": 0.15, "output": 0.60, "batch_discount": 0.5}
 
@@ -159,7 +164,8 @@ CHILD = textwrap.dedent('''
     for level in range(levels):
         out = llm(f"step {{level}}: " + out)
     values = outlines.eval(out, givens={{q: [f"prompt {{i}}" for i in range(prompts)]}}, cache=Cache(folder),
-                           progress=False, batch=outlines.Jobs(backoff=Backoff(first=0.02, cap=0.1)))
+                           progress=False, batch=outlines.Jobs(backoff=Backoff(first=0.02, cap=0.1), lease=2.0,
+                                                               heartbeat=0.2))
     print(sum(1 for v in values if v))
 ''')
 
@@ -182,6 +188,42 @@ def kill_matrix(args: argparse.Namespace) -> dict[str, dict[str, int]]:
                 "paid_twice": len(seen["paid_twice"]),
                 "lost": expected - seen["paid"] + len(seen["paid_twice"]) if done.returncode == 0 else expected,
                 "values": int(done.stdout.strip() or 0),
+                "jobs": seen["counts"].get("batches.create", 0),
+            }
+    return out
+
+
+def race_matrix(args: argparse.Namespace) -> dict[str, dict[str, int]]:
+    """Two processes on one cache: started together, or the first killed at each step while the second waits."""
+    out = {}
+    sizes = ["--prompts", str(args.kill_prompts), "--levels", str(args.levels)]
+    for case in ("together", *STEPS):
+        with serve(args) as (url, stats):
+            folder = tempfile.mkdtemp(prefix="bench-jobs-race-")
+            first = Racer(url, folder, None if case == "together" else case, *sizes)
+            second = Racer(url, folder, None, *sizes)
+            try:
+                first.go()
+                if case != "together":
+                    assert first.reads(f"at {case}"), first.lines
+                    if case == "collected":  # closed: the second finds the draws in the cache
+                        first.signal(signal.SIGKILL)
+                    second.go()
+                    if case != "collected":
+                        assert second.reads("waiting"), second.lines
+                        first.signal(signal.SIGKILL)
+                else:
+                    second.go()
+                values = [second.values()] + ([first.values()] if case == "together" else [])
+            finally:
+                first.close()
+                second.close()
+            seen = stats()
+            expected = args.kill_prompts * args.levels
+            out[case] = {
+                "paid_twice": len(seen["paid_twice"]),
+                "lost": expected - seen["paid"] + len(seen["paid_twice"]),
+                "values": min(sum(1 for v in row if v) for row in values),
                 "jobs": seen["counts"].get("batches.create", 0),
             }
     return out
@@ -230,6 +272,13 @@ def main() -> None:
         for step, row in matrix.items():
             print(f"    {step:<9} killed: {'yes' if row['killed'] else 'NO'}; duplicate paid requests: "
                   f"{row['paid_twice']}; lost results: {row['lost']}; jobs: {row['jobs']}")
+        race = race_matrix(args)
+        print(f"  two-process race on one cache ({args.kill_prompts} prompts x {levels} levels; 'together': both "
+              "start at once, else the first is killed -9 at that step while the second waits):")
+        for case, row in race.items():
+            print(f"    {case:<9} lines paid twice: {row['paid_twice']}, lost: {row['lost']}; values: "
+                  f"{row['values']}/{args.kill_prompts}; jobs: {row['jobs']}")
+        result["race"] = race
     print(json.dumps({"result": result}, default=str))
 
 

@@ -19,7 +19,22 @@ cut too), before the step it guards:
    or given up), with the reason.
 
 ``find(keys)`` answers "is this draw already in a job that is still open?",
-so a re-run waits for that job instead of sending the draw again.
+so a re-run waits for that job instead of sending the draw again; and
+``record_intent`` refuses (``Claimed``), in the same transaction that would
+write it, a job holding a draw another open job already asks: two processes
+that evaluate the same graph at once never both send it.
+
+Two processes on one cache: each open job has a *lease* (table
+``job_leases``: its holder, a ``Ledger.holder`` token naming one process's
+ledger, and when it expires, on the ledger's clock). ``record_intent`` gives
+the new job's lease to its writer; the holder renews it (``renew``, its
+heartbeat) while it uploads, creates, waits and collects, and ``release``s it
+when done (closing a job ends its lease). Another process ``take``s a job only
+when its lease is free or has expired (its holder died): until then it waits
+for the holder's results. ``renew`` raises ``LeaseLost`` once another holder
+took the job over, so a process that lost its lease never creates the job;
+and a job id recorded after the intent was given up (``abandon``) reopens it,
+since the job exists: it is collected, never lost.
 
 Rows are data only (JSON text and strings) with a CRC-32 checksum over the
 whole row, like the cache's entries (``sqlite.checksum``); a row that fails
@@ -48,7 +63,7 @@ from outlines.cache.sqlite import SQLiteStore
 from outlines.errors import CacheWarning
 from outlines.cache.store import Cache
 
-__all__ = ["CLOSED", "JobRecord", "Ledger", "LedgerError", "LineRef", "Status"]
+__all__ = ["CLOSED", "Claimed", "JobRecord", "Lease", "LeaseLost", "Ledger", "LedgerError", "LineRef", "Status"]
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS jobs (
@@ -68,6 +83,12 @@ CREATE TABLE IF NOT EXISTS job_lines (
     PRIMARY KEY (key, intent)
 ) WITHOUT ROWID;
 CREATE INDEX IF NOT EXISTS job_lines_intent ON job_lines(intent);
+CREATE TABLE IF NOT EXISTS job_leases (
+    intent TEXT PRIMARY KEY NOT NULL,
+    holder TEXT NOT NULL,
+    expires REAL NOT NULL,
+    checksum INTEGER NOT NULL
+);
 """
 
 #: Ledger states besides the provider's (``backends.jobs.STATES``).
@@ -79,6 +100,8 @@ _FINISHED = frozenset({"completed", "expired", "cancelled", "failed"})
 _PROVIDER_STATES = frozenset({"validating", "in_progress", "finalizing", "cancelling"}) | _FINISHED
 #: Keys per SELECT (older SQLite builds bind at most 999 parameters).
 _CHUNK = 900
+#: Seconds a lease lasts unless renewed (``Ledger(lease=...)``, ``Jobs(lease=...)``).
+LEASE = 60.0
 
 
 class Status(Protocol):
@@ -95,6 +118,18 @@ class Status(Protocol):
 
 class LedgerError(RuntimeError):
     """A transition the ledger refuses: an unknown intent, another job id, a step back."""
+
+
+class Claimed(LedgerError):
+    """A job about to be recorded holds draws that another open job already asks (``intents``)."""
+
+    def __init__(self, message: str, intents: Sequence[str]) -> None:
+        super().__init__(message)
+        self.intents = list(intents)
+
+
+class LeaseLost(LedgerError):
+    """Another holder took the job over (this one's lease had expired): this process must not create it."""
 
 
 @dataclass(frozen=True)
@@ -134,6 +169,15 @@ class JobRecord:
 
 
 @dataclass(frozen=True)
+class Lease:
+    """Who holds a job (a ``Ledger.holder``) and until when (seconds since the epoch, on the ledger's clock)."""
+
+    intent: str
+    holder: str
+    expires: float
+
+
+@dataclass(frozen=True)
 class LineRef:
     """Where one draw is asked: the job (``intent``), its line, and its sample in the line."""
 
@@ -151,6 +195,10 @@ def _line_checksum(key: str, intent: str, custom_id: str, sample: int) -> int:
     return zlib.crc32(f"{key}\0{intent}\0{custom_id}\0{sample}".encode("utf-8", "surrogatepass"))
 
 
+def _lease_checksum(intent: str, holder: str, expires: float) -> int:
+    return zlib.crc32(f"{intent}\0{holder}\0{expires!r}".encode("utf-8", "surrogatepass"))
+
+
 class Ledger:
     """The jobs recorded in one cache file; see the module docstring.
 
@@ -161,12 +209,15 @@ class Ledger:
     timeout
         Seconds to wait for another process's write lock.
     clock
-        Seconds since the epoch, for the records' times.
+        Seconds since the epoch, for the records' times and the leases.
+    lease
+        Seconds a lease this ledger takes lasts unless renewed.
 
-    Methods are thread-safe, and each transition is one committed
-    transaction. They raise ``sqlite3.Error`` (or ``sqlite.FormatMismatch``)
-    when the file cannot be used, and ``LedgerError`` for a transition that
-    is refused.
+    Each ``Ledger`` is one holder of leases (``holder``): one per process and
+    round of jobs. Methods are thread-safe, and each transition is one
+    committed transaction. They raise ``sqlite3.Error`` (or
+    ``sqlite.FormatMismatch``) when the file cannot be used, and
+    ``LedgerError`` for a transition that is refused.
 
     Examples
     --------
@@ -178,13 +229,24 @@ class Ledger:
     """
 
     def __init__(self, cache: Cache | str | os.PathLike[str], *, timeout: float = 30.0,
-                 clock: Callable[[], float] = time.time) -> None:
+                 clock: Callable[[], float] = time.time, lease: float = LEASE) -> None:
+        if isinstance(lease, bool) or not lease > 0:
+            raise ValueError(f"Ledger(lease=...) must be seconds > 0, got {lease!r}")
         self.file = cache.file if isinstance(cache, Cache) else Path(cache).expanduser().absolute()
         self.timeout = timeout
         self.clock = clock
+        self.lease = float(lease)
         self._lock = threading.Lock()
         self._connection: sqlite3.Connection | None = None
         self._pid = os.getpid()
+        self._holder = (self._pid, f"{self._pid}-{uuid.uuid4().hex[:16]}")
+
+    @property
+    def holder(self) -> str:
+        """This ledger's token in the leases it holds (a forked child gets its own)."""
+        if self._holder[0] != os.getpid():
+            self._holder = (os.getpid(), f"{os.getpid()}-{uuid.uuid4().hex[:16]}")
+        return self._holder[1]
 
     def __repr__(self) -> str:
         return f"Ledger({str(self.file)!r})"
@@ -221,6 +283,13 @@ class Ledger:
         -------
         JobRecord
             State ``"intent"``; its ``metadata`` is what ``create`` must send.
+            This ledger holds its lease (``holder``), for ``lease`` seconds.
+
+        Raises
+        ------
+        Claimed
+            When another open job asks one of these draws (another process
+            recorded it first): nothing is written.
         """
         pairs = [(str(custom_id), tuple(keys)) for custom_id, keys in lines]
         intent = uuid.uuid4().hex
@@ -233,22 +302,37 @@ class Ledger:
             for sample, key in enumerate(keys):
                 rows.append((key, intent, custom_id, sample, _line_checksum(key, intent, custom_id, sample)))
         with self._locked(transaction=True) as connection:
+            # The check and the write are one transaction: of two processes asking a draw, one records it.
+            held = self._find(connection, [row[0] for row in rows], open_only=True)
+            if held:
+                intents = sorted({ref.intent for ref in held.values()})
+                raise Claimed(f"{len(held)} draw(s) of this job are already asked in open job(s) "
+                              f"{', '.join(intents)}", intents)
             self._write(connection, record)
             connection.executemany("INSERT OR REPLACE INTO job_lines VALUES (?, ?, ?, ?, ?)", rows)
+            self._write_lease(connection, intent, self.clock())  # from when the file let us write
         return record
 
     def record_created(self, intent: str, status: Status) -> JobRecord:
         """The provider created the job: keep its id and first status (a ``JobStatus``).
 
+        Whoever holds the lease: the job exists and is paid, so it is kept. An
+        intent abandoned as never created (another process took it over and
+        found no job yet) is reopened with it, to be collected.
+
         Raises
         ------
         LedgerError
-            When the intent is unknown, closed, or already holds another job id.
+            When the intent is unknown, collected, or already holds another job id.
         """
         def change(record: JobRecord) -> JobRecord:
-            if record.job_id not in (None, status.id) or not record.open:
+            if record.job_id not in (None, status.id) or record.state == "collected" or (
+                    not record.open and record.job_id is not None):
                 raise LedgerError(f"job intent {intent} is {record.state} with job {record.job_id}; "
                                   f"cannot record job {status.id}")
+            if not record.open:
+                record = self._replace(record, note=f"reopened: job {status.id} was created after the intent "
+                                                    f"was abandoned ({record.note})"[:2000])
             return self._with_status(record, status)
 
         return self._change(intent, change)
@@ -307,6 +391,48 @@ class Ledger:
 
         return self._change(intent, change)
 
+    # -- leases --------------------------------------------------------------------
+
+    def take(self, intent: str) -> bool:
+        """Hold the lease of ``intent`` when it is free, expired (its holder died) or this ledger's already.
+
+        Returns ``False`` while another holder's lease is live: wait for it.
+        """
+        with self._locked(transaction=True) as connection:
+            now = self.clock()
+            current = self._lease(connection, intent)
+            if current is not None and current.holder != self.holder and current.expires > now:
+                return False
+            self._write_lease(connection, intent, now)
+        return True
+
+    def renew(self, intent: str) -> Lease:
+        """Keep holding the lease of ``intent`` for ``lease`` seconds more (the heartbeat; the check before ``create``).
+
+        Raises
+        ------
+        LeaseLost
+            When this ledger does not hold it: another holder took the job
+            over, or it was closed. This process must then not create it.
+        """
+        with self._locked(transaction=True) as connection:
+            current = self._lease(connection, intent)
+            if current is None or current.holder != self.holder:
+                owner = "nobody (the job was closed)" if current is None else f"holder {current.holder}"
+                raise LeaseLost(f"job intent {intent} is held by {owner}, not by this process "
+                                f"({self.holder}): its lease expired and it was taken over")
+            return self._write_lease(connection, intent, self.clock())
+
+    def release(self, intent: str) -> None:
+        """Let another process take ``intent`` at once (this ledger's lease only)."""
+        with self._locked(transaction=True) as connection:
+            connection.execute("DELETE FROM job_leases WHERE intent = ? AND holder = ?", (intent, self.holder))
+
+    def leased(self, intent: str) -> Lease | None:
+        """The lease of ``intent`` (``None``: free); live while ``expires`` is after the ledger's clock."""
+        with self._locked() as connection:
+            return self._lease(connection, intent)
+
     # -- reads ---------------------------------------------------------------------
 
     def get(self, intent: str) -> JobRecord | None:
@@ -351,30 +477,8 @@ class Ledger:
 
         Keys in no such job are absent.
         """
-        keys = list(dict.fromkeys(keys))
-        found: dict[str, tuple[float, LineRef]] = {}
         with self._locked() as connection:
-            rows = []
-            for start in range(0, len(keys), _CHUNK):
-                chunk = keys[start : start + _CHUNK]
-                rows += connection.execute(
-                    "SELECT key, intent, custom_id, sample, checksum FROM job_lines "
-                    f"WHERE key IN ({','.join('?' * len(chunk))})", chunk).fetchall()
-            intents = sorted({row[1] for row in rows})
-            jobs = []
-            for start in range(0, len(intents), _CHUNK):
-                chunk = intents[start : start + _CHUNK]
-                jobs += connection.execute(
-                    "SELECT intent, job_id, state, record, checksum FROM jobs "
-                    f"WHERE intent IN ({','.join('?' * len(chunk))})", chunk).fetchall()
-        records = {r.intent: r for r in self._records(jobs)}
-        for key, intent, custom_id, sample in self._line_rows(rows):
-            record = records.get(intent)
-            if record is None or (open_only and not record.open):
-                continue
-            if key not in found or found[key][0] <= record.created:
-                found[key] = (record.created, LineRef(intent, custom_id, sample))
-        return {key: ref for key, (_, ref) in found.items()}
+            return self._find(connection, keys, open_only=open_only)
 
     def close(self) -> None:
         """Close this process's connection (a later call opens another)."""
@@ -385,6 +489,31 @@ class Ledger:
 
     # -- the file ------------------------------------------------------------------
 
+    def _find(self, connection: sqlite3.Connection, keys: Iterable[str], *, open_only: bool) -> dict[str, LineRef]:
+        keys = list(dict.fromkeys(keys))
+        found: dict[str, tuple[float, LineRef]] = {}
+        rows = []
+        for start in range(0, len(keys), _CHUNK):
+            chunk = keys[start : start + _CHUNK]
+            rows += connection.execute(
+                "SELECT key, intent, custom_id, sample, checksum FROM job_lines "
+                f"WHERE key IN ({','.join('?' * len(chunk))})", chunk).fetchall()
+        intents = sorted({row[1] for row in rows})
+        jobs = []
+        for start in range(0, len(intents), _CHUNK):
+            chunk = intents[start : start + _CHUNK]
+            jobs += connection.execute(
+                "SELECT intent, job_id, state, record, checksum FROM jobs "
+                f"WHERE intent IN ({','.join('?' * len(chunk))})", chunk).fetchall()
+        records = {r.intent: r for r in self._records(jobs)}
+        for key, intent, custom_id, sample in self._line_rows(rows):
+            record = records.get(intent)
+            if record is None or (open_only and not record.open):
+                continue
+            if key not in found or found[key][0] <= record.created:
+                found[key] = (record.created, LineRef(intent, custom_id, sample))
+        return {key: ref for key, (_, ref) in found.items()}
+
     def _change(self, intent: str, change: Callable[[JobRecord], JobRecord]) -> JobRecord:
         with self._locked(transaction=True) as connection:
             current = self._one(connection, "intent", intent)
@@ -393,7 +522,26 @@ class Ledger:
             record = change(current)
             if record is not current:
                 self._write(connection, record)
+            if not record.open:  # a closed job needs no holder
+                connection.execute("DELETE FROM job_leases WHERE intent = ?", (intent,))
         return record
+
+    def _lease(self, connection: sqlite3.Connection, intent: str) -> Lease | None:
+        row = connection.execute("SELECT intent, holder, expires, checksum FROM job_leases WHERE intent = ?",
+                                 (intent,)).fetchone()
+        if row is None:
+            return None
+        if type(row[2]) is not float or _lease_checksum(row[0], row[1], row[2]) != row[3]:
+            warnings.warn(f"outlines cache: a damaged job lease ({intent!r:.40}) in {self.file} is taken as expired",
+                          CacheWarning, stacklevel=4)
+            return Lease(intent, "", float("-inf"))
+        return Lease(row[0], row[1], row[2])
+
+    def _write_lease(self, connection: sqlite3.Connection, intent: str, now: float) -> Lease:
+        lease = Lease(intent, self.holder, float(now) + self.lease)
+        connection.execute("INSERT OR REPLACE INTO job_leases VALUES (?, ?, ?, ?)",
+                           (intent, lease.holder, lease.expires, _lease_checksum(intent, lease.holder, lease.expires)))
+        return lease
 
     def _one(self, connection: sqlite3.Connection, column: str, value: str) -> JobRecord | None:
         rows = connection.execute(f"SELECT intent, job_id, state, record, checksum FROM jobs WHERE {column} = ?",

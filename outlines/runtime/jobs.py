@@ -31,6 +31,21 @@ stops the round with the job open, naming it and what was paid
 (``forget_job`` closes a job known to be gone). Lines whose fate nothing
 settles go again once, never more.
 
+Two processes on one cache: each open job has a lease in the ledger
+(``Ledger.take``/``renew``). The round that records a job's intent holds its
+lease, and a heartbeat task renews the leases it holds every
+``Jobs(heartbeat=...)`` seconds while it uploads, creates, waits and
+collects; it releases them when it returns or raises. A round that finds an
+open job with pending draws whose lease another holds waits for it (it polls
+the ledger every ``heartbeat`` seconds of the jobs' clock) and then reads
+the draws from the cache; it takes the job over only once the lease has
+expired (``Jobs(lease=...)`` seconds without a heartbeat: its holder died),
+reconciling with the provider first. A round never creates a job whose
+lease it lost: it checks right before ``create``, and a heartbeat that finds
+the lease taken cancels a create still uploading. Two rounds asking the same
+draws at once cannot both record them (``Claimed``): the second waits for
+the first's job.
+
 Faults: the lines of an expired or cancelled job that never ran, and error
 lines the retry rules call retryable (up to the client's ``max_retries``
 times), go again in the next job; other error lines fail their draws; a job
@@ -47,6 +62,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import sqlite3
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Sequence
 
@@ -56,6 +72,7 @@ from outlines.backends.jobs import (
     Clock,
     JobClient,
     JobInDoubt,
+    JobLine,
     JobStatus,
     LineResult,
     SystemClock,
@@ -64,7 +81,7 @@ from outlines.backends.jobs import (
     wait,
 )
 from outlines.cache import Cache, draw_keys
-from outlines.cache.ledger import JobRecord, Ledger
+from outlines.cache.ledger import LEASE, Claimed, JobRecord, LeaseLost, Ledger
 from outlines.errors import JobsRunning
 from outlines.threads import pool, run_blocking
 
@@ -96,7 +113,8 @@ class Jobs:
     deadline
         Seconds to wait for a job; after it the job is cancelled (what it
         finished is kept) and its missing draws go through the live API.
-        ``None``: no deadline (the provider's 24 hours).
+        ``None``: no deadline (the provider's 24 hours). A job another
+        process holds is waited for to its end: its draws are paid already.
     cancel_wait
         Seconds past the deadline that a cancelled job may take to stop
         (OpenAI's take up to 10 minutes), so that what it finished is
@@ -112,6 +130,14 @@ class Jobs:
     max_requests, max_bytes
         Per-job limits (default: the provider's: OpenAI 50,000 requests /
         200 MB, Anthropic 100,000 / 256 MB).
+    lease
+        Seconds, on the jobs' clock, after which another process may take over
+        a job whose holder stopped renewing it (died): a re-run after a
+        ``kill -9`` waits at most this long for the dead process's jobs.
+    heartbeat
+        Seconds between renewals of the leases this evaluation holds (real
+        time, while anything is awaited), and between looks at the ledger
+        while another process holds a job; less than ``lease``.
 
     Examples
     --------
@@ -129,6 +155,8 @@ class Jobs:
     clock: Any = field(default=None, compare=False)
     max_requests: int | None = None
     max_bytes: int | None = None
+    lease: float = LEASE
+    heartbeat: float = LEASE / 6
 
     def __post_init__(self) -> None:
         if not isinstance(self.run, str) or not self.run:
@@ -136,6 +164,12 @@ class Jobs:
         if len(self.run) > MAX_RUN:  # it travels as a metadata value, which OpenAI caps at 512 characters
             raise ValueError(f"Jobs(run=...) must be at most {MAX_RUN} characters (OpenAI's limit on a metadata "
                              f"value), got {len(self.run)}")
+        if isinstance(self.lease, bool) or not isinstance(self.lease, (int, float)) or not self.lease > 0:
+            raise ValueError(f"Jobs(lease=...) must be seconds > 0, got {self.lease!r}")
+        if (isinstance(self.heartbeat, bool) or not isinstance(self.heartbeat, (int, float))
+                or not 0 < self.heartbeat < self.lease):
+            raise ValueError(f"Jobs(heartbeat=...) must be seconds > 0 and less than the lease "
+                             f"({self.lease!r}), got {self.heartbeat!r}")
         if self.deadline is not None and (isinstance(self.deadline, bool) or not self.deadline >= 0):
             raise ValueError(f"Jobs(deadline=...) must be seconds >= 0 or None, got {self.deadline!r}")
         if isinstance(self.cancel_wait, bool) or not isinstance(self.cancel_wait, (int, float)) \
@@ -202,8 +236,11 @@ class _Round:
         self.settings, self.cache, self.backend, self.draws, self.report = settings, cache, backend, draws, report
         self.on_job = on_job
         self.client: JobClient = job_client(backend, **settings.limits())
-        self.ledger = Ledger(cache)
         self.clock: Clock = settings.clock or SystemClock()
+        self.ledger = Ledger(cache, clock=self.clock.time, lease=settings.lease)  # one holder of leases
+        self.holding: set[str] = set()  # intents whose lease this round holds: the heartbeat renews them
+        self.others: set[str] = set()  # intents with pending draws whose live lease another process holds
+        self.creating: dict[str, asyncio.Future[JobStatus]] = {}  # creates in flight, by intent
         self.identity = backend.cache_identities[0]
         self.texts = [""] * len(draws)
         self.where: dict[str, list[int]] = {}
@@ -246,13 +283,23 @@ class _Round:
 
     # -- the jobs --------------------------------------------------------------------
     async def open_jobs(self) -> list[str]:
-        """Intents of the ledger's open jobs holding pending keys, reconciled with the provider."""
+        """Intents of the ledger's open jobs holding pending keys, reconciled with the provider.
+
+        Only the jobs whose lease this round takes (free, expired or its own);
+        those another process holds are left in ``others``, to wait for.
+        """
         intents: list[str] = []
         for intent in sorted({ref.intent for ref in self.ledger.find(self.pending).values()}):
+            if not self.ledger.take(intent):
+                self.others.add(intent)
+                continue
+            self.holding.add(intent)
             record = self.ledger.get(intent)
             if record is None or not record.open:
+                self.release(intent)
                 continue
             if record.job_id is None and not await self.reconcile(record):
+                self.release(intent)
                 continue
             intents.append(intent)
             record = self.ledger.get(intent) or record
@@ -349,14 +396,22 @@ class _Round:
             self.fail([keys[position]], error)
 
         lines = self.client.lines(batch, [bytes.fromhex(key) for key in keys], BatchReport(on_failure=refused))
-        self.asked.update(keys)
         intents = []
         for job in split(lines, self.client.limits):
-            record = self.ledger.record_intent(
-                provider=self.client.provider, backend=list(self.backend.identity), run=self.settings.run,
-                lines=[(line.custom_id, line.keys) for line in job], metadata=metadata)
             try:
-                status = await self.client.create(job, record.metadata, self.report)
+                record = self.ledger.record_intent(
+                    provider=self.client.provider, backend=list(self.backend.identity), run=self.settings.run,
+                    lines=[(line.custom_id, line.keys) for line in job], metadata=metadata)
+            except Claimed as claimed:  # another process recorded some of these draws first: wait for its job
+                self.others.update(claimed.intents)
+                continue
+            self.asked.update(key for line in job for key in line.keys)
+            self.holding.add(record.intent)
+            try:
+                status = await self.create(record.intent, job, record.metadata)
+            except LeaseLost:  # taken over while uploading: the job is the new holder's, to wait for
+                self.others.add(record.intent)
+                continue
             except BackendError as error:
                 if _refused(error):  # refused (a 4xx): no job was made, and none will be
                     self.ledger.abandon(record.intent, f"refused: {error}")
@@ -372,6 +427,65 @@ class _Round:
             self.emit("created", status, len(job), sum(len(line.keys) for line in job),
                       sum(line.size for line in job))
         return intents
+
+    async def create(self, intent: str, job: Sequence[JobLine], metadata: Mapping[str, str]) -> JobStatus:
+        """``client.create``, only while this round holds the intent's lease; ``LeaseLost`` when it lost it."""
+        self.ledger.renew(intent)  # raises LeaseLost: a job taken over is never created here
+        creating = asyncio.ensure_future(self.client.create(job, metadata, self.report))
+        self.creating[intent] = creating
+        try:
+            return await creating
+        except asyncio.CancelledError:
+            task = asyncio.current_task()
+            if intent in self.holding or (task is not None and task.cancelling()):
+                raise  # not the heartbeat's doing: a Ctrl-C, a deadline
+            raise LeaseLost(f"job intent {intent} was taken over by another process while it was created") from None
+        finally:
+            del self.creating[intent]
+
+    def renew(self) -> None:
+        """One heartbeat: renew each lease held; a create whose lease was taken over is stopped."""
+        for intent in sorted(self.holding):
+            try:
+                self.ledger.renew(intent)
+            except LeaseLost:
+                self.holding.discard(intent)
+                creating = self.creating.get(intent)
+                if creating is not None:
+                    creating.cancel()
+            except sqlite3.Error:  # the file is busy: the next beat tries again, well within the lease
+                pass
+
+    async def heartbeat(self) -> None:
+        """Renew the leases this round holds every ``heartbeat`` seconds, whatever the round awaits.
+
+        It sleeps on the loop's real time, not the jobs' clock: a test's fake
+        clock moves only when the round waits on it.
+        """
+        while True:
+            await asyncio.sleep(self.settings.heartbeat)
+            self.renew()
+
+    def release(self, intent: str) -> None:
+        self.holding.discard(intent)
+        self.ledger.release(intent)
+
+    async def wait_for_others(self) -> None:
+        """Wait while other processes hold the jobs in ``others``; land what their collection cached.
+
+        A job stops being waited for once closed (its draws are in the cache),
+        or once its lease is free or expired (the next look takes it over).
+        """
+        if not self.others:
+            return
+        while self.others:
+            await self.clock.sleep(self.settings.heartbeat)
+            for intent in sorted(self.others):
+                record, lease = self.ledger.get(intent), self.ledger.leased(intent)
+                if record is None or not record.open or lease is None or lease.expires <= self.clock.time():
+                    self.others.discard(intent)
+        found = self.cache.get_many([bytes.fromhex(key) for key in self.pending], record=False, expect=str)
+        self.land({key.hex(): text for key, text in found.items()})
 
     async def wait_for(self, intent: str) -> JobStatus:
         """The job's status once it has finished, or once the deadline (and ``cancel_wait``) passed.
@@ -528,6 +642,18 @@ class _Round:
             self.report.tokens[name] += value
 
     async def run(self) -> list[str]:
+        beat = asyncio.ensure_future(self.heartbeat())
+        try:
+            return await self.rounds()
+        finally:
+            beat.cancel()
+            for intent in sorted(self.holding):  # another process may take them at once, not after the lease
+                try:
+                    self.release(intent)
+                except sqlite3.Error:
+                    pass  # they expire
+
+    async def rounds(self) -> list[str]:
         while self.pending:
             if self.late:
                 await self.live(list(self.pending))
@@ -542,14 +668,17 @@ class _Round:
                 fresh = [key for key in fresh if key in self.pending]
             if fresh:
                 intents += [intent for intent in await self.send(fresh) if intent not in intents]
-            if not intents:
+            if not intents and not self.others:
                 break
             if not self.settings.wait:
                 statuses = [await self.status(intent) for intent in intents]
-                if not all(s.finished for s in statuses):
-                    raise JobsRunning(self.client.provider, [s.id for s in statuses],
-                                      sum(len(self.ledger.lines(i)) for i in intents))
-            statuses = await asyncio.gather(*(self.wait_for(intent) for intent in intents))
+                if not all(s.finished for s in statuses) or self.others:
+                    theirs = [r for r in map(self.ledger.get, sorted(self.others)) if r is not None]
+                    ids = [s.id for s in statuses] + [r.job_id for r in theirs if r.job_id is not None]
+                    requests = sum(len(self.ledger.lines(i)) for i in intents) + sum(r.requests for r in theirs)
+                    raise JobsRunning(self.client.provider, ids, requests)
+            statuses, _ = await asyncio.gather(asyncio.gather(*(self.wait_for(intent) for intent in intents)),
+                                               self.wait_for_others())
             for intent, status in zip(intents, statuses):
                 if status.finished:  # one still cancelling past the deadline stays open: a later run collects it
                     await self.collect(intent, status)

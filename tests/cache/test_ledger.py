@@ -13,7 +13,7 @@ import pytest
 
 from outlines.backends.jobs import JobStatus
 from outlines.cache import Cache, CacheWarning
-from outlines.cache.ledger import JobRecord, Ledger, LedgerError
+from outlines.cache.ledger import Claimed, JobRecord, LeaseLost, Ledger, LedgerError
 from tests.fixtures.subprocesses import ROOT, python_env
 
 BACKEND = ["openai", "gpt-fake", "http://127.0.0.1:1/v1"]
@@ -90,23 +90,24 @@ def test_an_intent_never_created_is_abandoned_with_its_reason(ledger: Ledger) ->
     assert ledger.find(["k0"]) == {}
 
 
-def test_find_gives_the_newest_open_job_of_each_draw(cache: Cache) -> None:
+def test_find_gives_the_newest_job_of_each_draw(cache: Cache) -> None:
     ticks = iter(range(100))
     ledger = Ledger(cache, clock=lambda: float(next(ticks)))
     old = intent(ledger)
     ledger.record_created(old.intent, JobStatus("batch_old", "expired"))
+    ledger.collected(old.intent)  # only then may another job ask its draws (its lines that never ran)
     new = intent(ledger, lines=[("k1", ["k1"])])
-    found = ledger.find(["k0", "k1"])
+    assert {key: ref.intent for key, ref in ledger.find(["k0", "k1"]).items()} == {"k1": new.intent}
+    found = ledger.find(["k0", "k1"], open_only=False)
     assert found["k1"].intent == new.intent and found["k0"].intent == old.intent
-    ledger.collected(old.intent)
-    assert sorted(ledger.find(["k0", "k1"])) == ["k1"]
 
 
 def test_jobs_filter_by_openness_provider_backend_and_run(cache: Cache) -> None:
     ticks = iter(range(100))
     ledger = Ledger(cache, clock=lambda: float(next(ticks)))
     a = intent(ledger, run="a")
-    b = ledger.record_intent(provider="anthropic", backend=["anthropic", "c", "u", None], run="b", lines=LINES)
+    b = ledger.record_intent(provider="anthropic", backend=["anthropic", "c", "u", None], run="b",
+                             lines=[("a0", ["a0"])])
     ledger.abandon(a.intent, "x")
     assert [r.intent for r in ledger.jobs()] == [a.intent, b.intent]
     assert [r.intent for r in ledger.jobs(open=True)] == [b.intent]
@@ -172,6 +173,130 @@ def test_threads_record_and_advance_at_once(ledger: Ledger) -> None:
     assert errors == [] and len(ledger.jobs(open=False)) == 40
 
 
+# -- leases: two holders (two processes) on one file, on a fake clock ------------------------------
+
+
+class Clock:
+    """Seconds that move only when a test says so."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+@pytest.fixture
+def two(cache: Cache) -> Any:
+    clock = Clock()
+    first, second = Ledger(cache, clock=clock, lease=60.0), Ledger(cache, clock=clock, lease=60.0)
+    yield clock, first, second
+    first.close()
+    second.close()
+
+
+def test_the_writer_of_an_intent_holds_it_and_another_takes_it_only_once_the_lease_expired(two: Any) -> None:
+    clock, first, second = two
+    assert first.holder != second.holder
+    record = intent(first)
+    assert first.leased(record.intent) == second.leased(record.intent)
+    assert (first.leased(record.intent).holder, first.leased(record.intent).expires) == (first.holder, 1060.0)
+    clock.now = 1059.0
+    assert not second.take(record.intent)  # live: wait
+    assert first.renew(record.intent).expires == 1119.0  # the heartbeat
+    clock.now = 1118.9
+    assert not second.take(record.intent)
+    clock.now = 1119.0  # no heartbeat for 60 s: its holder died
+    assert second.take(record.intent) and second.leased(record.intent).holder == second.holder
+    with pytest.raises(LeaseLost, match=f"job intent {record.intent} is held by holder {second.holder}"):
+        first.renew(record.intent)  # the check before create: the loser never creates
+    assert not first.take(record.intent)
+    first.release(record.intent)  # not its lease: nothing happens
+    assert second.leased(record.intent).holder == second.holder
+    second.release(record.intent)
+    assert first.leased(record.intent) is None and first.take(record.intent)
+
+
+def test_closing_a_job_ends_its_lease(two: Any) -> None:
+    clock, first, second = two
+    record = intent(first)
+    first.record_created(record.intent, JobStatus("batch_1", "in_progress"))
+    assert first.renew(record.intent).holder == first.holder  # recording and polling keep it
+    first.advance(record.intent, JobStatus("batch_1", "completed"))
+    first.collected(record.intent)
+    assert first.leased(record.intent) is None
+    with pytest.raises(LeaseLost, match="nobody"):
+        first.renew(record.intent)
+    other = intent(first, lines=[("z", ["z"])])
+    first.abandon(other.intent, "refused: 400")
+    assert first.leased(other.intent) is None
+
+
+def test_a_draw_is_recorded_in_one_open_job_at_a_time(two: Any) -> None:
+    clock, first, second = two
+    record = intent(first)
+    with pytest.raises(Claimed, match=record.intent) as claimed:
+        intent(second, lines=[("k2", ["k2"]), ("k9", ["k9"])])
+    assert claimed.value.intents == [record.intent]
+    assert second.find(["k9"]) == {} and len(second.jobs()) == 1  # nothing written
+    first.abandon(record.intent, "never created")
+    assert intent(second, lines=[("k2", ["k2"])]).requests == 1
+
+
+def test_of_two_threads_recording_the_same_draws_one_wins(cache: Cache) -> None:
+    ledgers = [Ledger(cache) for _ in range(4)]
+    won: list[str] = []
+    lost: list[str] = []
+    barrier = threading.Barrier(len(ledgers))
+
+    def record(ledger: Ledger) -> None:
+        barrier.wait()
+        try:
+            won.append(intent(ledger).intent)
+        except Claimed as error:
+            lost.extend(error.intents)
+
+    threads = [threading.Thread(target=record, args=(ledger,)) for ledger in ledgers]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert len(won) == 1 and lost == won * 3
+    for ledger in ledgers:
+        ledger.close()
+
+
+def test_a_job_created_after_its_intent_was_given_up_is_kept(two: Any) -> None:
+    clock, first, second = two
+    record = intent(first)
+    clock.now += 61.0  # the first stalls past its lease; the second takes over, finds no job, gives up
+    assert second.take(record.intent)
+    second.abandon(record.intent, "never created: the provider holds no job with its metadata")
+    # The first's create went through all the same: the job exists, is paid, and must be collected.
+    reopened = first.record_created(record.intent, JobStatus("batch_late", "validating"))
+    assert reopened.open and reopened.job_id == "batch_late" and "reopened: job batch_late" in str(reopened.note)
+    assert first.find(["k0"])["k0"].intent == record.intent
+    first.advance(record.intent, JobStatus("batch_late", "failed"))
+    first.abandon(record.intent, "failed")
+    with pytest.raises(LedgerError, match="abandoned with job batch_late"):
+        first.record_created(record.intent, JobStatus("batch_late", "validating"))
+
+
+def test_a_damaged_lease_is_taken_as_expired(two: Any, cache: Cache) -> None:
+    clock, first, second = two
+    record = intent(first)
+    with sqlite3.connect(cache.file) as connection:
+        connection.execute("UPDATE job_leases SET expires = expires + 1000")
+    with pytest.warns(CacheWarning, match="damaged job lease"):
+        assert second.take(record.intent)
+    assert second.leased(record.intent).holder == second.holder
+
+
+def test_a_lease_lasts_a_positive_time(cache: Cache) -> None:
+    with pytest.raises(ValueError, match="lease"):
+        Ledger(cache, lease=0)
+
+
 @pytest.mark.parametrize("killed_after", ["intent", "validating", "in_progress", "completed", "collected"])
 def test_each_step_survives_kill_9(tmp_path: Path, killed_after: str) -> None:
     directory = tmp_path / "cache"
@@ -198,6 +323,8 @@ def test_each_step_survives_kill_9(tmp_path: Path, killed_after: str) -> None:
     assert record.job_id == (None if killed_after == "intent" else "batch_1")
     assert ledger.lines(record.intent) == {"k0": ("k0", "k1"), "k2": ("k2",)}
     assert (killed_after == "collected") == (ledger.find(["k1"]) == {})
+    # The dead process's lease stays until it expires (a closed job has none): another process waits that long.
+    assert (killed_after == "collected") == (ledger.leased(record.intent) is None)
     assert cache.get_many([bytes(16)]) == {bytes(16): "a draw stored before the job"}
     with sqlite3.connect(cache.file) as connection:
         assert connection.execute("PRAGMA integrity_check").fetchone()[0] == "ok"

@@ -321,7 +321,7 @@ m = models.openai("fake-model", base_url=url, api_key="sk-child")
 q = outlines.string("q")
 out = m("then " + m(q, max_tokens=4), max_tokens=4)
 value = outlines.eval(out, givens={"q": [f"p{i}" for i in range(6)]}, cache=Cache(folder),
-                      batch=Jobs(backoff=Backoff(first=0.02, cap=0.05)))
+                      batch=Jobs(backoff=Backoff(first=0.02, cap=0.05), lease=2.0, heartbeat=0.2))
 print(json.dumps(list(value)))
 '''
 
@@ -343,7 +343,7 @@ def test_kill_9_at_each_step_then_a_rerun_pays_each_draw_once(tmp_path: Path, st
 
         killed = child(step)
         assert killed.returncode == -signal.SIGKILL, killed.stderr
-        done = child("never")
+        done = child("never")  # takes the dead child's jobs over once their 2 s lease has expired
         assert done.returncode == 0, done.stderr
         prompts = [f"p{i}" for i in range(6)]
         assert json.loads(done.stdout) == [f"<then <{p}|None|0>|None|0>" for p in prompts]
