@@ -423,7 +423,9 @@ def openai(model: str, *, base_url: str | None = None, api_key: str | None = Non
         For an option that is not valid (``max_batch``/``max_concurrency``
         that are not positive integers, a non-positive timeout, ``rpm=0``...)
         or a setting outside OpenAI's documented range (``temperature`` 0 to
-        2, ``top_p`` 0 to 1, at most 4 ``stop`` sequences), naming it.
+        2, ``top_p`` 0 to 1, at most 4 ``stop`` sequences; for reasoning
+        models, o-series and GPT-5, ``temperature`` and ``top_p`` only 1,
+        and no ``stop`` for o3 and o4-mini), naming it.
 
     Examples
     --------

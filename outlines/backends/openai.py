@@ -74,6 +74,11 @@ DIALECTS = ("openai", "compatible")
 #: Model names that reason (o-series, GPT-5 and later, with or without a ``provider/`` prefix): they
 #: refuse ``max_tokens`` ("not compatible with o-series models", the spec), so never get it.
 REASONING_MODELS = re.compile(r"^(?:[\w.-]+/)?(?:o\d|gpt-(?:[5-9]|\d{2,}))(?!\d)")
+#: Settings reasoning models take only at their default ("Only the default (1) value is supported"); the
+#: chat snapshots of the GPT-5 family (``gpt-5-chat-latest``) do not reason and take any.
+REASONING_DEFAULTS = {"temperature": 1, "top_p": 1}
+#: Reasoning models that refuse ``stop`` (the spec: "Not supported with latest reasoning models o3 and o4-mini").
+NO_STOP_MODELS = re.compile(r"^(?:[\w.-]+/)?(?:o3|o4-mini)")
 #: Base URLs whose completions endpoint refuses a list of prompts / ignores ``n``.
 LISTS_REFUSED = quirks.Quirk(quirks.REFUSES_LISTS)
 N_IGNORED = quirks.Quirk(quirks.IGNORES_N)
@@ -156,12 +161,26 @@ class _OpenAIBackend(HostedBackend):
         return sum(group.n if ignores_n else 1 for group in groups)
 
     def check_params(self, params: GenerationParams) -> None:
-        """The spec's ranges: ``temperature`` 0 to 2, ``top_p`` 0 to 1, penalties -2 to 2, at most 4 stops."""
+        """The spec's ranges: ``temperature`` 0 to 2, ``top_p`` 0 to 1, penalties -2 to 2, at most 4 stops.
+
+        A reasoning model (``REASONING_MODELS``: o-series, GPT-5 family, not
+        their ``-chat`` snapshots) takes ``temperature`` and ``top_p`` only
+        at their default, 1: OpenAI refuses any other value; o3 and o4-mini
+        take no ``stop``.
+        """
         values = {"temperature": params.temperature, "top_p": params.top_p, **dict(params.extra)}
+        if self.reasoning and "-chat" not in self.model:
+            for name, default in REASONING_DEFAULTS.items():
+                value = values.get(name)
+                if value is not None and value != default:
+                    raise ValueError(f"{name} must be {default} for {self.model} (OpenAI's reasoning models, o-series "
+                                     f"and GPT-5, take only the default), got {value!r}")
         for name, (low, high) in RANGES.items():
             value = values.get(name)
             if isinstance(value, (int, float)) and not isinstance(value, bool):
                 check_range(name, value, low, high, "OpenAI")
+        if params.stop and NO_STOP_MODELS.match(self.model):
+            raise ValueError(f"stop is not supported by {self.model} (OpenAI's spec: not by o3 and o4-mini)")
         if len(params.stop) > MAX_STOPS:
             raise ValueError(f"stop takes at most {MAX_STOPS} sequences for OpenAI (its API's documented limit), "
                              f"got {len(params.stop)}")

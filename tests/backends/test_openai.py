@@ -104,11 +104,14 @@ def test_chat_bounds_completions_with_max_completion_tokens_never_max_tokens(
 ) -> None:
     """The spec's field (max_tokens is deprecated and refused by o-series and GPT-5 models); seed and stop go as given."""
     backend = OpenAIChatBackend(model, base_url=fake_openai.base_url, api_key=KEY, dialect=dialect)
-    params = GenerationParams.create(max_tokens=7, temperature=0.3, stop=["END"], seed=11)
+    temperature = 1.0 if backend.reasoning else 0.3  # reasoning models take only the default (1)
+    stop = [] if model == "o3" else ["END"]  # o3 and o4-mini take no stop
+    params = GenerationParams.create(max_tokens=7, temperature=temperature, stop=stop, seed=11)
+    backend.check_params(params)
     run(backend, [Draw("x", params, 0), Draw("x", params, 1)])
     (body,) = (r.body for r in fake_openai.requests)
     assert body == {"model": model, "messages": [{"role": "user", "content": "x"}], "max_completion_tokens": 7,
-                    "temperature": 0.3, "seed": 11, "stop": ["END"], "n": 2}
+                    "temperature": temperature, "seed": 11, **({"stop": stop} if stop else {}), "n": 2}
     run(completion(fake_openai), [Draw("x", params, 0)])  # /completions has only max_tokens in the spec
     assert fake_openai.requests[1].body["max_tokens"] == 7 and "max_completion_tokens" not in fake_openai.requests[1].body
 
@@ -675,6 +678,37 @@ def test_settings_outside_the_specs_range_are_refused_at_build_time(
     llm = constructor("fake-model", api_key=KEY, temperature=2)  # the edge of the range is fine
     with pytest.raises(outlines.GraphBuildError, match=message):  # when a call is built with them
         llm("hi", **options)
+
+
+@pytest.mark.parametrize("model", ["gpt-5-mini", "o3", "openai/gpt-5.1", "o4-mini-2025-04-16"])
+@pytest.mark.parametrize("options, message", [
+    ({"temperature": 0.3}, "temperature must be 1 for .* take only the default"),
+    ({"temperature": 0}, "temperature must be 1 for .* take only the default"),
+    ({"top_p": 0.9}, "top_p must be 1 for .* take only the default"),
+])
+def test_reasoning_models_refuse_sampling_settings_other_than_the_default_at_build_time(
+    model: str, options: dict[str, Any], message: str
+) -> None:
+    """OpenAI answers "Only the default (1) value is supported" to every such request: refused before any is sent."""
+    with pytest.raises(ValueError, match=message):
+        models.openai(model, api_key=KEY, **options)
+    assert models.openai(model, api_key=KEY).defaults.temperature is None  # no default of ours trips it
+    llm = models.openai(model, api_key=KEY, temperature=1, top_p=1)  # the default, said aloud, is fine
+    with pytest.raises(outlines.GraphBuildError, match=message):
+        llm("hi", **options)
+    models.openai("gpt-5-chat-latest", api_key=KEY, **options)  # GPT-5's chat snapshot does not reason
+    models.openai("gpt-4o-mini", api_key=KEY, **options)
+
+
+@pytest.mark.parametrize("model, refused", [("o3", True), ("o4-mini", True), ("gpt-5-mini", False),
+                                            ("gpt-4o-mini", False)])
+def test_o3_and_o4_mini_refuse_stop_at_build_time(model: str, refused: bool) -> None:
+    """The spec's ``stop``: "Not supported with latest reasoning models o3 and o4-mini"."""
+    if refused:
+        with pytest.raises(ValueError, match=f"stop is not supported by {model}"):
+            models.openai(model, api_key=KEY, stop=["END"])
+    else:
+        models.openai(model, api_key=KEY, stop=["END"])
 
 
 @pytest.mark.parametrize("constructor", [models.openai, models.openai_completion])
