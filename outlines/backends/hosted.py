@@ -222,12 +222,13 @@ class HostedBackend(Backend):
         counter = tiktoken_counter(self.model)
         return counter(text) if counter is not None else estimate_tokens(text)
 
-    def constraint_field(self, constraint: Any) -> str | None:
-        """The request field that carries ``constraint`` to the service, live and in a batch job's lines.
+    def constraint_field(self, constraint: Any, *, job: bool = False) -> str | None:
+        """The request field that carries ``constraint`` to the service: live, or in a batch job's lines (``job``).
 
         ``None`` (here): the service has no field for it, so the text is only
         checked (``constraints.generate_valid``) and a draw that breaks it is
-        asked again: live at once, in batch mode in the next job round.
+        asked again at once; in batch mode such draws run live
+        (``runtime.jobs``), since a retry in a job would cost a new job.
         """
         return None
 

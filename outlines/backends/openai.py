@@ -215,10 +215,16 @@ class _OpenAIBackend(HostedBackend):
         # OpenAI's API and reasoning models take only max_completion_tokens: never probed, never dropped.
         return self.kind == "openai" and self.dialect == "compatible" and not self.reasoning
 
-    def constraint_field(self, constraint: Constraint) -> str | None:
-        """The field ``wire_constraint`` sends ``constraint`` in to this server, as things stand (``None``: none)."""
-        fields = wire_constraint(constraint, chat=self.kind == "openai", dialect=self.dialect,
-                                 refused=self.refused_fields)
+    def constraint_field(self, constraint: Constraint, *, job: bool = False) -> str | None:
+        """The field ``wire_constraint`` sends ``constraint`` in to this server, as things stand (``None``: none).
+
+        ``job``: in a batch job's line, which carries the spec's fields only
+        (``request_body(spec=True)``): ``response_format`` on chat, none on
+        ``/completions``.
+        """
+        fields = (wire_constraint(constraint, chat=self.kind == "openai", dialect="openai") if job else
+                  wire_constraint(constraint, chat=self.kind == "openai", dialect=self.dialect,
+                                  refused=self.refused_fields))
         return next(iter(fields), None)
 
     async def generate(self, draws: Sequence[Draw], report: BatchReport) -> list[str]:
@@ -251,14 +257,17 @@ class _OpenAIBackend(HostedBackend):
         """``group.n`` samples per group: ``done(i, samples)`` or ``failed(i, error)`` as each ends."""
         raise NotImplementedError
 
-    def _payload(self, params: GenerationParams, n: int, **fields: Any) -> dict[str, Any]:
+    def _payload(self, params: GenerationParams, n: int, spec: bool, **fields: Any) -> dict[str, Any]:
+        """A request's body; ``spec``: the spec's fields only, whatever the server is known to take."""
         payload: dict[str, Any] = {"model": self.model, **fields, **params.to_dict()}
         payload.pop("constraint", None)
-        if "max_tokens" in payload and self.tokens_field != "max_tokens":
-            payload[self.tokens_field] = payload.pop("max_tokens")
+        tokens_field = ("max_completion_tokens" if self.kind == "openai" else "max_tokens") if spec else self.tokens_field
+        if "max_tokens" in payload and tokens_field != "max_tokens":
+            payload[tokens_field] = payload.pop("max_tokens")
         if params.constraint is not None:
-            payload.update(wire_constraint(params.constraint, chat=self.kind == "openai", dialect=self.dialect,
-                                           refused=self.refused_fields))
+            payload.update(wire_constraint(params.constraint, chat=self.kind == "openai",
+                                           dialect="openai" if spec else self.dialect,
+                                           refused=frozenset() if spec else self.refused_fields))
         if n > 1:
             payload["n"] = n
         return payload
@@ -363,8 +372,13 @@ class _OpenAIBackend(HostedBackend):
         """A rough token estimate for the ``tpm`` budget (4 characters a token)."""
         return sum(len(p) for p in prompts) / 4 + (params.max_tokens or 256) * n * len(prompts)
 
-    def request_body(self, group: PromptSamples) -> dict[str, Any]:
-        """The JSON body of one request for ``group.n`` samples of ``group.prompt`` (live, or a job's line)."""
+    def request_body(self, group: PromptSamples, *, spec: bool = False) -> dict[str, Any]:
+        """The JSON body of one request for ``group.n`` samples of ``group.prompt`` (live, or a job's line).
+
+        ``spec``: the published spec's fields only (``dialect="openai"``,
+        ``max_completion_tokens`` on chat, nothing a probe learnt): a job's
+        line, which cannot be probed, and whose API is OpenAI's spec.
+        """
         raise NotImplementedError
 
     def group_texts(self, data: Mapping[str, Any], n: int) -> list[str]:
@@ -502,7 +516,7 @@ class OpenAICompletionBackend(_OpenAIBackend):
         if n > 1 and self.base_url in N_IGNORED:
             return await self._per_sample(prompts, params, n, report, on_response=on_response)
         prompt: str | list[str] = prompts[0] if len(prompts) == 1 else prompts
-        data = await self._post(lambda: self._payload(params, n, prompt=prompt), report,
+        data = await self._post(lambda: self._payload(params, n, False, prompt=prompt), report,
                                 self._tokens(prompts, params, n), on_response)
         try:
             choices = self._choices(data, len(prompts) * n, n)
@@ -514,8 +528,8 @@ class OpenAICompletionBackend(_OpenAIBackend):
         texts = [self._text(choice, data) for choice in choices]
         return [texts[i * n : (i + 1) * n] for i in range(len(prompts))]
 
-    def request_body(self, group: PromptSamples) -> dict[str, Any]:
-        return self._payload(group.params, group.n, prompt=group.prompt)
+    def request_body(self, group: PromptSamples, *, spec: bool = False) -> dict[str, Any]:
+        return self._payload(group.params, group.n, spec, prompt=group.prompt)
 
     def group_texts(self, data: Mapping[str, Any], n: int) -> list[str]:
         return [self._text(choice, data) for choice in self._choices(data, n, n)]
@@ -617,9 +631,9 @@ class OpenAIChatBackend(_OpenAIBackend):
             first = self._content(ignored.choices[0], data)  # sample 0, asked with the same seed: kept
             return [first, *await self._per_sample(prompt, params, n, report, start=1, on_response=on_response)]
 
-    def request_body(self, group: PromptSamples) -> dict[str, Any]:
+    def request_body(self, group: PromptSamples, *, spec: bool = False) -> dict[str, Any]:
         messages = messages_of(group.prompt, self.system_prompt)  # a Conversation sends its own messages
-        return self._payload(group.params, group.n, messages=messages)
+        return self._payload(group.params, group.n, spec, messages=messages)
 
     def group_texts(self, data: Mapping[str, Any], n: int) -> list[str]:
         return [self._content(choice, data) for choice in self._choices(data, n, n)]

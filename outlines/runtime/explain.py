@@ -784,12 +784,15 @@ def _job_constraint(backend: Backend, constraint: Any) -> str:
     """How ``constraint`` travels in ``backend``'s job lines, and what a draw that breaks it costs."""
     from outlines.backends.hosted import HostedBackend
 
-    field = backend.constraint_field(constraint) if isinstance(backend, HostedBackend) else None
+    field = backend.constraint_field(constraint, job=True) if isinstance(backend, HostedBackend) else None
     retries = backend.max_retries
-    how = (f"sent as {field} (the provider enforces it)" if field is not None else
-           "not expressible in the provider's job requests: checked here")
-    return (f"{constraint.kind}=: {how}; a draw that breaks it is asked again in a new job round, up to {retries} "
-            "more (each may take the provider's 24 h): call it live (batch=False) to retry at once")
+    if field is None:
+        return (f"{constraint.kind}=: not expressible in the provider's job requests: these draws run live, "
+                f"checked here, a draw that breaks it asked again at once, up to {retries} "
+                "more")
+    return (f"{constraint.kind}=: sent as {field} (the provider enforces it); a draw that still breaks it is asked "
+            f"again in a new job round, up to {retries} more (each may take the provider's 24 h): call it live "
+            "(batch=False) to retry at once")
 
 
 def explain(

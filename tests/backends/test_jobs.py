@@ -660,9 +660,12 @@ def _sent_lines(server: FakeBatches) -> list[Any]:
     return [line for job in server.jobs.values() for line in job.lines]
 
 
-def test_batch_mode_sends_choices_and_patterns_as_openai_takes_them(clock: FakeClock, tmp_path: Any) -> None:
+@pytest.mark.parametrize("dialect", ["openai", "compatible"])
+def test_batch_mode_sends_choices_and_patterns_as_openai_takes_them(clock: FakeClock, tmp_path: Any,
+                                                                    dialect: str) -> None:
     """OpenAI's server: choices as a strict enum, a pattern as a strict string pattern, 150 samples on two lines;
-    the answers come back wrapped in an object and land unwrapped; one job, no live request, no retry round."""
+    the answers come back wrapped in an object and land unwrapped; one job, no live request, no retry round.
+    A line cannot be probed: it carries the spec's fields whatever the model's dialect."""
     import outlines
     from outlines.cache import Cache
     from outlines.runtime.jobs import Jobs
@@ -672,7 +675,8 @@ def test_batch_mode_sends_choices_and_patterns_as_openai_takes_them(clock: FakeC
         return json.dumps({"value": value["enum"][-1] if "enum" in value else str(100 + sample)})
 
     with FakeBatches(clock=clock, reply=answer) as server:
-        llm = models.openai("fake-model", base_url=server.base_url, api_key=KEY, dialect="openai", temperature=0.7)
+        llm = models.openai("fake-model", base_url=server.base_url, api_key=KEY, dialect=dialect, temperature=0.7,
+                            max_tokens=8)
         picked, counted = llm("pick", choices=["yes", "no"], num_samples=150), llm("count", regex="[0-9]+")
         plan = outlines.explain(picked, counted, batch=Jobs(clock=clock))
         assert "choices=: sent as response_format (the provider enforces it)" in plan.summary()
@@ -685,17 +689,18 @@ def test_batch_mode_sends_choices_and_patterns_as_openai_takes_them(clock: FakeC
         assert [b.get("n", 1) for b in bodies] == [128, 22, 1]  # the spec's most samples per request
         for body in bodies:
             assert not any(k.startswith("guided_") for k in body) and body["response_format"]["json_schema"]["strict"]
-            assert "max_tokens" not in body
+            assert "max_tokens" not in body and body["max_completion_tokens"] == 8
         assert bodies[0]["response_format"]["json_schema"]["schema"]["properties"]["value"] == {
             "type": "string", "enum": ["yes", "no"]}
         assert bodies[2]["response_format"]["json_schema"]["schema"]["properties"]["value"] == {
             "type": "string", "pattern": "^(?:[0-9]+)$"}
 
 
-def test_batch_mode_says_where_a_constraint_cannot_travel_and_what_a_retry_costs(clock: FakeClock,
-                                                                                 tmp_path: Any) -> None:
-    """Anthropic's job requests carry no constraint, nor do OpenAI's /completions lines: checked here, and a draw
-    that breaks it is asked again in a new job round: explain says so before anything is paid."""
+def test_batch_mode_runs_a_constraint_no_job_line_can_carry_live_and_says_so(clock: FakeClock,
+                                                                            tmp_path: Any) -> None:
+    """Anthropic's job requests carry no constraint, nor do OpenAI's /completions lines: those draws run live,
+    checked here, and a draw that breaks it is asked again at once, never in a new job (up to 24 h each);
+    explain says so before anything is paid. Unconstrained draws of the same models still go in jobs."""
     import outlines
     from outlines.cache import Cache
     from outlines.runtime.jobs import Jobs
@@ -707,9 +712,13 @@ def test_batch_mode_says_where_a_constraint_cannot_travel_and_what_a_retry_costs
         settings = Jobs(clock=clock, backoff=Backoff(first=1.0, cap=5.0))
         summary = outlines.explain(claude("Is it?", choices=["yes", "no"]), legacy("p", regex="y.*"),
                                    batch=settings).summary()
-        assert summary.count("not expressible in the provider's job requests: checked here") == 2
-        assert "asked again in a new job round, up to 3 more" in summary and "batch=False" in summary
+        assert summary.count("not expressible in the provider's job requests: these draws run live") == 2
+        assert "asked again at once, up to 3 more" in summary and "new job round" not in summary
         value = outlines.eval(claude("Is it?", choices=["yes", "no"]), batch=settings, cache=Cache(tmp_path))
-        assert value == "yes" and server.counts["message_batches.create"] == 2  # the retry was a second job
-        assert not any(k in line.body for line in _sent_lines(server)  # a line's body: its params
-                       for k in ("output_config", "response_format", "guided_choice"))
+        assert value == "yes" and server.counts["message_batches.create"] == 0  # no job: live, retried at once
+        assert server.count == 2  # "perhaps" (refused here), then "yes"
+        server.reply = lambda prompt, sample, body: "yy"
+        assert outlines.eval(legacy("p", regex="y.*"), batch=settings, cache=Cache(tmp_path)) == "yy"
+        assert server.count == 3 and server.counts["batches.create"] == 0
+        assert outlines.eval(legacy("q"), batch=settings, cache=Cache(tmp_path)) == "yy"  # unconstrained: a job
+        assert server.count == 3 and server.counts["batches.create"] == 1

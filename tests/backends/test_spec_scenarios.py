@@ -47,11 +47,26 @@ def jobs(clock: FakeClock) -> Jobs:
 
 
 def openai(server: FakeBatches, model: str = "gpt-4o-mini", **defaults: Any) -> Any:
-    return models.openai(model, base_url=server.base_url, api_key=KEY, **defaults)
+    """A chat model as a user of OpenAI's server builds it: the fake plays api.openai.com on 127.0.0.1."""
+    return models.openai(model, base_url=server.base_url, api_key=KEY, dialect="openai", **defaults)
+
+
+def completion(server: FakeBatches, **defaults: Any) -> Any:
+    """A ``/completions`` model as a user of OpenAI's server builds it."""
+    return models.openai_completion("gpt-3.5-turbo-instruct", base_url=server.base_url, api_key=KEY,
+                                    dialect="openai", **defaults)
 
 
 def claude(server: FakeBatches, **defaults: Any) -> Any:
     return models.anthropic("claude-sonnet-4-5", base_url=server.anthropic_url, api_key=KEY, **defaults)
+
+
+def obey(server: FakeBatches, constraint: dict[str, Any]) -> None:
+    """Answers that keep ``constraint`` (the fake's own honouring writes no text for a pattern), wrapped in an
+    object where the request asked for a json_schema."""
+    text = "42" if "regex" in constraint else "yes"
+    server.honour_constraints = False
+    server.reply = lambda prompt, sample, body: json.dumps({"value": text}) if "response_format" in body else text
 
 
 # -- live -----------------------------------------------------------------------------------------------------
@@ -63,7 +78,7 @@ def test_live_chat_with_samples_stop_and_seed(server: FakeBatches) -> None:
 
 
 def test_live_completions_with_samples(server: FakeBatches) -> None:
-    model = models.openai_completion("gpt-3.5-turbo-instruct", base_url=server.base_url, api_key=KEY)
+    model = completion(server)
     value = outlines.eval(model(["a", "b"], num_samples=2, temperature=0.7, max_tokens=8, stop=["\n"]), cache=False,
                           progress=False)
     assert value.shape == (2, 2)
@@ -78,9 +93,11 @@ def test_live_structured_output_with_an_array_root(server: FakeBatches) -> None:
 
 
 def test_live_completions_with_a_json_schema(server: FakeBatches) -> None:
+    """The spec's /completions has no constraint field: the schema is only checked here."""
     server.reply = lambda prompt, sample, body: '{"name": "x", "age": 0}'
-    model = models.openai_completion("gpt-3.5-turbo-instruct", base_url=server.base_url, api_key=KEY)
-    assert model("who?", json_schema=OBJECT).eval(cache=False) == {"name": "x", "age": 0}
+    assert completion(server)("who?", json_schema=OBJECT).eval(cache=False) == {"name": "x", "age": 0}
+    (body,) = (r.body for r in server.requests)
+    assert not {"response_format", "guided_json"} & body.keys()
 
 
 @pytest.mark.parametrize("name", ["gpt-5-mini", "o3-mini"])
@@ -90,8 +107,13 @@ def test_live_chat_to_a_reasoning_model(server: FakeBatches, name: str) -> None:
 
 @pytest.mark.parametrize("constraint", [{"choices": ["yes", "no"]}, {"regex": "[0-9]+"}])
 def test_live_choices_and_regex_to_openai(server: FakeBatches, constraint: dict[str, Any]) -> None:
-    server.reply = lambda prompt, sample, body: "42" if "regex" in constraint else "yes"
+    """Choices as a strict enum, a regex as a strict string pattern, in response_format: no guided_* probe."""
+    obey(server, constraint)
     openai(server)("q", **constraint).eval(cache=False)
+    (body,) = (r.body for r in server.requests)
+    value = body["response_format"]["json_schema"]["schema"]["properties"]["value"]
+    assert value == ({"type": "string", "enum": ["yes", "no"]} if "choices" in constraint else
+                     {"type": "string", "pattern": "^(?:[0-9]+)$"})
 
 
 def test_live_anthropic_multi_turn_with_breakpoints(server: FakeBatches) -> None:
@@ -121,7 +143,7 @@ def test_batch_samples_over_128(server: FakeBatches, clock: FakeClock, tmp_path:
 @pytest.mark.parametrize("constraint", [{"choices": ["yes", "no"]}, {"regex": "[0-9]+"}])
 def test_batch_choices_and_regex(server: FakeBatches, clock: FakeClock, tmp_path: Path, provider: str,
                                  constraint: dict[str, Any]) -> None:
-    server.reply = lambda prompt, sample, body: "42" if "regex" in constraint else "yes"
+    obey(server, constraint)
     model = openai(server) if provider == "openai" else claude(server)
     out = model(outlines.string("q"), max_tokens=8, **constraint)
     outlines.eval(out, givens={"q": ["a", "b", "c"]}, batch=jobs(clock), cache=Cache(tmp_path / "cache"))

@@ -15,7 +15,13 @@ OpenRouter, vLLM) work the same way through ``base_url``.
 Each line asks for the ``n`` samples of one prompt with the body the live
 backend sends (``OpenAIChatBackend.request_body``, seeds shifted the same
 way), and its answer is read by the live parser (``group_texts``), so batch
-and live draws are the same requests.
+and live draws are the same requests. A line cannot be probed, so it carries
+the spec's fields only, whatever the backend's ``dialect``
+(``request_body(spec=True)``): ``max_completion_tokens`` on chat, a
+constraint as ``response_format`` (``json_schema``: ``enum`` for choices,
+a string ``pattern`` for a regex, wrapped in an object); ``/completions``
+has no constraint field, so its constrained draws run live
+(``runtime.jobs``).
 """
 from __future__ import annotations
 
@@ -95,7 +101,7 @@ class OpenAIJobs(WireJobs):
             line_keys = tuple(hex_keys[positions[m]] for m in member)
             try:
                 record = {"custom_id": line_keys[0], "method": "POST", "url": self.endpoint,
-                          "body": self.backend.request_body(group)}
+                          "body": self.backend.request_body(group, spec=True)}
                 out.append(self.line(line_keys, record, group.prompt))
             except BackendError as error:  # this prompt's draws fail alone
                 if report is None:
