@@ -488,7 +488,8 @@ def test_structured_outputs_keep_their_meaning(clock: FakeClock, cache: Cache, p
         out = model(server, provider)(outlines.string("q"), json_schema=Person, max_tokens=32, temperature=0)
         prompts = ["a", "b", "bad"]
         people = outlines.eval(out, givens={"q": prompts}, batch=jobs(clock), cache=cache, errors="return")
-        assert server.count == 0
+        # OpenAI's job lines carry the schema; Anthropic's cannot, so its draws run live, checked here.
+        assert (server.count, len(server.jobs)) == ((0, 1) if provider == "openai" else (3, 0))
         live = outlines.eval(out, givens={"q": prompts}, cache=False, errors="return")
     assert people[0] == Person(name="A", age=30) and people[1] == Person(name="B", age=30)
     assert isinstance(people[2], Failure)  # greedy and invalid: fails at once, as live
