@@ -147,6 +147,12 @@ def test_batch_choices_and_regex(server: FakeBatches, clock: FakeClock, tmp_path
     model = openai(server) if provider == "openai" else claude(server)
     out = model(outlines.string("q"), max_tokens=8, **constraint)
     outlines.eval(out, givens={"q": ["a", "b", "c"]}, batch=jobs(clock), cache=Cache(tmp_path / "cache"))
+    lines = [line.body for job in server.jobs.values() for line in job.lines]
+    if provider == "openai":  # the spec's form in every line
+        assert len(lines) == 3 and all("response_format" in body and "max_completion_tokens" in body
+                                       and not any(k.startswith("guided_") for k in body) for body in lines)
+    else:  # Anthropic's job requests cannot carry it: live, checked here
+        assert not lines and server.count == 3
 
 
 def test_batch_structured_output_with_an_array_root(server: FakeBatches, clock: FakeClock, tmp_path: Path) -> None:
