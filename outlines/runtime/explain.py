@@ -137,6 +137,10 @@ class BackendUsage:
     #: Batch mode: provider jobs (their tokens cost the batch price) and the rounds they go in.
     jobs: int = 0
     rounds: int = 0
+    #: Batch mode: of ``prompt_tokens`` and ``completion_tokens``, those sent in jobs (at the batch price);
+    #: the rest go live (draws whose constraint no job line can carry).
+    job_prompt_tokens: int = 0
+    job_completion_tokens: int = 0
     #: Batch mode: how each constraint of its calls travels, and what a draw that breaks it costs.
     constraints: list[str] = field(default_factory=list)
 
@@ -145,7 +149,16 @@ class BackendUsage:
         """The upper bound of the cost, exact (``None``: no price or no bound); ``cost`` reports it."""
         if self.price is None or self.completion_tokens is None:
             return None
-        return self.price.money(self.prompt_tokens, self.completion_tokens, batch=bool(self.jobs))
+        return self._money(self.prompt_tokens, self.completion_tokens)
+
+    def _money(self, prompt_tokens: int, completion_tokens: int, cached_tokens: int = 0) -> Fraction:
+        """Exact money of these tokens: those in jobs at the batch price, the rest (and cached ones) live."""
+        assert self.price is not None
+        job_prompt = min(self.job_prompt_tokens, prompt_tokens) if prompt_tokens else 0
+        job_completion = min(self.job_completion_tokens, completion_tokens) if completion_tokens else 0
+        live = self.price.money(prompt_tokens - job_prompt, completion_tokens - job_completion,
+                                cached_tokens=min(cached_tokens, prompt_tokens - job_prompt))
+        return live + self.price.money(job_prompt, job_completion, batch=True)
 
     @property
     def cost(self) -> float | None:
@@ -156,23 +169,22 @@ class BackendUsage:
     @property
     def prompt_cost(self) -> float | None:
         """The prompts' cost, every token at the input price (``None``: no price)."""
-        return None if self.price is None else self.price.cost(self.prompt_tokens, 0, batch=bool(self.jobs))
+        return None if self.price is None else reported(self._money(self.prompt_tokens, 0))
 
     @property
     def completion_cost(self) -> float | None:
         """Upper bound of the completions' cost (``None``: no price or no bound)."""
         if self.price is None or self.completion_tokens is None:
             return None
-        return self.price.cost(0, self.completion_tokens, batch=bool(self.jobs))
+        return reported(self._money(0, self.completion_tokens))
 
     @property
     def cache_saving(self) -> float | None:
         """An estimate of what the prompt cache may take off ``cost`` (``cached_tokens`` at the cached price)."""
         if self.price is None:
             return None
-        batch = bool(self.jobs)
-        full = self.price.money(self.prompt_tokens, 0, batch=batch)
-        return reported(full - self.price.money(self.prompt_tokens, 0, cached_tokens=self.cached_tokens, batch=batch))
+        full = self._money(self.prompt_tokens, 0)
+        return reported(full - self._money(self.prompt_tokens, 0, self.cached_tokens))
 
     def to_dict(self) -> dict[str, Any]:
         """The fields, and the costs as reported."""
@@ -368,9 +380,13 @@ class Explanation:
                      + f"; requests: {_span(requests)}{looped}")
         for name, usage in self.usage.items():
             if usage.jobs:
+                mixed = any(b.backend == name and not b.jobs for b in self.batches)
+                live = ", the draws below live" if mixed else ", no live request"
                 lines.append(f"  batch mode: {name}: {usage.rounds} round(s), {usage.jobs} provider job(s) "
-                             "at the batch price, no live request")
-                lines.extend(f"    {note}" for note in usage.constraints)
+                             f"at the batch price{live}")
+            elif usage.constraints:
+                lines.append(f"  batch mode: {name}: no provider job, every draw live")
+            lines.extend(f"    {note}" for note in usage.constraints)
         lines.append(
             f"  draws: {_span(draws)}; cache hits known in advance: {self.cache_hits}; "
             f"duplicates merged: {self.deduplicated}"
@@ -660,7 +676,7 @@ class _DryRun:
                 requests = backend.requests_for(known) if known else 0
                 if unknown:  # an HTTP backend: one request per unknown prompt at most; others: one call
                     requests += unknown if backend.sends_requests else (0 if known else 1)
-                jobs = -(-requests // per_job) if as_jobs else 0
+                jobs = -(-requests // per_job) if batch.jobs else 0
                 out.append(PredictedBatch(repr(backend), key[0], batch.size, unknown, list(labels), prompt_tokens,
                                           completion, requests, _estimated_cached(backend, known, warm), jobs))
         return out
@@ -679,16 +695,19 @@ class _DryRun:
             usage.exact = backends[batch.backend].tokens_exact
             usage.unknown_prompts += batch.unknown
             usage.jobs += batch.jobs
+            if batch.jobs:
+                usage.job_prompt_tokens += batch.prompt_tokens
+                usage.job_completion_tokens += batch.completion_tokens or 0
             if usage.completion_tokens is not None:
                 usage.completion_tokens = None if batch.completion_tokens is None else (
                     usage.completion_tokens + batch.completion_tokens)
         for name, usage in out.items():
             usage.quirks = sorted(getattr(backends[name], "known_quirks", ()))
             usage.rounds = len({b.level for b in batches if b.backend == name and b.jobs})
-            if usage.jobs:
+            if self.jobs is not None and has_jobs(backends[name]):  # batch mode, live-routed draws included
                 usage.constraints = [_job_constraint(backends[name], c)
                                      for c in self.constraints.get(backends[name], ())]
-            usage.price = price_of(backends[name], prices)  # a backend's batches are all jobs or all live
+            usage.price = price_of(backends[name], prices)
         return dict(sorted(out.items()))
 
     def timing_dependent(self, together: Mapping[str, int] | None = None) -> list[str]:

@@ -24,10 +24,10 @@ whose requests are the draws' keys are recorded and waited for instead.
 
 A draw whose constraint the provider's job lines cannot carry
 (``HostedBackend.constraint_field(constraint, job=True)`` is ``None``:
-Anthropic, OpenAI's ``/completions``) is not sent in a job: it goes through
-the live API (``_Round.live``), its text checked there, so that a draw that
-breaks the constraint is asked again at once rather than in a new job
-round (the batcher's ``constraints.generate_valid`` wraps both); ``explain``
+Anthropic, OpenAI's ``/completions``) never reaches this module: the
+batcher packs such draws in live calls (``batching.packing.pack_draws``),
+at the live price, its text checked there, so that a draw breaking the
+constraint is asked again at once rather than in a new job; ``explain``
 says so.
 
 Every doubt about a job is settled by asking the provider before anything
@@ -75,7 +75,6 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Sequence
 
 from outlines.backends.base import Backend, BackendError, BatchReport, DrawBatch
-from outlines.backends.hosted import HostedBackend
 from outlines.backends.jobs import (
     Backoff,
     Clock,
@@ -634,8 +633,7 @@ class _Round:
             f"outlines.forget_job({status.id!r}) and run again", [status.id])
 
     async def live(self, keys: Sequence[str]) -> None:
-        """These keys' draws through the live API: the stragglers after the deadline, and draws whose
-        constraint no job line can carry (``unexpressible``)."""
+        """The stragglers after the deadline, through the live API."""
         batch = self.draws.take([self.where[key][0] for key in keys])
 
         def landed(position: int, text: str) -> None:
@@ -663,22 +661,7 @@ class _Round:
                 except sqlite3.Error:
                     pass  # they expire
 
-    def unexpressible(self, keys: Sequence[str]) -> list[str]:
-        """The keys of ``keys`` whose constraint the job lines cannot carry: they go live (module docstring)."""
-        if not isinstance(self.backend, HostedBackend):
-            return []
-        out = []
-        for key in keys:
-            constraint = self.draws[self.where[key][0]].params.constraint
-            if constraint is not None and self.backend.constraint_field(constraint, job=True) is None:
-                out.append(key)
-        return out
-
     async def rounds(self) -> list[str]:
-        held = self.ledger.find(self.pending)  # what a job holds already is collected from it, never paid again
-        live = self.unexpressible([key for key in self.pending if key not in held])
-        if live:
-            await self.live(live)
         while self.pending:
             if self.late:
                 await self.live(list(self.pending))

@@ -514,3 +514,36 @@ def test_not_waiting_raises_jobs_running_even_when_failures_are_returned(server:
     out = model(server, "openai")(outlines.string("q"), max_tokens=4)
     with pytest.raises(JobsRunning):
         outlines.eval(out, givens={"q": ["a"]}, batch=jobs(clock, wait=False), cache=cache, errors="return")
+
+
+def test_draws_whose_constraint_no_job_line_carries_cost_the_live_price(server: FakeBatches, clock: FakeClock,
+                                                                        cache: Cache) -> None:
+    """In batch mode Anthropic's constrained draws go live: explain, the budget and the trace price them live,
+    the job's draws at the batch price, so a budget of explain's cost admits the run."""
+    from fractions import Fraction
+
+    from outlines.backends.usage import Price
+
+    price = Price.of({"input": 1.0, "output": 2.0, "batch_discount": 0.5})
+    m = models.anthropic("claude-fake", base_url=server.anthropic_url, api_key=KEY, max_tokens=4, price=price)
+    q = outlines.string("q")
+    free, picked = m(q), m("Pick for " + q, choices=["yes", "no"])
+    prompts = ["a", "b", "c"]
+    givens = {"q": prompts}
+    plan = outlines.explain(free, picked, givens=givens, batch=jobs(clock))
+    (usage,) = plan.usage.values()
+    assert usage.jobs == 1 and 0 < usage.job_prompt_tokens < usage.prompt_tokens
+    everything_in_jobs = price.money(usage.prompt_tokens, usage.completion_tokens or 0, batch=True)
+    assert usage.money is not None and usage.money > everything_in_jobs  # the live draws at the live price
+    assert "the draws below live" in plan.summary()
+    server.reply = lambda prompt, sample, body: "yes" if "Pick" in str(prompt) else reply(prompt, sample, body)
+    with outlines.trace() as trace:
+        outlines.eval(free, picked, givens=givens, batch=jobs(clock), cache=cache,
+                      budget=outlines.Budget(cost=plan.cost))
+    assert server.counts[CREATE["anthropic"]] == 1 and server.count == len(prompts)  # one job; the rest live
+    live = [b for b in trace.batches if not b.jobs]
+    job = [b for b in trace.batches if b.jobs]
+    assert len(live) >= 1 and len(job) == 1
+    expected = sum((price.money(b.prompt_tokens, b.completion_tokens, batch=bool(b.jobs)) for b in trace.batches),
+                   Fraction(0))
+    assert trace.cost() == outlines.backends.usage.reported(expected)

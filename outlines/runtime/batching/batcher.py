@@ -341,12 +341,13 @@ class Batcher:
         budget = self.evaluation.budget
         assert budget is not None
         try:
-            fit = budget.fitting(queue.backend, batch.draws, batch=self._as_jobs(queue.backend))
+            fit = budget.fitting(queue.backend, batch.draws, batch=batch.jobs)
         except Exception:  # noqa: BLE001 - ``_admit`` fails the draws with it
             return [batch]
         if fit in (0, len(batch.draws)):
             return [batch]
-        return [Batch(batch.backend, batch.draws[:fit]), Batch(batch.backend, batch.draws[fit:])]
+        return [Batch(batch.backend, batch.draws[:fit], jobs=batch.jobs),
+                Batch(batch.backend, batch.draws[fit:], jobs=batch.jobs)]
 
     def _admit(self, queue: BatchQueue, batch: Batch) -> int:
         """The budget's ticket for sending ``batch``, or -1: refused (its draws fail)."""
@@ -356,7 +357,7 @@ class Batcher:
         node = wait.index if wait is not None else 0
         try:
             return budget.admit(queue.backend, batch.draws, self.plan.nodes[node].label,
-                                batch=self._as_jobs(queue.backend))
+                                batch=batch.jobs)
         except Exception as exc:  # noqa: BLE001 - the refused draws fail with it
             if self.return_failures:
                 for index in range(len(batch.draws)):
@@ -399,14 +400,14 @@ class Batcher:
             request_limit=self.evaluation.request_limit if backend.sends_requests else None,
         )
         self.schedule.spawn(
-            self._call(batch_id, queue, draws, cached, report, ticket),
+            self._call(batch_id, queue, draws, cached, report, ticket, batch.jobs),
             lambda task: self._batch_done(queue, draws, task, report),
         )
 
     # -- 3. one batch -----------------------------------------------------------------
     async def _call(
         self, batch_id: int, queue: BatchQueue, draws: DrawBatch, cached: bool, report: BatchReport,
-        ticket: int | None,
+        ticket: int | None, as_jobs: bool,
     ) -> list[str]:
         backend, evaluation = queue.backend, self.evaluation
         limit = evaluation.limit_for(backend)
@@ -425,7 +426,7 @@ class Batcher:
         worker = None
         try:
             generate: Any = evaluation.executor.generate
-            if self._as_jobs(backend):
+            if as_jobs:
                 generate = functools.partial(self._jobs_generate, batch_id)
             # Constrained draws are checked, and retried while they break their constraint.
             if queue.constrained:
@@ -451,8 +452,7 @@ class Batcher:
         finally:
             usage = tuple(report.tokens)  # prompt, completion, cached, written to a prompt cache
             if ticket is not None and evaluation.budget is not None:
-                evaluation.budget.settle(ticket, backend, usage, failed=error is not None,
-                                         batch=self._as_jobs(backend))
+                evaluation.budget.settle(ticket, backend, usage, failed=error is not None, batch=as_jobs)
             if report.answered_by:  # a fallback chain: which model answered how many draws
                 answered: dict[str, int] = {}
                 for member in report.answered_by.values():
