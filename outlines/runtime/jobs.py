@@ -268,8 +268,10 @@ class _Round:
     def land(self, texts: Mapping[str, str]) -> None:
         """Cache the texts of these keys; hand this round's over (the batcher caches those)."""
         foreign = {bytes.fromhex(key): text for key, text in texts.items() if key not in self.where}
-        if foreign:  # a previous run's job answered draws this round does not ask for: keep them
-            self.cache.put_many(foreign)
+        if foreign:  # a previous run's job answered draws this round does not ask for: keep them,
+            # unless the cache holds them already (answered live meanwhile: that text was shown, it stays)
+            held = self.cache.get_many(list(foreign), record=False, expect=str)
+            self.cache.put_many({key: text for key, text in foreign.items() if key not in held})
         for key, text in texts.items():
             for index in self.where.get(key, ()):
                 self.texts[index] = text
