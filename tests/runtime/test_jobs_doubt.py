@@ -14,7 +14,7 @@ import json
 import shutil
 import sqlite3
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import pytest
 
@@ -27,26 +27,10 @@ from outlines.cache.ledger import Ledger
 from outlines.errors import JobsRunning, NodeError
 from tests.fixtures.fake_batches import FakeBatches, FakeClock, JobPlan, Made
 from tests.fixtures.fake_openai import Status
-from tests.runtime.test_jobs import CREATE, PROVIDERS, _draws, jobs, model, reply
+from tests.runtime.test_jobs import CREATE, PROVIDERS, _draws, cache, clock, jobs, model, reply, server
 
 pytestmark = [pytest.mark.filterwarnings("ignore:outlines cache. a damaged job record"),
               pytest.mark.filterwarnings("ignore:outlines cache. .* damaged job line")]
-
-
-@pytest.fixture
-def clock() -> FakeClock:
-    return FakeClock()
-
-
-@pytest.fixture
-def server(clock: FakeClock) -> Iterator[FakeBatches]:
-    with FakeBatches(clock=clock, reply=reply) as fake:
-        yield fake
-
-
-@pytest.fixture
-def cache(tmp_path: Path) -> Cache:
-    return Cache(tmp_path / "cache")
 
 
 PROMPTS = ["a", "b", "c"]
@@ -276,14 +260,15 @@ print(json.dumps(list(value)))
 
 
 def test_anthropic_kill_9_after_create_then_a_rerun_takes_its_own_batch(tmp_path: Path) -> None:
-    import os
     import signal
     import subprocess
     import sys
 
+    from tests.fixtures.subprocesses import python_env
+
     script = tmp_path / "child.py"
     script.write_text(CHILD)
-    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
+    env = python_env()
     with FakeBatches(speed=100.0, reply=reply) as server:
         def child(step: str) -> subprocess.CompletedProcess[str]:
             return subprocess.run([sys.executable, str(script), server.anthropic_url, str(tmp_path / "cache"), step],
