@@ -678,6 +678,10 @@ class _Round:
                 fresh = [key for key in fresh if key in self.pending]
             if fresh:
                 intents += [intent for intent in await self.send(fresh) if intent not in intents]
+            # A job recorded since open_jobs looked (another process's, an instant ago: both started at once)
+            # may hold draws this round did not send: waited for as theirs, taken over later if its lease lapses.
+            self.others.update(ref.intent for ref in self.ledger.find(self.pending).values()
+                               if ref.intent not in intents)
             if not intents and not self.others:
                 break
             if not self.settings.wait:
@@ -692,6 +696,10 @@ class _Round:
             for intent, status in zip(intents, statuses):
                 if status.finished:  # one still cancelling past the deadline stays open: a later run collects it
                     await self.collect(intent, status)
+        if self.pending:  # never an empty text handed back (and cached) as an answer
+            self.fail(list(self.pending), BackendError(
+                f"{self.client.provider} batch mode ended a round with {len(self.pending)} draw(s) neither answered "
+                "nor in a job (a bug in outlines: please report it); nothing was cached for them", retryable=False))
         return self.texts
 
 
