@@ -9,8 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Iterable
 
-__all__ = ["BudgetExceeded", "CacheWarning", "Failure", "GraphBuildError", "JobsRunning", "NodeError", "UnboundInputError",
-           "install_hint"]
+__all__ = ["BudgetExceeded", "CacheWarning", "Failure", "GraphBuildError", "JobsRunning", "MaxIterError", "NodeError",
+           "UnboundInputError", "install_hint"]
 
 
 class CacheWarning(UserWarning):
@@ -197,6 +197,15 @@ class JobsRunning(NodeError):
                         f"{', '.join(self.jobs)}; call again to collect them")
         RuntimeError.__init__(self, self.message)
         self.node, self.op, self.cause = "", "Generate", self
+
+
+class MaxIterError(RuntimeError):
+    """An element of a ``while_loop(..., on_max_iter="fail")`` ran ``max_iter`` iterations and ``cond`` still held.
+
+    Under ``errors="return"`` each such element holds a ``Failure`` of this
+    type; under ``errors="raise"`` the evaluation raises a ``NodeError`` naming
+    the loop, caused by it.
+    """
 
 
 @dataclass(frozen=True)

@@ -14,17 +14,24 @@ Every constructor takes default generation parameters (``max_tokens``,
 ``temperature``, ``stop``, ``seed``, ``top_p``...) and the limits
 ``max_batch`` (draws per backend call, a prompt's samples never split
 between two calls unless they outnumber it) and ``max_concurrency`` (backend calls
-in flight). Backend modules are imported lazily, so HTTP users never import
+in flight). An option no one takes is refused when the model or the call is
+built, naming the closest valid one (``num_sample`` -> "did you mean
+num_samples?"); each backend declares the parameters it takes by name, and
+a hosted one sends the fields of ``extra_body`` (a dict) to its server
+unchecked. Backend modules are imported lazily, so HTTP users never import
 torch.
 """
 from __future__ import annotations
 
+import difflib
+import inspect
 import json
+from collections.abc import Iterable, Mapping
 from typing import Any, Callable
 
 import numpy as np
 
-from outlines.backends.base import Backend, Draw, GenerationParams
+from outlines.backends.base import COMMON_PARAMS, Backend, Draw, GenerationParams
 from outlines.errors import GraphBuildError
 from outlines.graph.basic import Apply, Constant, Op, Variable, as_object_array, as_variable
 from outlines.graph.ops import Flatten, Regroup, all_text, check_text_input
@@ -127,12 +134,22 @@ class Model:
         Where the text comes from.
     **defaults
         Default generation parameters (``max_tokens``, ``temperature``,
-        ``stop``, ``seed``, ``top_p``...), overridable per call.
+        ``stop``, ``seed``, ``top_p``, those the backend declares in
+        ``generation_extras``, and ``extra_body`` where it has a server),
+        overridable per call.
+
+    Raises
+    ------
+    TypeError
+        For a parameter the backend does not take, naming the closest one.
+    ValueError
+        For a value out of range, or an ``extra_body`` that is not a dict.
     """
 
     def __init__(self, backend: Backend, **defaults: Any) -> None:
+        refuse_unknown(f"Model({backend.kind}:{backend.model_name})", defaults, generation_names(backend))
         self.backend = backend
-        self.defaults = GenerationParams.create(**defaults)
+        self.defaults = GenerationParams.create(**unfold_extra_body(defaults, backend))
         backend.check_params(self.defaults)  # a provider's documented ranges, before anything is built
         self._ops: dict[tuple[GenerationParams, int], Generate] = {}
 
@@ -179,9 +196,13 @@ class Model:
             model class; the result is the parsed value (a ``dict`` or an
             instance), not the text.
         **params
-            Other generation parameters the backend takes (``top_p``,
-            ``logit_bias``, ``presence_penalty``, ``frequency_penalty``;
-            ``top_k`` and ``repetition_penalty`` for local models).
+            Other generation parameters the backend takes by name: ``top_p``
+            and its ``generation_extras`` (``logit_bias``,
+            ``presence_penalty``, ``frequency_penalty`` for OpenAI; ``top_k``
+            for Anthropic; ``top_k``, ``repetition_penalty``,
+            ``no_repeat_ngram_size`` for local models); and, for hosted
+            models, ``extra_body``: a dict of further request fields sent
+            as they are, unchecked (part of the cache key).
 
         Returns
         -------
@@ -195,8 +216,8 @@ class Model:
         ------
         GraphBuildError
             At once, naming the model: a ``num_samples`` that is not an integer
-            >= 1, a prompt constant that is not text, an invalid generation
-            parameter, an empty
+            >= 1, a prompt constant that is not text, an unknown option (with
+            the closest valid one), an invalid generation parameter, an empty
             choice list, a pattern or schema that does not compile, two
             constraints at once, or a constraint with ``stop``.
 
@@ -216,6 +237,11 @@ class Model:
         Traceback (most recent call last):
         ...
         outlines.errors.GraphBuildError: Generate[function:upper]: choices= is empty; give at least one string
+        >>> try:
+        ...     llm("x", num_sample=2)
+        ... except TypeError as error:
+        ...     print(str(error).split(" (valid")[0])
+        Generate[function:upper]: unknown option 'num_sample'; did you mean num_samples?
         """
         if (num_samples == 1 and max_tokens is None and temperature is None and stop is None and seed is None
                 and choices is None and regex is None and json_schema is None and not params
@@ -228,7 +254,11 @@ class Model:
                 return Apply(op, [prompt]).outputs[0]
         from outlines.backends.constraints import Parse, make_constraint
 
+        where = f"Generate[{self.backend.kind}:{self.backend.model_name}]"
+        if params:
+            refuse_unknown(where, params, (*CALL_OPTIONS, *generation_names(self.backend)), GraphBuildError)
         try:
+            params = unfold_extra_body(params, self.backend)
             constraint = make_constraint(choices, regex, json_schema)
             merged = self.defaults.merged(
                 max_tokens=max_tokens, temperature=temperature, stop=stop, seed=seed, constraint=constraint, **params
@@ -236,7 +266,7 @@ class Model:
             if merged is not self.defaults:
                 self.backend.check_params(merged)
         except ValueError as exc:
-            raise GraphBuildError(f"Generate[{self.backend.kind}:{self.backend.model_name}]: {exc}") from None
+            raise GraphBuildError(f"{where}: {exc}") from None
         op = self._ops.get((merged, num_samples)) if type(num_samples) is int else None
         if op is None:
             op = Generate(self.backend, merged, num_samples)
@@ -298,21 +328,85 @@ class Model:
         return f"Model({self.backend!r}, {self.defaults})"
 
 
-#: Keywords that are generation parameters (model defaults), not backend options.
-GENERATION_KEYS = (
-    "max_tokens",
-    "temperature",
-    "top_p",
-    "stop",
-    "seed",
-    "logit_bias",
-    "presence_penalty",
-    "frequency_penalty",
-)
+#: The keywords of a model call that are not generation parameters.
+CALL_OPTIONS = ("num_samples", "choices", "regex", "json_schema")
 
 
-def _split(options: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
-    params = {k: options.pop(k) for k in list(options) if k in GENERATION_KEYS}
+def generation_names(backend: Backend | type[Backend]) -> tuple[str, ...]:
+    """The generation parameters ``backend`` takes by name, ``extra_body`` included where it has a server."""
+    extras = sorted(backend.generation_extras)
+    return (*COMMON_PARAMS, *extras, *(("extra_body",) if backend.takes_extra_body else ()))
+
+
+def refuse_unknown(
+    where: str, given: Iterable[str], valid: Iterable[str], error: type[Exception] = TypeError
+) -> None:
+    """Raise ``error`` for the first name of ``given`` not in ``valid``, naming the closest valid one.
+
+    Parameters
+    ----------
+    where
+        What refuses (a model, a call), first in the message.
+    given, valid
+        The option names given, and those accepted.
+    error
+        The exception class raised (``GraphBuildError`` for a call).
+
+    Raises
+    ------
+    TypeError
+        (or ``error``) ``"<where>: unknown option 'num_sample'; did you mean num_samples? (valid: ...)"``.
+
+    Examples
+    --------
+    >>> refuse_unknown("models.openai", ["temprature"], ["temperature", "top_p"])
+    Traceback (most recent call last):
+    ...
+    TypeError: models.openai: unknown option 'temprature'; did you mean temperature? (valid: temperature, top_p)
+    """
+    names = sorted(set(valid))
+    for name in given:
+        if name not in names:
+            close = difflib.get_close_matches(name, names, n=1)
+            hint = f"; did you mean {close[0]}?" if close else ""
+            raise error(f"{where}: unknown option {name!r}{hint} (valid: {', '.join(names)})")
+
+
+def unfold_extra_body(params: Mapping[str, Any], backend: Backend) -> dict[str, Any]:
+    """``params`` with the fields of its ``extra_body`` dict among them, as the wire sends them."""
+    out = dict(params)
+    body = out.pop("extra_body", None)
+    if body is None:
+        return out
+    if not isinstance(body, Mapping) or not all(isinstance(k, str) for k in body):
+        raise ValueError(f"extra_body must be a dict of request fields to values, got {body!r:.60}")
+    named = [k for k in body if k in (*CALL_OPTIONS, *generation_names(backend), "constraint")]
+    if named:
+        raise ValueError(f"extra_body holds {named[0]!r}, an option of its own: give {named[0]}= by name")
+    return {**body, **out}
+
+
+def _keywords(backend_class: type[Backend]) -> set[str]:
+    # The keyword-only options of a backend's constructor, following **options up its bases.
+    names: set[str] = set()
+    for klass in backend_class.__mro__:
+        init = klass.__dict__.get("__init__")
+        if init is None:
+            continue
+        parameters = inspect.signature(init).parameters.values()
+        names |= {p.name for p in parameters if p.kind is p.KEYWORD_ONLY}
+        if not any(p.kind is p.VAR_KEYWORD for p in parameters):
+            break
+    return names
+
+
+def _split(
+    where: str, options: dict[str, Any], backend_class: type[Backend], *named: str
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    # Generation defaults apart from backend options; an unknown name is refused before anything is built.
+    generation = generation_names(backend_class)
+    refuse_unknown(where, options, {*generation, *_keywords(backend_class), *named})
+    params = {k: options.pop(k) for k in list(options) if k in generation}
     return params, options
 
 
@@ -350,7 +444,8 @@ def from_function(
         Prompts per call (default unlimited) and calls in flight (default 64
         for a non-batched function); positive integers or ``None``.
     **defaults
-        Default generation parameters (recorded in cache keys).
+        Default generation parameters (recorded in cache keys): those every
+        model takes and the named extras of ``outlines.backends.base.EXTRA_PARAMS``.
 
     Returns
     -------
@@ -358,6 +453,8 @@ def from_function(
 
     Raises
     ------
+    TypeError
+        For an unknown option, naming the closest valid one.
     ValueError
         When ``max_batch`` or ``max_concurrency`` is not a positive integer.
 
@@ -369,6 +466,8 @@ def from_function(
     """
     from outlines.backends.function import FunctionBackend
 
+    refuse_unknown(f"from_function({name or getattr(fn, '__name__', type(fn).__name__)!r})", defaults,
+                   {*generation_names(FunctionBackend), "batched", "name", "version", "max_batch", "max_concurrency"})
     backend = FunctionBackend(
         fn, batched=batched, name=name, version=version, max_batch=max_batch, max_concurrency=max_concurrency
     )
@@ -437,7 +536,7 @@ def openai(model: str, *, base_url: str | None = None, api_key: str | None = Non
     """
     from outlines.backends.openai import OpenAIChatBackend
 
-    params, backend_options = _split(dict(options))
+    params, backend_options = _split("models.openai", dict(options), OpenAIChatBackend, "base_url", "api_key")
     return Model(OpenAIChatBackend(model, base_url=base_url, api_key=api_key, **backend_options), **params)
 
 
@@ -482,7 +581,9 @@ def openai_completion(
     """
     from outlines.backends.openai import OpenAICompletionBackend
 
-    params, backend_options = _split(dict(options))
+    params, backend_options = _split(
+        "models.openai_completion", dict(options), OpenAICompletionBackend, "base_url", "api_key"
+    )
     return Model(OpenAICompletionBackend(model, base_url=base_url, api_key=api_key, **backend_options), **params)
 
 
@@ -530,10 +631,8 @@ def anthropic(model: str, *, base_url: str | None = None, api_key: str | None = 
     """
     from outlines.backends.anthropic import DEFAULT_MAX_TOKENS, AnthropicBackend
 
-    params, backend_options = _split(dict(options))
+    params, backend_options = _split("models.anthropic", dict(options), AnthropicBackend, "base_url", "api_key")
     params.setdefault("max_tokens", DEFAULT_MAX_TOKENS)
-    if "top_k" in backend_options:
-        params["top_k"] = backend_options.pop("top_k")
     return Model(AnthropicBackend(model, base_url=base_url, api_key=api_key, **backend_options), **params)
 
 
@@ -645,7 +744,8 @@ def transformers(
     """
     from outlines.backends.transformers import TransformersBackend
 
-    params, backend_options = _split(dict(options))
+    params, backend_options = _split("models.transformers", dict(options), TransformersBackend,
+                                     "device", "dtype", "gguf_file", "chat", "system_prompt")
     backend = TransformersBackend(
         model_id_or_path, device=device, dtype=dtype, gguf_file=gguf_file, chat=chat, system_prompt=system_prompt,
         **backend_options,

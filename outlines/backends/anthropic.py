@@ -92,6 +92,7 @@ class AnthropicBackend(HostedBackend):
     """
 
     kind = "anthropic"
+    generation_extras = frozenset({"top_k"})
     path = "/v1/messages"
     cache_boundaries_marked = True
     default_base_url = DEFAULT_BASE_URL

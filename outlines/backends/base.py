@@ -159,6 +159,11 @@ def _keyable(value: Any) -> bool:
 
 
 _NAMED = frozenset({"max_tokens", "temperature", "top_p", "stop", "seed", "constraint"})
+#: The generation parameters every backend takes by name.
+COMMON_PARAMS = ("max_tokens", "temperature", "top_p", "stop", "seed")
+#: Further parameters some backends take by name (each declares its own in ``Backend.generation_extras``).
+EXTRA_PARAMS = ("logit_bias", "presence_penalty", "frequency_penalty", "top_k", "repetition_penalty",
+                "no_repeat_ngram_size")
 
 
 def _items(extra: Mapping[str, Any]) -> tuple[tuple[str, Any], ...]:
@@ -350,6 +355,12 @@ class Backend(abc.ABC):
     #: the batcher keeps such prompts in one batch (``backends.prefix.prefix_groups``).
     #: ``None``: sharing a head gains nothing here.
     prefix_min_head: int | None = None
+    #: The generation parameters this backend takes by name besides the common ones
+    #: (``COMMON_PARAMS``); a model refuses any other name when it or a call is built.
+    generation_extras: frozenset[str] = frozenset(EXTRA_PARAMS)
+    #: True when the backend sends the fields of an ``extra_body`` dict to its server
+    #: as they are (unchecked); a backend without a server refuses ``extra_body``.
+    takes_extra_body: bool = False
 
     @property
     @abc.abstractmethod

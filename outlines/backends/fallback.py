@@ -91,6 +91,9 @@ class FallbackBackend(Backend):
         self.cacheable = all(b.cacheable for b in members)
         self.price = primary.price
         self.tokens_exact = primary.tokens_exact
+        # Calls carry the primary's parameters to whichever member answers.
+        self.generation_extras = primary.generation_extras
+        self.takes_extra_body = primary.takes_extra_body
 
     @property
     def identity(self) -> tuple[Any, ...]:

@@ -83,6 +83,7 @@ class HostedBackend(Backend):
     """
 
     sends_requests = True
+    takes_extra_body = True
     default_base_url = ""
     base_url_env = ""
     api_key_env = ""

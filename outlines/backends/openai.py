@@ -135,6 +135,7 @@ class _OpenAIBackend(HostedBackend):
     """What both OpenAI backends share: the service, grouping draws into requests, the client."""
 
     path = ""
+    generation_extras = frozenset({"logit_bias", "presence_penalty", "frequency_penalty"})
     default_base_url = DEFAULT_BASE_URL
     base_url_env = "OPENAI_BASE_URL"
     api_key_env = "OPENAI_API_KEY"

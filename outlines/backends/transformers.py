@@ -263,6 +263,7 @@ class TransformersBackend(Backend):
     """
 
     kind = "transformers"
+    generation_extras = frozenset(SUPPORTED_EXTRA)
     local_compute = True
     #: The runtime keeps prompts sharing this many characters in one batch: a head
     #: shorter than that saves too little prefill to reorder batches for.

@@ -324,12 +324,14 @@ class WhileLoop(_Control):
     its outputs are the final state.
     """
 
-    def __init__(self, where: str, condition: Subgraph, body: Subgraph, max_iter: int) -> None:
+    def __init__(self, where: str, condition: Subgraph, body: Subgraph, max_iter: int,
+                 on_max_iter: str = "keep") -> None:
         self.serial = next(_serials)
         self.where = where
         self.condition = condition  # cond(state)
         self.body = body  # body(state) + cond(body(state)), sharing parameters and slots
         self.max_iter = max_iter
+        self.on_max_iter = on_max_iter
 
     @property
     def name(self) -> str:
@@ -345,14 +347,15 @@ class WhileLoop(_Control):
 
     @property
     def _structure(self) -> Any:
-        return self.max_iter
+        return self.max_iter, self.on_max_iter
 
     def infer_shapes(self, shapes: list[Any], noutputs: int) -> list[Any]:
         """A loop over scalars gives scalars (one element); otherwise unknown until it runs."""
         return [() if _scalars(shapes) else None] * noutputs
 
     def describe(self) -> dict[str, Any]:
-        return {"kind": "op", "title": "while_loop", "lines": [f"max_iter={self.max_iter}"]}
+        limit = f"max_iter={self.max_iter}" + (", on_max_iter=fail" if self.on_max_iter == "fail" else "")
+        return {"kind": "op", "title": "while_loop", "lines": [limit]}
 
     def argument_name(self, position: int, ninputs: int) -> str:
         count = len(self.body.parameters)
@@ -451,7 +454,13 @@ def _as_state(init: Any) -> tuple[tuple[Variable, ...], bool]:
     return (as_variable(init, array=True),), False
 
 
-def while_loop(cond: Callable[..., Any], body: Callable[..., Any], init: Any, *, max_iter: int) -> Any:
+#: What ``while_loop`` does with an element still running after ``max_iter`` iterations.
+ON_MAX_ITER = ("keep", "fail")
+
+
+def while_loop(
+    cond: Callable[..., Any], body: Callable[..., Any], init: Any, *, max_iter: int, on_max_iter: str = "keep"
+) -> Any:
     """Repeat ``body`` on each element of the state while ``cond`` holds, batched.
 
     ``cond`` and ``body`` are traced once over symbolic values: they receive
@@ -465,7 +474,10 @@ def while_loop(cond: Callable[..., Any], body: Callable[..., Any], init: Any, *,
     is part of each draw inside the loop: a repeated prompt is a new draw, a
     re-run replays finished iterations from the cache and resumes where it
     stopped. With ``errors="return"``, an element whose body fails leaves the
-    loop holding its ``Failure``.
+    loop holding its ``Failure``. An element that runs out of iterations
+    never goes unnoticed: progress and ``Trace.summary()`` say how many did
+    (``4 of 15 stopped at max_iter=4``), and ``on_max_iter="fail"`` makes
+    them failures.
 
     Parameters
     ----------
@@ -477,6 +489,15 @@ def while_loop(cond: Callable[..., Any], body: Callable[..., Any], init: Any, *,
         The initial state: a Variable or value, or a tuple of them.
     max_iter
         The most iterations any element runs (an integer >= 1).
+    on_max_iter
+        What an element still running after ``max_iter`` iterations holds:
+        ``"keep"`` (default) its last state, counted in progress and the
+        trace (``Trace.loops_limited``); ``"fail"`` a ``Failure`` of type
+        ``MaxIterError`` naming ``max_iter`` (``errors="return"``), or the
+        evaluation raises a ``NodeError`` naming the loop
+        (``errors="raise"``). Either way ``cond`` also runs after the last
+        iteration, so an element that finished on its last iteration is not
+        counted.
 
     Returns
     -------
@@ -487,7 +508,7 @@ def while_loop(cond: Callable[..., Any], body: Callable[..., Any], init: Any, *,
     ------
     GraphBuildError
         At build time, naming the loop, when ``max_iter`` is missing or < 1,
-        ``cond`` or ``body`` return the wrong structure, or do not depend on
+        ``on_max_iter`` is not ``"keep"`` or ``"fail"``, ``cond`` or ``body`` return the wrong structure, or do not depend on
         the state.
 
     Examples
@@ -497,10 +518,15 @@ def while_loop(cond: Callable[..., Any], body: Callable[..., Any], init: Any, *,
     >>> short = outlines.fn(lambda s: len(s) < 3)
     >>> outlines.while_loop(short, grow, init=outlines.constant(""), max_iter=5).eval()
     'aaa'
+    >>> cut = outlines.while_loop(short, grow, init=outlines.constant(""), max_iter=2, on_max_iter="fail")
+    >>> cut.eval(errors="return").error_type
+    'MaxIterError'
     """
     where = f"while_loop(cond={getattr(cond, '__name__', cond)!s}, body={getattr(body, '__name__', body)!s})"
     if isinstance(max_iter, bool) or not isinstance(max_iter, int) or max_iter < 1:
         raise GraphBuildError(f"{where}: max_iter must be an integer >= 1, got {max_iter!r}")
+    if on_max_iter not in ON_MAX_ITER:
+        raise GraphBuildError(f"{where}: on_max_iter must be 'keep' or 'fail', got {on_max_iter!r}")
     state, is_tuple = _as_state(init)
     n = len(state)
     params = _parameters(body, n, "state")
@@ -525,7 +551,7 @@ def while_loop(cond: Callable[..., Any], body: Callable[..., Any], init: Any, *,
     check = clone(checked, {**rebind, **{id(c): p for c, p in zip(cond_params, params)}})
     after = clone(checked, {**rebind, **{id(c): o for c, o in zip(cond_params, stepped)}})
     condition = Subgraph(params, check, captured, slots)
-    op = WhileLoop(where, condition, Subgraph(params, [*stepped, *after], captured, slots), max_iter)
+    op = WhileLoop(where, condition, Subgraph(params, [*stepped, *after], captured, slots), max_iter, on_max_iter)
     node = Apply(op, [*state, *captured], n)
     return node.outputs if is_tuple else node.outputs[0]
 

@@ -16,6 +16,11 @@ its members, each element in its own loop's namespaces (``child`` of an array
 of tags) and each failure named by the element's own loop and traced node
 (the sub-plans' ``members``: ``_Elements``), as the members run one by one
 would; a stacked cond runs its two branches as two schedules side by side.
+
+The elements a loop stops at ``max_iter`` rather than by ``cond`` are told to
+the recorder (``loop_limited``, per loop: a stacked node's elements count for
+their own loop); with ``on_max_iter="fail"`` they hold a ``MaxIterError``
+``Failure`` or, under ``errors="raise"``, the evaluation raises.
 """
 from __future__ import annotations
 
@@ -26,7 +31,7 @@ from typing import Any, Awaitable, Callable, Sequence
 
 import numpy as np
 
-from outlines.errors import Failure, NodeError
+from outlines.errors import Failure, MaxIterError, NodeError
 from outlines.graph.basic import Apply
 from outlines.graph.control import Cond, Subgraph, WhileLoop, traced_nodes, truth
 from outlines.runtime.events import Recorder
@@ -223,21 +228,47 @@ async def _run_loop(run: _Runner, node: Apply, op: WhileLoop, inputs: list[Any])
         schedule = run(check, values(op.condition), 0, active)
         (pred,), _ = await _guarded(run, node, "cond on the initial state", schedule)
         active = _stay(run, node, pred, active, state)
-    step, last = _plan(op, body.outputs), _plan(op, body.outputs[:count])
+    # cond runs after the last iteration too: the elements it still holds for are the ones max_iter stopped
+    step = _plan(op, body.outputs)
     iteration = 0
     while active.size and iteration < op.max_iter:
-        final = iteration == op.max_iter - 1
         start = time.perf_counter()
-        schedule = run(last if final else step, values(body), iteration + 1, active)
+        schedule = run(step, values(body), iteration + 1, active)
         results, batches = await _guarded(run, node, f"iteration {iteration + 1}", schedule)
         for position, array in enumerate(state):
             array[active] = _per_element(node, f"body output {position}", results[position], active.size)
         _record(run.evaluation.recorder, node, iteration + 1, int(active.size), batches, start)
-        if final:
-            break
         active = _stay(run, node, results[count], active, state)
         iteration += 1
+    _limited(run, node, op, active, state, size)
     return _result(node, state, shape)
+
+
+def _limited(run: _Runner, node: Apply, op: WhileLoop, stopped: np.ndarray, state: list[np.ndarray],
+             size: int) -> None:
+    """Report the elements ``stopped`` by ``max_iter``, per loop; with ``on_max_iter="fail"`` fail them."""
+    if not stopped.size:
+        return
+    loops = [run.name(node, i) for i in range(size)]  # a stacked node's elements belong to their own loops
+    counts: dict[str, list[int]] = {}
+    for label in loops:
+        counts.setdefault(label, [0, 0])[1] += 1
+    for index in stopped:
+        counts[loops[index]][0] += 1
+    for label, (count, elements) in counts.items():
+        if count:
+            run.evaluation.recorder.loop_limited(label, count, elements, op.max_iter)
+    if op.on_max_iter != "fail":
+        return
+    for index in stopped:
+        label = loops[index]
+        error = MaxIterError(f"cond still held after max_iter={op.max_iter} iteration(s) (on_max_iter='fail'); "
+                             f"{counts[label][0]} of {counts[label][1]} element(s) of this loop")
+        if run.evaluation.options.errors == "raise":
+            raise NodeError(label, op.name, error)
+        failure = Failure.from_exception(label, op.name, error)
+        for array in state:
+            array[index] = failure
 
 
 async def _guarded(run: _Runner, node: Apply, what: str, schedule: Any) -> Any:

@@ -77,6 +77,9 @@ class Recorder(Protocol):
     def loop_iteration(self, node: Any, iteration: int, active: int, batches: int, start: float, end: float) -> None:
         """One iteration of a loop (``outlines.runtime.control``) finished."""
 
+    def loop_limited(self, loop: str, stopped: int, elements: int, max_iter: int) -> None:
+        """``stopped`` of the ``elements`` of loop ``loop`` (its label) were stopped by ``max_iter``, not ``cond``."""
+
     def job_event(self, batch_id: int, event: Any) -> None:
         """A job answering batch ``batch_id`` was created, resumed, read or collected (``runtime.jobs.JobEvent``)."""
 
@@ -112,6 +115,8 @@ class Listener:
     def draws_answered(self, batch_id: int, answered_by: dict[str, int]) -> None: ...
 
     def loop_iteration(self, node: Any, iteration: int, active: int, batches: int, start: float, end: float) -> None: ...
+
+    def loop_limited(self, loop: str, stopped: int, elements: int, max_iter: int) -> None: ...
 
     def job_event(self, batch_id: int, event: Any) -> None: ...
 
@@ -178,6 +183,10 @@ class FanOut:
     def loop_iteration(self, node: Any, iteration: int, active: int, batches: int, start: float, end: float) -> None:
         for listener in self.listeners:
             listener.loop_iteration(node, iteration, active, batches, start, end)
+
+    def loop_limited(self, loop: str, stopped: int, elements: int, max_iter: int) -> None:
+        for listener in self.listeners:
+            listener.loop_limited(loop, stopped, elements, max_iter)
 
     def job_event(self, batch_id: int, event: Any) -> None:
         for listener in self.listeners:

@@ -10,7 +10,9 @@ Where it shows depends on the output: in a terminal, one line redrawn every
 ``LOG_EVERY`` seconds, and one at the end; in Jupyter, one HTML block updated in
 place (``IPython.display`` with a ``display_id``; no ipywidgets needed).
 
-The line says how many draws failed and how many the cache held; the last one
+The line says how many draws failed and how many the cache held, and how many
+elements of each loop ran out of iterations (``4 of 15 stopped at
+max_iter=4``: ``while_loop``'s ``on_max_iter``); the last one
 ends with what happened (``Progress.outcome``): ``(finished)``,
 ``(finished, 2 of 12 draws failed)``, ``(all 4 draws failed)``, or
 ``(stopped by NodeError: 4 draws failed, 8 not run)``.
@@ -49,6 +51,7 @@ class Counter(Listener):
         self.failed_sent = 0  # draws of batches that failed
         self.failed_elements = 0  # draws that hold their own Failure (errors="return")
         self.jobs: dict[str, tuple[str, int, int]] = {}  # open provider job id -> (state, lines done, lines)
+        self.limited: dict[str, tuple[int, int, int]] = {}  # loop label -> (stopped at max_iter, elements, max_iter)
 
     def node_started(self, node: Any, t: float) -> None:
         if node.op.mode == "generate":
@@ -77,6 +80,10 @@ class Counter(Listener):
         if error is not None:
             self.failed_sent += size
         self.tokens += int(usage[1])
+
+    def loop_limited(self, loop: str, stopped: int, elements: int, max_iter: int) -> None:
+        before, total, _ = self.limited.get(loop, (0, 0, max_iter))
+        self.limited[loop] = (before + stopped, total + elements, max_iter)
 
     def job_event(self, batch_id: int, event: Any) -> None:
         status = event.status
@@ -142,6 +149,8 @@ class Progress:
             parts.append(f"{counter.tokens:,} tokens")
         for job_id, (state, finished, lines) in sorted(counter.jobs.items()):
             parts.append(f"job {job_id} {state} {finished}/{lines}")
+        for loop, (stopped, elements, max_iter) in counter.limited.items():
+            parts.append(f"{loop}: {stopped} of {elements} stopped at max_iter={max_iter}")
         parts.append(f"{time.perf_counter() - counter.started:.1f} s")
         return "outlines: " + " | ".join(parts)
 

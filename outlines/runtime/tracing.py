@@ -245,6 +245,10 @@ class Trace:
         One ``ModelLoadRecord`` per local model load.
     iterations
         One ``IterationRecord`` per iteration of every loop.
+    loops_limited
+        ``loop label -> {"stopped", "elements", "max_iter"}``: the elements
+        of a loop that ran out of iterations (``max_iter``) with ``cond``
+        not yet false, of how many (summed over evaluations).
 
     Notes
     -----
@@ -264,6 +268,7 @@ class Trace:
         self.cache_misses = 0
         self.evals: list[_Eval] = []
         self.iterations: list[IterationRecord] = []
+        self.loops_limited: dict[str, dict[str, int]] = {}
         self.jobs: list[JobTraceRecord] = []
         self.closed_at: float | None = None
         #: Wall-clock nanoseconds at ``origin`` (for exporters: ``outlines.otel``).
@@ -435,6 +440,7 @@ class Trace:
             "nodes": [dict(asdict(n), queued=n.queued) for n in self.nodes.values()],
             "batches": [asdict(b) for b in self.batches],
             "iterations": [asdict(i) for i in self.iterations],
+            "loops_limited": {loop: dict(counts) for loop, counts in self.loops_limited.items()},
             "jobs": [asdict(j) for j in self.jobs],
             "requests": [asdict(r) for r in self.requests],
             "model_loads": [asdict(m) for m in self.model_loads],
@@ -496,6 +502,9 @@ class Trace:
         for loop, records in loops.items():
             active = " ".join(str(r.active) for r in records[:8]) + (" ..." if len(records) > 8 else "")
             lines.append(f"  {loop}: {len(records)} iteration(s), active elements {active}")
+        for loop, counts in self.loops_limited.items():
+            lines.append(f"  {loop}: {counts['stopped']} of {counts['elements']} stopped at "
+                         f"max_iter={counts['max_iter']}")
         prompt_tokens, completion_tokens = self.tokens
         lines.append(f"  cache: {self.cache_hits} hit(s), {self.cache_misses} miss(es)")
         read, written = self.cached_tokens
@@ -769,6 +778,11 @@ class _EvalRecorder(Listener):
         trace.iterations.append(
             IterationRecord(node.label, iteration, active, batches, trace._time(start), trace._time(end))
         )
+
+    def loop_limited(self, loop: str, stopped: int, elements: int, max_iter: int) -> None:
+        counts = self.trace.loops_limited.setdefault(loop, {"stopped": 0, "elements": 0, "max_iter": max_iter})
+        counts["stopped"] += stopped
+        counts["elements"] += elements
 
 
 def _failures(value: Any) -> Iterator[Any]:

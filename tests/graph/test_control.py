@@ -57,6 +57,13 @@ def test_max_iter_must_be_a_positive_integer(max_iter: object) -> None:
         outlines.while_loop(short, grow, init="", max_iter=max_iter)  # type: ignore[arg-type]
 
 
+@pytest.mark.parametrize("on_max_iter", ["raise", "Keep", None])
+def test_on_max_iter_is_keep_or_fail(on_max_iter: object) -> None:
+    with pytest.raises(GraphBuildError, match=r"while_loop\(cond=short, body=grow\): on_max_iter must be 'keep' or "
+                                              r"'fail'"):
+        outlines.while_loop(short, grow, init="", max_iter=2, on_max_iter=on_max_iter)  # type: ignore[arg-type]
+
+
 def test_max_iter_is_required() -> None:
     with pytest.raises(TypeError, match="max_iter"):
         outlines.while_loop(short, grow, init="")  # type: ignore[call-arg]

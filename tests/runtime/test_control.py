@@ -81,6 +81,47 @@ def test_max_iter_ends_every_element() -> None:
     assert sizes(recording) == [3, 2]
 
 
+def agent_loop(llm: models.Model, on_max_iter: str) -> tuple[outlines.Variable, outlines.Variable]:
+    """``agent`` with ``max_iter=2`` and ``on_max_iter``."""
+    question = outlines.string("question")
+
+    def step(transcript, steps):  # noqa: ANN001, ANN202
+        return transcript + llm(question + "|" + transcript) + "\n", inc(steps)
+
+    return outlines.while_loop(lambda t, s: more(s, question), step, init=("", 0), max_iter=2,
+                               on_max_iter=on_max_iter)
+
+
+#: q5 and q9 run out of turns; q2 finishes on its last one; q1 before.
+CUT = ["q5", "q1", "q9", "q2"]
+
+
+def test_keep_counts_the_elements_max_iter_stopped_in_the_trace_and_progress(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    recording = recording_backend()
+    transcript, steps = agent_loop(recording.model(), "keep")
+    with outlines.trace() as trace:
+        texts, counts = outlines.eval(transcript, steps, givens={"question": CUT}, cache=False, progress=True)
+    assert list(counts) == [2, 1, 2, 2] and texts[0] == python_agent("q5", 2)[0]  # the last state, kept
+    loop = transcript.owner.label
+    assert trace.loops_limited == {loop: {"stopped": 2, "elements": 4, "max_iter": 2}}
+    assert f"{loop}: 2 of 4 stopped at max_iter=2" in trace.summary()
+    assert f"{loop}: 2 of 4 stopped at max_iter=2" in capsys.readouterr().err
+    assert sizes(recording) == [4, 3]
+
+
+def test_fail_turns_the_elements_max_iter_stopped_into_failures_naming_it() -> None:
+    transcript, steps = agent_loop(recording_backend().model(), "fail")
+    loop = transcript.owner.label
+    texts, counts = outlines.eval(transcript, steps, givens={"question": CUT}, cache=False, errors="return")
+    failed = [isinstance(t, outlines.Failure) for t in texts]
+    assert failed == [True, False, True, False] and list(counts[[1, 3]]) == [1, 2]
+    assert texts[0].node == loop and texts[0].error_type == "MaxIterError" and "max_iter=2" in texts[0].message
+    with pytest.raises(outlines.NodeError, match=rf"node {loop} \(while_loop\) failed: MaxIterError: .*max_iter=2"):
+        outlines.eval(transcript, givens={"question": CUT}, cache=False)
+    assert list(outlines.eval(steps, givens={"question": ["q1", "q2"]}, cache=False)) == [1, 2]  # none cut: no error
+
+
 def test_init_broadcasts_against_the_outer_values_and_scalars_stay_scalars() -> None:
     recording = recording_backend()
     _, steps = agent(recording.model())

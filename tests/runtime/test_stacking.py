@@ -173,6 +173,7 @@ _TRIM = outlines.fn(lambda text: text[-12:], signature="()->()", pure=True, name
 _FORK = np.array(["<", ">"], dtype=object)
 _SHORT = outlines.fn(lambda s: s.count("~") + s.count(".") < 1 + len(s) % 3, name="short", pure=True)
 _EVEN = outlines.fn(lambda s: len(s) % 2 == 0, name="even", pure=True)
+_FEW = outlines.fn(lambda s: s.count("~") < 2 + len(s) % 2, name="few", pure=True)  # one step, odd ones two
 _IMPURE = outlines.fn(lambda s: s + "'", name="impure")  # not declared pure: its uses stay one node each
 #: One step of every chain: (name, how a step builds on x for chain i).
 _STEPS: dict[str, Callable[[Any, Any, int], Any]] = {
@@ -476,12 +477,14 @@ class _Numbered(RecordingBackend):
         return [f"{d.prompt}~{d.draw}." for d in draws]
 
 
-def _loops(llm: Any, n: int, *, body: Callable[[Any], Any] | None = None, max_iter: int = 4) -> list[Any]:
+def _loops(llm: Any, n: int, *, body: Callable[[Any], Any] | None = None, max_iter: int = 4,
+           on_max_iter: str = "keep", cond: Any = _SHORT) -> list[Any]:
     """n chains: a call, a loop calling the model until its text is long enough, a call on the result."""
     outs = []
     for i in range(n):
         x = llm(outlines.constant(f"Q{i}:"))
-        y = outlines.while_loop(_SHORT, body or (lambda s: _again(llm(s))), init=x, max_iter=max_iter)
+        y = outlines.while_loop(cond, body or (lambda s: _again(llm(s))), init=x, max_iter=max_iter,
+                                on_max_iter=on_max_iter)
         outs.append(llm(y))
     return outs
 
@@ -580,6 +583,30 @@ def test_a_failing_element_of_a_stacked_loop_names_its_own_loop_and_call(failing
         assert inner in own and 0 < int(loop.split("#")[1]) - int(inner.split("#")[1]) < 8  # the loop tracing it
         labels[stack] = failed
     assert labels[True] == labels[False]
+
+
+@pytest.mark.parametrize("on_max_iter", ["keep", "fail"])
+def test_stacked_loops_count_and_fail_the_elements_max_iter_stopped_per_loop(
+        on_max_iter: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    seen = []
+    for stack in (False, True):
+        monkeypatch.setattr(plan_module, "STACK_MIN", STACK_MIN if stack else 10**9)
+        llm = _Numbered(name="limited").model(temperature=0.7)
+        first = llm(outlines.constant("x")).owner.order
+        outs = _loops(llm, N, max_iter=1, on_max_iter=on_max_iter, cond=_FEW)
+        plan = Plan(outs, stack=True)
+        assert sum(node.op.mode == "control" for node in plan.nodes) == (1 if stack else N)
+        with outlines.trace() as trace:
+            values = outlines.eval(*outs, cache=False, errors="return")
+        limited = {_relative(Failure(loop, "", "", ""), first)[1]: counts
+                   for loop, counts in trace.loops_limited.items()}
+        assert 0 < len(limited) < N and all(c == {"stopped": 1, "elements": 1, "max_iter": 1}
+                                            for c in limited.values())
+        failed = [_relative(v.root, first) for v in values if isinstance(v, Failure)]  # the loop's, not the call's
+        assert len(failed) == (len(limited) if on_max_iter == "fail" else 0)
+        assert all(f[2] == "MaxIterError" for f in failed) and {f[1] for f in failed} == (set(limited) if failed else set())
+        seen.append((limited, failed, [v for v in values if not isinstance(v, Failure)]))
+    assert seen[0] == seen[1]  # per loop, as run one by one
 
 
 def test_loops_that_cannot_stack_run_one_by_one() -> None:
