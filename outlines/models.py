@@ -2,7 +2,8 @@
 
 Calling a ``Model`` on a prompt builds a ``Generate`` node; nothing is loaded
 or sent until evaluation. The output has the prompt's shape plus, when
-``num_samples`` is above 1, a LAST axis of samples: anything of the prompt's
+``num_samples=k`` is given (k = 1 included), a LAST axis of k samples; the
+default (``num_samples=None``) is one draw and adds no axis. Anything of the prompt's
 shape pairs with it on the leading axes (``outlines.graph.shapes``). A ragged
 prompt (rows of different lengths) is flattened so all its rows go in one
 batch, and the results are put back into the rows. Each element of the prompt and each of its
@@ -44,10 +45,14 @@ __all__ = ["Generate", "Model", "anthropic", "fallback", "from_function", "opena
 class Generate(Op):
     """Sample ``num_samples`` completions of each prompt element from ``backend``."""
 
-    __props__ = ("backend", "params", "num_samples")
+    __props__ = ("backend", "params", "num_samples", "sample_axis")
     mode = "generate"
 
-    def __init__(self, backend: Backend, params: GenerationParams, num_samples: int = 1) -> None:
+    def __init__(self, backend: Backend, params: GenerationParams, num_samples: int | None = None) -> None:
+        # an explicit k always adds the sample axis, so code written for k samples works at k = 1
+        self.sample_axis = num_samples is not None
+        if num_samples is None:
+            num_samples = 1
         if isinstance(num_samples, bool) or not isinstance(num_samples, (int, np.integer)) or num_samples < 1:
             raise GraphBuildError(
                 f"Generate({backend.kind}:{backend.model_name}): num_samples must be an integer >= 1, "
@@ -67,12 +72,12 @@ class Generate(Op):
 
     def stacked(self) -> Generate | None:
         """Calls of one draw each stack (a random one too: the plan keeps its draw numbers); samples do not."""
-        return self if self.num_samples == 1 else None
+        return None if self.sample_axis else self
 
     def describe(self) -> dict[str, Any]:
         backend, params = label_of(self.backend), self.params.to_dict()
         lines = [shorten(", ".join(f"{k}={json.dumps(v)}" for k, v in params.items()), 60)] if params else []
-        if self.num_samples > 1:
+        if self.sample_axis:
             lines.append(f"num_samples={self.num_samples}")
         return {"kind": "model", "title": backend, "backend": backend, "params": params,
                 "num_samples": self.num_samples, "lines": lines}
@@ -88,7 +93,7 @@ class Generate(Op):
 
     def infer_shapes(self, shapes: list[Shape], noutputs: int) -> list[Shape]:
         (shape,) = shapes
-        if shape is None or self.num_samples == 1:
+        if shape is None or not self.sample_axis:
             return [shape]
         return [(*shape, self.num_samples)]
 
@@ -122,7 +127,7 @@ class Generate(Op):
                     raise TypeError(f"the prompt must be text, got {type(text).__name__} {text!r:.60}")
         k = self.num_samples
         numbers = [0] * k if self.params.deterministic else list(range(draw_offset, draw_offset + k))
-        return (shape + (k,) if k > 1 else shape), texts, numbers
+        return (shape + (k,) if self.sample_axis else shape), texts, numbers
 
 
 class Model:
@@ -151,13 +156,13 @@ class Model:
         self.backend = backend
         self.defaults = GenerationParams.create(**unfold_extra_body(defaults, backend))
         backend.check_params(self.defaults)  # a provider's documented ranges, before anything is built
-        self._ops: dict[tuple[GenerationParams, int], Generate] = {}
+        self._ops: dict[tuple[GenerationParams, int | None], Generate] = {}
 
     def __call__(
         self,
         prompt: Any,
         *,
-        num_samples: int = 1,
+        num_samples: int | None = None,
         max_tokens: int | None = None,
         temperature: float | None = None,
         stop: str | list[str] | None = None,
@@ -181,8 +186,10 @@ class Model:
             template, ``+``, an input), a ``Ragged`` (every item of every row
             in one batch), or an ``outlines.chat`` conversation.
         num_samples
-            Samples per prompt element (an integer >= 1). Above 1 the result
-            gets a LAST axis of this size.
+            Samples per prompt element (an integer >= 1). Given, the result
+            always gets a LAST axis of this size, 1 included, so code written
+            for k samples (an ``outlines.fn`` over that axis) works at k = 1.
+            The default, ``None``, is one draw per element and adds no axis.
         max_tokens, temperature, stop, seed
             Generation parameters for this call. ``temperature=0`` is greedy:
             the samples of a prompt collapse into one draw (one request).
@@ -208,7 +215,7 @@ class Model:
         -------
         Variable
             The prompt's shape, plus a trailing axis of ``num_samples`` when it
-            is greater than 1. With a constraint, a text that breaks it is
+            is given. With a constraint, a text that breaks it is
             asked again (a new draw number) up to the backend's
             ``max_retries``, then fails with ``ConstraintError``.
 
@@ -230,6 +237,8 @@ class Model:
         >>> answers = llm("Q: " + question, num_samples=2)
         >>> answers.eval({question: ["a", "b"]}).shape
         (2, 2)
+        >>> llm("Q: " + question, num_samples=1).eval({question: ["a", "b"]}).shape
+        (2, 1)
         >>> yes_no = models.from_function(lambda prompt: "yes", name="yes")
         >>> yes_no("Is it?", choices=["yes", "no"]).eval()
         'yes'
@@ -243,13 +252,12 @@ class Model:
         ...     print(str(error).split(" (valid")[0])
         Generate[function:upper]: unknown option 'num_sample'; did you mean num_samples?
         """
-        if (num_samples == 1 and max_tokens is None and temperature is None and stop is None and seed is None
+        if (num_samples is None and max_tokens is None and temperature is None and stop is None and seed is None
                 and choices is None and regex is None and json_schema is None and not params
-                and type(num_samples) is int
                 and ((type(prompt) is Variable and not prompt.ragged)
                      or (type(prompt) is Constant and type(prompt.value) is str))):
             # the common call, built thousands of times in a loop: the model's defaults, one draw
-            op = self._ops.get((self.defaults, 1))
+            op = self._ops.get((self.defaults, None))
             if op is not None:
                 return Apply(op, [prompt]).outputs[0]
         from outlines.backends.constraints import Parse, make_constraint
@@ -267,10 +275,10 @@ class Model:
                 self.backend.check_params(merged)
         except ValueError as exc:
             raise GraphBuildError(f"{where}: {exc}") from None
-        op = self._ops.get((merged, num_samples)) if type(num_samples) is int else None
+        op = self._ops.get((merged, num_samples)) if num_samples is None or type(num_samples) is int else None
         if op is None:
             op = Generate(self.backend, merged, num_samples)
-            self._ops[merged, op.num_samples] = op
+            self._ops[merged, op.num_samples if op.sample_axis else None] = op
         ragged = isinstance(prompt, Variable) and prompt.ragged
         out = op(Flatten()(prompt) if ragged else prompt)  # ragged: one batch over every row
         if constraint is not None and constraint.kind == "json_schema":

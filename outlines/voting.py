@@ -21,7 +21,6 @@ from outlines.errors import GraphBuildError
 from outlines.fn import fn
 from outlines.graph.basic import Variable, as_variable
 from outlines.graph.control import while_loop
-from outlines.graph.ops import expand_dims
 
 __all__ = [
     "Rule",
@@ -350,9 +349,7 @@ def vote(
         return votes.samples == 0 or stop is None or not stop(votes.copy())
 
     def sample_round(votes: Variable) -> Variable:
-        texts = model(prompt, num_samples=round, **options)
-        if round == 1:
-            texts = expand_dims(texts, -1)
+        texts = model(prompt, num_samples=round, **options)  # a trailing axis of `round`, 1 included
         if answer is not None:
             texts = answer(texts)
         return count(votes, texts)

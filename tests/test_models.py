@@ -94,3 +94,25 @@ def test_extra_body_is_checked_for_what_it_must_not_hold() -> None:
         models.openai("gpt-4o-mini", api_key="k")("q", extra_body=["x"])
     with pytest.raises(GraphBuildError, match="unknown option 'extra_body'"):
         echo("q", extra_body={"x": 1})
+
+
+def test_an_explicit_num_samples_adds_the_sample_axis_even_at_one() -> None:
+    import numpy as np
+
+    import outlines
+
+    assert echo(["a", "b"], num_samples=1).eval(cache=False, progress=False).shape == (2, 1)
+    assert echo(["a", "b"], num_samples=3).eval(cache=False, progress=False).shape == (2, 3)
+    scalar = echo("a", num_samples=1).eval(cache=False, progress=False)
+    assert isinstance(scalar, np.ndarray) and scalar.shape == (1,) and scalar.tolist() == ["a"]
+    # the default is one draw and adds no axis
+    assert echo(["a", "b"]).eval(cache=False, progress=False).shape == (2,)
+    assert echo("a").eval(cache=False, progress=False) == "a"
+
+    @outlines.fn(signature="(n)->()", name="joined", pure=True)
+    def joined(samples: Any) -> str:
+        return "|".join(samples)
+
+    # code written for k samples reduces per element at k = 1, not across the elements
+    assert joined(echo(["a", "b"], num_samples=1)).eval(cache=False, progress=False).tolist() == ["a", "b"]
+    assert joined(echo(["a", "b"], num_samples=2)).eval(cache=False, progress=False).tolist() == ["a|a", "b|b"]

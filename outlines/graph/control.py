@@ -198,9 +198,9 @@ def _check_per_element(where: str, outputs: Sequence[Variable]) -> None:
     """Reject state components that add an axis by construction (samples, a stack)."""
     for position, variable in enumerate(outputs):
         op = variable.owner.op if variable.owner is not None else None
-        extra = getattr(op, "num_samples", 1) if op is not None and op.mode == "generate" else 1
-        if extra > 1 or type(op).__name__ == "Stack":
-            what = f"num_samples={extra}" if extra > 1 else "a stack"
+        samples = op is not None and op.mode == "generate" and getattr(op, "sample_axis", False)
+        if samples or type(op).__name__ == "Stack":
+            what = f"num_samples={getattr(op, 'num_samples')}" if samples else "a stack"
             raise GraphBuildError(f"{where}: body output {position} adds an axis ({what}); the state needs one "
                                   "value per element: reduce it with an outlines.fn signature such as '(n)->()'")
 

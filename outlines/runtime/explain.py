@@ -603,7 +603,7 @@ class _DryRun:
             self.unknown_draws += count
             self.queue(level + 1, op, node.label, [per_prompt] * int(np.size(prompt)))
             self.level = level + 1
-            shape = np.shape(prompt) + ((op.num_samples,) if op.num_samples > 1 else ())
+            shape = np.shape(prompt) + ((op.num_samples,) if op.sample_axis else ())
             return [_unknown(shape)]
         elements = _flat(prompt)
         known = [x is not UNKNOWN for x in elements]

@@ -317,12 +317,9 @@ def test_shapes(tiny_model_path: str, prompt, num_samples: int) -> None:
     backend, llm = model(tiny_model_path, max_tokens=3, temperature=1.0, seed=1)
     question = outlines.string("question")
     value = llm(question, num_samples=num_samples).eval({question: prompt}, cache=False, progress=False)
-    shape = (() if isinstance(prompt, str) else (2,)) + ((num_samples,) if num_samples > 1 else ())
-    if shape:
-        assert isinstance(value, np.ndarray) and value.shape == shape
-        assert all(isinstance(text, str) for text in value.reshape(-1))
-    else:
-        assert isinstance(value, str)
+    shape = (() if isinstance(prompt, str) else (2,)) + (num_samples,)  # an explicit num_samples, 1 included
+    assert isinstance(value, np.ndarray) and value.shape == shape
+    assert all(isinstance(text, str) for text in value.reshape(-1))
     assert backend.sizes == [(1 if isinstance(prompt, str) else 2) * num_samples]
 
 

@@ -127,7 +127,7 @@ def sampling_programs(draw):
         j = draw(st.integers(0, len(ranks) - 1))
         if kind == "sample" and ranks[i] < 2:
             steps.append(("sample", i, draw(st.integers(1, 3))))
-            ranks.append(ranks[i] + (steps[-1][2] > 1))
+            ranks.append(ranks[i] + 1)  # an explicit num_samples adds its axis, 1 included
         elif kind in ("judge", "vote") and ranks[i] >= 1:
             steps.append((kind, i, j))
             ranks.append(ranks[i] - 1 if kind == "vote" else max(ranks[i] - 1, ranks[j]))

@@ -39,7 +39,7 @@ class Numbered(RecordingBackend):
         return [f"{d.prompt}~{d.draw}" for d in draws]
 
 
-def _graph(backend: Numbered, k: int = 1, temperature: float = 0.7) -> tuple[Any, Any]:
+def _graph(backend: Numbered, k: int | None = None, temperature: float = 0.7) -> tuple[Any, Any]:
     q = outlines.string("q")
     return q, backend.model(temperature=temperature)(q + "!", num_samples=k)
 
@@ -83,7 +83,7 @@ def test_each_element_draws_what_it_draws_alone(k: int, temperature: float) -> N
     prompts, tags = ["a", "b", "c", "d"], [4, 0, 4, 9]
     evaluation = Evaluation.open(Options(cache=False))
     together = _run(out, q, prompts, evaluation.child(np.array(tags)))
-    assert together.shape == ((4, k) if k > 1 else (4,))
+    assert together.shape == (4, k)  # an explicit num_samples, 1 included, adds the sample axis
     assert _plain(together) == _one_by_one(out, q, prompts, tags, evaluation)
     numbers = {int(v.rsplit("~", 1)[1]) for v in np.asarray(together).reshape(-1)}
     assert numbers == ({0} if not temperature else
