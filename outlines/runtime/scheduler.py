@@ -88,6 +88,8 @@ class Scheduler:
         self.element_errors: dict[int, dict[int, tuple[Failure, BaseException]]] = {}
         self.error: BaseException | None = None
         self.batcher = Batcher(plan, evaluation, self)
+        #: batches sent by the schedules of this one's loops and conds (a loop iteration counts them as its own)
+        self.nested_sent = 0
         self.steps = walker(self)
 
     # -- the loop ---------------------------------------------------------------
@@ -277,12 +279,18 @@ class Scheduler:
     def control(self, index: int, node: Apply, inputs: list[Any]) -> None:
         """A loop or a branch: one task, whose iterations are schedules of their own (``outlines.runtime.control``)."""
         plan = self.plan
+
+        async def counted(inner: Plan, values: dict[int, Any], evaluation: Evaluation) -> tuple[list[Any], int]:
+            outputs, sent = await schedule(inner, values, evaluation)
+            self.nested_sent += sent  # a call inside a cond (or a nested loop) is a call of this schedule too
+            return outputs, sent
+
         tags = plan.element_tags.get(id(node)) if plan.element_tags else None  # stacked: a first tag per element
         if tags is None:
             first_tag = plan.tag_offsets.get(node.order, 0)  # loops number their namespaces like calls their draws
-            control = run_control(self.evaluation, node, inputs, schedule, first_tag)
+            control = run_control(self.evaluation, node, inputs, counted, first_tag)
         else:
-            control = run_control(self.evaluation, node, inputs, schedule, tags, plan.members[id(node)])
+            control = run_control(self.evaluation, node, inputs, counted, tags, plan.members[id(node)])
         self.spawn(control, lambda task: self._task_done(index, task))
 
     def _flush_python(self) -> None:
@@ -397,9 +405,13 @@ class Scheduler:
 
 
 async def schedule(plan: Plan, values: dict[int, Any], evaluation: Evaluation) -> tuple[list[Any], int]:
-    """Run ``plan`` as one schedule of ``evaluation``: its output values, and the batches it sent."""
+    """Run ``plan`` as one schedule of ``evaluation``: its output values, and the batches it sent.
+
+    The count includes the batches of the loops and conds it ran (their own schedules).
+    """
     scheduler = Scheduler(plan, values, evaluation)
-    return await scheduler.run(), scheduler.batcher.sent
+    outputs = await scheduler.run()
+    return outputs, scheduler.batcher.sent + scheduler.nested_sent
 
 
 class Walk(Protocol):

@@ -174,7 +174,11 @@ class JobTraceRecord:
 
 @dataclass(slots=True)
 class IterationRecord:
-    """One iteration of a loop: how many elements were active, batches sent, when."""
+    """One iteration of a loop: how many elements were active, batches sent, when.
+
+    ``batches`` counts every backend call the body made, those of a ``cond``
+    or a nested loop inside it included.
+    """
 
     loop: str
     iteration: int

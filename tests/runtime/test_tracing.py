@@ -382,3 +382,23 @@ def test_two_models_of_one_backend_class_print_apart_in_the_summary() -> None:
                     ["recording:", "meta-llama/Llama-3.1-8B-Instruct-with-a-long-suffix"]]
     costs = [line.split(":")[1] for line in lines if line.strip().startswith("cost")]
     assert len(set(costs)) == 2
+
+
+def test_iteration_records_count_the_calls_of_a_cond_in_the_loop_body() -> None:
+    backend = RecordingBackend(lambda prompt: "x", name="cond-loop")
+    llm = backend.model()
+    question = outlines.string("question")
+    short = outlines.fn(lambda rolls: rolls.count(";") < 2, name="short")
+    odd = outlines.fn(lambda rolls: rolls.count(";") % 2 == 1, name="odd")
+
+    def body(rolls: outlines.Variable) -> outlines.Variable:
+        # the model is called only inside the branches: the loop body itself sends nothing
+        step = outlines.cond(odd(rolls), lambda r: llm(question + r + "?"), lambda r: llm(question + r), rolls)
+        return rolls + step + ";"
+
+    final = outlines.while_loop(short, body, init="", max_iter=5)
+    with outlines.trace() as t:
+        final.eval({question: ["a"]}, cache=False)
+    assert len(backend.batches) == len(t.batches) == 2
+    assert [i.batches for i in t.iterations] == [1, 1]
+    assert sum(i.batches for i in t.iterations) == len(t.batches)
