@@ -111,7 +111,7 @@ def headers(tokenizer: Any) -> list[str]:
     return out
 
 
-def local_run(backend: Any, prompts: list[str], params: dict[str, Any], samples: int) -> tuple[list[Any], Any, float]:
+def local_run(backend: Any, prompts: list[str], params: dict[str, Any], samples: int | None) -> tuple[list[Any], Any, float]:
     """``prompts`` through ``.eval`` (cache off): the scheduler's own batches; texts, trace and wall."""
     prompt = outlines.string("prompt")
     llm = Model(backend, **params)
@@ -141,11 +141,11 @@ def part_b(count: int, new_tokens: int, shared: bool = True, batch: int = 32) ->
         print(f"\n(c) SmolLM2: {count} prompts sharing nothing but the chat template, batches of {batch}")
     greedy = {"max_tokens": new_tokens, "temperature": 0}
     sampled = {"max_tokens": new_tokens, "temperature": 0.7, "seed": 11}
-    local_run(grouped, prompts[:1], greedy, 1)  # load and warm up
+    local_run(grouped, prompts[:1], greedy, None)  # load and warm up
     today.load()
     results: dict[str, Any] = {}
     for name, backend in (("today", today), ("groups", grouped)):
-        texts, trace, wall = local_run(backend, prompts, greedy, 1)
+        texts, trace, wall = local_run(backend, prompts, greedy, None)  # one draw a prompt: no sample axis
         samples, sample_trace, sample_wall = local_run(backend, prompts, sampled, 2)
         (prompt_tokens, new), cached = trace.tokens, trace.cached_tokens[0]
         computed = prompt_tokens - cached
