@@ -186,6 +186,15 @@ class LineRef:
     sample: int
 
 
+def _select_in(connection: sqlite3.Connection, select: str, column: str, values: Sequence[str]) -> list[Any]:
+    """The rows of ``select`` whose ``column`` is one of ``values``, asked ``_CHUNK`` values at a time."""
+    rows: list[Any] = []
+    for start in range(0, len(values), _CHUNK):
+        chunk = values[start : start + _CHUNK]
+        rows += connection.execute(f"{select} WHERE {column} IN ({','.join('?' * len(chunk))})", chunk).fetchall()
+    return rows
+
+
 def _job_checksum(intent: str, job_id: str | None, state: str, record: bytes) -> int:
     head = "\0".join((intent, job_id or "", state)).encode("utf-8", "surrogatepass")
     return zlib.crc32(record, zlib.crc32(head))
@@ -492,19 +501,9 @@ class Ledger:
     def _find(self, connection: sqlite3.Connection, keys: Iterable[str], *, open_only: bool) -> dict[str, LineRef]:
         keys = list(dict.fromkeys(keys))
         found: dict[str, tuple[float, LineRef]] = {}
-        rows = []
-        for start in range(0, len(keys), _CHUNK):
-            chunk = keys[start : start + _CHUNK]
-            rows += connection.execute(
-                "SELECT key, intent, custom_id, sample, checksum FROM job_lines "
-                f"WHERE key IN ({','.join('?' * len(chunk))})", chunk).fetchall()
+        rows = _select_in(connection, "SELECT key, intent, custom_id, sample, checksum FROM job_lines", "key", keys)
         intents = sorted({row[1] for row in rows})
-        jobs = []
-        for start in range(0, len(intents), _CHUNK):
-            chunk = intents[start : start + _CHUNK]
-            jobs += connection.execute(
-                "SELECT intent, job_id, state, record, checksum FROM jobs "
-                f"WHERE intent IN ({','.join('?' * len(chunk))})", chunk).fetchall()
+        jobs = _select_in(connection, "SELECT intent, job_id, state, record, checksum FROM jobs", "intent", intents)
         records = {r.intent: r for r in self._records(jobs)}
         for key, intent, custom_id, sample in self._line_rows(rows):
             record = records.get(intent)
