@@ -70,9 +70,10 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import contextlib
 import sqlite3
 from dataclasses import dataclass, field
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Callable, Iterator, Mapping, Sequence
 
 from outlines.backends.base import Backend, BackendError, BatchReport, DrawBatch
 from outlines.backends.jobs import (
@@ -513,13 +514,9 @@ class _Round:
             self.ledger.advance(intent, status)
             self.emit("status", status, len(lines))
 
-        try:
+        with self.still_known(record):
             status = await wait(self.client, record.job_id, clock=self.clock, backoff=self.settings.backoff,
                                 deadline=self.left(), on_status=seen, report=self.report)
-        except BackendError as error:
-            if error.status != 404:
-                raise
-            raise self.gone(record, error) from None
         if not status.finished:  # the deadline passed: stop it, keep what it finished
             self.late = True
             try:
@@ -545,8 +542,14 @@ class _Round:
         """The provider's status of the job of ``intent`` now (one read, as ``wait_for``'s)."""
         record = self.ledger.get(intent)
         assert record is not None and record.job_id is not None
-        try:
+        with self.still_known(record):
             return await self.client.status(record.job_id, self.report)
+
+    @contextlib.contextmanager
+    def still_known(self, record: JobRecord) -> Iterator[None]:
+        """Reads of the job of ``record``: a 404 (the provider no longer knows it) becomes ``gone``'s error."""
+        try:
+            yield
         except BackendError as error:
             if error.status != 404:
                 raise
