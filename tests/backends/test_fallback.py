@@ -29,7 +29,7 @@ class LimitPrompt(fake.Action):
     prompt: str
 
     async def respond(self, server: FakeOpenAI, request: Any, body: Any) -> Any:
-        if fake._prompt_of(body) == self.prompt:
+        if fake.prompt_of(body) == self.prompt:
             return await Status(429).respond(server, request, body)
         return server.answer(request, body)
 
@@ -59,8 +59,8 @@ def test_draws_that_exhaust_their_retries_on_429_go_to_the_fallback(
         values = llm(q).eval({"q": ["a", "b", "c"]}, cache=cache)
     assert list(values) == ["main:a", "spare:b", "main:c"]
     # "a", "c" once each and "b" three times on the primary; "b" once on the fallback.
-    assert sorted(fake._prompt_of(r.body) for r in primary.requests) == ["a", "b", "b", "b", "c"]
-    assert [fake._prompt_of(r.body) for r in secondary.requests] == ["b"]
+    assert sorted(fake.prompt_of(r.body) for r in primary.requests) == ["a", "b", "b", "b", "c"]
+    assert [fake.prompt_of(r.body) for r in secondary.requests] == ["b"]
     assert len(sleeps) == 2  # the primary's two retry waits for "b"
     # The trace names the model each request asked.
     asked = [r.model for r in trace.requests]

@@ -14,6 +14,8 @@ from typing import Any, Iterator
 
 import pytest
 
+from outlines.testing._live import Refusal
+from outlines.testing._provider import read_openai_batch_file
 from tests.fixtures.fake_batches import FakeBatches, FakeClock
 from tests.fixtures.spec import validate
 
@@ -172,7 +174,7 @@ def test_what_the_batch_api_refuses_at_upload_and_create(client: Any, server: Fa
     (chat_line("a", "x") + chat_line("b", "x") + chat_line("c", "x"), "must hold 1 to 2 requests"),
 ])
 def test_an_input_file_is_read_as_the_batch_api_reads_it(content: bytes, reason: str) -> None:
-    read = validate.openai_batch_file(content, CHAT, (2, 10**6))
+    read = read_openai_batch_file(content, CHAT, (2, 10**6))
     assert read.failure is not None and reason in read.failure.message
 
 
@@ -250,7 +252,7 @@ def test_what_the_message_batches_api_refuses_at_create(claude: Any, server: Fak
 
 
 def test_an_undeclared_violation_fails_the_test_and_a_declared_one_must_come(server: FakeBatches) -> None:
-    server.ledger.record(validate.Violation("/v1/messages", "seed: Extra inputs are not permitted"))
+    server.ledger.record(Refusal("/v1/messages", "seed: Extra inputs are not permitted"))
     with pytest.raises(AssertionError, match="unexpected spec violation: /v1/messages: seed"):
         validate.check_ledgers()
     server.expect_violations("never sent")

