@@ -454,7 +454,7 @@ class FakeServer:
             body: Any = json.loads(raw) if raw else None
         except ValueError:
             body = None
-        violation = self.refusal(request.path, body) if request.method == "POST" else None
+        refusal = self.refusal(request.path, body) if request.method == "POST" else None
         with self._lock:
             self.count += 1
             self.in_flight += 1
@@ -465,10 +465,10 @@ class FakeServer:
                 )
             if self.prompt_cache:  # what it can read: the heads answered before it arrived
                 request[SEEN] = frozenset(self.cached_heads)
-            action = self._script.popleft() if self._script and violation is None else None
+            action = self._script.popleft() if self._script and refusal is None else None
         try:
-            if violation is not None:
-                return self.refused(violation)
+            if refusal is not None:
+                return self.refused(refusal)
             if action is not None:
                 return await action.respond(self, request, body)
             if self.latency:
