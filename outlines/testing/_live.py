@@ -300,6 +300,7 @@ class FakeServer:
 
     @property
     def base_url(self) -> str:
+        """The base URL for OpenAI's clients (``models.openai(..., base_url=...)``)."""
         return f"http://127.0.0.1:{self.port}/v1"
 
     def refusal(self, route: str, body: Any, custom_id: str | None = None) -> Refusal | None:
