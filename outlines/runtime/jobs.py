@@ -25,7 +25,7 @@ whose requests are the draws' keys are recorded and waited for instead.
 A draw whose constraint the provider's job lines cannot carry
 (``HostedBackend.constraint_field(constraint, job=True)`` is ``None``:
 Anthropic, OpenAI's ``/completions``) never reaches this module: the
-batcher packs such draws in live calls (``batching.packing.pack_draws``),
+batcher packs such draws in live calls (``batching.batches.pack_draws``),
 at the live price, its text checked there, so that a draw breaking the
 constraint is asked again at once rather than in a new job; ``explain``
 says so.
@@ -75,7 +75,8 @@ import sqlite3
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator, Mapping, Sequence
 
-from outlines.backends.base import Backend, BackendError, BatchReport, DrawBatch
+from outlines.backends.base import Backend, BackendError, BatchReport
+from outlines.draws import DrawBatch
 from outlines.backends.jobs import (
     Backoff,
     Clock,

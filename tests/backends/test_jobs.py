@@ -15,7 +15,8 @@ import pytest
 
 from outlines import models
 from outlines.backends.anthropic import AnthropicBackend
-from outlines.backends.base import BackendError, BatchReport, Draw, GenerationParams
+from outlines.backends.base import BackendError, BatchReport
+from outlines.draws import Draw, GenerationParams
 from outlines.backends.jobs import Backoff, JobClient, JobLimits, JobLine, JobStatus, job_client, split, wait
 from outlines.backends.jobs.anthropic import AnthropicJobs
 from outlines.backends.jobs.base import JobInDoubt

@@ -152,7 +152,7 @@ def test_a_job_created_before_the_ledger_heard_of_it_is_found_not_paid_again(
     backend = out.owner.op.backend
     client = job_client(backend)
     ledger = Ledger(cache)
-    from outlines.backends.base import DrawBatch
+    from outlines.draws import DrawBatch
     from outlines.cache import draw_keys
     draws = DrawBatch.of([d for d in _draws(out, prompts)])
     lines = client.lines(draws, draw_keys(backend.cache_identities[0], draws))
@@ -170,7 +170,7 @@ def test_an_intent_never_created_is_abandoned_and_sent(server: FakeBatches, cloc
     out = m(outlines.string("q"), max_tokens=4)
     backend = out.owner.op.backend
     client = job_client(backend)
-    from outlines.backends.base import DrawBatch
+    from outlines.draws import DrawBatch
     from outlines.cache import draw_keys
     draws = DrawBatch.of(_draws(out, ["a"]))
     lines = client.lines(draws, draw_keys(backend.cache_identities[0], draws))
@@ -182,7 +182,7 @@ def test_an_intent_never_created_is_abandoned_and_sent(server: FakeBatches, cloc
 
 
 def _draws(out: Any, prompts: list[str]) -> list[Any]:
-    from outlines.backends.base import Draw
+    from outlines.draws import Draw
     params = out.owner.op.params
     return [Draw(p, params, 0) for p in prompts]
 
