@@ -810,7 +810,7 @@ def _job_constraint(backend: Backend, constraint: Any) -> str:
                 "more")
     return (f"{constraint.kind}=: sent as {field} (the provider enforces it); a draw that still breaks it is asked "
             f"again in a new job round, up to {retries} more (each may take the provider's 24 h): call it live "
-            "(batch=False) to retry at once")
+            "(jobs=False) to retry at once")
 
 
 def explain(
@@ -835,8 +835,8 @@ def explain(
         A price table, model name -> ``(input_per_1M, output_per_1M)``, for
         models without their own ``price=`` (``outlines.backends.usage``).
     **options
-        Other evaluation options (as for ``eval``); with ``batch=True`` (or
-        ``batch=Jobs(...)``) the OpenAI and Anthropic calls are predicted as
+        Other evaluation options (as for ``eval``); with ``jobs=True`` (or
+        ``jobs=Jobs(...)``) the OpenAI and Anthropic calls are predicted as
         provider jobs: one batch per round, its ``jobs`` (split at the
         provider's request limit) and the batch price.
 
