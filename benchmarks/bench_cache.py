@@ -44,7 +44,7 @@ sys.path.insert(0, str(ROOT))
 import outlines  # noqa: E402
 import outlines.cache.keys  # noqa: E402
 from outlines import models  # noqa: E402
-from outlines.backends.base import Draw, GenerationParams  # noqa: E402
+from outlines.draws import Draw, GenerationParams  # noqa: E402
 from outlines.cache import Cache, draw_key  # noqa: E402
 from outlines.graph.traversal import toposort  # noqa: E402
 

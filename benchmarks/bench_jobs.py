@@ -99,7 +99,7 @@ def run_batch(args: argparse.Namespace) -> dict[str, Any]:
         start = time.perf_counter()
         with outlines.trace() as trace:
             outlines.eval(out, givens={q: prompts}, cache=cache, progress=False,
-                          batch=outlines.Jobs(run="bench", backoff=scaled_backoff(args)))
+                          jobs=outlines.Jobs(run="bench", backoff=scaled_backoff(args)))
         wall = time.perf_counter() - start
         seen = stats()
     prompt_tokens, completion_tokens = trace.tokens
@@ -164,7 +164,7 @@ CHILD = textwrap.dedent('''
     for level in range(levels):
         out = llm(f"step {{level}}: " + out)
     values = outlines.eval(out, givens={{q: [f"prompt {{i}}" for i in range(prompts)]}}, cache=Cache(folder),
-                           progress=False, batch=outlines.Jobs(backoff=Backoff(first=0.02, cap=0.1), lease=2.0,
+                           progress=False, jobs=outlines.Jobs(backoff=Backoff(first=0.02, cap=0.1), lease=2.0,
                                                                heartbeat=0.2))
     print(sum(1 for v in values if v))
 ''')

@@ -69,7 +69,7 @@ def raw_generate(model: Any, tokenizer: Any, prompts: list[str], sample: bool = 
 
 
 def _requests() -> list[Any]:
-    from outlines.backends.base import Draw, GenerationParams
+    from outlines.draws import Draw, GenerationParams
 
     return [Draw(p, GenerationParams.create(max_tokens=NEW_TOKENS, temperature=0)) for p in PROMPTS]
 
@@ -158,7 +158,8 @@ def _smollm2_case(case: str, folder: str) -> None:
     """One timed run in this (fresh) process; prints a JSON line (wall and CPU seconds)."""
     import json
 
-    from outlines.backends.base import BatchReport, Draw, GenerationParams
+    from outlines.backends.base import BatchReport
+    from outlines.draws import Draw, GenerationParams
     from outlines.backends.transformers import TransformersBackend
 
     backend = TransformersBackend(folder, device="cpu", share_prefix=case == "shared", max_batch=1 << 10)

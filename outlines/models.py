@@ -32,7 +32,9 @@ from typing import Any, Callable
 
 import numpy as np
 
-from outlines.backends.base import COMMON_PARAMS, Backend, Draw, GenerationParams
+from outlines.backends.base import Backend
+from outlines.draws import Draw, GenerationParams
+from outlines.draws.params import COMMON_PARAMS
 from outlines.errors import GraphBuildError
 from outlines.graph.basic import Apply, Constant, Op, Variable, as_object_array, as_variable
 from outlines.graph.ops import Flatten, Regroup, all_text, check_text_input
@@ -453,7 +455,7 @@ def from_function(
         for a non-batched function); positive integers or ``None``.
     **defaults
         Default generation parameters (recorded in cache keys): those every
-        model takes and the named extras of ``outlines.backends.base.EXTRA_PARAMS``.
+        model takes and the named extras of ``outlines.draws.params.EXTRA_PARAMS``.
 
     Returns
     -------

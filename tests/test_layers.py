@@ -2,7 +2,7 @@
 
 Layers, lowest first (DESIGN section 5)::
 
-    bottom    outlines/errors.py, keys.py, threads.py, ... (the modules named in BOTTOM)
+    bottom    outlines/errors.py, keys.py, threads.py, ... (the modules named in BOTTOM), outlines/draws/
     graph     outlines/graph/ (with graph/viz/)
     cache     outlines/cache/       } side by side: neither imports the other
     backends  outlines/backends/    }
@@ -39,7 +39,7 @@ PACKAGE = Path(__file__).resolve().parents[1] / "outlines"
 #: The layers, lowest first; layers at the same rank sit side by side and may not import each other.
 RANKS = {"bottom": 0, "graph": 1, "cache": 2, "backends": 2, "runtime": 3, "api": 4}
 #: Subpackage -> its layer (a module inside a subpackage has the subpackage's layer).
-PACKAGES = {"graph": "graph", "cache": "cache", "backends": "backends", "runtime": "runtime"}
+PACKAGES = {"draws": "bottom", "graph": "graph", "cache": "cache", "backends": "backends", "runtime": "runtime"}
 #: Top-level modules below the graph: what every layer may use. Every other top-level module is ``api``.
 BOTTOM = frozenset({"errors", "keys", "threads", "config", "conversation", "labels"})
 
@@ -247,7 +247,7 @@ def test_every_exception_is_still_needed_and_stays_in_a_function() -> None:
 
 
 def test_backends_import_nothing_from_the_cache_and_the_cache_nothing_from_backends() -> None:
-    # Side by side (DESIGN 5): what both need (the key normaliser, CacheWarning) lives below them.
+    # Side by side (DESIGN 5): what both need (the key normaliser, CacheWarning, the draws) lives below them.
     crossing = [(importer, found.name) for importer, found, imported in edges()
                 if {layer(importer), layer(imported)} == {"cache", "backends"}]
     assert crossing == []
@@ -255,7 +255,8 @@ def test_backends_import_nothing_from_the_cache_and_the_cache_nothing_from_backe
 
 def test_every_module_has_a_layer() -> None:
     layers = {module: layer(module) for module in MODULES}
-    assert {"outlines.keys", "outlines.threads", "outlines.errors"} <= {m for m, lay in layers.items() if lay == "bottom"}
+    assert {"outlines.keys", "outlines.threads", "outlines.errors", "outlines.draws.draw", "outlines.draws.packing"} \
+        <= {m for m, lay in layers.items() if lay == "bottom"}
     assert layers["outlines.graph.viz.drawing"] == "graph" and layers["outlines.text"] == "api"
     assert all(lay in RANKS for lay in layers.values())
 

@@ -8,7 +8,7 @@ import pytest
 
 from outlines import models
 from outlines.backends.anthropic import AnthropicBackend
-from outlines.backends.base import Draw
+from outlines.draws import Draw
 from outlines.backends.transformers import TransformersBackend
 from outlines.errors import GraphBuildError
 from tests.fixtures.fake_openai import FakeOpenAI

@@ -1,4 +1,7 @@
-"""Backends: the wire (or the model) behind each ``Model``; see ``base``."""
-from outlines.backends.base import Backend, BackendError, BatchReport, Draw, GenerationParams
+"""Backends: the wire (or the model) behind each ``Model``; see ``base``.
 
-__all__ = ["Backend", "BackendError", "BatchReport", "Draw", "GenerationParams"]
+The draws a backend answers, and their parameters, sit below it in ``outlines.draws``.
+"""
+from outlines.backends.base import Backend, BackendError, BatchReport
+
+__all__ = ["Backend", "BackendError", "BatchReport"]

@@ -30,7 +30,7 @@ from transformers import (
 )
 from transformers.utils import logging as hf_logging
 
-from outlines.backends.prefix import prefix_groups
+from outlines.draws.prefix import prefix_groups
 
 logger = logging.getLogger("outlines")
 

@@ -31,7 +31,8 @@ from __future__ import annotations
 import asyncio
 from typing import Any, Callable, Mapping, Sequence
 
-from outlines.backends.base import BackendError, BatchReport, Draw, GenerationParams
+from outlines.backends.base import BackendError, BatchReport
+from outlines.draws import Draw, GenerationParams
 from outlines.backends.hosted import HostedBackend, check_range
 from outlines.backends.warmup import Turn, joined
 from outlines.conversation import messages_of

@@ -1,10 +1,11 @@
-"""The one protocol every backend implements, and the values that cross it.
+"""The one protocol every backend implements, and the report that crosses it.
 
 A backend owns only the wire (or the model) and its retries. The scheduler owns
 batching, deduplication, caching and concurrency. A backend is identified by a
 hashable, JSON-able ``identity``: equal identities batch together and share
 cache entries. Secrets never enter the identity. ``generate(draws, report)``
-receives a ``BatchReport``, the explicit channel back to the scheduler:
+receives the draws (``outlines.draws``: they sit below every layer that uses
+them) and a ``BatchReport``, the explicit channel back to the scheduler:
 finished and failed draws, token usage (with the prompt tokens served from a
 provider's prompt cache or a local model's shared prefix), wire requests and
 model loads.
@@ -14,279 +15,13 @@ from __future__ import annotations
 import abc
 import asyncio
 import contextlib
-import copy
-import json
-from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Any, AsyncIterator, Callable, Iterable, Iterator, Mapping, NamedTuple, Sequence, overload
+from typing import Any, AsyncIterator, Callable, Sequence
 
 from outlines.backends.usage import Price, estimate_tokens
-from outlines.keys import canonical
+from outlines.draws import Draw, GenerationParams
+from outlines.draws.params import EXTRA_PARAMS
 
-if TYPE_CHECKING:
-    from outlines.backends.constraints import Constraint
-
-__all__ = [
-    "Backend",
-    "BackendError",
-    "BatchReport",
-    "Draw",
-    "DrawBatch",
-    "GenerationParams",
-    "Slot",
-    "check_limit",
-]
-
-
-@dataclass(frozen=True)
-class GenerationParams:
-    """Sampling parameters of one model call; hashable, part of the cache key.
-
-    ``None`` means "the backend's default". ``extra`` holds further
-    backend-specific parameters (``logit_bias`` ...) as sorted items, values as
-    given; they compare and hash by their canonical JSON text
-    (``outlines.keys.canonical``), so ``{"a": 1, "b": 2}`` equals
-    ``{"b": 2, "a": 1}`` and a list may be a value.
-    """
-
-    max_tokens: int | None = None
-    temperature: float | None = None
-    top_p: float | None = None
-    stop: tuple[str, ...] = ()
-    seed: int | None = None
-    extra: tuple[tuple[str, Any], ...] = field(default=(), compare=False)
-    _extra_text: bytes = field(init=False, repr=False, default=b"")
-    #: Structured output (issue 13): choices, regex or JSON schema in its canonical
-    #: form (its text made by ``outlines.keys.canonical``); see backends/constraints.py.
-    constraint: Constraint | None = None
-
-    def __post_init__(self) -> None:
-        if self.extra:
-            try:
-                text = canonical(dict(self.extra))
-            except TypeError as exc:
-                name = next(k for k, v in self.extra if not _keyable(v))
-                raise ValueError(f"generation parameter {name!r} must be JSON data (it is part of the cache key): {exc}") from None
-            object.__setattr__(self, "_extra_text", text)
-
-    def __hash__(self) -> int:
-        # Computed once: params are dict keys in planning and batching (draw
-        # numbering, queues), and the generated dataclass hash runs in Python.
-        try:
-            return self._hash  # type: ignore[attr-defined,no-any-return]
-        except AttributeError:
-            value = hash((self.max_tokens, self.temperature, self.top_p, self.stop, self.seed,
-                          self._extra_text, self.constraint))
-            object.__setattr__(self, "_hash", value)
-            return value
-
-    def __getstate__(self) -> dict[str, Any]:
-        # String hashes differ between processes: never ship the cached one.
-        return {k: v for k, v in self.__dict__.items() if k != "_hash"}
-
-    def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__dict__.update(state)
-
-    @classmethod
-    def create(cls, **kwargs: Any) -> GenerationParams:
-        """Build params from user keywords, validating and normalizing them."""
-        extra = {k: v for k, v in kwargs.items() if k not in _NAMED and v is not None}
-        base = {k: v for k, v in kwargs.items() if k in _NAMED}
-        return cls(extra=_items(extra), **base)._validated()
-
-    def merged(self, **overrides: Any) -> GenerationParams:
-        """Return a copy with every non-``None`` override applied (``self`` when there is none)."""
-        set_ = {k: v for k, v in overrides.items() if v is not None}
-        if not set_:  # the common call: a model's defaults as they are, no copy, no validation
-            return self
-        changes = {k: v for k, v in set_.items() if k in _NAMED}
-        others = {k: v for k, v in set_.items() if k not in _NAMED}
-        if others:
-            extra = dict(self.extra)
-            extra.update(others)
-            changes["extra"] = _items(extra)
-        return replace(self, **changes)._validated()
-
-    def _validated(self) -> GenerationParams:
-        stop = self.stop
-        if isinstance(stop, str):
-            stop = (stop,)
-        stop = tuple(stop or ())
-        if not all(isinstance(s, str) and s for s in stop):
-            raise ValueError(f"stop must be a string or a list of non-empty strings, got {self.stop!r}")
-        if self.max_tokens is not None and (not isinstance(self.max_tokens, int) or self.max_tokens < 1):
-            raise ValueError(f"max_tokens must be a positive integer, got {self.max_tokens!r}")
-        if self.temperature is not None and not (0 <= float(self.temperature) <= 10):
-            raise ValueError(f"temperature must be between 0 and 10, got {self.temperature!r}")
-        if self.seed is not None and not isinstance(self.seed, int):
-            raise ValueError(f"seed must be an integer, got {self.seed!r}")
-        if self.constraint is not None and stop:
-            raise ValueError(f"stop={list(stop)!r} cannot be combined with {self.constraint.kind}=: the "
-                             "constraint decides where the text ends")
-        if stop != self.stop:
-            object.__setattr__(self, "stop", stop)
-        return self
-
-    @property
-    def deterministic(self) -> bool:
-        """Greedy decoding: every draw of a prompt gives the same text."""
-        return self.temperature is not None and float(self.temperature) == 0.0
-
-    def to_dict(self) -> dict[str, Any]:
-        """The parameters that are set, as a JSON-able dict (for keys and wires)."""
-        out: dict[str, Any] = {}
-        for name in ("max_tokens", "temperature", "top_p", "seed"):
-            value = getattr(self, name)
-            if value is not None:
-                out[name] = value
-        if self.stop:
-            out["stop"] = list(self.stop)
-        for key, value in self.extra:
-            out[key] = copy.deepcopy(value)  # the wire may not change our value
-        if self.constraint is not None:
-            out["constraint"] = self.constraint.to_dict()
-        return out
-
-    def __str__(self) -> str:
-        return json.dumps(self.to_dict(), sort_keys=True)
-
-
-def _keyable(value: Any) -> bool:
-    try:
-        canonical(value)
-    except TypeError:
-        return False
-    return True
-
-
-_NAMED = frozenset({"max_tokens", "temperature", "top_p", "stop", "seed", "constraint"})
-#: The generation parameters every backend takes by name.
-COMMON_PARAMS = ("max_tokens", "temperature", "top_p", "stop", "seed")
-#: Further parameters some backends take by name (each declares its own in ``Backend.generation_extras``).
-EXTRA_PARAMS = ("logit_bias", "presence_penalty", "frequency_penalty", "top_k", "repetition_penalty",
-                "no_repeat_ngram_size")
-
-
-def _items(extra: Mapping[str, Any]) -> tuple[tuple[str, Any], ...]:
-    """Sorted ``(name, value)`` items, each value a private copy (callers may mutate theirs)."""
-    return tuple(sorted((str(k), copy.deepcopy(v)) for k, v in extra.items()))
-
-
-@dataclass(frozen=True)
-class Draw:
-    """One sample of one prompt: the prompt, its parameters and its draw number.
-
-    A draw is identified by its *slot* (its params and draw number, ``Slot``)
-    and its prompt: tables that find draws (the scheduler's queues, the
-    cache's memory) are kept per slot and keyed by prompt, so each lookup
-    hashes a string, whose hash Python caches. A batch holds its draws as
-    columns (``DrawBatch``). Draws of deterministic parameters all carry
-    ``draw=0`` (they collapse).
-    """
-
-    prompt: str
-    params: GenerationParams = field(default_factory=GenerationParams)
-    draw: int = 0
-
-
-class Slot(NamedTuple):
-    """The draws of one params and one draw number: told apart by their prompt alone (see ``Draw``)."""
-
-    params: GenerationParams
-    number: int
-
-
-class DrawBatch(Sequence[Draw]):
-    """The draws of one batch held as columns: prompts, params and draw numbers.
-
-    The scheduler hands a backend's ``generate`` one of these: a batch of
-    100,000 prompts costs three lists, not 100,000 ``Draw`` objects. It is a
-    ``Sequence[Draw]`` (indexing and iterating make the ``Draw`` objects on
-    demand); a backend that needs only the text reads ``prompts``.
-
-    Examples
-    --------
-    >>> batch = DrawBatch(["a", "b"], [GenerationParams()] * 2, [0, 3])
-    >>> batch.prompts, batch[1].draw, len(batch)
-    (['a', 'b'], 3, 2)
-    """
-
-    __slots__ = ("prompts", "params", "numbers")
-
-    def __init__(self, prompts: list[Any], params: list[GenerationParams], numbers: list[int]) -> None:
-        self.prompts = prompts
-        self.params = params
-        self.numbers = numbers
-
-    @classmethod
-    def of(cls, draws: Iterable[Draw]) -> DrawBatch:
-        """The batch of ``draws`` (already a ``DrawBatch``: itself)."""
-        if isinstance(draws, DrawBatch):
-            return draws
-        draws = list(draws)
-        return cls([d.prompt for d in draws], [d.params for d in draws], [d.draw for d in draws])
-
-    def __len__(self) -> int:
-        return len(self.prompts)
-
-    @property
-    def slot(self) -> Slot | None:
-        """The slot of every draw of the batch, when they share one (else, or when empty, ``None``).
-
-        Two C-speed ``list.count`` passes (an identity test per draw): a
-        batch of 100,000 draws costs no Python step each.
-        """
-        params, numbers = self.params, self.numbers
-        if not params:
-            return None
-        first, number = params[0], numbers[0]
-        if params.count(first) == len(params) and numbers.count(number) == len(numbers):
-            return Slot(first, int(number))
-        return None
-
-    def by_slot(self) -> list[tuple[Slot, list[int] | None]]:
-        """The batch's draws per slot: ``(slot, positions)``, positions ``None`` when all are in that slot.
-
-        The usual batch has one slot (``slot``); several follow the order of their first draw.
-        """
-        if not self.params:
-            return []
-        one = self.slot
-        if one is not None:
-            return [(one, None)]
-        groups: dict[Slot, list[int]] = {}
-        for position, slot in enumerate(map(Slot, self.params, self.numbers)):
-            groups.setdefault(slot, []).append(position)
-        return [(Slot(slot.params, int(slot.number)), positions) for slot, positions in groups.items()]
-
-    def take(self, positions: Sequence[int]) -> DrawBatch:
-        """The draws at ``positions``, in that order."""
-        prompts, params, numbers = self.prompts, self.params, self.numbers
-        return DrawBatch([prompts[i] for i in positions], [params[i] for i in positions],
-                         [numbers[i] for i in positions])
-
-    @overload
-    def __getitem__(self, index: int) -> Draw: ...
-
-    @overload
-    def __getitem__(self, index: slice) -> DrawBatch: ...
-
-    def __getitem__(self, index: int | slice) -> Draw | DrawBatch:
-        if isinstance(index, slice):
-            return DrawBatch(self.prompts[index], self.params[index], self.numbers[index])
-        return Draw(self.prompts[index], self.params[index], self.numbers[index])
-
-    def __iter__(self) -> Iterator[Draw]:
-        return map(Draw, self.prompts, self.params, self.numbers)
-
-    def __eq__(self, other: object) -> bool:
-        if isinstance(other, DrawBatch):
-            return (self.prompts, self.numbers, self.params) == (other.prompts, other.numbers, other.params)
-        return isinstance(other, (list, tuple)) and list(self) == list(other)
-
-    __hash__ = None  # type: ignore[assignment]
-
-    def __repr__(self) -> str:
-        return f"DrawBatch({len(self)} draws)"
+__all__ = ["Backend", "BackendError", "BatchReport", "check_limit"]
 
 
 class BackendError(RuntimeError):
@@ -328,7 +63,7 @@ class Backend(abc.ABC):
     inside it.
     ``max_batch`` bounds the draws per ``generate`` call (``None``:
     unlimited), which holds all the samples of each of its prompts unless
-    one prompt has more than ``max_batch`` (``outlines.backends.packing.pack``);
+    one prompt has more than ``max_batch`` (``outlines.draws.pack``);
     ``max_concurrency`` bounds ``generate`` calls in flight.
     ``sends_requests`` is true for backends whose one call sends several wire
     requests, each inside ``report.request_slot()``: the evaluation's
@@ -352,11 +87,11 @@ class Backend(abc.ABC):
     tokens_exact: bool = False
     #: The shortest head, in characters, that prompts must share for this backend to
     #: pay for it once (a provider's prompt cache, a local model's shared prefill):
-    #: the batcher keeps such prompts in one batch (``backends.prefix.prefix_groups``).
+    #: the batcher keeps such prompts in one batch (``outlines.draws.prefix_groups``).
     #: ``None``: sharing a head gains nothing here.
     prefix_min_head: int | None = None
     #: The generation parameters this backend takes by name besides the common ones
-    #: (``COMMON_PARAMS``); a model refuses any other name when it or a call is built.
+    #: (``outlines.draws.params.COMMON_PARAMS``); a model refuses any other name when it or a call is built.
     generation_extras: frozenset[str] = frozenset(EXTRA_PARAMS)
     #: True when the backend sends the fields of an ``extra_body`` dict to its server
     #: as they are (unchecked); a backend without a server refuses ``extra_body``.

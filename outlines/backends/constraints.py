@@ -1,11 +1,12 @@
 """Structured outputs: what a model call may write, checked, parsed and decoded under.
 
-A ``Constraint`` is the canonical form of ``choices=``, ``regex=`` or
-``json_schema=``: its kind and one string (the choices as a JSON list, the
-pattern, or the schema as canonical JSON, both written by the one key
-normaliser ``outlines.keys.canonical``). It is validated when the graph is
-built, it is part of ``GenerationParams`` (so of cache keys), and it knows how
-to check and parse a finished text.
+A ``Constraint`` (``outlines.draws.params``: a value below every layer) is
+the canonical form of ``choices=``, ``regex=`` or ``json_schema=``: its kind
+and one string (the choices as a JSON list, the pattern, or the schema as
+canonical JSON, both written by the one key normaliser
+``outlines.keys.canonical``). ``make_constraint`` builds and validates it when
+the graph is built; it is part of ``GenerationParams`` (so of cache keys), and
+it knows how to check and parse a finished text.
 
 Two ways to obey it. Local models decode under it: ``TokenMasks`` keeps one
 xgrammar matcher per constrained row of a batch and masks the logits of those
@@ -39,179 +40,26 @@ from __future__ import annotations
 
 import json
 import re
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import Any, Awaitable, Callable, Mapping, Sequence
 
-from outlines.backends.base import BatchReport, Draw
+from outlines.backends.base import BatchReport
+from outlines.draws import Constraint, Draw
+from outlines.draws.params import WRAPPER
 from outlines.errors import install_hint
-from outlines.keys import canonical, normalize
+from outlines.keys import canonical
 from outlines.graph.basic import Apply, Op, as_variable
 from outlines.graph.ops import broadcast_map
 
-__all__ = ["Constraint", "ConstraintError", "Parse", "TokenMasks", "generate_valid", "make_constraint"]
+__all__ = ["ConstraintError", "Parse", "TokenMasks", "generate_valid", "make_constraint"]
 
 KINDS = ("choices", "regex", "json_schema")
-#: The property that holds a value whose schema's root is not an object (``Constraint.json_form``).
-WRAPPER = "value"
 #: Draw numbers of retries: attempt ``a`` of draw ``d`` is draw ``d + a * RETRY_STRIDE``.
 RETRY_STRIDE = 1 << 20
 
 
 class ConstraintError(RuntimeError):
     """A draw's text broke its constraint after every allowed attempt."""
-
-
-@dataclass(frozen=True)
-class Constraint:
-    """The canonical form of one structured-output constraint.
-
-    ``kind`` is ``"choices"``, ``"regex"`` or ``"json_schema"``; ``value`` is
-    the choices as a JSON list, the pattern, or the schema as canonical JSON
-    (both from ``outlines.keys.canonical``, so equal content is equal text).
-    ``target`` is the pydantic class parsed into (``json_schema`` only); it
-    changes what ``parse`` returns, never the text, so it stays out of
-    ``to_dict`` (cache keys). ``leading_space`` is for decoding only (see
-    ``spaced``): the text a user gets never has that space, so it stays out too.
-    """
-
-    kind: str
-    value: str
-    target: type | None = None
-    leading_space: bool = False
-
-    def spaced(self) -> Constraint:
-        """This constraint as decoded after a prompt ending mid-line: the text may start with one space.
-
-        Only choices and patterns; a JSON value is written from its first character.
-        """
-        return replace(self, leading_space=True) if self.kind in ("choices", "regex") else self
-
-    def unspaced(self, text: str) -> str:
-        """``text`` without the one space a ``spaced`` row may start with, unless the constraint wants it."""
-        if self.leading_space and text.startswith(" ") and not self.is_valid(text) and self.is_valid(text[1:]):
-            return text[1:]
-        return text
-
-    def json_form(self) -> dict[str, Any]:
-        """This constraint as one JSON schema with an object root, the form strict structured outputs take.
-
-        Choices are a string ``enum``, a pattern a string ``pattern``
-        (anchored: JSON Schema's patterns search, ours match whole), and a
-        schema is itself. A root that is not an object (OpenAI's strict mode
-        wants one) is wrapped as the property ``value`` of a closed object;
-        ``unwrap`` reads the answer back.
-
-        Examples
-        --------
-        >>> make_constraint(choices=["yes", "no"]).json_form()["properties"]
-        {'value': {'type': 'string', 'enum': ['yes', 'no']}}
-        """
-        if self.kind == "choices":
-            schema: dict[str, Any] = {"type": "string", "enum": self.choices}
-        elif self.kind == "regex":
-            schema = {"type": "string", "pattern": f"^(?:{self.value})$"}
-        else:
-            schema = self.schema
-        if not self.wrapped:
-            return schema
-        return {"type": "object", "properties": {WRAPPER: schema}, "required": [WRAPPER], "additionalProperties": False}
-
-    @property
-    def wrapped(self) -> bool:
-        """Whether ``json_form`` wraps the value in an object (its own root is not one)."""
-        return self.kind != "json_schema" or self.schema.get("type") != "object"
-
-    def unwrap(self, text: str) -> str:
-        """The text of an answer written in ``json_form``: the wrapped ``value``, as text (else ``text``).
-
-        Only for a wrapped form, and only when ``text`` breaks the
-        constraint as it is, so an answer that happens to look wrapped but is
-        valid is kept. A string value is the text itself; any other value
-        its JSON.
-        """
-        if not self.wrapped or not text.startswith("{") or self.is_valid(text):
-            return text
-        try:
-            answer = json.loads(text)
-        except ValueError:
-            return text
-        if not isinstance(answer, dict) or list(answer) != [WRAPPER]:
-            return text
-        value = answer[WRAPPER]
-        if self.kind != "json_schema":
-            return value if isinstance(value, str) else text
-        return json.dumps(value, ensure_ascii=False)
-
-    def to_dict(self) -> dict[str, Any]:
-        """JSON-able form, for cache keys and traces."""
-        return {"kind": self.kind, "value": self.value}
-
-    @property
-    def choices(self) -> list[str]:
-        return list(json.loads(self.value)) if self.kind == "choices" else []
-
-    @property
-    def schema(self) -> dict[str, Any]:
-        return dict(json.loads(self.value)) if self.kind == "json_schema" else {}
-
-    def check(self, text: str) -> None:
-        """Raise ``ValueError`` saying why ``text`` breaks the constraint."""
-        if self.kind == "choices":
-            if text not in self.choices:
-                raise ValueError(f"{text!r:.200} is not one of the choices {self.choices!r:.200}")
-        elif self.kind == "regex":
-            if re.fullmatch(self.value, text) is None:
-                raise ValueError(f"{text!r:.200} does not match the pattern {self.value!r:.200}")
-        else:
-            self.parse(text)
-
-    def is_valid(self, text: Any) -> bool:
-        if not isinstance(text, str):
-            return False
-        try:
-            self.check(text)
-        except ValueError:
-            return False
-        return True
-
-    def parse(self, text: str) -> Any:
-        """The value of a text: itself for choices and regex, the parsed JSON otherwise.
-
-        Raises ``ValueError`` for text that breaks the constraint.
-        """
-        if self.kind != "json_schema":
-            return text
-        if self.target is not None:
-            import pydantic
-
-            try:
-                return self.target.model_validate_json(text)  # type: ignore[attr-defined]
-            except pydantic.ValidationError as exc:
-                raise ValueError(f"{text!r:.200} is not a valid {self.target.__name__}: {exc}") from None
-        try:
-            value = json.loads(text)
-        except json.JSONDecodeError as exc:
-            raise ValueError(f"{text!r:.200} is not JSON: {exc}") from None
-        _validate_schema(value, self.schema, text)
-        return value
-
-    def __repr__(self) -> str:
-        return f"Constraint({self.kind}={self.value!r:.80})"
-
-
-# Keys see a constraint as its JSON form (the pydantic target changes no text).
-normalize.register(Constraint, lambda constraint: normalize(constraint.to_dict()))
-
-
-def _validate_schema(value: Any, schema: Mapping[str, Any], text: str) -> None:
-    try:
-        import jsonschema
-    except ImportError:  # without jsonschema, JSON that parses is accepted
-        return
-    try:
-        jsonschema.validate(value, schema)
-    except jsonschema.ValidationError as exc:
-        raise ValueError(f"{text!r:.200} does not follow the schema: {exc.message}") from None
 
 
 def make_constraint(

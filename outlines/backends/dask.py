@@ -30,7 +30,8 @@ from typing import Any, Callable, Sequence
 
 from distributed.scheduler import KilledWorker
 
-from outlines.backends.base import Backend, BatchReport, Draw
+from outlines.backends.base import Backend, BatchReport
+from outlines.draws import Draw
 
 __all__ = ["DaskExecutor", "WorkerLostError", "as_executor", "runs_on_workers", "worker_stats"]
 

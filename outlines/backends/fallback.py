@@ -14,7 +14,8 @@ from __future__ import annotations
 
 from typing import Any, Iterable, Sequence
 
-from outlines.backends.base import Backend, BackendError, BatchReport, Draw
+from outlines.backends.base import Backend, BackendError, BatchReport
+from outlines.draws import Draw
 
 __all__ = ["DEFAULT_ON", "FallbackBackend", "falls_back"]
 

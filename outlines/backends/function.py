@@ -29,7 +29,8 @@ from typing import Any, Callable, Sequence
 
 from outlines.errors import CacheWarning
 from outlines.threads import run_blocking
-from outlines.backends.base import Backend, BatchReport, Draw, DrawBatch, check_limit
+from outlines.backends.base import Backend, BatchReport, check_limit
+from outlines.draws import Draw, DrawBatch
 from outlines.graph.ops import all_text
 
 __all__ = ["FunctionBackend", "Unhashable", "code_hash", "state_hash"]

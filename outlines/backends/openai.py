@@ -53,8 +53,8 @@ from typing import Any, Callable, Mapping, NamedTuple, Sequence
 
 import yarl
 
-from outlines.backends.base import BackendError, BatchReport, Draw, GenerationParams
-from outlines.backends.constraints import Constraint
+from outlines.backends.base import BackendError, BatchReport
+from outlines.draws import Constraint, Draw, GenerationParams
 from outlines.backends import quirks
 from outlines.backends.hosted import HostedBackend, check_range
 from outlines.backends.http import gather_or_cancel

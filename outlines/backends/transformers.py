@@ -55,10 +55,8 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from outlines.backends.base import Backend, BackendError, BatchReport, Draw, GenerationParams, check_limit
-from outlines.backends.constraints import Constraint
-from outlines.backends.packing import pack
-from outlines.backends.prefix import prefix_groups
+from outlines.backends.base import Backend, BackendError, BatchReport, check_limit
+from outlines.draws import Constraint, Draw, GenerationParams, pack, prefix_groups
 from outlines.conversation import Conversation, messages_of
 from outlines.errors import install_hint
 
@@ -131,7 +129,7 @@ def plan_chunks(
 ) -> list[list[int]]:
     """Split prompt indices, in ``order`` (default: shortest first), into chunks that fit the limits.
 
-    The rule is ``outlines.backends.packing.pack``, the batcher's own.
+    The rule is ``outlines.draws.pack``, the batcher's own.
 
     A chunk holds at most ``max_rows`` rows (prompts x ``rows_per_prompt``)
     and at most ``max_tokens`` tokens (rows x (longest prompt + new tokens));

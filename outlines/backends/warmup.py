@@ -30,7 +30,7 @@ import contextlib
 from dataclasses import dataclass
 from typing import Callable, Mapping, Sequence
 
-from outlines.backends.prefix import common_prefix_length, prefix_groups
+from outlines.draws.prefix import common_prefix_length, prefix_groups
 
 __all__ = ["ALONE", "MAX_BOUNDARIES", "TOLERANCE", "Turn", "Warm", "Warmup", "joined"]
 

@@ -5,32 +5,20 @@ the backend's identity, the parameters, the prompt and the draw number, each
 written by the one normaliser ``outlines.keys.canonical``. ``draw_keys`` keys
 a whole batch, hashing each distinct params object once; ``draw_slots`` and
 ``prompt_keys`` split the same bytes at the slot (the part every draw of one
-params object and draw number shares) so the cache writer can hash prompts
-alone.
+params object and draw number shares: ``outlines.draws.Slot``) so the cache
+writer can hash prompts alone.
 """
 from __future__ import annotations
 
 import hashlib
 from json.encoder import encode_basestring_ascii  # type: ignore[attr-defined]
-from typing import Any, Iterable, NamedTuple, Protocol, Sequence
+from typing import Any, Iterable, NamedTuple, Sequence
 
 from outlines.cache.sqlite import FORMAT, KEY_BYTES
+from outlines.draws import Draw, DrawBatch, GenerationParams
 from outlines.keys import canonical
 
-__all__ = ["KeyedDraw", "SlotDraws", "SlotKey", "draw_key", "draw_keys", "draw_slots", "prompt_keys"]
-
-
-class KeyedDraw(Protocol):
-    """What a key reads of a draw (``outlines.backends.base.Draw`` is one): the cache knows no backend."""
-
-    @property
-    def prompt(self) -> Any: ...
-
-    @property
-    def params(self) -> Any: ...
-
-    @property
-    def draw(self) -> int: ...
+__all__ = ["SlotDraws", "SlotKey", "draw_key", "draw_keys", "draw_slots", "prompt_keys"]
 
 
 def _same(first: Any, second: Any) -> bool:
@@ -43,7 +31,7 @@ def _same(first: Any, second: Any) -> bool:
 _prefixes: dict[int, tuple[Any, Any, Any, bytes]] = {}
 
 
-def _entry(identity: Sequence[Any], params: Any) -> tuple[Any, Any, Any, bytes]:
+def _entry(identity: Sequence[Any], params: GenerationParams) -> tuple[Any, Any, Any, bytes]:
     entry = _prefixes.get(id(params))
     if entry is None or entry[0] is not params or not _same(entry[1], identity):
         shared = canonical(["outlines.draw", FORMAT, list(identity), params.to_dict()])
@@ -55,12 +43,12 @@ def _entry(identity: Sequence[Any], params: Any) -> tuple[Any, Any, Any, bytes]:
     return entry
 
 
-def _prefix(identity: Sequence[Any], params: Any) -> Any:
+def _prefix(identity: Sequence[Any], params: GenerationParams) -> Any:
     """The hash state after the part of a key that every draw of ``params`` shares."""
     return _entry(identity, params)[2]
 
 
-#: A slot (the draws of one params and one draw number: ``outlines.backends.base.Slot``) of one
+#: A slot (the draws of one params and one draw number: ``outlines.draws.Slot``) of one
 #: backend identity, as the cache keys it: ``(digest of the shared part of its draws' keys, draw number)``.
 SlotKey = tuple[bytes, int]
 
@@ -74,34 +62,12 @@ class SlotDraws(NamedTuple):
     positions: list[int] | None  # positions in the batch; None: all of them
 
 
-def draw_slots(identity: Sequence[Any], draws: Sequence[KeyedDraw]) -> list[SlotDraws]:
-    """Split a batch's draws by slot: usually one (one params, one draw number).
-
-    The same split as ``DrawBatch.by_slot`` (the cache reads the columns
-    itself, so it needs nothing from the backends): the check for the usual
-    case is two C-speed ``list.count`` passes, so a batch of 100,000 draws is
-    split without a Python step per draw.
-    """
-    prompts = getattr(draws, "prompts", None)
-    if prompts is not None:
-        params: list[Any] = draws.params  # type: ignore[attr-defined]
-        numbers: list[int] = draws.numbers  # type: ignore[attr-defined]
-    else:
-        params = [d.params for d in draws]
-        numbers = [d.draw for d in draws]
-    if not params:
-        return []
-    first, number = params[0], numbers[0]
-    if params.count(first) == len(params) and numbers.count(number) == len(numbers):
-        entry = _entry(identity, first)
-        return [SlotDraws((entry[3], int(number)), entry[2], int(number), None)]
-    groups: dict[tuple[Any, int], list[int]] = {}
-    for position, (each, drawn) in enumerate(zip(params, numbers)):
-        groups.setdefault((each, drawn), []).append(position)
+def draw_slots(identity: Sequence[Any], draws: Sequence[Draw]) -> list[SlotDraws]:
+    """Split a batch's draws by slot (``DrawBatch.by_slot``: usually one), each keyed for ``identity``."""
     out = []
-    for (each, drawn), positions in groups.items():
-        entry = _entry(identity, each)
-        out.append(SlotDraws((entry[3], int(drawn)), entry[2], int(drawn), positions))
+    for slot, positions in DrawBatch.of(draws).by_slot():
+        entry = _entry(identity, slot.params)
+        out.append(SlotDraws((entry[3], slot.number), entry[2], slot.number, positions))
     return out
 
 
@@ -121,7 +87,7 @@ def prompt_keys(hasher: Any, number: int, prompts: Iterable[Any]) -> list[bytes]
     return keys
 
 
-def draw_key(identity: Sequence[Any], request: KeyedDraw) -> bytes:
+def draw_key(identity: Sequence[Any], request: Draw) -> bytes:
     """The content hash of one draw.
 
     Parameters
@@ -140,7 +106,7 @@ def draw_key(identity: Sequence[Any], request: KeyedDraw) -> bytes:
 
     Examples
     --------
-    >>> from outlines.backends.base import GenerationParams, Draw
+    >>> from outlines.draws import Draw, GenerationParams
     >>> key = draw_key(("function", "f"), Draw("hi", GenerationParams(), 0))
     >>> len(key)
     16
@@ -148,7 +114,7 @@ def draw_key(identity: Sequence[Any], request: KeyedDraw) -> bytes:
     return draw_keys(identity, (request,))[0]
 
 
-def draw_keys(identity: Sequence[Any], requests: Sequence[KeyedDraw]) -> list[bytes]:
+def draw_keys(identity: Sequence[Any], requests: Sequence[Draw]) -> list[bytes]:
     """``draw_key`` of each draw of a batch (one backend), in order.
 
     The shared part of the key is hashed once per distinct params object in
@@ -170,7 +136,7 @@ def draw_keys(identity: Sequence[Any], requests: Sequence[KeyedDraw]) -> list[by
 
     Examples
     --------
-    >>> from outlines.backends.base import GenerationParams, Draw
+    >>> from outlines.draws import Draw, GenerationParams
     >>> params = GenerationParams(temperature=0.7)
     >>> keys = draw_keys(("function", "f"), [Draw("a", params, 0), Draw("a", params, 1)])
     >>> keys[0] == draw_key(("function", "f"), Draw("a", params, 0)) and keys[0] != keys[1]
@@ -181,9 +147,8 @@ def draw_keys(identity: Sequence[Any], requests: Sequence[KeyedDraw]) -> list[by
     params: Any = None
     copy: Any = None
     escape = encode_basestring_ascii
-    prompts = getattr(requests, "prompts", None)  # a DrawBatch: read its columns, make no Draw objects
-    if prompts is not None:
-        columns: Iterable[tuple[Any, Any, Any]] = zip(prompts, requests.params, requests.numbers)  # type: ignore[attr-defined]
+    if isinstance(requests, DrawBatch):  # read its columns, make no Draw objects
+        columns: Iterable[tuple[Any, Any, Any]] = zip(requests.prompts, requests.params, requests.numbers)
     else:
         columns = ((r.prompt, r.params, r.draw) for r in requests)
     for prompt, each, draw in columns:

@@ -26,6 +26,7 @@ from typing import Any, Callable, Iterable, Mapping, Sequence
 from outlines.cache.disk import Block, disk
 from outlines.cache.keys import SlotKey, SlotDraws, draw_keys, draw_slots, prompt_keys
 from outlines.cache.sqlite import FORMAT, KEY_BYTES, encode
+from outlines.draws import Draw, DrawBatch
 from outlines.errors import CacheWarning
 from outlines.graph.ops import all_text
 
@@ -72,7 +73,7 @@ class Cache:
     'HI'
     >>> cache.stats()["entries"]
     1
-    >>> from outlines.backends.base import Draw, GenerationParams
+    >>> from outlines.draws import Draw, GenerationParams
     >>> from outlines.cache.keys import draw_key
     >>> key = draw_key(("function", "f"), Draw("hi", GenerationParams(), 0))
     >>> cache.put_many({key: "v"}); cache.get_many([key]) == {key: "v"}
@@ -176,7 +177,7 @@ class Cache:
             self._disk.submit(rows, (), self.max_bytes)
 
     def get_draws(
-        self, identity: Sequence[Any], draws: Sequence[Any], *, record: bool = True, members: Any = None
+        self, identity: Sequence[Any], draws: Sequence[Draw], *, record: bool = True, members: Any = None
     ) -> list[str | None]:
         """The cached text of each of a batch's ``draws`` under a backend ``identity``; ``None``: a miss.
 
@@ -190,7 +191,8 @@ class Cache:
         draws stored since the last lookup are set aside unread unless they
         share a prompt with the batch.
         """
-        prompts_all: list[Any] = _prompts(draws)
+        draws = DrawBatch.of(draws)
+        prompts_all = draws.prompts
         out: list[Any] = [None] * len(prompts_all)
         looked: list[tuple[SlotDraws, list[Any], list[Any]]] = []  # per slot: its prompts, their values so far
         for part in draw_slots(identity, draws):
@@ -238,13 +240,14 @@ class Cache:
             self._disk.submit((), touched, self.max_bytes)
         return out
 
-    def peek_draws(self, identity: Sequence[Any], draws: Sequence[Any]) -> list[str] | None:
+    def peek_draws(self, identity: Sequence[Any], draws: Sequence[Draw]) -> list[str] | None:
         """The texts of ``draws`` when memory holds every one of them (counted as hits), else ``None``.
 
         One pass and no file access: the scheduler asks before queueing a
         large node, so a warm re-evaluation skips the queue altogether.
         """
-        prompts: list[Any] = _prompts(draws)
+        draws = DrawBatch.of(draws)
+        prompts = draws.prompts
         if not prompts:
             return None
         parts = draw_slots(identity, draws)
@@ -336,7 +339,7 @@ class Cache:
             stacklevel=stacklevel,
         )
 
-    def put_draws(self, identity: Sequence[Any], draws: Sequence[Any], texts: Sequence[str]) -> None:
+    def put_draws(self, identity: Sequence[Any], draws: Sequence[Draw], texts: Sequence[str]) -> None:
         """Store the text of each of ``draws`` under a backend ``identity``.
 
         Memory takes them at once; the writer thread hashes their keys and
@@ -349,7 +352,8 @@ class Cache:
         if not all_text(texts):
             self.put_many(dict(zip(draw_keys(identity, draws), texts)))
             return
-        prompts_all: list[Any] = _prompts(draws)
+        draws = DrawBatch.of(draws)
+        prompts_all = draws.prompts
         blocks = []
         for part in draw_slots(identity, draws):
             if part.positions is None:
@@ -455,12 +459,6 @@ class Cache:
             self._slot_entries -= len(table) - len(kept)
             size -= freed
         self._memory_size = size
-
-
-def _prompts(draws: Sequence[Any]) -> list[Any]:
-    """The prompts of a batch: a ``DrawBatch``'s column, or each ``Draw``'s."""
-    prompts = getattr(draws, "prompts", None)
-    return prompts if prompts is not None else [d.prompt for d in draws]
 
 
 def _check_keys(keys: Iterable[bytes]) -> None:

@@ -234,12 +234,14 @@ def eval(*variables: Variable, givens: Mapping[Any, Any] | None = None, **option
         could take the evaluation past it (prompt tokens counted, completions
         bounded by ``max_tokens``). Refused draws fail with ``BudgetExceeded``
         (a ``Failure`` with ``errors="return"``); what finished is cached.
-    batch
+    jobs
         ``True`` or an ``outlines.Jobs(...)``: the draws of OpenAI and
         Anthropic models go as provider batch jobs at half price, one round
         of ready draws at a time, recorded in the cache's ledger so that a
         re-run after a crash waits for them instead of paying again
         (``outlines.runtime.jobs``; guide: "Large jobs at half price").
+        ``batch=`` is its deprecated name (a ``DeprecationWarning``; it goes
+        in the next release).
 
     Returns
     -------
@@ -261,7 +263,7 @@ def eval(*variables: Variable, givens: Mapping[Any, Any] | None = None, **option
         When the next batch could pass ``budget`` (with ``errors="raise"``),
         after the batches in flight have finished and been cached.
     JobsRunning
-        With ``batch=Jobs(wait=False)``, once the jobs of the first round
+        With ``jobs=Jobs(wait=False)``, once the jobs of the first round
         that needs them are running.
     ValueError
         For ``max_concurrency`` that is not a positive integer, or ``errors``

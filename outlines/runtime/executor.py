@@ -8,7 +8,8 @@ from __future__ import annotations
 
 from typing import Any, Callable, Protocol, Sequence, runtime_checkable
 
-from outlines.backends.base import Backend, BatchReport, Draw
+from outlines.backends.base import Backend, BatchReport
+from outlines.draws import Draw
 from outlines.threads import run_blocking
 
 __all__ = ["Executor", "LocalExecutor", "resolve_executor"]

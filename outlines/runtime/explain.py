@@ -12,11 +12,11 @@ user function) is counted by shape when the shape is known, with an unknown
 cache status.
 
 Batching follows the scheduler's grouping under equal latencies: draws whose
-model calls share a queue (``batching.keys.queue_key``: backend and params,
+model calls share a queue (``batching.queue.queue_key``: backend and params,
 the constraint aside) and sit at the same *level* (number of model calls with
 misses along the longest chain above them, themselves included) join one of
 the batcher's own ``BatchQueue``s, deduplicated there, cache hits removed;
-the batches are the batcher's own ``Batch`` records (``batching.packing.pack_draws``
+the batches are the batcher's own ``Batch`` records (``batching.batches.pack_draws``
 on what the queue's ``take`` gives), so explain reads the plan the batcher
 would make rather than a copy of its rules.
 
@@ -45,7 +45,7 @@ first (see docs/guides/cache.md, "What a draw number depends on").
 
 Cached prompt tokens are an estimate (``_estimated_cached``), never part of an
 exact prediction: per prefix group of a predicted batch
-(``backends.prefix.prefix_groups``), its shared head for each prompt but the
+(``outlines.draws.prefix_groups``), its shared head for each prompt but the
 one that first carries it. A provider keeps a head cached across batches (the
 warm-up sends one request per head first), a local model only within one.
 What a provider really caches depends on its own rules (OpenAI's 128-token
@@ -67,8 +67,8 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from outlines.backends.base import Backend, DrawBatch, Slot
-from outlines.backends.prefix import prefix_groups
+from outlines.backends.base import Backend
+from outlines.draws import DrawBatch, Slot, prefix_groups
 from outlines.backends.usage import Price, PriceTable, price_of, reported
 from outlines.graph.basic import Variable
 from outlines.graph.control import WhileLoop
@@ -76,9 +76,8 @@ from outlines.labels import apart, label_of
 from outlines.graph.ops import Stack, broadcast_map
 from outlines.graph.ragged import Ragged
 from outlines.runtime.batching.batcher import cached_values
-from outlines.runtime.batching.keys import draws_of, queue_key
-from outlines.runtime.batching.packing import pack_draws
-from outlines.runtime.batching.queue import BatchQueue
+from outlines.runtime.batching.batches import pack_draws
+from outlines.runtime.batching.queue import BatchQueue, queue_key
 from outlines.backends.jobs import job_client
 from outlines.runtime.jobs import has_jobs
 from outlines.runtime.session import Evaluation, Options
@@ -619,7 +618,7 @@ class _DryRun:
         for j, number in enumerate(numbers):
             slot = Slot(op.params, number)
             if slot not in looked:  # a greedy call's draw numbers are all 0: one slot, looked up once
-                batch = draws_of(slot, unique)
+                batch = DrawBatch.in_slot(slot, unique)
                 values = cached_values(self.cache, op.backend, batch, record=False)  # a dry run counts no hits
                 found = {p: v for p, v in zip(unique, values) if v is not None}
                 # With a cache, a draw sent at an earlier level is stored by the time it recurs.
@@ -811,7 +810,7 @@ def _job_constraint(backend: Backend, constraint: Any) -> str:
                 "more")
     return (f"{constraint.kind}=: sent as {field} (the provider enforces it); a draw that still breaks it is asked "
             f"again in a new job round, up to {retries} more (each may take the provider's 24 h): call it live "
-            "(batch=False) to retry at once")
+            "(jobs=False) to retry at once")
 
 
 def explain(
@@ -836,8 +835,8 @@ def explain(
         A price table, model name -> ``(input_per_1M, output_per_1M)``, for
         models without their own ``price=`` (``outlines.backends.usage``).
     **options
-        Other evaluation options (as for ``eval``); with ``batch=True`` (or
-        ``batch=Jobs(...)``) the OpenAI and Anthropic calls are predicted as
+        Other evaluation options (as for ``eval``); with ``jobs=True`` (or
+        ``jobs=Jobs(...)``) the OpenAI and Anthropic calls are predicted as
         provider jobs: one batch per round, its ``jobs`` (split at the
         provider's request limit) and the batch price.
 

@@ -1,6 +1,6 @@
 """Batch mode: a round's uncached draws of one backend sent as provider batch jobs, through the ledger.
 
-``eval(..., batch=True)`` (or ``batch=Jobs(...)``, and the same option on a
+``eval(..., jobs=True)`` (or ``jobs=Jobs(...)``, and the same option on a
 ``Program`` call) makes the batcher hand each round's ready, uncached draws of
 an OpenAI or Anthropic backend to ``generate_as_jobs`` instead of the live
 API; other backends stay live. The round's draws become lines (``custom_id`` =
@@ -25,7 +25,7 @@ whose requests are the draws' keys are recorded and waited for instead.
 A draw whose constraint the provider's job lines cannot carry
 (``HostedBackend.constraint_field(constraint, job=True)`` is ``None``:
 Anthropic, OpenAI's ``/completions``) never reaches this module: the
-batcher packs such draws in live calls (``batching.packing.pack_draws``),
+batcher packs such draws in live calls (``batching.batches.pack_draws``),
 at the live price, its text checked there, so that a draw breaking the
 constraint is asked again at once rather than in a new job; ``explain``
 says so.
@@ -75,7 +75,8 @@ import sqlite3
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator, Mapping, Sequence
 
-from outlines.backends.base import Backend, BackendError, BatchReport, DrawBatch
+from outlines.backends.base import Backend, BackendError, BatchReport
+from outlines.draws import DrawBatch
 from outlines.backends.jobs import (
     Backoff,
     Clock,
@@ -109,7 +110,7 @@ MAX_RUN = 512
 
 @dataclass(frozen=True)
 class Jobs:
-    """How an evaluation sends its draws as provider batch jobs (``eval(..., batch=Jobs(...))``).
+    """How an evaluation sends its draws as provider batch jobs (``eval(..., jobs=Jobs(...))``).
 
     Parameters
     ----------
@@ -187,7 +188,7 @@ class Jobs:
 
     @classmethod
     def of(cls, value: Any) -> Jobs | None:
-        """The settings an ``eval(batch=...)`` option means: ``True``/``Jobs``, or ``None`` (live).
+        """The settings an ``eval(jobs=...)`` option means: ``True``/``Jobs``, or ``None`` (live).
 
         Raises
         ------
@@ -200,7 +201,7 @@ class Jobs:
             return cls()
         if isinstance(value, cls):
             return value
-        raise TypeError(f"batch must be True, False or outlines.Jobs(...), got {value!r}")
+        raise TypeError(f"jobs= must be True, False or outlines.Jobs(...), got {value!r}")
 
     def limits(self) -> dict[str, int]:
         """The per-job limits given, as ``job_client`` keywords."""
@@ -748,7 +749,7 @@ async def generate_as_jobs(
     """
     if cache is None:
         raise ValueError("batch mode needs a cache: its file holds the ledger of jobs (eval(cache=False) "
-                         "cannot be combined with batch=...)")
+                         "cannot be combined with jobs=...)")
     return await _Round(settings, cache, backend, draws, report, on_job).run()
 
 

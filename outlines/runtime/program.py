@@ -137,8 +137,8 @@ class Program:
     def submit(self, *args: Any, **kwargs: Any) -> list[str]:
         """Send the next round of provider batch jobs for these inputs and return at once.
 
-        The program must be in batch mode (``compile(..., batch=True)`` or
-        ``with_options(batch=...)``). Each call creates the jobs of the next
+        The program must be in batch mode (``compile(..., jobs=True)`` or
+        ``with_options(jobs=...)``). Each call creates the jobs of the next
         round whose inputs are ready (the first round first) or finds those
         already running (the cache's ledger): nothing is paid twice. A plain
         call with the same inputs later waits for the jobs and collects.
@@ -165,13 +165,13 @@ class Program:
         >>> outlines.compile(lambda q: q + "!").submit("hi")
         Traceback (most recent call last):
         ...
-        ValueError: submit needs a program in batch mode: compile(..., batch=True) or program.with_options(batch=True)
+        ValueError: submit needs a program in batch mode: compile(..., jobs=True) or program.with_options(jobs=True)
         """
-        settings = Jobs.of(self.options.batch)
+        settings = Jobs.of(self.options.jobs)
         if settings is None:
-            raise ValueError("submit needs a program in batch mode: compile(..., batch=True) or "
-                             "program.with_options(batch=True)")
-        options = self.options.with_changes(batch=dataclasses.replace(settings, wait=False), errors="raise")
+            raise ValueError("submit needs a program in batch mode: compile(..., jobs=True) or "
+                             "program.with_options(jobs=True)")
+        options = self.options.with_changes(jobs=dataclasses.replace(settings, wait=False), errors="raise")
         givens = self._givens(args, kwargs)
         try:
             run_sync(lambda blocked_loop: run_plan(self.plan, givens, options, blocked_loop))

@@ -7,7 +7,7 @@ a ``Program`` at construction) and builds one ``Evaluation`` per run
 never from another schedule:
 
 - ``options``: the checked options (``errors``, ``batch_window``, ``progress``,
-  ``batch``: provider batch jobs, ``jobs``...);
+  ``jobs``: provider batch jobs...);
 - ``cache``: the resolved ``Cache`` (``None``: off);
 - ``executor``: where batches and blocking Python calls run;
 - ``request_limit``: the bound on wire requests in flight (``max_concurrency``;
@@ -44,10 +44,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import difflib
 import itertools
 import sys
 import time
+import warnings
 from dataclasses import dataclass, field, fields, replace
+from types import FrameType
 from typing import Any, AsyncIterator, Mapping
 
 import numpy as np
@@ -79,24 +82,32 @@ class Options:
     executor: Any = None
     batch_window: float = 0.005
     budget: Budget | None = None
-    batch: Any = False
+    jobs: Any = False
 
     @classmethod
     def check(cls, options: Mapping[str, Any]) -> Options:
         """The options given by name, checked.
 
+        ``batch=`` is the deprecated name of ``jobs=`` (kept for one release):
+        it warns and means the same.
+
         Raises
         ------
         TypeError
-            For an unknown option, or a ``budget`` that is not a ``Budget``.
+            For an unknown option (naming the closest valid one), ``jobs=``
+            and ``batch=`` given together, or a ``budget`` that is not a
+            ``Budget``.
         ValueError
             For ``max_concurrency`` that is not a positive integer, or
             ``errors`` other than ``"raise"``/``"return"``.
         """
-        names = [f.name for f in fields(cls)]
-        unknown = sorted(set(options) - set(names))
-        if unknown:
-            raise TypeError(f"unknown evaluation option(s): {', '.join(unknown)}; expected {', '.join(names)}")
+        options = _renamed(options)
+        names = sorted(f.name for f in fields(cls))
+        for name in options:
+            if name not in names:
+                close = difflib.get_close_matches(name, names, n=1)
+                hint = f"; did you mean {close[0]}?" if close else ""
+                raise TypeError(f"unknown evaluation option {name!r}{hint} (valid: {', '.join(names)})")
         bound = options.get("max_concurrency")
         if bound is not None and (isinstance(bound, bool) or not isinstance(bound, int) or bound < 1):
             raise ValueError(f"max_concurrency must be a positive integer (requests in flight) or None, got {bound!r}")
@@ -104,12 +115,35 @@ class Options:
         if errors not in ("raise", "return"):
             raise ValueError(f"errors must be 'raise' or 'return', got {errors!r}")
         resolve_budget(options.get("budget"))
-        Jobs.of(options.get("batch"))
+        Jobs.of(options.get("jobs"))
         return cls(**options)
 
     def with_changes(self, **changes: Any) -> Options:
         """These options with ``changes`` applied (checked)."""
-        return Options.check({**{f.name: getattr(self, f.name) for f in fields(self)}, **changes})
+        return Options.check({**{f.name: getattr(self, f.name) for f in fields(self)}, **_renamed(changes)})
+
+
+def _renamed(options: Mapping[str, Any]) -> Mapping[str, Any]:
+    """``options`` with the deprecated ``batch=`` as ``jobs=``, warning where the caller gave it."""
+    if "batch" not in options:
+        return options
+    if "jobs" in options:
+        raise TypeError("give jobs= or batch= (its deprecated alias), not both")
+    warnings.warn("the evaluation option batch= is deprecated and goes in the next release: use jobs= "
+                  "(the same values: True or outlines.Jobs(...))", DeprecationWarning, stacklevel=_callers_level())
+    renamed = {name: value for name, value in options.items() if name != "batch"}
+    renamed["jobs"] = options["batch"]
+    return renamed
+
+
+def _callers_level() -> int:
+    """The ``stacklevel`` of the first frame outside the package: the user's line that gave the option."""
+    frame: FrameType | None = sys._getframe(1)
+    level = 1
+    while frame is not None and frame.f_globals.get("__name__", "").partition(".")[0] == "outlines":
+        frame = frame.f_back
+        level += 1
+    return level
 
 
 @dataclass(eq=False)
@@ -184,8 +218,8 @@ class Evaluation:
 
     @property
     def jobs(self) -> Jobs | None:
-        """``batch=...``: how draws go as provider batch jobs (``None``: live)."""
-        return Jobs.of(self.options.batch)
+        """``jobs=...``: how draws go as provider batch jobs (``None``: live)."""
+        return Jobs.of(self.options.jobs)
 
     @property
     def listening(self) -> bool:

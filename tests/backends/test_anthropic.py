@@ -11,7 +11,8 @@ import pytest
 import outlines
 from outlines import models
 from outlines.backends.anthropic import DEFAULT_MAX_TOKENS, AnthropicBackend
-from outlines.backends.base import BackendError, BatchReport, Draw, GenerationParams
+from outlines.backends.base import BackendError, BatchReport
+from outlines.draws import Draw, GenerationParams
 from outlines.cache import Cache, draw_key
 from tests.fixtures.fake_batches import FakeBatches
 from tests.fixtures.fake_openai import Close, Malformed, Status

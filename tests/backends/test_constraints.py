@@ -11,8 +11,9 @@ import pytest
 
 import outlines
 from outlines import models
-from outlines.backends.base import BatchReport, Draw, GenerationParams
-from outlines.backends.constraints import RETRY_STRIDE, Constraint, ConstraintError, Parse, generate_valid, make_constraint
+from outlines.backends.base import BatchReport
+from outlines.draws import Constraint, Draw, GenerationParams
+from outlines.backends.constraints import RETRY_STRIDE, ConstraintError, Parse, generate_valid, make_constraint
 from outlines.backends.openai import wire_constraint
 from outlines.cache import draw_key
 from outlines.errors import Failure, GraphBuildError

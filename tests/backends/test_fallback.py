@@ -15,7 +15,8 @@ import pytest
 import outlines
 from outlines import cache as cache_module
 from outlines import models
-from outlines.backends.base import BackendError, Draw
+from outlines.backends.base import BackendError
+from outlines.draws import Draw
 from outlines.backends.fallback import FallbackBackend, falls_back
 from outlines.cache import Cache
 import tests.fixtures.fake_openai as fake

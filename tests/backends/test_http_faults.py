@@ -14,7 +14,8 @@ import pytest
 import outlines
 from outlines import models
 from outlines.backends import http
-from outlines.backends.base import BackendError, BatchReport, Draw, GenerationParams
+from outlines.backends.base import BackendError, BatchReport
+from outlines.draws import Draw, GenerationParams
 from outlines.backends.openai import OpenAIChatBackend, OpenAICompletionBackend
 from outlines.cache import draw_key
 from tests.fixtures.fake_openai import OK, FakeOpenAI, Redirect, Status, Trickle

@@ -15,7 +15,8 @@ import pytest
 
 from outlines import models
 from outlines.backends.anthropic import AnthropicBackend
-from outlines.backends.base import BackendError, BatchReport, Draw, GenerationParams
+from outlines.backends.base import BackendError, BatchReport
+from outlines.draws import Draw, GenerationParams
 from outlines.backends.jobs import Backoff, JobClient, JobLimits, JobLine, JobStatus, job_client, split, wait
 from outlines.backends.jobs.anthropic import AnthropicJobs
 from outlines.backends.jobs.base import JobInDoubt
@@ -678,11 +679,11 @@ def test_batch_mode_sends_choices_and_patterns_as_openai_takes_them(clock: FakeC
         llm = models.openai("fake-model", base_url=server.base_url, api_key=KEY, dialect=dialect, temperature=0.7,
                             max_tokens=8)
         picked, counted = llm("pick", choices=["yes", "no"], num_samples=150), llm("count", regex="[0-9]+")
-        plan = outlines.explain(picked, counted, batch=Jobs(clock=clock))
+        plan = outlines.explain(picked, counted, jobs=Jobs(clock=clock))
         assert "choices=: sent as response_format (the provider enforces it)" in plan.summary()
         assert "regex=: sent as response_format" in plan.summary()
         settings = Jobs(clock=clock, backoff=Backoff(first=1.0, cap=5.0))
-        chosen, number = outlines.eval(picked, counted, batch=settings, cache=Cache(tmp_path))
+        chosen, number = outlines.eval(picked, counted, jobs=settings, cache=Cache(tmp_path))
         assert chosen.tolist() == ["no"] * 150 and number == "100"
         assert server.count == 0 and server.counts["batches.create"] == 1
         bodies = sorted((line.body for line in _sent_lines(server)), key=lambda b: -b.get("n", 1))
@@ -711,14 +712,14 @@ def test_batch_mode_runs_a_constraint_no_job_line_can_carry_live_and_says_so(clo
         legacy = models.openai_completion("fake-model", base_url=server.base_url, api_key=KEY, dialect="openai")
         settings = Jobs(clock=clock, backoff=Backoff(first=1.0, cap=5.0))
         summary = outlines.explain(claude("Is it?", choices=["yes", "no"]), legacy("p", regex="y.*"),
-                                   batch=settings).summary()
+                                   jobs=settings).summary()
         assert summary.count("not expressible in the provider's job requests: these draws run live") == 2
         assert "asked again at once, up to 3 more" in summary and "new job round" not in summary
-        value = outlines.eval(claude("Is it?", choices=["yes", "no"]), batch=settings, cache=Cache(tmp_path))
+        value = outlines.eval(claude("Is it?", choices=["yes", "no"]), jobs=settings, cache=Cache(tmp_path))
         assert value == "yes" and server.counts["message_batches.create"] == 0  # no job: live, retried at once
         assert server.count == 2  # "perhaps" (refused here), then "yes"
         server.reply = lambda prompt, sample, body: "yy"
-        assert outlines.eval(legacy("p", regex="y.*"), batch=settings, cache=Cache(tmp_path)) == "yy"
+        assert outlines.eval(legacy("p", regex="y.*"), jobs=settings, cache=Cache(tmp_path)) == "yy"
         assert server.count == 3 and server.counts["batches.create"] == 0
-        assert outlines.eval(legacy("q"), batch=settings, cache=Cache(tmp_path)) == "yy"  # unconstrained: a job
+        assert outlines.eval(legacy("q"), jobs=settings, cache=Cache(tmp_path)) == "yy"  # unconstrained: a job
         assert server.count == 3 and server.counts["batches.create"] == 1

@@ -14,7 +14,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from outlines.backends import http
-from outlines.backends.base import BackendError, BatchReport, Draw, GenerationParams
+from outlines.backends.base import BackendError, BatchReport
+from outlines.draws import Draw, GenerationParams
 from outlines.backends.openai import OpenAIChatBackend, OpenAICompletionBackend
 from tests.fixtures.fake_openai import FakeOpenAI, Status
 

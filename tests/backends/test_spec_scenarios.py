@@ -135,7 +135,7 @@ def test_live_anthropic_with_temperature(server: FakeBatches) -> None:
 def test_batch_samples_over_128(server: FakeBatches, clock: FakeClock, tmp_path: Path, provider: str) -> None:
     model = openai(server) if provider == "openai" else claude(server)
     out = model("q", num_samples=150, temperature=0.7, max_tokens=8)
-    value = outlines.eval(out, batch=jobs(clock), cache=Cache(tmp_path / "cache"))
+    value = outlines.eval(out, jobs=jobs(clock), cache=Cache(tmp_path / "cache"))
     assert len(value) == 150
 
 
@@ -146,7 +146,7 @@ def test_batch_choices_and_regex(server: FakeBatches, clock: FakeClock, tmp_path
     obey(server, constraint)
     model = openai(server) if provider == "openai" else claude(server)
     out = model(outlines.string("q"), max_tokens=8, **constraint)
-    outlines.eval(out, givens={"q": ["a", "b", "c"]}, batch=jobs(clock), cache=Cache(tmp_path / "cache"))
+    outlines.eval(out, givens={"q": ["a", "b", "c"]}, jobs=jobs(clock), cache=Cache(tmp_path / "cache"))
     lines = [line.body for job in server.jobs.values() for line in job.lines]
     if provider == "openai":  # the spec's form in every line
         assert len(lines) == 3 and all("response_format" in body and "max_completion_tokens" in body
@@ -157,10 +157,10 @@ def test_batch_choices_and_regex(server: FakeBatches, clock: FakeClock, tmp_path
 
 def test_batch_structured_output_with_an_array_root(server: FakeBatches, clock: FakeClock, tmp_path: Path) -> None:
     out = openai(server)(outlines.string("q"), json_schema=ARRAY, max_tokens=8)
-    value = outlines.eval(out, givens={"q": ["a", "b"]}, batch=jobs(clock), cache=Cache(tmp_path / "cache"))
+    value = outlines.eval(out, givens={"q": ["a", "b"]}, jobs=jobs(clock), cache=Cache(tmp_path / "cache"))
     assert list(value) == [["x"], ["x"]]
 
 
 def test_batch_to_a_reasoning_model(server: FakeBatches, clock: FakeClock, tmp_path: Path) -> None:
     out = openai(server, "gpt-5-mini")(outlines.string("q"), max_tokens=8)
-    outlines.eval(out, givens={"q": ["a", "b"]}, batch=jobs(clock), cache=Cache(tmp_path / "cache"))
+    outlines.eval(out, givens={"q": ["a", "b"]}, jobs=jobs(clock), cache=Cache(tmp_path / "cache"))

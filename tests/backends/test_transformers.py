@@ -16,7 +16,8 @@ pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
 from outlines.backends import transformers as tf  # noqa: E402
-from outlines.backends.base import BackendError, BatchReport, Draw, GenerationParams  # noqa: E402
+from outlines.backends.base import BackendError, BatchReport  # noqa: E402
+from outlines.draws import Draw, GenerationParams  # noqa: E402
 from outlines.backends.transformers import TransformersBackend, plan_chunks, trim_at_stop  # noqa: E402
 from outlines.testing import build_tiny_model, tiny_model_is_complete  # noqa: E402
 from tests.fixtures.recording import RecordingBackend  # noqa: E402

@@ -9,7 +9,8 @@ import pytest
 
 import outlines
 from outlines import models
-from outlines.backends.base import BatchReport, Draw, GenerationParams
+from outlines.backends.base import BatchReport
+from outlines.draws import Draw, GenerationParams
 from outlines.backends.openai import OpenAIChatBackend, OpenAICompletionBackend
 from outlines.backends.warmup import ALONE, MAX_BOUNDARIES, Warmup
 from tests.fixtures.fake_openai import CACHE_MIN_TOKENS, CACHE_STEP, FakeOpenAI, Status

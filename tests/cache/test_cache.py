@@ -28,7 +28,7 @@ import outlines.backends.base
 from outlines import cache as cache_module
 from outlines.cache import keys as cache_keys
 from outlines import models
-from outlines.backends.base import Draw, DrawBatch, GenerationParams
+from outlines.draws import Draw, DrawBatch, GenerationParams
 from outlines.cache import Cache, CacheWarning, draw_key
 from outlines.cache.sqlite import FORMAT, row_ids
 from tests.fixtures.subprocesses import python_env
@@ -106,7 +106,7 @@ def test_key_memo_never_confuses_equal_but_different_params() -> None:
 _KEY_SCRIPT = """
 import json, sys
 from outlines.cache import draw_key
-from outlines.backends.base import Draw, DrawBatch, GenerationParams
+from outlines.draws import Draw, DrawBatch, GenerationParams
 from tests.fixtures.subprocesses import python_env
 orders = [{"a": 1, "b": [1, 2], "c": {"x": 1, "y": 2}}, {"c": {"y": 2, "x": 1}, "b": [1, 2], "a": 1}]
 keys = [draw_key(("openai", "m", "http://h/v1"), Draw("p\\u00e9", GenerationParams.create(seed=3, **o), 4)).hex()

@@ -13,7 +13,7 @@ import pytest
 
 import outlines
 from outlines import models
-from outlines.backends.base import Draw, GenerationParams
+from outlines.draws import Draw, GenerationParams
 from outlines.cache import Cache, CacheWarning, draw_key
 from outlines.cache.sqlite import checksum, row_ids
 

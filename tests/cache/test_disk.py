@@ -16,7 +16,7 @@ from typing import Any, Callable, Iterator
 
 import pytest
 
-from outlines.backends.base import DrawBatch, GenerationParams
+from outlines.draws import DrawBatch, GenerationParams
 from outlines.cache import Cache, CacheWarning, draw_keys
 from outlines.cache.sqlite import FORMAT, SQLiteStore
 

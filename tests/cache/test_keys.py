@@ -6,7 +6,7 @@ import hashlib
 import numpy as np
 import pytest
 
-from outlines.backends.base import GenerationParams, Draw
+from outlines.draws import Draw, GenerationParams
 from outlines.cache.keys import draw_key, draw_keys
 from outlines.cache.sqlite import FORMAT
 from outlines.keys import canonical

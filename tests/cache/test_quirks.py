@@ -4,7 +4,7 @@ from __future__ import annotations
 import sqlite3
 import time
 
-from outlines.backends.base import Draw, GenerationParams
+from outlines.draws import Draw, GenerationParams
 from outlines.cache import Cache, draw_key
 from outlines.cache import quirks
 

@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from outlines import threads
-from outlines.backends.base import Draw, DrawBatch, GenerationParams
+from outlines.draws import Draw, DrawBatch, GenerationParams
 from outlines.cache import Cache, draw_keys
 from outlines.cache import disk as disk_module
 from outlines.cache.sqlite import row_ids

@@ -174,7 +174,7 @@ def test_budget_validates_its_arguments() -> None:
 def test_guard_settles_a_batch_at_its_reported_usage() -> None:
     backend = RecordingBackend()
     guard = BudgetGuard(Budget(tokens=100))
-    from outlines.backends.base import Draw, GenerationParams
+    from outlines.draws import Draw, GenerationParams
 
     draws = [Draw("a b c d", GenerationParams(max_tokens=10), 0)]
     ticket = guard.admit(backend, draws, "node")

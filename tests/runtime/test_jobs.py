@@ -1,4 +1,4 @@
-"""Batch mode (``eval(..., batch=Jobs(...))``) against the fake batch provider on 127.0.0.1.
+"""Batch mode (``eval(..., jobs=Jobs(...))``) against the fake batch provider on 127.0.0.1.
 
 The server runs its jobs on a ``FakeClock`` that the evaluation's waiting
 advances: nothing really sleeps. Every assertion counts what the server was
@@ -71,14 +71,14 @@ def test_each_round_is_one_job_and_nothing_goes_live(server: FakeBatches, clock:
     m = model(server, provider)
     out = two_levels(m, max_tokens=8)
     prompts = [f"p{i}" for i in range(20)]
-    value = outlines.eval(out, givens={"q": prompts}, batch=jobs(clock), cache=cache)
+    value = outlines.eval(out, givens={"q": prompts}, jobs=jobs(clock), cache=cache)
     assert list(value) == [f"<then <{p}|None|0>|None|0>" for p in prompts]
     assert server.count == 0  # no live request
     assert server.counts[CREATE[provider]] == 2  # depth 2: two rounds, one job each
     assert set(server.paid().values()) == {1} and len(server.paid()) == 40
     # Every job is closed in the ledger, and a re-run is answered by the cache alone.
     assert [r.state for r in Ledger(cache).jobs()] == ["collected", "collected"]
-    again = outlines.eval(out, givens={"q": prompts}, batch=jobs(clock), cache=cache)
+    again = outlines.eval(out, givens={"q": prompts}, jobs=jobs(clock), cache=cache)
     assert list(again) == list(value) and server.counts[CREATE[provider]] == 2
 
 
@@ -87,7 +87,7 @@ def test_samples_and_shuffled_results_land_on_their_draws(server: FakeBatches, c
     m = model(server, "openai")
     q = outlines.string("q")
     out = m(q, num_samples=3, temperature=0.7, seed=5, max_tokens=8)
-    value = outlines.eval(out, givens={"q": ["a", "b", "c", "d"]}, batch=jobs(clock), cache=cache)
+    value = outlines.eval(out, givens={"q": ["a", "b", "c", "d"]}, jobs=jobs(clock), cache=cache)
     live = outlines.eval(out, givens={"q": ["a", "b", "c", "d"]}, cache=False)
     assert value.tolist() == live.tolist()  # the same requests, so the same texts, in the right places
     assert server.counts["batches.create"] == 1 and server.count == 4
@@ -97,7 +97,7 @@ def test_a_round_splits_only_at_the_limits(clock: FakeClock, cache: Cache) -> No
     with FakeBatches(clock=clock, reply=reply, openai_limits=(4, 10_000_000)) as server:
         m = model(server, "openai")
         out = m(outlines.string("q"), max_tokens=4)
-        outlines.eval(out, givens={"q": [f"p{i}" for i in range(10)]}, batch=jobs(clock, max_requests=4), cache=cache)
+        outlines.eval(out, givens={"q": [f"p{i}" for i in range(10)]}, jobs=jobs(clock, max_requests=4), cache=cache)
         assert server.counts["batches.create"] == 3 and server.count == 0
 
 
@@ -105,16 +105,16 @@ def test_other_backends_stay_live_in_batch_mode(server: FakeBatches, clock: Fake
     upper = outlines.fn(str.upper)
     m = model(server, "openai")
     out = upper(m(outlines.string("q"), max_tokens=4))
-    assert outlines.eval(out, givens={"q": "x"}, batch=jobs(clock), cache=cache) == "<X|NONE|0>"
+    assert outlines.eval(out, givens={"q": "x"}, jobs=jobs(clock), cache=cache) == "<X|NONE|0>"
     assert server.counts["batches.create"] == 1
 
 
 def test_batch_mode_needs_a_cache_and_a_valid_option(server: FakeBatches, clock: FakeClock) -> None:
     out = model(server, "openai")(outlines.string("q"))
     with pytest.raises(NodeError, match="batch mode needs a cache"):
-        outlines.eval(out, givens={"q": "x"}, batch=jobs(clock), cache=False)
-    with pytest.raises(TypeError, match="batch must be True, False or outlines.Jobs"):
-        outlines.eval(out, givens={"q": "x"}, batch="yes")
+        outlines.eval(out, givens={"q": "x"}, jobs=jobs(clock), cache=False)
+    with pytest.raises(TypeError, match="jobs= must be True, False or outlines.Jobs"):
+        outlines.eval(out, givens={"q": "x"}, jobs="yes")
     with pytest.raises(ValueError, match="deadline"):
         Jobs(deadline=-1)
     with pytest.raises(ValueError, match="at most 512 characters"):  # it travels as a metadata value
@@ -132,13 +132,13 @@ def test_submit_returns_at_once_and_a_later_call_collects(server: FakeBatches, c
     out = m(outlines.string("q"), max_tokens=4)
     prompts = ["a", "b", "c"]
     with pytest.raises(JobsRunning, match="call again to collect") as raised:
-        outlines.eval(out, givens={"q": prompts}, batch=jobs(clock, wait=False), cache=cache)
+        outlines.eval(out, givens={"q": prompts}, jobs=jobs(clock, wait=False), cache=cache)
     assert len(raised.value.jobs) == 1 and raised.value.requests == 3
     assert [r.state in ("validating", "in_progress") for r in Ledger(cache).jobs()] == [True]
     # Asking again without waiting still pays nothing more.
     with pytest.raises(JobsRunning):
-        outlines.eval(out, givens={"q": prompts}, batch=jobs(clock, wait=False), cache=cache)
-    value = outlines.eval(out, givens={"q": prompts}, batch=jobs(clock), cache=cache)
+        outlines.eval(out, givens={"q": prompts}, jobs=jobs(clock, wait=False), cache=cache)
+    value = outlines.eval(out, givens={"q": prompts}, jobs=jobs(clock), cache=cache)
     assert list(value) == [f"<{p}|None|0>" for p in prompts]
     assert server.counts[CREATE[provider]] == 1 and set(server.paid().values()) == {1}
 
@@ -152,14 +152,14 @@ def test_a_job_created_before_the_ledger_heard_of_it_is_found_not_paid_again(
     backend = out.owner.op.backend
     client = job_client(backend)
     ledger = Ledger(cache)
-    from outlines.backends.base import DrawBatch
+    from outlines.draws import DrawBatch
     from outlines.cache import draw_keys
     draws = DrawBatch.of([d for d in _draws(out, prompts)])
     lines = client.lines(draws, draw_keys(backend.cache_identities[0], draws))
     record = ledger.record_intent(provider="openai", backend=list(backend.identity), run="outlines",
                                   lines=[(line.custom_id, line.keys) for line in lines])
     created = asyncio.run(_create(client, lines, record.metadata))
-    value = outlines.eval(out, givens={"q": prompts}, batch=jobs(clock), cache=cache)
+    value = outlines.eval(out, givens={"q": prompts}, jobs=jobs(clock), cache=cache)
     assert list(value) == ["<a|None|0>", "<b|None|0>"]
     assert server.counts["batches.create"] == 1  # the lost job was found, not made again
     assert Ledger(cache).get(record.intent).job_id == created  # type: ignore[union-attr]
@@ -170,19 +170,19 @@ def test_an_intent_never_created_is_abandoned_and_sent(server: FakeBatches, cloc
     out = m(outlines.string("q"), max_tokens=4)
     backend = out.owner.op.backend
     client = job_client(backend)
-    from outlines.backends.base import DrawBatch
+    from outlines.draws import DrawBatch
     from outlines.cache import draw_keys
     draws = DrawBatch.of(_draws(out, ["a"]))
     lines = client.lines(draws, draw_keys(backend.cache_identities[0], draws))
     record = Ledger(cache).record_intent(provider="openai", backend=list(backend.identity), run="outlines",
                                          lines=[(line.custom_id, line.keys) for line in lines])
-    assert outlines.eval(out, givens={"q": ["a"]}, batch=jobs(clock), cache=cache).tolist() == ["<a|None|0>"]
+    assert outlines.eval(out, givens={"q": ["a"]}, jobs=jobs(clock), cache=cache).tolist() == ["<a|None|0>"]
     assert Ledger(cache).get(record.intent).state == "abandoned"  # type: ignore[union-attr]
     assert server.counts["batches.create"] == 1
 
 
 def _draws(out: Any, prompts: list[str]) -> list[Any]:
-    from outlines.backends.base import Draw
+    from outlines.draws import Draw
     params = out.owner.op.params
     return [Draw(p, params, 0) for p in prompts]
 
@@ -204,7 +204,7 @@ def test_an_expired_job_keeps_its_half_and_only_the_rest_goes_again(server: Fake
     server.plan(JobPlan(validate_s=1.0, run_s=10.0, expire_s=6.0))
     m = model(server, provider)
     prompts = [f"p{i}" for i in range(10)]
-    value = outlines.eval(m(outlines.string("q"), max_tokens=4), givens={"q": prompts}, batch=jobs(clock),
+    value = outlines.eval(m(outlines.string("q"), max_tokens=4), givens={"q": prompts}, jobs=jobs(clock),
                           cache=cache)
     assert list(value) == [f"<{p}|None|0>" for p in prompts]
     first, second = sorted(server.jobs.values(), key=lambda job: job.created)
@@ -223,7 +223,7 @@ def test_error_lines_follow_the_retry_policy(server: FakeBatches, clock: FakeClo
     keys = [k.hex() for k in draw_keys(backend.cache_identities[0], _draws(out, ["a", "b", "c"]))]
     # "a" fails once with a 500 (retryable: it goes again), "b" with a 400 (it fails).
     server.plan(JobPlan(errors={keys[0]: 500, keys[1]: 400}))
-    value = outlines.eval(out, givens={"q": ["a", "b", "c"]}, batch=jobs(clock), cache=cache, errors="return")
+    value = outlines.eval(out, givens={"q": ["a", "b", "c"]}, jobs=jobs(clock), cache=cache, errors="return")
     assert value[0] == "<a|None|0>" and value[2] == "<c|None|0>"
     assert isinstance(value[1], Failure) and "400" in value[1].message
     assert server.counts[CREATE[provider]] == 2 and len(list(server.jobs.values())[-1].lines) == 1
@@ -234,7 +234,7 @@ def test_a_failed_job_quotes_the_provider(server: FakeBatches, clock: FakeClock,
     server.plan(JobPlan(fail="line 1: the model fake-model does not exist"))
     out = model(server, provider)(outlines.string("q"), max_tokens=4)
     with pytest.raises(NodeError, match="does not exist"):
-        outlines.eval(out, givens={"q": ["a"]}, batch=jobs(clock), cache=cache)
+        outlines.eval(out, givens={"q": ["a"]}, jobs=jobs(clock), cache=cache)
     # OpenAI's job ends failed, Anthropic refuses the create: either way the ledger holds nothing open.
     assert [(r.state, r.note is not None) for r in Ledger(cache).jobs()] == [("abandoned", True)]
 
@@ -244,7 +244,7 @@ def test_a_malformed_results_file_is_a_clear_error_and_the_ledger_keeps_the_job(
     server.plan(JobPlan(malformed=1))
     out = model(server, "openai")(outlines.string("q"), max_tokens=4)
     with pytest.raises(NodeError, match="malformed line"):
-        outlines.eval(out, givens={"q": ["a", "b"]}, batch=jobs(clock), cache=cache)
+        outlines.eval(out, givens={"q": ["a", "b"]}, jobs=jobs(clock), cache=cache)
     (record,) = Ledger(cache).jobs()
     assert record.open and record.state == "completed" and record.job_id is not None
 
@@ -253,7 +253,7 @@ def test_after_the_deadline_stragglers_go_live(server: FakeBatches, clock: FakeC
     server.plan(JobPlan(validate_s=1.0, run_s=100.0))
     out = model(server, "openai")(outlines.string("q"), max_tokens=4)
     prompts = [f"p{i}" for i in range(4)]
-    value = outlines.eval(out, givens={"q": prompts}, batch=jobs(clock, deadline=30.0), cache=cache)
+    value = outlines.eval(out, givens={"q": prompts}, jobs=jobs(clock, deadline=30.0), cache=cache)
     assert list(value) == [f"<{p}|None|0>" for p in prompts]
     assert server.counts["batches.cancel"] == 1 and 0 < server.count < 4  # only the stragglers went live
     assert sum(server.paid().values()) + server.count == 4
@@ -274,7 +274,7 @@ def test_batch_mode_gives_the_live_values(server: FakeBatches, clock: FakeClock,
         out = m(out, num_samples=samples, temperature=0.9, seed=7, max_tokens=4)
     prompts = [f"w{i}" for i in range(width)]
     cache = Cache(tmp_path / f"c{depth}-{width}-{samples}-{len(server.jobs)}")
-    batch = outlines.eval(out, givens={"q": prompts}, batch=jobs(clock), cache=cache)
+    batch = outlines.eval(out, givens={"q": prompts}, jobs=jobs(clock), cache=cache)
     live = outlines.eval(out, givens={"q": prompts}, cache=False)
     assert np.asarray(batch).tolist() == np.asarray(live).tolist()
 
@@ -321,7 +321,7 @@ m = models.openai("fake-model", base_url=url, api_key="sk-child")
 q = outlines.string("q")
 out = m("then " + m(q, max_tokens=4), max_tokens=4)
 value = outlines.eval(out, givens={"q": [f"p{i}" for i in range(6)]}, cache=Cache(folder),
-                      batch=Jobs(backoff=Backoff(first=0.02, cap=0.05), lease=2.0, heartbeat=0.2))
+                      jobs=Jobs(backoff=Backoff(first=0.02, cap=0.05), lease=2.0, heartbeat=0.2))
 print(json.dumps(list(value)))
 '''
 
@@ -359,7 +359,7 @@ def test_kill_9_at_each_step_then_a_rerun_pays_each_draw_once(tmp_path: Path, st
 def test_program_submit_then_call_collects_and_jobs_lists_and_cancels(server: FakeBatches, clock: FakeClock,
                                                                      cache: Cache) -> None:
     m = model(server, "openai")
-    prog = outlines.compile(lambda q: m("then " + m(q, max_tokens=4), max_tokens=4), batch=jobs(clock), cache=cache)
+    prog = outlines.compile(lambda q: m("then " + m(q, max_tokens=4), max_tokens=4), jobs=jobs(clock), cache=cache)
     prompts = ["a", "b"]
     running = prog.submit(prompts)
     assert len(running) == 1 and server.counts["batches.create"] == 1
@@ -373,11 +373,11 @@ def test_program_submit_then_call_collects_and_jobs_lists_and_cancels(server: Fa
     server.plan(JobPlan(validate_s=1.0, run_s=100.0))
     other = m(outlines.string("q"), max_tokens=3)
     with pytest.raises(JobsRunning):
-        outlines.eval(other, givens={"q": ["c", "d"]}, batch=jobs(clock, wait=False), cache=cache)
+        outlines.eval(other, givens={"q": ["c", "d"]}, jobs=jobs(clock, wait=False), cache=cache)
     clock.advance(60.0)  # one of the two lines is done
     (status,) = outlines.cancel_jobs(m, cache=cache)
     assert status.state in ("cancelling", "cancelled")
-    assert list(outlines.eval(other, givens={"q": ["c", "d"]}, batch=jobs(clock), cache=cache)) == \
+    assert list(outlines.eval(other, givens={"q": ["c", "d"]}, jobs=jobs(clock), cache=cache)) == \
         ["<c|None|0>", "<d|None|0>"]
     assert set(server.paid().values()) == {1} and len(list(server.jobs.values())[-1].lines) == 1
     with pytest.raises(ValueError, match="batch mode"):
@@ -390,7 +390,7 @@ def test_traces_record_each_job_and_cost_the_batch_price(server: FakeBatches, cl
     out = two_levels(m, max_tokens=8)
     prompts = [f"p{i}" for i in range(5)]
     with outlines.trace() as batch_trace:
-        outlines.eval(out, givens={"q": prompts}, batch=jobs(clock), cache=cache)
+        outlines.eval(out, givens={"q": prompts}, jobs=jobs(clock), cache=cache)
     with outlines.trace() as live_trace:
         outlines.eval(out, givens={"q": prompts}, cache=False)
     assert [(j.requests, j.draws, j.state) for j in batch_trace.jobs] == [(5, 5, "collected")] * 2
@@ -429,13 +429,13 @@ def test_explain_shows_rounds_jobs_and_the_batch_price(server: FakeBatches, cloc
     out = two_levels(m, max_tokens=8)
     prompts = [f"p{i}" for i in range(10)]
     live = outlines.explain(out, givens={"q": prompts}, cache=cache)
-    batch = outlines.explain(out, givens={"q": prompts}, cache=cache, batch=Jobs(max_requests=4))
+    batch = outlines.explain(out, givens={"q": prompts}, cache=cache, jobs=Jobs(max_requests=4))
     (usage,) = batch.usage.values()
     assert [b.jobs for b in batch.batches] == [3, 3] and usage.rounds == 2 and usage.jobs == 6
     assert len(live.batches) == 6 and all(b.jobs == 0 for b in live.batches)  # live: max_batch splits
     assert batch.cost == pytest.approx(0.5 * live.cost)  # type: ignore[operator]
     assert "2 round(s), 6 provider job(s) at the batch price" in batch.summary()
-    outlines.eval(out, givens={"q": prompts}, batch=jobs(clock, max_requests=4), cache=cache)
+    outlines.eval(out, givens={"q": prompts}, jobs=jobs(clock, max_requests=4), cache=cache)
     assert server.counts["batches.create"] == 6 and server.count == 0  # what explain said
 
 
@@ -447,7 +447,7 @@ def test_budgets_count_the_batch_price(server: FakeBatches, clock: FakeClock, ca
     with pytest.raises(outlines.BudgetExceeded):
         outlines.eval(out, givens={"q": prompts}, budget=outlines.Budget(cost=15.0), cache=False)
     assert server.count == 1  # live: the budget has room for one of the two draws, which is sent
-    value = outlines.eval(out, givens={"q": prompts}, budget=outlines.Budget(cost=15.0), batch=jobs(clock),
+    value = outlines.eval(out, givens={"q": prompts}, budget=outlines.Budget(cost=15.0), jobs=jobs(clock),
                           cache=cache)
     assert list(value) == ["<a|None|0>", "<b|None|0>"] and server.count == 1  # batch mode: no live request
 
@@ -464,7 +464,7 @@ def test_a_loop_of_k_iterations_takes_k_rounds(server: FakeBatches, clock: FakeC
         return total + m("n" + goal)
 
     final = outlines.while_loop(lambda total: unfinished(total, goal), step, init="", max_iter=10)
-    totals = outlines.eval(final, givens={goal: ["1", "3", "2"]}, batch=jobs(clock), cache=cache)
+    totals = outlines.eval(final, givens={goal: ["1", "3", "2"]}, jobs=jobs(clock), cache=cache)
     live = outlines.eval(final, givens={goal: ["1", "3", "2"]}, cache=False)
     assert totals.tolist() == live.tolist()
     # Each answer adds two "|": the elements need 2, 5 and 3 iterations: five rounds, one job each, over the
@@ -487,7 +487,7 @@ def test_structured_outputs_keep_their_meaning(clock: FakeClock, cache: Cache, p
     with FakeBatches(clock=clock, reply=person) as server:
         out = model(server, provider)(outlines.string("q"), json_schema=Person, max_tokens=32, temperature=0)
         prompts = ["a", "b", "bad"]
-        people = outlines.eval(out, givens={"q": prompts}, batch=jobs(clock), cache=cache, errors="return")
+        people = outlines.eval(out, givens={"q": prompts}, jobs=jobs(clock), cache=cache, errors="return")
         # OpenAI's job lines carry the schema; Anthropic's cannot, so its draws run live, checked here.
         assert (server.count, len(server.jobs)) == ((0, 1) if provider == "openai" else (3, 0))
         live = outlines.eval(out, givens={"q": prompts}, cache=False, errors="return")
@@ -504,7 +504,7 @@ def test_a_request_no_job_ever_answers_fails_after_max_asks(server: FakeBatches,
 
     server.plan(*[JobPlan(validate_s=2.0, expire_s=1.0)] * MAX_ASKS)  # each job expires before it starts
     out = model(server, "openai")(outlines.string("q"), max_tokens=4)
-    value = outlines.eval(out, givens={"q": ["a"]}, batch=jobs(clock), cache=cache, errors="return")
+    value = outlines.eval(out, givens={"q": ["a"]}, jobs=jobs(clock), cache=cache, errors="return")
     assert isinstance(value[0], Failure) and f"unanswered {MAX_ASKS} times" in value[0].message
     assert server.counts["batches.create"] == MAX_ASKS and not server.paid()
 
@@ -513,7 +513,7 @@ def test_not_waiting_raises_jobs_running_even_when_failures_are_returned(server:
                                                                           cache: Cache) -> None:
     out = model(server, "openai")(outlines.string("q"), max_tokens=4)
     with pytest.raises(JobsRunning):
-        outlines.eval(out, givens={"q": ["a"]}, batch=jobs(clock, wait=False), cache=cache, errors="return")
+        outlines.eval(out, givens={"q": ["a"]}, jobs=jobs(clock, wait=False), cache=cache, errors="return")
 
 
 def test_draws_whose_constraint_no_job_line_carries_cost_the_live_price(server: FakeBatches, clock: FakeClock,
@@ -530,7 +530,7 @@ def test_draws_whose_constraint_no_job_line_carries_cost_the_live_price(server: 
     free, picked = m(q), m("Pick for " + q, choices=["yes", "no"])
     prompts = ["a", "b", "c"]
     givens = {"q": prompts}
-    plan = outlines.explain(free, picked, givens=givens, batch=jobs(clock))
+    plan = outlines.explain(free, picked, givens=givens, jobs=jobs(clock))
     (usage,) = plan.usage.values()
     assert usage.jobs == 1 and 0 < usage.job_prompt_tokens < usage.prompt_tokens
     everything_in_jobs = price.money(usage.prompt_tokens, usage.completion_tokens or 0, batch=True)
@@ -538,7 +538,7 @@ def test_draws_whose_constraint_no_job_line_carries_cost_the_live_price(server: 
     assert "the draws below live" in plan.summary()
     server.reply = lambda prompt, sample, body: "yes" if "Pick" in str(prompt) else reply(prompt, sample, body)
     with outlines.trace() as trace:
-        outlines.eval(free, picked, givens=givens, batch=jobs(clock), cache=cache,
+        outlines.eval(free, picked, givens=givens, jobs=jobs(clock), cache=cache,
                       budget=outlines.Budget(cost=plan.cost))
     assert server.counts[CREATE["anthropic"]] == 1 and server.count == len(prompts)  # one job; the rest live
     live = [b for b in trace.batches if not b.jobs]

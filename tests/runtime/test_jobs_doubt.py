@@ -20,7 +20,7 @@ import pytest
 
 import outlines
 from outlines import models
-from outlines.backends.base import DrawBatch
+from outlines.draws import Draw, DrawBatch
 from outlines.backends.jobs import job_client
 from outlines.cache import Cache, draw_keys
 from outlines.cache.ledger import Ledger
@@ -53,7 +53,7 @@ def test_a_completed_job_whose_results_cannot_be_read_stops_and_is_not_bought_ag
     out = model(server, provider)(outlines.string("q"), max_tokens=4)
     for _ in range(2):  # a re-run reads the same job again: it buys nothing either
         with pytest.raises(NodeError, match="paid answer.s. cannot be read") as caught:
-            outlines.eval(out, givens={"q": PROMPTS}, batch=jobs(clock), cache=cache)
+            outlines.eval(out, givens={"q": PROMPTS}, jobs=jobs(clock), cache=cache)
         assert "forget_job" in str(caught.value)
         assert server.counts[CREATE[provider]] == 1
         once(server)
@@ -61,7 +61,7 @@ def test_a_completed_job_whose_results_cannot_be_read_stops_and_is_not_bought_ag
     assert record.state == "completed" and record.job_id in str(caught.value)
     # The way out, when the user knows the results are gone: forget the job; its lines are bought again.
     assert outlines.forget_job(record.job_id or "", cache=cache).state == "abandoned"
-    assert list(outlines.eval(out, givens={"q": PROMPTS}, batch=jobs(clock), cache=cache)) == EXPECTED
+    assert list(outlines.eval(out, givens={"q": PROMPTS}, jobs=jobs(clock), cache=cache)) == EXPECTED
     assert server.counts[CREATE[provider]] == 2 and outlines.jobs(cache=cache) == []
 
 
@@ -69,7 +69,7 @@ def test_an_ended_batch_without_its_results_url_is_read_at_the_documented_path(
         server: FakeBatches, clock: FakeClock, cache: Cache) -> None:
     server.plan(JobPlan(unreadable="absent"))
     out = model(server, "anthropic")(outlines.string("q"), max_tokens=4)
-    assert list(outlines.eval(out, givens={"q": PROMPTS}, batch=jobs(clock), cache=cache)) == EXPECTED
+    assert list(outlines.eval(out, givens={"q": PROMPTS}, jobs=jobs(clock), cache=cache)) == EXPECTED
     once(server)
 
 
@@ -80,10 +80,10 @@ def test_unread_lines_that_no_count_explains_go_again_once_then_stop(server: Fak
     server.plan(*[JobPlan(unreadable="empty", counts=False)] * 3)
     out = model(server, provider)(outlines.string("q"), max_tokens=4)
     with pytest.raises(NodeError, match="gives no counts.*sent again once already"):
-        outlines.eval(out, givens={"q": PROMPTS}, batch=jobs(clock), cache=cache)
+        outlines.eval(out, givens={"q": PROMPTS}, jobs=jobs(clock), cache=cache)
     assert server.counts[CREATE[provider]] == 2 and set(server.submitted.values()) == {2}
     with pytest.raises(NodeError, match="gives no counts"):  # the re-run reads the open job: no third
-        outlines.eval(out, givens={"q": PROMPTS}, batch=jobs(clock), cache=cache)
+        outlines.eval(out, givens={"q": PROMPTS}, jobs=jobs(clock), cache=cache)
     assert server.counts[CREATE[provider]] == 2
 
 
@@ -93,7 +93,7 @@ def test_unread_lines_the_counts_say_were_not_answered_go_again(server: FakeBatc
     # The job expires before it starts: its (empty) results name nothing, and its counts say nothing ran.
     server.plan(JobPlan(validate_s=2.0, expire_s=1.0, unreadable="empty"))
     out = model(server, provider)(outlines.string("q"), max_tokens=4)
-    assert list(outlines.eval(out, givens={"q": PROMPTS}, batch=jobs(clock), cache=cache)) == EXPECTED
+    assert list(outlines.eval(out, givens={"q": PROMPTS}, jobs=jobs(clock), cache=cache)) == EXPECTED
     assert server.counts[CREATE[provider]] == 2
     assert len(server.paid()) == 3 and set(server.paid().values()) == {1}
 
@@ -107,7 +107,7 @@ def test_a_create_answered_by_an_error_body_is_looked_up_not_paid_again(server: 
     error = {"error": {"message": "internal error", "type": "server_error"}}
     server.script_route(CREATE[provider], Made(Status(200, body=error)))  # made, then answered by an error
     out = model(server, provider)(outlines.string("q"), max_tokens=4)
-    assert list(outlines.eval(out, givens={"q": PROMPTS}, batch=jobs(clock), cache=cache)) == EXPECTED
+    assert list(outlines.eval(out, givens={"q": PROMPTS}, jobs=jobs(clock), cache=cache)) == EXPECTED
     assert server.counts[CREATE[provider]] == 1
     once(server)
     assert [r.state for r in Ledger(cache).jobs()] == ["collected"]
@@ -124,7 +124,7 @@ def test_anthropic_rerun_after_a_lost_create_takes_its_own_batch_not_a_strangers
     client = job_client(backend)
     # Another program's batch of the same size, created first (and finished first).
     stranger = m(outlines.string("q"), max_tokens=5).owner.op
-    other = DrawBatch.of([outlines.backends.base.Draw(p, stranger.params, 0) for p in ["x", "y", "z"]])
+    other = DrawBatch.of([Draw(p, stranger.params, 0) for p in ["x", "y", "z"]])
     theirs = client.lines(other, draw_keys(backend.cache_identities[0], other))
     # What a process killed between create and the ledger write leaves: an intent, a batch, no id.
     draws = DrawBatch.of(_draws(out, PROMPTS))
@@ -142,7 +142,7 @@ def test_anthropic_rerun_after_a_lost_create_takes_its_own_batch_not_a_strangers
             await client.aclose()
 
     stranger_id, ours_id = asyncio.run(create_both())
-    assert list(outlines.eval(out, givens={"q": PROMPTS}, batch=jobs(clock), cache=cache)) == EXPECTED
+    assert list(outlines.eval(out, givens={"q": PROMPTS}, jobs=jobs(clock), cache=cache)) == EXPECTED
     assert server.counts["message_batches.create"] == 2  # nothing re-sent
     assert Ledger(cache).get(record.intent).job_id == ours_id  # type: ignore[union-attr]
     assert stranger_id not in {r.job_id for r in Ledger(cache).jobs()}
@@ -154,11 +154,11 @@ def test_anthropic_without_waiting_names_the_batches_it_cannot_tell_apart(server
     server.script_route("message_batches.create", Made(Status(200, body={"type": "error"})))
     out = model(server, "anthropic")(outlines.string("q"), max_tokens=4)
     with pytest.raises(NodeError, match="msgbatch_fake.* may be the one") as caught:
-        outlines.eval(out, givens={"q": PROMPTS}, batch=jobs(clock, wait=False), cache=cache)
+        outlines.eval(out, givens={"q": PROMPTS}, jobs=jobs(clock, wait=False), cache=cache)
     assert list(server.jobs)[0] in str(caught.value) and server.counts["message_batches.create"] == 1
     (record,) = outlines.jobs(cache=cache)  # the intent is kept: the next run settles it
     assert record.state == "intent"
-    assert list(outlines.eval(out, givens={"q": PROMPTS}, batch=jobs(clock), cache=cache)) == EXPECTED
+    assert list(outlines.eval(out, givens={"q": PROMPTS}, jobs=jobs(clock), cache=cache)) == EXPECTED
     once(server)
 
 
@@ -171,16 +171,16 @@ def test_a_job_deleted_at_the_provider_stops_with_a_way_out(server: FakeBatches,
     server.plan(JobPlan(run_s=100.0))
     out = model(server, provider)(outlines.string("q"), max_tokens=4)
     with pytest.raises(JobsRunning) as running:
-        outlines.eval(out, givens={"q": PROMPTS}, batch=jobs(clock, wait=False), cache=cache)
+        outlines.eval(out, givens={"q": PROMPTS}, jobs=jobs(clock, wait=False), cache=cache)
     (job_id,) = running.value.jobs
     server.delete(job_id)
     for wait in (True, False, True):
         with pytest.raises(NodeError, match="unknown to the provider .404") as caught:
-            outlines.eval(out, givens={"q": PROMPTS}, batch=jobs(clock, wait=wait), cache=cache)
+            outlines.eval(out, givens={"q": PROMPTS}, jobs=jobs(clock, wait=wait), cache=cache)
         assert job_id in str(caught.value) and f"outlines.forget_job('{job_id}')" in str(caught.value)
         assert server.counts[CREATE[provider]] == 1
     outlines.forget_job(job_id, cache=cache)
-    assert list(outlines.eval(out, givens={"q": PROMPTS}, batch=jobs(clock), cache=cache)) == EXPECTED
+    assert list(outlines.eval(out, givens={"q": PROMPTS}, jobs=jobs(clock), cache=cache)) == EXPECTED
     assert server.counts[CREATE[provider]] == 2
     # Both jobs were recorded at the same moment of the fake clock: found by id, not by order.
     (record,) = [r for r in outlines.jobs(cache=cache, open=False, run="outlines") if r.job_id == job_id]
@@ -204,7 +204,7 @@ def test_a_job_the_ledger_lost_is_found_at_the_provider_not_paid_again(
     folder = tmp_path / "cache"
     out = model(server, provider)(outlines.string("q"), max_tokens=4)
     with pytest.raises(JobsRunning):
-        outlines.eval(out, givens={"q": PROMPTS}, batch=jobs(clock, wait=False), cache=Cache(folder))
+        outlines.eval(out, givens={"q": PROMPTS}, jobs=jobs(clock, wait=False), cache=Cache(folder))
     if provider == "anthropic":  # a batch carries no metadata: it is known by its results once it ended
         clock.advance(60.0)
     if fault == "deleted cache":
@@ -213,7 +213,7 @@ def test_a_job_the_ledger_lost_is_found_at_the_provider_not_paid_again(
         _damage(Cache(folder), "jobs" if fault == "damaged row" else "job_lines")
     cache = Cache(folder)
     with outlines.trace() as trace:
-        value = outlines.eval(out, givens={"q": PROMPTS}, batch=jobs(clock), cache=cache)
+        value = outlines.eval(out, givens={"q": PROMPTS}, jobs=jobs(clock), cache=cache)
     assert list(value) == EXPECTED
     assert server.counts[CREATE[provider]] == 1
     once(server)
@@ -227,10 +227,10 @@ def test_a_stranger_job_of_the_same_run_with_other_requests_is_left_alone(server
     # Another cache ran the same prompts with other samples: same first custom_id, another request (n).
     m = model(server, "openai")
     q = outlines.string("q")
-    outlines.eval(m(q, num_samples=3, temperature=0.7, max_tokens=4), givens={"q": PROMPTS}, batch=jobs(clock),
+    outlines.eval(m(q, num_samples=3, temperature=0.7, max_tokens=4), givens={"q": PROMPTS}, jobs=jobs(clock),
                   cache=Cache(tmp_path / "other"))
     value = outlines.eval(m(q, num_samples=2, temperature=0.7, max_tokens=4), givens={"q": PROMPTS},
-                          batch=jobs(clock), cache=cache)
+                          jobs=jobs(clock), cache=cache)
     assert value.shape == (3, 2) and server.counts["batches.create"] == 2
 
 
@@ -254,7 +254,7 @@ if step == "die":
 m = models.anthropic("claude-fake", base_url=url, api_key="sk-ant-child")
 out = m(outlines.string("q"), max_tokens=4)
 value = outlines.eval(out, givens={"q": [f"p{i}" for i in range(4)]}, cache=Cache(folder),
-                      batch=Jobs(backoff=Backoff(first=0.02, cap=0.05)))
+                      jobs=Jobs(backoff=Backoff(first=0.02, cap=0.05)))
 print(json.dumps(list(value)))
 '''
 
@@ -278,7 +278,7 @@ def test_anthropic_kill_9_after_create_then_a_rerun_takes_its_own_batch(tmp_path
         stranger = models.anthropic("claude-fake", base_url=server.anthropic_url, api_key="sk-ant-other")
         with pytest.raises(JobsRunning):
             outlines.eval(stranger(outlines.string("q"), max_tokens=5), givens={"q": ["w", "x", "y", "z"]},
-                          batch=outlines.Jobs(wait=False), cache=Cache(tmp_path / "other"))
+                          jobs=outlines.Jobs(wait=False), cache=Cache(tmp_path / "other"))
         killed = child("die")
         assert killed.returncode == -signal.SIGKILL, killed.stderr
         done = child("never")

@@ -51,9 +51,9 @@ def test_a_key_the_provider_echoes_is_stored_and_shown_nowhere(server: FakeBatch
     # A line refused with the key quoted in its error, then a job refused (failed, or its create) quoting it.
     server.plan(JobPlan(errors={keys_of(out, ["b"])[0]: 401}, message=echoed), JobPlan(fail=echoed))
     with outlines.trace() as trace:
-        value = outlines.eval(out, givens={"q": ["a", "b", "c"]}, batch=jobs(clock), cache=cache, errors="return")
+        value = outlines.eval(out, givens={"q": ["a", "b", "c"]}, jobs=jobs(clock), cache=cache, errors="return")
         with pytest.raises(NodeError) as caught:
-            outlines.eval(out, givens={"q": ["d"]}, batch=jobs(clock), cache=cache)
+            outlines.eval(out, givens={"q": ["d"]}, jobs=jobs(clock), cache=cache)
     assert value[0] == "<a|None|0>" and isinstance(value[1], Failure) and "Incorrect API key" in value[1].message
     assert "Incorrect API key" in str(caught.value)
     records = outlines.jobs(cache=cache, open=None)
@@ -74,7 +74,7 @@ def test_a_line_no_job_can_take_fails_its_element_alone_and_the_job_goes(server:
                                                                          cache: Cache, provider: str, bad: str) -> None:
     out = model(server, provider)(outlines.string("q"), max_tokens=4)
     prompts = ["a", bad, "c"]
-    value = outlines.eval(out, givens={"q": prompts}, batch=jobs(clock, max_bytes=500), cache=cache, errors="return")
+    value = outlines.eval(out, givens={"q": prompts}, jobs=jobs(clock, max_bytes=500), cache=cache, errors="return")
     assert value[0] == "<a|None|0>" and value[2] == "<c|None|0>"
     failure = value[1]
     assert isinstance(failure, Failure) and failure.node == out.owner.label  # its element, its node
@@ -83,7 +83,7 @@ def test_a_line_no_job_can_take_fails_its_element_alone_and_the_job_goes(server:
     assert server.counts[CREATE[provider]] == 1 and sorted(server.submitted) == sorted(keys_of(out, ["a", "c"]))
     assert set(server.paid().values()) == {1} and server.count == 0  # the others in the job, nothing live
     with pytest.raises(NodeError, match="cannot go in a job" if "\ud800" in bad else "more than one") as caught:
-        outlines.eval(out, givens={"q": prompts}, batch=jobs(clock, max_bytes=500), cache=cache)
+        outlines.eval(out, givens={"q": prompts}, jobs=jobs(clock, max_bytes=500), cache=cache)
     assert caught.value.node == out.owner.label
 
 
@@ -98,7 +98,7 @@ def test_a_bad_poll_answer_does_not_end_a_long_wait(server: FakeBatches, clock: 
     gateway = Status(200, body={"error": {"message": "upstream connect error", "type": "server_error"}})
     server.script_route(get, OK, gateway, OK, Malformed("<html>bad gateway</html>"))
     out = model(server, provider)(outlines.string("q"), max_tokens=4)
-    value = outlines.eval(out, givens={"q": ["a", "b"]}, batch=jobs(clock), cache=cache)
+    value = outlines.eval(out, givens={"q": ["a", "b"]}, jobs=jobs(clock), cache=cache)
     assert list(value) == ["<a|None|0>", "<b|None|0>"] and server.count == 0
     assert server.counts[CREATE[provider]] == 1 and set(server.paid().values()) == {1}
 
@@ -114,7 +114,7 @@ def test_a_job_stuck_cancelling_past_the_deadline_stays_open_and_its_draws_go_li
         out = model(stuck, provider)(outlines.string("q"), max_tokens=4)
         prompts = [f"p{i}" for i in range(4)]
         start = clock.now
-        value = outlines.eval(out, givens={"q": prompts}, batch=jobs(clock, deadline=30.0, cancel_wait=20.0),
+        value = outlines.eval(out, givens={"q": prompts}, jobs=jobs(clock, deadline=30.0, cancel_wait=20.0),
                               cache=cache)
         assert list(value) == [f"<{p}|None|0>" for p in prompts] and stuck.count == 4  # all of them live
         assert clock.now - start <= 50.0 and sum(clock.slept) <= 50.0  # deadline + cancel_wait, not forever
@@ -136,7 +136,7 @@ def test_with_no_cancel_wait_the_deadline_is_the_bound(clock: FakeClock, cache: 
     with FakeBatches(clock=clock, reply=reply, cancel_s=1e9) as stuck:
         stuck.plan(JobPlan(validate_s=1.0, run_s=100.0))
         out = model(stuck, "openai")(outlines.string("q"), max_tokens=4)
-        value = outlines.eval(out, givens={"q": ["a", "b"]}, batch=jobs(clock, deadline=30.0, cancel_wait=0.0),
+        value = outlines.eval(out, givens={"q": ["a", "b"]}, jobs=jobs(clock, deadline=30.0, cancel_wait=0.0),
                               cache=cache)
         assert list(value) == ["<a|None|0>", "<b|None|0>"] and sum(clock.slept) == 30.0
         (record,) = outlines.jobs(cache=cache)
@@ -159,6 +159,6 @@ def test_a_cancel_refused_because_the_job_just_finished_collects_it(server: Fake
     server.plan(JobPlan(validate_s=1.0, run_s=100.0))
     server.script_route("batches.cancel", FinishedMeanwhile(clock))
     out = model(server, "openai")(outlines.string("q"), max_tokens=4)
-    value = outlines.eval(out, givens={"q": ["a", "b"]}, batch=jobs(clock, deadline=30.0), cache=cache)
+    value = outlines.eval(out, givens={"q": ["a", "b"]}, jobs=jobs(clock, deadline=30.0), cache=cache)
     assert list(value) == ["<a|None|0>", "<b|None|0>"] and server.count == 0  # all from the job, none live
     assert outlines.jobs(cache=cache) == [] and set(server.paid().values()) == {1}

@@ -76,7 +76,7 @@ def test_a_round_lets_go_of_its_leases_when_it_returns_or_raises(tmp_path: Path)
         llm = models.openai("fake-model", base_url=fake.base_url, api_key="sk-race", max_tokens=4)
         with pytest.raises(JobsRunning):
             outlines.eval(llm(outlines.string("q")), givens={"q": PROMPTS}, cache=Cache(tmp_path), progress=False,
-                          batch=Jobs(wait=False, clock=clock))
+                          jobs=Jobs(wait=False, clock=clock))
     (record,) = outlines.jobs(cache=Cache(tmp_path))
     ledger = Ledger(Cache(tmp_path))
     assert record.job_id is not None and ledger.leased(record.intent) is None  # another process takes it at once
@@ -129,7 +129,7 @@ def test_not_waiting_names_the_job_another_process_holds(server: Any, children: 
     llm = models.openai("fake-model", base_url=url, api_key="sk-race", max_tokens=4)
     with pytest.raises(JobsRunning) as running:  # this process is the second: it does not wait, nor pay
         outlines.eval(llm(outlines.string("q")), givens={"q": PROMPTS}, cache=Cache(tmp_path), progress=False,
-                      batch=Jobs(wait=False))
+                      jobs=Jobs(wait=False))
     (record,) = outlines.jobs(cache=Cache(tmp_path))
     assert running.value.jobs == [record.job_id] and running.value.requests == len(PROMPTS)
     first.go()

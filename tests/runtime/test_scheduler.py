@@ -322,7 +322,7 @@ def test_the_collector_is_off_in_the_schedulers_bursts_and_back_on_after_an_erro
 
 
 def test_backends_receive_one_draw_batch_of_unique_draws_per_batch() -> None:
-    from outlines.backends.base import DrawBatch
+    from outlines.draws import DrawBatch
 
     received: list[Any] = []
     backend = RecordingBackend()

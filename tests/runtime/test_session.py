@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import asyncio
+import warnings
 from typing import Any
 
 import pytest
@@ -27,6 +28,51 @@ def test_options_are_checked_once_with_clear_errors() -> None:
     assert (changed.errors, changed.cache) == ("return", False)
     with pytest.raises(ValueError, match="errors must be"):
         Options().with_changes(errors="x")
+
+
+def test_a_misspelled_option_is_refused_naming_the_closest_one() -> None:
+    with pytest.raises(TypeError, match=r"unknown evaluation option 'job'; did you mean jobs\?"):
+        Options.check({"job": True})
+    with pytest.raises(TypeError, match=r"unknown evaluation option 'max_concurency'; did you mean max_concurrency\?"):
+        outlines.eval(outlines.constant("a") + "b", max_concurency=2)
+
+
+# -- provider jobs: jobs= (batch= is its deprecated alias, for one release) --------------
+def _echo() -> Any:
+    return outlines.models.from_function(lambda prompt: prompt.upper(), name="upper")
+
+
+def test_jobs_is_the_option_for_provider_jobs() -> None:
+    settings = outlines.Jobs(run="labels")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # the new name warns about nothing
+        assert Options.check({"jobs": settings}).jobs is settings
+        assert Evaluation.open(Options.check({"jobs": True, "cache": False})).jobs == outlines.Jobs()
+        assert Evaluation.open(Options(cache=False)).jobs is None
+        # A backend without provider jobs stays live under jobs=True.
+        assert outlines.eval(_echo()(outlines.constant("hi")), jobs=True, cache=False) == "HI"
+    with pytest.raises(TypeError, match=r"jobs= must be True, False or outlines.Jobs"):
+        Options.check({"jobs": "yes"})
+
+
+def test_batch_still_works_but_warns_at_the_callers_line_naming_jobs() -> None:
+    settings = outlines.Jobs(run="labels")
+    with pytest.warns(DeprecationWarning, match=r"batch= is deprecated .* use jobs=") as caught:
+        assert Options.check({"batch": settings}).jobs is settings
+    with pytest.warns(DeprecationWarning, match="use jobs=") as caught:
+        assert outlines.eval(_echo()(outlines.constant("hi")), batch=True, cache=False) == "HI"
+    assert [w.filename for w in caught] == [__file__]  # the user's line, not the package's
+    program = outlines.compile(lambda q: _echo()(q), cache=False)
+    with pytest.warns(DeprecationWarning, match="use jobs=") as caught:
+        assert program.with_options(batch=settings).options.jobs is settings
+    assert [w.filename for w in caught] == [__file__]
+
+
+def test_jobs_and_batch_together_are_refused_naming_both() -> None:
+    with pytest.raises(TypeError, match=r"give jobs= or batch= \(its deprecated alias\), not both"):
+        Options.check({"jobs": True, "batch": True})
+    with pytest.raises(TypeError, match=r"give jobs= or batch="):
+        outlines.eval(outlines.constant("a"), jobs=True, batch=True)
 
 
 def test_a_child_shares_the_state_in_the_draw_namespace_of_its_iteration() -> None:

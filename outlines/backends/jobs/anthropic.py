@@ -27,7 +27,8 @@ from typing import Any, Iterable, Mapping, Sequence
 import yarl
 
 from outlines.backends.anthropic import AnthropicBackend
-from outlines.backends.base import BackendError, BatchReport, Draw
+from outlines.backends.base import BackendError, BatchReport
+from outlines.draws import Draw
 from outlines.backends.jobs.base import JobInDoubt, JobLimits, JobLine, JobStatus, LineResult
 from outlines.backends.jobs.wire import CLOCK_SKEW, WireJobs, jsonl, mapping, number, path_segment
 from outlines.backends.usage import WireUsage, wire_usage

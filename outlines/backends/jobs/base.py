@@ -29,7 +29,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Iterator, Mapping, Protocol, Sequence, runtime_checkable
 
-from outlines.backends.base import Backend, BackendError, BatchReport, Draw
+from outlines.backends.base import Backend, BackendError, BatchReport
+from outlines.draws import Draw
 from outlines.backends.usage import WireUsage
 
 __all__ = [

@@ -31,7 +31,8 @@ from typing import Any, AsyncIterator, Iterable, Mapping, Sequence
 
 import yarl
 
-from outlines.backends.base import BackendError, BatchReport, Draw
+from outlines.backends.base import BackendError, BatchReport
+from outlines.draws import Draw
 from outlines.backends.jobs.base import STATES, JobLimits, JobLine, JobStatus, LineResult
 from outlines.backends.jobs.wire import CLOCK_SKEW, WireJobs, jsonl, mapping, number, path_segment
 from outlines.backends.openai import OpenAIChatBackend, OpenAICompletionBackend, sample_groups

@@ -1,26 +1,25 @@
 """Model calls inside a schedule: queues, Waits, batches as data, the batcher.
 
 A ready ``Generate`` node turns into a ``Wait`` for its draws, which join the
-``BatchQueue`` of its backend and params (``keys``: a draw is its slot and its
-prompt). After each round of dispatching the scheduler flushes the
-``Batcher``: a queue's draws are taken, each prompt's samples together
-(``queue``), the cache answers what it holds, the rest is packed into
-``Batch`` records (``packing``: the one packing rule) and each is handed to
-its backend; values come back to the Waits that want them (``waiting``), and
-a complete Wait finishes its node (``batcher``).
+``BatchQueue`` of its backend and params (``queue_key``; inside a queue a draw
+is its slot and its prompt: ``outlines.draws``). After each round of
+dispatching the scheduler flushes the ``Batcher``: a queue's draws are taken,
+each prompt's samples together (``queue``), the cache answers what it holds,
+the rest is packed into ``Batch`` records (``batches``, with the one packing
+rule of ``outlines.draws.packing``) and each is handed to its backend; values
+come back to the Waits that want them (``waiting``), and a complete Wait
+finishes its node (``batcher``).
 
-- ``keys``: what identifies a draw (queue, slot, prompt).
 - ``waiting``: ``Wait`` (one node's outstanding draws) and ``Waiters`` (who waits for each draw of a slot).
-- ``queue``: ``BatchQueue`` and ``SlotQueue``: draws not sent yet.
-- ``packing``: ``Batch`` records and ``pack_draws`` (shared with ``explain``).
+- ``queue``: ``queue_key``, ``BatchQueue`` and ``SlotQueue``: draws not sent yet.
+- ``batches``: ``Batch`` records and ``pack_draws`` (shared with ``explain``).
 - ``batcher``: the ``Batcher`` that runs the steps.
 """
 from __future__ import annotations
 
 from outlines.runtime.batching.batcher import PEEK_MIN, Batcher, Schedule, cached_values
-from outlines.runtime.batching.keys import Slot, draws_of, queue_key
-from outlines.runtime.batching.packing import Batch, group_sizes, pack_draws, whole_batches
-from outlines.runtime.batching.queue import BatchQueue, SlotQueue
+from outlines.runtime.batching.batches import Batch, pack_draws
+from outlines.runtime.batching.queue import BatchQueue, SlotQueue, queue_key
 from outlines.runtime.batching.waiting import Wait, Waiters
 
 __all__ = [
@@ -29,14 +28,10 @@ __all__ = [
     "BatchQueue",
     "Batcher",
     "Schedule",
-    "Slot",
     "SlotQueue",
     "Wait",
     "Waiters",
     "cached_values",
-    "draws_of",
-    "group_sizes",
     "pack_draws",
     "queue_key",
-    "whole_batches",
 ]

@@ -14,7 +14,7 @@ The path of a draw, one method per step:
 2. ``flush``, after each round of dispatching: each queue whose gathering
    window is over goes out (``_send``): its draws are taken, the cache answers
    what it holds (``_from_cache``), the rest is packed into ``Batch`` records
-   (``outlines.runtime.batching.packing.pack_draws``: where a ready batch of
+   (``outlines.runtime.batching.batches.pack_draws``: where a ready batch of
    draws is packed), and each record the budget admits (``_admit``) is handed
    to its backend (``_dispatch``: a live call through the executor).
 3. ``_call`` runs one batch: the evaluation's bounds, the executor's
@@ -36,15 +36,16 @@ from typing import Any, Callable, Coroutine, Protocol, Sequence
 
 import numpy as np
 
-from outlines.backends.base import Backend, BackendError, BatchReport, DrawBatch
+from outlines.backends.base import Backend, BackendError, BatchReport
+from outlines.draws import DrawBatch
+from outlines.draws.packing import whole_batches
 from outlines.backends.constraints import generate_valid
 from outlines.threads import FOREGROUND
 from outlines.errors import Failure, JobsRunning
 from outlines.graph.basic import Apply
 from outlines.graph.ops import all_text
-from outlines.runtime.batching.keys import draws_of, queue_key
-from outlines.runtime.batching.packing import Batch, pack_draws, whole_batches
-from outlines.runtime.batching.queue import BatchQueue, SlotQueue
+from outlines.runtime.batching.batches import Batch, pack_draws
+from outlines.runtime.batching.queue import BatchQueue, SlotQueue, queue_key
 from outlines.runtime.batching.waiting import Wait, Whole
 from outlines.runtime.jobs import JobEvent, generate_as_jobs, has_jobs
 from outlines.runtime.plan import Plan
@@ -266,7 +267,7 @@ class Batcher:
         backend = op.backend
         if self.cache is None or not backend.cacheable:
             return False
-        values = self.cache.peek_draws(backend.cache_identities[0], draws_of(slot.slot, wait.prompts))
+        values = self.cache.peek_draws(backend.cache_identities[0], DrawBatch.in_slot(slot.slot, wait.prompts))
         if values is None:
             return False
         self._finish(wait, values)
@@ -309,7 +310,7 @@ class Batcher:
         backend = queue.backend
         draws, members = queue.take()
         if whole:  # only full batches: the rest stays queued
-            draws, rest = whole_batches(backend, draws)
+            draws, rest = whole_batches(draws, backend.max_batch, backend.prefix_min_head)
             queue.requeue(rest)
         draws = self._from_cache(queue, draws, members)
         for batch in pack_draws(backend, draws, jobs=self._as_jobs(backend)):

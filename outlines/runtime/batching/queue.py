@@ -1,30 +1,43 @@
 """Queues of draws waiting to be sent: one ``BatchQueue`` per backend and params.
 
-A ``BatchQueue`` (``keys.queue_key``: a backend and params, constraints
-aside) holds one ``SlotQueue`` per slot of its draws (params and draw
-number: ``keys.Slot``). A slot queue's ``pending`` table holds the prompts of
-its draws not sent yet, in arrival order; its ``waiters`` know who waits for
-each draw pending or in flight (``outlines.runtime.batching.waiting``).
+A model call's draws join the ``BatchQueue`` of ``queue_key(backend,
+params)``: one per backend and params, constraints aside (draws that differ
+only in their constraint share a batch: a local model masks each row under
+its own constraint in one forward pass). A queue holds one ``SlotQueue`` per
+slot of its draws (params and draw number: ``outlines.draws.Slot``); inside
+it a draw is its slot and its prompt, the key of the cache's memory too.
+Every table is kept per slot and keyed by prompt (a ``str``, whose hash
+Python caches), so joining, deduplicating and handing back 100,000 draws are
+C-speed dict operations; there is no per-draw key object. A slot queue's
+``pending`` table holds the prompts of its draws not sent yet, in arrival
+order; its ``waiters`` know who waits for each draw pending or in flight
+(``outlines.runtime.batching.waiting``).
 ``since`` is when the queue last went from empty to non-empty (its gathering
 window starts then) and ``unready`` counts the plan's model calls on it not
 dispatched yet (while some are, and other work runs, the window may stay
 open). ``take`` empties the queue into one ``DrawBatch``, each prompt's
 samples next to each other and, for a backend that pays for a shared head
 once (``Backend.prefix_min_head``), the prompts of each prefix group next to
-each other: what the batcher packs into batches
-(``outlines.runtime.batching.packing``).
+each other (``outlines.draws.packing.prefix_ordered``): what the batcher
+packs into batches (``outlines.runtime.batching.batches``).
 """
 from __future__ import annotations
 
+from dataclasses import replace
 from itertools import chain
 from typing import Any
 
-from outlines.backends.base import Backend, DrawBatch, GenerationParams
-from outlines.runtime.batching.keys import Slot, draws_of
-from outlines.runtime.batching.packing import prefix_ordered
+from outlines.backends.base import Backend
+from outlines.draws import DrawBatch, GenerationParams, Slot
+from outlines.draws.packing import prefix_ordered
 from outlines.runtime.batching.waiting import Wait, Waiters
 
-__all__ = ["BatchQueue", "SlotQueue"]
+__all__ = ["BatchQueue", "SlotQueue", "queue_key"]
+
+
+def queue_key(backend: Backend, params: GenerationParams) -> tuple[Backend, GenerationParams]:
+    """The ``BatchQueue`` a model call's draws join: its backend and params, constraint aside."""
+    return backend, (params if params.constraint is None else replace(params, constraint=None))
 
 
 class SlotQueue:
@@ -87,7 +100,7 @@ class BatchQueue:
         """Empty the queue: its draws as one batch, each prompt's samples together, and a view of its prompts.
 
         Prompts that share a head the backend pays for once come together,
-        group by group (``packing.prefix_ordered``). The view (``None`` for
+        group by group (``outlines.draws.packing.prefix_ordered``). The view (``None`` for
         several slots) holds the prompts of a one-slot queue without copying
         them: the cache's lookup reads it.
         """
@@ -99,8 +112,8 @@ class BatchQueue:
             return DrawBatch([], [], []), None
         if len(tables) == 1:
             key, prompts = tables[0]
-            return prefix_ordered(self.backend, draws_of(key, list(prompts))), prompts.keys()
-        return prefix_ordered(self.backend, _interleaved(tables)), None
+            return prefix_ordered(DrawBatch.in_slot(key, list(prompts)), self.backend.prefix_min_head), prompts.keys()
+        return prefix_ordered(_interleaved(tables), self.backend.prefix_min_head), None
 
     def requeue(self, draws: DrawBatch) -> None:
         """Queue ``draws`` again (a remainder kept for the next flush)."""

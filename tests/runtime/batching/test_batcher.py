@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from outlines.backends.base import Draw, DrawBatch, GenerationParams
+from outlines.draws import Draw, DrawBatch, GenerationParams
 from outlines.cache import Cache
 from outlines.runtime.batching.batcher import cached_values
 from tests.fixtures.recording import RecordingBackend

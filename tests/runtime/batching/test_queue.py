@@ -1,10 +1,9 @@
 """Queues of draws (``outlines.runtime.batching.queue``): per slot, keyed by prompt, taken as one batch."""
 from __future__ import annotations
 
-from outlines.backends.base import Draw, GenerationParams, Slot
+from outlines.draws import Draw, GenerationParams, Slot
 from outlines.backends.constraints import make_constraint
-from outlines.runtime.batching.keys import queue_key
-from outlines.runtime.batching.queue import BatchQueue
+from outlines.runtime.batching.queue import BatchQueue, queue_key
 from outlines.runtime.batching.waiting import Wait
 from tests.fixtures.recording import RecordingBackend
 

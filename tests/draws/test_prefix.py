@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from outlines.backends.prefix import common_prefix_length, prefix_groups
+from outlines.draws.prefix import common_prefix_length, prefix_groups
 
 
 def brute_force(prompts: list, min_head: int) -> list[tuple[int, list[int]]]:

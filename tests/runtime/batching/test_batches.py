@@ -1,8 +1,9 @@
-"""Batches as data (``outlines.runtime.batching.packing``): what the batcher sends and explain predicts."""
+"""Batches as data (``outlines.runtime.batching.batches``): what the batcher sends and explain predicts."""
 from __future__ import annotations
 
-from outlines.backends.base import Draw, DrawBatch, GenerationParams
-from outlines.runtime.batching.packing import Batch, group_sizes, pack_draws, prefix_ordered, whole_batches
+from outlines.draws import Draw, DrawBatch, GenerationParams
+from outlines.draws.packing import prefix_ordered
+from outlines.runtime.batching.batches import Batch, pack_draws
 from tests.fixtures.recording import RecordingBackend
 
 PARAMS = GenerationParams.create(temperature=0.5)
@@ -28,27 +29,11 @@ def test_a_prompt_larger_than_a_batch_goes_in_pieces_that_fill_the_batches() -> 
     assert len(one) == 1 and list(one[0].draws) == [*a, b]
 
 
-def test_groups_are_runs_of_one_prompt_and_one_slot_holds_one_draw_per_prompt() -> None:
-    other = GenerationParams.create(temperature=0.9)
-    assert group_sizes(DrawBatch(["a", "b", "c"], [PARAMS] * 3, [0] * 3)) == [1, 1, 1]
-    mixed = DrawBatch(["a", "a", "b", "a"], [PARAMS, PARAMS, PARAMS, other], [0, 1, 0, 0])
-    assert group_sizes(mixed) == [2, 1, 1]  # the same text under other params is another prompt
-    assert group_sizes(DrawBatch([], [], [])) == []
-
-
 def test_a_dry_run_packs_the_groups_it_cannot_know_after_the_known_ones() -> None:
     known = DrawBatch(["a", "b", "c"], [PARAMS] * 3, [0] * 3)
     batches = pack_draws(RecordingBackend(max_batch=4), known, unknown=[2, 2, 2])
     assert [(len(b.draws), b.unknown) for b in batches] == [(3, 0), (0, 4), (0, 2)]
     assert batches[0] == Batch(batches[0].backend, known) and [b.size for b in batches] == [3, 4, 2]
-
-
-def test_whole_batches_keep_the_last_partial_one_back() -> None:
-    draws = DrawBatch([f"p{i}" for i in range(10)], [PARAMS] * 10, [0] * 10)
-    full, rest = whole_batches(RecordingBackend(max_batch=4), draws)
-    assert full.prompts == [f"p{i}" for i in range(8)] and rest.prompts == ["p8", "p9"]
-    full, rest = whole_batches(RecordingBackend(max_batch=5), draws)
-    assert len(full) == 10 and len(rest) == 0
 
 
 HEADS = ["Translate to French, one word only. " * 3, "Answer yes or no, nothing else. " * 3]
@@ -58,13 +43,13 @@ def test_prefix_groups_come_together_and_stay_in_one_batch() -> None:
     prompts = [HEADS[i % 2] + f"q{i}" for i in range(6)] + ["alone"]
     draws = DrawBatch(prompts, [PARAMS] * 7, [0] * 7)
     backend = RecordingBackend(max_batch=4, prefix_min_head=32)
-    ordered = prefix_ordered(backend, draws)
+    ordered = prefix_ordered(draws, backend.prefix_min_head)
     assert ordered.prompts == [prompts[i] for i in (0, 2, 4, 1, 3, 5, 6)]
     assert [b.draws.prompts for b in pack_draws(backend, ordered)] == [
         ordered.prompts[0:3], ordered.prompts[3:7]]  # a lone prompt fills the room a group leaves
     # Without prefix groups the same draws fill each batch, mixing the heads.
     plain = RecordingBackend(max_batch=4)
-    assert prefix_ordered(plain, draws) is draws
+    assert prefix_ordered(draws, plain.prefix_min_head) is draws
     assert [b.size for b in pack_draws(plain, draws)] == [4, 3]
 
 
@@ -72,24 +57,8 @@ def test_a_prefix_group_larger_than_a_batch_is_cut_between_its_prompts() -> None
     prompts = [HEADS[0] + f"q{i}" for i in range(5)]
     draws = DrawBatch.of([Draw(p, PARAMS, d) for p in prompts for d in range(2)])
     backend = RecordingBackend(max_batch=4, prefix_min_head=32)
-    assert prefix_ordered(backend, draws) is draws  # one group, already together
+    assert prefix_ordered(draws, backend.prefix_min_head) is draws  # one group, already together
     batches = pack_draws(backend, draws)
     assert [b.size for b in batches] == [4, 4, 2]
     for batch in batches:  # each prompt's samples stay in one batch
         assert all(batch.draws.prompts.count(p) in (0, 2) for p in prompts)
-
-
-def test_prefix_ordering_keeps_each_prompts_samples_together_and_whole_batches_keep_groups() -> None:
-    prompts = [HEADS[i % 2] + f"q{i}" for i in range(4)]
-    draws = DrawBatch.of([Draw(p, PARAMS, d) for p in prompts for d in range(2)])
-    backend = RecordingBackend(max_batch=4, prefix_min_head=32)
-    ordered = prefix_ordered(backend, draws)
-    assert ordered.prompts == [prompts[i] for i in (0, 0, 2, 2, 1, 1, 3, 3)]
-    assert ordered.numbers == [0, 1] * 4
-    full, rest = whole_batches(backend, prefix_ordered(backend, draws[:6]))  # groups of 4 and 2 draws
-    assert full.prompts == [prompts[0]] * 2 + [prompts[2]] * 2 and rest.prompts == [prompts[1]] * 2
-
-
-def test_prompts_that_are_not_text_are_not_grouped() -> None:
-    draws = DrawBatch([[1, 2, 3], "text"], [PARAMS] * 2, [0] * 2)
-    assert prefix_ordered(RecordingBackend(prefix_min_head=2), draws) is draws

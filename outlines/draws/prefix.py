@@ -13,7 +13,7 @@ both run at C speed); every prompt lands in exactly one group.
 Cost: one short slice and one hash per prompt (the first ``PROBE`` items),
 then a min/max per bucket of prompts that begin alike, and a sort only for a
 bucket whose members part before ``min_head``: 10,000 prompts take a few
-milliseconds (``tests/backends/test_prefix.py`` measures it).
+milliseconds (``tests/draws/test_prefix.py`` measures it).
 """
 from __future__ import annotations
 
