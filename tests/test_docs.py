@@ -366,7 +366,8 @@ def test_page_examples_run(page: Path, tmp_path: Path):
     every = blocks(page)
     run = [block for block in every if not missing(block)]
     if not run:
-        pytest.skip(f"every block needs {sorted({name for block in every for name in missing(block)})}")
+        lacking = sorted({name for block in every for name in missing(block)})
+        pytest.skip("every block needs " + "; ".join(RESOURCES[n][0] if n in RESOURCES else n for n in lacking))
     text = "".join(block.code for block in run)
     out = run_page(page, run, tmp_path, REAL_MODEL_PAGE_SECONDS if "smollm2" in text else PAGE_SECONDS)
     if page.name == "README.md":  # README's print comments say what is printed, in order
