@@ -37,4 +37,4 @@ def test_the_first_program_and_observing_run_offline_and_print_what_they_say(tmp
     out = run_page(readme, [first, observing], tmp_path, timeout=120)
     assert printed_comments(first.code) == ["17 * 3 = 51", "['2 * 3 = 6' '6 * 7 = 42' '9 * 9 = 81']"]
     assert out.splitlines()[:2] == printed_comments(first.code)
-    assert (tmp_path / "cwd" / "chain.svg").exists() and (tmp_path / "cwd" / "run.html").exists()
+    assert (tmp_path / "cwd" / "chain.md").exists() and (tmp_path / "cwd" / "run.html").exists()
