@@ -10,8 +10,8 @@ re-run that replays with no calls, a failed run that resumes) comes from
 Beta posterior over the top two answers (``stop_when_confident``), ESC's
 window rule (``stop_when_round_agrees``) and a lead of ``margin`` votes
 (``stop_when_ahead``). The two rules of the top two counts (``TopTwoRule``)
-also give up on an element whose vote has too small a chance to be decided
-within ``max_samples`` (a predictive-probability futility rule, computed
+also give up on an element whose decision is out of reach within
+``max_samples`` (a futility rule on the predictive probability, computed
 exactly): it stops with its plurality, flagged in its ``Votes``.
 """
 from __future__ import annotations
@@ -59,8 +59,8 @@ class Votes(collections.Counter):  # type: ignore[type-arg]
         True once ``vote``'s stopping rule held: the leader is its decision.
     gave_up
         True when ``vote`` stopped the element early without a decision: its
-        rule had too small a chance to hold within ``max_samples`` (see
-        ``TopTwoRule``). Its ``leader`` is a plurality, not a decision; so is
+        rule could not hold within ``max_samples``, or only by a small chance
+        (see ``TopTwoRule``). Its ``leader`` is a plurality, not a decision; so is
         that of an element that ran to ``max_samples`` (neither flag set).
 
     Examples
@@ -154,7 +154,7 @@ def _top_two(votes: collections.Counter) -> tuple[int, int]:  # type: ignore[typ
     return top[0], top[1]
 
 
-#: The default ``give_up`` of the top-two rules: stop an element whose chance to be decided is under 10%.
+#: The default ``give_up`` of the top-two rules: with one round left, a chance to be decided under 10% is none.
 GIVE_UP = 0.1
 
 
@@ -163,13 +163,20 @@ class TopTwoRule:
 
     ``rule(votes)`` holds once ``holds(first, second)`` does for the votes of
     the leader and the runner-up: the vote is decided. Since nothing else
-    matters to it, its chance to hold within the samples an element has left
-    can be computed, and ``vote`` gives up on an element whose chance is
-    below ``give_up`` (``Votes.gave_up``): it stops with its plurality rather
-    than spend the rest of ``max_samples`` on a vote that will most likely
-    end undecided anyway. This is the futility rule of Bayesian adaptive
-    trials (stop when the predictive probability of success is low; Lee and
-    Liu, Clinical Trials 2008), with the rule as the success.
+    matters to it, ``vote`` can tell when an element's decision is out of
+    reach (``hopeless``) and give up on it (``Votes.gave_up``): it stops with
+    its plurality rather than spend the rest of ``max_samples`` on a vote
+    that will end undecided. Out of reach means certainly (even every
+    remaining sample going to the leader would not do: 2-2 or 1-1-1-1 after
+    4 samples of 8) or, with one round left, almost surely: a chance to hold
+    (``chance``) below ``give_up``. This is the futility rule of Bayesian
+    adaptive trials (stop when the predictive probability of success is low;
+    Lee and Liu, Clinical Trials 2008), with the rule as the success. The
+    chance alone is not enough further from the cap: a vote that cannot be
+    decided still firms up its plurality as samples come (a close call
+    between two answers), and giving up there at a 10% chance cost 0.5-0.8
+    points of accuracy on ``benchmarks/bench_vote.py``'s calibrated fake,
+    against 0.2 or less this way.
 
     The prediction (``chance``): each further sample goes to the leader, the
     runner-up or elsewhere (another answer, or unparsable) with shares drawn
@@ -188,8 +195,9 @@ class TopTwoRule:
         ``holds(first, second) -> bool`` with ``first >= second``; more votes
         for the leader never undo a decision.
     give_up
-        Give up on an element when its chance to be decided is below this
-        (between 0 and 1; 0 never gives up).
+        With one round left, give up on an element whose chance to be
+        decided is below this (between 0 and 1); 0 never gives up, not even
+        on a decision out of reach.
 
     Examples
     --------
@@ -240,8 +248,19 @@ class TopTwoRule:
         return self._chances[key]
 
     def hopeless(self, votes: Votes, remaining: int, round: int) -> bool:  # noqa: A002
-        """True when the element's chance to be decided within ``remaining`` samples is below ``give_up``."""
-        return self.give_up > 0 and remaining > 0 and self.chance(votes, remaining, round) < self.give_up
+        """True when the element's decision is out of reach: certainly, or (one round left) almost surely.
+
+        Certainly: even every remaining sample going to the leader would
+        not make the rule hold. Almost surely: only one round is left and
+        its chance (``chance``) is below ``give_up``. Always False when
+        ``give_up`` is 0 or nothing remains.
+        """
+        if self.give_up == 0 or remaining <= 0:
+            return False
+        first, second = _top_two(votes)
+        if not self.holds(first + remaining, second):
+            return True
+        return remaining <= round and self.chance(votes, remaining, round) < self.give_up
 
     def _table(self, size: int) -> np.ndarray:
         """``table[a, b]``: whether the rule holds for top two counts ``a`` and ``b`` (either order), up to ``size``."""
@@ -280,15 +299,17 @@ def stop_when_confident(threshold: float = 0.95, give_up: float = GIVE_UP) -> To
     An element whose samples scatter too much to reach ``threshold`` within
     ``max_samples`` is given up on instead (see ``TopTwoRule``): with rounds
     of 4 and a cap of 8, four different answers (5 to 1 at best: 0.94) or
-    2-1-1 (a 7% chance) stop after the first round, 3-1 (26%) goes on.
+    2-1-1 (a 7% chance in the last round) stop after the first round, 3-1
+    (26%) goes on.
 
     Parameters
     ----------
     threshold
         Between 0.5 and 1 (exclusive of 1): higher spends more samples.
     give_up
-        Give up on an element whose chance to reach ``threshold`` within
-        ``max_samples`` is below this; 0 never gives up (the paper's rule).
+        Give up on an element whose decision is out of reach within
+        ``max_samples``, or under this chance with one round left; 0 never
+        gives up (the paper's rule).
 
     Returns
     -------
@@ -342,8 +363,9 @@ def stop_when_ahead(margin: int, give_up: float = GIVE_UP) -> TopTwoRule:
     margin
         Votes of lead needed (an integer >= 1).
     give_up
-        Give up on an element whose chance to take that lead within
-        ``max_samples`` is below this (see ``TopTwoRule``); 0 never gives up.
+        Give up on an element that cannot take that lead within
+        ``max_samples``, or has under this chance with one round left (see
+        ``TopTwoRule``); 0 never gives up.
 
     Returns
     -------
@@ -414,13 +436,14 @@ def vote(
     undecided, all in one batched model call; each sample is parsed into an
     answer and counted; ``stop(votes)`` then says which elements have voted
     enough. An element stops when its rule holds (its vote is decided), when
-    its rule has too small a chance to hold within ``max_samples`` (it gives
-    up: the default rule does, see ``TopTwoRule``), or after ``max_samples``
+    its decision is out of reach within ``max_samples`` (it gives up: the
+    default rule does, see ``TopTwoRule``), or after ``max_samples``
     samples, so easy questions stop paying early, scattered ones stop paying
     soon, and the batches shrink round by round. The answer of an element
     that gave up or ran to ``max_samples`` is a plurality, not a decision:
     its ``Votes`` say so (``decided`` is False; ``gave_up`` tells which), and
-    the trace counts those at ``max_samples`` (``stopped at max_iter``). It is ONE ``outlines.while_loop``: every round's draws are
+    the trace counts those at ``max_samples`` (``stopped at max_iter``). It
+    is ONE ``outlines.while_loop``: every round's draws are
     cached, a re-run replays them with no backend calls, and a run that failed
     (or was interrupted) at round r resumes at round r.
 
@@ -441,8 +464,9 @@ def vote(
         ``Votes`` (a ``Counter`` of answers, plus ``.samples`` and
         ``.latest``), checked after each round. Default:
         ``stop_when_confident(0.95)`` (Adaptive-Consistency), which also
-        gives up on an element whose chance to be decided within
-        ``max_samples`` is under 10% (``give_up=``; 0 never gives up). A
+        gives up on an element whose decision is out of reach within
+        ``max_samples`` (certainly, or under a 10% chance with one round
+        left: ``give_up=``; 0 never gives up). A
         ``TopTwoRule`` (``stop_when_confident``, ``stop_when_ahead``) can
         give up; any other rule runs until it holds. ``None`` never stops
         early: a fixed majority of ``max_samples``.

@@ -164,10 +164,10 @@ def run(backend: RecordingBackend, questions: list[str] = QUESTIONS, **kwargs: A
 
 RULES: dict[str, tuple[Callable[..., Any] | None, list[int], list[int]]] = {
     # rule: (samples per question, draws per batch, one batch per round)
-    "confident": (stop_when_confident(), [4, 12, 8], [12, 8, 4]),  # close: 10 vs 2 after round 3; hard: gives up
+    "confident": (stop_when_confident(), [4, 12, 12], [12, 8, 8]),  # close: 10 vs 2 after round 3; hard gives up
     "confident, never gives up": (stop_when_confident(give_up=0), [4, 12, 16], [12, 8, 8, 4]),
     "round agrees": (stop_when_round_agrees(), [4, 8, 16], [12, 8, 4, 4]),  # close: round 2 is all 4s
-    "ahead by 5": (stop_when_ahead(5), [8, 12, 8], [12, 12, 4]),  # easy: 8 - 0; close: 6 - 2, then 10 - 2; hard gives up
+    "ahead by 5": (stop_when_ahead(5), [8, 12, 12], [12, 12, 8]),  # easy: 8 - 0; close: 6 - 2, then 10 - 2; hard gives up
     "user rule": (lambda votes: votes.samples >= 8 and votes.leader == 4, [8, 8, 16], [12, 12, 4, 4]),
     "fixed (None)": (None, [16, 16, 16], [12, 12, 12, 12]),
 }
@@ -187,7 +187,7 @@ def test_each_rule_stops_each_element_at_its_round_and_the_batches_shrink(name: 
 def test_every_round_sends_only_the_undecided_prompts() -> None:
     backend = scripted()
     run(backend)
-    assert [sorted(set(batch)) for batch in backend.batches] == [sorted(QUESTIONS), QUESTIONS[1:], QUESTIONS[1:2]]
+    assert [sorted(set(batch)) for batch in backend.batches] == [sorted(QUESTIONS), QUESTIONS[1:], QUESTIONS[1:]]
     assert all(batch.count(prompt) == 4 for batch in backend.batches for prompt in batch)  # a round is 4 draws
 
 
@@ -221,11 +221,11 @@ def test_unparsable_samples_count_as_samples_but_not_as_votes() -> None:
 def test_a_rerun_replays_every_round_from_the_cache_with_no_backend_call(tmp_path: Any) -> None:
     first_backend = scripted()
     first = run(first_backend, cache=Cache(tmp_path))
-    assert draws_per_batch(first_backend) == [12, 8, 4]
+    assert draws_per_batch(first_backend) == [12, 8, 8]
     again_backend = scripted()  # a fresh script: had anything been sent, the answers would differ
     with outlines.trace() as trace:
         again = run(again_backend, cache=Cache(tmp_path))
-    assert again_backend.batches == [] and trace.cache_misses == 0 and trace.cache_hits == 24
+    assert again_backend.batches == [] and trace.cache_misses == 0 and trace.cache_hits == 28
     assert again[:2] == first[:2] and [dict(v) for v in again[2]] == [dict(v) for v in first[2]]
 
 
@@ -233,11 +233,11 @@ def test_a_run_that_failed_at_round_three_resumes_at_round_three(tmp_path: Any) 
     backend = scripted(fail_at_batch=3)
     with pytest.raises(outlines.NodeError, match=r"while_loop, iteration 3\).*backend down"):
         run(backend, cache=Cache(tmp_path))
-    assert draws_per_batch(backend) == [12, 8, 4]
+    assert draws_per_batch(backend) == [12, 8, 8]
     backend.batches.clear()
     answers, spent, _ = run(backend, cache=Cache(tmp_path))
-    assert draws_per_batch(backend) == [4]  # rounds 1 and 2 came from the cache
-    assert spent == [4, 12, 8] and answers == [4, 4, 1]
+    assert draws_per_batch(backend) == [8]  # rounds 1 and 2 came from the cache
+    assert spent == [4, 12, 12] and answers == [4, 4, 1]
 
 
 def test_errors_return_a_failing_element_leaves_with_its_failure_and_the_others_finish() -> None:
@@ -274,7 +274,7 @@ def test_the_same_draws_serve_a_fixed_and_an_adaptive_vote(tmp_path: Any) -> Non
     fixed = run(backend, stop=None, cache=Cache(tmp_path))
     sent = len(backend.batches)
     adaptive = run(backend, cache=Cache(tmp_path))  # a prefix of the fixed vote's draws: all cached
-    assert len(backend.batches) == sent and adaptive[1] == [4, 12, 8] and fixed[1] == [16, 16, 16]
+    assert len(backend.batches) == sent and adaptive[1] == [4, 12, 12] and fixed[1] == [16, 16, 16]
 
 
 @pytest.mark.parametrize("kwargs, message", [
@@ -294,7 +294,7 @@ def test_a_function_model_votes_the_same_way() -> None:
     llm = models.from_function(lambda prompts: [script(p) for p in prompts], batched=True, name="script",
                                version="1")
     result = vote(llm, np.array(QUESTIONS, dtype=object), parse=int)
-    assert list(result.samples.eval(cache=False)) == [4, 12, 8]
+    assert list(result.samples.eval(cache=False)) == [4, 12, 12]
     assert math.isclose(leader_probability(10, 2), 0.98876953125)
 
 
@@ -341,6 +341,11 @@ def test_the_chance_is_zero_when_even_every_remaining_sample_to_the_leader_would
     assert confident.chance(votes_of("1 1 2 2"), 4, 4) == 0.0  # a tie: 6 vs 2 at best
     assert confident.chance(votes_of("1 2 3 4"), 12, 4) > 0.1  # 12 more samples can still decide it
     assert confident.hopeless(votes_of("1 2 3 4"), 4, 4) and not confident.hopeless(votes_of("1 2 3 4"), 12, 4)
+    assert confident.hopeless(votes_of("1 1 2 2"), 4, 2)  # certain two rounds ahead: 6 vs 2 at best (0.91)
+    assert confident.chance(votes_of("1 1 2 3"), 4, 4) < 0.1 and confident.hopeless(votes_of("1 1 2 3"), 4, 4)
+    # a small chance two rounds from the cap: the plurality may still firm up, so it samples on
+    assert 0 < confident.chance(votes_of("1 1 2 2 3 3 4 4"), 8, 4) < 0.1
+    assert not confident.hopeless(votes_of("1 1 2 2 3 3 4 4"), 8, 4)
     assert not confident.hopeless(votes_of("1 2 3 4"), 0, 4)  # nothing left: max_samples stops it, not give_up
     assert not stop_when_confident(give_up=0).hopeless(votes_of("1 2 3 4"), 4, 4)
 
