@@ -396,7 +396,12 @@ class Vote(NamedTuple):
     samples: Variable
     """Samples spent per element (an ``int``)."""
     votes: Variable
-    """The element's ``Votes``: every parsed answer and its count."""
+    """The element's ``Votes``: every parsed answer and its count, and why it stopped."""
+
+    @property
+    def decided(self) -> Variable:
+        """Whether each element's rule held (a ``bool``): where False, ``answer`` is a plurality, not a decision."""
+        return fn(lambda votes: votes.decided, name="decided", pure=True)(self.votes)
 
 
 def _strip(text: str) -> Optional[str]:
@@ -488,7 +493,8 @@ def vote(
     Vote
         ``(answer, samples, votes)``: Variables of the prompt's shape;
         ``votes`` holds each element's ``Votes``, whose ``decided`` and
-        ``gave_up`` say why it stopped.
+        ``gave_up`` say why it stopped; ``Vote.decided`` is the first as a
+        Variable.
 
     Raises
     ------

@@ -369,11 +369,12 @@ def test_a_scattering_model_gives_up_early_and_spends_no_more_than_a_majority_of
     questions = [f"question {i}" for i in range(60)]
     result = vote(scattering(values=8), questions, round=4, max_samples=8)
     with outlines.trace() as trace:
-        answers, spent, votes = outlines.eval(*result, cache=False)
+        answers, spent, votes, decided = outlines.eval(*result, result.decided, cache=False)
     assert np.mean(spent) <= 5  # the issue: 116 samples on 15 questions, against 75 for a majority of 5
     assert all(v.gave_up and not v.decided for v in votes if v.samples == 4 and not v.decided)
     assert sum(v.gave_up for v in votes) >= 45
     assert list(answers) == [v.leader for v in votes]  # a plurality, the first seen among equals
+    assert list(decided) == [v.decided for v in votes]
     at_cap = sum(v.samples == 8 and not v.decided for v in votes)
     assert all(not v.gave_up for v in votes if v.samples == 8)  # at max_samples: neither flag, counted by the loop
     assert sum(c["stopped"] for c in trace.loops_limited.values()) == at_cap
