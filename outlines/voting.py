@@ -17,7 +17,6 @@ exactly): it stops with its plurality, flagged in its ``Votes``.
 from __future__ import annotations
 
 import collections
-import functools
 import math
 from typing import Any, Callable, Iterable, NamedTuple, Optional
 
@@ -384,7 +383,7 @@ def stop_when_ahead(margin: int, give_up: float = GIVE_UP) -> TopTwoRule:
     return TopTwoRule(name, lambda first, second: first - second >= margin, give_up)
 
 
-#: The default rule of ``vote``: Adaptive-Consistency at the paper's threshold, giving up under a 10% chance.
+#: The default rule of ``vote``: Adaptive-Consistency at the paper's threshold, giving up on a decision out of reach.
 DEFAULT_RULE = stop_when_confident(0.95)
 
 
