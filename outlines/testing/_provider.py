@@ -309,7 +309,7 @@ class FakeProvider(FakeServer):
     >>> with FakeProvider(speed=1000, reply=lambda prompt, sample, body: prompt.upper()) as provider:
     ...     llm = models.openai("gpt-4o-mini", base_url=provider.base_url, api_key="sk-fake", max_tokens=8)
     ...     word = outlines.string("word")
-    ...     answers = outlines.eval(llm("say " + word), givens={word: ["yes", "no"]}, batch=fast)
+    ...     answers = outlines.eval(llm("say " + word), givens={word: ["yes", "no"]}, jobs=fast)
     ...     stats = provider.stats()
     >>> answers.tolist()
     ['SAY YES', 'SAY NO']

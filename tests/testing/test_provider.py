@@ -36,7 +36,7 @@ SCRIPT = textwrap.dedent('''
         gpt = models.openai("gpt-4o-mini", base_url=provider.base_url, api_key="sk-fake", max_tokens=8)
         claude = models.anthropic("claude-haiku-4-5", base_url=provider.anthropic_url, api_key="sk-fake",
                                   max_tokens=8)
-        both = outlines.eval(gpt("say " + word), claude("tell " + word), givens={word: words}, batch=fast)
+        both = outlines.eval(gpt("say " + word), claude("tell " + word), givens={word: words}, jobs=fast)
         print(json.dumps({"answers": [v.tolist() for v in both], "stats": provider.stats()}))
 ''')
 
@@ -76,7 +76,7 @@ def test_a_planned_failure_reaches_the_draws_with_the_providers_reason(tmp_path:
     with FakeProvider(speed=1000) as provider:
         llm = models.openai("gpt-4o-mini", base_url=provider.base_url, api_key="sk-fake", max_tokens=8)
         provider.plan(JobPlan(fail="the input is invalid"))
-        out = outlines.eval(llm("say " + word), givens={word: ["a", "b"]}, batch=FAST, errors="return",
+        out = outlines.eval(llm("say " + word), givens={word: ["a", "b"]}, jobs=FAST, errors="return",
                             cache=Cache(tmp_path))
         stats = provider.stats()
     assert all(isinstance(v, outlines.Failure) and "the input is invalid" in v.message for v in out.tolist())
