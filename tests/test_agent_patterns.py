@@ -21,6 +21,8 @@ SCRIPT = Path(ROOT) / "examples" / "agent_patterns.py"
 
 
 def load_example() -> ModuleType:
+    if str(SCRIPT.parent) not in sys.path:  # the script imports its sibling, the main job, as a script would
+        sys.path.insert(0, str(SCRIPT.parent))
     spec = importlib.util.spec_from_file_location("agent_patterns", SCRIPT)
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
