@@ -81,9 +81,8 @@ MIN_GROUP_HEAD = 16
 #: ``extra`` parameters the backend understands; OpenAI-only ones are refused.
 SUPPORTED_EXTRA = ("top_k", "repetition_penalty", "no_repeat_ngram_size")
 #: ``max_batch`` when it is not given: the most rows of one forward batch (the memory budget
-#: may allow fewer) and draws per call, by device kind. On 2 CPU cores SmolLM2-135M in bf16
-#: generates 3.0x the tokens/s at 128 rows than at 32 and no more at 256 (whose batches only
-#: wait longer); a GPU keeps gaining past that.
+#: may allow fewer) and draws per call, by device kind. Past a CPU's compute, more rows only
+#: make each batch's results wait longer; a GPU keeps gaining further.
 AUTO_MAX_BATCH = {"cpu": 128, "mps": 128, "cuda": 256}
 #: The CPU flags (``/proc/cpuinfo``) of native bfloat16 arithmetic: AVX512-BF16 and AMX.
 BF16_CPU_FLAGS = frozenset({"avx512_bf16", "amx_bf16"})
@@ -92,9 +91,9 @@ BF16_CPU_FLAGS = frozenset({"avx512_bf16", "amx_bf16"})
 def cpu_has_native_bf16(cpuinfo: str | None = None) -> bool:
     """Whether this CPU computes bfloat16 natively (``cpuinfo``: the text of ``/proc/cpuinfo``).
 
-    Read from the kernel's flags, which need no torch: torch itself only says
-    the vector width (``get_cpu_capability``), and an AVX512 CPU without BF16
-    emulates it, slower than float32. No ``/proc/cpuinfo`` (not Linux): ``False``.
+    Read from the kernel's flags, which need no torch: torch itself says the
+    vector width only (``get_cpu_capability``: "AVX512" with or without BF16).
+    No ``/proc/cpuinfo`` (not Linux): ``False``.
 
     Examples
     --------
@@ -416,6 +415,11 @@ class TransformersBackend(Backend):
 
     def __repr__(self) -> str:
         return f"{super().__repr__()[:-1]}, max_batch={self.max_batch})"
+
+    def __getstate__(self) -> dict[str, Any]:
+        # The dtype resolved here travels (the cache key names it); the device is the
+        # receiving machine's own to find (a dask worker may have the GPU this one lacks).
+        return {**self.__dict__, "_device": None}
 
     @property
     def dtype(self) -> str:

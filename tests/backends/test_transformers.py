@@ -890,3 +890,13 @@ def test_a_prefill_computes_the_logits_of_its_last_column_only(backend: Transfor
     run(backend, [Draw(header + f"Q: {i}? A:", GREEDY) for i in range(3)])
     assert any(columns > 1 for columns, _ in widths)  # prefills of several columns ran
     assert all(logits == 1 for _, logits in widths)
+
+
+def test_a_pickled_backend_keeps_its_dtype_and_finds_its_own_device(tiny_model_path: str, monkeypatch) -> None:
+    monkeypatch.setattr(tf, "resolve_device", lambda device: "cpu")
+    backend = TransformersBackend(tiny_model_path)
+    key, rows = backend.identity, backend.max_batch  # resolved on this machine
+    monkeypatch.setattr(tf, "resolve_device", lambda device: "cuda")  # a dask worker with a GPU
+    clone = pickle.loads(pickle.dumps(backend))
+    assert clone.identity == key and rows == tf.AUTO_MAX_BATCH["cpu"]
+    assert clone.max_batch == tf.AUTO_MAX_BATCH["cuda"]
