@@ -23,8 +23,9 @@ batch and part of the repr, the trace and the cache identity; the token budget
 (``max_batch_tokens``) is what the key/value cache may take of the memory free
 once the model is loaded (``_hf_generation.batch_token_budget``), and
 ``max_batch`` (the rows of one forward batch, and draws per call) is capped at
-``AUTO_MAX_BATCH`` for the device. On the main job's SmolLM2 this is 2.5-3x the
-completion tokens/s of float32 and 32 rows (benchmarks/bench_transformers_defaults.py).
+``AUTO_MAX_BATCH`` for the device. On the main job's SmolLM2 (2 cores with
+AVX512-BF16) this is 3.2x the completion tokens/s of float32 in batches of 32
+(benchmarks/bench_transformers_defaults.py).
 
 Seeds: every sampled token comes from a counter-based stream keyed by
 (seed, prompt, draw number), so a draw's text does not depend on the other
