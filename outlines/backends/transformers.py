@@ -90,7 +90,7 @@ BF16_CPU_FLAGS = frozenset({"avx512_bf16", "amx_bf16"})
 
 
 def cpu_has_native_bf16(cpuinfo: str | None = None) -> bool:
-    """Whether this CPU computes bfloat16 natively (``cpuinfo``: the text of ``/proc/cpuinfo``).
+    r"""Whether this CPU computes bfloat16 natively (``cpuinfo``: the text of ``/proc/cpuinfo``).
 
     Read from the kernel's flags, which need no torch: torch itself says the
     vector width only (``get_cpu_capability``: "AVX512" with or without BF16).
