@@ -704,7 +704,9 @@ def transformers(
     device
         ``"cuda"``, ``"mps"``, ``"cpu"``; default: the first available.
     dtype
-        Torch dtype name (``"float16"``...); default: the model's.
+        Torch dtype name (``"float32"``...); default: the one the device
+        computes natively (bfloat16 on a CPU with AVX512-BF16 or AMX),
+        named in the repr, the trace and the cache key.
     gguf_file
         A GGUF checkpoint inside the folder ``model_id_or_path``.
     chat
@@ -722,8 +724,10 @@ def transformers(
         ``num_samples`` gives different samples, and ``0`` is greedy;
         ``top_p``, ``stop``, ``seed``; extras ``top_k``,
         ``repetition_penalty``) and
-        backend options: ``max_batch`` (default 32), ``max_batch_tokens``
-        (token budget of one forward batch), ``truncation`` (keep the end of
+        backend options: ``max_batch`` (default: up to 128 rows on a CPU,
+        256 on a GPU), ``max_batch_tokens`` (token budget of one forward
+        batch; default: what the key/value cache may take of the memory
+        free once the model is loaded), ``truncation`` (keep the end of
         a prompt too long for the context instead of raising),
         ``share_prefix`` (default ``True``: prefill each prompt, each head a
         group of prompts shares and a batch's common prefix once),

@@ -301,7 +301,7 @@ def build_smollm2_folder(path: str | os.PathLike[str] | None = None) -> str:
 
     from outlines.backends import _hf_generation
 
-    loaded = _hf_generation.load(folder, "cpu", None, name)  # quiet, and the checks the backend makes
+    loaded = _hf_generation.load(folder, "cpu", "float32", name)  # quiet, and the checks the backend makes
     config = AutoConfig.from_pretrained(folder, gguf_file=name)
     tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=name)
     model = AutoModelForCausalLM.from_config(config)
