@@ -136,6 +136,10 @@ def load(path: str, device: str, dtype: str, gguf_file: str | None = None) -> Lo
         except ImportError:
             raise ImportError("loading a GGUF checkpoint needs the gguf package: pip install gguf") from None
     quiet = _quiet_gguf_bar() if gguf_file is not None else None
+    advice = hf_logging.get_logger("transformers.quantizers.quantizer_gguf")
+    refute = _Float32Advice() if gguf_file is not None and dtype == "bfloat16" and device == "cpu" else None
+    if refute is not None:
+        advice.addFilter(refute)
     try:
         tokenizer = AutoTokenizer.from_pretrained(path, **extra)
         model = AutoModelForCausalLM.from_pretrained(path, dtype=_dtype(dtype), **extra)
@@ -144,6 +148,8 @@ def load(path: str, device: str, dtype: str, gguf_file: str | None = None) -> Lo
             hf_logging.enable_progress_bar()
         if quiet is not None:
             quiet()
+        if refute is not None:
+            advice.removeFilter(refute)
     model.to(device).eval()  # type: ignore[arg-type]  # transformers types .to() narrowly
     tokenizer.padding_side = "left"
     if tokenizer.pad_token_id is None:
@@ -160,6 +166,17 @@ def load(path: str, device: str, dtype: str, gguf_file: str | None = None) -> Lo
     logger.info("transformers model %s: %s on %s, %s tokens of key/value cache per batch", gguf_file or path,
                 dtype, device, budget)
     return Loaded(model, tokenizer, device, _context_length(model, tokenizer), eos_ids, budget)
+
+
+class _Float32Advice(logging.Filter):
+    """Drops transformers' advice to load a packed GGUF checkpoint in float32 rather than bf16 on a CPU.
+
+    Measured wrong where the backend picks bf16 (a CPU with native bf16): SmolLM2-135M Q4_1 generates 2.3x the
+    tokens/s in bf16 (100 prompts x 128 greedy tokens, batches of 128: 604-638 against 272-280, 2026-12-05), and a
+    new user would read the warning as a fault in the defaults."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "is fastest in float32" not in record.getMessage()
 
 
 def _quiet_gguf_bar() -> Any:

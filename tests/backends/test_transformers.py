@@ -709,6 +709,32 @@ def test_smollm2_shared_few_shot_prefix_gives_the_unshared_texts(smollm2: Transf
         assert run(shared, requests) == run(unshared, requests)
 
 
+@pytest.mark.slow
+def test_loading_smollm2_in_bf16_on_a_cpu_drops_the_float32_advice(smollm2_path: str) -> None:
+    # transformers advises float32 for a packed GGUF checkpoint; on a CPU with native bf16 (where the
+    # backend picks bf16) it is measured wrong, and a new user would read it as a fault in the defaults.
+    import logging
+
+    from transformers.utils import logging as hf_logging
+
+    from outlines.backends import _hf_generation
+
+    pytest.importorskip("gguf")
+    heard: list[str] = []
+    listener = logging.Handler()
+    listener.emit = lambda record: heard.append(record.getMessage())  # type: ignore[method-assign]
+    advice = hf_logging.get_logger("transformers.quantizers.quantizer_gguf")
+    advice.addHandler(listener)
+    try:
+        folder, name = os.path.split(smollm2_path)
+        _hf_generation.load(folder, "cpu", "bfloat16", name)
+        assert heard == [] and advice.filters == []  # dropped while loading, and only then
+        advice.warning("Loading a GGUF checkpoint with its weights packed is fastest in float32, and ...")
+        assert len(heard) == 1
+    finally:
+        advice.removeHandler(listener)
+
+
 def test_a_missing_smollm2_package_names_the_pip_command(monkeypatch) -> None:
     import importlib.util
 
