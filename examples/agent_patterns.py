@@ -123,7 +123,8 @@ def main():
         for name, answer in patterns(llm, question).items():
             start, before = time.perf_counter(), len(trace.batches)
             answers = answer.eval({question: [p["question"] for p in problems]}, errors="return")
-            wall = time.perf_counter() - start - sum(m.end - m.start for m in trace.model_loads if m.start >= start)
+            loaded = sum(m.end - m.start for m in trace.model_loads if m.start >= start - trace.origin)  # trace times
+            wall = time.perf_counter() - start - loaded
             right = sum(a == t for a, t in zip(answers, truths))
             failed = sum(isinstance(a, outlines.Failure) for a in answers)
             shown = ", ".join("-" if a is None or isinstance(a, outlines.Failure) else a for a in answers)

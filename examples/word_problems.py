@@ -126,7 +126,8 @@ def measure(trace, answer, samples, givens, truths):
         answers, spent = outlines.eval(answer, givens=givens), samples * len(truths)
     else:
         answers, spent = outlines.eval(answer, samples, givens=givens)
-    wall = time.perf_counter() - start - sum(m.end - m.start for m in trace.model_loads if m.start >= start)
+    loaded = sum(m.end - m.start for m in trace.model_loads if m.start >= start - trace.origin)  # trace times
+    wall = time.perf_counter() - start - loaded
     right = sum(a == t for a, t in zip(answers, truths))
     active = [r.active for r in trace.iterations[first_iteration:]]
     return right, int(sum(spent) if hasattr(spent, "__len__") else spent), len(trace.batches) - first_batch, wall, active
