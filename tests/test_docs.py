@@ -9,7 +9,7 @@ works only inside the checkout fails. The one way to leave a block out is a
 several), naming what it needs: an environment variable (``OPENAI_API_KEY``,
 ``DASK_SCHEDULER_ADDRESS``; the block runs when it is set) or one of the few
 ``RESOURCES`` (``slow``: minutes on 2 CPU cores, run with
-``OUTLINES_DOCS_SLOW=1``; ``job-in-doubt``). Any other comment right above a
+``OUTLINES_DOCS_SLOW=1``). Any other comment right above a
 block is an error, and so is a ``needs`` line anywhere else. README's
 ``print(...)  # text`` lines print that text.
 
@@ -50,7 +50,6 @@ RESOURCES: dict[str, tuple[str, Callable[[], bool]]] = {
     "slow": ("minutes on 2 CPU cores (SmolLM2 behind `transformers serve`, which "
              "tests/backends/test_serve_integration.py also exercises): run with OUTLINES_DOCS_SLOW=1",
              lambda: bool(os.environ.get("OUTLINES_DOCS_SLOW"))),
-    "job-in-doubt": ("a provider job a run reported with JobInDoubt, to forget: a test run has none", lambda: False),
 }
 DIRECTIVE = re.compile(r"^::: (?P<path>[\w.]+)\n(?P<options>(?:[ \t]+\S.*\n)*)", re.MULTILINE)
 
