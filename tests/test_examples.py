@@ -97,4 +97,4 @@ def test_best_of_n_judges_each_task_with_its_own_candidates(tmp_path):
 def test_extract_gives_50_valid_typed_records_in_batches(tmp_path):
     out = run_example("extract.py", "--model", "tiny", "--max-tokens", "40", cache_dir=str(tmp_path))
     assert "valid: 50/50" in out
-    assert "backend calls: 2" in out  # 50 prompts at the transformers max_batch of 32
+    assert "backend calls: 1" in out  # 50 prompts within the transformers max_batch of a CPU (128)

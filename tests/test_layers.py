@@ -7,7 +7,7 @@ Layers, lowest first (DESIGN section 5)::
     cache     outlines/cache/       } side by side: neither imports the other
     backends  outlines/backends/    }
     runtime   outlines/runtime/
-    api       every other module at the top (text, fn, chat, models, ...) and outlines/__init__.py
+    api       every other module at the top (text, fn, chat, models, ...), outlines/testing/ and outlines/__init__.py
 
 A module imports its own layer and the layers below it, never a layer above or
 beside it. Modules are classified by their path, so a new module is checked as
@@ -39,7 +39,8 @@ PACKAGE = Path(__file__).resolve().parents[1] / "outlines"
 #: The layers, lowest first; layers at the same rank sit side by side and may not import each other.
 RANKS = {"bottom": 0, "graph": 1, "cache": 2, "backends": 2, "runtime": 3, "api": 4}
 #: Subpackage -> its layer (a module inside a subpackage has the subpackage's layer).
-PACKAGES = {"draws": "bottom", "graph": "graph", "cache": "cache", "backends": "backends", "runtime": "runtime"}
+PACKAGES = {"draws": "bottom", "graph": "graph", "cache": "cache", "backends": "backends", "runtime": "runtime",
+            "testing": "api"}
 #: Top-level modules below the graph: what every layer may use. Every other top-level module is ``api``.
 BOTTOM = frozenset({"errors", "keys", "threads", "config", "conversation", "labels"})
 

@@ -118,7 +118,10 @@ def resolve_device(device: str | None) -> str:
     """``device``, or the first available of ``cuda``, ``mps`` and ``cpu`` (imports torch to ask)."""
     if device not in (None, "auto"):
         return str(device)
-    import torch
+    try:
+        import torch
+    except ImportError:  # no torch, no GPU to find: the load fails as a Failure naming the extra to install
+        return "cpu"
 
     if torch.cuda.is_available():
         return "cuda"
