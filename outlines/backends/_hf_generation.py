@@ -10,12 +10,13 @@ the prompt and the draw number. A draw's text therefore depends on its own
 """
 from __future__ import annotations
 
+import contextlib
 import inspect
 import logging
 import os
 import threading
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from typing import Any, Iterator, Sequence
 
 import numpy as np
 import torch
@@ -127,29 +128,21 @@ def batch_token_budget(kv_bytes: int | None, free: int | None, device: str) -> i
 def load(path: str, device: str, dtype: str, gguf_file: str | None = None) -> Loaded:
     """Load ``path`` (or its ``gguf_file``) with ``from_pretrained`` on ``device`` in ``dtype``, left-padding, with
     a pad token; and the token budget of one batch from the memory free once it is loaded."""
-    bars = hf_logging.is_progress_bar_enabled()
-    hf_logging.disable_progress_bar()
     extra = {} if gguf_file is None else {"gguf_file": gguf_file}
     if gguf_file is not None:
         try:
             import gguf  # noqa: F401  # transformers needs it to read GGUF
         except ImportError:
             raise ImportError("loading a GGUF checkpoint needs the gguf package: pip install gguf") from None
-    quiet = _quiet_gguf_bar() if gguf_file is not None else None
-    advice = hf_logging.get_logger("transformers.quantizers.quantizer_gguf")
-    refute = _Float32Advice() if gguf_file is not None and dtype == "bfloat16" and device == "cpu" else None
-    if refute is not None:
-        advice.addFilter(refute)
+    bars = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()
     try:
-        tokenizer = AutoTokenizer.from_pretrained(path, **extra)
-        model = AutoModelForCausalLM.from_pretrained(path, dtype=_dtype(dtype), **extra)
+        with _quiet_gguf(dtype, device) if gguf_file is not None else contextlib.nullcontext():
+            tokenizer = AutoTokenizer.from_pretrained(path, **extra)
+            model = AutoModelForCausalLM.from_pretrained(path, dtype=_dtype(dtype), **extra)
     finally:
         if bars:
             hf_logging.enable_progress_bar()
-        if quiet is not None:
-            quiet()
-        if refute is not None:
-            advice.removeFilter(refute)
     model.to(device).eval()  # type: ignore[arg-type]  # transformers types .to() narrowly
     tokenizer.padding_side = "left"
     if tokenizer.pad_token_id is None:
@@ -179,23 +172,30 @@ class _Float32Advice(logging.Filter):
         return "is fastest in float32" not in record.getMessage()
 
 
-def _quiet_gguf_bar() -> Any:
-    """Silence the GGUF converter's own tqdm bar (it ignores transformers' switch); returns the undo."""
+@contextlib.contextmanager
+def _quiet_gguf(dtype: str, device: str) -> Iterator[None]:
+    """While a GGUF checkpoint loads: no converter's tqdm bar (it ignores transformers' switch), and in bf16
+    on a CPU none of the quantizer's advice to use float32 (``_Float32Advice``)."""
     import functools
 
     try:
         from transformers import modeling_gguf_pytorch_utils as gguf_utils
     except ImportError:
-        return None
+        gguf_utils = None
     bar = getattr(gguf_utils, "tqdm", None)
-    if bar is None:
-        return None
-    gguf_utils.tqdm = functools.partial(bar, disable=True)
-
-    def undo() -> None:
-        gguf_utils.tqdm = bar
-
-    return undo
+    if bar is not None:
+        gguf_utils.tqdm = functools.partial(bar, disable=True)
+    advice = hf_logging.get_logger("transformers.quantizers.quantizer_gguf")
+    refute = _Float32Advice() if dtype == "bfloat16" and device == "cpu" else None
+    if refute is not None:
+        advice.addFilter(refute)
+    try:
+        yield
+    finally:
+        if bar is not None:
+            gguf_utils.tqdm = bar
+        if refute is not None:
+            advice.removeFilter(refute)
 
 
 def _context_length(model: Any, tokenizer: Any) -> int | None:
