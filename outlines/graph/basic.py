@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any, Sequence
 import numpy as np
 
 from outlines.errors import GraphBuildError
-from outlines.graph.families import note
+from outlines.graph.families import note, stacking
 from outlines.graph.ragged import Ragged
 from outlines.graph.shapes import Shape, align, shape_of
 
@@ -383,10 +383,9 @@ class Apply:
             # ``sibling=False``: a node a plan makes for itself, never a user's sibling.
             stacks = op._stacks
             if stacks is None:
-                stacks = op._stacks = (2 if op.mode == "generate" else 1) if op.stacked() is not None else (
-                    3 if op.gathered else 0)
+                stacks = op._stacks = stacking(op) or False
             if stacks and sibling:
-                note(self, stacks == 2)
+                note(self, *stacks)
             else:
                 self.family = None
         else:
@@ -417,8 +416,8 @@ class Op:
 
     __props__: tuple[str, ...] = ()
     mode: str = "inline"
-    #: Whether this op's uses join families (``Apply``; 0 no, 1 yes, 2 as a model call, 3 gathered), once known.
-    _stacks: int | None = None
+    #: How this op's uses join families (``Apply``: ``families.stacking``, or False), once known.
+    _stacks: tuple[int, Any] | bool | None = None
     #: Pure ops give equal outputs for equal inputs: safe to merge and fold.
     pure: bool = True
 
@@ -428,25 +427,16 @@ class Op:
     def stacked(self) -> Op | None:
         """The op computing this op's results for many of its uses stacked along a new leading axis.
 
-        The one stacking rule (``outlines.runtime.plan``): sibling uses of an op
-        whose inputs are constants or members of stacked families become one
-        node of this op over their arrays. An op that is pure and elementwise
+        The one stacking rule (``outlines.runtime.plan``): sibling uses of ops
+        of one kin whose inputs are constants or members of stacked families
+        become one node of this op over their arrays. An elementwise op
         (``elementwise``: it pairs its inputs on leading axes, one result per
-        element) computes the stacked results itself; an op that is neither,
-        or impure (a side effect per call), returns ``None`` and never stacks.
+        element) computes the stacked results itself, pure or not: an impure
+        one (an ``outlines.fn`` not declared pure) still runs once per
+        element, and is never merged. Any other op returns ``None`` and never
+        stacks.
         """
-        return self if self.pure and getattr(self, "elementwise", False) else None
-
-    @property
-    def gathered(self) -> bool:
-        """Whether this op's uses, which never stack, are gathered for what reads them.
-
-        An impure elementwise user step (``outlines.fn`` not declared pure)
-        runs once per use, each its own node; the model calls and steps that
-        read its uses, one each, still stack over their results gathered in
-        order (``outlines.graph.ops.Gather``, made by the plan).
-        """
-        return self.mode == "python" and not self.pure and bool(getattr(self, "elementwise", False))
+        return self if getattr(self, "elementwise", False) else None
 
     @property
     def kin(self) -> Any:

@@ -245,7 +245,7 @@ def _signature(op: Any) -> tuple[Any, ...] | None:
     parts: list[Any] = [type(op).__name__, op._structure]
     for position, node in enumerate(nodes):  # one pass: each node's inputs come before it
         inner, inputs = node.op, node.inputs
-        if inner.mode == "control" or inner.stacked() is None:
+        if inner.mode == "control" or inner.stacked() is None or not (inner.pure or inner.mode == "generate"):
             return None
         if inner.mode == "generate" and id(inputs[0]) not in stateful:
             return None
@@ -282,14 +282,13 @@ class _Control(Op):
     own op), but its *kin* (``Op.kin``) is its structure (``_signature``):
     loops traced from the same code on members of one family stack into one
     loop over their arrays (``outlines.runtime.plan``), each element keeping
-    its own loop's draw namespace (``outlines.runtime.control``). They are
-    never noted in build-time families: only the plan's walk stacks them.
+    its own loop's draw namespace (``outlines.runtime.control``). Their
+    uses join build-time families by that structure (``outlines.graph.families``).
     """
 
     __props__ = ("serial",)
     mode = "control"
     pure = False
-    _stacks = 0  # never in a build-time family (``Apply``): the walk stacks control nodes
 
     @property
     def traced(self) -> list[tuple[str, Subgraph]]:

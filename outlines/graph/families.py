@@ -1,19 +1,21 @@
-"""Families: sibling nodes noted as they are built, so a plan can stack them without walking them.
+"""Families: the one table of sibling nodes, noted as they are built, for the plan to stack.
 
 A user builds 20,000 chains one node at a time (``llm(tpl(llm(q)))`` in a
 loop). Each node of an op that stacks (``Op.stacked``: model calls of one
-draw, pure elementwise ops) joins a *family* when it is built: the uses of
-that op object whose inputs are, position by position, constants of one shape
+draw, elementwise ops, pure or not, and loops and conds of one traced
+structure) joins a *family* when it is built: the uses of ops of one *kin*
+(``Op.kin``: equal by their parameters, a control op by its traced
+structure; never by object identity, so no op needs to be shared) whose
+inputs are, position by position, constants of one shape
 or members of one family, member for member: a member's *rank* is its index
-in its family, its family inputs are all members of one rank, and that rank is
-its own plus the family's ``shift`` (a family's first member sets it: a
+in its family, and the member it reads at each position has its own rank
+plus the family's ``shifts`` there (a family's first member sets them: a
 test call built before the loop shifts every family after it by one). A node
 that would break the step starts a new family under the same key (a graph
 built again while the old one lives; nodes that never run in step, such as a
 step for every other chain, each make a family of one, kept small).
-``outlines.eval``'s plan (``outlines.runtime.plan``) then stacks whole families
-from this record, one array node each, and checks member by member that the
-graph is still what was noted; anything else takes the plan's general walk.
+The plan (``outlines.runtime.plan``) stacks from this table alone: it never
+finds families itself.
 
 Nothing here holds a graph alive: a family is reachable from its members, and
 the registries that find it hold weak references.
@@ -24,10 +26,14 @@ import itertools
 import weakref
 from typing import Any
 
-__all__ = ["Family", "note", "stackable"]
+__all__ = ["CALL", "LOOP", "STEP", "Family", "note", "stacking", "stackable"]
+
+#: How an op's uses stack (``stacking``): an elementwise step, a model call over one ``str`` prompt
+#: each, a loop or cond over one element each (every input a scalar).
+STEP, CALL, LOOP = 1, 2, 3
 
 _order = itertools.count()
-#: (id(op), layout or one input's shape) -> the family of uses of ``op`` on constants only (its roots).
+#: (kin, layout or one input's shape) -> the family of uses of ops of that kin on constants only (its roots).
 _ROOTS: dict[Any, _Entry] = {}
 
 
@@ -37,27 +43,32 @@ class Family:
     Attributes
     ----------
     op
-        The op every member applies (kept: ``id(op)`` keys the registries).
+        The first member's op (the members' ops are all of one kin: its stacked op serves them all).
     layout
         Per input position: the ``Family`` whose members feed it, or the
         shape of the constants there.
     members
         The member Apply nodes, by rank.
+    shifts
+        Per input position: member ``r`` reads member ``r + shift`` of the
+        family there (0 for constants). A family's first member sets them:
+        a test call built before the loop shifts every family after it by one.
     shift
-        Member ``r`` reads members ``r + shift`` of the families in ``layout``.
+        The shift of the first family in ``layout`` (0 for a root).
     order
         Creation order: a family comes after the families it reads.
     """
 
-    __slots__ = ("op", "layout", "members", "shift", "order", "children", "__weakref__")
+    __slots__ = ("op", "layout", "members", "shifts", "shift", "order", "children", "__weakref__")
 
-    def __init__(self, op: Any, layout: tuple[Any, ...], shift: int) -> None:
+    def __init__(self, op: Any, layout: tuple[Any, ...], shifts: tuple[int, ...]) -> None:
         self.op = op
         self.layout = layout
         self.members: list[Any] = []
-        self.shift = shift
+        self.shifts = shifts
+        self.shift = next((s for s, p in zip(shifts, layout) if type(p) is Family), 0)
         self.order = next(_order)
-        #: id(op) (one input) or (id(op), layout) -> a family reading this one first, weakly (made on first use).
+        #: kin (one input) or (kin, layout) -> a family reading this one first, weakly (made on first use).
         self.children: dict[Any, _Entry] | None = None
 
     @property
@@ -77,17 +88,37 @@ def stackable(constant: Any, text: bool) -> bool:
     return not constant.ragged and shape is not None and None not in shape
 
 
-def note(node: Any, generate: bool) -> None:
+def stacking(op: Any) -> tuple[int, Any] | None:
+    """``(how, kin)`` of an op whose uses join families (``how``: ``STEP``, ``CALL`` or ``LOOP``), else ``None``.
+
+    Asked once per op object (``Apply`` keeps the answer on the op). An op
+    whose kin cannot be hashed (unhashable parameters) never stacks.
+    """
+    if op.stacked() is None:
+        return None
+    kin = op.kin
+    try:
+        hash(kin)
+    except TypeError:
+        return None
+    return (CALL if op.mode == "generate" else LOOP if op.mode == "control" else STEP), kin
+
+
+def note(node: Any, how: int, kin: Any) -> None:
     """Join ``node`` (one output, of an op that stacks) to its family if its inputs allow; else ``family = None``.
 
-    ``generate``: the op is a model call, which stacks over one ``str``
-    prompt each. A node with a free input, a constant that cannot stack, an
-    input outside any family, or family inputs of different ranks joins none.
-    Runs once per node built (graphs of 100k nodes are built in a loop): the
-    one-input case is spelled out.
+    ``how`` and ``kin``: the op's ``stacking``. A model call stacks over one
+    ``str`` prompt each, a loop or cond over scalars only. A node with a
+    free input, a constant that cannot stack, an input outside any family,
+    or family inputs of different ranks joins none. Runs once per node built
+    (graphs of 100k nodes are built in a loop): the one-input case is
+    spelled out.
     """
     inputs = node.inputs
-    op = node.op
+    generate = how == CALL
+    if how == LOOP and any(variable.shape != () for variable in inputs):
+        node.family = None  # a loop stacks over one element each
+        return
     if len(inputs) == 1:  # a call, a template, a step: keyed by the op alone under its parent
         variable = inputs[0]
         owner = variable.owner
@@ -99,7 +130,7 @@ def note(node: Any, generate: bool) -> None:
             children = parent.children
             if children is None:
                 children = parent.children = {}
-            entry = children.get(id(op))
+            entry = children.get(kin)
             family = entry() if entry is not None else None
             if family is not None:  # the common case, inline: the next member of a family in step
                 members = family.members
@@ -109,15 +140,15 @@ def note(node: Any, generate: bool) -> None:
                     node.rank = rank
                     members.append(node)
                     return
-            _join(node, children, id(op), (parent,), parent, owner.rank)
+            _join(node, children, kin, (parent,), (owner.rank,))
         elif variable.is_constant and stackable(variable, generate):
-            _join(node, _ROOTS, (id(op), variable.shape), (variable.shape,), None, -1)
+            _join(node, _ROOTS, (kin, variable.shape), (variable.shape,), None)
         else:
             node.family = None  # a free input: its value is known only when it is bound
         return
-    rank = -1
     first: Family | None = None
     layout: list[Any] = []
+    ranks: list[int] = []  # per input position: its member's rank (0 for a constant)
     for variable in inputs:
         owner = variable.owner
         if owner is None:
@@ -125,15 +156,16 @@ def note(node: Any, generate: bool) -> None:
                 node.family = None  # (one text always stacks)
                 return
             layout.append(variable.shape)
+            ranks.append(0)
             continue
         family = owner.family
-        if family is None or (rank >= 0 and owner.rank != rank):  # outside, or not member for member
+        if family is None:  # outside any family
             node.family = None
             return
-        rank = owner.rank
         if first is None:
             first = family
         layout.append(family)
+        ranks.append(owner.rank)
     if not layout or (generate and inputs[0].shape != ()):
         node.family = None
         return
@@ -141,16 +173,22 @@ def note(node: Any, generate: bool) -> None:
     registry = _ROOTS if first is None else first.children
     if registry is None:
         registry = first.children = {}  # type: ignore[union-attr]
-    _join(node, registry, (id(op), shape), shape, first, rank)
+    _join(node, registry, (kin, shape), shape, tuple(ranks) if first is not None else None)
 
 
-def _join(node: Any, registry: dict[Any, Any], key: Any, layout: tuple[Any, ...], parent: Family | None,
-          rank: int) -> None:
-    """Add ``node`` to the family under ``key``: a new one when there is none, or ``node`` starts a new run."""
+def _join(node: Any, registry: dict[Any, Any], key: Any, layout: tuple[Any, ...], ranks: tuple[int, ...] | None
+          ) -> None:
+    """Add ``node`` to the family under ``key``: a new one when there is none, or ``node`` starts a new run.
+
+    ``ranks``: per input position, the rank of the member read there (0 for
+    a constant); ``None`` for a root (constants only).
+    """
     ref = registry.get(key)
     family = ref() if ref is not None else None
-    if family is None or (parent is not None and rank - len(family.members) != family.shift):
-        family = Family(node.op, layout, rank if parent is not None else 0)
+    if family is None or (ranks is not None and any(
+            rank - len(family.members) != shift for rank, shift, part in zip(ranks, family.shifts, layout)
+            if type(part) is Family)):
+        family = Family(node.op, layout, ranks or (0,) * len(layout))
         registry[key] = _Entry(family, registry, key)
     members = family.members
     node.family = family

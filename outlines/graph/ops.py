@@ -24,7 +24,6 @@ __all__ = [
     "Concat",
     "Concatenate",
     "Flatten",
-    "Gather",
     "Index",
     "Regroup",
     "Reshape",
@@ -427,41 +426,6 @@ class Stack(Op):
         return np.stack(arrays, axis=self.axis)
 
 
-class Gather(Op):
-    """The results of ``n`` separate nodes of one scalar each, in order, as one array of shape ``(n,)``.
-
-    A plan's own node, never a user's (``Plan._stack``): the uses of an
-    impure step never stack, each runs once as its own node, but the model
-    calls reading their results still stack, over this array. Values are
-    kept as they are, ``Failure`` elements too (each names its own node).
-    """
-
-    moves_unknown = True  # moves elements without reading them (explain's dry run)
-
-    __props__ = ("n",)
-
-    def __init__(self, n: int) -> None:
-        self.n = n
-
-    def describe(self) -> dict[str, Any]:
-        return {"kind": "op", "title": f"gather {self.n}"}
-
-    def infer_shapes(self, shapes: list[Shape], noutputs: int) -> list[Shape]:
-        return [(self.n,)]
-
-    def ragged_outputs(self, ragged: list[bool], noutputs: int) -> list[bool]:
-        return [False]
-
-    def perform(self, *values: Any, unknown: Any = None) -> np.ndarray:
-        array = np.empty(len(values), dtype=object)
-        if all_text(values):  # the common case: texts, assigned in one go
-            array[:] = values
-        else:
-            for at, value in enumerate(values):  # one by one: a list stays one element
-                array[at] = value
-        return array
-
-
 class Concatenate(Op):
     """Join values of equal rank along an existing axis (``outlines.concatenate``)."""
 
@@ -534,10 +498,6 @@ def _show_part(part: Any) -> str:
     return "..." if part == "..." else repr(part)
 
 
-#: Normalised parts (or their repr, unless all are ints) -> the shared ``Index`` op of that key (``Index.create``).
-_INDEX_OPS: dict[Any, Index] = {}
-
-
 class Index(Op):
     """``v[key]`` for ints, slices, ``None`` (a new axis) and ``...``."""
 
@@ -552,18 +512,7 @@ class Index(Op):
     def create(cls, key: Any) -> Index:
         """The op for a Python index key."""
         parts = key if isinstance(key, tuple) else (key,)
-        normal = tuple(_index_part(p) for p in parts)
-        if cls is not Index:
-            return cls(normal)
-        # One op per key (ops are immutable): the uses of x[1] in a loop are siblings, a family.
-        # Keyed by the parts when all are ints, else by repr (which tells 1 from True); recent keys only.
-        shown: Any = normal if all(type(p) is int for p in normal) else repr(normal)
-        op = _INDEX_OPS.get(shown)
-        if op is None:
-            if len(_INDEX_OPS) >= 256:
-                _INDEX_OPS.clear()
-            op = _INDEX_OPS[shown] = cls(normal)
-        return op
+        return cls(tuple(_index_part(p) for p in parts))
 
     @property
     def name(self) -> str:

@@ -876,8 +876,6 @@ def explain(
     for node in plan.nodes:
         op = node.op
         kinds[op.mode] = kinds.get(op.mode, 0) + 1
-        if op.gathered:
-            uses[op] = uses.get(op, 0) + 1
     sent = sum(queue.pending for queue in run.queues.values())
     merged = run.draws - run.unknown_draws - run.hits - sent
     batches = run.batches()

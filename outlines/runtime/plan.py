@@ -1,18 +1,31 @@
-"""The static part of an evaluation, built in one pass over the graph.
+"""The static part of an evaluation: one family table, one stacking rewrite, one walk.
 
-A ``Plan`` is built once per set of outputs (a ``Program`` keeps its own). One
-walk over the Apply nodes in creation order (a topological order) does three
-things at once (and ``outlines.eval``'s plans a fourth after it: sibling model
-calls built one by one are stacked into array nodes, see ``Plan._stack``):
+A ``Plan`` is built once per set of outputs (a ``Program`` keeps its own).
+There is one way to build it:
 
-- rewrites: a pure node whose op (equal by its parameters) and inputs match an
-  earlier one is replaced by it, so two identical prompt renders, or two greedy
-  calls on one prompt, become one node; a pure inline op whose inputs are all
-  Constants is evaluated now into a Constant (folded);
-- numbering: the k draws of a random model call get numbers ``n..n+k-1``, where
-  ``n`` counts earlier draws of the same backend, params and prompt, so
-  rebuilding the same program replays the same draws;
-- structure: the kept nodes in order, the in-degree and consumers of each.
+- the family table (``outlines.graph.families``) is noted as the graph is
+  built: sibling uses of ops of one kin (``Op.kin``: equal by parameters, a
+  control op by its traced structure) whose inputs are constants or the
+  members of one family, member for member. The plan never finds families
+  itself, and no op needs to be shared for its uses to be siblings;
+- with ``stack=True``, one stacking rewrite turns each family of at least
+  ``stack_min`` members into one node of its stacked op (``Op.stacked``)
+  over the arrays of its inputs: model calls of one draw, elementwise ops
+  (an impure ``outlines.fn`` too: it still runs once per element, and is
+  never merged), loops and conds of one structure. When the outputs are
+  exactly whole ranges of families, the rewrite reads the table alone and
+  walks no node (``_from_table``: 20,000 chains planned in a few ms);
+- otherwise the ordinary walk over the Apply nodes in creation order (a
+  topological order) does, per node: rewrites (a pure node whose op and
+  inputs match an earlier one is replaced by it; a pure inline op whose
+  inputs are all Constants is folded into a Constant), numbering (the k
+  draws of a random model call get numbers ``n..n+k-1``, where ``n`` counts
+  earlier draws of the same backend, params and prompt, so rebuilding the
+  same program replays the same draws; likewise namespace tags of control
+  nodes) and structure (the kept nodes, their in-degree and consumers), and
+  notes which kept nodes are members of the table's families (the nodes it
+  rewrote are not stacked apart from their family); the same stacking
+  rewrite (``_stack``) then runs over what it kept.
 
 Inputs match when they are the same Variable, or Constants of simple values
 whose ``canonical`` text (``outlines.keys``) is equal. Random draws and
@@ -32,7 +45,7 @@ from outlines.keys import canonical
 from outlines.errors import UnboundInputError
 from outlines.graph.basic import Apply, Constant, Variable, as_object_array
 from outlines.graph.families import Family, stackable
-from outlines.graph.ops import Gather, all_text
+from outlines.graph.ops import all_text
 from outlines.graph.shapes import propagate, shape_of
 from outlines.graph.traversal import rewired_error, toposort
 
@@ -44,7 +57,7 @@ _VALUE, _SHAPE, _RAGGED = attrgetter("value"), attrgetter("shape"), attrgetter("
 # Integral floats are not: canonical text writes 1.0 as 1 and -0.0 as 0, which
 # is right for a backend's parameters but not for a value a Python op reads.
 _SCALARS = (str, int, bool, type(None))
-#: The fewest sibling model calls ``Plan(stack=True)`` stacks into one array node.
+#: The fewest members of a family that ``Plan(stack=True)`` stacks into one array node (``stack_min``).
 STACK_MIN = 128
 
 
@@ -55,14 +68,19 @@ class Plan:
     ----------
     outputs
         The Variables to compute.
+    stack
+        Stack families of sibling nodes into array nodes (see the module docstring).
+    stack_min
+        The fewest members of a family that stack (default ``STACK_MIN``, read when the plan is built).
 
     Attributes
     ----------
     outputs
         Variables computing the same values in the same order: the originals
-        where nothing was rewritten, otherwise merged or folded ones.
+        where nothing was rewritten, otherwise merged, folded or stacked ones
+        (a stacked one holds the value at ``picks``).
     nodes
-        Apply nodes, each after the owners of its inputs (creation order).
+        Apply nodes, each after the owners of its inputs.
     indegree
         For node ``i``, how many distinct nodes it waits for.
     consumers
@@ -78,6 +96,19 @@ class Plan:
         namespaces in creation order like model calls their draws, so two
         loops making the same calls draw apart, and the first loop evaluated
         alone draws what it drew with the others.
+    scatter
+        ``id(stacked Apply) -> [(member output, its element)]`` for each
+        member output that a node left unstacked reads: the scheduler stores
+        each such element under the member's output when the stacked node
+        finishes.
+    element_tags
+        ``id(stacked loop or cond) ->`` the first namespace tag of each
+        element (its own node's ``tag_offsets``).
+    picks
+        Output position -> (the stacked Variable computing it, its element).
+    members
+        ``id(stacked Apply) ->`` the nodes it stands for, in element order
+        (failures name them).
 
     Examples
     --------
@@ -87,7 +118,7 @@ class Plan:
     ('ab', 0)
     """
 
-    def __init__(self, outputs: Iterable[Variable], *, stack: bool = False) -> None:
+    def __init__(self, outputs: Iterable[Variable], *, stack: bool = False, stack_min: int | None = None) -> None:
         outputs = list(outputs)
         if not all(map(isinstance, outputs, repeat(Variable))):
             argument, output = next((i, v) for i, v in enumerate(outputs) if not isinstance(v, Variable))
@@ -97,40 +128,49 @@ class Plan:
         self.consumers: list[list[int]] = []
         self.draw_offsets: dict[int, int] = {}
         self.tag_offsets: dict[int, int] = {}
-        #: id(stacked Apply) -> (member output, its element) for each member output a node left out reads:
-        #: the scheduler stores each such element under the member's output when the stacked node finishes.
         self.scatter: dict[int, list[tuple[Variable, int]]] = {}
-        #: id(stacked loop or cond) -> the first namespace tag of each element (its own node's ``tag_offsets``).
         self.element_tags: dict[int, np.ndarray] = {}
-        if stack and self._from_families(outputs):
+        self.picks: dict[int, tuple[Variable, int]] = {}
+        self.members: dict[int, Sequence[Apply]] = {}
+        stack_min = max(1, STACK_MIN if stack_min is None else stack_min)
+        if stack and self._from_table(outputs, stack_min):
             return
+        found = _Found() if stack else None
+        position, uplinks, leaves, rewritten = self._walk(outputs, found)
+        if found is not None and found.count >= stack_min:
+            self._stack(position, found, uplinks, stack_min)
+        else:
+            self._link(uplinks)
+        if self.members or rewritten or any(v.owner is None for v in self.outputs):  # leaves rewritten or not seen
+            self._read(list({id(v): v for v in _leaves(self.nodes, self.outputs)}.values()))
+        else:
+            self._read(leaves)
+
+    def _walk(self, outputs: list[Variable], found: _Found | None
+              ) -> tuple[dict[int, int], list[int | list[int]], list[Variable], bool]:
+        """The ordinary walk: merge, fold, number draws and tags, keep the rest; note family members in ``found``.
+
+        Sets ``nodes``, ``outputs``, ``draw_offsets`` and ``tag_offsets``.
+        Returns each kept node's index by ``id``, its parents (``_link``'s
+        ``uplinks``: the index of its one parent, -1 for none, or their
+        list), the leaves read in order of first use, and whether anything
+        was rewritten.
+        """
         tags = 0  # namespace tags taken by the control nodes so far
         replaced: dict[int, Variable] = {}  # id(original Variable) -> its replacement
-        merged: dict[Hashable, Apply] = {}  # (op, noutputs, input keys) of a pure node -> the node computing it
+        merged: dict[Hashable, Apply] = {}  # (op token, noutputs, input keys) of a pure node -> the node computing it
         draws: dict[Hashable, int] = {}  # (stream number, prompt key) -> draws numbered so far
         streams: dict[int, int] = {}  # id(Generate op) -> number of its (backend, params)
         stream_numbers: dict[Hashable, int] = {}  # (backend, params) -> its number
         position: dict[int, int] = {}
-        stackables = 0  # nodes that joined a family: stacking runs only when there are enough
-        # Per op object, once: (merge token, pure, a model call, its stacked op, a loop or branch, gathered).
-        # Equal ops share a token, so a node's merge key hashes in C (an op's own hash and equality
-        # run in Python).
-        ops: dict[int, tuple[Any, bool, bool, Any, bool, bool]] = {}
+        # Per op object, once: (merge token, pure, a model call, a loop or branch). Equal ops share
+        # a token, so a node's merge key hashes in C (an op's own hash and equality run in Python).
+        ops: dict[int, tuple[Any, bool, bool, bool]] = {}
         tokens: dict[Any, int] = {}
-        # Families of sibling nodes, found on the way when stacking (see _stack).
-        family_of: list[int] = []  # per kept node: its family, or -1
-        rank: list[int] = []  # per kept node: its index in its family
-        families: list[list[int]] = []
-        signatures: dict[tuple[Any, ...], int] = {}  # (op token, per input: its family or a constant's shape) -> family
-        above: list[list[int]] = []  # per family: the families its inputs come from
-        broken: list[bool] = []  # per family: not member for member with a parent
-        gathered: list[bool] = []  # per family: uses of an impure step, kept one node each (see _stack)
-        layouts: list[tuple[Any, ...]] = []  # per family: per input, its family (int) or a constant's shape
         # Bound once: this loop runs once per node of graphs of 100k nodes.
         nodes, offsets = self.nodes, self.draw_offsets
         leaves: dict[int, Variable] = {}  # the free inputs and Constants read, in order of first use
-        # Per kept node, its inputs' nodes (linked once, ``_link``): the index of its one parent, -1 for
-        # none, or their list; ints, so that a node adds no container for the collector to walk.
+        # Per kept node, its inputs' nodes: ints, so that a node adds no container for the collector to walk.
         uplinks: list[int | list[int]] = []
         for node in toposort(outputs):
             inputs: Sequence[Variable] = node.inputs
@@ -143,42 +183,16 @@ class Plan:
             info = ops.get(id(op))
             if info is None:
                 token: Any = None
-                stacker = op.stacked() if stack else None
-                if op.pure or stacker is not None:
+                if op.pure:
                     try:
-                        token = tokens.setdefault(op.kin, len(tokens))  # control ops: by their structure
+                        token = tokens.setdefault(op.kin, len(tokens))
                     except TypeError:  # an op with unhashable parameters is never merged
                         pass
-                gather = stack and stacker is None and op.gathered  # it never stacks; what reads it may
-                info = ops[id(op)] = (token, bool(op.pure), op.mode == "generate", stacker, op.mode == "control", gather)
-            token, pure, generate, stacker, control, gather = info
-            # One pass over the inputs: their keys, parents, and whether all are Constants.
-            constants = True
+                info = ops[id(op)] = (token, bool(op.pure), op.mode == "generate", op.mode == "control")
+            token, pure, generate, control = info
             parents: list[int] = []
-            input_keys: list[Hashable] = []
             try:
-                if not (pure or generate):  # nothing to merge or number (a plain fn step): only its parents
-                    for v in inputs:
-                        owner = v.owner
-                        if owner is None:
-                            leaves[id(v)] = v
-                        else:
-                            parents.append(position[id(owner)])
-                else:
-                    for v in inputs:
-                        owner = v.owner
-                        if owner is None:
-                            leaves[id(v)] = v
-                            if type(v) is Constant and type(v.value) is str:  # most constants: _input_key inline
-                                input_keys.append(v.value)
-                                continue
-                            if not isinstance(v, Constant):
-                                constants = False
-                            input_keys.append(_input_key(v))
-                        else:
-                            constants = False
-                            parents.append(position[id(owner)])
-                            input_keys.append(id(v))
+                constants, input_keys = _read_inputs(inputs, pure or generate, parents, leaves, position)
             except KeyError:  # an input not computed yet: only a graph rewired after it was built
                 raise rewired_error(node, position) from None
             if pure:
@@ -189,9 +203,9 @@ class Plan:
                         continue
                 if token is not None:
                     key = (token, len(node.outputs), tuple(input_keys))
-                    found = merged.get(key)
-                    if found is not None:
-                        replaced.update((id(old), new) for old, new in zip(node.outputs, found.outputs))
+                    found_node = merged.get(key)
+                    if found_node is not None:
+                        replaced.update((id(old), new) for old, new in zip(node.outputs, found_node.outputs))
                         continue
             kept = node if same else _rebuild(node, inputs)
             if key is not None:
@@ -217,60 +231,10 @@ class Plan:
             index = position[id(kept)] = len(nodes)  # after its parents: a node reading itself is caught
             nodes.append(kept)
             uplinks.append(parents[0] if len(parents) == 1 else parents or -1)
-            if stack:
-                family = -1
-                if (stacker is not None or gather and kept.outputs[0].shape == ()) and len(kept.outputs) == 1 and (
-                        id(kept) not in offsets) and (
-                        not control or all(v.shape == () for v in inputs)):  # a loop stacks over one element each
-                    # The one rule: each input is a constant (of a known shape) or a member of a
-                    # family; siblings of one op with the same layout of inputs form a family.
-                    layout: list[Any] = []
-                    ups: list[int] = parents  # the inputs' nodes, in input order (not sorted when stacking)
-                    for variable in inputs:
-                        owner = variable.owner
-                        if owner is not None:
-                            up_family = family_of[position[id(owner)]]
-                            if up_family < 0:
-                                break
-                            layout.append(up_family)
-                        elif isinstance(variable, Constant) and stackable(variable, generate):
-                            layout.append(variable.shape)
-                        else:  # a free input: its value is known only when it is bound
-                            break
-                    else:
-                        if not generate or inputs[0].shape == ():  # a model call stacks over one prompt each
-                            signature = (token if token is not None else id(op), tuple(layout))
-                            family = signatures.get(signature, -1)
-                            if family < 0:
-                                family = signatures[signature] = len(families)
-                                families.append([])
-                                above.append(sorted({family_of[up] for up in ups}))
-                                broken.append(False)
-                                gathered.append(gather)
-                                layouts.append(signature[1])
-                            members = families[family]
-                            for up in ups:
-                                if rank[up] != len(members):  # not member for member: it would need a gather
-                                    broken[family] = True
-                            rank.append(len(members))
-                            members.append(index)
-                            stackables += 1
-                family_of.append(family)
-                if family < 0:
-                    rank.append(0)
+            if found is not None:
+                found.add(node.family if id(kept) not in offsets else None, index, inputs, parents, generate, position)
         self.outputs = [replaced.get(id(v), v) for v in outputs]
-        #: output position -> (the stacked Variable computing it, its index there); see ``_stack``.
-        self.picks: dict[int, tuple[Variable, int]] = {}
-        #: id(stacked Apply) -> the calls it stands for, in element order (failures name them).
-        self.members: dict[int, Sequence[Apply]] = {}
-        if stack and stackables >= STACK_MIN:
-            self._stack(position, family_of, rank, families, above, broken, layouts, uplinks, gathered)
-        else:
-            self._link(uplinks)
-        if self.members or replaced or any(v.owner is None for v in self.outputs):  # leaves rewritten or not seen
-            self._read(list({id(v): v for v in _leaves(self.nodes, self.outputs)}.values()))
-        else:
-            self._read(list(leaves.values()))
+        return position, uplinks, list(leaves.values()), bool(replaced)
 
     def _read(self, read: list[Variable]) -> None:
         """``inputs`` and ``constants``: the leaves the plan reads, split."""
@@ -297,23 +261,22 @@ class Plan:
             return results
         return [results[i][self.picks[i][1]] if i in self.picks else value for i, value in enumerate(results)]
 
-    def _from_families(self, outputs: list[Variable]) -> bool:
-        """Stack whole families noted as the graph was built (``outlines.graph.families``), walking no node.
+    def _from_table(self, outputs: list[Variable], stack_min: int) -> bool:
+        """The stacking rewrite read from the family table alone, walking no node; False, changing nothing, if it cannot.
 
         Applies when every output is a member of a family, the outputs of
         each family one contiguous range of ranks ``[lo, hi)`` of at least
-        ``STACK_MIN``, and each family read over one range (member ``r``
-        reads members ``r + shift``): the graph is then exactly those members
+        ``stack_min``, and each family read over one range (member ``r``
+        reads members ``r + shift`` of each family it reads): the graph is then exactly those members
         of those families and of the families they read, and each family
-        becomes one node of its stacked op, as ``_stack`` makes it; a
-        gathered family (an impure step's uses) keeps its members as nodes,
-        and a ``Gather`` of their results is made for the families reading
-        them (``_gather_members``). Each family's members are checked against what was noted (their inputs
-        still the parents' members, or constants of the noted shape). What the
-        walk would rewrite is left to the walk: model calls repeating a prompt
-        (their draws are numbered apart, or merged when greedy), two families
-        of equal ops on the same inputs (merged), pure ops on constants only
-        (folded). Returns False, having changed nothing, when anything differs.
+        becomes one node of its stacked op, as ``_stack`` makes it. Each
+        family's members are checked against what was noted (their inputs
+        still the parents' members, or constants of the noted shape). What
+        the walk would rewrite or number is left to it: model calls repeating
+        a prompt (their draws are numbered apart, or merged when greedy), two
+        families of equal pure ops or model calls on the same inputs (merged,
+        or numbered apart), pure ops on constants only (folded), loops and
+        conds (their namespaces are numbered).
         """
         # map() with attrgetter: these passes touch every node of graphs of 100k nodes.
         owners = list(map(_OWNER, outputs))
@@ -321,190 +284,59 @@ class Plan:
             families = list(map(_FAMILY, owners))
         except AttributeError:  # an output of no node (a constant or a free input)
             return False
-        kinds = set(families)  # families hash by identity
-        if None in kinds:  # an output of no family
+        if None in set(families):  # an output of no family (families hash by identity)
             return False
         ranks = list(map(_RANK, owners))
-        by_family: dict[int, tuple[Family, set[int]]] = {}
-        if len(kinds) == 1:  # the common case: one family of outputs
-            by_family[id(families[0])] = (families[0], set(ranks))
-        else:
-            for family, rank in zip(families, ranks):
-                by_family.setdefault(id(family), (family, set()))[1].add(rank)
-        # The ranks each family must give, [lo, hi): the outputs' own, and their parents' shifted.
-        need: dict[int, tuple[int, int]] = {}
-        closure: dict[int, Family] = {}
-        for family, asked in by_family.values():
-            lo, hi = min(asked), max(asked) + 1
-            if len(asked) != hi - lo or hi - lo < STACK_MIN:
-                return False
-            need[id(family)] = (lo, hi)
-        todo = [family for family, _ in by_family.values()]
-        while todo:
-            family = todo.pop()
-            if id(family) not in closure:
-                closure[id(family)] = family
-                todo.extend(family.parents)
-        ordered = sorted(closure.values(), key=lambda f: f.order)  # the families a family reads come first
-        for family in reversed(ordered):  # children first (a parent is made before them): each passes its range up
-            lo, hi = need[id(family)]
-            for parent in family.parents:
-                wanted = (lo + family.shift, hi + family.shift)
-                if need.setdefault(id(parent), wanted) != wanted:
-                    return False  # read over two ranges: some members of it are read by others
+        need = _ranges(families, ranks, stack_min)
+        if need is None:
+            return False
+        outs = {id(family) for family in families}
         seen: set[Hashable] = set()
-        stacked: dict[int, Apply] = {}  # per family: its stacked node, or a gathered family's Gather node once read
-        gathered_members: dict[int, list[Apply]] = {}  # per gathered family: its members in the plan
-        nodes: list[Apply] = []
-        members_of: dict[int, Sequence[Apply]] = {}
-        scatter: dict[int, list[tuple[Variable, int]]] = {}
-        aliases: dict[int, Apply] = {}  # id(member of a stacked family read by a gathered one) -> its stacked node
-
-        def source(part: Family) -> Variable:
-            """What a stacked family reads of ``part``: its stacked node, or its members gathered (made once)."""
-            node = stacked.get(id(part))
-            if node is None:  # after the gathered members (families come in order), before this reader
-                node = stacked[id(part)] = _gather_node(gathered_members[id(part)])
-                nodes.append(node)
-            return node.outputs[0]
-
-        for family in ordered:
-            op, layout = family.op, family.layout
-            generate, gathered = op.mode == "generate", op.gathered
-            if not (generate or gathered) and not any(type(part) is Family for part in layout):
-                return False  # a pure op on constants only: the walk folds it
-            try:
-                if not gathered and (op, layout) in seen:
-                    return False  # equal ops on the same inputs: the walk merges them, or numbers their draws apart
-                seen.add((op, layout))
-            except TypeError:  # an op with unhashable parameters is never merged
-                pass
-            lo, hi = need[id(family)]
-            count = hi - lo
-            members = family.members[lo:hi]
-            rows = list(map(_INPUTS, members))
-            if len(members) != count or set(map(len, rows)) != {len(layout)}:
+        stacked: dict[int, Apply] = {}  # per family: its stacked node
+        members: dict[int, Sequence[Apply]] = {}
+        for family in sorted((family for family, _ in need.values()), key=lambda f: f.order):  # readers after
+            lo, hi = need[id(family)][1]
+            # A member's rank is its place in its family, unless two threads built members at once:
+            # what the outputs pick by rank is checked; the rest are read by place (their readers' inputs are).
+            if id(family) in outs and list(map(_RANK, family.members[lo:hi])) != list(range(lo, hi)):
                 return False
-            if gathered:  # each member kept as built, reading its elements; then their results gathered
-                if not self._gather_members(family, members, rows, lo, need, stacked, scatter, aliases):
-                    return False
-                nodes.extend(members)
-                gathered_members[id(family)] = members
-                continue
-            # A member's rank is its place in its family, unless two threads built members at once: what
-            # the outputs pick by rank is checked; the rest are read by place (their children's inputs are).
-            if id(family) in by_family and list(map(_RANK, members)) != list(range(lo, hi)):
+            new = _from_members(family, lo, hi, stacked, seen, members)
+            if new is None:
                 return False
-            sources: list[Variable] = []
-            for number, part in enumerate(layout):
-                inputs = list(map(itemgetter(number), rows))
-                if type(part) is Family:
-                    if list(map(_OWNER, inputs)) != part.members[lo + family.shift:hi + family.shift]:
-                        return False  # rewired since it was built
-                    sources.append(source(part))
-                    continue
-                if set(map(type, inputs)) != {Constant}:
-                    return False  # a free input (or a Variable no longer a Constant's)
-                values = list(map(_VALUE, inputs))
-                texts = all_text(values)  # the common case: checked in bulk (count >= STACK_MIN, never empty)
-                if generate and (not texts or len(set(values)) != count):
-                    return False  # not text, or a prompt asked twice: the walk numbers its draws (or merges greedy calls)
-                if texts and part != () or not texts and (
-                        set(map(_SHAPE, inputs)) != {part} or not stackable(inputs[0], False) or any(map(_RAGGED, inputs))):
-                    return False
-                sources.append(_stacked_constant(inputs, values))  # type: ignore[arg-type]
-            new = stacked[id(family)] = _stacked_node(op, sources, members, members_of)
-            nodes.append(new)
-        kept = [key for key in by_family if key in gathered_members]  # outputs of gathered families: as built
-        if len(by_family) == 1 and not kept:
-            self.outputs = [stacked[id(families[0])].outputs[0]] * len(outputs)
-        else:
-            chosen = {key: node.outputs[0] for key, node in stacked.items() if key not in gathered_members}
-            self.outputs = [chosen[id(family)] if id(family) in chosen else output
-                            for family, output in zip(families, outputs)]
-        starts = {need[key][0] for key in by_family}
-        if starts == {0}:
+            stacked[id(family)] = new
+        self.nodes = list(stacked.values())
+        self.members = members
+        self.outputs = [stacked[id(family)].outputs[0] for family in families]
+        if {need[key][1][0] for key in outs} == {0}:
             elements = ranks
         else:
-            first = {key: need[key][0] for key in by_family}
-            elements = [rank - first[id(family)] for family, rank in zip(families, ranks)]
+            elements = [rank - need[id(family)][1][0] for family, rank in zip(families, ranks)]
         self.picks = dict(enumerate(zip(self.outputs, elements)))
-        if kept:
-            for at in [at for at, family in enumerate(families) if id(family) in gathered_members]:
-                del self.picks[at]
-        self.members = members_of
-        self.scatter = scatter
-        self.nodes = nodes
-        self._link(aliases=aliases)
+        self._link()
         self._read(list({id(v): v for v in _leaves(self.nodes, self.outputs)}.values()))
         return True
 
-    @staticmethod
-    def _gather_members(family: Family, members: list[Apply], rows: list[tuple[Variable, ...]], lo: int,
-                        need: dict[int, tuple[int, int]], stacked: dict[int, Apply],
-                        scatter: dict[int, list[tuple[Variable, int]]], aliases: dict[int, Apply]) -> bool:
-        """Check a gathered family's members as ``_from_families`` checks a stacked one's; note what they read.
+    def _stack(self, position: dict[int, int], found: _Found, uplinks: list[int | list[int]], stack_min: int) -> None:
+        """The stacking rewrite over the nodes the walk kept: 5,000 chains built one by one run as one array each step.
 
-        A member reading a member of a stacked family reads its element: the
-        stacked node scatters it (``scatter``) and the member waits for that
-        node (``aliases``). One reading a gathered family's member reads it
-        as built; constants stay its own. False when anything differs.
+        A family the walk met (``found``: the table's families, split by the
+        layout of their members' inputs after the walk's rewrites) stacks
+        when it has at least ``stack_min`` members, member for member with
+        its parent families (not ``broken``), and those stack too with as
+        many members: it becomes one node of the stacked op over the arrays
+        of its inputs (the constants of its members stacked into one array,
+        or kept when all are one scalar). A node left out that reads a
+        member's output is kept as built: it waits for the stacked node,
+        which gives the member's output its element (``scatter``), so
+        nothing downstream is rebuilt. Draw numbers, keys and values are
+        unchanged (a call with a draw offset, or with samples, is never in a
+        family); ``picks`` maps each output of the plan to its element,
+        ``members`` each stacked node to the nodes it stands for. Loops and
+        conds keep each element's own namespace tag (``element_tags``).
         """
-        if any(member.outputs[0].shape != () for member in members):
-            return False  # the Gather holds one scalar per member
-        hi = lo + len(members)
-        for number, part in enumerate(family.layout):
-            inputs = list(map(itemgetter(number), rows))
-            if type(part) is not Family:
-                if set(map(type, inputs)) != {Constant}:
-                    return False  # a free input (or a Variable no longer a Constant's)
-                continue
-            owners = list(map(_OWNER, inputs))
-            if owners != part.members[lo + family.shift:hi + family.shift]:
-                return False  # rewired since it was built
-            if part.op.gathered:
-                continue  # a gathered family's members are nodes of the plan: read as built
-            source = stacked[id(part)]
-            start = lo + family.shift - need[id(part)][0]  # the element of the first member's input there
-            scatter.setdefault(id(source), []).extend(zip(inputs, range(start, start + len(inputs))))
-            aliases.update(zip(map(id, owners), repeat(source)))
-        return True
-
-    def _stack(
-        self, position: dict[int, int], family_of: list[int], rank: list[int], families: list[list[int]],
-        above: list[list[int]], broken: list[bool], layouts: list[tuple[Any, ...]],
-        uplinks: list[int | list[int]] | None, gathered: list[bool],
-    ) -> None:
-        """Stack sibling nodes into array nodes: 5,000 chains built one by one run as one array each step.
-
-        One rule for every op (``Op.stacked``: model calls of one draw, and
-        pure elementwise ops: templates, ``+``, pure ``outlines.fn`` steps,
-        parses, ``Index``). A *family* is the uses of one op (equal by its
-        parameters) whose inputs are, position by position, constants of one
-        shape or the members of one family, member for member in the same
-        order (found by ``__init__``'s walk: ``family_of`` and ``rank`` of
-        each node, each family's members, parents, ``layouts`` and whether it
-        is ``broken``, not member for member). A family of at least
-        ``STACK_MIN`` nodes whose parent families are stacked becomes one node
-        of the stacked op over the arrays of its inputs (the constants of its
-        members stacked into one array, or kept when all are one scalar): the
-        scheduler then runs, sends, caches and waits for it in bulk. A node
-        left out that reads a member's output is kept as built: it waits for
-        the stacked node, which gives the member's output its element
-        (``scatter``), so nothing downstream is rebuilt. Draw numbers, keys and values are unchanged (a call
-        with a draw offset, or with samples, is never stacked); ``picks`` maps
-        each output of the plan to its element, ``members`` each stacked node
-        to the nodes it stands for (failures name them). The uses of an impure
-        step (``gathered`` families) never stack: each stays its own node, run
-        once, but a family reading them member for member still stacks, over
-        a ``Gather`` node of their results in order. Loops and conds stack
-        by their traced structure (``Op.kin``) over members of one element
-        each; ``element_tags`` keeps each element's own namespace tag. ``uplinks``, the
-        walk's parents of each node, link the nodes when no family stacks.
-        """
-        nodes = self.nodes
-        valid = [len(m) >= STACK_MIN and not broken[f] for f, m in enumerate(families)]
-        for family, ups in enumerate(above):  # parents come first: one pass settles it
+        nodes, family_of, rank, families = self.nodes, found.family_of, found.rank, found.members
+        valid = [len(m) >= stack_min and not found.broken[f] for f, m in enumerate(families)]
+        for family, ups in enumerate(found.above):  # parents come first: one pass settles it
             # A parent with more members than its child: its stacked array holds elements nobody reads.
             if valid[family] and not all(valid[up] and len(families[up]) == len(families[family]) for up in ups):
                 valid[family] = False
@@ -512,85 +344,48 @@ class Plan:
             self._link(uplinks)
             return
         stacked: dict[int, Apply] = {}
-        gathers: dict[int, Apply] = {}  # gathered family -> its Gather node, made for the first family reading it
 
         def element(variable: Variable) -> tuple[Variable, int] | None:
-            """(stacked output, element) of a stacked call's output; None for anything else."""
+            """(stacked output, element) of a stacked member's output; None for anything else."""
             owner = variable.owner
             if owner is None:
                 return None
             at = position.get(id(owner), -1)
             family = family_of[at] if at >= 0 else -1
-            return (stacked[family].outputs[0], rank[at]) if family >= 0 and valid[family] and not gathered[family] \
-                else None
-
-        def gather(family: int) -> Variable:
-            """The output of the Gather node of ``family``'s members, made (and kept) the first time it is read."""
-            node = gathers.get(family)
-            if node is None:
-                node = gathers[family] = _gather_node([nodes[i] for i in families[family]])
-                kept.append(node)
-            return node.outputs[0]
+            return (stacked[family].outputs[0], rank[at]) if family >= 0 and valid[family] else None
 
         aliases: dict[int, Apply] = {}  # id(member read by a node left out) -> its stacked node
         kept: list[Apply] = []
         for index, node in enumerate(nodes):
             family = family_of[index]
-            if family < 0 or not valid[family] or gathered[family]:
+            if family < 0 or not valid[family]:
                 for variable in node.inputs:
                     if variable.owner is None or id(variable.owner) in aliases:
                         continue
-                    found = element(variable)
-                    if found is not None:  # a stacked call's output read by a node left out: its element
-                        source = found[0].owner
+                    found_at = element(variable)
+                    if found_at is not None:  # a stacked member's output read by a node left out: its element
+                        source = found_at[0].owner
                         aliases[id(variable.owner)] = source  # type: ignore[assignment]
-                        self.scatter.setdefault(id(source), []).append((variable, found[1]))
+                        self.scatter.setdefault(id(source), []).append((variable, found_at[1]))
                 kept.append(node)
                 continue
             if family not in stacked:
-                members = families[family]
-                sources: list[Variable] = []
-                for number, part in enumerate(layouts[family]):
-                    if type(part) is int:  # the outputs of a stacked (or gathered) family, member for member
-                        sources.append(gather(part) if gathered[part] else stacked[part].outputs[0])
-                    else:
-                        sources.append(_stacked_constant([nodes[i].inputs[number] for i in members],  # type: ignore[misc]
-                                                         whole=node.op.mode == "control"))
-                new = stacked[family] = _stacked_node(node.op, sources, [nodes[i] for i in members], self.members)
-                if node.op.mode == "control":  # each element draws in its own loop's namespaces
-                    self.element_tags[id(new)] = np.array([self.tag_offsets.get(nodes[i].order, 0) for i in members])
+                members = [nodes[i] for i in families[family]]
+                control = node.op.mode == "control"
+                sources = [stacked[part].outputs[0] if type(part) is int else
+                           _stacked_constant([m.inputs[number] for m in members], whole=control)  # type: ignore[misc]
+                           for number, part in enumerate(found.layouts[family])]
+                new = stacked[family] = _stacked_node(node.op, sources, members, self.members)
+                if control:  # each element draws in its own loop's namespaces
+                    self.element_tags[id(new)] = np.array([self.tag_offsets.get(m.order, 0) for m in members])
                 kept.append(new)
         for number, output in enumerate(self.outputs):
-            found = element(output)
-            if found is not None:
-                self.picks[number] = found
-                self.outputs[number] = found[0]
+            found_at = element(output)
+            if found_at is not None:
+                self.picks[number] = found_at
+                self.outputs[number] = found_at[0]
         self.nodes = kept
         self._link(aliases=aliases)
-        if gathers:  # a Gather and what reads it were placed before the last members it gathers
-            self._sort()
-
-    def _sort(self) -> None:
-        """Reorder ``nodes`` (and ``indegree``, ``consumers``) so that each comes after the nodes it waits for."""
-        indegree, consumers = self.indegree, self.consumers
-        left = list(indegree)
-        order = [index for index, count in enumerate(left) if not count]
-        for index in order:  # Kahn's: the list grows as nodes become ready
-            for consumer in consumers[index]:
-                left[consumer] -= 1
-                if not left[consumer]:
-                    order.append(consumer)
-        if len(order) != len(indegree):
-            raise RuntimeError(f"plan: {len(indegree) - len(order)} node(s) wait in a cycle after stacking")
-        moved = [0] * len(order)
-        for at, index in enumerate(order):
-            moved[index] = at
-        for readers in consumers:  # renumbered in place: no new list per node for the collector to walk
-            for at, consumer in enumerate(readers):
-                readers[at] = moved[consumer]
-        self.nodes = [self.nodes[index] for index in order]
-        self.indegree = [indegree[index] for index in order]
-        self.consumers = [consumers[index] for index in order]
 
     def _link(self, uplinks: list[int | list[int]] | None = None, aliases: Mapping[int, Apply] | None = None) -> None:
         """``indegree`` and ``consumers`` of ``nodes``, once they are final.
@@ -630,6 +425,185 @@ class Plan:
         return len(self.nodes)
 
 
+class _Found:
+    """The table's families as the walk meets them (``Plan._walk``), for ``Plan._stack``.
+
+    Per kept node: ``family_of`` (its family here, or -1) and ``rank`` (its
+    index there). Per family: its ``members`` (node indices), the families
+    ``above`` it (its parents'), whether it is ``broken`` (a member reads
+    parents of another rank: not member for member) and its ``layout`` (per
+    input, a parent family or a constant's shape). A family of the table is
+    split here by layout: the walk's rewrites can make its members read
+    other nodes than they were built on.
+    """
+
+    __slots__ = ("family_of", "rank", "members", "above", "broken", "layouts", "index", "count")
+
+    def __init__(self) -> None:
+        self.family_of: list[int] = []
+        self.rank: list[int] = []
+        self.members: list[list[int]] = []
+        self.above: list[list[int]] = []
+        self.broken: list[bool] = []
+        self.layouts: list[tuple[Any, ...]] = []
+        self.index: dict[tuple[int, tuple[Any, ...]], int] = {}  # (id(table family), layout) -> family
+        self.count = 0  # nodes in a family
+
+    def add(self, table: Family | None, index: int, inputs: Sequence[Variable], parents: list[int],
+            generate: bool, position: Mapping[int, int]) -> None:
+        """Note kept node ``index`` (of the table's family ``table``, reading ``inputs`` of nodes ``parents``)."""
+        family_of = self.family_of
+        if table is not None:
+            layout: list[Any] = []
+            for variable in inputs:
+                owner = variable.owner
+                if owner is not None:
+                    up = family_of[position[id(owner)]]
+                    if up < 0:
+                        break
+                    layout.append(up)
+                elif isinstance(variable, Constant) and stackable(variable, generate):
+                    layout.append(variable.shape)
+                else:  # a free input: its value is known only when it is bound
+                    break
+            else:
+                key = (id(table), tuple(layout))
+                family = self.index.get(key, -1)
+                if family < 0:
+                    family = self.index[key] = len(self.members)
+                    self.members.append([])
+                    self.above.append(sorted({family_of[up] for up in parents}))
+                    self.broken.append(False)
+                    self.layouts.append(key[1])
+                members = self.members[family]
+                for up in parents:
+                    if self.rank[up] != len(members):  # not member for member
+                        self.broken[family] = True
+                family_of.append(family)
+                self.rank.append(len(members))
+                members.append(index)
+                self.count += 1
+                return
+        family_of.append(-1)
+        self.rank.append(0)
+
+
+def _read_inputs(inputs: Sequence[Variable], keyed: bool, parents: list[int], leaves: dict[int, Variable],
+                 position: Mapping[int, int]) -> tuple[bool, list[Hashable]]:
+    """One pass over a node's inputs: their nodes into ``parents``, leaves into ``leaves``.
+
+    Returns whether all are Constants and, when ``keyed`` (a node to merge
+    or number), the inputs' keys (``_input_key``). ``KeyError``: an input
+    whose node was not walked yet.
+    """
+    constants = True
+    input_keys: list[Hashable] = []
+    if not keyed:  # nothing to merge or number (a plain fn step): only its parents
+        for v in inputs:
+            owner = v.owner
+            if owner is None:
+                leaves[id(v)] = v
+            else:
+                parents.append(position[id(owner)])
+        return False, input_keys
+    for v in inputs:
+        owner = v.owner
+        if owner is None:
+            leaves[id(v)] = v
+            if type(v) is Constant and type(v.value) is str:  # most constants: _input_key inline
+                input_keys.append(v.value)
+                continue
+            if not isinstance(v, Constant):
+                constants = False
+            input_keys.append(_input_key(v))
+        else:
+            constants = False
+            parents.append(position[id(owner)])
+            input_keys.append(id(v))
+    return constants, input_keys
+
+
+def _ranges(families: list[Family], ranks: list[int], stack_min: int) -> dict[int, tuple[Family, tuple[int, int]]] | None:
+    """The ranks ``[lo, hi)`` each family must give (the outputs', then their readers' shifted), by ``id``.
+
+    ``families`` and ``ranks``: of each output. None when an output family's
+    ranks are not one contiguous range of at least ``stack_min``, or a
+    family is read over two ranges (some members of it are read by others).
+    """
+    asked: dict[int, tuple[Family, set[int]]] = {}
+    for family, rank in zip(families, ranks):
+        asked.setdefault(id(family), (family, set()))[1].add(rank)
+    need: dict[int, tuple[Family, tuple[int, int]]] = {}
+    for key, (family, wanted) in asked.items():
+        lo, hi = min(wanted), max(wanted) + 1
+        if len(wanted) != hi - lo or hi - lo < stack_min:
+            return None
+        need[key] = (family, (lo, hi))
+    closure: dict[int, Family] = {}
+    todo = [family for family, _ in need.values()]
+    while todo:
+        family = todo.pop()
+        if id(family) not in closure:
+            closure[id(family)] = family
+            todo.extend(family.parents)
+    for family in sorted(closure.values(), key=lambda f: f.order, reverse=True):  # readers first: each passes its range up
+        lo, hi = need[id(family)][1]
+        for part, shift in zip(family.layout, family.shifts):
+            if type(part) is Family and need.setdefault(id(part), (part, (lo + shift, hi + shift)))[1] != (
+                    lo + shift, hi + shift):
+                return None
+    return need
+
+
+def _from_members(family: Family, lo: int, hi: int, stacked: Mapping[int, Apply], seen: set[Hashable],
+                  members_of: dict[int, Sequence[Apply]]) -> Apply | None:
+    """The stacked node of ``family``'s members ``[lo, hi)`` (``Plan._from_table``), or None to leave it to the walk.
+
+    ``stacked``: the stacked node of each family it reads (made before);
+    ``seen``: the (op, layout) of the families stacked so far.
+    """
+    layout, members = family.layout, family.members[lo:hi]
+    if len(members) != hi - lo:
+        return None
+    op = members[0].op  # the ops of a family are equal (one kin): the first member's serves all
+    generate = op.mode == "generate"
+    if op.mode == "control":
+        return None  # the walk numbers its namespaces
+    if op.pure and not generate and not any(type(part) is Family for part in layout):
+        return None  # a pure op on constants only: the walk folds it
+    if op.pure or generate:  # an impure step is never merged: two of them on the same inputs both run
+        try:
+            if (op, layout) in seen:
+                return None  # equal ops on the same inputs: the walk merges them, or numbers their draws apart
+            seen.add((op, layout))
+        except TypeError:  # an op with unhashable parameters is never merged
+            pass
+    count = hi - lo
+    rows = list(map(_INPUTS, members))
+    if set(map(len, rows)) != {len(layout)}:
+        return None
+    sources: list[Variable] = []
+    for number, part in enumerate(layout):
+        inputs = list(map(itemgetter(number), rows))
+        if type(part) is Family:
+            shift = family.shifts[number]
+            if list(map(_OWNER, inputs)) != part.members[lo + shift:hi + shift]:
+                return None  # rewired since it was built
+            sources.append(stacked[id(part)].outputs[0])
+            continue
+        if set(map(type, inputs)) != {Constant}:
+            return None  # a free input (or a Variable no longer a Constant's)
+        values = list(map(_VALUE, inputs))
+        texts = all_text(values)  # the common case: checked in bulk (never empty)
+        if generate and (not texts or len(set(values)) != count):
+            return None  # not text, or a prompt asked twice: the walk numbers its draws (or merges greedy calls)
+        if texts and part != () or not texts and (
+                set(map(_SHAPE, inputs)) != {part} or not stackable(inputs[0], False) or any(map(_RAGGED, inputs))):
+            return None
+        sources.append(_stacked_constant(inputs, values))  # type: ignore[arg-type]
+    return _stacked_node(op, sources, members, members_of)
+
+
 def _input_key(variable: Variable) -> Hashable:
     """Equal keys: interchangeable inputs (the same Variable, or equal simple constants)."""
     if isinstance(variable, Constant):
@@ -650,11 +624,6 @@ def _stacked_node(op: Any, sources: list[Variable], members: list[Apply], member
     new.order = members[0].order  # labelled as its first member
     members_of[id(new)] = members
     return new
-
-
-def _gather_node(members: list[Apply]) -> Apply:
-    """A ``Gather`` of the outputs of ``members``, in order (its own creation number: they are nodes of the plan too)."""
-    return Apply(Gather(len(members)), [member.outputs[0] for member in members], sibling=False)
 
 
 def _stacked_constant(constants: list[Constant], values: list[Any] | None = None, whole: bool = False) -> Constant:

@@ -1,6 +1,7 @@
 """Building control-flow nodes: tracing once, captured outer Variables, build-time errors."""
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
 import outlines
@@ -206,6 +207,9 @@ def test_control_nodes_over_scalars_give_scalars() -> None:
     assert kept.shape is None  # a branch adds an axis: not a scalar
 
 
-def test_control_nodes_never_join_build_time_families() -> None:
-    x = outlines.constant("x")
-    assert _loop(x).owner.family is None
+def test_control_nodes_join_build_time_families_by_their_structure() -> None:
+    loops = [_loop(outlines.constant(f"x{i}")).owner for i in range(3)]  # one op each, one structure
+    assert len({id(node.op) for node in loops}) == 3 and loops[0].family is not None
+    assert all(node.family is loops[0].family for node in loops)
+    assert [node.rank - loops[0].rank for node in loops] == [0, 1, 2]  # (a root family lives on while its graphs do)
+    assert _loop(outlines.constant(np.array(["a", "b"], dtype=object))).owner.family is None  # over one element each

@@ -11,6 +11,7 @@ import pytest
 import outlines
 from outlines.graph import families as families_module
 from outlines.graph.families import Family
+from outlines.graph.ops import Concat
 from outlines.graph.ragged import Ragged
 from tests.fixtures.recording import RecordingBackend
 
@@ -73,14 +74,14 @@ def test_a_call_built_before_the_loop_shifts_the_families_after_it() -> None:
 def test_what_joins_no_family() -> None:
     llm = RecordingBackend(name="none").model()
     free = outlines.string("q")
-    impure = outlines.fn(str.upper, name="impure")  # not declared pure: never stacks
+    impure = outlines.fn(str.upper, name="impure")  # not declared pure: stacks all the same
     assert llm(free).owner.family is None  # a free input: known only when bound
     assert llm(outlines.constant("a"), num_samples=2).owner.family is None
     assert llm(impure(free)).owner.family is None  # an input outside any family
     assert outlines.fn(lambda s: [s], signature="()->(n)", name="split")("a").owner.family is None  # not elementwise
-    # an impure step joins a family all the same: its uses are gathered for the calls reading them
-    step = impure(llm("a")).owner
-    assert step.family is not None and step.op._stacks == 3 and llm(step.outputs[0]).owner.family is not None
+    step = impure(llm("a")).owner  # an impure elementwise step joins a family like any step
+    assert step.family is not None and step.op._stacks == (families_module.STEP, step.op)
+    assert llm(step.outputs[0]).owner.family is not None
     assert llm(outlines.constant(["a", "b"])).owner.family is None  # not one prompt
 
 
@@ -127,10 +128,12 @@ def test_a_family_shows_its_op_and_size() -> None:
     assert repr(outs[0].owner.family).endswith("3 members)")
 
 
-def test_indexing_with_one_key_shares_one_op_so_its_uses_are_siblings() -> None:
+def test_equal_ops_built_as_separate_objects_are_one_family() -> None:
+    """Families are keyed by what an op is (its parameters), not by which object it is: nothing is shared."""
     llm = RecordingBackend(name="index").model()
     pairs = [llm(outlines.constant(f"Q{i}")) + outlines.constant(np.array(["<", ">"], dtype=object)) for i in range(N)]
     firsts = [p[1] for p in pairs]
-    assert len({id(v.owner.op) for v in firsts}) == 1 and len({id(v.owner.family) for v in firsts}) == 1
-    assert pairs[0][1:].owner.op is not pairs[0][True:].owner.op  # 1 and True are different keys, as in Python
+    assert len({id(v.owner.op) for v in firsts}) == N and len({id(v.owner.family) for v in firsts}) == 1
+    joined = [Concat()(p, "!") for p in firsts]  # two Concat() per chain, each its own object
+    assert len({id(v.owner.op) for v in joined}) == N and len({id(v.owner.family) for v in joined}) == 1
     assert outlines.eval(firsts[0], cache=False) == "Q0.>"

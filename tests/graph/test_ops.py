@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 
 from outlines.errors import Failure
 from outlines.graph.basic import Apply, Constant
-from outlines.graph.ops import Gather, all_text, broadcast_map
+from outlines.graph.ops import all_text, broadcast_map
 
 
 def _failure(exc: BaseException) -> Failure:
@@ -56,19 +56,3 @@ def test_all_text_holds_for_exact_str_only() -> None:
     assert all_text(["a", "b" * 10_000, ""]) and all_text(()) and all_text(("x",))
     for odd in (None, 1, b"a", ["a"], 1.5, Text("b")):  # a subclass: the caller looks closer
         assert not all_text(["a", odd, "b"])
-
-
-@settings(max_examples=60, deadline=None)
-@given(values=st.lists(st.one_of(st.text(), st.lists(st.text(), max_size=2), st.integers(), st.none()), max_size=12))
-def test_gather_keeps_each_value_as_one_element_in_order(values: list[Any]) -> None:
-    out = Gather(len(values)).perform(*values)
-    assert out.shape == (len(values),) and out.dtype == object
-    assert all(a is b for a, b in zip(out.tolist(), values))  # a list stays one element, not a row
-
-
-def test_gather_keeps_failures_and_is_one_array_of_scalars() -> None:
-    failed = _failure(RuntimeError("upstream"))
-    out = Gather(3).perform("a", failed, "c")
-    assert out.tolist() == ["a", failed, "c"]
-    node = Apply(Gather(3), [Constant("a"), Constant("b"), Constant("c")], sibling=False)
-    assert node.outputs[0].shape == (3,) and not node.outputs[0].ragged and node.op.name == "Gather"

@@ -275,23 +275,3 @@ def test_explain_names_two_models_of_one_backend_class_apart() -> None:
     assert "..." not in text
 
 
-def test_a_step_not_declared_pure_used_many_times_gets_a_hint() -> None:
-    from outlines.runtime.plan import STACK_MIN
-
-    recording = RecordingBackend(answer)
-    llm = recording.model()
-    steps = {
-        "clean": outlines.fn(lambda s: s.strip(), name="clean"),  # as users write it: never stacks
-        "trim": outlines.fn(lambda s: s[:8], name="trim", pure=True),  # declared: it stacks, no hint
-        "tidy": outlines.fn(lambda s: s.lower(), name="tidy"),  # too few uses to stack anyway
-    }
-    outs = []
-    for i in range(STACK_MIN):
-        x = llm(outlines.constant(f"q{i}"))
-        outs.append(llm(steps["trim"](steps["clean"](x))))
-    outs.extend(steps["tidy"](llm(outlines.constant(f"r{i}"))) for i in range(STACK_MIN - 1))
-    explained = outlines.explain(*outs, cache=False)
-    assert explained.unstacked == [("clean", STACK_MIN)]
-    assert f"outlines.fn 'clean' is used {STACK_MIN} times" in explained.summary()
-    assert explained.to_dict()["unstacked"] == [["clean", STACK_MIN]]
-    assert recording.batches == []  # a dry run sends nothing

@@ -273,27 +273,21 @@ def test_stacked_equals_unstacked_over_mixed_ops(n: int, steps: list[str], taps:
     assert seen[1] == seen[0]
 
 
-def test_impure_ops_never_stack() -> None:
+def test_impure_steps_stack_but_never_merge() -> None:
+    """An impure step's uses stack like a pure one's; two equal uses on one input stay two (pure ones: one)."""
     llm = RecordingBackend(name="impure").model()
     impure = outlines.fn(lambda text: text + "!", name="impure")  # pure=False: the default
     pure = outlines.fn(lambda text: text + "!", name="pure", pure=True)
-    for step, expected in ((impure, N), (pure, 1)):
-        outs = [llm(step(llm(outlines.constant(f"Q{i}")))) for i in range(N)]
+    for step, twice in ((impure, 2), (pure, 1)):
+        built = [step(llm(outlines.constant(f"Q{i}"))) for i in range(N)]
+        outs = [llm(b) for b in built] + [llm(step(b.owner.inputs[0]) + "?") for b in built]  # each step again
         plan = Plan(outs, stack=True)
         nodes = plan.nodes
         steps = [node for node in nodes if node.op.name == step.__name__]
-        assert len(steps) == expected
-        # the calls before and after stack either way: the impure steps read their elements of the first
-        # stacked call, and the second reads their results gathered in order (one node, a plan's own)
-        assert sum(node.op.name.startswith("Generate") for node in nodes) == 2
-        gathers = [node for node in nodes if node.op.name == "Gather"]
-        if expected == N:
-            assert steps == [out.owner.inputs[0].owner for out in outs]  # kept as built
-            assert len(gathers) == 1 and gathers[0].inputs == tuple(s.outputs[0] for s in steps)
-            assert nodes[-1].inputs == gathers[0].outputs
-            assert [m.label for m in plan.members[id(nodes[-1])]] == [out.owner.label for out in outs]
-        else:
-            assert not gathers
+        assert len(steps) == twice and all(len(plan.members[id(node)]) == N for node in steps)
+        assert [m.label for m in plan.members[id(steps[0])]] == [b.owner.label for b in built]
+        assert sum(node.op.name.startswith("Generate") for node in nodes) == 3
+        assert not plan.scatter
         _assert_topological(plan)
 
 
@@ -397,8 +391,8 @@ def _no_walk(*args: Any, **kwargs: Any) -> Any:
 
 @pytest.mark.parametrize("steps", [
     ("llm", "template", "llm", "concat-own", "concat-shared", "fn", "async-fn", "gufunc", "index", "llm"),
-    ("llm", "impure", "llm", "impure", "template", "llm"),  # the shape users write: an impure step, gathered
-    ("impure", "impure", "llm", "impure"),  # on constants, on each other, and the outputs their own nodes
+    ("llm", "impure", "llm", "impure", "template", "llm"),  # the shape users write: an impure step, stacked
+    ("impure", "impure", "llm", "impure"),  # on constants, on each other, and as the outputs
 ], ids=["pure", "impure", "impure-ends"])
 def test_eval_stacks_from_the_families_noted_at_build_without_walking_the_graph(
         steps: tuple[str, ...], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -427,9 +421,8 @@ def test_eval_stacks_from_the_families_noted_at_build_without_walking_the_graph(
     if "impure" in steps:
         plan = Plan(build(RecordingBackend(name="noted").model()), stack=True)
         impure = [node for node in plan.nodes if node.op.name == "impure"]
-        assert len(impure) == N * steps.count("impure")  # never stacked: one node each
-        # gathered for the stacked calls and template reading them; not for a step reading a step, nor for outputs
-        assert sum(node.op.name == "Gather" for node in plan.nodes) == (2 if steps[-1] == "llm" else 1)
+        assert len(impure) == steps.count("impure") and len(plan.nodes) == len(steps)  # one stacked node per step
+        assert all(len(plan.members[id(node)]) == N for node in impure)
         _assert_topological(plan)
 
 
