@@ -200,6 +200,8 @@ class Function:
         self.is_async = inspect.iscoroutinefunction(target)
         self.python_signature = _python_signature(target)
         self._min_positional, self._max_positional = _positional_range(self.python_signature)
+        #: The op of each set of keyword names asked so far: a call built in a loop makes no op (about a
+        #: third of the build time per node); equal ops stack whichever object they are.
         self._ops: dict[tuple[str, ...], CallFunction] = {}
         #: Mean seconds per call, measured; decides inline vs thread pool.
         self.mean_seconds: float | None = None

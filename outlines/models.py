@@ -158,6 +158,8 @@ class Model:
         self.backend = backend
         self.defaults = GenerationParams.create(**unfold_extra_body(defaults, backend))
         backend.check_params(self.defaults)  # a provider's documented ranges, before anything is built
+        #: The op of each (params, samples) asked so far: a call built in a loop makes no op (building
+        #: a Generate per call triples the build time per node); equal ops stack whichever object they are.
         self._ops: dict[tuple[GenerationParams, int | None], Generate] = {}
 
     def __call__(

@@ -371,10 +371,11 @@ class Plan:
                 continue
             if family not in stacked:
                 members = [nodes[i] for i in families[family]]
-                control = node.op.mode == "control"
+                control, layout = node.op.mode == "control", found.layouts[family]
+                whole = control or not node.op.pure or int not in set(map(type, layout))  # see _stacked_constant
                 sources = [stacked[part].outputs[0] if type(part) is int else
-                           _stacked_constant([m.inputs[number] for m in members], whole=control)  # type: ignore[misc]
-                           for number, part in enumerate(found.layouts[family])]
+                           _stacked_constant([m.inputs[number] for m in members], whole=whole)  # type: ignore[misc]
+                           for number, part in enumerate(layout)]
                 new = stacked[family] = _stacked_node(node.op, sources, members, self.members)
                 if control:  # each element draws in its own loop's namespaces
                     self.element_tags[id(new)] = np.array([self.tag_offsets.get(m.order, 0) for m in members])
@@ -600,7 +601,8 @@ def _from_members(family: Family, lo: int, hi: int, stacked: Mapping[int, Apply]
         if texts and part != () or not texts and (
                 set(map(_SHAPE, inputs)) != {part} or not stackable(inputs[0], False) or any(map(_RAGGED, inputs))):
             return None
-        sources.append(_stacked_constant(inputs, values))  # type: ignore[arg-type]
+        whole = not op.pure or Family not in set(map(type, layout))  # see _stacked_constant
+        sources.append(_stacked_constant(inputs, values, whole=whole))  # type: ignore[arg-type]
     return _stacked_node(op, sources, members, members_of)
 
 
@@ -630,8 +632,10 @@ def _stacked_constant(constants: list[Constant], values: list[Any] | None = None
     """The constants of a family's members along a new leading axis (one scalar shared by all: itself).
 
     ``values``: their values, when the caller has them already. ``whole``:
-    an array even of one shared scalar (a loop's elements are as many as its
-    inputs' leading axis: loops on one constant are still one element each).
+    an array even of one shared scalar, for a node whose elements are as
+    many as this input's leading axis: a loop, an impure op (on one
+    constant, each member is still one element, and one call), or a node
+    reading no family (nothing else gives it its leading axis).
     """
     first = constants[0]
     if first.shape == ():
