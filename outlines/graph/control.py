@@ -229,7 +229,8 @@ def _signature(op: Any) -> tuple[Any, ...] | None:
     where each input comes from: a parameter, a slot (a captured outer
     Variable), an earlier traced node's output, or a constant's value; then
     where each sub-graph's outputs come from. ``None`` when the op must run
-    alone: a nested control node, an op that never stacks (impure, samples),
+    alone: a nested control node, an op that never stacks (samples) or an
+    impure step (kept to one loop per element, as built),
     a model call whose prompt does not read the state (it would draw one
     scalar prompt per member), a constant that is an array or unhashable.
     """

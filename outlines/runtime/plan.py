@@ -23,9 +23,10 @@ There is one way to build it:
   earlier draws of the same backend, params and prompt, so rebuilding the
   same program replays the same draws; likewise namespace tags of control
   nodes) and structure (the kept nodes, their in-degree and consumers), and
-  notes which kept nodes are members of the table's families (the nodes it
-  rewrote are not stacked apart from their family); the same stacking
-  rewrite (``_stack``) then runs over what it kept.
+  notes the kept nodes that are members of the table's families (``_Found``:
+  split by the inputs they read after its rewrites, a call with a draw
+  offset left out); the stacking rewrite (``_stack``) then runs over what it
+  kept, by the same rule.
 
 Inputs match when they are the same Variable, or Constants of simple values
 whose ``canonical`` text (``outlines.keys``) is equal. Random draws and
