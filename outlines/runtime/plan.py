@@ -288,7 +288,8 @@ class Plan:
             op: Any = node.op
             if op.mode == "generate" and not op.params.deterministic:
                 first = self.draw_offsets.get(id(node), 0)
-                out[node.order] = (first, first + op.num_samples - 1)
+                for member in self.members.get(id(node), (node,)):  # a stacked call: each call it stands for
+                    out[member.order] = (first, first + op.num_samples - 1)
         return out
 
     def pick(self, results: list[Any]) -> list[Any]:
