@@ -670,7 +670,7 @@ def _stacked_constant(constants: list[Constant], values: list[Any] | None = None
         if values is None:
             values = list(map(_VALUE, constants))
         texts = all_text(values)  # (a family is never empty)
-        if texts and not whole and len(set(values)) == 1:
+        if texts and not whole and len(constants) > 1 and len(set(values)) == 1:
             return first  # an elementwise op pairs one scalar with every element: one text shared by all
         array = np.empty(len(constants), dtype=object)
         if texts:
