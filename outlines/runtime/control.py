@@ -3,9 +3,10 @@
 The schedule that meets a ``WhileLoop`` or ``Cond`` node runs it as one task
 (``run_control``), so independent work goes on meanwhile. A loop keeps its
 state as flat arrays over the broadcast shape of its inputs; each iteration
-plans nothing new: it evaluates the body's plan (made once, as ``eval`` plans:
-``Plan(stack=True)``) on the still-active elements as ONE schedule of the same evaluation (its cache, executor, limits, budget,
-error mode and recorder), then ``cond`` on the new state decides who stays.
+plans nothing new: it evaluates the body's plan (made once, as ``eval``
+plans: ``Plan(stack=True)``) on the still-active elements as ONE schedule of
+the same evaluation (its cache, executor, limits, budget, error mode and
+recorder), then ``cond`` on the new state decides who stays.
 Draws inside a control node carry its iteration in their number
 (``Evaluation.child``: the draw namespace), so a repeated prompt is a new draw
 and a re-run replays finished iterations from the cache.

@@ -84,7 +84,7 @@ from outlines.runtime.batching.queue import BatchQueue, queue_key
 from outlines.backends.jobs import job_client
 from outlines.runtime.jobs import has_jobs
 from outlines.runtime.session import Evaluation, Options
-from outlines.runtime.control import _plan as sub_plan, _shape as loop_shape
+from outlines.runtime.control import _plan as sub_plan, _shape as loop_shape, describe
 from outlines.runtime.plan import STACK_MIN, Plan, bind_givens, check_shapes
 from outlines.runtime.scheduler import walker
 
@@ -865,19 +865,11 @@ def explain(
     check_shapes(plan, values)  # as every entry point: a pairing that cannot work raises before anything
     run = _DryRun(plan, evaluation.cache, values, evaluation.jobs)
     run.run()
-    kinds = {"input": len(plan.inputs), "inline": 0, "python": 0, "generate": 0}
-    uses: dict[Any, int] = {}  # the user's elementwise steps not declared pure: they never stack
-    for node in plan.nodes:
-        op = node.op
-        kinds[op.mode] = kinds.get(op.mode, 0) + 1
-        if op.gathered:
-            uses[op] = uses.get(op, 0) + 1
+    kinds, unstacked = _kinds(plan)
     sent = sum(queue.pending for queue in run.queues.values())
     merged = run.draws - run.unknown_draws - run.hits - sent
     batches = run.batches()
     usage = run.usage(batches, prices)
-    from outlines.runtime.control import describe
-
     control = [describe(node) for node in plan.nodes if node.op.mode == "control"]
     loops = [LoopEstimate(label, max_iter, size, body.usage(body.batches(), prices))
              for label, max_iter, size, body in run.loops]
@@ -886,20 +878,17 @@ def explain(
     spans = plan.draw_numbers()  # by creation order, each call a stacked node stands for too
     calls = (call for node in plan.nodes for call in plan.members.get(id(node), (node,)))
     numbers = {call.label: spans[call.order] for call in calls if call.order in spans}
-    unstacked = [(op.name, count) for op, count in uses.items() if count >= STACK_MIN]
-    return Explanation(
-        kinds,
-        batches,
-        run.draws,
-        run.hits,
-        merged,
-        run.unknown_draws,
-        run.unknown_nodes,
-        run.timing_dependent(),
-        control,
-        usage,
-        loops,
-        numbers,
-        names,
-        unstacked,
-    )
+    return Explanation(kinds, batches, run.draws, run.hits, merged, run.unknown_draws, run.unknown_nodes,
+                       run.timing_dependent(), control, usage, loops, numbers, names, unstacked)
+
+
+def _kinds(plan: Plan) -> tuple[dict[str, int], list[tuple[str, int]]]:
+    """The plan's nodes by kind (as a run's trace counts them), and ``Explanation.unstacked``."""
+    kinds = {"input": len(plan.inputs), "inline": 0, "python": 0, "generate": 0}
+    uses: dict[Any, int] = {}  # the user's elementwise steps not declared pure: they never stack
+    for node in plan.nodes:
+        op = node.op
+        kinds[op.mode] = kinds.get(op.mode, 0) + 1
+        if op.gathered:
+            uses[op] = uses.get(op, 0) + 1
+    return kinds, [(op.name, count) for op, count in uses.items() if count >= STACK_MIN]
