@@ -64,7 +64,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 from fractions import Fraction
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
 import numpy as np
 
@@ -258,7 +258,8 @@ class Explanation:
     control: list[str] = field(default_factory=list)
     #: ``repr(backend) -> BackendUsage``: tokens (after cache hits and dedup), requests, cost.
     usage: dict[str, BackendUsage] = field(default_factory=dict)
-    #: One ``LoopEstimate`` per ``while_loop``: its calls as a range (not counted above).
+    #: One ``LoopEstimate`` per ``while_loop`` node of the plan (loops that stack: one over all their
+    #: elements, as the run iterates them): its calls as a range (not counted above).
     loops: list[LoopEstimate] = field(default_factory=list)
     #: ``label -> (first, last)`` draw number of each sampling model call (greedy calls are
     #: one draw, 0): they depend on the calls on the same prompt evaluated with it.
@@ -482,17 +483,23 @@ def _perform(node: Any, inputs: list[Any]) -> list[Any]:
     return list(result) if len(node.outputs) > 1 else [result]
 
 
-def _shapes_only(node: Any, inputs: list[Any]) -> list[Any]:
+def _shapes_only(node: Any, inputs: list[Any], members: Sequence[Any] | None = None) -> list[Any]:
     """Outputs of unknown elements, of the shapes the op infers from its inputs' (``None``: not even that).
 
     The shapes ``outlines.graph.shapes.propagate`` gives, as every entry
     point checks them; a pairing it refuses is the run's error to raise.
+    A stacked node (``members``: the nodes it stands for) gives its
+    members' outputs along a new leading axis, whatever its op can infer
+    (a loop over many elements cannot: over one each, its members can).
     """
-    try:
-        found = propagate([node], {id(v): shape_of(value) for v, value in zip(node.inputs, inputs)})
-    except GraphBuildError:
-        return [None] * len(node.outputs)
-    shapes = [found.get(id(v), v.shape) for v in node.outputs]
+    if members is not None:
+        shapes = [None if v.shape is None else (len(members), *v.shape) for v in members[0].outputs]
+    else:
+        try:
+            found = propagate([node], {id(v): shape_of(value) for v, value in zip(node.inputs, inputs)})
+        except GraphBuildError:
+            return [None] * len(node.outputs)
+        shapes = [found.get(id(v), v.shape) for v in node.outputs]
     return [None if shape is None or None in shape else _unknown(shape) for shape in shapes]
 
 
@@ -585,23 +592,23 @@ class _DryRun:
             perform = op.perform
             scalar = lambda *xs: UNKNOWN if any(x is UNKNOWN for x in xs) else perform(*xs)  # noqa: E731
             return [perform(*inputs) if isinstance(op, Stack) else broadcast_map(scalar, inputs)]
-        return _shapes_only(node, inputs)
+        return _shapes_only(node, inputs, self.plan.members.get(id(node)))
 
     def python(self, index: int, node: Any, inputs: list[Any]) -> list[Any]:
         """User functions run only when declared pure and synchronous, on known values; else shapes."""
         op = node.op
         if op.pure and not getattr(getattr(op, "function", None), "is_async", True) and not _partial(inputs):
             return _perform(node, inputs)
-        return _shapes_only(node, inputs)
+        return _shapes_only(node, inputs, self.plan.members.get(id(node)))
 
     def control(self, index: int, node: Any, inputs: list[Any]) -> list[Any]:
         """Loops and branches: their iterations are unknown in advance; a loop's body is dry-run once (``LoopEstimate``)."""
         if isinstance(node.op, WhileLoop):
             self.iteration(node, node.op, inputs)
-        return _shapes_only(node, inputs)
+        return _shapes_only(node, inputs, self.plan.members.get(id(node)))
 
     def iteration(self, node: Any, op: WhileLoop, inputs: list[Any]) -> None:
-        """Dry-run one iteration of a loop's body over all its elements (the cache unconsulted), on the run's body plan."""
+        """Dry-run one iteration of a loop's body (the run's body plan) over all its elements, the cache unconsulted."""
         try:
             shape = loop_shape(node, inputs)
         except ValueError:

@@ -14,7 +14,7 @@ from collections import Counter
 from typing import Any, Callable
 
 import pytest
-from hypothesis import HealthCheck, event, given, settings
+from hypothesis import HealthCheck, event, example, given, settings
 from hypothesis import strategies as st
 
 import outlines
@@ -194,7 +194,9 @@ def _entry_points(steps: list[tuple[str, int, int]], copies: int) -> dict[str, A
         outlines.eval(*outs, givens={q: "Q"}, cache=False)
     if not explained.control and explained.batching_exact:  # loops are ranges; a slow step may split a batch
         event("explain's batches compared with the run's")
-        assert sorted(b.size for b in explained.batches) == sorted(b.size for b in trace.batches)
+        predicted, sent = sorted(b.size for b in explained.batches), sorted(b.size for b in trace.batches)
+        # Prompts computed from unknown values are counted by shape: the run may find some of them equal.
+        assert predicted == sent if not explained.unknown_draws else len(predicted) == len(sent)
     seen["explain"] = explained.draws  # loops aside (a range): the draws of the calls, stacked or not
     return seen
 
@@ -203,6 +205,7 @@ def _entry_points(steps: list[tuple[str, int, int]], copies: int) -> dict[str, A
 @settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture,
                                                                   HealthCheck.too_slow])
 @given(dag=dags())
+@example(dag=([("cond", -1, -1), ("llm", 0, 0)], 1))  # a stacked cond's outputs: its members' along a new axis
 def test_stacked_equals_flat_through_every_entry_point(dag: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     steps, copies = dag
     monkeypatch.setattr(plan_module, "STACK_MIN", 10**9)
