@@ -1,8 +1,8 @@
 """Every entry point plans as ``outlines.eval`` does (``Plan(stack=True)``), and stacked equals flat through each.
 
-The entry points: ``eval``, a ``Program`` (``outlines.compile``), ``as_completed``,
-a ``while_loop`` or ``cond`` body, and ``explain`` (whose prediction is read
-from the very plan the run uses). The property builds small random DAGs of
+The entry points: ``eval``, a ``Program`` (``outlines.compile``) called and
+streamed, ``as_completed``, a ``while_loop`` or ``cond`` body, and ``explain``
+(whose prediction is read from the very plan the run uses). The property builds small random DAGs of
 every op kind and runs each through every entry point with stacking forced on
 (``STACK_MIN = 1``) and off: the same values, the same number of calls of each
 user function, and explain's batches (backend calls, their sizes) equal to
@@ -13,6 +13,7 @@ from __future__ import annotations
 from collections import Counter
 from typing import Any, Callable
 
+import numpy as np
 import pytest
 from hypothesis import HealthCheck, event, example, given, settings
 from hypothesis import strategies as st
@@ -180,6 +181,9 @@ def _entry_points(steps: list[tuple[str, int, int]], copies: int) -> dict[str, A
     runs["eval"] = lambda: list(outlines.eval(*outs, givens={q: "Q"}, cache=False))
     runs["program"] = lambda: list(outlines.compile([q], outs, cache=False)("Q"))
     runs["as_completed"] = lambda: sorted(outlines.as_completed(*outs, givens={q: "Q"}, cache=False))
+    pair = PURE(outlines.constant(np.array(["x", "yy"], dtype=object)))  # as long as q: stacked, then picked
+    streamed = outlines.compile([q], [_fold([q, *outs]), pair], cache=False)  # each output with each element of q
+    runs["stream"] = lambda: sorted(streamed.stream(["Q", "RR"], chunk_size=2))
     looped = outlines.while_loop(SHORT, lambda s: _fold([s, *_replicas(steps, copies, s)]),
                                  init=outlines.constant("Q"), max_iter=2)
     runs["loop body"] = lambda: outlines.eval(looped, cache=False)
