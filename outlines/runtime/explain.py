@@ -245,6 +245,7 @@ class LoopEstimate:
 class Explanation:
     """What evaluating some Variables would do; see ``explain``."""
 
+    #: Nodes of the plan the run uses, by kind: a stacked node counts once, as the run's trace counts it.
     nodes_by_kind: dict[str, int]
     batches: list[PredictedBatch]
     draws: int
