@@ -3,9 +3,10 @@
 The schedule that meets a ``WhileLoop`` or ``Cond`` node runs it as one task
 (``run_control``), so independent work goes on meanwhile. A loop keeps its
 state as flat arrays over the broadcast shape of its inputs; each iteration
-plans nothing new: it evaluates the body's plan on the still-active elements
-as ONE schedule of the same evaluation (its cache, executor, limits, budget,
-error mode and recorder), then ``cond`` on the new state decides who stays.
+plans nothing new: it evaluates the body's plan (made once, as ``eval``
+plans: ``Plan(stack=True)``) on the still-active elements as ONE schedule of
+the same evaluation (its cache, executor, limits, budget, error mode and
+recorder), then ``cond`` on the new state decides who stays.
 Draws inside a control node carry its iteration in their number
 (``Evaluation.child``: the draw namespace), so a repeated prompt is a new draw
 and a re-run replays finished iterations from the cache.
@@ -71,7 +72,7 @@ def _plan(op: Any, outputs: Sequence[Any]) -> Plan:
     key = tuple(id(v) for v in outputs)
     found = plans.get(key)
     if found is None:
-        found = plans[key] = Plan(list(outputs))
+        found = plans[key] = Plan(list(outputs), stack=True)
     return found
 
 
@@ -96,23 +97,32 @@ class _Runner:
         ``tag`` (the iteration) joins the draw namespace of the enclosing
         control node (``Evaluation.child``), so a loop nested in a loop draws
         anew at each outer iteration; each element of a stacked node joins
-        its own node's.
+        its own node's. The outputs are the sub-graph's own, in order: those
+        the sub-plan stacked into an array node picked from it (``Plan.pick``).
         """
         constants = {id(c): c.value for c in plan.constants}
         if self.members is None:
             evaluation = self.evaluation.child(self.first_tag + tag)
+            ran = plan
         else:
             evaluation = self.evaluation.child(self.first_tag[rows] + tag)  # type: ignore[index]
-            plan = self._labelled(plan, rows)
-        return await self.schedule(plan, {**constants, **values}, evaluation)
+            ran = self._labelled(plan, rows)
+        outputs, sent = await self.schedule(ran, {**constants, **values}, evaluation)
+        return plan.pick(outputs), sent
 
     def _labelled(self, plan: Plan, rows: np.ndarray) -> Plan:
-        """``plan`` whose nodes name, per element, the node traced by that element's own member."""
+        """``plan`` whose nodes name, per element, the node traced by that element's own member.
+
+        A node the sub-plan stacked itself (constants only: one element per
+        node it stands for, the same for every element of the loop) keeps
+        its own ``members``.
+        """
         assert self.members is not None
         positions = {node.order: i for i, node in enumerate(traced_nodes(self.members[0].op))}
         labelled = copy.copy(plan)
         labelled.members = {id(node): _Elements(self.members, rows, positions[node.order])
-                            for node in plan.nodes if node.order in positions}
+                            for node in plan.nodes if node.order in positions and id(node) not in plan.members}
+        labelled.members.update(plan.members)
         return labelled
 
     def name(self, node: Apply, element: int) -> str:

@@ -1,15 +1,17 @@
 """``outlines.explain``: the batches an evaluation would send, without sending any.
 
-The dry run walks the plan in order, dispatching each node by its kind as the
-scheduler does (``outlines.runtime.scheduler.walker``). Cheap text ops (``+``,
+The dry run walks the very plan ``eval`` runs (``Plan(stack=True)``: sibling
+calls stacked into array nodes, each stacked node counted for the calls it
+stands for) in order, dispatching each node by its kind as the scheduler does
+(``outlines.runtime.scheduler.walker``). Cheap text ops (``+``,
 templates) run on the values the givens make known; user functions run only
 when declared ``pure=True`` and synchronous (a splitter that sizes a ragged
 fan-out), never on unknown values; model calls turn their known prompts into
 draws exactly as the scheduler does and look them up in the cache with the
 batcher's own step (``batching.batcher.cached_values``, counting no hits). A
 model call whose prompt is computed from an unknown value (a model output, a
-user function) is counted by shape when the shape is known, with an unknown
-cache status.
+user function) is counted by shape when the shape is known (the shapes the
+op infers, ``outlines.graph.shapes.propagate``), with an unknown cache status.
 
 Batching follows the scheduler's grouping under equal latencies: draws whose
 model calls share a queue (``batching.queue.queue_key``: backend and params,
@@ -60,28 +62,30 @@ so ``Budget(cost=explain(...).cost)`` admits the run it estimates.
 """
 from __future__ import annotations
 
-import re
 from dataclasses import asdict, dataclass, field
 from fractions import Fraction
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
 import numpy as np
 
 from outlines.backends.base import Backend
 from outlines.draws import DrawBatch, Slot, prefix_groups
 from outlines.backends.usage import Price, PriceTable, price_of, reported
+from outlines.errors import GraphBuildError
 from outlines.graph.basic import Variable
 from outlines.graph.control import WhileLoop
 from outlines.labels import apart, label_of
-from outlines.graph.ops import Stack, broadcast_map
+from outlines.graph.ops import Stack, broadcast_map, scalar_or_array
 from outlines.graph.ragged import Ragged
+from outlines.graph.shapes import propagate, shape_of
 from outlines.runtime.batching.batcher import cached_values
 from outlines.runtime.batching.batches import pack_draws
 from outlines.runtime.batching.queue import BatchQueue, queue_key
 from outlines.backends.jobs import job_client
 from outlines.runtime.jobs import has_jobs
 from outlines.runtime.session import Evaluation, Options
-from outlines.runtime.plan import STACK_MIN, Plan, bind_givens
+from outlines.runtime.control import _plan as sub_plan, _shape as loop_shape, describe
+from outlines.runtime.plan import Plan, bind_givens, check_shapes
 from outlines.runtime.scheduler import walker
 
 __all__ = ["BackendUsage", "Explanation", "LoopEstimate", "PredictedBatch", "explain"]
@@ -241,6 +245,7 @@ class LoopEstimate:
 class Explanation:
     """What evaluating some Variables would do; see ``explain``."""
 
+    #: Nodes of the plan the run uses, by kind: a stacked node counts once, as the run's trace counts it.
     nodes_by_kind: dict[str, int]
     batches: list[PredictedBatch]
     draws: int
@@ -254,16 +259,14 @@ class Explanation:
     control: list[str] = field(default_factory=list)
     #: ``repr(backend) -> BackendUsage``: tokens (after cache hits and dedup), requests, cost.
     usage: dict[str, BackendUsage] = field(default_factory=dict)
-    #: One ``LoopEstimate`` per ``while_loop``: its calls as a range (not counted above).
+    #: One ``LoopEstimate`` per ``while_loop`` node of the plan (loops that stack: one over all their
+    #: elements, as the run iterates them): its calls as a range (not counted above).
     loops: list[LoopEstimate] = field(default_factory=list)
     #: ``label -> (first, last)`` draw number of each sampling model call (greedy calls are
     #: one draw, 0): they depend on the calls on the same prompt evaluated with it.
     draw_numbers: dict[str, tuple[int, int]] = field(default_factory=dict)
     #: ``repr(backend) -> how the summary names it`` (``kind: model`` in full, told apart by number).
     names: dict[str, str] = field(default_factory=dict)
-    #: ``(name, uses)`` of each ``outlines.fn`` step not declared pure that is used ``STACK_MIN`` or
-    #: more times: its uses run one node each, where declared pure they would stack (a hint).
-    unstacked: list[tuple[str, int]] = field(default_factory=list)
 
     @property
     def draws_range(self) -> tuple[int, int]:
@@ -356,7 +359,6 @@ class Explanation:
             "draw_numbers": {label: list(span) for label, span in self.draw_numbers.items()},
             "draws_range": list(self.draws_range),
             "requests_range": list(self.requests_range),
-            "unstacked": [list(pair) for pair in self.unstacked],
         }
 
     def summary(self) -> str:
@@ -422,10 +424,6 @@ class Explanation:
                 "Python steps; a step slower than batch_window splits their batch: "
                 + ", ".join(self.timing_dependent[:5])
             )
-        for name, uses in self.unstacked:
-            lines.append(f"  hint: outlines.fn {name!r} is used {uses} times and runs as {uses} nodes: it is not "
-                         "declared pure, so its uses never stack (the model calls reading them still do); if it has "
-                         "no side effects, pure=True runs them as one array node per step")
         lines.extend(f"  {line}" for line in self.control)
         lines.extend(f"  {line}" for loop in self.loops for line in loop.lines(names))
         shifted = [(label, span) for label, span in self.draw_numbers.items() if span[0] > 0]
@@ -478,10 +476,24 @@ def _perform(node: Any, inputs: list[Any]) -> list[Any]:
     return list(result) if len(node.outputs) > 1 else [result]
 
 
-def _shapes_only(node: Any, inputs: list[Any]) -> list[Any]:
-    """Outputs of unknown elements, where their shapes can be known (``None``: not even that)."""
-    shapes = _output_shapes(node, [x.shape if isinstance(x, np.ndarray) else () for x in inputs])
-    return [None if shape is None else _unknown(shape) for shape in shapes]
+def _shapes_only(node: Any, inputs: list[Any], members: Sequence[Any] | None = None) -> list[Any]:
+    """Outputs of unknown elements, of the shapes the op infers from its inputs' (``None``: not even that).
+
+    The shapes ``outlines.graph.shapes.propagate`` gives, as every entry
+    point checks them; a pairing it refuses is the run's error to raise.
+    A stacked node (``members``: the nodes it stands for) gives its
+    members' outputs along a new leading axis, whatever its op can infer
+    (a loop over many elements cannot: over one each, its members can).
+    """
+    if members is not None:
+        shapes = [None if v.shape is None else (len(members), *v.shape) for v in members[0].outputs]
+    else:
+        try:
+            found = propagate([node], {id(v): shape_of(value) for v, value in zip(node.inputs, inputs)})
+        except GraphBuildError:
+            return [None] * len(node.outputs)
+        shapes = [found.get(id(v), v.shape) for v in node.outputs]
+    return [None if shape is None or None in shape else _unknown(shape) for shape in shapes]
 
 
 def _flat(value: Any) -> list[Any]:
@@ -525,7 +537,7 @@ class _DryRun:
         self.level = 0  # the level of the node being walked (a model call with misses adds one)
 
     def run(self) -> None:
-        steps = walker(self)
+        steps, scatter = walker(self), self.plan.scatter
         for position, node in enumerate(self.plan.nodes):
             waits: frozenset[int] = frozenset().union(*(self.waits.get(id(v), frozenset()) for v in node.inputs))
             if node.op.mode == "python" and getattr(getattr(node.op, "function", None), "blocking", None) is not False:
@@ -536,16 +548,30 @@ class _DryRun:
             if any(id(v) not in self.values for v in node.inputs):
                 results: list[Any] = [None] * len(node.outputs)
                 if node.op.mode == "generate":
-                    self.unknown_nodes.append(node.label)
+                    self.unknown_nodes.extend(self.labels(node))
                     self.level += 1
             else:
                 results = steps[node.op.mode](position, node, inputs)
             for output, value in zip(node.outputs, results):
-                self.levels[id(output)] = self.level
-                if waits:
-                    self.waits[id(output)] = waits
-                if value is not None:
-                    self.values[id(output)] = value
+                self._store(output, value, waits)
+            if scatter and id(node) in scatter:  # a stacked node: the elements that nodes left out read
+                whole = results[0]
+                for variable, element in scatter[id(node)]:
+                    value = scalar_or_array(whole[element]) if isinstance(whole, np.ndarray) else whole
+                    self._store(variable, value, waits)
+
+    def _store(self, variable: Variable, value: Any, waits: frozenset[int]) -> None:
+        """Note ``variable``'s level, waits and value (``None``: not even its shape is known)."""
+        self.levels[id(variable)] = self.level
+        if waits:
+            self.waits[id(variable)] = waits
+        if value is not None:
+            self.values[id(variable)] = value
+
+    def labels(self, node: Any) -> list[str]:
+        """The calls ``node`` stands for, by label: itself, or each member of a stacked node (``Plan.members``)."""
+        members = self.plan.members.get(id(node))
+        return [node.label] if members is None else [member.label for member in members]
 
     # -- each kind of node (the scheduler's dispatch: ``outlines.runtime.scheduler.walker``) --
     def inline(self, index: int, node: Any, inputs: list[Any]) -> list[Any]:
@@ -559,30 +585,30 @@ class _DryRun:
             perform = op.perform
             scalar = lambda *xs: UNKNOWN if any(x is UNKNOWN for x in xs) else perform(*xs)  # noqa: E731
             return [perform(*inputs) if isinstance(op, Stack) else broadcast_map(scalar, inputs)]
-        return _shapes_only(node, inputs)
+        return _shapes_only(node, inputs, self.plan.members.get(id(node)))
 
     def python(self, index: int, node: Any, inputs: list[Any]) -> list[Any]:
         """User functions run only when declared pure and synchronous, on known values; else shapes."""
         op = node.op
         if op.pure and not getattr(getattr(op, "function", None), "is_async", True) and not _partial(inputs):
             return _perform(node, inputs)
-        return _shapes_only(node, inputs)
+        return _shapes_only(node, inputs, self.plan.members.get(id(node)))
 
     def control(self, index: int, node: Any, inputs: list[Any]) -> list[Any]:
         """Loops and branches: their iterations are unknown in advance; a loop's body is dry-run once (``LoopEstimate``)."""
         if isinstance(node.op, WhileLoop):
             self.iteration(node, node.op, inputs)
-        return _shapes_only(node, inputs)
+        return _shapes_only(node, inputs, self.plan.members.get(id(node)))
 
     def iteration(self, node: Any, op: WhileLoop, inputs: list[Any]) -> None:
-        """Dry-run one iteration of a loop's body over all its elements (the cache unconsulted)."""
+        """Dry-run one iteration of a loop's body (the run's body plan) over all its elements, the cache unconsulted."""
         try:
-            shape = tuple(np.broadcast_shapes(*(np.shape(v) if isinstance(v, np.ndarray) else () for v in inputs)))
+            shape = loop_shape(node, inputs)
         except ValueError:
             return  # eval raises it, naming the loop
         size = int(np.prod(shape, dtype=np.int64))
         body = op.body
-        plan = Plan(list(body.outputs))
+        plan = sub_plan(op, body.outputs)
         values: dict[int, Any] = {id(c): c.value for c in plan.constants}
         for parameter in body.parameters:
             values[id(parameter)] = _unknown((size,))
@@ -597,10 +623,11 @@ class _DryRun:
         op, prompt, level = node.op, inputs[0], self.level
         per_prompt = 1 if op.params.deterministic else op.num_samples
         count = int(np.size(prompt)) * op.num_samples
-        if count > MAX_CHECKED_DRAWS:  # too many to look up one by one: count them, cache unchecked
+        if count > MAX_CHECKED_DRAWS * len(self.plan.members.get(id(node), (node,))):
+            # too many to look up one by one (per call: a stacked node stands for many): count them, cache unchecked
             self.draws += count
             self.unknown_draws += count
-            self.queue(level + 1, op, node.label, [per_prompt] * int(np.size(prompt)))
+            self.queue(level + 1, op, self.labels(node), [per_prompt] * int(np.size(prompt)))
             self.level = level + 1
             shape = np.shape(prompt) + ((op.num_samples,) if op.sample_axis else ())
             return [_unknown(shape)]
@@ -636,7 +663,7 @@ class _DryRun:
         output = results[0] if not shape else np.array(results, dtype=object).reshape(shape)
         if not any(misses.values()) and not unknown:
             return [output]
-        queue = self.queue(level + 1, op, node.label, [per_prompt] * unknown)
+        queue = self.queue(level + 1, op, self.labels(node), [per_prompt] * unknown)
         for slot, prompts in misses.items():
             queue.slot(slot).add(dict.fromkeys(prompts))
             sent = self.sent.setdefault(slot, {})
@@ -645,13 +672,16 @@ class _DryRun:
         self.level = level + 1
         return [output]
 
-    def queue(self, level: int, op: Any, label: str, unknown: list[int]) -> BatchQueue:
-        """The predicted queue of ``op``'s backend and params at ``level``, with groups of ``unknown`` draws more."""
+    def queue(self, level: int, op: Any, labels: list[str], unknown: list[int]) -> BatchQueue:
+        """The predicted queue of ``op``'s backend and params at ``level``, with groups of ``unknown`` draws more.
+
+        ``labels``: the model calls that add their draws (those of a stacked node: each it stands for).
+        """
         key = (level, *queue_key(op.backend, op.params))  # the scheduler's queues (constraints share one)
         queue = self.queues.get(key)
         if queue is None:
             queue = self.queues[key] = BatchQueue(op.backend)
-        self.nodes.setdefault(key, []).append((label, self.current_waits))
+        self.nodes.setdefault(key, []).extend((label, self.current_waits) for label in labels)
         self.unknown.setdefault(key, []).extend(unknown)
         if op.params.constraint is not None:
             self.constraints.setdefault(op.backend, {})[op.params.constraint] = None
@@ -709,28 +739,17 @@ class _DryRun:
             usage.price = price_of(backends[name], prices)
         return dict(sorted(out.items()))
 
-    def timing_dependent(self, together: Mapping[str, int] | None = None) -> list[str]:
+    def timing_dependent(self) -> list[str]:
         """Model calls sharing a predicted batch while waiting on different Python steps.
 
-        ``together``: label -> its stacked node, for the calls that eval
-        stacks: such calls are sent together, however many steps they wait on.
+        The calls of one stacked node wait as that node does, on every step
+        its array waits on: they are sent together, however many there are.
         """
-        together = together or {}
         labels: list[str] = []
-        for members in self.nodes.values():
-            if len({together.get(label, waits) for label, waits in members}) > 1:
-                labels.extend(label for label, _ in members)
+        for calls in self.nodes.values():
+            if len({waits for _, waits in calls}) > 1:
+                labels.extend(label for label, _ in calls)
         return labels
-
-
-def _stacked_calls(variables: tuple[Variable, ...] | list[Variable]) -> dict[str, int]:
-    """Label -> id(stacked node) of each model call that ``eval``'s plan stacks (its calls go out together)."""
-    plan = Plan(variables, stack=True)
-    return {member.label: id(node) for node in plan.nodes if node.op.mode == "generate"
-            for member in plan.members.get(id(node), ())}
-
-
-_CORE = re.compile(r"\(([^()]*)\)")
 
 
 def _estimated_cached(backend: Backend, draws: DrawBatch, warm: set[str]) -> int:
@@ -763,39 +782,6 @@ def _estimated_cached(backend: Backend, draws: DrawBatch, warm: set[str]) -> int
         if backend.sends_requests:
             warm.add(text)
     return cached
-
-
-def _output_shapes(node: Any, shapes: list[Any]) -> list[Any]:
-    """Shapes of a node's outputs from its inputs' shapes (``None``: unknown)."""
-    op, count = node.op, len(node.outputs)
-    if any(s is None for s in shapes):
-        return [None] * count
-    function = getattr(op, "function", None)
-    signature = getattr(function, "signature", None)
-    try:
-        if signature is not None:
-            return _gufunc_shapes(signature, shapes)
-        if function is not None or getattr(op, "elementwise", False):
-            return [tuple(np.broadcast_shapes(*shapes))] * count
-        if isinstance(op, Stack):
-            return [tuple(np.broadcast_shapes(*shapes)) + (len(shapes),)]
-    except ValueError:
-        pass
-    return [None] * count
-
-
-def _gufunc_shapes(signature: str, shapes: list[tuple[int, ...]]) -> list[Any]:
-    inputs, outputs = signature.split("->")
-    cores = [[d for d in c.split(",") if d] for c in _CORE.findall(inputs)]
-    sizes: dict[str, int] = {}
-    loops = []
-    for shape, core in zip(shapes, cores):
-        loops.append(shape[: len(shape) - len(core)])
-        for name, size in zip(core, shape[len(shape) - len(core) :]):
-            sizes[name] = size
-    loop = tuple(np.broadcast_shapes(*loops)) if loops else ()
-    out_cores = [[d for d in c.split(",") if d] for c in _CORE.findall(outputs)]
-    return [loop + tuple(sizes[d] for d in core) if all(d in sizes for d in core) else None for core in out_cores]
 
 
 def _job_constraint(backend: Backend, constraint: Any) -> str:
@@ -851,11 +837,15 @@ def explain(
         tokens (after cache hits and dedup; exact with the model's tokenizer,
         else estimated), completion tokens as an upper bound (``max_tokens``
         x samples) and cost where a price is known, with the totals
-        ``prompt_tokens``, ``completion_tokens`` and ``cost``; ``unstacked``:
-        ``(name, uses)`` of each ``outlines.fn`` step not declared pure and
-        used ``STACK_MIN`` (128) times or more, whose uses run one node each;
-        ``summary()`` (with a caveat line when timing can split a batch, a
-        hint line per such step) and ``to_dict()``.
+        ``prompt_tokens``, ``completion_tokens`` and ``cost``;
+        ``summary()`` (with a caveat line when timing can split a batch) and
+        ``to_dict()``.
+
+    Raises
+    ------
+    GraphBuildError
+        When the givens' shapes cannot pair somewhere in the graph, as ``eval``
+        raises it (naming the node and both shapes).
 
     Examples
     --------
@@ -868,44 +858,31 @@ def explain(
     if not variables:
         raise TypeError("explain needs at least one Variable")
     evaluation = Evaluation.open(Options.check({**options, "cache": cache}))
-    plan = Plan(variables)
-    run = _DryRun(plan, evaluation.cache, bind_givens(plan, givens, partial=True), evaluation.jobs)
+    plan = Plan(variables, stack=True)  # the very plan eval runs: sibling calls stacked into array nodes
+    values = bind_givens(plan, givens, partial=True)
+    check_shapes(plan, values)  # as every entry point: a pairing that cannot work raises before anything
+    run = _DryRun(plan, evaluation.cache, values, evaluation.jobs)
     run.run()
-    kinds = {"input": len(plan.inputs), "inline": 0, "python": 0, "generate": 0}
-    uses: dict[Any, int] = {}  # the user's elementwise steps not declared pure: they never stack
-    for node in plan.nodes:
-        op = node.op
-        kinds[op.mode] = kinds.get(op.mode, 0) + 1
+    kinds = _kinds(plan)
     sent = sum(queue.pending for queue in run.queues.values())
     merged = run.draws - run.unknown_draws - run.hits - sent
     batches = run.batches()
     usage = run.usage(batches, prices)
-    from outlines.runtime.control import describe
-
     control = [describe(node) for node in plan.nodes if node.op.mode == "control"]
     loops = [LoopEstimate(label, max_iter, size, body.usage(body.batches(), prices))
              for label, max_iter, size, body in run.loops]
     backends = {repr(q.backend): q.backend for r in [run, *(body for *_, body in run.loops)] for q in r.queues.values()}
     names = apart({name: label_of(backends[name]) for name in sorted(backends)})
-    spans = plan.draw_numbers()
-    numbers = {node.label: spans[node.order] for node in plan.nodes if node.order in spans}
-    unstacked = [(op.name, count) for op, count in uses.items() if count >= STACK_MIN]
-    dependent = run.timing_dependent()
-    if dependent:  # unless eval stacks them: calls of one stacked node go out together
-        dependent = run.timing_dependent(_stacked_calls(variables))
-    return Explanation(
-        kinds,
-        batches,
-        run.draws,
-        run.hits,
-        merged,
-        run.unknown_draws,
-        run.unknown_nodes,
-        dependent,
-        control,
-        usage,
-        loops,
-        numbers,
-        names,
-        unstacked,
-    )
+    spans = plan.draw_numbers()  # by creation order, each call a stacked node stands for too
+    calls = (call for node in plan.nodes for call in plan.members.get(id(node), (node,)))
+    numbers = {call.label: spans[call.order] for call in calls if call.order in spans}
+    return Explanation(kinds, batches, run.draws, run.hits, merged, run.unknown_draws, run.unknown_nodes,
+                       run.timing_dependent(), control, usage, loops, numbers, names)
+
+
+def _kinds(plan: Plan) -> dict[str, int]:
+    """The plan's nodes by kind, as a run's trace counts them."""
+    kinds = {"input": len(plan.inputs), "inline": 0, "python": 0, "generate": 0}
+    for node in plan.nodes:
+        kinds[node.op.mode] = kinds.get(node.op.mode, 0) + 1
+    return kinds

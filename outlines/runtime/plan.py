@@ -253,7 +253,8 @@ class Plan:
             op: Any = node.op
             if op.mode == "generate" and not op.params.deterministic:
                 first = self.draw_offsets.get(id(node), 0)
-                out[node.order] = (first, first + op.num_samples - 1)
+                for member in self.members.get(id(node), (node,)):  # a stacked call: each call it stands for
+                    out[member.order] = (first, first + op.num_samples - 1)
         return out
 
     def pick(self, results: list[Any]) -> list[Any]:
@@ -643,7 +644,7 @@ def _stacked_constant(constants: list[Constant], values: list[Any] | None = None
         if values is None:
             values = list(map(_VALUE, constants))
         texts = all_text(values)  # (a family is never empty)
-        if texts and not whole and len(set(values)) == 1:
+        if texts and not whole and len(constants) > 1 and len(set(values)) == 1:
             return first  # an elementwise op pairs one scalar with every element: one text shared by all
         array = np.empty(len(constants), dtype=object)
         if texts:

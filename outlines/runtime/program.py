@@ -2,8 +2,9 @@
 
 Tracing is JAX-style but needs no interception: each parameter becomes a free
 input Variable named after it, the function is called once on those, and the
-Variables it returns are frozen with their plan (rewritten and ordered once).
-Calling the Program binds the inputs and runs one schedule; an array argument
+Variables it returns are frozen with their plan (rewritten, stacked and ordered
+once: the plan ``outlines.eval`` makes, ``Plan(stack=True)``). Calling the
+Program binds the inputs and runs one schedule of that plan; an array argument
 flows through as one node per op, so all its elements batch together. Before
 running, the inputs' shapes are propagated through the graph
 (``outlines.graph.shapes.propagate``), so a pairing that cannot work raises
@@ -92,7 +93,7 @@ class Program:
         self._outputs = outs
         self.name = name
         self.options = options if isinstance(options, Options) else Options.check(options or {})
-        self.plan = _plan or Plan(outs)
+        self.plan = _plan or Plan(outs, stack=True)  # built once, run by every call
         self._positions = {v.name or f"arg{i}": v for i, v in enumerate(self.inputs)}
         self._checked: set[tuple[Shape, ...]] = set()
 
@@ -181,6 +182,7 @@ class Program:
 
     async def _run(self, givens: dict[Variable, Any], blocked_loop: Any = None) -> Any:
         results = await run_plan(self.plan, givens, self.options, blocked_loop, check=False)  # checked in _givens
+        results = self.plan.pick(results)  # each output's own value, where the plan stacked it into an array
         return results[0] if self._single else tuple(results)
 
     def stream(self, *args: Any, chunk_size: int | None = None, **kwargs: Any) -> Stream:

@@ -158,27 +158,33 @@ def _iterate_sync(factory: Factory) -> Iterator[tuple[int, Any]]:
 
 # -- as_completed: one schedule, outputs as their nodes finish ----------------------------
 class Watcher(Listener):
-    """Reports each output Variable of ``plan`` once its node has finished, read from ``values``.
+    """Reports each output of ``plan`` (by its position among the Variables asked) once its node has finished.
 
     ``values`` is the schedule's table of values (``Scheduler.values``);
     ``raising``: with ``errors="raise"`` a failed node reports nothing (the
-    schedule raises its error).
+    schedule raises its error). An output the plan stacked into an array node
+    (``Plan.picks``) is reported, as its own element, when that node finishes.
     """
 
     def __init__(self, plan: Plan, values: dict[int, Any], raising: bool, report: Callable[[int, Any], None]) -> None:
         self.values = values
         self.raising = raising
         self.report = report
-        self.positions: dict[int, list[int]] = {}  # id(output Variable) -> its positions in the arguments
+        #: id(Variable of the plan) -> (position among the arguments, its element there or None) of each output
+        self.positions: dict[int, list[tuple[int, int | None]]] = {}
         for position, variable in enumerate(plan.outputs):
-            self.positions.setdefault(id(variable), []).append(position)
+            picked = plan.picks.get(position)
+            self.positions.setdefault(id(variable), []).append((position, None if picked is None else picked[1]))
 
     def node_finished(self, node: Any, t: float, error: BaseException | None = None) -> None:
         if error is not None and self.raising:
             return
         for output in node.outputs:
-            for position in self.positions.get(id(output), ()):
-                self.report(position, scalar_or_array(self.values[id(output)]))
+            for position, element in self.positions.get(id(output), ()):
+                value = self.values[id(output)]
+                if element is not None and isinstance(value, np.ndarray):  # else a Failure of the whole node
+                    value = value[element]
+                self.report(position, scalar_or_array(value))
 
 
 def as_completed(*variables: Variable, givens: Mapping[Any, Any] | None = None, **options: Any) -> Stream:
@@ -217,7 +223,7 @@ def as_completed(*variables: Variable, givens: Mapping[Any, Any] | None = None, 
     if not variables:
         raise TypeError("as_completed needs at least one Variable")
     checked = Options.check(options)
-    plan = Plan(variables)
+    plan = Plan(variables, stack=True)  # eval's plan: sibling calls stacked, each output picked as it finishes
     check_shapes(plan, bind_givens(plan, givens))  # a missing input or a bad pairing raises here, before anything is sent
 
     async def results(blocked_loop: asyncio.AbstractEventLoop | None) -> AsyncIterator[tuple[int, Any]]:
@@ -291,7 +297,8 @@ def stream_program(program: Program, givens: dict[Variable, Any], chunk_size: in
         evaluation = Evaluation.open(options, blocked_loop=blocked_loop)
 
         async def run_chunk(start: int) -> tuple[int, list[Any]]:
-            return start, await Scheduler(program.plan, bind_givens(program.plan, chunk(start)), evaluation).run()
+            plan = program.plan
+            return start, plan.pick(await Scheduler(plan, bind_givens(plan, chunk(start)), evaluation).run())
 
         outputs_of = program.outputs if isinstance(program.outputs, tuple) else (program.outputs,)
 

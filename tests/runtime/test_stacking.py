@@ -68,7 +68,7 @@ def test_chains_plan_as_one_node_per_step() -> None:
     assert set(plan.picks) == set(range(N)) and [k for _, k in plan.picks.values()] == list(range(N))
     assert [m.label for m in plan.members[id(plan.nodes[0])]] == [o.owner.inputs[0].owner.inputs[0].owner.label
                                                                   for o in outs]
-    assert len(Plan(outs).nodes) == 3 * N  # explain and stream plan without stacking
+    assert len(Plan(outs).nodes) == 3 * N  # without stack=True: one node per call
     tapped = outs + [outlines.fn(str.upper)(outs[5].owner.inputs[0]), outlines.fn(str.lower)(outs[5])]
     plan = Plan(tapped, stack=True)  # a node left out reads its element, which the stacked node scatters
     assert [n.op.name for n in plan.nodes][3:] == ["upper", "lower"] and len(plan.nodes) == 5
