@@ -201,8 +201,6 @@ class Function:
         self.python_signature = _python_signature(target)
         self._min_positional, self._max_positional = _positional_range(self.python_signature)
         self._ops: dict[tuple[str, ...], CallFunction] = {}
-        #: Mean seconds per call, measured; decides inline vs thread pool.
-        self.mean_seconds: float | None = None
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         op = None if kwargs else self._ops.get(())
@@ -230,11 +228,6 @@ class Function:
     def _positional_ok(self, count: int) -> bool:
         """Whether ``count`` positional arguments surely bind (skips a slow ``bind``)."""
         return self._min_positional <= count <= self._max_positional
-
-    def record(self, seconds: float) -> None:
-        """Fold one measured call duration into ``mean_seconds``."""
-        previous = self.mean_seconds
-        self.mean_seconds = seconds if previous is None else 0.8 * previous + 0.2 * seconds
 
     def __repr__(self) -> str:
         sig = f", signature={self.signature!r}" if self.signature else ""

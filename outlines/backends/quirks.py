@@ -13,7 +13,8 @@ request's, never the server's. Notes of names this version does not know
 (``refuses_constraint_fields``, which an earlier version wrote after any 400
 naming a constraint field, schema errors included) are not trusted: the
 field is probed again when a server refuses it. A
-note is kept for the process and written through a ``QuirkStore``: the
+note is kept for the process and written through a ``QuirkStore``, the
+process state's ``quirk_store`` (``outlines.config.ProcessState``): the
 package wires in the default cache's SQLite file (``outlines.cache.quirks``,
 connected in ``outlines/__init__.py``: backends import nothing from the
 cache), so a new process starts knowing it instead of paying to learn it again. A note older than ``MAX_AGE`` seconds (a week) is
@@ -33,6 +34,7 @@ import threading
 import time
 from typing import Protocol
 
+from outlines.config import process_state
 from outlines.threads import run_blocking
 
 __all__ = [
@@ -97,13 +99,16 @@ class QuirkStore(Protocol):
 _lock = threading.Lock()
 _known: dict[str, set[str]] = {}  # base URL (or scope) -> quirks, for every one looked up on disk
 _accepted: set[tuple[str, str]] = set()  # (scope, field): a probe of this process found the field taken
-_store: QuirkStore | None = None
 
 
 def use_store(store: QuirkStore | None) -> None:
-    """Keep notes in ``store`` from now on (``None``: in memory only)."""
-    global _store
-    _store = store
+    """Keep notes in ``store`` from now on (``None``: in memory only): the process state's ``quirk_store``."""
+    process_state().quirk_store = store
+
+
+def _store() -> QuirkStore | None:
+    store: QuirkStore | None = process_state().quirk_store
+    return store
 
 
 def known(base_url: str) -> frozenset[str]:
@@ -136,7 +141,7 @@ def known(base_url: str) -> frozenset[str]:
 
 
 def _read(base_url: str) -> frozenset[str]:
-    store = _store
+    store = _store()
     if store is None:
         return frozenset()
     try:  # a name this version does not know is an older version's note: not trusted
@@ -163,7 +168,7 @@ def note(base_url: str, quirk: str) -> bool:
 
 async def remember(base_url: str, quirk: str) -> None:
     """Write the note to the store (in a worker thread; skipped, with a log line, on failure)."""
-    store = _store
+    store = _store()
     if store is None:
         return
     try:
@@ -192,7 +197,7 @@ def forget() -> None:
     with _lock:
         _known.clear()
         _accepted.clear()
-    store = _store
+    store = _store()
     if store is not None:
         try:
             store.clear()

@@ -28,6 +28,7 @@ from typing import Any, Hashable, Iterable, Mapping, Sequence
 
 import numpy as np
 
+from outlines.config import Tuning
 from outlines.keys import canonical
 from outlines.errors import UnboundInputError
 from outlines.graph.basic import Apply, Constant, Variable, as_object_array
@@ -44,8 +45,8 @@ _VALUE, _SHAPE, _RAGGED = attrgetter("value"), attrgetter("shape"), attrgetter("
 # Integral floats are not: canonical text writes 1.0 as 1 and -0.0 as 0, which
 # is right for a backend's parameters but not for a value a Python op reads.
 _SCALARS = (str, int, bool, type(None))
-#: The fewest sibling model calls ``Plan(stack=True)`` stacks into one array node.
-STACK_MIN = 128
+#: The fewest sibling uses ``Plan(stack=True)`` stacks into one array node, by default (``Tuning.stack_min``).
+STACK_MIN = Tuning.stack_min
 
 
 class Plan:
@@ -55,6 +56,9 @@ class Plan:
     ----------
     outputs
         The Variables to compute.
+    stack, stack_min
+        Stack sibling uses of an op, at least ``stack_min`` of them, into one
+        node (``_stack``; ``outlines.config.Tuning.stack_min``).
 
     Attributes
     ----------
@@ -87,7 +91,8 @@ class Plan:
     ('ab', 0)
     """
 
-    def __init__(self, outputs: Iterable[Variable], *, stack: bool = False) -> None:
+    def __init__(self, outputs: Iterable[Variable], *, stack: bool = False, stack_min: int = STACK_MIN) -> None:
+        self.stack_min = stack_min  # the fewest sibling uses that stack (``outlines.config.Tuning.stack_min``)
         outputs = list(outputs)
         if not all(map(isinstance, outputs, repeat(Variable))):
             argument, output = next((i, v) for i, v in enumerate(outputs) if not isinstance(v, Variable))
@@ -263,7 +268,7 @@ class Plan:
         self.picks: dict[int, tuple[Variable, int]] = {}
         #: id(stacked Apply) -> the calls it stands for, in element order (failures name them).
         self.members: dict[int, Sequence[Apply]] = {}
-        if stack and stackables >= STACK_MIN:
+        if stack and stackables >= self.stack_min:
             self._stack(position, family_of, rank, families, above, broken, layouts, uplinks, gathered)
         else:
             self._link(uplinks)
@@ -302,7 +307,7 @@ class Plan:
 
         Applies when every output is a member of a family, the outputs of
         each family one contiguous range of ranks ``[lo, hi)`` of at least
-        ``STACK_MIN``, and each family read over one range (member ``r``
+        ``stack_min``, and each family read over one range (member ``r``
         reads members ``r + shift``): the graph is then exactly those members
         of those families and of the families they read, and each family
         becomes one node of its stacked op, as ``_stack`` makes it; a
@@ -336,7 +341,7 @@ class Plan:
         closure: dict[int, Family] = {}
         for family, asked in by_family.values():
             lo, hi = min(asked), max(asked) + 1
-            if len(asked) != hi - lo or hi - lo < STACK_MIN:
+            if len(asked) != hi - lo or hi - lo < self.stack_min:
                 return False
             need[id(family)] = (lo, hi)
         todo = [family for family, _ in by_family.values()]
@@ -406,7 +411,7 @@ class Plan:
                 if set(map(type, inputs)) != {Constant}:
                     return False  # a free input (or a Variable no longer a Constant's)
                 values = list(map(_VALUE, inputs))
-                texts = all_text(values)  # the common case: checked in bulk (count >= STACK_MIN, never empty)
+                texts = all_text(values)  # the common case: checked in bulk (count >= stack_min, never empty)
                 if generate and (not texts or len(set(values)) != count):
                     return False  # not text, or a prompt asked twice: the walk numbers its draws (or merges greedy calls)
                 if texts and part != () or not texts and (
@@ -485,7 +490,7 @@ class Plan:
         order (found by ``__init__``'s walk: ``family_of`` and ``rank`` of
         each node, each family's members, parents, ``layouts`` and whether it
         is ``broken``, not member for member). A family of at least
-        ``STACK_MIN`` nodes whose parent families are stacked becomes one node
+        ``stack_min`` nodes whose parent families are stacked becomes one node
         of the stacked op over the arrays of its inputs (the constants of its
         members stacked into one array, or kept when all are one scalar): the
         scheduler then runs, sends, caches and waits for it in bulk. A node
@@ -503,7 +508,7 @@ class Plan:
         walk's parents of each node, link the nodes when no family stacks.
         """
         nodes = self.nodes
-        valid = [len(m) >= STACK_MIN and not broken[f] for f, m in enumerate(families)]
+        valid = [len(m) >= self.stack_min and not broken[f] for f, m in enumerate(families)]
         for family, ups in enumerate(above):  # parents come first: one pass settles it
             # A parent with more members than its child: its stacked array holds elements nobody reads.
             if valid[family] and not all(valid[up] and len(families[up]) == len(families[family]) for up in ups):

@@ -10,6 +10,7 @@ import sys
 
 import pytest
 
+import outlines
 from outlines import cache
 from outlines.backends import quirks
 from outlines.backends.openai import N_IGNORED
@@ -55,12 +56,11 @@ def test_unknown_quirk_names_are_refused():
 def test_with_the_default_cache_off_quirks_live_in_memory_only(default_cache, monkeypatch):
     import asyncio
 
-    monkeypatch.setattr(cache, "_enabled", None)
     monkeypatch.setenv("OUTLINES_CACHE", "0")
-    assert cache.resolve(True) is None
-    quirks.note(URL, quirks.REFUSES_LISTS)
-    asyncio.run(quirks.remember(URL, quirks.REFUSES_LISTS))  # nowhere to write: a no-op
-    monkeypatch.setattr(cache, "_enabled", True)
+    with outlines.config.using_process_state():  # as a new process: the default cache follows OUTLINES_CACHE
+        assert cache.resolve(True) is None
+        quirks.note(URL, quirks.REFUSES_LISTS)
+        asyncio.run(quirks.remember(URL, quirks.REFUSES_LISTS))  # nowhere to write: a no-op
     quirks._known.clear()
     assert cache.resolve(True) is not None and quirks.known(URL) == frozenset()
 
