@@ -12,7 +12,8 @@ The state a process keeps between evaluations lives on ONE object, the
   each path opened (``caches``), set by ``outlines.cache.enable``/``disable``;
 - ``quirk_store``: where server quirks outlive the process
   (``outlines.backends.quirks.use_store``);
-- ``tuning``: the process-wide ``Tuning`` values.
+- ``tuning``: the process-wide ``Tuning`` values;
+- ``warned``: the warnings given once per process (a key each).
 
 ``Evaluation.open`` (``outlines.runtime.session``) reads it once and hands it
 down; a ``with using_executor(...)`` or ``with tuning(...)`` block overrides
@@ -173,6 +174,7 @@ class ProcessState:
         self.caches: dict[str, Any] = {}  # location -> the Cache opened there
         self.cache_lock = threading.Lock()
         self.quirk_store = quirk_store
+        self.warned: set[str] = set()  # warnings given once per process, by key
 
     def fresh(self) -> ProcessState:
         """A state as a new process starts with: nothing learned or set, the same quirk store."""
