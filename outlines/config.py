@@ -10,8 +10,9 @@ The state a process keeps between evaluations lives on ONE object, the
 - ``executor``: the default executor (``set_executor``);
 - the default cache: ``cache_enabled``, ``cache_path`` and the ``Cache`` of
   each path opened (``caches``), set by ``outlines.cache.enable``/``disable``;
-- ``quirk_store``: where server quirks outlive the process
-  (``outlines.backends.quirks.use_store``);
+- server quirks: those noted or read in this process (``quirks_known``,
+  ``quirks_accepted``) and ``quirk_store``, where they outlive the process
+  (``outlines.backends.quirks``, ``use_store``);
 - ``tuning``: the process-wide ``Tuning`` values;
 - ``warned``: the warnings given once per process (a key each).
 
@@ -174,6 +175,8 @@ class ProcessState:
         self.caches: dict[str, Any] = {}  # location -> the Cache opened there
         self.cache_lock = threading.Lock()
         self.quirk_store = quirk_store
+        self.quirks_known: dict[str, set[str]] = {}  # base URL (or scope) -> quirks, each looked up once
+        self.quirks_accepted: set[tuple[str, str]] = set()  # (scope, field): a probe found the field taken
         self.warned: set[str] = set()  # warnings given once per process, by key
 
     def fresh(self) -> ProcessState:
