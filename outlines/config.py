@@ -92,7 +92,7 @@ class Tuning:
         --------
         >>> Tuning().with_changes(stack_min=2).stack_min
         2
-        >>> Tuning().with_changes(stack_mim=2)
+        >>> Tuning().with_changes(stack_mim=2)  # doctest: +ELLIPSIS
         Traceback (most recent call last):
         ...
         TypeError: unknown tuning value 'stack_mim'; did you mean stack_min? (valid: ...)
@@ -192,6 +192,11 @@ _scoped_tuning: contextvars.ContextVar[Tuning | None] = contextvars.ContextVar("
 def process_state() -> ProcessState:
     """The state of this process (the one ``using_process_state`` put in force, if any).
 
+    Returns
+    -------
+    ProcessState
+        The one object holding what the process keeps between evaluations.
+
     Examples
     --------
     >>> process_state() is process_state()
@@ -206,6 +211,17 @@ def using_process_state(state: ProcessState | None = None) -> Iterator[ProcessSt
 
     Process-wide, not per context: every thread sees it meanwhile. For a run
     that must not learn from or teach earlier ones (a cold benchmark, a test).
+
+    Parameters
+    ----------
+    state
+        The state to use; ``None``: a fresh one (``ProcessState.fresh``:
+        nothing learned or set, the same quirk store).
+
+    Returns
+    -------
+    contextlib.AbstractContextManager
+        Yields the state in force inside the block.
 
     Examples
     --------
@@ -305,6 +321,11 @@ def current_tuning(state: ProcessState | None = None) -> Tuning:
     state
         The process state to read (default: ``process_state()``).
 
+    Returns
+    -------
+    Tuning
+        The values in force.
+
     Examples
     --------
     >>> current_tuning().peek_min
@@ -324,6 +345,11 @@ def set_tuning(values: Tuning | None = None, /, **changes: Any) -> Tuning:
         what an earlier call returned, to put it back.
     **changes
         Values by name (the attributes of ``Tuning``).
+
+    Returns
+    -------
+    Tuning
+        The process's values before this call.
 
     Raises
     ------
