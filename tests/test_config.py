@@ -148,3 +148,14 @@ def test_a_loops_body_plan_is_kept_by_the_process_state_not_on_the_op(fresh_stat
     kept = dict(fresh_state.plans._plans[op])
     assert kept and loop.eval(cache=False) == "a!!!"
     assert fresh_state.plans._plans[op] == kept and all(fresh_state.plans._plans[op][k] is p for k, p in kept.items())
+
+
+def test_a_steps_timing_goes_with_the_step(fresh_state: ProcessState) -> None:
+    import gc
+
+    step = outlines.fn(lambda text: text + "!", name="bang")
+    assert step("a").eval() == "a!"
+    assert fresh_state.timings.mean(step) is not None and len(fresh_state.timings._means) == 1
+    del step
+    gc.collect()
+    assert fresh_state.timings._means == {}  # nothing kept for a step that is gone
