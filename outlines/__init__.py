@@ -26,7 +26,8 @@ from outlines.voting import Vote, Votes, vote
 __version__ = "0.1.0"
 
 # Backends note server quirks; the cache keeps them across processes. Neither
-# imports the other, so they are connected here, once (outlines.backends.quirks).
+# imports the other, so the process state's quirk store is set here, once
+# (outlines.backends.quirks.use_store, outlines.config.ProcessState).
 from outlines.backends import quirks as _quirks  # noqa: E402
 from outlines.cache.quirks import DefaultCacheQuirks as _DefaultCacheQuirks  # noqa: E402
 

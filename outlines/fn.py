@@ -203,8 +203,6 @@ class Function:
         #: The op of each set of keyword names asked so far: a call built in a loop makes no op (about a
         #: third of the build time per node); equal ops stack whichever object they are.
         self._ops: dict[tuple[str, ...], CallFunction] = {}
-        #: Mean seconds per call, measured; decides inline vs thread pool.
-        self.mean_seconds: float | None = None
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         op = None if kwargs else self._ops.get(())
@@ -232,11 +230,6 @@ class Function:
     def _positional_ok(self, count: int) -> bool:
         """Whether ``count`` positional arguments surely bind (skips a slow ``bind``)."""
         return self._min_positional <= count <= self._max_positional
-
-    def record(self, seconds: float) -> None:
-        """Fold one measured call duration into ``mean_seconds``."""
-        previous = self.mean_seconds
-        self.mean_seconds = seconds if previous is None else 0.8 * previous + 0.2 * seconds
 
     def __repr__(self) -> str:
         sig = f", signature={self.signature!r}" if self.signature else ""

@@ -24,6 +24,7 @@ import jinja2.meta
 import jinja2.nodes
 import numpy as np
 
+from outlines.config import current_tuning
 from outlines.errors import Failure, GraphBuildError
 from outlines.graph.basic import Apply, Op, Variable, as_variable
 from outlines.graph.ops import all_text, broadcast_map, core_map, mark_not_text, raise_not_text
@@ -78,17 +79,14 @@ def _substitution(source: str, names: tuple[str, ...]) -> tuple[str | int, ...] 
     return tuple(parts)
 
 
-#: Elements concatenated per pass of a bulk render: bounds the texts made between two ``+``.
-_RENDER_CHUNK = 8192
-
-
 def _render_parts(parts: tuple[str | int, ...], values: tuple[Any, ...]) -> Any:
     """Concatenate ``parts`` over text ``values`` (str, or object arrays of str paired on leading axes).
 
     Each ``+`` is one NumPy pass over a chunk of the paired arrays
     (``str.__add__`` per element, in C), so a (100,000,) input costs a few
     passes per chunk and no Python call per element; the partial texts
-    between two ``+`` are those of one chunk, never a whole copy.
+    between two ``+`` are those of one chunk (``Tuning.render_chunk``
+    elements), never a whole copy.
     """
     if not any(isinstance(v, np.ndarray) for v in values):
         return "".join(part if isinstance(part, str) else values[part] for part in parts)
@@ -99,8 +97,9 @@ def _render_parts(parts: tuple[str | int, ...], values: tuple[Any, ...]) -> Any:
     operands = [_object(part) if isinstance(part, str) else flat[part] for part in parts] or [_object("")]
     count = int(np.prod(shape, dtype=np.int64))
     out = np.empty(count, dtype=object)
-    for start in range(0, count, _RENDER_CHUNK):
-        stop = min(start + _RENDER_CHUNK, count)
+    chunk = current_tuning().render_chunk
+    for start in range(0, count, chunk):
+        stop = min(start + chunk, count)
         text: Any = None
         for operand in operands:
             piece = operand[start:stop] if operand.ndim else operand

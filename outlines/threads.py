@@ -21,8 +21,10 @@ import threading
 from concurrent.futures import Executor, Future
 from typing import Any, Callable, TypeVar
 
+from outlines.config import current_tuning
+
 __all__ = [
-    "FOREGROUND", "IDLE_SECONDS", "MAX_THREADS", "PATIENCE", "DaemonPool", "Foreground", "WatchedSelector", "pool",
+    "FOREGROUND", "MAX_THREADS", "DaemonPool", "Foreground", "WatchedSelector", "pool",
     "run_blocking", "watched_loop",
 ]
 
@@ -31,10 +33,6 @@ T = TypeVar("T")
 _lock = threading.Lock()
 _pool: DaemonPool | None = None
 MAX_THREADS = 64
-#: An idle worker of a ``DaemonPool`` ends after this many seconds (a new one starts on demand).
-IDLE_SECONDS = 60.0
-#: The longest a background chunk waits for the event loops' bursts to end.
-PATIENCE = 0.05
 
 
 class DaemonPool(Executor):
@@ -46,7 +44,8 @@ class DaemonPool(Executor):
     raised ``KeyboardInterrupt``. Here a call still running at exit is
     abandoned: nothing it would have returned could reach anyone. Workers
     start on demand, at most ``max_workers``, take the calls in order,
-    and end after ``IDLE_SECONDS`` without one.
+    and end after ``thread_idle_seconds`` without one (``outlines.config.Tuning``:
+    the process-wide value, read as each worker starts to wait).
     """
 
     def __init__(self, max_workers: int, name: str) -> None:
@@ -77,7 +76,7 @@ class DaemonPool(Executor):
             with condition:
                 while not self._calls:
                     self._waiting += 1
-                    notified = condition.wait(IDLE_SECONDS)
+                    notified = condition.wait(current_tuning().thread_idle_seconds)
                     self._waiting -= 1
                     if not notified and not self._calls:
                         self._workers -= 1
@@ -129,7 +128,8 @@ class Foreground:
     The scheduler wraps each burst in ``with FOREGROUND:``. Hashing keys and
     binding rows hold the GIL, so a cache writer busy beside a burst would
     take turns with it every few milliseconds; it checks here between chunks
-    and waits (at most ``PATIENCE`` seconds a chunk, so it is never starved)
+    and waits (at most ``thread_patience`` seconds a chunk, so it is never starved:
+    ``outlines.config.Tuning``, the process-wide value)
     until the bursts end. Entries nest: the signal is idle when every
     ``with`` has exited.
     """
@@ -154,7 +154,7 @@ class Foreground:
     def wait(self) -> None:
         """Called by a background thread between chunks: let a burst finish first."""
         if not self.idle.is_set():
-            self.idle.wait(PATIENCE)
+            self.idle.wait(current_tuning().thread_patience)
 
 
 class WatchedSelector(selectors.DefaultSelector):  # type: ignore[misc,valid-type]

@@ -83,3 +83,16 @@ def fake_openai():  # noqa: ANN201
 
     with FakeOpenAI() as server:
         yield server
+
+
+@pytest.fixture
+def fresh_state() -> Iterator[Any]:
+    """The test runs with a process state of its own, as a new process starts (``outlines.config``).
+
+    What it sets (``set_tuning``, ``set_executor``, ``outlines.cache.enable``...)
+    and what its evaluations learn go with it; the process's state is back after.
+    """
+    from outlines.config import using_process_state
+
+    with using_process_state() as state:
+        yield state

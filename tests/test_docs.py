@@ -238,16 +238,16 @@ def _doctest_modules() -> list[types.ModuleType]:
 
 @pytest.mark.parametrize("module", _doctest_modules(), ids=lambda m: m.__name__)
 def test_docstring_examples_run(module: types.ModuleType, tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
-    import outlines.cache as cache_module
+    from outlines.config import using_process_state
 
-    # The cache's examples enable, disable and clear the default cache: give them their own, then restore.
+    # The cache's examples enable, disable and clear the default cache, the config's set tuning values and
+    # the executor: give them a process state of their own, then restore.
     monkeypatch.setenv("OUTLINES_CACHE_DIR", str(tmp_path / "cache"))
     monkeypatch.delenv("OUTLINES_CACHE", raising=False)
-    for name, value in (("_enabled", None), ("_path", None), ("_defaults", {})):
-        monkeypatch.setattr(cache_module, name, value)
     finder, runner = doctest.DocTestFinder(), doctest.DocTestRunner(verbose=False)
-    for test in finder.find(module, module.__name__):
-        runner.run(test, out=lambda text: None)
+    with using_process_state():
+        for test in finder.find(module, module.__name__):
+            runner.run(test, out=lambda text: None)
     failed, attempted = runner.summarize(verbose=False)
     assert failed == 0, f"{module.__name__}: {failed} of {attempted} examples failed (python -m pytest --doctest-modules)"
 

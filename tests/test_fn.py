@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
 
 import numpy as np
@@ -126,13 +127,26 @@ def test_blocking_functions_run_off_the_event_loop():
     assert time.perf_counter() - start < 0.5
 
 
-def test_fast_functions_are_measured_and_then_run_inline():
+def test_fast_functions_are_measured_and_then_run_inline(fresh_state):
+    threads = []
+
     @outlines.fn
     def tiny(x):
+        threads.append(threading.current_thread().name)
         return x
 
-    tiny("a").eval()
-    assert tiny.mean_seconds is not None and tiny.mean_seconds < 0.01
+    node = tiny("a")
+    attributes = dict(vars(tiny))
+    node.eval()  # not measured yet: in the thread pool
+    mean = fresh_state.timings.mean(tiny)
+    assert mean is not None and mean < 0.01  # the process state learned it
+    node.eval()  # known fast: on the event loop's thread
+    assert threads[0].startswith("outlines") and threads[1] == threading.current_thread().name
+    assert vars(tiny).keys() == attributes.keys()  # the step itself holds no timing: nothing set on it
+    assert all(vars(tiny)[name] is value for name, value in attributes.items())
+    with outlines.config.using_process_state():  # a new process knows nothing of it: the pool again
+        node.eval()
+    assert threads[2].startswith("outlines")
 
 
 def test_a_one_argument_call_builds_the_node_the_general_rule_gives():

@@ -292,13 +292,11 @@ def test_a_bulk_render_has_the_shape_of_every_input_and_never_aliases_one():
     assert texts.dtype == object and [type(v) for v in texts.tolist()] == [str, str] and texts.tolist() == ["xp", "xq"]
 
 
-def test_a_bulk_render_in_chunks_equals_one_pass(monkeypatch: pytest.MonkeyPatch) -> None:
-    import outlines.text as text_module
-
-    monkeypatch.setattr(text_module, "_RENDER_CHUNK", 3)  # chunks that cut rows of the paired (4, 5) grid
+def test_a_bulk_render_in_chunks_equals_one_pass() -> None:
     rows = np.array([f"r{i}" for i in range(4)], dtype=object)
     grid = np.array([[f"g{i}{j}" for j in range(5)] for i in range(4)], dtype=object)
-    out = Render("chunks", "<{{ a }}|{{ b }}>", ("a", "b")).perform(rows, grid)
+    with outlines.config.tuning(render_chunk=3):  # chunks that cut rows of the paired (4, 5) grid
+        out = Render("chunks", "<{{ a }}|{{ b }}>", ("a", "b")).perform(rows, grid)
     assert out.shape == (4, 5) and out.tolist() == [[f"<r{i}|g{i}{j}>" for j in range(5)] for i in range(4)]
 
 

@@ -6,10 +6,12 @@ import os
 import signal
 import threading
 import time
+from typing import Any
 
 import pytest
 
 from outlines import threads
+from outlines.config import set_tuning
 
 
 def test_blocking_calls_run_in_the_shared_pool() -> None:
@@ -33,7 +35,7 @@ def test_the_busy_signal_nests_and_is_idle_when_every_burst_ends() -> None:
     assert signal.idle.is_set()
 
 
-def test_a_waiting_thread_waits_out_a_burst_but_never_longer_than_its_patience(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_waiting_thread_waits_out_a_burst_but_never_longer_than_its_patience(fresh_state: Any) -> None:
     signal = threads.Foreground()
     waiting = threading.Event()
     waited: list[float] = []
@@ -44,7 +46,7 @@ def test_a_waiting_thread_waits_out_a_burst_but_never_longer_than_its_patience(m
         signal.wait()
         waited.append(time.perf_counter() - start)
 
-    monkeypatch.setattr(threads, "PATIENCE", 5.0)
+    set_tuning(thread_patience=5.0)
     with signal:
         worker = threading.Thread(target=background)
         worker.start()
@@ -53,7 +55,7 @@ def test_a_waiting_thread_waits_out_a_burst_but_never_longer_than_its_patience(m
         assert waited == []  # still waiting: the burst runs
     worker.join(4.0)
     assert len(waited) == 1 and 0.1 <= waited[0] < 4.0  # let go when the burst ended, not after 5 s
-    monkeypatch.setattr(threads, "PATIENCE", 0.05)
+    set_tuning(thread_patience=0.05)
     with signal:
         start = time.perf_counter()
         signal.wait()  # a burst that does not end while this thread waits: patience runs out
@@ -90,8 +92,8 @@ def test_the_pool_runs_calls_side_by_side_in_daemon_threads_and_hands_back_their
     assert pool.submit(lambda *, x: x, x="kw").result(timeout=20) == "kw"
 
 
-def test_more_calls_than_workers_queue_in_order_and_idle_workers_end(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(threads, "IDLE_SECONDS", 0.05)
+def test_more_calls_than_workers_queue_in_order_and_idle_workers_end(fresh_state: Any) -> None:
+    set_tuning(thread_idle_seconds=0.05)
     pool = threads.DaemonPool(1, "capped-pool")
     release = threading.Event()
     order: list[int] = []

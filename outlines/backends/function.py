@@ -27,6 +27,7 @@ import warnings
 import weakref
 from typing import Any, Callable, Sequence
 
+from outlines.config import process_state
 from outlines.errors import CacheWarning
 from outlines.threads import run_blocking
 from outlines.backends.base import Backend, BatchReport, check_limit
@@ -244,13 +245,11 @@ def state_hash(fn: Callable[..., Any]) -> str:
     return hashlib.sha256(json.dumps(token, sort_keys=True).encode()).hexdigest()[:16]
 
 
-_warned: set[str] = set()
-
-
 def _warn_unhashable(name: str, reason: str) -> None:
-    if name in _warned:
+    warned = process_state().warned  # once per function name per process
+    if f"unhashable {name}" in warned:
         return
-    _warned.add(name)
+    warned.add(f"unhashable {name}")
     warnings.warn(
         f"from_function({name!r}): {reason}, so the model's identity cannot cover it; its draws "
         "are not cached on disk and it batches only with itself. Pass version='...' to declare "

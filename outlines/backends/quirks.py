@@ -13,7 +13,9 @@ request's, never the server's. Notes of names this version does not know
 (``refuses_constraint_fields``, which an earlier version wrote after any 400
 naming a constraint field, schema errors included) are not trusted: the
 field is probed again when a server refuses it. A
-note is kept for the process and written through a ``QuirkStore``: the
+note is kept for the process (the process state's ``quirks_known``:
+``outlines.config.ProcessState``) and written through a ``QuirkStore``, the
+process state's ``quirk_store``: the
 package wires in the default cache's SQLite file (``outlines.cache.quirks``,
 connected in ``outlines/__init__.py``: backends import nothing from the
 cache), so a new process starts knowing it instead of paying to learn it again. A note older than ``MAX_AGE`` seconds (a week) is
@@ -33,6 +35,7 @@ import threading
 import time
 from typing import Protocol
 
+from outlines.config import process_state
 from outlines.threads import run_blocking
 
 __all__ = [
@@ -94,16 +97,17 @@ class QuirkStore(Protocol):
         """Where notes go, for log lines (``None``: nowhere now, e.g. the default cache is off)."""
 
 
-_lock = threading.Lock()
-_known: dict[str, set[str]] = {}  # base URL (or scope) -> quirks, for every one looked up on disk
-_accepted: set[tuple[str, str]] = set()  # (scope, field): a probe of this process found the field taken
-_store: QuirkStore | None = None
+_lock = threading.Lock()  # guards the process state's notes (``quirks_known``, ``quirks_accepted``)
 
 
 def use_store(store: QuirkStore | None) -> None:
-    """Keep notes in ``store`` from now on (``None``: in memory only)."""
-    global _store
-    _store = store
+    """Keep notes in ``store`` from now on (``None``: in memory only): the process state's ``quirk_store``."""
+    process_state().quirk_store = store
+
+
+def _store() -> QuirkStore | None:
+    store: QuirkStore | None = process_state().quirk_store
+    return store
 
 
 def known(base_url: str) -> frozenset[str]:
@@ -126,17 +130,18 @@ def known(base_url: str) -> frozenset[str]:
     >>> known("http://127.0.0.1:9/v1")
     frozenset()
     """
+    notes = process_state().quirks_known
     with _lock:
-        found = _known.get(base_url)
+        found = notes.get(base_url)
     if found is None:
         found = set(_read(base_url))
         with _lock:
-            found = _known.setdefault(base_url, found)
+            found = notes.setdefault(base_url, found)
     return frozenset(found)
 
 
 def _read(base_url: str) -> frozenset[str]:
-    store = _store
+    store = _store()
     if store is None:
         return frozenset()
     try:  # a name this version does not know is an older version's note: not trusted
@@ -154,8 +159,9 @@ def note(base_url: str, quirk: str) -> bool:
     if quirk not in QUIRKS:
         raise ValueError(f"unknown server quirk {quirk!r}; one of {', '.join(QUIRKS)}")
     known(base_url)  # what the disk says, before adding to it
+    notes = process_state().quirks_known
     with _lock:
-        quirks = _known[base_url]
+        quirks = notes.setdefault(base_url, set())
         news = quirk not in quirks
         quirks.add(quirk)
     return news
@@ -163,7 +169,7 @@ def note(base_url: str, quirk: str) -> bool:
 
 async def remember(base_url: str, quirk: str) -> None:
     """Write the note to the store (in a worker thread; skipped, with a log line, on failure)."""
-    store = _store
+    store = _store()
     if store is None:
         return
     try:
@@ -178,21 +184,22 @@ def accepts(where: str, field: str) -> bool:
     A refusal of one request naming the field is then that request's own.
     """
     with _lock:
-        return (where, field) in _accepted
+        return (where, field) in process_state().quirks_accepted
 
 
 def note_accepted(where: str, field: str) -> None:
     """Note that a probe found ``field`` taken at ``where``, for this process."""
     with _lock:
-        _accepted.add((where, field))
+        process_state().quirks_accepted.add((where, field))
 
 
 def forget() -> None:
     """Drop every note: in this process and in the store."""
+    state = process_state()
     with _lock:
-        _known.clear()
-        _accepted.clear()
-    store = _store
+        state.quirks_known.clear()
+        state.quirks_accepted.clear()
+    store = _store()
     if store is not None:
         try:
             store.clear()

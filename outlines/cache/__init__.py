@@ -9,18 +9,20 @@ prompt, in front of a SQLite file (``outlines.cache.sqlite``) that a
 background writer commits to (``outlines.cache.disk``). The scheduler uses
 one API, by slot: ``get_draws``/``put_draws`` (and ``peek_draws``); the keyed
 ``get_many``/``put_many`` read and write the file by ``draw_key`` for users
-who hold keys. This module holds the process default cache and its controls:
-``enable``, ``disable``, ``clear``, ``stats`` and ``resolve``.
+who hold keys. This module holds the controls of the process default cache:
+``enable``, ``disable``, ``clear``, ``stats`` and ``resolve``; what they set
+lives on the process state (``outlines.config.ProcessState``: ``cache_enabled``,
+``cache_path``, and the ``Cache`` of each path opened).
 """
 from __future__ import annotations
 
 import os
-import threading
 from pathlib import Path
 from typing import Any
 
 from outlines.cache.keys import draw_key, draw_keys
 from outlines.cache.sqlite import NotACacheFile
+from outlines.config import ProcessState, process_state
 from outlines.errors import CacheWarning
 from outlines.cache.store import Cache, default_directory
 
@@ -28,26 +30,25 @@ __all__ = ["Cache", "CacheWarning", "NotACacheFile", "clear", "default_directory
 
 
 # -- the process default and its controls ---------------------------------------
-_enabled: bool | None = None  # None: follow OUTLINES_CACHE
-_path: str | None = None
-_defaults: dict[str, Cache] = {}
-_defaults_lock = threading.Lock()
-
-
-def _configured() -> Cache:
-    location = str(Path(_path).expanduser() if _path is not None else default_directory())
-    with _defaults_lock:
-        cache = _defaults.get(location)
+def _opened(state: ProcessState, location: str) -> Cache:
+    """The ``Cache`` at ``location``: one per path per process state."""
+    with state.cache_lock:
+        cache: Cache | None = state.caches.get(location)
         if cache is None:
-            cache = _defaults[location] = Cache(location)
+            cache = state.caches[location] = Cache(location)
         return cache
+
+
+def _configured(state: ProcessState) -> Cache:
+    path = state.cache_path
+    return _opened(state, str(Path(path).expanduser() if path is not None else default_directory()))
 
 
 def _env_disabled() -> bool:
     return os.environ.get("OUTLINES_CACHE", "1").strip().lower() in ("0", "false", "no", "off")
 
 
-def resolve(option: Any) -> Cache | None:
+def resolve(option: Any, state: ProcessState | None = None) -> Cache | None:
     """The cache an ``eval(cache=...)`` option means.
 
     Parameters
@@ -56,6 +57,9 @@ def resolve(option: Any) -> Cache | None:
         ``True``: the process default (``None`` after ``disable()`` or with
         ``OUTLINES_CACHE=0``); ``False``/``None``: no cache; a ``Cache``:
         itself; a path: a ``Cache`` there (one per path per process).
+    state
+        The process state holding the default and the caches opened
+        (default: ``outlines.config.process_state()``).
 
     Returns
     -------
@@ -73,18 +77,18 @@ def resolve(option: Any) -> Cache | None:
     >>> resolve(True) is resolve(True)
     True
     """
-    if option is True:
-        if _enabled is False or (_enabled is None and _env_disabled()):
-            return None
-        return _configured()
     if option is False or option is None:
         return None
     if isinstance(option, Cache):
         return option
+    state = state if state is not None else process_state()
+    if option is True:
+        enabled = state.cache_enabled
+        if enabled is False or (enabled is None and _env_disabled()):
+            return None
+        return _configured(state)
     if isinstance(option, (str, os.PathLike)):
-        location = str(Path(option).expanduser().absolute())
-        with _defaults_lock:
-            return _defaults.setdefault(location, Cache(location))
+        return _opened(state, str(Path(option).expanduser().absolute()))
     raise TypeError(f"cache must be True, False, a Cache or a path, got {type(option).__name__}")
 
 
@@ -101,8 +105,7 @@ def disable() -> None:
     True
     >>> outlines.cache.enable()
     """
-    global _enabled
-    _enabled = False
+    process_state().cache_enabled = False
 
 
 def enable(path: str | os.PathLike[str] | None = None) -> None:
@@ -123,8 +126,8 @@ def enable(path: str | os.PathLike[str] | None = None) -> None:
     True
     >>> outlines.cache.enable()
     """
-    global _enabled, _path
-    _enabled, _path = True, (os.fspath(path) if path is not None else None)
+    state = process_state()
+    state.cache_enabled, state.cache_path = True, (os.fspath(path) if path is not None else None)
 
 
 def clear() -> None:
@@ -137,7 +140,7 @@ def clear() -> None:
     >>> outlines.cache.stats()["entries"]
     0
     """
-    _configured().clear()
+    _configured(process_state()).clear()
 
 
 def stats() -> dict[str, Any]:

@@ -66,14 +66,12 @@ async def run_control(
 
 
 # -- plans --------------------------------------------------------------------------
-def _plan(op: Any, outputs: Sequence[Any]) -> Plan:
-    """The plan of a sub-graph, built once per op and set of outputs."""
-    plans: dict[tuple[int, ...], Plan] = op.__dict__.setdefault("_plans", {})
-    key = tuple(id(v) for v in outputs)
-    found = plans.get(key)
-    if found is None:
-        found = plans[key] = Plan(list(outputs), stack=True)
-    return found
+def _plan(evaluation: Evaluation, op: Any, outputs: Sequence[Any]) -> Plan:
+    """The plan of a sub-graph, built once per op and set of outputs (the process state's ``plans``)."""
+    stack_min = evaluation.tuning.stack_min  # a plan stacks by the tuning it was built with: part of its key
+    key = (stack_min, *(id(v) for v in outputs))
+    plan: Plan = evaluation.state.plans.get(op, key, lambda: Plan(list(outputs), stack=True, stack_min=stack_min))
+    return plan
 
 
 # -- one schedule -----------------------------------------------------------------
@@ -234,12 +232,12 @@ async def _run_loop(run: _Runner, node: Apply, op: WhileLoop, inputs: list[Any])
         return out
 
     if active.size:
-        check = _plan(op, op.condition.outputs)
+        check = _plan(run.evaluation, op, op.condition.outputs)
         schedule = run(check, values(op.condition), 0, active)
         (pred,), _ = await _guarded(run, node, "cond on the initial state", schedule)
         active = _stay(run, node, pred, active, state)
     # cond runs after the last iteration too: the elements it still holds for are the ones max_iter stopped
-    step = _plan(op, body.outputs)
+    step = _plan(run.evaluation, op, body.outputs)
     iteration = 0
     while active.size and iteration < op.max_iter:
         start = time.perf_counter()
@@ -343,10 +341,11 @@ async def _run_cond(run: _Runner, node: Apply, op: Cond, inputs: list[Any]) -> A
             parts.append((list(branch.outputs), part, rows))
     results: list[Any] = []
     if outputs and run.members is None:  # both branches in one schedule, in the node's namespace
-        results, _ = await _guarded(run, node, "branches", run(_plan(op, outputs), values, 0, sides[0]))
+        results, _ = await _guarded(run, node, "branches", run(_plan(run.evaluation, op, outputs), values, 0, sides[0]))
     elif outputs:  # stacked: each branch over its own elements, each in its own namespaces, side by side
-        tasks = [asyncio.ensure_future(_guarded(run, node, "branches", run(_plan(op, outs), part, 0, rows)))
-                 for outs, part, rows in parts]
+        plans = [_plan(run.evaluation, op, outs) for outs, _, _ in parts]
+        tasks = [asyncio.ensure_future(_guarded(run, node, "branches", run(plan, part, 0, rows)))
+                 for plan, (_, part, rows) in zip(plans, parts)]
         try:
             for outs, _ in await asyncio.gather(*tasks):
                 results.extend(outs)

@@ -7,7 +7,9 @@ thread when the caller's thread already runs a loop (Jupyter, or sync code insid
 cancels the schedule at once (what finished stays cached) and raises
 ``KeyboardInterrupt``. Each call checks its options once (``session.Options``)
 and runs as ONE ``Evaluation`` (``run_plan``), whose recorder is composed
-from the active trace and the progress counter.
+from the active trace and the progress counter. The tuning values in force
+where it is called (``outlines.config.tuning``) apply: ``stack_min`` to its
+plan, the rest through the evaluation.
 """
 from __future__ import annotations
 
@@ -18,6 +20,7 @@ import signal
 import threading
 from typing import Any, Awaitable, Callable, Iterator, Mapping, TypeVar, overload
 
+from outlines.config import current_tuning
 from outlines.threads import FOREGROUND, watched_loop
 from outlines.graph.basic import Variable
 from outlines.runtime.plan import Plan, bind_givens, check_shapes
@@ -49,11 +52,11 @@ async def run_plan(
     values = bind_givens(plan, givens)
     if check:
         check_shapes(plan, values)  # before anything is sent
-    counter = Counter() if options.progress is not False else None  # shown after AUTO_DELAY when None
+    counter = Counter() if options.progress is not False else None  # shown after a delay when None
     evaluation = Evaluation.open(options, counter, blocked_loop=blocked_loop)
     async with evaluation.running(plan):
         scheduler = Scheduler(plan, values, evaluation)
-        async with shown(counter, scheduler, options.progress):
+        async with shown(counter, scheduler, options.progress, evaluation.tuning):
             return await scheduler.run()
 
 
@@ -187,7 +190,7 @@ async def _evaluate(
     blocked_loop: asyncio.AbstractEventLoop | None,
 ) -> Any:
     with quiet_collector():  # planning walks and copies the whole graph: no collections over it meanwhile
-        plan = Plan(variables, stack=True)
+        plan = Plan(variables, stack=True, stack_min=current_tuning().stack_min)
     results = plan.pick(await run_plan(plan, givens, options, blocked_loop))
     return results[0] if len(variables) == 1 else tuple(results)
 

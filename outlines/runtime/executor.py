@@ -42,8 +42,11 @@ class LocalExecutor:
         return backend.max_concurrency
 
 
-def resolve_executor(executor: Any) -> Executor:
+def resolve_executor(executor: Any, default: Any = None) -> Executor:
     """The executor for ``eval(executor=...)``: an ``Executor``, a ``distributed.Client`` or ``None``.
+
+    ``None`` means ``default`` (what ``outlines.config.default_executor``
+    gives, read by ``Evaluation.open``), and local when that is ``None`` too.
 
     Raises
     ------
@@ -51,9 +54,7 @@ def resolve_executor(executor: Any) -> Executor:
         For anything else, naming what was given.
     """
     if executor is None:
-        from outlines.config import default_executor
-
-        executor = default_executor()
+        executor = default
         if executor is None:
             return LocalExecutor()
     if isinstance(executor, Executor):

@@ -42,6 +42,7 @@ from typing import Any, Hashable, Iterable, Mapping, Sequence
 
 import numpy as np
 
+from outlines.config import current_tuning
 from outlines.keys import canonical
 from outlines.errors import UnboundInputError
 from outlines.graph.basic import Apply, Constant, Variable, as_object_array
@@ -58,8 +59,6 @@ _VALUE, _SHAPE, _RAGGED = attrgetter("value"), attrgetter("shape"), attrgetter("
 # Integral floats are not: canonical text writes 1.0 as 1 and -0.0 as 0, which
 # is right for a backend's parameters but not for a value a Python op reads.
 _SCALARS = (str, int, bool, type(None))
-#: The fewest members of a family that ``Plan(stack=True)`` stacks into one array node (``stack_min``).
-STACK_MIN = 128
 
 
 class Plan:
@@ -72,7 +71,7 @@ class Plan:
     stack
         Stack families of sibling nodes into array nodes (see the module docstring).
     stack_min
-        The fewest members of a family that stack (default ``STACK_MIN``, read when the plan is built).
+        The fewest members of a family that stack (default: ``outlines.config.current_tuning().stack_min``, read when the plan is built).
 
     Attributes
     ----------
@@ -133,7 +132,7 @@ class Plan:
         self.element_tags: dict[int, np.ndarray] = {}
         self.picks: dict[int, tuple[Variable, int]] = {}
         self.members: dict[int, Sequence[Apply]] = {}
-        stack_min = max(1, STACK_MIN if stack_min is None else stack_min)
+        stack_min = max(1, current_tuning().stack_min if stack_min is None else stack_min)
         if stack and self._from_table(outputs, stack_min):
             return
         found = _Found() if stack else None

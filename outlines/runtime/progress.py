@@ -1,13 +1,13 @@
 """Progress of a long evaluation: draws done / total, batches running, tokens.
 
 Shown when ``progress=True``, or (``progress=None``) once an evaluation has run
-for ``AUTO_DELAY`` seconds; never with ``progress=False``. The counts come from
+for ``progress_auto_delay`` seconds; never with ``progress=False``. The counts come from
 the evaluation's events (a ``Counter``, one of the listeners its recorder is
 composed of) and from the schedule's queues (``Progress``): a *draw* is one
 sample of one prompt, done when its batch finished or the cache held it.
 Where it shows depends on the output: in a terminal, one line redrawn every
-``REFRESH`` seconds; in a log or pipe, a line at the start, at most one every
-``LOG_EVERY`` seconds, and one at the end; in Jupyter, one HTML block updated in
+``progress_refresh`` seconds; in a log or pipe, a line at the start, at most one every
+``progress_log_every`` seconds, and one at the end; in Jupyter, one HTML block updated in
 place (``IPython.display`` with a ``display_id``; no ipywidgets needed).
 
 The line says how many draws failed and how many the cache held, and how many
@@ -27,15 +27,10 @@ import sys
 import time
 from typing import Any, AsyncIterator, Protocol, Sequence, TextIO
 
+from outlines.config import Tuning
 from outlines.runtime.events import Listener
 
-__all__ = ["AUTO_DELAY", "Counter", "LOG_EVERY", "Progress", "REFRESH", "shown"]
-
-AUTO_DELAY = 2.0
-#: Seconds between redraws in a terminal and in Jupyter.
-REFRESH = 0.5
-#: Seconds between lines when the output is not a terminal (a log file, CI).
-LOG_EVERY = 30.0
+__all__ = ["Counter", "Progress", "shown"]
 
 
 class Counter(Listener):
@@ -186,16 +181,21 @@ def _size(shape: Any) -> int | None:
 
 
 @contextlib.asynccontextmanager
-async def shown(counter: Counter | None, schedule: Schedule, option: bool | None) -> AsyncIterator[None]:
-    """Show ``counter``'s progress on ``schedule`` while the block runs, per ``option`` (``None``: nothing to show)."""
+async def shown(
+    counter: Counter | None, schedule: Schedule, option: bool | None, tuning: Tuning
+) -> AsyncIterator[None]:
+    """Show ``counter``'s progress on ``schedule`` while the block runs, per ``option`` (``None``: nothing to show).
+
+    ``tuning``: the evaluation's (``progress_auto_delay``, ``progress_refresh``, ``progress_log_every``).
+    """
     if option is False or counter is None:
         yield
         return
     progress = Progress(counter, schedule)
-    views: list[Any] = [_view()] if option else []  # asked for: shown even if the run never yields
+    views: list[Any] = [_view(tuning)] if option else []  # asked for: shown even if the run never yields
     if views:
         views[0].show(progress)
-    watcher = asyncio.ensure_future(_watch(progress, views, 0.0 if option else AUTO_DELAY))
+    watcher = asyncio.ensure_future(_watch(progress, views, 0.0 if option else tuning.progress_auto_delay, tuning))
     error: BaseException | None = None
     try:
         yield
@@ -209,22 +209,22 @@ async def shown(counter: Counter | None, schedule: Schedule, option: bool | None
             views[0].close(progress, progress.outcome(error))
 
 
-async def _watch(progress: Progress, views: list[Any], delay: float) -> None:
+async def _watch(progress: Progress, views: list[Any], delay: float, tuning: Tuning) -> None:
     await asyncio.sleep(delay)
     if not views:
-        views.append(_view())
+        views.append(_view(tuning))
         views[0].show(progress)
     while True:
-        await asyncio.sleep(REFRESH)
+        await asyncio.sleep(tuning.progress_refresh)
         views[0].show(progress)
 
 
-def _view() -> Any:
+def _view(tuning: Tuning) -> Any:
     shell = _jupyter_shell()
     if shell is not None:
         return NotebookView()
     stream = sys.stderr
-    return TerminalView(stream) if _isatty(stream) else LogView(stream)
+    return TerminalView(stream) if _isatty(stream) else LogView(stream, tuning.progress_log_every)
 
 
 def _isatty(stream: TextIO) -> bool:
@@ -263,15 +263,16 @@ class TerminalView:
 
 
 class LogView:
-    """A log or pipe: a line at the start, at most one every ``LOG_EVERY`` seconds, one at the end."""
+    """A log or pipe: a line at the start, at most one every ``every`` seconds, one at the end."""
 
-    def __init__(self, stream: TextIO) -> None:
+    def __init__(self, stream: TextIO, every: float = Tuning.progress_log_every) -> None:
         self.stream = stream
+        self.every = every
         self.last: float | None = None
 
     def show(self, progress: Progress) -> None:
         now = time.perf_counter()
-        if self.last is None or now - self.last >= LOG_EVERY:
+        if self.last is None or now - self.last >= self.every:
             self.last = now
             self.stream.write(progress.line() + "\n")
             self.stream.flush()

@@ -242,7 +242,8 @@ class Scheduler:
         if function.is_async:
             self.spawn(op.aperform(*inputs, **guards), lambda t: self._task_done(index, t))
             return
-        mean = function.mean_seconds
+        timings = self.evaluation.state.timings
+        mean = timings.mean(function)
         inline = function.blocking is False or (
             function.blocking is None and mean is not None and mean < FAST_CALL_SECONDS
         )
@@ -250,7 +251,7 @@ class Scheduler:
             start = time.perf_counter()
             result = op.perform(*inputs, **guards) if guards else op.perform(*inputs)
             elapsed = time.perf_counter() - start
-            function.record(elapsed / len(members) if members else elapsed)
+            timings.record(function, elapsed / len(members) if members else elapsed)
             self.finish(index, result)
             return
         if members is not None:  # a stacked step: its elements still run in parallel, in a few pieces
@@ -273,7 +274,7 @@ class Scheduler:
         for size, ok, value, seconds in pieces:
             if not ok:
                 raise value
-            op.function.record(seconds / max(1, size))
+            self.evaluation.state.timings.record(op.function, seconds / max(1, size))
         return np.concatenate([value for _, _, value, _ in pieces])
 
     def control(self, index: int, node: Apply, inputs: list[Any]) -> None:
@@ -310,7 +311,8 @@ class Scheduler:
             return
         for index, ok, value, seconds in task.result():
             # Recorded here, not where it ran: a worker's copy of the function is not ours.
-            self.plan.nodes[index].op.function.record(seconds)  # type: ignore[attr-defined]
+            function = self.plan.nodes[index].op.function  # type: ignore[attr-defined]
+            self.evaluation.state.timings.record(function, seconds)
             if ok:
                 self.finish(index, value)
             else:

@@ -19,7 +19,11 @@ never from another schedule:
   says whether anyone listens, so per-batch details are computed only then;
 - ``backends``: the backends its batches used, closed once, at its end;
 - ``draw_base``: its draw namespace (below), and the batch-id counter its
-  schedules share (``batch_id``).
+  schedules share (``batch_id``);
+- ``state``: the process's state (``outlines.config.ProcessState``: learned
+  step timings, control bodies' plans), and ``tuning``: the tuning values
+  in force where it opened (``outlines.config.current_tuning``). Nothing
+  below reads process-wide state but through these two.
 
 ``Evaluation.running(plan)`` wraps the whole run: one ``eval_started``, one
 ``eval_finished``, the backends closed in between. A loop iteration (or a
@@ -57,6 +61,7 @@ import numpy as np
 
 from outlines import cache as cache_module
 from outlines.backends.base import Backend
+from outlines.config import ProcessState, Tuning, current_tuning, default_executor, process_state
 from outlines.runtime.budget import Budget, BudgetGuard, resolve_budget
 from outlines.runtime.events import NULL, Recorder, compose
 from outlines.runtime.executor import Executor, resolve_executor
@@ -153,6 +158,8 @@ class Evaluation:
     options: Options
     cache: Any
     executor: Executor
+    state: ProcessState
+    tuning: Tuning
     recorder: Recorder = NULL
     request_limit: asyncio.Semaphore | None = None
     budget: BudgetGuard | None = None
@@ -163,15 +170,18 @@ class Evaluation:
 
     @classmethod
     def open(
-        cls, options: Options, *listeners: Recorder | None, blocked_loop: asyncio.AbstractEventLoop | None = None
+        cls, options: Options, *listeners: Recorder | None, blocked_loop: asyncio.AbstractEventLoop | None = None,
+        state: ProcessState | None = None,
     ) -> Evaluation:
         """The evaluation of ``options``, reporting to the active trace and ``listeners``.
 
         ``blocked_loop`` is the caller's loop that a sync entry point is
         blocking (``outlines.runtime.evaluate.run_sync``): an executor must not
-        need it.
+        need it. ``state``: the process state it reads its defaults (executor,
+        cache, tuning) from and learns into (default: ``process_state()``).
         """
-        executor = resolve_executor(options.executor)
+        state = state if state is not None else process_state()
+        executor = resolve_executor(options.executor, default_executor(state))
         if blocked_loop is not None and "outlines.backends.dask" in sys.modules:
             from outlines.backends.dask import DaskExecutor
 
@@ -180,8 +190,10 @@ class Evaluation:
         bound = options.max_concurrency
         return cls(
             options,
-            cache_module.resolve(options.cache),
+            cache_module.resolve(options.cache, state),
             executor,
+            state,
+            current_tuning(state),
             recorder=compose(active_recorder(), *listeners),
             request_limit=asyncio.Semaphore(bound) if bound else None,
             budget=BudgetGuard(options.budget) if options.budget is not None else None,

@@ -22,17 +22,17 @@ def sleeps(monkeypatch: pytest.MonkeyPatch) -> list[float]:
 
 
 @pytest.fixture
-def default_cache(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch):  # type: ignore[no-untyped-def]
+def default_cache(tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no-untyped-def]
     """The process default cache, on, in a fresh folder (whatever earlier tests did to it); restored after."""
     from outlines import cache
+    from outlines.backends import quirks
+    from outlines.config import using_process_state
 
     folder = tmp_path_factory.mktemp("default-cache")
-    monkeypatch.setattr(cache, "_enabled", True)
-    monkeypatch.setattr(cache, "_path", str(folder))
-    yield cache.resolve(True)
-    from outlines.backends import quirks
-
-    quirks.forget()  # while this folder is still the default
+    with using_process_state():
+        cache.enable(folder)
+        yield cache.resolve(True)
+        quirks.forget()  # while this folder is still the default
 
 
 @pytest.fixture(autouse=True)

@@ -17,7 +17,6 @@ import pytest
 
 import outlines
 from outlines import models
-from outlines.backends import function as function_backend
 from outlines.cache import Cache, CacheWarning
 from tests.fixtures.subprocesses import ROOT, python_env
 
@@ -116,10 +115,7 @@ def locked(suffix: str) -> Callable[[str], str]:
     return guarded
 
 
-def test_unhashable_state_groups_by_object_skips_the_disk_and_warns_once(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    monkeypatch.setattr(function_backend, "_warned", set())
+def test_unhashable_state_groups_by_object_skips_the_disk_and_warns_once(tmp_path: Path, fresh_state: Any) -> None:
     with pytest.warns(CacheWarning, match="not cached on disk.*version="):
         one = models.from_function(locked("-one"), temperature=0)
     with warnings.catch_warnings():
@@ -131,8 +127,7 @@ def test_unhashable_state_groups_by_object_skips_the_disk_and_warns_once(
     assert store.stats()["entries"] == 0 and outlines.explain(one("p"), cache=store).requests == 1
 
 
-def test_version_declares_the_identity_and_caches(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(function_backend, "_warned", set())
+def test_version_declares_the_identity_and_caches(tmp_path: Path, fresh_state: Any) -> None:
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         llm = models.from_function(locked("-v"), version="2024-01", temperature=0.7)

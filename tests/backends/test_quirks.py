@@ -10,8 +10,10 @@ import sys
 
 import pytest
 
+import outlines
 from outlines import cache
 from outlines.backends import quirks
+from outlines.config import process_state
 from outlines.backends.openai import N_IGNORED
 from tests.fixtures.fake_openai import FakeOpenAI
 from tests.fixtures.subprocesses import python_env
@@ -41,7 +43,7 @@ def test_a_noted_quirk_is_known_and_remembered_on_disk(default_cache):
     import asyncio
 
     asyncio.run(quirks.remember(URL, quirks.IGNORES_N))
-    quirks._known.clear()  # as a new process: memory empty, the file is read again
+    process_state().quirks_known.clear()  # as a new process: memory empty, the file is read again
     assert quirks.known(URL) == {quirks.IGNORES_N}
     quirks.forget()
     assert quirks.known(URL) == frozenset()
@@ -55,13 +57,12 @@ def test_unknown_quirk_names_are_refused():
 def test_with_the_default_cache_off_quirks_live_in_memory_only(default_cache, monkeypatch):
     import asyncio
 
-    monkeypatch.setattr(cache, "_enabled", None)
     monkeypatch.setenv("OUTLINES_CACHE", "0")
-    assert cache.resolve(True) is None
-    quirks.note(URL, quirks.REFUSES_LISTS)
-    asyncio.run(quirks.remember(URL, quirks.REFUSES_LISTS))  # nowhere to write: a no-op
-    monkeypatch.setattr(cache, "_enabled", True)
-    quirks._known.clear()
+    with outlines.config.using_process_state():  # as a new process: the default cache follows OUTLINES_CACHE
+        assert cache.resolve(True) is None
+        quirks.note(URL, quirks.REFUSES_LISTS)
+        asyncio.run(quirks.remember(URL, quirks.REFUSES_LISTS))  # nowhere to write: a no-op
+    process_state().quirks_known.clear()
     assert cache.resolve(True) is not None and quirks.known(URL) == frozenset()
 
 
@@ -106,7 +107,7 @@ def test_a_quirk_an_earlier_version_noted_after_a_schema_error_is_healed(default
 
     with FakeOpenAI(honour_constraints=True) as server:
         stored.write(default_cache.path, server.base_url, "refuses_constraint_fields")  # as the old version did
-        quirks._known.clear()  # a new process
+        process_state().quirks_known.clear()  # a new process
         schema = {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"],
                   "additionalProperties": False}
         llm = models.openai("fake-model", base_url=server.base_url, api_key="sk-local")
@@ -114,3 +115,19 @@ def test_a_quirk_an_earlier_version_noted_after_a_schema_error_is_healed(default
         (request,) = server.requests
         assert request.body["response_format"]["json_schema"]["schema"] == schema
         assert quirks.known(server.base_url) == frozenset()
+
+
+def test_the_notes_and_the_store_are_the_process_states():
+    from outlines.config import ProcessState, using_process_state
+
+    with using_process_state(ProcessState()) as state:  # no store: notes in memory only
+        assert quirks.note(URL, quirks.IGNORES_N) and state.quirks_known == {URL: {quirks.IGNORES_N}}
+        quirks.note_accepted(URL, "guided_json")
+        assert state.quirks_accepted == {(URL, "guided_json")}
+        with using_process_state(ProcessState()):  # another process knows none of it
+            assert quirks.known(URL) == frozenset() and not quirks.accepts(URL, "guided_json")
+        assert quirks.known(URL) == {quirks.IGNORES_N} and quirks.accepts(URL, "guided_json")
+        store = object()
+        quirks.use_store(store)  # type: ignore[arg-type]
+        assert state.quirk_store is store
+    assert process_state().quirk_store is not store  # the process's own state is back

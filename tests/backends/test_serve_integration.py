@@ -147,6 +147,7 @@ def test_twenty_prompts_times_three_samples_cost_sixty_requests_and_the_quirks_a
     served: tuple[str, str, Path], default_cache: Any
 ) -> None:
     from outlines.backends import quirks
+    from outlines.config import process_state
 
     base_url, model_name, log = served
     llm = models.openai_completion(model_name, base_url=base_url, api_key="sk-local", max_tokens=2, temperature=1.0)
@@ -156,7 +157,7 @@ def test_twenty_prompts_times_three_samples_cost_sixty_requests_and_the_quirks_a
     # one list refused, then per prompt: the n=3 request whose one answer is kept as sample 0, and 2 more
     assert sorted(_posts(log, before)) == ["200"] * 60 + ["400"]
     assert quirks.known(base_url) == {quirks.IGNORES_N, quirks.REFUSES_LISTS}
-    quirks._known.clear()  # as a new process would start: only the cache file knows
+    process_state().quirks_known.clear()  # as a new process would start: only the cache file knows
     before = len(log.read_text().splitlines())
     second = llm([f"other {i}" for i in range(20)], num_samples=3).eval(cache=False)
     assert np.asarray(second).shape == (20, 3) and _posts(log, before) == ["200"] * 60

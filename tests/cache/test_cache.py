@@ -37,14 +37,11 @@ IDENTITY = ("function", "echo", "0123abcd", False)
 
 
 @pytest.fixture(autouse=True)
-def _private_default(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
-    """Point the process default cache at this test's folder; undo enable/disable."""
+def _private_default(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, fresh_state: Any) -> Iterator[Path]:
+    """Point the process default cache at this test's folder, in a state of its own (enable/disable undone)."""
     directory = tmp_path / "default-cache"
     monkeypatch.setenv("OUTLINES_CACHE_DIR", str(directory))
     monkeypatch.delenv("OUTLINES_CACHE", raising=False)
-    monkeypatch.setattr(cache_module, "_enabled", None)
-    monkeypatch.setattr(cache_module, "_path", None)
-    monkeypatch.setattr(cache_module, "_defaults", {})
     yield directory
 
 

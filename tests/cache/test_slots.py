@@ -20,6 +20,7 @@ from outlines.draws import Draw, DrawBatch, GenerationParams
 from outlines.cache import Cache, draw_keys
 from outlines.cache import disk as disk_module
 from outlines.cache.sqlite import row_ids
+from outlines.config import set_tuning
 
 IDENTITY = ("function", "echo", "0123abcd", False)
 GREEDY = GenerationParams()
@@ -141,8 +142,8 @@ def test_a_new_file_misses_without_hashing_or_a_query(tmp_path: Path, monkeypatc
     assert hashed == [] and statements == []
 
 
-def test_the_writer_waits_for_the_loops_bursts(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(threads, "PATIENCE", 30.0)
+def test_the_writer_waits_for_the_loops_bursts(tmp_path: Path, fresh_state: Any) -> None:
+    set_tuning(thread_patience=30.0)  # read by the writer's thread: the process-wide value
     cache = Cache(tmp_path)
     draws = batch([f"p{i}" for i in range(3 * disk_module.HASH_CHUNK)])
     with threads.FOREGROUND:

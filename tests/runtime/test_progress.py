@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 import types
+from typing import Iterator
 
 import pytest
 
@@ -27,8 +28,9 @@ class Screen(io.StringIO):
 
 
 @pytest.fixture
-def fast(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(progress, "REFRESH", 0.005)
+def fast() -> Iterator[None]:
+    with outlines.config.tuning(progress_refresh=0.005):
+        yield
 
 
 def _slow_chain(delay: float, fail: bool = False) -> tuple[outlines.Variable, dict[str, list[str]]]:
@@ -72,8 +74,8 @@ def test_a_log_gets_a_start_and_an_end_line_only(monkeypatch: pytest.MonkeyPatch
 
 
 def test_a_log_line_at_most_every_log_every_seconds(monkeypatch: pytest.MonkeyPatch, fast: None) -> None:
-    monkeypatch.setattr(progress, "LOG_EVERY", 0.05)
-    text = _run(monkeypatch, tty=False, delay=0.06, progress=True)
+    with outlines.config.tuning(progress_log_every=0.05):
+        text = _run(monkeypatch, tty=False, delay=0.06, progress=True)
     lines = text.splitlines()
     assert 3 <= len(lines) <= 8  # ~0.25 s of work: a handful of lines, not one per redraw (~50)
 
@@ -101,9 +103,9 @@ def test_no_progress_with_progress_false(monkeypatch: pytest.MonkeyPatch, fast: 
 
 
 def test_automatic_progress_only_for_long_evaluations(monkeypatch: pytest.MonkeyPatch, fast: None) -> None:
-    monkeypatch.setattr(progress, "AUTO_DELAY", 0.04)
-    assert _run(monkeypatch, tty=False, delay=0.0) == ""
-    assert "12/12 draws" in _run(monkeypatch, tty=False, delay=0.05)
+    with outlines.config.tuning(progress_auto_delay=0.04):
+        assert _run(monkeypatch, tty=False, delay=0.0) == ""
+        assert "12/12 draws" in _run(monkeypatch, tty=False, delay=0.05)
 
 
 def test_progress_ends_when_the_evaluation_fails(monkeypatch: pytest.MonkeyPatch, fast: None) -> None:

@@ -17,13 +17,12 @@ finishes its node (``batcher``).
 """
 from __future__ import annotations
 
-from outlines.runtime.batching.batcher import PEEK_MIN, Batcher, Schedule, cached_values
+from outlines.runtime.batching.batcher import Batcher, Schedule, cached_values
 from outlines.runtime.batching.batches import Batch, pack_draws
 from outlines.runtime.batching.queue import BatchQueue, SlotQueue, queue_key
 from outlines.runtime.batching.waiting import Wait, Waiters
 
 __all__ = [
-    "PEEK_MIN",
     "Batch",
     "BatchQueue",
     "Batcher",

@@ -51,12 +51,7 @@ from outlines.runtime.jobs import JobEvent, generate_as_jobs, has_jobs
 from outlines.runtime.plan import Plan
 from outlines.runtime.session import Evaluation
 
-__all__ = ["Batcher", "PEEK_MIN", "Schedule", "cached_values"]
-
-#: A model call with at least this many draws asks the cache's memory for all
-#: of them before it joins its queue (a warm re-run then skips the queue); a
-#: smaller one is looked up at the flush, with the rest of its queue.
-PEEK_MIN = 64
+__all__ = ["Batcher", "Schedule", "cached_values"]
 
 
 class Schedule(Protocol):
@@ -120,6 +115,9 @@ class Batcher:
         self.cache = evaluation.cache
         self.recorder = evaluation.recorder
         self.return_failures = evaluation.return_failures
+        #: A model call with at least this many draws asks the cache's memory for all of them before it
+        #: joins its queue (a warm re-run then skips the queue); a smaller one is looked up at the flush.
+        self.peek_min = evaluation.tuning.peek_min
         self.queues: dict[tuple[Backend, Any], BatchQueue] = {}
         self.routes: dict[int, BatchQueue] = {}  # id(Generate op) -> its queue
         self.running = 0  # batches in flight
@@ -194,7 +192,8 @@ class Batcher:
         wait = Wait(index, shape, prompts, [slot.waiters for slot in slots], settled)
         if not queue.pending:
             queue.since = time.perf_counter()
-        if len(numbers) == 1 and not settled and len(prompts) >= PEEK_MIN and self._from_memory(op, wait, slots[0]):
+        peek = len(numbers) == 1 and not settled and len(prompts) >= self.peek_min
+        if peek and self._from_memory(op, wait, slots[0]):
             return
         _join(wait, slots, prompts, settled)
         if not wait.missing:

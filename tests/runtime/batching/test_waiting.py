@@ -11,7 +11,6 @@ import pytest
 import outlines
 from outlines.cache import Cache
 from outlines.errors import Failure
-from outlines.runtime.batching import batcher
 from outlines.runtime.batching.waiting import Wait, Waiters
 from tests.fixtures.recording import RecordingBackend
 
@@ -78,7 +77,7 @@ def _run_graph(build: str, tmp_path: Path, how: str, monkeypatch: pytest.MonkeyP
             return new
 
         monkeypatch.setattr(Waiters, "join", written)
-    monkeypatch.setattr(batcher, "PEEK_MIN", 8 if how == "peek-small" else 10**9 if how == "map-always" else 64)
+    peek_min = 8 if how == "peek-small" else 10**9 if how == "map-always" else 64
     recording = RecordingBackend(name=f"wait-{build}", max_batch=48 if build == "split" else None,
                                  fail_on="boom" if build == "failing" else None)
     llm = recording.model(temperature=0.5)
@@ -106,7 +105,7 @@ def _run_graph(build: str, tmp_path: Path, how: str, monkeypatch: pytest.MonkeyP
 
     observed = []
     for values in (prompts, prompts + ["new1", "new2"], prompts + ["new1", "new2"]):  # cold, partly warm, warm
-        with outlines.trace() as trace:
+        with outlines.trace() as trace, outlines.config.tuning(peek_min=peek_min):
             errors = "return" if build == "failing" else "raise"
             results = outlines.eval(*graph(values), cache=cache, errors=errors)
         cache.flush()
