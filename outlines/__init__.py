@@ -189,6 +189,6 @@ def _draw_numbers(values: tuple[Any, ...]) -> dict[int, tuple[int, int]]:
         outputs = value.outputs if isinstance(value, Program) else value
         variables.extend(outputs if isinstance(outputs, (tuple, list)) else [outputs])
     try:
-        return Plan([v for v in variables if isinstance(v, Variable)], stack=True).draw_numbers()
+        return Plan([v for v in variables if isinstance(v, Variable)]).draw_numbers()
     except Exception:  # noqa: BLE001 - a picture draws what it can; eval reports the graph's errors
         return {}

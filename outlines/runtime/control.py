@@ -4,7 +4,7 @@ The schedule that meets a ``WhileLoop`` or ``Cond`` node runs it as one task
 (``run_control``), so independent work goes on meanwhile. A loop keeps its
 state as flat arrays over the broadcast shape of its inputs; each iteration
 plans nothing new: it evaluates the body's plan (made once, as ``eval``
-plans: ``Plan(stack=True)``) on the still-active elements as ONE schedule of
+plans: ``Plan``) on the still-active elements as ONE schedule of
 the same evaluation (its cache, executor, limits, budget, error mode and
 recorder), then ``cond`` on the new state decides who stays.
 Draws inside a control node carry its iteration in their number
@@ -70,7 +70,7 @@ def _plan(evaluation: Evaluation, op: Any, outputs: Sequence[Any]) -> Plan:
     """The plan of a sub-graph, built once per op and set of outputs (the process state's ``plans``)."""
     stack_min = evaluation.tuning.stack_min  # a plan stacks by the tuning it was built with: part of its key
     key = (stack_min, *(id(v) for v in outputs))
-    plan: Plan = evaluation.state.plans.get(op, key, lambda: Plan(list(outputs), stack=True, stack_min=stack_min))
+    plan: Plan = evaluation.state.plans.get(op, key, lambda: Plan(list(outputs), stack_min=stack_min))
     return plan
 
 

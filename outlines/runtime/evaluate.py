@@ -20,7 +20,6 @@ import signal
 import threading
 from typing import Any, Awaitable, Callable, Iterator, Mapping, TypeVar, overload
 
-from outlines.config import current_tuning
 from outlines.threads import FOREGROUND, watched_loop
 from outlines.graph.basic import Variable
 from outlines.runtime.plan import Plan, bind_givens, check_shapes
@@ -190,7 +189,7 @@ async def _evaluate(
     blocked_loop: asyncio.AbstractEventLoop | None,
 ) -> Any:
     with quiet_collector():  # planning walks and copies the whole graph: no collections over it meanwhile
-        plan = Plan(variables, stack=True, stack_min=current_tuning().stack_min)
+        plan = Plan(variables)
     results = plan.pick(await run_plan(plan, givens, options, blocked_loop))
     return results[0] if len(variables) == 1 else tuple(results)
 

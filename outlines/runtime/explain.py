@@ -1,6 +1,6 @@
 """``outlines.explain``: the batches an evaluation would send, without sending any.
 
-The dry run walks the very plan ``eval`` runs (``Plan(stack=True)``: sibling
+The dry run walks the very plan ``eval`` runs (``Plan``: sibling
 calls stacked into array nodes, each stacked node counted for the calls it
 stands for) in order, dispatching each node by its kind as the scheduler does
 (``outlines.runtime.scheduler.walker``). Cheap text ops (``+``,
@@ -858,7 +858,7 @@ def explain(
     if not variables:
         raise TypeError("explain needs at least one Variable")
     evaluation = Evaluation.open(Options.check({**options, "cache": cache}))
-    plan = Plan(variables, stack=True)  # the very plan eval runs: sibling calls stacked into array nodes
+    plan = Plan(variables)  # the very plan eval runs: sibling calls stacked into array nodes
     values = bind_givens(plan, givens, partial=True)
     check_shapes(plan, values)  # as every entry point: a pairing that cannot work raises before anything
     run = _DryRun(plan, evaluation.cache, values, evaluation.jobs)

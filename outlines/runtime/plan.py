@@ -8,7 +8,7 @@ There is one way to build it:
   control op by its traced structure) whose inputs are constants or the
   members of one family, member for member. The plan never finds families
   itself, and no op needs to be shared for its uses to be siblings;
-- with ``stack=True``, one stacking rewrite turns each family of at least
+- one stacking rewrite turns each family of at least
   ``stack_min`` members into one node of its stacked op (``Op.stacked``)
   over the arrays of its inputs: model calls of one draw, elementwise ops
   (an impure ``outlines.fn`` too: it still runs once per element, and is
@@ -68,10 +68,10 @@ class Plan:
     ----------
     outputs
         The Variables to compute.
-    stack
-        Stack families of sibling nodes into array nodes (see the module docstring).
     stack_min
-        The fewest members of a family that stack (default: ``outlines.config.current_tuning().stack_min``, read when the plan is built).
+        The fewest members of a family that stack into one array node
+        (default: ``outlines.config.current_tuning().stack_min``, read when
+        the plan is built; a huge value plans every node on its own).
 
     Attributes
     ----------
@@ -118,7 +118,7 @@ class Plan:
     ('ab', 0)
     """
 
-    def __init__(self, outputs: Iterable[Variable], *, stack: bool = False, stack_min: int | None = None) -> None:
+    def __init__(self, outputs: Iterable[Variable], *, stack_min: int | None = None) -> None:
         outputs = list(outputs)
         if not all(map(isinstance, outputs, repeat(Variable))):
             argument, output = next((i, v) for i, v in enumerate(outputs) if not isinstance(v, Variable))
@@ -133,11 +133,11 @@ class Plan:
         self.picks: dict[int, tuple[Variable, int]] = {}
         self.members: dict[int, Sequence[Apply]] = {}
         stack_min = max(1, current_tuning().stack_min if stack_min is None else stack_min)
-        if stack and self._from_table(outputs, stack_min):
+        if self._from_table(outputs, stack_min):
             return
-        found = _Found() if stack else None
+        found = _Found()
         position, uplinks, leaves, rewritten = self._walk(outputs, found)
-        if found is not None and found.count >= stack_min:
+        if found.count >= stack_min:
             self._stack(position, found, uplinks, stack_min)
         else:
             self._link(uplinks)
@@ -146,7 +146,7 @@ class Plan:
         else:
             self._read(leaves)
 
-    def _walk(self, outputs: list[Variable], found: _Found | None
+    def _walk(self, outputs: list[Variable], found: _Found
               ) -> tuple[dict[int, int], list[int | list[int]], list[Variable], bool]:
         """The ordinary walk: merge, fold, number draws and tags, keep the rest; note family members in ``found``.
 
@@ -231,8 +231,7 @@ class Plan:
             index = position[id(kept)] = len(nodes)  # after its parents: a node reading itself is caught
             nodes.append(kept)
             uplinks.append(parents[0] if len(parents) == 1 else parents or -1)
-            if found is not None:
-                found.add(node.family if id(kept) not in offsets else None, index, inputs, parents, generate, position)
+            found.add(node.family if id(kept) not in offsets else None, index, inputs, parents, generate, position)
         self.outputs = [replaced.get(id(v), v) for v in outputs]
         return position, uplinks, list(leaves.values()), bool(replaced)
 

@@ -3,7 +3,7 @@
 Tracing is JAX-style but needs no interception: each parameter becomes a free
 input Variable named after it, the function is called once on those, and the
 Variables it returns are frozen with their plan (rewritten, stacked and ordered
-once: the plan ``outlines.eval`` makes, ``Plan(stack=True)``). Calling the
+once: the plan ``outlines.eval`` makes, ``Plan``). Calling the
 Program binds the inputs and runs one schedule of that plan; an array argument
 flows through as one node per op, so all its elements batch together. Before
 running, the inputs' shapes are propagated through the graph
@@ -93,7 +93,7 @@ class Program:
         self._outputs = outs
         self.name = name
         self.options = options if isinstance(options, Options) else Options.check(options or {})
-        self.plan = _plan or Plan(outs, stack=True)  # built once, run by every call
+        self.plan = _plan or Plan(outs)  # built once, run by every call
         self._positions = {v.name or f"arg{i}": v for i, v in enumerate(self.inputs)}
         self._checked: set[tuple[Shape, ...]] = set()
 

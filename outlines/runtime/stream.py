@@ -223,7 +223,7 @@ def as_completed(*variables: Variable, givens: Mapping[Any, Any] | None = None, 
     if not variables:
         raise TypeError("as_completed needs at least one Variable")
     checked = Options.check(options)
-    plan = Plan(variables, stack=True)  # eval's plan: sibling calls stacked, each output picked as it finishes
+    plan = Plan(variables)  # eval's plan: sibling calls stacked, each output picked as it finishes
     check_shapes(plan, bind_givens(plan, givens))  # a missing input or a bad pairing raises here, before anything is sent
 
     async def results(blocked_loop: asyncio.AbstractEventLoop | None) -> AsyncIterator[tuple[int, Any]]:

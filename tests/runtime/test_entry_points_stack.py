@@ -1,4 +1,4 @@
-"""Every entry point plans as ``outlines.eval`` does (``Plan(stack=True)``), and stacked equals flat through each.
+"""Every entry point plans as ``outlines.eval`` does (``Plan``), and stacked equals flat through each.
 
 The entry points: ``eval``, a ``Program`` (``outlines.compile``) called and
 streamed, ``as_completed``, a ``while_loop`` or ``cond`` body, and ``explain``
@@ -20,11 +20,10 @@ from hypothesis import strategies as st
 
 import outlines
 from outlines import models
-from outlines.runtime import plan as plan_module
 from outlines.runtime.control import _plan as sub_plan
 from tests.fixtures.recording import RecordingBackend
 
-STACK_MIN = plan_module.STACK_MIN  # read once: tests patch the module's
+STACK_MIN = outlines.config.Tuning.stack_min  # the default; tests set the tuning, not this
 N = STACK_MIN + 5
 
 
@@ -73,8 +72,8 @@ def test_a_program_plans_once_stacked_and_picks_each_output() -> None:
     assert sorted(outlines.as_completed(*outs, givens={q: "!"})) == [*enumerate(values[:-1]), (N, "<<c7>>!")]
 
 
-def test_a_loop_body_is_planned_stacked(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(plan_module, "STACK_MIN", 1)
+def test_a_loop_body_is_planned_stacked(fresh_state: Any) -> None:
+    outlines.config.set_tuning(stack_min=1)
     tail = outlines.fn(lambda s: s[-1:], pure=True, name="tail")
     short = outlines.fn(lambda s: len(s) < 6, pure=True, name="short")
     loop = outlines.while_loop(short, lambda s: s + tail(outlines.constant("xy")), init=outlines.constant("a"),
@@ -210,11 +209,11 @@ def _entry_points(steps: list[tuple[str, int, int]], copies: int) -> dict[str, A
                                                                   HealthCheck.too_slow])
 @given(dag=dags())
 @example(dag=([("cond", -1, -1), ("llm", 0, 0)], 1))  # a stacked cond's outputs: its members' along a new axis
-def test_stacked_equals_flat_through_every_entry_point(dag: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_stacked_equals_flat_through_every_entry_point(dag: Any) -> None:
     steps, copies = dag
-    monkeypatch.setattr(plan_module, "STACK_MIN", 10**9)
-    flat = _entry_points(steps, copies)
-    monkeypatch.setattr(plan_module, "STACK_MIN", 1)
-    stacked = _entry_points(steps, copies)
+    with outlines.config.tuning(stack_min=10**9):
+        flat = _entry_points(steps, copies)
+    with outlines.config.tuning(stack_min=1):
+        stacked = _entry_points(steps, copies)
     for name in flat:
         assert stacked[name] == flat[name], name

@@ -198,9 +198,7 @@ def test_a_python_step_on_one_branch_is_a_caveat_not_an_exact_prediction() -> No
 @pytest.mark.parametrize("chains", [3, "STACK_MIN"])
 def test_calls_after_an_impure_step_are_a_caveat_unless_eval_stacks_them(chains: Any) -> None:
     """Flat, a slow use splits the calls' batch; stacked over the uses gathered, they go out together."""
-    from outlines.runtime.plan import STACK_MIN
-
-    n = STACK_MIN if chains == "STACK_MIN" else chains
+    n = outlines.config.Tuning.stack_min if chains == "STACK_MIN" else chains
     recording = RecordingBackend(answer)
     llm = recording.model()
 

@@ -1,6 +1,6 @@
 """The one planning path: the stacked plan computes exactly what the flat plan does, impure steps included.
 
-``Plan(stack=True)`` stacks the families of the build-time table
+``Plan`` stacks the families of the build-time table
 (``outlines.graph.families``) whatever objects their ops are; an impure
 ``outlines.fn`` step stacks like any elementwise step, yet runs once per
 element, is never merged, and fails element by element.
@@ -20,11 +20,10 @@ import outlines
 from outlines import models
 from outlines.errors import Failure, NodeError
 from outlines.graph.ops import Concat, Index
-from outlines.runtime import plan as plan_module
 from outlines.runtime.plan import Plan
 from tests.fixtures.recording import RecordingBackend
 
-N = plan_module.STACK_MIN + 3
+N = outlines.config.Tuning.stack_min + 3
 
 
 class _Numbered(RecordingBackend):
@@ -122,11 +121,10 @@ def test_the_stacked_plan_computes_exactly_what_the_flat_plan_does(
     for stack_min in (10**9, 1):  # flat, then every family stacked
         counted = _Counted()
         outs = _build(counted, recipes, n, taps)
-        plan = Plan(outs, stack=True, stack_min=stack_min)
+        plan = Plan(outs, stack_min=stack_min)
         if stack_min == 1:
             event(f"{len(plan.members)} stacked node(s)")
-        with pytest.MonkeyPatch.context() as patch:
-            patch.setattr(plan_module, "STACK_MIN", stack_min)  # what outlines.eval plans with
+        with outlines.config.tuning(stack_min=stack_min):  # what outlines.eval plans with
             values = [_plain(v) for v in outlines.eval(*outs, cache=False)]
         steps = {key: count for key, count in counted.calls.items() if key[0] != "model"}
         prompts = sorted({key[1] for key in counted.calls if key[0] == "model"})
@@ -150,7 +148,7 @@ def test_an_impure_step_stacks_runs_once_per_element_and_is_never_merged() -> No
     impure = outlines.fn(step)
     recording = RecordingBackend(name="impure-once")
     outs, again = _chains(recording.model(), impure)
-    plan = Plan(outs + again, stack=True)
+    plan = Plan(outs + again)
     steps = [node for node in plan.nodes if node.op.name == "step"]
     assert len(plan.nodes) == 5 and len(steps) == 2  # one node per step of the chains, the second use its own
     assert [m.label for m in plan.members[id(steps[0])]] == [o.owner.inputs[0].owner.label for o in outs]
@@ -172,7 +170,7 @@ def test_an_impure_steps_failing_element_fails_alone_naming_its_own_node() -> No
     impure = outlines.fn(step)
     recording = RecordingBackend(name="impure-fails")
     outs, _ = _chains(recording.model(), impure)
-    assert len([node for node in Plan(outs, stack=True).nodes if node.op.name == "step"]) == 1
+    assert len([node for node in Plan(outs).nodes if node.op.name == "step"]) == 1
     got = outlines.eval(*outs, cache=False, errors="return")
     own = outs[7].owner.inputs[0].owner  # chain 7's step, as built
     failed = [i for i, v in enumerate(got) if isinstance(v, Failure)]
@@ -190,7 +188,7 @@ def test_equal_ops_built_as_separate_objects_stack_into_one_node() -> None:
     outs = [llm(Index.create(1)(Concat()(llm(outlines.constant(f"Q{i}")), outlines.constant(_FORK))))
             for i in range(N)]
     assert len({id(o.owner.inputs[0].owner.op) for o in outs}) == N
-    plan = Plan(outs, stack=True)
+    plan = Plan(outs)
     assert [node.op.name for node in plan.nodes][1:3] == ["Concat", "Index[:, 1]"] and len(plan.nodes) == 4
     assert outlines.eval(*outs, cache=False)[3] == "Q3.>."
     assert recording.sizes == [N, N]

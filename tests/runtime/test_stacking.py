@@ -1,4 +1,4 @@
-"""Sibling chains stacked into array nodes by ``Plan(stack=True)`` (what ``outlines.eval`` plans).
+"""Sibling chains stacked into array nodes by ``Plan`` (what ``outlines.eval`` plans).
 
 Stacking must be invisible but for speed: the same values, batches, draw
 numbers, cache entries and failure labels as the unstacked plan.
@@ -73,19 +73,19 @@ def _plain(value: Any) -> Any:
 def test_chains_plan_as_one_node_per_step() -> None:
     llm = RecordingBackend(name="plan").model()
     outs = chains(llm)
-    plan = Plan(outs, stack=True)
+    plan = Plan(outs)
     assert len(plan.nodes) == 3 and plan.indegree == [0, 1, 1]
     assert set(plan.picks) == set(range(N)) and [k for _, k in plan.picks.values()] == list(range(N))
     assert [m.label for m in plan.members[id(plan.nodes[0])]] == [o.owner.inputs[0].owner.inputs[0].owner.label
                                                                   for o in outs]
-    assert len(Plan(outs).nodes) == 3 * N  # without stack=True: one node per call
+    assert len(Plan(outs, stack_min=10**9).nodes) == 3 * N  # too few to stack: one node per call
     tapped = outs + [outlines.fn(str.upper)(outs[5].owner.inputs[0]), outlines.fn(str.lower)(outs[5])]
-    plan = Plan(tapped, stack=True)  # a node left out reads its element, which the stacked node scatters
+    plan = Plan(tapped)  # a node left out reads its element, which the stacked node scatters
     assert [n.op.name for n in plan.nodes][3:] == ["upper", "lower"] and len(plan.nodes) == 5
     assert plan.nodes[3] is tapped[-2].owner and plan.nodes[4] is tapped[-1].owner  # kept as built
     assert plan.scatter == {id(plan.nodes[1]): [(outs[5].owner.inputs[0], 5)], id(plan.nodes[2]): [(outs[5], 5)]}
     assert plan.consumers[1] == [2, 3] and plan.consumers[2] == [4]
-    assert len(Plan(chains(llm, n=STACK_MIN - 1), stack=True).nodes) == 3 * (STACK_MIN - 1)
+    assert len(Plan(chains(llm, n=STACK_MIN - 1)).nodes) == 3 * (STACK_MIN - 1)
 
 
 @pytest.mark.parametrize("shape", ["chains", "tapped", "ragged", "samples", "repeated", "mixed-ops"])
@@ -259,7 +259,7 @@ def test_stacked_equals_unstacked_over_mixed_ops(n: int, steps: list[str], taps:
                 outs.append(llm(x))
             outs += [outlines.fn(str.title)(outs[t % n]) for t in taps]  # a node left out reads an element
             if stack:
-                _assert_topological(Plan(outs, stack=True))
+                _assert_topological(Plan(outs))
             if errors == "raise":
                 sent = sorted(picky.prompts)  # what a raising run sends before it stops is timing
                 own = {v[1] for v in runs[0][0] if isinstance(v, tuple) and v[2] != "UpstreamFailure"}
@@ -291,7 +291,7 @@ def test_impure_steps_stack_but_never_merge() -> None:
     for step, twice in ((impure, 2), (pure, 1)):
         built = [step(llm(outlines.constant(f"Q{i}"))) for i in range(N)]
         outs = [llm(b) for b in built] + [llm(step(b.owner.inputs[0]) + "?") for b in built]  # each step again
-        plan = Plan(outs, stack=True)
+        plan = Plan(outs)
         nodes = plan.nodes
         steps = [node for node in nodes if node.op.name == step.__name__]
         assert len(steps) == twice and all(len(plan.members[id(node)]) == N for node in steps)
@@ -357,7 +357,7 @@ def test_stacked_ops_run_in_bulk(monkeypatch: pytest.MonkeyPatch) -> None:
             if step == "concat-own":
                 concats.append(x.owner)
         outs.append(x)
-    plan = Plan(outs, stack=True)
+    plan = Plan(outs)
     assert [n.op.name for n in plan.nodes] == [
         "Generate[recording:bulk]", "Render[_again]", "Generate[recording:bulk]", "Concat", "_shout", "_quiet",
         "trim", "Concat", "Index[:, 1]", "Generate[recording:bulk]",
@@ -387,7 +387,7 @@ def test_structured_parses_stack_and_fail_as_their_own_call() -> None:
     llm = models.from_function(reply, name="json")
     schema = {"type": "object", "properties": {"a": {"type": "string"}}, "required": ["a"]}
     outs = [llm(outlines.constant(f"Q{i}"), json_schema=schema) for i in range(N)]
-    assert [n.op.name for n in Plan(outs, stack=True).nodes] == ["Generate[function:json]", "Parse[json]"]
+    assert [n.op.name for n in Plan(outs).nodes] == ["Generate[function:json]", "Parse[json]"]
     values = outlines.eval(*outs, cache=False, errors="return", progress=False)
     assert values[0] == {"a": "Q0"} and values[7].node == outs[7].owner.label
     assert [i for i, v in enumerate(values) if isinstance(v, Failure)] == [7]
@@ -429,7 +429,7 @@ def test_eval_stacks_from_the_families_noted_at_build_without_walking_the_graph(
     assert sorted(p for batch in stacked[1] for p in batch) == sorted(p for batch in flat[1] for p in batch)
     assert len(stacked[1]) == steps.count("llm")
     if "impure" in steps:
-        plan = Plan(build(RecordingBackend(name="noted").model()), stack=True)
+        plan = Plan(build(RecordingBackend(name="noted").model()))
         impure = [node for node in plan.nodes if node.op.name == "impure"]
         assert len(impure) == steps.count("impure") and len(plan.nodes) == len(steps)  # one stacked node per step
         assert all(len(plan.members[id(node)]) == N for node in impure)
@@ -511,7 +511,7 @@ def _same(llm: Any, n: int) -> list[Any]:
 def test_loops_and_conds_of_one_structure_stack_into_one_node(build: Callable[..., list[Any]]) -> None:
     llm = _Numbered(name="kinds").model(temperature=0.7)
     outs = build(llm, N)
-    plan = Plan(outs, stack=True)
+    plan = Plan(outs)
     expected = {_loops: ["generate", "control", "generate"], _same: ["control", "generate"],
                 _conds: ["generate", "python", "control", "generate"]}[build]  # a cond's predicate: a step of its own
     assert [node.op.mode for node in plan.nodes] == expected
@@ -598,7 +598,7 @@ def test_stacked_loops_count_and_fail_the_elements_max_iter_stopped_per_loop(
         llm = _Numbered(name="limited").model(temperature=0.7)
         first = llm(outlines.constant("x")).owner.order
         outs = _loops(llm, N, max_iter=1, on_max_iter=on_max_iter, cond=_FEW)
-        plan = Plan(outs, stack=True, stack_min=outlines.config.current_tuning().stack_min)
+        plan = Plan(outs, stack_min=outlines.config.current_tuning().stack_min)
         assert sum(node.op.mode == "control" for node in plan.nodes) == (1 if stack else N)
         with outlines.trace() as trace:
             values = outlines.eval(*outs, cache=False, errors="return")
@@ -618,5 +618,5 @@ def test_loops_that_cannot_stack_run_one_by_one() -> None:
     impure = outlines.fn(lambda s: s + "!", name="impure")
     for body in (lambda s: impure(llm(s)), lambda s: outlines.while_loop(_SHORT, llm, init=s, max_iter=2),
                  lambda s: llm(s) + llm(outlines.constant("the same prompt"))):
-        plan = Plan(_loops(llm, N, body=body), stack=True)
+        plan = Plan(_loops(llm, N, body=body))
         assert sum(node.op.mode == "control" for node in plan.nodes) == N
