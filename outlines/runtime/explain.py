@@ -84,7 +84,7 @@ from outlines.runtime.batching.queue import BatchQueue, queue_key
 from outlines.backends.jobs import job_client
 from outlines.runtime.jobs import has_jobs
 from outlines.runtime.session import Evaluation, Options
-from outlines.runtime.control import _plan as sub_plan, _shape as loop_shape, describe
+from outlines.runtime.control import _shape as loop_shape, describe
 from outlines.runtime.plan import Plan, bind_givens, check_shapes
 from outlines.runtime.scheduler import walker
 
@@ -608,7 +608,7 @@ class _DryRun:
             return  # eval raises it, naming the loop
         size = int(np.prod(shape, dtype=np.int64))
         body = op.body
-        plan = sub_plan(op, body.outputs)
+        plan = Plan(list(body.outputs))  # as the run plans it (runtime.control._plan), uncached: a dry run
         values: dict[int, Any] = {id(c): c.value for c in plan.constants}
         for parameter in body.parameters:
             values[id(parameter)] = _unknown((size,))

@@ -21,6 +21,7 @@ from hypothesis import strategies as st
 import outlines
 from outlines import models
 from outlines.runtime.control import _plan as sub_plan
+from outlines.runtime.session import Evaluation, Options
 from tests.fixtures.recording import RecordingBackend
 
 STACK_MIN = outlines.config.Tuning.stack_min  # the default; tests set the tuning, not this
@@ -78,7 +79,8 @@ def test_a_loop_body_is_planned_stacked(fresh_state: Any) -> None:
     short = outlines.fn(lambda s: len(s) < 6, pure=True, name="short")
     loop = outlines.while_loop(short, lambda s: s + tail(outlines.constant("xy")), init=outlines.constant("a"),
                                max_iter=9)
-    body = sub_plan(loop.owner.op, loop.owner.op.body.outputs)
+    evaluation = Evaluation.open(Options.check({}))  # the body's plan as the run gets it (built once, kept)
+    body = sub_plan(evaluation, loop.owner.op, loop.owner.op.body.outputs)
     assert body.members and body.scatter  # tail("xy") is a stacked node of one, the + reads its element
     assert loop.eval() == "ayyyyy"
 

@@ -210,7 +210,7 @@ def test_calls_after_an_impure_step_are_a_caveat_unless_eval_stacks_them(chains:
 
     outs = [llm(step(llm(outlines.constant(f"q{i}")))) for i in range(n)]
     explained = outlines.explain(*outs, cache=False)
-    stacked = n >= STACK_MIN
+    stacked = n >= outlines.config.Tuning.stack_min
     assert len(explained.batches) == 2 and explained.batching_exact == stacked
     assert len(explained.timing_dependent) == (0 if stacked else n)
     outlines.eval(*outs, cache=False)
