@@ -385,7 +385,7 @@ class Apply:
             if stacks is None:
                 stacks = op._stacks = stacking(op) or False
             if stacks and sibling:
-                note(self, *stacks)
+                note(self, stacks)
             else:
                 self.family = None
         else:

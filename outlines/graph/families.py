@@ -104,10 +104,10 @@ def stacking(op: Any) -> tuple[int, Any] | None:
     return (CALL if op.mode == "generate" else LOOP if op.mode == "control" else STEP), kin
 
 
-def note(node: Any, how: int, kin: Any) -> None:
+def note(node: Any, stacks: tuple[int, Any]) -> None:
     """Join ``node`` (one output, of an op that stacks) to its family if its inputs allow; else ``family = None``.
 
-    ``how`` and ``kin``: the op's ``stacking``. A model call stacks over one
+    ``stacks``: the op's ``stacking``, ``(how, kin)``. A model call stacks over one
     ``str`` prompt each, a loop or cond over scalars only. A node with a
     free input, a constant that cannot stack, an input outside any family,
     or family inputs of different ranks joins none. Runs once per node built
@@ -115,34 +115,50 @@ def note(node: Any, how: int, kin: Any) -> None:
     spelled out.
     """
     inputs = node.inputs
-    generate = how == CALL
-    if how == LOOP and any(variable.shape != () for variable in inputs):
-        node.family = None  # a loop stacks over one element each
-        return
     if len(inputs) == 1:  # a call, a template, a step: keyed by the op alone under its parent
         variable = inputs[0]
         owner = variable.owner
         if owner is not None:
             parent = owner.family
-            if parent is None or (generate and variable.shape != ()):
+            if parent is None:
                 node.family = None
                 return
             children = parent.children
-            if children is None:
+            if children is not None:
+                entry = children.get(id(node.op))  # the family this very op joined here last (see _join)
+                family = entry() if entry is not None else None
+                if family is not None:  # the common case, inline: the next member of a family in step (its
+                    # members read alike: the checks below passed for its first)
+                    members = family.members
+                    rank = len(members)
+                    if owner.rank - rank == family.shift:
+                        node.family = family
+                        node.rank = rank
+                        members.append(node)
+                        return
+            else:
                 children = parent.children = {}
-            entry = children.get(kin)
-            family = entry() if entry is not None else None
-            if family is not None:  # the common case, inline: the next member of a family in step
-                members = family.members
-                rank = len(members)
-                if owner.rank - rank == family.shift:
-                    node.family = family
-                    node.rank = rank
-                    members.append(node)
-                    return
-            _join(node, children, kin, (parent,), (owner.rank,))
+    how, kin = stacks
+    generate = how == CALL
+    if how == LOOP and any(variable.shape != () for variable in inputs):
+        node.family = None  # a loop stacks over one element each
+        return
+    if len(inputs) == 1:
+        if owner is not None:
+            if generate and variable.shape != ():
+                node.family = None
+                return
+            _join(node, children, kin, (parent,), (owner.rank,), id(node.op))
         elif variable.is_constant and stackable(variable, generate):
-            _join(node, _ROOTS, (kin, variable.shape), (variable.shape,), None)
+            shape = variable.shape
+            entry = _ROOTS.get((id(node.op), shape))
+            family = entry() if entry is not None else None
+            if family is None:
+                _join(node, _ROOTS, (kin, shape), (shape,), None, (id(node.op), shape))
+            else:  # a root takes every use on constants of its shape
+                node.family = family
+                node.rank = len(family.members)
+                family.members.append(node)
         else:
             node.family = None  # a free input: its value is known only when it is bound
         return
@@ -176,12 +192,17 @@ def note(node: Any, how: int, kin: Any) -> None:
     _join(node, registry, (kin, shape), shape, tuple(ranks) if first is not None else None)
 
 
-def _join(node: Any, registry: dict[Any, Any], key: Any, layout: tuple[Any, ...], ranks: tuple[int, ...] | None
-          ) -> None:
+def _join(node: Any, registry: dict[Any, Any], key: Any, layout: tuple[Any, ...], ranks: tuple[int, ...] | None,
+          alias: Any = None) -> None:
     """Add ``node`` to the family under ``key``: a new one when there is none, or ``node`` starts a new run.
 
     ``ranks``: per input position, the rank of the member read there (0 for
-    a constant); ``None`` for a root (constants only).
+    a constant); ``None`` for a root (constants only). ``alias``: a second
+    key, made of ``id(node.op)``, under which the family is found again
+    when it is that op's own (``Family.op``, a shared op: the next use of it
+    is found by a key hashed in C, not by the op's hash in Python). An
+    alias never outlives its op while its family lives (the family's
+    members hold the op); a dead family's alias gives ``None``.
     """
     ref = registry.get(key)
     family = ref() if ref is not None else None
@@ -190,6 +211,9 @@ def _join(node: Any, registry: dict[Any, Any], key: Any, layout: tuple[Any, ...]
             if type(part) is Family)):
         family = Family(node.op, layout, ranks or (0,) * len(layout))
         registry[key] = _Entry(family, registry, key)
+    if alias is not None and family.op is node.op and registry.get(alias) is not (entry := registry[key]):
+        registry[alias] = entry
+        entry.aliases.append(alias)
     members = family.members
     node.family = family
     node.rank = len(members)
@@ -199,17 +223,20 @@ def _join(node: Any, registry: dict[Any, Any], key: Any, layout: tuple[Any, ...]
 class _Entry(weakref.ref):  # type: ignore[type-arg]
     """A registry's weak reference to a family, which drops its key once the family is gone."""
 
-    __slots__ = ("registry", "key")
+    __slots__ = ("registry", "key", "aliases")
 
     def __init__(self, family: Family, registry: dict[Any, Any], key: Any) -> None:
         super().__init__(family, _forget)  # type: ignore[call-arg]
         self.registry, self.key = registry, key
+        self.aliases: list[Any] = []  # its other keys (``_join``'s alias)
 
     def __new__(cls, family: Family, registry: dict[Any, Any], key: Any) -> _Entry:
         return super().__new__(cls, family, _forget)
 
 
 def _forget(entry: _Entry) -> None:
-    """Drop a dead family's key (unless a newer family took it)."""
-    if entry.registry.get(entry.key) is entry:
-        del entry.registry[entry.key]
+    """Drop a dead family's keys (unless a newer family took them)."""
+    registry = entry.registry
+    for key in (entry.key, *entry.aliases):
+        if registry.get(key) is entry:
+            del registry[key]
