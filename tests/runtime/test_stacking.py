@@ -526,10 +526,12 @@ def test_stacked_loops_and_conds_equal_the_flat_ones(build: Callable[..., list[A
             values = outlines.eval(*build(llm, N), cache=cache)
         cache.flush()
         seen.append((values, trace.cache_hits, trace.cache_misses, backend.batches))
-    (flat, _, misses, flat_batches), (stacked, hits, stacked_misses, batches) = seen
+    (flat, flat_hits, misses, flat_batches), (stacked, hits, stacked_misses, batches) = seen
     assert list(stacked) == list(flat)
     assert len(set(flat)) == (1 if build is _same and not temperature else N)  # greedy loops on one text agree
-    assert (hits, stacked_misses, batches) == (misses, 0, [])  # every draw of the stacked run hit the flat run's keys
+    # every draw of the stacked run hit the flat run's keys; in the flat run, greedy loops on one text that
+    # reach a call in different rounds (timing) hit what the first stored
+    assert (hits, stacked_misses, batches) == (misses + flat_hits, 0, [])
     if temperature:
         assert any(re.search(r"~[1-9]", v) for v in flat)  # draws in namespaces other than the outer one were asked
 
