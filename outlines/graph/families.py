@@ -33,7 +33,8 @@ __all__ = ["CALL", "LOOP", "STEP", "Family", "note", "stacking", "stackable"]
 STEP, CALL, LOOP = 1, 2, 3
 
 _order = itertools.count()
-#: (kin, layout or one input's shape) -> the family of uses of ops of that kin on constants only (its roots).
+#: (kin, layout or one input's shape) -> the family of uses of ops of that kin on constants only (its roots);
+#: also keyed by ``(id(op), shape)``, an alias (``_join``).
 _ROOTS: dict[Any, _Entry] = {}
 
 
@@ -68,7 +69,8 @@ class Family:
         self.shifts = shifts
         self.shift = next((s for s, p in zip(shifts, layout) if type(p) is Family), 0)
         self.order = next(_order)
-        #: kin (one input) or (kin, layout) -> a family reading this one first, weakly (made on first use).
+        #: kin (one input; or its alias id(op), see ``_join``) or (kin, layout) -> a family reading this one
+        #: first, weakly (made on first use).
         self.children: dict[Any, _Entry] | None = None
 
     @property
@@ -109,8 +111,9 @@ def note(node: Any, stacks: tuple[int, Any]) -> None:
 
     ``stacks``: the op's ``stacking``, ``(how, kin)``. A model call stacks over one
     ``str`` prompt each, a loop or cond over scalars only. A node with a
-    free input, a constant that cannot stack, an input outside any family,
-    or family inputs of different ranks joins none. Runs once per node built
+    free input, a constant that cannot stack or an input outside any family
+    joins none; one whose family inputs are out of step with its family
+    (``Family.shifts``) starts a new one. Runs once per node built
     (graphs of 100k nodes are built in a loop): the one-input case is
     spelled out.
     """

@@ -111,6 +111,7 @@ def test_families_hold_no_graph_alive() -> None:
     gc.collect()
     assert node() is None and family() is None
     assert key not in families_module._ROOTS
+    assert all(ref() is not None for ref in families_module._ROOTS.values())  # aliases (id(op) keys) too
 
 
 @pytest.mark.parametrize("value", ["text", 3])
