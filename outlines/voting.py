@@ -517,6 +517,14 @@ def vote(
     >>> outlines.eval(result.votes, cache=False)  # 2-1-1 after a round: a 7% chance, so it gives up
     Votes({'0': 2, '1': 1, '2': 1}, samples=4, gave up)
     """
+    _check_vote(model, stop, round, max_samples, options)
+    return _voting_loop(model, as_variable(prompt, array=True), parse or _strip, stop, round, max_samples, answer,
+                        options)
+
+
+def _check_vote(model: Any, stop: Rule | None, round: int, max_samples: int,  # noqa: A002
+                options: dict[str, Any]) -> None:
+    """Raise ``GraphBuildError`` naming the model for an argument of ``vote`` it cannot run with."""
     backend = getattr(model, "backend", None)
     where = f"vote({backend.kind}:{backend.model_name})" if backend is not None else f"vote({model!r:.60})"
     for name, value in (("round", round), ("max_samples", max_samples)):
@@ -529,8 +537,11 @@ def vote(
         raise GraphBuildError(f"{where}: num_samples is set by round= and max_samples=, not passed to the model")
     if stop is not None and not callable(stop):
         raise GraphBuildError(f"{where}: stop must be a rule, votes -> bool, got {type(stop).__name__} {stop!r:.60}")
-    reader = parse or _strip
-    prompt = as_variable(prompt, array=True)
+
+
+def _voting_loop(model: Any, prompt: Variable, reader: Callable[[Any], Any], stop: Rule | None, round: int,  # noqa: A002
+                 max_samples: int, answer: Callable[[Variable], Any] | None, options: dict[str, Any]) -> Vote:
+    """``vote``'s graph, arguments checked: one ``while_loop`` sampling and counting a round per iteration."""
 
     @fn(signature="(),(n)->()", name="count votes", pure=True)
     def count(votes: Votes, texts: Any) -> Votes:
