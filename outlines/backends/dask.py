@@ -117,7 +117,7 @@ class DaskExecutor:
         """
         if not runs_on_workers(backend, self.http):
             return await backend.generate(draws, report), None
-        async with report.request_slot() if backend.sends_requests else contextlib.nullcontext():
+        async with report.request_permit() if backend.sends_requests else contextlib.nullcontext():
             return await self._generate_on_worker(backend, draws, report)
 
     async def _generate_on_worker(

@@ -456,7 +456,7 @@ class HTTPClient:
         on_response: Callable[[], None] | None = None,
     ) -> bytes | _FailedAttempt:
         """One request, reported with its times: the body of a 2xx, or why it failed."""
-        async with report.request_slot():
+        async with report.request_permit():
             start = time.perf_counter()
             try:
                 outcome = await self._attempt_once(state, path, wire, model, on_response)

@@ -15,7 +15,7 @@ from json.encoder import encode_basestring_ascii  # type: ignore[attr-defined]
 from typing import Any, Iterable, NamedTuple, Sequence
 
 from outlines.cache.sqlite import FORMAT, KEY_BYTES
-from outlines.draws import Draw, DrawBatch, GenerationParams
+from outlines.draws import Draw, DrawColumns, GenerationParams
 from outlines.keys import canonical
 
 __all__ = ["SlotDraws", "SlotKey", "draw_key", "draw_keys", "draw_slots", "prompt_keys"]
@@ -63,9 +63,9 @@ class SlotDraws(NamedTuple):
 
 
 def draw_slots(identity: Sequence[Any], draws: Sequence[Draw]) -> list[SlotDraws]:
-    """Split a batch's draws by slot (``DrawBatch.by_slot``: usually one), each keyed for ``identity``."""
+    """Split a batch's draws by slot (``DrawColumns.by_slot``: usually one), each keyed for ``identity``."""
     out = []
-    for slot, positions in DrawBatch.of(draws).by_slot():
+    for slot, positions in DrawColumns.of(draws).by_slot():
         entry = _entry(identity, slot.params)
         out.append(SlotDraws((entry[3], slot.number), entry[2], slot.number, positions))
     return out
@@ -147,7 +147,7 @@ def draw_keys(identity: Sequence[Any], requests: Sequence[Draw]) -> list[bytes]:
     params: Any = None
     copy: Any = None
     escape = encode_basestring_ascii
-    if isinstance(requests, DrawBatch):  # read its columns, make no Draw objects
+    if isinstance(requests, DrawColumns):  # read its columns, make no Draw objects
         columns: Iterable[tuple[Any, Any, Any]] = zip(requests.prompts, requests.params, requests.numbers)
     else:
         columns = ((r.prompt, r.params, r.draw) for r in requests)

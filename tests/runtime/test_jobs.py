@@ -152,9 +152,9 @@ def test_a_job_created_before_the_ledger_heard_of_it_is_found_not_paid_again(
     backend = out.owner.op.backend
     client = job_client(backend)
     ledger = Ledger(cache)
-    from outlines.draws import DrawBatch
+    from outlines.draws import DrawColumns
     from outlines.cache import draw_keys
-    draws = DrawBatch.of([d for d in _draws(out, prompts)])
+    draws = DrawColumns.of([d for d in _draws(out, prompts)])
     lines = client.lines(draws, draw_keys(backend.cache_identities[0], draws))
     record = ledger.record_intent(provider="openai", backend=list(backend.identity), run="outlines",
                                   lines=[(line.custom_id, line.keys) for line in lines])
@@ -170,9 +170,9 @@ def test_an_intent_never_created_is_abandoned_and_sent(server: FakeBatches, cloc
     out = m(outlines.string("q"), max_tokens=4)
     backend = out.owner.op.backend
     client = job_client(backend)
-    from outlines.draws import DrawBatch
+    from outlines.draws import DrawColumns
     from outlines.cache import draw_keys
-    draws = DrawBatch.of(_draws(out, ["a"]))
+    draws = DrawColumns.of(_draws(out, ["a"]))
     lines = client.lines(draws, draw_keys(backend.cache_identities[0], draws))
     record = Ledger(cache).record_intent(provider="openai", backend=list(backend.identity), run="outlines",
                                          lines=[(line.custom_id, line.keys) for line in lines])
