@@ -253,8 +253,8 @@ class Model:
             op = self._ops.get((self.defaults, None))
             if op is not None:
                 return Apply(op, [prompt]).outputs[0]
-        merged, constraint = self._call_params(params, max_tokens=max_tokens, temperature=temperature, stop=stop, seed=seed,
-                                               choices=choices, regex=regex, json_schema=json_schema)
+        merged, constraint = self._call_params(params, max_tokens=max_tokens, temperature=temperature, stop=stop,
+                                               seed=seed, choices=choices, regex=regex, json_schema=json_schema)
         op = self._ops.get((merged, num_samples)) if num_samples is None or type(num_samples) is int else None
         if op is None:
             op = Generate(self.backend, merged, num_samples)

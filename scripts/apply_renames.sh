@@ -6,6 +6,10 @@ cd "$(dirname "$0")/.."
 KEEP='^(docs/reference/glossary\.md|tests/test_glossary\.py|outlines/draws/__init__\.py|tests/draws/test_draw\.py|scripts/renames\.txt|outlines/draws/packing\.py|outlines/runtime/batching/waiting\.py)$'
 grep -v '^#' scripts/renames.txt | while read -r old new files; do
     [ -n "$old" ] || continue
+    # word boundaries where the name starts or ends with a word character (``batch=True``, ``"round":``)
+    left=''; right=''
+    [[ "$old" =~ ^[A-Za-z0-9_] ]] && left='\b'
+    [[ "$old" =~ [A-Za-z0-9_]$ ]] && right='\b'
     if [ -n "$files" ]; then
         targets=$(grep -lw -- "$old" $files || true)
     else
@@ -13,7 +17,7 @@ grep -v '^#' scripts/renames.txt | while read -r old new files; do
     fi
     for file in $targets; do
         if [[ ! "$file" =~ $KEEP ]]; then
-            sed -i "s/\b$old\b/$new/g" "$file"
+            sed -i "s/$left$old$right/$new/g" "$file"
             echo "$old -> $new: $file"
         fi
     done

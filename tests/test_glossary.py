@@ -9,8 +9,9 @@ assigned, imports bound under a new name) with ``ast``, and fails naming
 glossary's rule: an identifier's words are its snake_case parts and CamelCase
 humps; an entry matches when its words appear in a row; an entry with a
 capital letter matches exactly as written, one in lower case in any case.
-A name on a ``Deprecated aliases:`` line may still be assigned (``Old = New``,
-how an alias is kept), never defined, imported or used as a parameter.
+A name on a ``Deprecated aliases:`` line may still be defined (an alias is kept
+as ``Old = New``, a property, a deprecated parameter), never imported: a module
+importing it uses the old name.
 """
 from __future__ import annotations
 
@@ -59,18 +60,18 @@ def glossary_entries(text: str) -> tuple[list[Retired], set[str]]:
 
 
 def names_of(tree: ast.AST) -> Iterator[tuple[str, int, bool]]:
-    """Every name a module defines or binds: ``(identifier, line, assigned)``, ``assigned`` for ``name = ...``."""
+    """Every name a module defines or binds: ``(identifier, line, imported)``."""
     for node in ast.walk(tree):
         if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
             yield node.name, node.lineno, False
         elif isinstance(node, ast.arg):
             yield node.arg, node.lineno, False
         elif isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):
-            yield node.id, node.lineno, True
+            yield node.id, node.lineno, False
         elif isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Store):
             yield node.attr, node.lineno, False
         elif isinstance(node, ast.alias):  # an import binds the name (``import a.b`` binds ``a``)
-            yield node.asname or node.name.split(".")[0], node.lineno, False
+            yield node.asname or node.name.split(".")[0], node.lineno, True
         elif isinstance(node, (ast.Global, ast.Nonlocal)):
             yield from ((name, node.lineno, False) for name in node.names)
         elif isinstance(node, ast.keyword) and node.arg:  # a parameter named at a call
@@ -89,8 +90,8 @@ def uses(identifier: str, entry: Retired) -> bool:
 def offences(source: str, path: str, retired: list[Retired], aliases: set[str]) -> list[str]:
     """``path:line identifier: ...`` for each identifier of ``source`` using a retired word."""
     found = set()
-    for identifier, line, assigned in names_of(ast.parse(source)):
-        if assigned and identifier in aliases:  # ``Old = New``: how a deprecated alias is kept; using it is not
+    for identifier, line, imported in names_of(ast.parse(source)):
+        if identifier in aliases and not imported:  # where a deprecated alias is kept; importing it uses it
             continue
         entry = next((entry for entry in retired if uses(identifier, entry)), None)
         if entry is not None:  # the first entry it uses: one line per identifier
@@ -109,8 +110,8 @@ def test_no_identifier_uses_a_retired_word() -> None:
 
 def test_the_checker_reads_the_glossary_and_finds_each_kind_of_name() -> None:
     page = ("### batch\nOne call.\nRetired: `DrawBatch` (use `DrawColumns`), `whole_batches`\n"
-            "(use `full_batches`), `Round` (use `_JobRun`).\nDeprecated aliases: `DrawBatch`, the option `batch=` (use\n"
-            "`jobs=`).\nNot yet followed: `batch_discount` (use `jobs`).\n")
+            "(use `full_batches`), `Round` (use `_JobRun`).\nDeprecated aliases: `DrawBatch`, the option\n"
+            "`batch=` (use `jobs=`).\nNot yet followed: `batch_discount` (use `jobs`).\n")
     retired, aliases = glossary_entries(page)
     assert [(r.old, r.words, r.exact, r.use) for r in retired] == [
         ("DrawBatch", ("Draw", "Batch"), True, "DrawColumns"),
@@ -119,7 +120,7 @@ def test_the_checker_reads_the_glossary_and_finds_each_kind_of_name() -> None:
     assert aliases == {"DrawBatch", "batch"}
     source = ("from x import y as WHOLE_BATCHES_MAX\nfrom z import whole_batches\n"
               "class _Round:\n    def f(self, draw_batch, *, whole_batches=1):\n        self.MyDrawBatch = 1\n"
-              "def rounds(): round_ = 1; DrawBatch = 2\nfrom outlines.draws import DrawBatch\n"
+              "def rounds(DrawBatch): round_ = 1; DrawBatch = 2\nfrom outlines.draws import DrawBatch\n"
               "def g(): return whole_batches(x, key_whole_batches=3)\n")
     assert offences(source, "m.py", retired, aliases) == [
         "m.py:1 WHOLE_BATCHES_MAX: uses the retired 'whole_batches'; use 'full_batches'",

@@ -50,4 +50,5 @@ def test_the_checker_measures_methods_and_nested_functions_docstring_included() 
               + "\n        return 1\n    return inner\n")
     # ``A.fits``: def + docstring + 97 lines = 99; ``outer.inner``: 100 with its return; ``outer``: 102
     assert long_functions(source, "m.py") == ["m.py:102 outer (102 lines)"]
-    assert long_functions(source, "m.py", limit=99) == ["m.py:102 outer (102 lines)", "m.py:103 outer.inner (100 lines)"]
+    assert long_functions(source, "m.py", limit=99) == ["m.py:102 outer (102 lines)",
+                                                        "m.py:103 outer.inner (100 lines)"]

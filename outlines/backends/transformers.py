@@ -535,35 +535,35 @@ class TransformersBackend(Backend):
         return entry.loaded
 
     def _generate_blocking(
-        self, entry: _RegistryEntry, requests: list[Draw], salt: str, cancelled: threading.Event | None = None
+        self, entry: _RegistryEntry, draws: list[Draw], salt: str, cancelled: threading.Event | None = None
     ) -> tuple[list[str], list[int], tuple[float, float] | None, dict[int, BackendError]]:
         """Texts, token usage (prompt, completion, shared prompt tokens), the (start, end) of the model load
         when this batch loaded it, and the failed draws."""
         start, fresh = time.perf_counter(), entry.loaded is None  # one thread per registry entry: no race
         loaded = self._loaded(entry)
         load_times = (start, time.perf_counter()) if fresh else None
-        texts: list[str] = [""] * len(requests)
+        texts: list[str] = [""] * len(draws)
         usage = [0, 0, 0]
         failures: dict[int, BackendError] = {}
         groups: dict[GenerationParams, list[int]] = {}
-        for index, request in enumerate(requests):
+        for index, draw in enumerate(draws):
             # Rows under different constraints (or none) share one forward pass; see constraints.TokenMasks.
-            groups.setdefault(replace(request.params, constraint=None), []).append(index)
+            groups.setdefault(replace(draw.params, constraint=None), []).append(index)
         for params, indices in groups.items():
             self._generate_group(
-                loaded, params, [requests[i] for i in indices], salt, texts, indices, usage, cancelled, failures
+                loaded, params, [draws[i] for i in indices], salt, texts, indices, usage, cancelled, failures
             )
         return texts, usage, load_times, failures
 
     def _generate_group(
-        self, loaded: Any, params: GenerationParams, requests: list[Draw], salt: str,
+        self, loaded: Any, params: GenerationParams, draws: list[Draw], salt: str,
         texts: list[str], positions: list[int], usage: list[int], cancelled: threading.Event | None,
         failures: dict[int, BackendError],
     ) -> None:
         options = self._options(params)
-        draws_of: dict[str, list[int]] = {}  # prompt -> positions in ``requests``
-        for index, request in enumerate(requests):
-            draws_of.setdefault(request.prompt, []).append(index)
+        draws_of: dict[str, list[int]] = {}  # prompt -> positions in ``draws``
+        for index, draw in enumerate(draws):
+            draws_of.setdefault(draw.prompt, []).append(index)
         by_count: dict[int, list[str]] = {}
         for prompt, members in draws_of.items():
             by_count.setdefault(len(members), []).append(prompt)
@@ -589,8 +589,8 @@ class TransformersBackend(Backend):
                 groups = [draws_of[prompts[i]] for i in chunk]
                 keys = None
                 if not params.deterministic:
-                    keys = [_row_key(seed, requests[m].prompt, requests[m].draw) for group in groups for m in group]
-                rules = [self._row_rule(loaded, requests[m], mid_line) for group in groups for m in group]
+                    keys = [_row_key(seed, draws[m].prompt, draws[m].draw) for group in groups for m in group]
+                rules = [self._row_rule(loaded, draws[m], mid_line) for group in groups for m in group]
                 chunk_options = {**options, "constraints": rules if any(rules) else None}
                 outputs = self._run(
                     loaded, [ids[i] for i in chunk], count, keys, new_tokens, chunk_options, usage, cancelled
@@ -599,18 +599,18 @@ class TransformersBackend(Backend):
                     text, rule = trim_at_stop(outputs[row], params.stop), rules[row]
                     texts[positions[member]] = text if rule is None else rule.unspaced(text)
 
-    def _row_rule(self, loaded: Any, request: Draw, mid_line: dict[str, bool]) -> Constraint | None:
+    def _row_rule(self, loaded: Any, draw: Draw, mid_line: dict[str, bool]) -> Constraint | None:
         """The constraint a row decodes under: spaced after a prompt that ends mid-line (see constraints).
 
         ``mid_line`` remembers, per prompt, whether its rendered text ends in a non-space character.
         """
-        rule = request.params.constraint
+        rule = draw.params.constraint
         if rule is None or rule.kind == "json_schema":
             return rule
-        if request.prompt not in mid_line:
-            rendered = self.render(loaded, request.prompt)
-            mid_line[request.prompt] = bool(rendered) and not rendered[-1].isspace()
-        return rule.spaced() if mid_line[request.prompt] else rule
+        if draw.prompt not in mid_line:
+            rendered = self.render(loaded, draw.prompt)
+            mid_line[draw.prompt] = bool(rendered) and not rendered[-1].isspace()
+        return rule.spaced() if mid_line[draw.prompt] else rule
 
     def _options(self, params: GenerationParams) -> dict[str, Any]:
         extra = dict(params.extra)

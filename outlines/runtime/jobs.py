@@ -1,4 +1,4 @@
-"""Batch mode: a round's uncached draws of one backend sent as provider batch jobs, through the ledger.
+"""Job mode: a round's uncached draws of one backend sent as provider batch jobs, through the ledger.
 
 ``eval(..., jobs=True)`` (or ``jobs=Jobs(...)``, and the same option on a
 ``Program`` call) makes the batcher hand each round's ready, uncached draws of
@@ -702,7 +702,7 @@ class _JobRun:
                     await self.collect(intent, status)
         if self.pending:  # never an empty text handed back (and cached) as an answer
             self.fail(list(self.pending), BackendError(
-                f"{self.client.provider} batch mode ended a round with {len(self.pending)} draw(s) neither answered "
+                f"{self.client.provider} job mode ended a round with {len(self.pending)} draw(s) neither answered "
                 "nor in a job (a bug in outlines: please report it); nothing was cached for them", retryable=False))
         return self.texts
 
@@ -748,7 +748,7 @@ async def generate_as_jobs(
         When the provider's answers cannot be read (the ledger keeps the job).
     """
     if cache is None:
-        raise ValueError("batch mode needs a cache: its file holds the ledger of jobs (eval(cache=False) "
+        raise ValueError("job mode needs a cache: its file holds the ledger of jobs (eval(cache=False) "
                          "cannot be combined with jobs=...)")
     return await _JobRun(settings, cache, backend, draws, report, on_job).run()
 

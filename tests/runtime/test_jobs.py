@@ -1,4 +1,4 @@
-"""Batch mode (``eval(..., jobs=Jobs(...))``) against the fake batch provider on 127.0.0.1.
+"""Job mode (``eval(..., jobs=Jobs(...))``) against the fake batch provider on 127.0.0.1.
 
 The server runs its jobs on a ``FakeClock`` that the evaluation's waiting
 advances: nothing really sleeps. Every assertion counts what the server was
@@ -111,7 +111,7 @@ def test_other_backends_stay_live_in_batch_mode(server: FakeBatches, clock: Fake
 
 def test_batch_mode_needs_a_cache_and_a_valid_option(server: FakeBatches, clock: FakeClock) -> None:
     out = model(server, "openai")(outlines.string("q"))
-    with pytest.raises(NodeError, match="batch mode needs a cache"):
+    with pytest.raises(NodeError, match="job mode needs a cache"):
         outlines.eval(out, givens={"q": "x"}, jobs=jobs(clock), cache=False)
     with pytest.raises(TypeError, match="jobs= must be True, False or outlines.Jobs"):
         outlines.eval(out, givens={"q": "x"}, jobs="yes")
@@ -259,7 +259,7 @@ def test_after_the_deadline_stragglers_go_live(server: FakeBatches, clock: FakeC
     assert sum(server.paid().values()) + server.count == 4
 
 
-# -- batch mode and live mode agree -----------------------------------------------------------------
+# -- job mode and live mode agree -----------------------------------------------------------------
 
 
 @settings(max_examples=8, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
@@ -281,7 +281,7 @@ def test_batch_mode_gives_the_live_values(server: FakeBatches, clock: FakeClock,
 
 # -- kill -9 at every step, then a re-run ------------------------------------------------------------
 
-#: The evaluating process: a graph of two rounds in batch mode; with ``KILL_AT`` it SIGKILLs itself at
+#: The evaluating process: a graph of two rounds in job mode; with ``KILL_AT`` it SIGKILLs itself at
 #: that step (after the upload; after create, before the ledger heard; while polling; while downloading).
 CHILD = r'''
 import json, os, signal, sys
@@ -380,12 +380,12 @@ def test_program_submit_then_call_collects_and_jobs_lists_and_cancels(server: Fa
     assert list(outlines.eval(other, givens={"q": ["c", "d"]}, jobs=jobs(clock), cache=cache)) == \
         ["<c|None|0>", "<d|None|0>"]
     assert set(server.paid().values()) == {1} and len(list(server.jobs.values())[-1].lines) == 1
-    with pytest.raises(ValueError, match="batch mode"):
+    with pytest.raises(ValueError, match="batch mode"):  # program.py's submit message
         outlines.compile(lambda q: m(q)).submit("x")
 
 
 def test_traces_record_each_job_and_cost_the_batch_price(server: FakeBatches, clock: FakeClock, cache: Cache) -> None:
-    price = {"input": 1.0, "output": 2.0, "batch_discount": 0.5}
+    price = {"input": 1.0, "output": 2.0, "job_discount": 0.5}
     m = models.openai("fake-model", base_url=server.base_url, api_key=KEY, price=price)
     out = two_levels(m, max_tokens=8)
     prompts = [f"p{i}" for i in range(5)]
@@ -425,7 +425,7 @@ class _NoQueue:
 
 def test_explain_shows_rounds_jobs_and_the_batch_price(server: FakeBatches, clock: FakeClock, cache: Cache) -> None:
     m = models.openai("fake-model", base_url=server.base_url, api_key=KEY, max_batch=4,
-                      price={"input": 1.0, "output": 2.0, "batch_discount": 0.5})
+                      price={"input": 1.0, "output": 2.0, "job_discount": 0.5})
     out = two_levels(m, max_tokens=8)
     prompts = [f"p{i}" for i in range(10)]
     live = outlines.explain(out, givens={"q": prompts}, cache=cache)
@@ -440,7 +440,7 @@ def test_explain_shows_rounds_jobs_and_the_batch_price(server: FakeBatches, cloc
 
 
 def test_budgets_count_the_batch_price(server: FakeBatches, clock: FakeClock, cache: Cache) -> None:
-    price = {"input": 1_000_000.0, "output": 1_000_000.0, "batch_discount": 0.5}
+    price = {"input": 1_000_000.0, "output": 1_000_000.0, "job_discount": 0.5}
     m = models.openai("fake-model", base_url=server.base_url, api_key=KEY, price=price)
     out = m(outlines.string("q"), max_tokens=4)
     prompts = ["a", "b"]  # at most 22 tokens (prompts with their chat wrapping, 4 completion tokens each)
@@ -449,7 +449,7 @@ def test_budgets_count_the_batch_price(server: FakeBatches, clock: FakeClock, ca
     assert server.count == 1  # live: the budget has room for one of the two draws, which is sent
     value = outlines.eval(out, givens={"q": prompts}, budget=outlines.Budget(cost=15.0), jobs=jobs(clock),
                           cache=cache)
-    assert list(value) == ["<a|None|0>", "<b|None|0>"] and server.count == 1  # batch mode: no live request
+    assert list(value) == ["<a|None|0>", "<b|None|0>"] and server.count == 1  # job mode: no live request
 
 
 def test_a_loop_of_k_iterations_takes_k_rounds(server: FakeBatches, clock: FakeClock, cache: Cache) -> None:
@@ -518,13 +518,13 @@ def test_not_waiting_raises_jobs_running_even_when_failures_are_returned(server:
 
 def test_draws_whose_constraint_no_job_line_carries_cost_the_live_price(server: FakeBatches, clock: FakeClock,
                                                                         cache: Cache) -> None:
-    """In batch mode Anthropic's constrained draws go live: explain, the budget and the trace price them live,
+    """In job mode Anthropic's constrained draws go live: explain, the budget and the trace price them live,
     the job's draws at the batch price, so a budget of explain's cost admits the run."""
     from fractions import Fraction
 
     from outlines.backends.usage import Price
 
-    price = Price.of({"input": 1.0, "output": 2.0, "batch_discount": 0.5})
+    price = Price.of({"input": 1.0, "output": 2.0, "job_discount": 0.5})
     m = models.anthropic("claude-fake", base_url=server.anthropic_url, api_key=KEY, max_tokens=4, price=price)
     q = outlines.string("q")
     free, picked = m(q), m("Pick for " + q, choices=["yes", "no"])

@@ -31,8 +31,8 @@ class Batch:
     draws: DrawColumns
     #: Draws of prompts a dry run cannot know (``explain``); 0 in a real run.
     unknown: int = 0
-    #: Batch mode: the draws go as provider batch jobs (``outlines.runtime.jobs``), at the batch price;
-    #: ``False``: a live call (also, in batch mode, draws whose constraint no job line can carry).
+    #: Job mode: the draws go as provider batch jobs (``outlines.runtime.jobs``), at the jobs' price;
+    #: ``False``: a live call (also, in job mode, draws whose constraint no job line can carry).
     jobs: bool = False
 
     @property
