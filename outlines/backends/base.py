@@ -309,7 +309,7 @@ class BatchReport:
 
     @contextlib.asynccontextmanager
     async def request_permit(self) -> AsyncIterator[None]:
-        """Hold one of the evaluation's request slots while one wire request is in flight."""
+        """Hold one of the evaluation's request permits while one wire request is in flight."""
         if self.request_limit is None:
             yield
             return

@@ -3,7 +3,7 @@
 Sync callables run in the shared thread pool, async ones on the loop; calls of a
 non-batched callable run concurrently, at most ``max_concurrency`` at a time;
 each call is one request of the batch (it holds one of the evaluation's
-request slots), and succeeds or fails on its own.
+request permits), and succeeds or fails on its own.
 The backend identity holds the function's name and a hash of everything that
 changes its output: its code, and the state it captures (closure variables,
 default arguments, ``functools.partial`` arguments, a bound method's or a
