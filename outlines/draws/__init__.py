@@ -5,11 +5,12 @@ draw number form a *slot* (``Slot``); many draws travel as columns
 (``DrawColumns``; ``DrawBatch`` is its deprecated name). ``GenerationParams``
 (with its ``Constraint``) is what a model call asks besides the prompt;
 ``pack`` is the one packing rule and ``prefix_groups`` groups prompts by the
-head they share. The batcher, the
-backends and the cache all read these from here.
+head they share. The batcher, the backends and the cache all read these from
+here.
 """
 import sys
 import warnings
+from types import FrameType
 from typing import Any
 
 from outlines.draws.draw import Draw, DrawColumns, Slot
@@ -36,7 +37,7 @@ def __getattr__(name: str) -> Any:
 
 def _asked_by_the_package() -> bool:
     """Whether the module asking (past the import machinery's frames) is one of ``outlines``' own."""
-    frame = sys._getframe(2)
+    frame: FrameType | None = sys._getframe(2)
     while frame is not None and frame.f_code.co_filename.startswith("<frozen importlib"):
         frame = frame.f_back
     return frame is not None and str(frame.f_globals.get("__name__", "")).startswith("outlines.")
