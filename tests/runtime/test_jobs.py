@@ -533,7 +533,7 @@ def test_draws_whose_constraint_no_job_line_carries_cost_the_live_price(server: 
     plan = outlines.explain(free, picked, givens=givens, jobs=jobs(clock))
     (usage,) = plan.usage.values()
     assert usage.jobs == 1 and 0 < usage.job_prompt_tokens < usage.prompt_tokens
-    everything_in_jobs = price.money(usage.prompt_tokens, usage.completion_tokens or 0, batch=True)
+    everything_in_jobs = price.money(usage.prompt_tokens, usage.completion_tokens or 0, jobs=True)
     assert usage.money is not None and usage.money > everything_in_jobs  # the live draws at the live price
     assert "the draws below live" in plan.summary()
     server.reply = lambda prompt, sample, body: "yes" if "Pick" in str(prompt) else reply(prompt, sample, body)
@@ -544,6 +544,6 @@ def test_draws_whose_constraint_no_job_line_carries_cost_the_live_price(server: 
     live = [b for b in trace.batches if not b.jobs]
     job = [b for b in trace.batches if b.jobs]
     assert len(live) >= 1 and len(job) == 1
-    expected = sum((price.money(b.prompt_tokens, b.completion_tokens, batch=bool(b.jobs)) for b in trace.batches),
+    expected = sum((price.money(b.prompt_tokens, b.completion_tokens, jobs=bool(b.jobs)) for b in trace.batches),
                    Fraction(0))
     assert trace.cost() == outlines.backends.usage.reported(expected)
