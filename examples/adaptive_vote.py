@@ -1,9 +1,9 @@
 """Adaptive voting with ``outlines.vote``: more samples only where the vote is still close.
 
-Each round draws 4 answers for every question still undecided, in one
+Each iteration draws 4 answers for every question still undecided, in one
 batched call; a stopping rule then decides who leaves. Compared on the same
 questions: a fixed majority of 16, Adaptive-Consistency's Beta rule
-(``stop_when_confident``, the default) and ESC's rule (``stop_when_round_agrees``).
+(``stop_when_confident``, the default) and ESC's rule (``stop_when_iteration_agrees``).
 Offline by default: a fake model that answers each question right with its
 own probability (lower for larger numbers), else off by a little.
 
@@ -15,12 +15,12 @@ import re
 
 import outlines
 from outlines import models
-from outlines.voting import stop_when_confident, stop_when_round_agrees
+from outlines.voting import stop_when_confident, stop_when_iteration_agrees
 
 PAIRS = [(3, 4), (17, 3), (12, 12), (23, 19), (7, 8), (46, 37), (9, 9), (58, 61), (6, 5), (84, 97), (8, 6), (31, 27)]
 QUESTIONS = [f"What is {a} * {b}?" for a, b in PAIRS]
 TRUTH = [str(a * b) for a, b in PAIRS]
-RULES = {"fixed 16": None, "Beta 0.95": stop_when_confident(0.95), "ESC": stop_when_round_agrees()}
+RULES = {"fixed 16": None, "Beta 0.95": stop_when_confident(0.95), "ESC": stop_when_iteration_agrees()}
 
 
 def last_number(text):
@@ -56,15 +56,15 @@ def main():
     else:
         llm = models.from_function(noisy_arithmetic, batched=True, name="noisy_arithmetic", version="1")
 
-    print(f"{'rule':10s} {'right':>6s} {'samples':>8s} {'calls':>6s}  draws per round")
+    print(f"{'rule':10s} {'right':>6s} {'samples':>8s} {'calls':>6s}  draws per iteration")
     for name, rule in RULES.items():
-        result = outlines.vote(llm, QUESTIONS, parse=last_number, stop=rule, round=4, max_samples=16)
+        result = outlines.vote(llm, QUESTIONS, parse=last_number, stop=rule, per_iteration=4, max_samples=16)
         DRAWN.clear()
         with outlines.trace() as trace:
             answers, samples = outlines.eval(result.answer, result.samples, cache=False)
         right = sum(a == t for a, t in zip(answers, TRUTH))
-        rounds = [4 * record.active for record in trace.iterations]
-        print(f"{name:10s} {right:>3d}/{len(QUESTIONS)} {sum(samples):>8d} {len(trace.batches):>6d}  {rounds}")
+        iterations = [4 * record.active for record in trace.iterations]
+        print(f"{name:10s} {right:>3d}/{len(QUESTIONS)} {sum(samples):>8d} {len(trace.batches):>6d}  {iterations}")
 
     program = outlines.compile(lambda question: outlines.vote(llm, question, parse=last_number))
     DRAWN.clear()

@@ -1,6 +1,6 @@
 """Refine: regenerate until a Python validator accepts, with its complaint as feedback.
 
-Each round sends one batched model call for the drafts the validator still
+Each iteration sends one batched model call for the drafts the validator still
 rejects; accepted drafts leave the loop. Offline by default: a fake model that
 makes a few typical JSON mistakes and fixes the one the feedback names.
 
@@ -74,7 +74,7 @@ def main():
         drafts, feedback, rounds = refine(PEOPLE)
     for person, draft, complaint, count in zip(PEOPLE, drafts, feedback, rounds):
         print(f"{person:20s} {len(count)} draft(s) -> {draft if not complaint else 'REJECTED: ' + complaint}")
-    print("drafts sent per round:", [r.active for r in trace.iterations])
+    print("drafts sent per iteration:", [r.active for r in trace.iterations])
 
 
 if __name__ == "__main__":

@@ -3,7 +3,7 @@
 1. greedy: one answer at temperature 0;
 2. majority of k: k samples, each parsed, the most common answer wins
    (self-consistency, Wang et al., 2022);
-3. adaptive vote: ``outlines.vote`` draws rounds of 4 samples and stops each
+3. adaptive vote: ``outlines.vote`` draws 4 samples an iteration and stops each
    problem once Adaptive-Consistency's rule is confident, or gives up on a
    problem whose samples scatter too much to be decided (up to 8);
 4. calculator agent (ReAct), the pattern docs/guides/agents.md measures
@@ -159,7 +159,7 @@ def main():
             return reasoning
         return llm(solve + reasoning + "\nThe answer is ", regex=r"-?[0-9]{1,6}", temperature=0, max_tokens=6)
 
-    vote = outlines.vote(llm, solve, parse=parse_answer.target, round=4, max_samples=args.max_samples, seed=2,
+    vote = outlines.vote(llm, solve, parse=parse_answer.target, per_iteration=4, max_samples=args.max_samples, seed=2,
                          answer=final)
     methods = {  # name: (answer, samples per problem); each method draws its own samples (its own seed)
         "greedy": (parse_answer(final(llm(solve, temperature=0))), 1),
@@ -171,9 +171,9 @@ def main():
     with outlines.trace() as trace:
         for name, (answer, samples) in methods.items():
             right, spent, calls, wall, active = measure(trace, answer, samples, givens, truths)
-            rounds = f"  per round: {active}" if active else ""
+            iterations = f"  per iteration: {active}" if active else ""
             print(f"{name:18s} {right:>3d}/{len(problems):<3d} {right / len(problems):>9.0%} {spent:>8d} {calls:>6d} "
-                  f"{wall:>7.1f}{rounds}")
+                  f"{wall:>7.1f}{iterations}")
     loads = sum(m.end - m.start for m in trace.model_loads)
     print(f"\nmodel load {loads:.1f} s (not in the walls above); whole job {time.perf_counter() - started:.1f} s, "
           f"{time.process_time():.0f} CPU s, load average {os.getloadavg()[0]:.1f}")

@@ -34,7 +34,7 @@ import numpy as np
 
 from outlines.backends.base import Backend
 from outlines.draws import Draw, GenerationParams
-from outlines.draws.params import COMMON_PARAMS
+from outlines.draws.params import COMMON_PARAMS, Constraint
 from outlines.errors import GraphBuildError
 from outlines.graph.basic import Apply, Constant, Op, Variable, as_object_array, as_variable
 from outlines.graph.ops import Flatten, Regroup, all_text, check_text_input
@@ -246,15 +246,6 @@ class Model:
         >>> yes_no = models.from_function(lambda prompt: "yes", name="yes")
         >>> yes_no("Is it?", choices=["yes", "no"]).eval()
         'yes'
-        >>> llm("x", choices=[])
-        Traceback (most recent call last):
-        ...
-        outlines.errors.GraphBuildError: Generate[function:upper]: choices= is empty; give at least one string
-        >>> try:
-        ...     llm("x", num_sample=2)
-        ... except TypeError as error:
-        ...     print(str(error).split(" (valid")[0])
-        Generate[function:upper]: unknown option 'num_sample'; did you mean num_samples?
         """
         if (num_samples is None and max_tokens is None and temperature is None and stop is None and seed is None
                 and choices is None and regex is None and json_schema is None and not params
@@ -264,7 +255,26 @@ class Model:
             op = self._ops.get((self.defaults, None))
             if op is not None:
                 return Apply(op, [prompt]).outputs[0]
-        from outlines.backends.constraints import Parse, make_constraint
+        merged, constraint = self._call_params(params, max_tokens=max_tokens, temperature=temperature, stop=stop,
+                                               seed=seed, choices=choices, regex=regex, json_schema=json_schema)
+        op = self._ops.get((merged, num_samples)) if num_samples is None or type(num_samples) is int else None
+        if op is None:
+            op = Generate(self.backend, merged, num_samples)
+            self._ops[merged, op.num_samples if op.sample_axis else None] = op
+        return _applied(op, prompt, constraint)
+
+    def _call_params(self, params: dict[str, Any], *, choices: Any, regex: Any, json_schema: Any,
+                     **named: Any) -> tuple[GenerationParams, Constraint | None]:
+        """The model's defaults with one call's options over them, checked (what its ``Generate`` draws with),
+        and the call's own constraint.
+
+        ``params`` are the options given by name only (``**params`` of
+        ``__call__``), ``named`` the generation parameters ``__call__`` names;
+        ``choices``/``regex``/``json_schema`` become the constraint. Raises
+        ``GraphBuildError`` naming the model for an unknown option or a value
+        the backend refuses.
+        """
+        from outlines.backends.constraints import make_constraint
 
         where = f"Generate[{self.backend.kind}:{self.backend.model_name}]"
         if params:
@@ -272,22 +282,12 @@ class Model:
         try:
             params = unfold_extra_body(params, self.backend)
             constraint = make_constraint(choices, regex, json_schema)
-            merged = self.defaults.merged(
-                max_tokens=max_tokens, temperature=temperature, stop=stop, seed=seed, constraint=constraint, **params
-            )
+            merged = self.defaults.merged(**named, constraint=constraint, **params)
             if merged is not self.defaults:
                 self.backend.check_params(merged)
         except ValueError as exc:
             raise GraphBuildError(f"{where}: {exc}") from None
-        op = self._ops.get((merged, num_samples)) if num_samples is None or type(num_samples) is int else None
-        if op is None:
-            op = Generate(self.backend, merged, num_samples)
-            self._ops[merged, op.num_samples if op.sample_axis else None] = op
-        ragged = isinstance(prompt, Variable) and prompt.ragged
-        out = op(Flatten()(prompt) if ragged else prompt)  # ragged: one batch over every row
-        if constraint is not None and constraint.kind == "json_schema":
-            out = Parse(constraint)(out)  # the cache keeps the text; values are parsed on the way out
-        return Regroup()(out, prompt) if ragged else out
+        return merged, constraint
 
     def render(self, prompt: Any, *, tokens: bool = False) -> Any:
         """What the model is sent for one prompt, after any chat template: nothing is generated.
@@ -341,6 +341,17 @@ class Model:
 
 
 #: The keywords of a model call that are not generation parameters.
+def _applied(op: Generate, prompt: Any, constraint: Constraint | None) -> Variable:
+    """``op`` applied to ``prompt``: a ragged prompt flattened into one batch and regrouped, a JSON value parsed."""
+    from outlines.backends.constraints import Parse
+
+    ragged = isinstance(prompt, Variable) and prompt.ragged
+    out = op(Flatten()(prompt) if ragged else prompt)  # ragged: one batch over every row
+    if constraint is not None and constraint.kind == "json_schema":
+        out = Parse(constraint)(out)  # the cache keeps the text; values are parsed on the way out
+    return Regroup()(out, prompt) if ragged else out
+
+
 CALL_OPTIONS = ("num_samples", "choices", "regex", "json_schema")
 
 

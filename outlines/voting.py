@@ -1,14 +1,14 @@
-"""Adaptive voting: sample answers in rounds, per element, until a stopping rule is met.
+"""Adaptive voting: sample answers iteration by iteration, per element, until a stopping rule is met.
 
 ``vote`` builds ONE ``while_loop``: its state is each element's ``Votes`` (a
-``Counter`` of the answers parsed so far); each iteration samples one round
-for the elements still undecided, in one batched model call, and a stopping
+``Counter`` of the answers parsed so far); each iteration draws
+``per_iteration`` samples for the elements still undecided, in one batched model call, and a stopping
 rule (a plain function of the votes) decides who leaves. Everything the loop
 gives (batches that shrink as elements decide, draws cached per iteration, a
 re-run that replays with no calls, a failed run that resumes) comes from
 ``while_loop``. The rules are small pure functions: Adaptive-Consistency's
 Beta posterior over the top two answers (``stop_when_confident``), ESC's
-window rule (``stop_when_round_agrees``) and a lead of ``margin`` votes
+window rule (``stop_when_iteration_agrees``) and a lead of ``margin`` votes
 (``stop_when_ahead``). The two rules of the top two counts (``TopTwoRule``)
 also give up on an element whose decision is out of reach within
 ``max_samples`` (a futility rule on the predictive probability, computed
@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import collections
 import math
+import warnings
 from typing import Any, Callable, Iterable, NamedTuple, Optional
 
 import numpy as np
@@ -35,7 +36,7 @@ __all__ = [
     "leader_probability",
     "stop_when_ahead",
     "stop_when_confident",
-    "stop_when_round_agrees",
+    "stop_when_iteration_agrees",
     "vote",
 ]
 
@@ -52,7 +53,7 @@ class Votes(collections.Counter):  # type: ignore[type-arg]
     samples
         Samples drawn so far, unparsable ones included.
     latest
-        The answers of the latest round, in draw order (``None`` where a
+        The answers of the latest iteration, in draw order (``None`` where a
         sample did not parse).
     decided
         True once ``vote``'s stopping rule held: the leader is its decision.
@@ -75,7 +76,7 @@ class Votes(collections.Counter):  # type: ignore[type-arg]
     gave_up: bool = False
 
     def added(self, answers: Iterable[Any]) -> Votes:
-        """A new ``Votes`` with one more round of ``answers`` (``None``: unparsable), not yet judged."""
+        """A new ``Votes`` with one more iteration of ``answers`` (``None``: unparsable), not yet judged."""
         latest = tuple(answers)
         new = Votes(self)
         new.update(a for a in latest if a is not None)
@@ -153,7 +154,7 @@ def _top_two(votes: collections.Counter) -> tuple[int, int]:  # type: ignore[typ
     return top[0], top[1]
 
 
-#: The default ``give_up`` of the top-two rules: with one round left, a chance to be decided under 10% is none.
+#: The default ``give_up`` of the top-two rules: with one iteration left, a chance to be decided under 10% is none.
 GIVE_UP = 0.1
 
 
@@ -167,7 +168,7 @@ class TopTwoRule:
     its plurality rather than spend the rest of ``max_samples`` on a vote
     that will end undecided. Out of reach means certainly (even every
     remaining sample going to the leader would not do: 2-2 or 1-1-1-1 after
-    4 samples of 8) or, with one round left, almost surely: a chance to hold
+    4 samples of 8) or, with one iteration left, almost surely: a chance to hold
     (``chance``) below ``give_up``. This is the futility rule of Bayesian
     adaptive trials (stop when the predictive probability of success is low;
     Lee and Liu, Clinical Trials 2008), with the rule as the success. The
@@ -181,7 +182,7 @@ class TopTwoRule:
     runner-up or elsewhere (another answer, or unparsable) with shares drawn
     from their posterior given the samples so far, Dirichlet(first + 1,
     second + 1, rest + 1) (a uniform prior), that is a Polya urn; the rule is
-    checked after each whole round, as ``vote`` does, and the probability is
+    checked after each iteration's samples, as ``vote`` does, and the probability is
     summed exactly over the urn's paths. Answers outside the top two are
     lumped together and never overtake, which overstates the chance a little:
     the rule gives up later, never sooner, than an exact model would.
@@ -194,16 +195,16 @@ class TopTwoRule:
         ``holds(first, second) -> bool`` with ``first >= second``; more votes
         for the leader never undo a decision.
     give_up
-        With one round left, give up on an element whose chance to be
+        With one iteration left, give up on an element whose chance to be
         decided is below this (between 0 and 1); 0 never gives up, not even
         on a decision out of reach.
 
     Examples
     --------
     >>> confident = stop_when_confident()
-    >>> confident.chance(Votes().added(["1", "2", "3", "4"]), remaining=4, round=4)  # 5 vs 1 at best: 0.9375
+    >>> confident.chance(Votes().added(["1", "2", "3", "4"]), remaining=4, per_iteration=4)  # 5 vs 1 at best: 0.9375
     0.0
-    >>> round(confident.chance(Votes().added(["1", "1", "1", "2"]), remaining=4, round=4), 3)
+    >>> round(confident.chance(Votes().added(["1", "1", "1", "2"]), remaining=4, per_iteration=4), 3)
     0.262
     """
 
@@ -222,8 +223,9 @@ class TopTwoRule:
     def __repr__(self) -> str:
         return self.__name__
 
-    def chance(self, votes: Votes, remaining: int, round: int) -> float:  # noqa: A002 - vote's word
-        """The probability that the rule holds after one of the next rounds, within ``remaining`` samples.
+    def chance(self, votes: Votes, remaining: int, per_iteration: int | None = None, *,
+               round: int | None = None) -> float:  # noqa: A002 - the deprecated name
+        """The probability that the rule holds after one of the next iterations, within ``remaining`` samples.
 
         Parameters
         ----------
@@ -231,8 +233,9 @@ class TopTwoRule:
             The element's votes so far.
         remaining
             Samples it may still draw (``max_samples - votes.samples``).
-        round
-            Samples per round: the rule is checked after each whole round.
+        per_iteration
+            Samples per iteration: the rule is checked after each
+            iteration's samples. ``round`` is its deprecated name.
 
         Returns
         -------
@@ -240,26 +243,30 @@ class TopTwoRule:
             Between 0 and 1; 0 when even every remaining sample going to the
             leader would not do.
         """
+        per_iteration = _per_iteration(per_iteration, round, "TopTwoRule.chance")
         first, second = _top_two(votes)
-        key = (first, second, votes.samples - first - second, remaining, round)
+        key = (first, second, votes.samples - first - second, remaining, per_iteration)
         if key not in self._chances:
             self._chances[key] = self._polya(*key)
         return self._chances[key]
 
-    def hopeless(self, votes: Votes, remaining: int, round: int) -> bool:  # noqa: A002
-        """True when the element's decision is out of reach: certainly, or (one round left) almost surely.
+    def hopeless(self, votes: Votes, remaining: int, per_iteration: int | None = None, *,
+                 round: int | None = None) -> bool:  # noqa: A002 - the deprecated name
+        """True when the element's decision is out of reach: certainly, or (one iteration left) almost surely.
 
         Certainly: even every remaining sample going to the leader would
-        not make the rule hold. Almost surely: only one round is left and
+        not make the rule hold. Almost surely: only one iteration is left and
         its chance (``chance``) is below ``give_up``. Always False when
-        ``give_up`` is 0 or nothing remains.
+        ``give_up`` is 0 or nothing remains. ``round`` is the deprecated
+        name of ``per_iteration``.
         """
+        per_iteration = _per_iteration(per_iteration, round, "TopTwoRule.hopeless")
         if self.give_up == 0 or remaining <= 0:
             return False
         first, second = _top_two(votes)
         if not self.holds(first + remaining, second):
             return True
-        return remaining <= round and self.chance(votes, remaining, round) < self.give_up
+        return remaining <= per_iteration and self.chance(votes, remaining, per_iteration) < self.give_up
 
     def _table(self, size: int) -> np.ndarray:
         """``table[a, b]``: whether the rule holds for top two counts ``a`` and ``b`` (either order), up to ``size``."""
@@ -268,9 +275,9 @@ class TopTwoRule:
                                            for a in range(size + 1)], dtype=bool)
         return self._tables[size]
 
-    def _polya(self, first: int, second: int, rest: int, remaining: int, round: int) -> float:  # noqa: A002
+    def _polya(self, first: int, second: int, rest: int, remaining: int, per_iteration: int) -> float:
         # undecided[x, y]: the chance that x of the draws so far went to the leader, y to the runner-up, and
-        # the rule has not held yet; each round's decided states leave it, into `success`
+        # the rule has not held yet; each iteration's decided states leave it, into `success`
         leader = np.arange(remaining + 1)[:, None]
         runner_up = np.arange(remaining + 1)[None, :]
         decided = self._table(first + second + rest + remaining)[first + leader, second + runner_up]
@@ -284,7 +291,7 @@ class TopTwoRule:
             undecided = undecided * (np.maximum(rest + 1 + drawn - leader - runner_up, 0) / total)
             undecided[1:, :] += to_leader[:-1, :]
             undecided[:, 1:] += to_runner_up[:, :-1]
-            if (drawn + 1) % round == 0:
+            if (drawn + 1) % per_iteration == 0:
                 success += float(undecided[decided].sum())
                 undecided[decided] = 0.0
         return success
@@ -296,10 +303,10 @@ def stop_when_confident(threshold: float = 0.95, give_up: float = GIVE_UP) -> To
     The probability is ``leader_probability`` of the top two counts; the
     paper's default threshold, 0.95, stops unanimous answers after 4 votes.
     An element whose samples scatter too much to reach ``threshold`` within
-    ``max_samples`` is given up on instead (see ``TopTwoRule``): with rounds
-    of 4 and a cap of 8, four different answers (5 to 1 at best: 0.94) or
-    2-1-1 (a 7% chance in the last round) stop after the first round, 3-1
-    (26%) goes on.
+    ``max_samples`` is given up on instead (see ``TopTwoRule``): with 4
+    samples an iteration and a cap of 8, four different answers (5 to 1 at
+    best: 0.94) or 2-1-1 (a 7% chance in the last iteration) stop after the
+    first iteration, 3-1 (26%) goes on.
 
     Parameters
     ----------
@@ -307,8 +314,8 @@ def stop_when_confident(threshold: float = 0.95, give_up: float = GIVE_UP) -> To
         Between 0.5 and 1 (exclusive of 1): higher spends more samples.
     give_up
         Give up on an element whose decision is out of reach within
-        ``max_samples``, or under this chance with one round left; 0 never
-        gives up (the paper's rule).
+        ``max_samples``, or under this chance with one iteration left; 0
+        never gives up (the paper's rule).
 
     Returns
     -------
@@ -327,13 +334,14 @@ def stop_when_confident(threshold: float = 0.95, give_up: float = GIVE_UP) -> To
     return TopTwoRule(name, lambda first, second: leader_probability(first, second) >= threshold, give_up)
 
 
-def stop_when_round_agrees() -> Rule:
-    """ESC's window rule (Li et al., ICLR 2024): stop when one round's answers all agree.
+def stop_when_iteration_agrees() -> Rule:
+    """ESC's window rule (Li et al., ICLR 2024): stop when one iteration's answers all agree.
 
     Early-Stopping Self-Consistency samples in windows and stops after a
     window whose answers are all the same (zero entropy); the window here is
-    the round, so pick ``round`` as the window size (the paper uses 5 to 8).
-    An unparsable sample breaks agreement.
+    one iteration's samples, so pick ``per_iteration`` as the window size
+    (the paper uses 5 to 8). An unparsable sample breaks agreement.
+    ``stop_when_round_agrees`` is its deprecated name.
 
     Returns
     -------
@@ -342,16 +350,37 @@ def stop_when_round_agrees() -> Rule:
 
     Examples
     --------
-    >>> agrees = stop_when_round_agrees()
+    >>> agrees = stop_when_iteration_agrees()
     >>> agrees(Votes().added(["7", "7", "7"])), agrees(Votes().added(["7", "7", None]))
     (True, False)
     """
 
-    def round_agrees(votes: Votes) -> bool:
+    def iteration_agrees(votes: Votes) -> bool:
         latest = votes.latest
         return bool(latest) and latest[0] is not None and all(a == latest[0] for a in latest)
 
-    return _named(round_agrees, "stop_when_round_agrees()")
+    return _named(iteration_agrees, "stop_when_iteration_agrees()")
+
+
+def stop_when_round_agrees() -> Rule:
+    """The deprecated name of ``stop_when_iteration_agrees`` (it goes in the next release)."""
+    warnings.warn("outlines.voting.stop_when_round_agrees is deprecated and goes in the next release: use "
+                  "stop_when_iteration_agrees (a round is one frontier of the schedule)", DeprecationWarning,
+                  stacklevel=2)
+    return stop_when_iteration_agrees()
+
+
+def _per_iteration(per_iteration: int | None, round: int | None, where: str, stacklevel: int = 3) -> int:  # noqa: A002
+    """``per_iteration``, or the deprecated ``round=`` given for it (warning)."""
+    if round is not None:
+        if per_iteration is not None:
+            raise TypeError(f"{where}: give per_iteration= or round= (its deprecated name), not both")
+        warnings.warn(f"{where}(round=...) is deprecated and goes in the next release: use per_iteration= (a round "
+                      f"is one frontier of the schedule)", DeprecationWarning, stacklevel=stacklevel)
+        return round
+    if per_iteration is None:
+        raise TypeError(f"{where}: per_iteration is required")
+    return per_iteration
 
 
 def stop_when_ahead(margin: int, give_up: float = GIVE_UP) -> TopTwoRule:
@@ -363,7 +392,7 @@ def stop_when_ahead(margin: int, give_up: float = GIVE_UP) -> TopTwoRule:
         Votes of lead needed (an integer >= 1).
     give_up
         Give up on an element that cannot take that lead within
-        ``max_samples``, or has under this chance with one round left (see
+        ``max_samples``, or has under this chance with one iteration left (see
         ``TopTwoRule``); 0 never gives up.
 
     Returns
@@ -429,27 +458,27 @@ def vote(
     *,
     parse: Callable[[Any], Any] | None = None,
     stop: Rule | None = DEFAULT_RULE,
-    round: int = 4,  # noqa: A002 - the word the papers use
+    per_iteration: int | None = None,
     max_samples: int = 16,
     answer: Callable[[Variable], Any] | None = None,
     **options: Any,
 ) -> Vote:
-    """Sample answers in rounds and vote, stopping per element by a rule.
+    """Sample answers iteration by iteration and vote, stopping per element by a rule.
 
-    Each round draws ``round`` samples of ``prompt`` for every element still
+    Each iteration draws ``per_iteration`` samples of ``prompt`` for every element still
     undecided, all in one batched model call; each sample is parsed into an
     answer and counted; ``stop(votes)`` then says which elements have voted
     enough. An element stops when its rule holds (its vote is decided), when
     its decision is out of reach within ``max_samples`` (it gives up: the
     default rule does, see ``TopTwoRule``), or after ``max_samples``
     samples, so easy questions stop paying early, scattered ones stop paying
-    soon, and the batches shrink round by round. The answer of an element
+    soon, and the batches shrink iteration by iteration. The answer of an element
     that gave up or ran to ``max_samples`` is a plurality, not a decision:
     its ``Votes`` say so (``decided`` is False; ``gave_up`` tells which), and
     the trace counts those at ``max_samples`` (``stopped at max_iter``). It
-    is ONE ``outlines.while_loop``: every round's draws are
+    is ONE ``outlines.while_loop``: every iteration's draws are
     cached, a re-run replays them with no backend calls, and a run that failed
-    (or was interrupted) at round r resumes at round r.
+    (or was interrupted) at iteration i resumes at iteration i.
 
     Parameters
     ----------
@@ -466,21 +495,22 @@ def vote(
     stop
         The stopping rule, ``rule(votes) -> bool`` over the element's
         ``Votes`` (a ``Counter`` of answers, plus ``.samples`` and
-        ``.latest``), checked after each round. Default:
+        ``.latest``), checked after each iteration. Default:
         ``stop_when_confident(0.95)`` (Adaptive-Consistency), which also
         gives up on an element whose decision is out of reach within
-        ``max_samples`` (certainly, or under a 10% chance with one round
-        left: ``give_up=``; 0 never gives up). A
+        ``max_samples`` (certainly, or under a 10% chance with one
+        iteration left: ``give_up=``; 0 never gives up). A
         ``TopTwoRule`` (``stop_when_confident``, ``stop_when_ahead``) can
         give up; any other rule runs until it holds. ``None`` never stops
         early: a fixed majority of ``max_samples``.
-    round
-        Samples per element per round (an integer >= 1).
+    per_iteration
+        Samples per element per iteration (an integer >= 1; default 4).
+        ``round=`` is its deprecated name.
     max_samples
-        The most samples an element draws: a multiple of ``round``.
+        The most samples an element draws: a multiple of ``per_iteration``.
     answer
-        Optional: a function traced once on each round's completions (a
-        Variable of shape ``prompt.shape + (round,)``) returning the texts to
+        Optional: a function traced once on each iteration's completions (a
+        Variable of shape ``prompt.shape + (per_iteration,)``) returning the texts to
         parse, of the same shape. Use it for an answer step after free
         reasoning, e.g. a second call constrained with ``regex=``.
     **options
@@ -498,8 +528,8 @@ def vote(
     Raises
     ------
     GraphBuildError
-        At build time, for a ``round`` or ``max_samples`` that is not a
-        positive integer, a ``max_samples`` that ``round`` does not divide, a
+        At build time, for a ``per_iteration`` or ``max_samples`` that is not a
+        positive integer, a ``max_samples`` that ``per_iteration`` does not divide, a
         ``stop`` that is not callable, or ``num_samples`` among the options.
 
     Examples
@@ -514,23 +544,43 @@ def vote(
     >>> draws = itertools.count()
     >>> scattered = models.from_function(lambda prompt: str(next(draws) % 3), name="scattered")
     >>> result = outlines.vote(scattered, "What is 3 * 4?", max_samples=8)
-    >>> outlines.eval(result.votes, cache=False)  # 2-1-1 after a round: a 7% chance, so it gives up
+    >>> outlines.eval(result.votes, cache=False)  # 2-1-1 after an iteration: a 7% chance, so it gives up
     Votes({'0': 2, '1': 1, '2': 1}, samples=4, gave up)
     """
+    per_iteration = _check_vote(model, stop, per_iteration, max_samples, options)
+    return _voting_loop(model, as_variable(prompt, array=True), parse or _strip, stop, per_iteration, max_samples,
+                        answer, options)
+
+
+def _check_vote(model: Any, stop: Rule | None, per_iteration: int | None, max_samples: int,
+                options: dict[str, Any]) -> int:
+    """``vote``'s samples per iteration (default 4; the deprecated ``round=`` taken out of ``options``).
+
+    Raises ``GraphBuildError`` naming the model for an argument of ``vote`` it cannot run with.
+    """
+    if "round" in options:
+        per_iteration = _per_iteration(per_iteration, options.pop("round"), "vote", stacklevel=4)
+    per_iteration = 4 if per_iteration is None else per_iteration
     backend = getattr(model, "backend", None)
     where = f"vote({backend.kind}:{backend.model_name})" if backend is not None else f"vote({model!r:.60})"
-    for name, value in (("round", round), ("max_samples", max_samples)):
+    for name, value in (("per_iteration", per_iteration), ("max_samples", max_samples)):
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise GraphBuildError(f"{where}: {name} must be an integer >= 1, got {value!r}")
-    if max_samples % round:
-        raise GraphBuildError(f"{where}: max_samples={max_samples} is not a multiple of round={round}; every round "
-                              f"draws {round} samples (try max_samples={max_samples + round - max_samples % round})")
+    if max_samples % per_iteration:
+        raise GraphBuildError(f"{where}: max_samples={max_samples} is not a multiple of per_iteration={per_iteration}; "
+                              f"every iteration draws {per_iteration} samples "
+                              f"(try max_samples={max_samples + per_iteration - max_samples % per_iteration})")
     if "num_samples" in options:
-        raise GraphBuildError(f"{where}: num_samples is set by round= and max_samples=, not passed to the model")
+        raise GraphBuildError(f"{where}: num_samples is set by per_iteration= and max_samples=, not passed to the "
+                              f"model")
     if stop is not None and not callable(stop):
         raise GraphBuildError(f"{where}: stop must be a rule, votes -> bool, got {type(stop).__name__} {stop!r:.60}")
-    reader = parse or _strip
-    prompt = as_variable(prompt, array=True)
+    return per_iteration
+
+
+def _voting_loop(model: Any, prompt: Variable, reader: Callable[[Any], Any], stop: Rule | None, per_iteration: int,
+                 max_samples: int, answer: Callable[[Variable], Any] | None, options: dict[str, Any]) -> Vote:
+    """``vote``'s graph, arguments checked: one ``while_loop`` sampling and counting ``per_iteration`` draws a pass."""
 
     @fn(signature="(),(n)->()", name="count votes", pure=True)
     def count(votes: Votes, texts: Any) -> Votes:
@@ -540,13 +590,13 @@ def vote(
     def undecided(votes: Votes) -> bool:
         return votes.samples == 0 or not (votes.decided or votes.gave_up)
 
-    def sample_round(votes: Variable) -> Variable:
-        texts = model(prompt, num_samples=round, **options)  # a trailing axis of `round`, 1 included
+    def iterate(votes: Variable) -> Variable:
+        texts = model(prompt, num_samples=per_iteration, **options)  # a trailing axis of `per_iteration`, 1 included
         if answer is not None:
             texts = answer(texts)
         return count(votes, texts)
 
-    final = while_loop(undecided, sample_round, init=Votes(), max_iter=max_samples // round)
+    final = while_loop(undecided, iterate, init=Votes(), max_iter=max_samples // per_iteration)
     leader = fn(lambda votes: votes.leader, name="leader", pure=True)
     spent = fn(lambda votes: votes.samples, name="samples", pure=True)
     return Vote(leader(final), spent(final), final)

@@ -63,12 +63,12 @@ def test_the_main_job_compares_four_methods_on_the_word_problems_and_replays_fro
     first = run_example("word_problems.py", "--model", "function", "--out", str(tmp_path), cache_dir=cache)
     rows = {m["method"]: m for m in re.finditer(
         r"^(?P<method>greedy|majority of 5|adaptive vote|calculator agent) +(?P<right>\d+)/20 +\d+% +"
-        r"(?P<samples>\d+) +(?P<calls>\d+) +[\d.]+(?:  per round: \[(?P<rounds>.*)\])?$", first, re.MULTILINE)}
+        r"(?P<samples>\d+) +(?P<calls>\d+) +[\d.]+(?:  per iteration: \[(?P<iterations>.*)\])?$", first, re.MULTILINE)}
     assert list(rows) == ["greedy", "majority of 5", "adaptive vote", "calculator agent"]
     assert all(row["right"] == "14" for row in rows.values())  # the fake's own accuracy
     assert [rows[m]["samples"] for m in rows] == ["20", "100", "80", "40"]  # the fake always agrees: 4 samples
     assert [rows[m]["calls"] for m in rows] == ["1", "1", "1", "2"]
-    assert rows["calculator agent"]["rounds"] == "20, 20"  # a calculator call, then the final answer
+    assert rows["calculator agent"]["iterations"] == "20, 20"  # a calculator call, then the final answer
     assert "cache: 0 hit(s), 240 miss(es)" in first
     assert (tmp_path / "word_problems.html").is_file() and "graph picture: " in first
     again = run_example("word_problems.py", "--model", "function", "--out", str(tmp_path), cache_dir=cache)
@@ -85,7 +85,7 @@ def test_refine_regenerates_only_the_rejected_drafts(tmp_path):
     out = run_example("refine.py", cache_dir=str(tmp_path))
     assert 'Alan Turing, 41      3 draft(s) -> {"name": "Alan Turing", "age": 41}' in out
     assert "REJECTED" not in out
-    assert "drafts sent per round: [5, 3, 2]" in out
+    assert "drafts sent per iteration: [5, 3, 2]" in out
 
 
 def test_best_of_n_judges_each_task_with_its_own_candidates(tmp_path):

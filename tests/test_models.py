@@ -116,3 +116,12 @@ def test_an_explicit_num_samples_adds_the_sample_axis_even_at_one() -> None:
     # code written for k samples reduces per element at k = 1, not across the elements
     assert joined(echo(["a", "b"], num_samples=1)).eval(cache=False, progress=False).tolist() == ["a", "b"]
     assert joined(echo(["a", "b"], num_samples=2)).eval(cache=False, progress=False).tolist() == ["a|a", "b|b"]
+
+
+def test_a_call_names_the_model_for_an_empty_choice_list_and_an_unknown_option() -> None:
+    llm = models.from_function(lambda prompt: prompt.upper(), name="upper")
+    with pytest.raises(GraphBuildError, match=r"^Generate\[function:upper\]: choices= is empty; give at least one"):
+        llm("x", choices=[])
+    with pytest.raises(TypeError, match=r"^Generate\[function:upper\]: unknown option 'num_sample'; did you mean "
+                                        r"num_samples\?"):
+        llm("x", num_sample=2)

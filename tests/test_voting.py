@@ -26,7 +26,7 @@ from outlines.voting import (
     leader_probability,
     stop_when_ahead,
     stop_when_confident,
-    stop_when_round_agrees,
+    stop_when_iteration_agrees,
     vote,
 )
 from tests.fixtures.recording import RecordingBackend
@@ -114,7 +114,7 @@ def test_confident_rejects_thresholds_outside_one_half_to_one(threshold: float) 
 
 
 def test_round_agrees_looks_only_at_the_latest_round() -> None:
-    agrees = stop_when_round_agrees()
+    agrees = stop_when_iteration_agrees()
     assert agrees(votes_of("1 2 3 4", "5 5 5 5"))  # ESC: the window agrees, whatever came before
     assert not agrees(votes_of("5 5 5 5", "5 5 5 6"))
     assert not agrees(votes_of("5 5 5 ?"))  # an unparsable sample breaks agreement
@@ -166,7 +166,7 @@ RULES: dict[str, tuple[Callable[..., Any] | None, list[int], list[int]]] = {
     # rule: (samples per question, draws per batch, one batch per round)
     "confident": (stop_when_confident(), [4, 12, 12], [12, 8, 8]),  # close: 10 vs 2 after round 3; hard gives up
     "confident, never gives up": (stop_when_confident(give_up=0), [4, 12, 16], [12, 8, 8, 4]),
-    "round agrees": (stop_when_round_agrees(), [4, 8, 16], [12, 8, 4, 4]),  # close: round 2 is all 4s
+    "iteration agrees": (stop_when_iteration_agrees(), [4, 8, 16], [12, 8, 4, 4]),  # close: iteration 2 is all 4s
     "ahead by 5": (stop_when_ahead(5), [8, 12, 12], [12, 12, 8]),  # easy: 8 - 0; close: 6 - 2, then 10 - 2; hard gives up
     "user rule": (lambda votes: votes.samples >= 8 and votes.leader == 4, [8, 8, 16], [12, 12, 4, 4]),
     "fixed (None)": (None, [16, 16, 16], [12, 12, 12, 12]),
@@ -194,14 +194,14 @@ def test_every_round_sends_only_the_undecided_prompts() -> None:
 def test_round_of_one_checks_the_rule_after_every_sample() -> None:
     backend = scripted()
     questions = ["a: 2 2 2 2", "b: 2 3 2 2 2 2 2 2"]
-    answers, spent, _ = run(backend, questions, round=1, max_samples=8)
+    answers, spent, _ = run(backend, questions, per_iteration=1, max_samples=8)
     assert answers == [2, 2] and spent == [4, 7]  # b: 6 vs 1 after 7 samples (0.965)
     assert draws_per_batch(backend) == [2, 2, 2, 2, 1, 1, 1]
 
 
 def test_max_samples_caps_an_undecided_element() -> None:
     backend = scripted()
-    answers, spent, _ = run(backend, round=4, max_samples=4)
+    answers, spent, _ = run(backend, per_iteration=4, max_samples=4)
     assert spent == [4, 4, 4] and answers == [4, 4, 1]
     assert draws_per_batch(backend) == [12]
 
@@ -278,15 +278,31 @@ def test_the_same_draws_serve_a_fixed_and_an_adaptive_vote(tmp_path: Any) -> Non
 
 
 @pytest.mark.parametrize("kwargs, message", [
-    ({"round": 0}, "round must be an integer >= 1"),
-    ({"round": 3, "max_samples": 16}, r"max_samples=16 is not a multiple of round=3.*max_samples=18"),
+    ({"per_iteration": 0}, "per_iteration must be an integer >= 1"),
+    ({"per_iteration": 3, "max_samples": 16}, r"max_samples=16 is not a multiple of per_iteration=3.*max_samples=18"),
     ({"max_samples": True}, "max_samples must be an integer >= 1"),
-    ({"num_samples": 4}, "num_samples is set by round= and max_samples="),
+    ({"num_samples": 4}, "num_samples is set by per_iteration= and max_samples="),
     ({"stop": 0.95}, "stop must be a rule, votes -> bool, got float"),
 ])
 def test_bad_arguments_fail_when_the_vote_is_built(kwargs: dict[str, Any], message: str) -> None:
     with pytest.raises(outlines.GraphBuildError, match=message):
         vote(scripted().model(), "q: 1", **kwargs)
+
+
+def test_round_is_a_deprecated_name_of_per_iteration() -> None:
+    with pytest.warns(DeprecationWarning, match=r"vote\(round=...\) is deprecated.*use per_iteration="):
+        old = run(scripted(), per_iteration=None, round=1, max_samples=8)
+    assert old == run(scripted(), per_iteration=1, max_samples=8)
+    with pytest.raises(TypeError, match="not both"):
+        vote(scripted().model(), "q: 1", per_iteration=2, round=2)
+    with pytest.warns(DeprecationWarning, match="use stop_when_iteration_agrees"):
+        assert outlines.voting.stop_when_round_agrees().__name__ == "stop_when_iteration_agrees()"
+    confident = stop_when_confident()
+    votes = votes_of("1 1 1 2")
+    with pytest.warns(DeprecationWarning, match="use per_iteration="):
+        assert confident.chance(votes, 4, round=4) == confident.chance(votes, 4, 4)
+    with pytest.warns(DeprecationWarning, match="use per_iteration="):
+        assert confident.hopeless(votes, 4, round=4) == confident.hopeless(votes, 4, per_iteration=4)
 
 
 def test_a_function_model_votes_the_same_way() -> None:
@@ -367,7 +383,7 @@ def scattering(values: int, seed: int = 0) -> models.Model:
 
 def test_a_scattering_model_gives_up_early_and_spends_no_more_than_a_majority_of_five() -> None:
     questions = [f"question {i}" for i in range(60)]
-    result = vote(scattering(values=8), questions, round=4, max_samples=8)
+    result = vote(scattering(values=8), questions, per_iteration=4, max_samples=8)
     with outlines.trace() as trace:
         answers, spent, votes, decided = outlines.eval(*result, result.decided, cache=False)
     assert np.mean(spent) <= 5  # the issue: 116 samples on 15 questions, against 75 for a majority of 5
@@ -378,7 +394,7 @@ def test_a_scattering_model_gives_up_early_and_spends_no_more_than_a_majority_of
     at_cap = sum(v.samples == 8 and not v.decided for v in votes)
     assert all(not v.gave_up for v in votes if v.samples == 8)  # at max_samples: neither flag, counted by the loop
     assert sum(c["stopped"] for c in trace.loops_limited.values()) == at_cap
-    never = vote(scattering(values=8), questions, round=4, max_samples=8, stop=stop_when_confident(give_up=0))
+    never = vote(scattering(values=8), questions, per_iteration=4, max_samples=8, stop=stop_when_confident(give_up=0))
     assert np.mean(outlines.eval(never.samples, cache=False)) > 7  # what it spent before giving up existed
 
 
@@ -415,5 +431,5 @@ def test_a_tie_that_cannot_be_broken_in_time_gives_up_with_the_first_seen_answer
 
 def test_other_rules_never_give_up() -> None:
     backend = scripted()
-    _, spent, votes = run(backend, ["hard: 1 2 3 4 5 6 7 8"], max_samples=8, stop=stop_when_round_agrees())
+    _, spent, votes = run(backend, ["hard: 1 2 3 4 5 6 7 8"], max_samples=8, stop=stop_when_iteration_agrees())
     assert spent == [8] and not votes[0].gave_up and not votes[0].decided

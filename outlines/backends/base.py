@@ -66,7 +66,7 @@ class Backend(abc.ABC):
     one prompt has more than ``max_batch`` (``outlines.draws.pack``);
     ``max_concurrency`` bounds ``generate`` calls in flight.
     ``sends_requests`` is true for backends whose one call sends several wire
-    requests, each inside ``report.request_slot()``: the evaluation's
+    requests, each inside ``report.request_permit()``: the evaluation's
     ``max_concurrency`` then bounds those requests rather than whole calls.
     """
 
@@ -225,7 +225,7 @@ class BatchReport:
         Called with ``(start, end)`` when a local model was loaded.
     request_limit
         Shared bound on wire requests in flight (the evaluation's
-        ``max_concurrency``), taken by ``request_slot``; ``None``: unbounded.
+        ``max_concurrency``), taken by ``request_permit``; ``None``: unbounded.
     """
 
     def __init__(
@@ -308,8 +308,8 @@ class BatchReport:
             self._on_model_loaded(start, end)
 
     @contextlib.asynccontextmanager
-    async def request_slot(self) -> AsyncIterator[None]:
-        """Hold one of the evaluation's request slots while one wire request is in flight."""
+    async def request_permit(self) -> AsyncIterator[None]:
+        """Hold one of the evaluation's request permits while one wire request is in flight."""
         if self.request_limit is None:
             yield
             return

@@ -341,7 +341,7 @@ async def generate_valid(
     ``report.failure`` and not retried; a draw still invalid after every
     attempt is reported with ``report.failure`` and a ``ConstraintError``
     quoting its text, so only that draw fails and the batch's others are kept.
-    Usage, wire requests, model loads and request slots go to ``report``.
+    Usage, wire requests, model loads and request permits go to ``report``.
     """
     constraints = [d.params.constraint for d in draws]
     if not any(constraints):

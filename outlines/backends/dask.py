@@ -113,11 +113,11 @@ class DaskExecutor:
         results, failures, usage and request count are replayed into
         ``report`` when it returns (request times are the worker's, so only
         the count travels). A batch of a backend that sends its own requests
-        holds one of ``report``'s request slots while it runs there.
+        holds one of ``report``'s request permits while it runs there.
         """
         if not runs_on_workers(backend, self.http):
             return await backend.generate(draws, report), None
-        async with report.request_slot() if backend.sends_requests else contextlib.nullcontext():
+        async with report.request_permit() if backend.sends_requests else contextlib.nullcontext():
             return await self._generate_on_worker(backend, draws, report)
 
     async def _generate_on_worker(

@@ -3,7 +3,7 @@
 Sync callables run in the shared thread pool, async ones on the loop; calls of a
 non-batched callable run concurrently, at most ``max_concurrency`` at a time;
 each call is one request of the batch (it holds one of the evaluation's
-request slots), and succeeds or fails on its own.
+request permits), and succeeds or fails on its own.
 The backend identity holds the function's name and a hash of everything that
 changes its output: its code, and the state it captures (closure variables,
 default arguments, ``functools.partial`` arguments, a bound method's or a
@@ -31,7 +31,7 @@ from outlines.config import process_state
 from outlines.errors import CacheWarning
 from outlines.threads import run_blocking
 from outlines.backends.base import Backend, BatchReport, check_limit
-from outlines.draws import Draw, DrawBatch
+from outlines.draws import Draw, DrawColumns
 from outlines.graph.ops import all_text
 
 __all__ = ["FunctionBackend", "Unhashable", "code_hash", "state_hash"]
@@ -320,8 +320,8 @@ class FunctionBackend(Backend):
         self._semaphores = weakref.WeakKeyDictionary()
 
     async def generate(self, draws: Sequence[Draw], report: BatchReport) -> list[str]:
-        # A DrawBatch (what the scheduler sends) already holds the prompts as a list.
-        prompts = list(draws.prompts) if isinstance(draws, DrawBatch) else [d.prompt for d in draws]
+        # A DrawColumns (what the scheduler sends) already holds the prompts as a list.
+        prompts = list(draws.prompts) if isinstance(draws, DrawColumns) else [d.prompt for d in draws]
         if self.batched:
             outputs = await self._call(prompts)
             if not isinstance(outputs, (list, tuple)) or len(outputs) != len(prompts):
@@ -350,7 +350,7 @@ class FunctionBackend(Backend):
         return semaphore
 
     async def _bounded(self, semaphore: asyncio.Semaphore, report: BatchReport, index: int, prompt: str) -> str:
-        async with semaphore, report.request_slot():
+        async with semaphore, report.request_permit():
             try:
                 text = self._check(await self._call(prompt))
             except Exception as error:

@@ -228,7 +228,7 @@ class HostedBackend(Backend):
 
         ``None`` (here): the service has no field for it, so the text is only
         checked (``constraints.generate_valid``) and a draw that breaks it is
-        asked again at once; in batch mode such draws run live
+        asked again at once; in job mode such draws run live
         (``runtime.jobs``), since a retry in a job would cost a new job.
         """
         return None

@@ -6,7 +6,7 @@ the backend's ``max_concurrency``, and an ``AIMDLimiter`` per loop lowers the
 requests in flight when the server answers 429. ``post_json`` retries what
 ``retry.should_retry`` allows, honours Retry-After up to a cap, spends the
 optional requests/tokens-per-minute budgets, reports each request and the
-token usage to the batch's ``BatchReport`` (holding one of its request slots
+token usage to the batch's ``BatchReport`` (holding one of its request permits
 while a request is in flight), and turns every failure into a
 ``BackendError`` that never contains the API key. ``request`` sends other
 methods and bodies (GETs, multipart uploads, file downloads: provider batch
@@ -360,7 +360,7 @@ class HTTPClient:
             JSON body; its ``"model"`` names the model in errors.
         report
             The batch's report: each attempt is a request (with its times),
-            holds one of its request slots, and the usage is added to it.
+            holds one of its request permits, and the usage is added to it.
         tokens
             Estimated tokens the request spends, for the ``tpm`` budget.
         on_response
@@ -407,7 +407,7 @@ class HTTPClient:
         method, path
             ``"GET"``, ``"POST"``...; the path is appended to ``base_url``.
         report
-            Each attempt is one of its requests, holding one of its slots.
+            Each attempt is one of its requests, holding one of its request permits.
         payload, data, content_type
             A JSON body, or raw bytes with their content type (a multipart
             upload); neither for a GET.
@@ -456,7 +456,7 @@ class HTTPClient:
         on_response: Callable[[], None] | None = None,
     ) -> bytes | _FailedAttempt:
         """One request, reported with its times: the body of a 2xx, or why it failed."""
-        async with report.request_slot():
+        async with report.request_permit():
             start = time.perf_counter()
             try:
                 outcome = await self._attempt_once(state, path, wire, model, on_response)

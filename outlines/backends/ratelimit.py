@@ -126,7 +126,7 @@ class AIMDLimiter:
         self._limit = float(self.maximum)
         self._last_decrease = -float("inf")
         self._waiters: collections.deque[asyncio.Future[None]] = collections.deque()
-        self._reserved = 0  # slots handed to woken waiters that have not resumed yet
+        self._reserved = 0  # permits handed to woken waiters that have not resumed yet
 
     @property
     def limit(self) -> int:

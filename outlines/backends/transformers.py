@@ -147,33 +147,33 @@ def native_dtype(device: str) -> str:
 
 
 @dataclass
-class _Slot:
+class _RegistryEntry:
     """One registry entry: a worker thread and, once loaded, the model."""
 
     executor: ThreadPoolExecutor
     loaded: Any = None
 
 
-_registry: dict[tuple[str, ...], _Slot] = {}
+_registry: dict[tuple[str, ...], _RegistryEntry] = {}
 _registry_lock = threading.Lock()
 
 
-def _slot(key: tuple[str, ...]) -> _Slot:
+def _registry_entry(key: tuple[str, ...]) -> _RegistryEntry:
     with _registry_lock:
-        slot = _registry.get(key)
-        if slot is None:
+        entry = _registry.get(key)
+        if entry is None:
             executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="outlines-transformers")
-            slot = _registry[key] = _Slot(executor)
-        return slot
+            entry = _registry[key] = _RegistryEntry(executor)
+        return entry
 
 
 def clear_registry() -> None:
     """Forget every loaded model (tests; frees memory once nothing else holds them)."""
     with _registry_lock:
-        slots = list(_registry.values())
+        entries = list(_registry.values())
         _registry.clear()
-    for slot in slots:
-        slot.executor.shutdown(wait=True)
+    for entry in entries:
+        entry.executor.shutdown(wait=True)
 
 
 @dataclass
@@ -487,11 +487,11 @@ class TransformersBackend(Backend):
     async def generate(self, draws: Sequence[Draw], report: BatchReport) -> list[str]:
         if not draws:
             return []
-        slot = _slot(self._key())
+        entry = _registry_entry(self._key())
         loop = asyncio.get_running_loop()
         salt = secrets.token_hex(8)
         cancelled = threading.Event()
-        future = loop.run_in_executor(slot.executor, self._generate_blocking, slot, list(draws), salt, cancelled)
+        future = loop.run_in_executor(entry.executor, self._generate_blocking, entry, list(draws), salt, cancelled)
         try:
             texts, (prompt_tokens, completion_tokens, shared_tokens), load_times, failures = await asyncio.shield(future)
         except asyncio.CancelledError:
@@ -515,55 +515,55 @@ class TransformersBackend(Backend):
 
     def load(self) -> Any:
         """Load the model now (normally done on the first batch); returns it."""
-        slot = _slot(self._key())
-        return slot.executor.submit(self._loaded, slot).result()
+        entry = _registry_entry(self._key())
+        return entry.executor.submit(self._loaded, entry).result()
 
-    def _loaded(self, slot: _Slot) -> Any:
-        if slot.loaded is None:
+    def _loaded(self, entry: _RegistryEntry) -> Any:
+        if entry.loaded is None:
             if os.path.isabs(self.path) and not os.path.isdir(self.path):
                 raise BackendError(f"no model folder at {self.path}", model=self.path)
             try:
                 from outlines.backends import _hf_generation  # imports torch and transformers
 
-                slot.loaded = _hf_generation.load(self.path, self._resolved_device(), self.dtype, self.gguf_file)
+                entry.loaded = _hf_generation.load(self.path, self._resolved_device(), self.dtype, self.gguf_file)
             except ImportError as exc:
                 hint = f"; local models need the transformers extra (CPU torch first, see README): " \
                     f"{install_hint('transformers')}" if isinstance(exc, ModuleNotFoundError) else ""
                 raise BackendError(f"cannot load {self.gguf_file or self.path!r}: {exc}{hint}", model=self.path) from exc
             except (OSError, ValueError) as exc:
                 raise BackendError(f"cannot load a model from {self.path!r}: {exc}", model=self.path) from exc
-        return slot.loaded
+        return entry.loaded
 
     def _generate_blocking(
-        self, slot: _Slot, requests: list[Draw], salt: str, cancelled: threading.Event | None = None
+        self, entry: _RegistryEntry, draws: list[Draw], salt: str, cancelled: threading.Event | None = None
     ) -> tuple[list[str], list[int], tuple[float, float] | None, dict[int, BackendError]]:
         """Texts, token usage (prompt, completion, shared prompt tokens), the (start, end) of the model load
         when this batch loaded it, and the failed draws."""
-        start, fresh = time.perf_counter(), slot.loaded is None  # one thread per slot: no race
-        loaded = self._loaded(slot)
+        start, fresh = time.perf_counter(), entry.loaded is None  # one thread per registry entry: no race
+        loaded = self._loaded(entry)
         load_times = (start, time.perf_counter()) if fresh else None
-        texts: list[str] = [""] * len(requests)
+        texts: list[str] = [""] * len(draws)
         usage = [0, 0, 0]
         failures: dict[int, BackendError] = {}
         groups: dict[GenerationParams, list[int]] = {}
-        for index, request in enumerate(requests):
+        for index, draw in enumerate(draws):
             # Rows under different constraints (or none) share one forward pass; see constraints.TokenMasks.
-            groups.setdefault(replace(request.params, constraint=None), []).append(index)
+            groups.setdefault(replace(draw.params, constraint=None), []).append(index)
         for params, indices in groups.items():
             self._generate_group(
-                loaded, params, [requests[i] for i in indices], salt, texts, indices, usage, cancelled, failures
+                loaded, params, [draws[i] for i in indices], salt, texts, indices, usage, cancelled, failures
             )
         return texts, usage, load_times, failures
 
     def _generate_group(
-        self, loaded: Any, params: GenerationParams, requests: list[Draw], salt: str,
+        self, loaded: Any, params: GenerationParams, draws: list[Draw], salt: str,
         texts: list[str], positions: list[int], usage: list[int], cancelled: threading.Event | None,
         failures: dict[int, BackendError],
     ) -> None:
         options = self._options(params)
-        draws_of: dict[str, list[int]] = {}  # prompt -> positions in ``requests``
-        for index, request in enumerate(requests):
-            draws_of.setdefault(request.prompt, []).append(index)
+        draws_of: dict[str, list[int]] = {}  # prompt -> positions in ``draws``
+        for index, draw in enumerate(draws):
+            draws_of.setdefault(draw.prompt, []).append(index)
         by_count: dict[int, list[str]] = {}
         for prompt, members in draws_of.items():
             by_count.setdefault(len(members), []).append(prompt)
@@ -589,8 +589,8 @@ class TransformersBackend(Backend):
                 groups = [draws_of[prompts[i]] for i in chunk]
                 keys = None
                 if not params.deterministic:
-                    keys = [_row_key(seed, requests[m].prompt, requests[m].draw) for group in groups for m in group]
-                rules = [self._row_rule(loaded, requests[m], mid_line) for group in groups for m in group]
+                    keys = [_row_key(seed, draws[m].prompt, draws[m].draw) for group in groups for m in group]
+                rules = [self._row_rule(loaded, draws[m], mid_line) for group in groups for m in group]
                 chunk_options = {**options, "constraints": rules if any(rules) else None}
                 outputs = self._run(
                     loaded, [ids[i] for i in chunk], count, keys, new_tokens, chunk_options, usage, cancelled
@@ -599,18 +599,18 @@ class TransformersBackend(Backend):
                     text, rule = trim_at_stop(outputs[row], params.stop), rules[row]
                     texts[positions[member]] = text if rule is None else rule.unspaced(text)
 
-    def _row_rule(self, loaded: Any, request: Draw, mid_line: dict[str, bool]) -> Constraint | None:
+    def _row_rule(self, loaded: Any, draw: Draw, mid_line: dict[str, bool]) -> Constraint | None:
         """The constraint a row decodes under: spaced after a prompt that ends mid-line (see constraints).
 
         ``mid_line`` remembers, per prompt, whether its rendered text ends in a non-space character.
         """
-        rule = request.params.constraint
+        rule = draw.params.constraint
         if rule is None or rule.kind == "json_schema":
             return rule
-        if request.prompt not in mid_line:
-            rendered = self.render(loaded, request.prompt)
-            mid_line[request.prompt] = bool(rendered) and not rendered[-1].isspace()
-        return rule.spaced() if mid_line[request.prompt] else rule
+        if draw.prompt not in mid_line:
+            rendered = self.render(loaded, draw.prompt)
+            mid_line[draw.prompt] = bool(rendered) and not rendered[-1].isspace()
+        return rule.spaced() if mid_line[draw.prompt] else rule
 
     def _options(self, params: GenerationParams) -> dict[str, Any]:
         extra = dict(params.extra)

@@ -27,7 +27,9 @@ import functools
 import hashlib
 import math
 import os
+import sys
 import tempfile
+import warnings
 from dataclasses import dataclass
 from fractions import Fraction
 from typing import Any, Callable, Mapping, NamedTuple, Sequence, Union
@@ -177,18 +179,19 @@ class Price:
     ``cached_input`` is the price of prompt tokens read from the provider's
     prompt cache (OpenAI bills them at a fraction of ``input``, Anthropic at
     0.1x) and ``cache_write`` that of tokens written to it (Anthropic: 1.25x
-    for 5 minutes); ``None`` bills them as ``input``. ``batch_discount`` is the
+    for 5 minutes); ``None`` bills them as ``input``. ``job_discount`` is the
     fraction taken off everything in a provider batch job (0.5 at OpenAI and
-    Anthropic).
+    Anthropic); ``batch_discount`` is its deprecated name (kept for one
+    release, as a keyword, a mapping key and an attribute).
 
     Examples
     --------
     >>> Price(0.15, 0.60).cost(1_000_000, 500_000)
     0.45
-    >>> price = Price(3.0, 15.0, cached_input=0.30, cache_write=3.75, batch_discount=0.5)
+    >>> price = Price(3.0, 15.0, cached_input=0.30, cache_write=3.75, job_discount=0.5)
     >>> round(price.cost(3_000_000, 0, cached_tokens=2_000_000, cache_write_tokens=500_000), 4)
     3.975
-    >>> round(price.cost(1_000_000, 0, batch=True), 4)
+    >>> round(price.cost(1_000_000, 0, jobs=True), 4)
     1.5
     """
 
@@ -196,18 +199,35 @@ class Price:
     output: float
     cached_input: float | None = None
     cache_write: float | None = None
-    batch_discount: float = 0.0
+    job_discount: float = 0.0
+
+    def __init__(self, input: float, output: float, cached_input: float | None = None,  # noqa: A002
+                 cache_write: float | None = None, job_discount: float = 0.0, *,
+                 batch_discount: float | None = None) -> None:
+        if batch_discount is not None:
+            _deprecated("Price(batch_discount=...)", "job_discount=")
+            job_discount = batch_discount
+        for name, value in (("input", input), ("output", output), ("cached_input", cached_input),
+                            ("cache_write", cache_write), ("job_discount", job_discount)):
+            object.__setattr__(self, name, value)
+        self.__post_init__()
+
+    @property
+    def batch_discount(self) -> float:
+        """The deprecated name of ``job_discount`` (it goes in the next release)."""
+        _deprecated("Price.batch_discount", "job_discount")
+        return self.job_discount
 
     def __post_init__(self) -> None:
-        for name in ("input", "output", "cached_input", "cache_write", "batch_discount"):
+        for name in ("input", "output", "cached_input", "cache_write", "job_discount"):
             value = getattr(self, name)
             if value is None and name in ("cached_input", "cache_write"):
                 continue
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < float("inf"):
                 raise ValueError(f"price {name} must be a number >= 0 (money per 1M tokens), got {value!r}")
-        if self.batch_discount >= 1:
-            raise ValueError(f"price batch_discount is the fraction taken off (0.5 for half price), "
-                             f"got {self.batch_discount!r}")
+        if self.job_discount >= 1:
+            raise ValueError(f"price job_discount is the fraction taken off (0.5 for half price), "
+                             f"got {self.job_discount!r}")
 
     @classmethod
     def of(cls, value: Any) -> Price:
@@ -217,6 +237,9 @@ class Price:
         if isinstance(value, (tuple, list)) and len(value) == 2:
             return cls(*value)
         if isinstance(value, Mapping):
+            if "batch_discount" in value:
+                _deprecated("the price field batch_discount", "job_discount")
+                value = {("job_discount" if name == "batch_discount" else name): v for name, v in value.items()}
             unknown = sorted(set(value) - _PRICE_FIELDS)
             if unknown:
                 raise TypeError(f"unknown price field {unknown[0]!r}; the fields are {', '.join(sorted(_PRICE_FIELDS))}")
@@ -231,33 +254,38 @@ class Price:
         *,
         cached_tokens: int = 0,
         cache_write_tokens: int = 0,
-        batch: bool = False,
+        jobs: bool = False,
+        batch: bool | None = None,
     ) -> Fraction:
         """The money ``prompt_tokens`` in and ``completion_tokens`` out cost, exactly (what totals add up).
 
         ``cached_tokens`` and ``cache_write_tokens`` are the parts of
         ``prompt_tokens`` read from and written to the provider's prompt
-        cache; ``batch``: they ran in a provider batch job. Each price is
-        read as the decimal it is written as (``exact_money``).
+        cache; ``jobs``: they ran in a provider batch job (``batch=`` is its
+        deprecated name). Each price is read as the decimal it is written as
+        (``exact_money``).
 
         Examples
         --------
         >>> Price(0.1, 0.3).money(3, 0) == Fraction(3, 10) / 1_000_000
         True
         """
+        if batch is not None:
+            _deprecated("Price.money(batch=...)", "jobs=")
+            jobs = batch
         input_price, cached_price, write_price, output_price, kept = self._exact
         plain = max(prompt_tokens - cached_tokens - cache_write_tokens, 0)
         money = plain * input_price + cached_tokens * cached_price + cache_write_tokens * write_price
         money += completion_tokens * output_price
-        return money * kept if batch else money
+        return money * kept if jobs else money
 
     @functools.cached_property
     def _exact(self) -> tuple[Fraction, Fraction, Fraction, Fraction, Fraction]:
-        """Input, cached-input, cache-write and output prices per token, exact; the part a batch job keeps."""
+        """Input, cached-input, cache-write and output prices per token, exact; the part a job keeps."""
         input_price = exact_money(self.input) / 1_000_000
         cached_price = input_price if self.cached_input is None else exact_money(self.cached_input) / 1_000_000
         write_price = input_price if self.cache_write is None else exact_money(self.cache_write) / 1_000_000
-        return input_price, cached_price, write_price, exact_money(self.output) / 1_000_000, 1 - exact_money(self.batch_discount)
+        return input_price, cached_price, write_price, exact_money(self.output) / 1_000_000, 1 - exact_money(self.job_discount)
 
     def cost(
         self,
@@ -266,11 +294,15 @@ class Price:
         *,
         cached_tokens: int = 0,
         cache_write_tokens: int = 0,
-        batch: bool = False,
+        jobs: bool = False,
+        batch: bool | None = None,
     ) -> float:
         """``money(...)`` as reported: rounded up to a whole micro-unit (``reported``)."""
+        if batch is not None:
+            _deprecated("Price.cost(batch=...)", "jobs=")
+            jobs = batch
         return reported(self.money(prompt_tokens, completion_tokens, cached_tokens=cached_tokens,
-                                   cache_write_tokens=cache_write_tokens, batch=batch))
+                                   cache_write_tokens=cache_write_tokens, jobs=jobs))
 
 
 def exact_money(amount: float) -> Fraction:
@@ -299,7 +331,15 @@ def reported(money: Fraction) -> float:
     return math.ceil(money * MICROS) / MICROS
 
 
-_PRICE_FIELDS = frozenset({"input", "output", "cached_input", "cache_write", "batch_discount"})
+_PRICE_FIELDS = frozenset({"input", "output", "cached_input", "cache_write", "job_discount"})
+
+
+def _deprecated(old: str, new: str) -> None:
+    """Warn that ``old`` goes in the next release (docs/reference/glossary.md: a job, not a batch)."""
+    if str(sys._getframe(2).f_globals.get("__name__", "")).startswith("outlines."):
+        return  # renames.txt shim: the package's own calls (in modules other helpers own) are renamed at merge
+    warnings.warn(f"{old} is deprecated and goes in the next release: use {new} (a provider batch job is a job; "
+                  f"a batch is one backend call)", DeprecationWarning, stacklevel=3)
 
 
 #: A user's price table: model name (or a backend's repr) -> Price or (input, output).

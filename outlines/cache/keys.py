@@ -15,7 +15,7 @@ from json.encoder import encode_basestring_ascii  # type: ignore[attr-defined]
 from typing import Any, Iterable, NamedTuple, Sequence
 
 from outlines.cache.sqlite import FORMAT, KEY_BYTES
-from outlines.draws import Draw, DrawBatch, GenerationParams
+from outlines.draws import Draw, DrawColumns, GenerationParams
 from outlines.keys import canonical
 
 __all__ = ["SlotDraws", "SlotKey", "draw_key", "draw_keys", "draw_slots", "prompt_keys"]
@@ -63,9 +63,9 @@ class SlotDraws(NamedTuple):
 
 
 def draw_slots(identity: Sequence[Any], draws: Sequence[Draw]) -> list[SlotDraws]:
-    """Split a batch's draws by slot (``DrawBatch.by_slot``: usually one), each keyed for ``identity``."""
+    """Split a batch's draws by slot (``DrawColumns.by_slot``: usually one), each keyed for ``identity``."""
     out = []
-    for slot, positions in DrawBatch.of(draws).by_slot():
+    for slot, positions in DrawColumns.of(draws).by_slot():
         entry = _entry(identity, slot.params)
         out.append(SlotDraws((entry[3], slot.number), entry[2], slot.number, positions))
     return out
@@ -87,16 +87,16 @@ def prompt_keys(hasher: Any, number: int, prompts: Iterable[Any]) -> list[bytes]
     return keys
 
 
-def draw_key(identity: Sequence[Any], request: Draw) -> bytes:
+def draw_key(identity: Sequence[Any], draw: Draw) -> bytes:
     """The content hash of one draw.
 
     Parameters
     ----------
     identity
         The backend's identity (kind, model, base URL...; never a secret).
-    request
+    draw
         The draw: prompt, params (seed included) and draw number. Greedy
-        requests arrive with ``draw=0``.
+        draws arrive with ``draw=0``.
 
     Returns
     -------
@@ -111,10 +111,10 @@ def draw_key(identity: Sequence[Any], request: Draw) -> bytes:
     >>> len(key)
     16
     """
-    return draw_keys(identity, (request,))[0]
+    return draw_keys(identity, (draw,))[0]
 
 
-def draw_keys(identity: Sequence[Any], requests: Sequence[Draw]) -> list[bytes]:
+def draw_keys(identity: Sequence[Any], draws: Sequence[Draw]) -> list[bytes]:
     """``draw_key`` of each draw of a batch (one backend), in order.
 
     The shared part of the key is hashed once per distinct params object in
@@ -126,7 +126,7 @@ def draw_keys(identity: Sequence[Any], requests: Sequence[Draw]) -> list[bytes]:
     ----------
     identity
         The backend's identity, as for ``draw_key``.
-    requests
+    draws
         The draws of the batch.
 
     Returns
@@ -147,10 +147,10 @@ def draw_keys(identity: Sequence[Any], requests: Sequence[Draw]) -> list[bytes]:
     params: Any = None
     copy: Any = None
     escape = encode_basestring_ascii
-    if isinstance(requests, DrawBatch):  # read its columns, make no Draw objects
-        columns: Iterable[tuple[Any, Any, Any]] = zip(requests.prompts, requests.params, requests.numbers)
+    if isinstance(draws, DrawColumns):  # read its columns, make no Draw objects
+        columns: Iterable[tuple[Any, Any, Any]] = zip(draws.prompts, draws.params, draws.numbers)
     else:
-        columns = ((r.prompt, r.params, r.draw) for r in requests)
+        columns = ((d.prompt, d.params, d.draw) for d in draws)
     for prompt, each, draw in columns:
         if each is not params:
             params = each

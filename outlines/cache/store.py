@@ -26,7 +26,7 @@ from typing import Any, Callable, Iterable, Mapping, Sequence
 from outlines.cache.disk import Block, disk
 from outlines.cache.keys import SlotKey, SlotDraws, draw_keys, draw_slots, prompt_keys
 from outlines.cache.sqlite import FORMAT, KEY_BYTES, encode
-from outlines.draws import Draw, DrawBatch
+from outlines.draws import Draw, DrawColumns
 from outlines.errors import CacheWarning
 from outlines.graph.ops import all_text
 
@@ -191,7 +191,7 @@ class Cache:
         draws stored since the last lookup are set aside unread unless they
         share a prompt with the batch.
         """
-        draws = DrawBatch.of(draws)
+        draws = DrawColumns.of(draws)
         prompts_all = draws.prompts
         out: list[Any] = [None] * len(prompts_all)
         looked: list[tuple[SlotDraws, list[Any], list[Any]]] = []  # per slot: its prompts, their values so far
@@ -246,7 +246,7 @@ class Cache:
         One pass and no file access: the scheduler asks before queueing a
         large node, so a warm re-evaluation skips the queue altogether.
         """
-        draws = DrawBatch.of(draws)
+        draws = DrawColumns.of(draws)
         prompts = draws.prompts
         if not prompts:
             return None
@@ -352,7 +352,7 @@ class Cache:
         if not all_text(texts):
             self.put_many(dict(zip(draw_keys(identity, draws), texts)))
             return
-        draws = DrawBatch.of(draws)
+        draws = DrawColumns.of(draws)
         prompts_all = draws.prompts
         blocks = []
         for part in draw_slots(identity, draws):

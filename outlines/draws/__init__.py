@@ -1,15 +1,43 @@
 """Draws, in the bottom layer: what one is, what a model call asks, how draws are packed and grouped.
 
 A *draw* is one sample of one prompt (``Draw``); the draws of one params and
-draw number form a *slot* (``Slot``); a batch of draws travels as columns
-(``DrawBatch``). ``GenerationParams`` (with its ``Constraint``) is what a
-model call asks besides the prompt; ``pack`` is the one packing rule and
-``prefix_groups`` groups prompts by the head they share. The batcher, the
-backends and the cache all read these from here.
+draw number form a *slot* (``Slot``); many draws travel as columns
+(``DrawColumns``; ``DrawBatch`` is its deprecated name). ``GenerationParams``
+(with its ``Constraint``) is what a model call asks besides the prompt;
+``pack`` is the one packing rule and ``prefix_groups`` groups prompts by the
+head they share. The batcher, the backends and the cache all read these from
+here.
 """
-from outlines.draws.draw import Draw, DrawBatch, Slot
+import sys
+import warnings
+from types import FrameType
+from typing import Any
+
+from outlines.draws.draw import Draw, DrawColumns, Slot
 from outlines.draws.packing import pack
 from outlines.draws.params import Constraint, GenerationParams
 from outlines.draws.prefix import PrefixGroups, prefix_groups
 
-__all__ = ["Constraint", "Draw", "DrawBatch", "GenerationParams", "PrefixGroups", "Slot", "pack", "prefix_groups"]
+__all__ = ["Constraint", "Draw", "DrawColumns", "GenerationParams", "PrefixGroups", "Slot", "pack", "prefix_groups"]
+
+#: Names kept for one release, with the name to use instead (see docs/reference/glossary.md).
+_DEPRECATED = {"DrawBatch": "DrawColumns"}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _DEPRECATED:
+        new = _DEPRECATED[name]
+        if _asked_by_the_package():  # renames.txt shim: modules other helpers own are renamed at merge
+            return globals()[new]
+        warnings.warn(f"outlines.draws.{name} is deprecated and goes in the next release: use {new} (a batch is one "
+                      f"backend call; these are draws held as columns)", DeprecationWarning, stacklevel=2)
+        return globals()[new]
+    raise AttributeError(f"module 'outlines.draws' has no attribute {name!r}")
+
+
+def _asked_by_the_package() -> bool:
+    """Whether the module asking (past the import machinery's frames) is one of ``outlines``' own."""
+    frame: FrameType | None = sys._getframe(2)
+    while frame is not None and frame.f_code.co_filename.startswith("<frozen importlib"):
+        frame = frame.f_back
+    return frame is not None and str(frame.f_globals.get("__name__", "")).startswith("outlines.")

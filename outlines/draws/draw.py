@@ -1,11 +1,11 @@
-"""Draws: one sample of one prompt (``Draw``), its slot, and a batch of draws held as columns.
+"""Draws: one sample of one prompt (``Draw``), its slot, and draws held as columns (``DrawColumns``).
 
 A draw is identified by its *slot* (its params and draw number, ``Slot``) and
 its prompt. The tables that find draws (the batcher's queues, the cache's
 memory) are kept per slot and keyed by prompt, so a lookup hashes a string,
-whose hash Python caches. The scheduler hands a backend a ``DrawBatch``, and
+whose hash Python caches. The scheduler hands a backend a ``DrawColumns``, and
 the batcher and the cache split one into its slots with the one rule,
-``DrawBatch.by_slot``.
+``DrawColumns.by_slot``.
 """
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from typing import Any, Iterable, Iterator, NamedTuple, Sequence, overload
 
 from outlines.draws.params import GenerationParams
 
-__all__ = ["Draw", "DrawBatch", "Slot"]
+__all__ = ["Draw", "DrawColumns", "Slot"]
 
 
 @dataclass(frozen=True)
@@ -24,8 +24,8 @@ class Draw:
     A draw is identified by its *slot* (its params and draw number, ``Slot``)
     and its prompt: tables that find draws (the scheduler's queues, the
     cache's memory) are kept per slot and keyed by prompt, so each lookup
-    hashes a string, whose hash Python caches. A batch holds its draws as
-    columns (``DrawBatch``). Draws of deterministic parameters all carry
+    hashes a string, whose hash Python caches. Many draws travel as
+    columns (``DrawColumns``). Draws of deterministic parameters all carry
     ``draw=0`` (they collapse).
     """
 
@@ -41,17 +41,18 @@ class Slot(NamedTuple):
     number: int
 
 
-class DrawBatch(Sequence[Draw]):
-    """The draws of one batch held as columns: prompts, params and draw numbers.
+class DrawColumns(Sequence[Draw]):
+    """Draws held as columns: prompts, params and draw numbers.
 
-    The scheduler hands a backend's ``generate`` one of these: a batch of
-    100,000 prompts costs three lists, not 100,000 ``Draw`` objects. It is a
+    A batch (one backend call) reaches a backend's ``generate`` as one of
+    these, and the cache is asked for draws in one: 100,000 prompts cost
+    three lists, not 100,000 ``Draw`` objects. It is a
     ``Sequence[Draw]`` (indexing and iterating make the ``Draw`` objects on
     demand); a backend that needs only the text reads ``prompts``.
 
     Examples
     --------
-    >>> batch = DrawBatch(["a", "b"], [GenerationParams()] * 2, [0, 3])
+    >>> batch = DrawColumns(["a", "b"], [GenerationParams()] * 2, [0, 3])
     >>> batch.prompts, batch[1].draw, len(batch)
     (['a', 'b'], 3, 2)
     """
@@ -64,14 +65,14 @@ class DrawBatch(Sequence[Draw]):
         self.numbers = numbers
 
     @classmethod
-    def in_slot(cls, slot: Slot, prompts: list[Any]) -> DrawBatch:
+    def in_slot(cls, slot: Slot, prompts: list[Any]) -> DrawColumns:
         """The draws of ``slot`` with these ``prompts`` (the list itself, not a copy)."""
         return cls(prompts, [slot.params] * len(prompts), [slot.number] * len(prompts))
 
     @classmethod
-    def of(cls, draws: Iterable[Draw]) -> DrawBatch:
-        """The batch of ``draws`` (already a ``DrawBatch``: itself)."""
-        if isinstance(draws, DrawBatch):
+    def of(cls, draws: Iterable[Draw]) -> DrawColumns:
+        """``draws`` as columns (already a ``DrawColumns``: itself)."""
+        if isinstance(draws, DrawColumns):
             return draws
         draws = list(draws)
         return cls([d.prompt for d in draws], [d.params for d in draws], [d.draw for d in draws])
@@ -81,10 +82,10 @@ class DrawBatch(Sequence[Draw]):
 
     @property
     def slot(self) -> Slot | None:
-        """The slot of every draw of the batch, when they share one (else, or when empty, ``None``).
+        """The slot of every draw, when they share one (else, or when empty, ``None``).
 
         Two C-speed ``list.count`` passes (an identity test per draw): a
-        batch of 100,000 draws costs no Python step each.
+        100,000 draws cost no Python step each.
         """
         params, numbers = self.params, self.numbers
         if not params:
@@ -95,9 +96,9 @@ class DrawBatch(Sequence[Draw]):
         return None
 
     def by_slot(self) -> list[tuple[Slot, list[int] | None]]:
-        """The batch's draws per slot: ``(slot, positions)``, positions ``None`` when all are in that slot.
+        """The draws per slot: ``(slot, positions)``, positions ``None`` when all are in that slot.
 
-        The usual batch has one slot (``slot``); several follow the order of their first draw.
+        The usual columns have one slot (``slot``); several follow the order of their first draw.
         """
         if not self.params:
             return []
@@ -109,32 +110,32 @@ class DrawBatch(Sequence[Draw]):
             groups.setdefault(slot, []).append(position)
         return [(Slot(slot.params, int(slot.number)), positions) for slot, positions in groups.items()]
 
-    def take(self, positions: Sequence[int]) -> DrawBatch:
+    def take(self, positions: Sequence[int]) -> DrawColumns:
         """The draws at ``positions``, in that order."""
         prompts, params, numbers = self.prompts, self.params, self.numbers
-        return DrawBatch([prompts[i] for i in positions], [params[i] for i in positions],
+        return DrawColumns([prompts[i] for i in positions], [params[i] for i in positions],
                          [numbers[i] for i in positions])
 
     @overload
     def __getitem__(self, index: int) -> Draw: ...
 
     @overload
-    def __getitem__(self, index: slice) -> DrawBatch: ...
+    def __getitem__(self, index: slice) -> DrawColumns: ...
 
-    def __getitem__(self, index: int | slice) -> Draw | DrawBatch:
+    def __getitem__(self, index: int | slice) -> Draw | DrawColumns:
         if isinstance(index, slice):
-            return DrawBatch(self.prompts[index], self.params[index], self.numbers[index])
+            return DrawColumns(self.prompts[index], self.params[index], self.numbers[index])
         return Draw(self.prompts[index], self.params[index], self.numbers[index])
 
     def __iter__(self) -> Iterator[Draw]:
         return map(Draw, self.prompts, self.params, self.numbers)
 
     def __eq__(self, other: object) -> bool:
-        if isinstance(other, DrawBatch):
+        if isinstance(other, DrawColumns):
             return (self.prompts, self.numbers, self.params) == (other.prompts, other.numbers, other.params)
         return isinstance(other, (list, tuple)) and list(self) == list(other)
 
     __hash__ = None  # type: ignore[assignment]
 
     def __repr__(self) -> str:
-        return f"DrawBatch({len(self)} draws)"
+        return f"DrawColumns({len(self)} draws)"

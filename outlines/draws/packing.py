@@ -12,7 +12,7 @@ area: rows x tokens) within ``max_area``; a single group always makes a batch.
 ``pack`` returns the number of items of each batch: the batches are
 consecutive runs of the groups' items, in order.
 
-For draws (``DrawBatch``), the groups are each prompt's draws
+For draws (``DrawColumns``), the groups are each prompt's draws
 (``group_sizes``), and prompts that share a long head (``min_head``
 characters: a provider's prompt cache, a local model's shared prefill) are
 one *prefix group* (``outlines.draws.prefix.prefix_groups``):
@@ -29,10 +29,10 @@ from __future__ import annotations
 from itertools import accumulate
 from typing import Any, Sequence
 
-from outlines.draws.draw import DrawBatch
+from outlines.draws.draw import DrawColumns
 from outlines.draws.prefix import PrefixGroups, prefix_groups
 
-__all__ = ["draw_units", "group_sizes", "pack", "prefix_ordered", "whole_batches"]
+__all__ = ["draw_units", "full_batches", "group_sizes", "pack", "prefix_ordered"]
 
 
 def pack(
@@ -110,7 +110,7 @@ def _equal_groups(size: int, count: int, max_items: int) -> list[int]:
     return [per_batch * size] * full + ([left * size] if left else [])
 
 
-def group_sizes(draws: DrawBatch) -> list[int]:
+def group_sizes(draws: DrawColumns) -> list[int]:
     """The size of each run of one prompt's draws (same params and prompt) in ``draws``, which are distinct.
 
     One slot (the usual batch) holds one draw per prompt: no step per draw.
@@ -129,7 +129,7 @@ def group_sizes(draws: DrawBatch) -> list[int]:
     return sizes
 
 
-def _runs(draws: DrawBatch) -> tuple[list[int], list[Any]]:
+def _runs(draws: DrawColumns) -> tuple[list[int], list[Any]]:
     """Each prompt's run of draws: its size and its prompt."""
     sizes = group_sizes(draws)
     if len(sizes) == len(draws):
@@ -148,7 +148,7 @@ def _prefix_groups(prompts: list[Any], min_head: int | None) -> PrefixGroups | N
     return None if len(found.sizes) == len(prompts) else found
 
 
-def prefix_ordered(draws: DrawBatch, min_head: int | None) -> DrawBatch:
+def prefix_ordered(draws: DrawColumns, min_head: int | None) -> DrawColumns:
     """``draws`` (each prompt's draws adjacent) with each prefix group's prompts next to each other.
 
     Groups come in the order of their first prompt and keep their prompts'
@@ -159,7 +159,7 @@ def prefix_ordered(draws: DrawBatch, min_head: int | None) -> DrawBatch:
     --------
     >>> from outlines.draws import GenerationParams
     >>> head = "Translate to French: "
-    >>> draws = DrawBatch([head + "cat", "Hello", head + "dog"], [GenerationParams()] * 3, [0] * 3)
+    >>> draws = DrawColumns([head + "cat", "Hello", head + "dog"], [GenerationParams()] * 3, [0] * 3)
     >>> prefix_ordered(draws, 8).prompts
     ['Translate to French: cat', 'Translate to French: dog', 'Hello']
     """
@@ -175,7 +175,7 @@ def prefix_ordered(draws: DrawBatch, min_head: int | None) -> DrawBatch:
     return draws.take([position for run in found.order for position in range(starts[run], starts[run + 1])])
 
 
-def draw_units(draws: DrawBatch, max_batch: int | None, min_head: int | None) -> list[int]:
+def draw_units(draws: DrawColumns, max_batch: int | None, min_head: int | None) -> list[int]:
     """What ``pack`` packs of ``draws``: each prompt's run, or a whole prefix group where it fits in one batch."""
     sizes, prompts = _runs(draws)
     found = _prefix_groups(prompts, min_head) if max_batch is not None else None
@@ -194,8 +194,15 @@ def draw_units(draws: DrawBatch, max_batch: int | None, min_head: int | None) ->
     return units
 
 
-def whole_batches(draws: DrawBatch, max_batch: int | None, min_head: int | None) -> tuple[DrawBatch, DrawBatch]:
+def full_batches(draws: DrawColumns, max_batch: int | None, min_head: int | None) -> tuple[DrawColumns, DrawColumns]:
     """``draws`` cut after its last full batch: (the draws of the full batches, the rest)."""
     counts = pack(draw_units(draws, max_batch, min_head), max_batch)
     cut = sum(counts) - (counts[-1] if counts and counts[-1] < (max_batch or 0) else 0)
     return draws[:cut], draws[cut:]
+
+
+def __getattr__(name: str) -> Any:  # renames.txt shim: goes once scripts/renames.txt is applied
+    """The name before the glossary (docs/reference/glossary.md), for modules not renamed yet."""
+    if name == "whole_batches":
+        return full_batches
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

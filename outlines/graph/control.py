@@ -4,7 +4,7 @@
 Tracing calls the function on fresh parameter Variables; the nodes it creates
 form the sub-graph, and the outer Variables it reads (inputs, earlier results)
 are *captured*: they become inputs of the loop's (or branch's) Apply node and
-stand-in *slots* inside the sub-graph, so the outer schedule computes them once
+*stand-ins* inside the sub-graph, so the outer schedule computes them once
 and the runtime (``outlines.runtime.control``) hands each iteration only the
 elements still active. ``Where`` is the eager elementwise select.
 """
@@ -39,16 +39,21 @@ class Subgraph:
         What it returned, as Variables over a private copy of its nodes.
     captured
         The outer Variables the nodes read, in first-use order.
-    slots
+    stand_ins
         The stand-ins of ``captured`` inside ``outputs``' graph.
     """
 
     def __init__(self, parameters: Sequence[Variable], outputs: Sequence[Variable], captured: Sequence[Variable],
-                 slots: Sequence[Variable]) -> None:
+                 stand_ins: Sequence[Variable]) -> None:
         self.parameters = tuple(parameters)
         self.outputs = tuple(outputs)
         self.captured = tuple(captured)
-        self.slots = tuple(slots)
+        self.stand_ins = tuple(stand_ins)
+
+    @property
+    def slots(self) -> tuple[Variable, ...]:  # renames.txt shim: goes once scripts/renames.txt is applied
+        """``stand_ins`` by its name before the glossary, for modules not renamed yet."""
+        return self.stand_ins
 
     @property
     def nodes(self) -> list[Apply]:
@@ -164,21 +169,21 @@ def trace_subgraph(where: str, parts: Sequence[tuple[str, Callable[..., Any], Se
     """Trace functions once and cut them from the outer graph together.
 
     ``parts`` holds ``(role, fn, parameters, count)``. Returns each part's
-    outputs over private nodes (reading ``slots`` instead of the captured
-    Variables), the captured Variables, and their slots.
+    outputs over private nodes (reading ``stand_ins`` instead of the captured
+    Variables), the captured Variables, and their stand-ins.
     """
     start = next(basic._creation_order)
     raw = [_structure(where, role, _call(where, role, fn, params), count) for role, fn, params, count in parts]
     flat = [v for outs in raw for v in outs]
     parameters = [p for _, _, params, _ in parts for p in params]
     captured = _captured(flat, parameters, start)
-    slots = [Variable(name=v.label) for v in captured]
-    cut = clone(flat, {id(v): s for v, s in zip(captured, slots)}) if captured else flat
+    stand_ins = [Variable(name=v.label) for v in captured]
+    cut = clone(flat, {id(v): s for v, s in zip(captured, stand_ins)}) if captured else flat
     outs, position = [], 0
     for outputs in raw:
         outs.append(tuple(cut[position : position + len(outputs)]))
         position += len(outputs)
-    return outs, captured, slots
+    return outs, captured, stand_ins
 
 
 def _check_boolean(where: str, what: str, variable: Variable) -> None:
@@ -226,7 +231,7 @@ def _signature(op: Any) -> tuple[Any, ...] | None:
     """What two control ops must share to compute the same thing per element: their structure.
 
     Per traced node (``traced_nodes``): its op (equal by parameters) and
-    where each input comes from: a parameter, a slot (a captured outer
+    where each input comes from: a parameter, a stand-in (a captured outer
     Variable), an earlier traced node's output, or a constant's value; then
     where each sub-graph's outputs come from. ``None`` when the op must run
     alone: a nested control node, an op that never stacks (samples) or an
@@ -241,8 +246,8 @@ def _signature(op: Any) -> tuple[Any, ...] | None:
         for number, parameter in enumerate(subgraph.parameters):
             where[id(parameter)] = ("p", number)
             stateful.add(id(parameter))
-        for number, slot in enumerate(subgraph.slots):
-            where[id(slot)] = ("s", number)
+        for number, stand_in in enumerate(subgraph.stand_ins):
+            where[id(stand_in)] = ("s", number)
     parts: list[Any] = [type(op).__name__, op._structure]
     for position, node in enumerate(nodes):  # one pass: each node's inputs come before it
         inner, inputs = node.op, node.inputs
@@ -329,7 +334,7 @@ class WhileLoop(_Control):
         self.serial = next(_serials)
         self.where = where
         self.condition = condition  # cond(state)
-        self.body = body  # body(state) + cond(body(state)), sharing parameters and slots
+        self.body = body  # body(state) + cond(body(state)), sharing parameters and stand-ins
         self.max_iter = max_iter
         self.on_max_iter = on_max_iter
 
@@ -398,7 +403,7 @@ class Cond(_Control):
             return [None] * noutputs
         outs: list[list[Any]] = []
         for branch in self.branches:
-            known: dict[int, Any] = {id(v): () for v in (*branch.parameters, *branch.slots)}
+            known: dict[int, Any] = {id(v): () for v in (*branch.parameters, *branch.stand_ins)}
             found = propagate(toposort(branch.outputs), known)
             outs.append([found.get(id(v), v.shape) for v in branch.outputs])
         return [() if a == () and b == () else None for a, b in zip(*outs)] if len(outs[0]) == noutputs else [None] * noutputs
@@ -531,8 +536,8 @@ def while_loop(
     n = len(state)
     params = _parameters(body, n, "state")
     cond_params = [Variable(name=p.name) for p in params]
-    (checked,), captured_c, slots_c = trace_subgraph(where, [("cond", cond, cond_params, 1)])
-    (stepped,), captured, slots = trace_subgraph(where, [("body", body, params, n)])
+    (checked,), captured_c, stand_ins_c = trace_subgraph(where, [("cond", cond, cond_params, 1)])
+    (stepped,), captured, stand_ins = trace_subgraph(where, [("body", body, params, n)])
     if not _depends_on(stepped, params):
         raise GraphBuildError(f"{where}: body does not depend on the state; it would compute the same thing "
                               "at every iteration")
@@ -540,18 +545,18 @@ def while_loop(
     _check_per_element(where, stepped)
     if not _depends_on(checked, cond_params):
         raise GraphBuildError(f"{where}: cond does not depend on the state; the loop could never stop early")
-    # One set of slots for what cond and body capture: the same outer Variable is one input.
-    slot_of = {id(v): s for v, s in zip(captured, slots)}
-    for variable, slot in zip(captured_c, slots_c):
-        if id(variable) not in slot_of:
+    # One set of stand-ins for what cond and body capture: the same outer Variable is one input.
+    stand_in_of = {id(v): s for v, s in zip(captured, stand_ins)}
+    for variable, stand_in in zip(captured_c, stand_ins_c):
+        if id(variable) not in stand_in_of:
             captured.append(variable)
-            slots.append(slot)
-            slot_of[id(variable)] = slot
-    rebind = {id(s): slot_of[id(v)] for v, s in zip(captured_c, slots_c)}
+            stand_ins.append(stand_in)
+            stand_in_of[id(variable)] = stand_in
+    rebind = {id(s): stand_in_of[id(v)] for v, s in zip(captured_c, stand_ins_c)}
     check = clone(checked, {**rebind, **{id(c): p for c, p in zip(cond_params, params)}})
     after = clone(checked, {**rebind, **{id(c): o for c, o in zip(cond_params, stepped)}})
-    condition = Subgraph(params, check, captured, slots)
-    op = WhileLoop(where, condition, Subgraph(params, [*stepped, *after], captured, slots), max_iter, on_max_iter)
+    condition = Subgraph(params, check, captured, stand_ins)
+    op = WhileLoop(where, condition, Subgraph(params, [*stepped, *after], captured, stand_ins), max_iter, on_max_iter)
     node = Apply(op, [*state, *captured], n)
     return node.outputs if is_tuple else node.outputs[0]
 
@@ -590,12 +595,12 @@ def cond(pred: Any, if_true: Callable[..., Any], if_false: Callable[..., Any], *
     values = [as_variable(v, array=True) for v in operands]
     params_t = _parameters(if_true, len(values), "operand")
     params_f = _parameters(if_false, len(values), "operand")
-    (true_out,), captured_t, slots_t = trace_subgraph(where, [("if_true", if_true, params_t, None)])
-    (false_out,), captured_f, slots_f = trace_subgraph(where, [("if_false", if_false, params_f, None)])
+    (true_out,), captured_t, stand_ins_t = trace_subgraph(where, [("if_true", if_true, params_t, None)])
+    (false_out,), captured_f, stand_ins_f = trace_subgraph(where, [("if_false", if_false, params_f, None)])
     if len(true_out) != len(false_out):
         raise GraphBuildError(f"cond: if_true returned {len(true_out)} value(s) and if_false {len(false_out)}; "
                               "both branches must return the same structure")
-    op = Cond((Subgraph(params_t, true_out, captured_t, slots_t), Subgraph(params_f, false_out, captured_f, slots_f)),
+    op = Cond((Subgraph(params_t, true_out, captured_t, stand_ins_t), Subgraph(params_f, false_out, captured_f, stand_ins_f)),
               len(values))
     node = Apply(op, [pred, *values, *captured_t, *captured_f], len(true_out))
     single = len(true_out) == 1

@@ -113,7 +113,7 @@ class BudgetGuard:
                 f"may cost); a call to {backend!r} sets none"
             )
         price = self._price(backend)
-        cost = price.money(prompt_tokens, completion, batch=batch) if price is not None else Fraction(0)
+        cost = price.money(prompt_tokens, completion, jobs=batch) if price is not None else Fraction(0)
         return prompt_tokens + completion, cost, price is not None
 
     def _in_flight(self) -> tuple[int, Fraction]:
@@ -149,7 +149,7 @@ class BudgetGuard:
     def admit(self, backend: Any, draws: Sequence[Any], node: str, *, batch: bool = False) -> int:
         """Reserve what sending ``draws`` to ``backend`` may cost; a ticket for ``settle``.
 
-        ``batch``: they go as provider batch jobs, at the batch price (``Price.batch_discount``).
+        ``batch``: they go as provider batch jobs, at the jobs' price (``Price.job_discount``).
 
         Raises
         ------
@@ -190,7 +190,7 @@ class BudgetGuard:
             price = price_of(backend, self.budget.prices)
             tokens = usage[0] + usage[1]
             cost = price.money(usage[0], usage[1], cached_tokens=usage[2] if len(usage) > 2 else 0,
-                               cache_write_tokens=usage[3] if len(usage) > 3 else 0, batch=batch) if price is not None else Fraction(0)
+                               cache_write_tokens=usage[3] if len(usage) > 3 else 0, jobs=batch) if price is not None else Fraction(0)
         elif failed:
             tokens, cost = 0, Fraction(0)
         self.tokens += tokens

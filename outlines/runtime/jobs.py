@@ -1,4 +1,4 @@
-"""Batch mode: a round's uncached draws of one backend sent as provider batch jobs, through the ledger.
+"""Job mode: a round's uncached draws of one backend sent as provider batch jobs, through the ledger.
 
 ``eval(..., jobs=True)`` (or ``jobs=Jobs(...)``, and the same option on a
 ``Program`` call) makes the batcher hand each round's ready, uncached draws of
@@ -76,7 +76,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator, Mapping, Sequence
 
 from outlines.backends.base import Backend, BackendError, BatchReport
-from outlines.draws import DrawBatch
+from outlines.draws import DrawColumns
 from outlines.backends.jobs import (
     Backoff,
     Clock,
@@ -238,10 +238,10 @@ def has_jobs(backend: Backend) -> bool:
     return True
 
 
-class _Round:
+class _JobRun:
     """One call of ``generate_as_jobs``: the draws by key, what has landed, what is still missing."""
 
-    def __init__(self, settings: Jobs, cache: Cache, backend: Backend, draws: DrawBatch, report: BatchReport,
+    def __init__(self, settings: Jobs, cache: Cache, backend: Backend, draws: DrawColumns, report: BatchReport,
                  on_job: Callable[[JobEvent], None] | None) -> None:
         self.settings, self.cache, self.backend, self.draws, self.report = settings, cache, backend, draws, report
         self.on_job = on_job
@@ -658,7 +658,7 @@ class _Round:
     async def run(self) -> list[str]:
         beat = asyncio.ensure_future(self.heartbeat())
         try:
-            return await self.rounds()
+            return await self.until_answered()
         finally:
             beat.cancel()
             for intent in sorted(self.holding):  # another process may take them at once, not after the lease
@@ -667,7 +667,7 @@ class _Round:
                 except sqlite3.Error:
                     pass  # they expire
 
-    async def rounds(self) -> list[str]:
+    async def until_answered(self) -> list[str]:
         while self.pending:
             if self.late:
                 await self.live(list(self.pending))
@@ -702,7 +702,7 @@ class _Round:
                     await self.collect(intent, status)
         if self.pending:  # never an empty text handed back (and cached) as an answer
             self.fail(list(self.pending), BackendError(
-                f"{self.client.provider} batch mode ended a round with {len(self.pending)} draw(s) neither answered "
+                f"{self.client.provider} job mode ended a round with {len(self.pending)} draw(s) neither answered "
                 "nor in a job (a bug in outlines: please report it); nothing was cached for them", retryable=False))
         return self.texts
 
@@ -711,7 +711,7 @@ async def generate_as_jobs(
     settings: Jobs,
     cache: Cache | None,
     backend: Backend,
-    draws: DrawBatch,
+    draws: DrawColumns,
     report: BatchReport,
     on_job: Callable[[JobEvent], None] | None = None,
 ) -> list[str]:
@@ -748,9 +748,9 @@ async def generate_as_jobs(
         When the provider's answers cannot be read (the ledger keeps the job).
     """
     if cache is None:
-        raise ValueError("batch mode needs a cache: its file holds the ledger of jobs (eval(cache=False) "
+        raise ValueError("job mode needs a cache: its file holds the ledger of jobs (eval(cache=False) "
                          "cannot be combined with jobs=...)")
-    return await _Round(settings, cache, backend, draws, report, on_job).run()
+    return await _JobRun(settings, cache, backend, draws, report, on_job).run()
 
 
 def jobs(cache: Any = True, *, open: bool | None = True, run: str | None = None) -> list[JobRecord]:

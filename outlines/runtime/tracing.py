@@ -112,7 +112,7 @@ class NodeRecord:
 
     @property
     def queued(self) -> float:
-        """Seconds waiting for a backend slot or batch (``duration - compute``)."""
+        """Seconds waiting for its batch to go out or for a request permit (``duration - compute``)."""
         return max(self.duration - self.compute, 0.0)
 
     @property
@@ -143,7 +143,7 @@ class BatchRecord:
     requests: int = 0
     #: A fallback chain's batch: draws answered per model (``repr``); empty otherwise.
     answered_by: dict[str, int] = field(default_factory=dict)
-    #: Batch mode: the provider's ids of the jobs that answered it (its tokens cost the batch price).
+    #: Job mode: the provider's ids of the jobs that answered it (its tokens cost the jobs' price).
     jobs: list[str] = field(default_factory=list)
 
 
@@ -385,10 +385,10 @@ class Trace:
                 out[name] = None
                 continue
             # Cached prompt tokens at the cached-input price, batches answered by provider jobs at
-            # the batch price (``Price.batch_discount``). Money is linear in the tokens of each kind:
-            # they are added up per price (live, batch) first, then priced once.
+            # the jobs' price (``Price.job_discount``). Money is linear in the tokens of each kind:
+            # they are added up per price (live, jobs) first, then priced once.
             price = Price.of(price)
-            tokens = {False: [0, 0, 0, 0], True: [0, 0, 0, 0]}  # batch? -> plain, cached, written, completion
+            tokens = {False: [0, 0, 0, 0], True: [0, 0, 0, 0]}  # in jobs? -> plain, cached, written, completion
             for b in self.batches:
                 if b.backend == name:
                     counts = tokens[bool(b.jobs)]
@@ -396,8 +396,8 @@ class Trace:
                     counts[1] += b.cached_tokens
                     counts[2] += b.cache_write_tokens
                     counts[3] += b.completion_tokens
-            out[name] = sum((price.money(sum(c[:3]), c[3], cached_tokens=c[1], cache_write_tokens=c[2], batch=batch)
-                             for batch, c in tokens.items()), Fraction(0))
+            out[name] = sum((price.money(sum(c[:3]), c[3], cached_tokens=c[1], cache_write_tokens=c[2], jobs=jobs)
+                             for jobs, c in tokens.items()), Fraction(0))
         return out
 
     @property
@@ -479,7 +479,7 @@ class Trace:
                 runs = sum(r.runs for r in group)
                 lines.append(f"  {kind:<12}{len(group):>8}{busy:>10.3f}{compute:>11.3f}{queued:>10.3f}{failed:>8}{runs:>7}")
         lines.append("  (busy: time any node of the kind was running; compute: time a batch or call was")
-        lines.append("   running; queued: summed per node, waiting for a backend slot; runs: a loop body's")
+        lines.append("   running; queued: summed per node, waiting to be sent; runs: a loop body's")
         lines.append("   nodes run once per iteration, every iteration counted)")
         names = self.backend_names()
         if self.model_loads:

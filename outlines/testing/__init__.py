@@ -2,7 +2,7 @@
 
 ``FakeProvider`` serves OpenAI's and Anthropic's APIs on 127.0.0.1 from a
 background thread (live chat, completions and messages; OpenAI files and
-batches; Anthropic message batches), so batch mode can be tried offline, from
+batches; Anthropic message batches), so job mode can be tried offline, from
 any directory: ``with FakeProvider(speed=100) as provider:`` and give a model
 ``base_url=provider.base_url``. ``JobPlan`` makes its next jobs fail, expire
 or answer some lines with errors.

@@ -72,8 +72,8 @@ from aiohttp import web
 from outlines.testing._live import OK, Action, FakeServer, Refusal, Stall, anthropic_error, openai_error
 
 __all__ = [
-    "ROUTES", "BatchFile", "FakeClock", "FakeProvider", "JobPlan", "Lost", "Made", "ScaledClock", "read_message_batch",
-    "read_openai_batch_file",
+    "ROUTES", "JobFile", "FakeClock", "FakeProvider", "JobPlan", "Lost", "Made", "ScaledClock", "read_anthropic_job",
+    "read_openai_job_file",
 ]
 
 ROUTES = (
@@ -421,7 +421,7 @@ class FakeProvider(FakeServer):
         if route == "/v1/files":
             return _upload_refusal(body)
         if route == "/v1/batches":
-            return _batch_create_refusal(body)
+            return _job_create_refusal(body)
         if route.endswith("/v1/messages"):
             return _message_refusal(body, custom_id)
         return super().refusal(route, body, custom_id)
@@ -506,19 +506,19 @@ class FakeProvider(FakeServer):
         routes: list[tuple[str, str, str, Callable[..., Awaitable[web.StreamResponse]]]] = [
             ("POST", "/v1/files", "files.create", self._file_create),
             ("GET", "/v1/files/{id}/content", "files.content", self._file_content),
-            ("POST", "/v1/batches", "batches.create", self._batch_create),
-            ("GET", "/v1/batches", "batches.list", self._batch_list),
-            ("GET", "/v1/batches/{id}", "batches.get", self._batch_get),
-            ("POST", "/v1/batches/{id}/cancel", "batches.cancel", self._batch_cancel),
-            ("POST", "/v1/messages/batches", "message_batches.create", self._message_batch_create),
-            ("GET", "/v1/messages/batches", "message_batches.list", self._message_batch_list),
-            ("GET", "/v1/messages/batches/{id}", "message_batches.get", self._message_batch_get),
-            ("GET", "/v1/messages/batches/{id}/results", "message_batches.results", self._message_batch_results),
-            ("POST", "/v1/messages/batches/{id}/cancel", "message_batches.cancel", self._message_batch_cancel),
+            ("POST", "/v1/batches", "batches.create", self._openai_job_create),
+            ("GET", "/v1/batches", "batches.list", self._openai_job_list),
+            ("GET", "/v1/batches/{id}", "batches.get", self._openai_job_get),
+            ("POST", "/v1/batches/{id}/cancel", "batches.cancel", self._openai_job_cancel),
+            ("POST", "/v1/messages/batches", "message_batches.create", self._anthropic_job_create),
+            ("GET", "/v1/messages/batches", "message_batches.list", self._anthropic_job_list),
+            ("GET", "/v1/messages/batches/{id}", "message_batches.get", self._anthropic_job_get),
+            ("GET", "/v1/messages/batches/{id}/results", "message_batches.results", self._anthropic_job_results),
+            ("POST", "/v1/messages/batches/{id}/cancel", "message_batches.cancel", self._anthropic_job_cancel),
         ]
         for method, path, name, handler in routes:
             app.router.add_route(method, path, self._route(name, handler))
-        app.router.add_get("/stats/batches", self._batch_stats)
+        app.router.add_get("/stats/batches", self._job_stats)
         return app
 
     def _route(self, name: str, handler: Callable[..., Awaitable[web.StreamResponse]]) -> Any:
@@ -611,7 +611,7 @@ class FakeProvider(FakeServer):
             return _openai_error(404, f"No such File object: {request.match_info['id']}")
         return web.Response(body=content, content_type="application/octet-stream")
 
-    async def _batch_create(self, request: web.Request) -> web.StreamResponse:
+    async def _openai_job_create(self, request: web.Request) -> web.StreamResponse:
         body = await _json(request)
         refusal = self.refusal("/v1/batches", body)
         if refusal is not None:
@@ -628,22 +628,22 @@ class FakeProvider(FakeServer):
         if job.failure is not None:
             job.lines = []  # nothing of a job that fails validation runs
         self._register(job)
-        return web.json_response(self._openai_batch(job))
+        return web.json_response(self._openai_job(job))
 
-    async def _batch_get(self, request: web.Request) -> web.StreamResponse:
+    async def _openai_job_get(self, request: web.Request) -> web.StreamResponse:
         job = self.jobs.get(request.match_info["id"])
         if job is None or job.protocol != "openai":
             return _openai_error(404, f"No batch found with id '{request.match_info['id']}'")
-        return web.json_response(self._openai_batch(job))
+        return web.json_response(self._openai_job(job))
 
-    async def _batch_list(self, request: web.Request) -> web.StreamResponse:
+    async def _openai_job_list(self, request: web.Request) -> web.StreamResponse:
         page, more = self._page("openai", request.query.get("after"), int(request.query.get("limit", "20")))
-        data = [self._openai_batch(job) for job in page]
+        data = [self._openai_job(job) for job in page]
         return web.json_response({"object": "list", "data": data, "has_more": more,
                                   "first_id": data[0]["id"] if data else None,
                                   "last_id": data[-1]["id"] if data else None})
 
-    async def _batch_cancel(self, request: web.Request) -> web.StreamResponse:
+    async def _openai_job_cancel(self, request: web.Request) -> web.StreamResponse:
         job = self.jobs.get(request.match_info["id"])
         if job is None or job.protocol != "openai":
             return _openai_error(404, f"No batch found with id '{request.match_info['id']}'")
@@ -652,11 +652,11 @@ class FakeProvider(FakeServer):
             return _openai_error(400, f"Cannot cancel a batch with status '{state}'.")
         if job.cancelled_at is None:
             job.cancelled_at = self.clock.time()
-        return web.json_response(self._openai_batch(job))
+        return web.json_response(self._openai_job(job))
 
     def _openai_lines(self, content: bytes, endpoint: str) -> tuple[list[Line], str | None]:
         """The lines of an input file, or why it fails validation; a line whose body is refused answers 400."""
-        read = read_openai_batch_file(content, endpoint, self.openai_limits, self.refusal)
+        read = read_openai_job_file(content, endpoint, self.openai_limits, self.refusal)
         if read.failure is not None:
             return [], self.keep(read.failure).message
         lines = []
@@ -668,7 +668,7 @@ class FakeProvider(FakeServer):
             lines.append(line)
         return lines, None
 
-    def _openai_batch(self, job: FakeJob) -> dict[str, Any]:
+    def _openai_job(self, job: FakeJob) -> dict[str, Any]:
         now = self.clock.time()
         state = job.state(now, self.cancel_s)
         done = job.done(now)
@@ -736,13 +736,13 @@ class FakeProvider(FakeServer):
         return b"".join(line + b"\n" for line in lines)
 
     # -- Anthropic message batches ------------------------------------------------------------
-    async def _message_batch_create(self, request: web.Request) -> web.StreamResponse:
+    async def _anthropic_job_create(self, request: web.Request) -> web.StreamResponse:
         raw = await request.read()
         try:
             body = json.loads(raw)
         except ValueError:
             body = None
-        refusal, refused = read_message_batch(body, self.anthropic_limits, len(raw), self.refusal)
+        refusal, refused = read_anthropic_job(body, self.anthropic_limits, len(raw), self.refusal)
         if refusal is not None:
             return self.refused(refusal)
         plan = self._next_plan()
@@ -754,21 +754,21 @@ class FakeProvider(FakeServer):
                 line.answer = (400, anthropic_error(self.keep(refused[line.custom_id])))
         job = FakeJob(self._new_id("msgbatch_fake"), "anthropic", self.clock.time(), lines, plan)
         self._register(job)
-        return web.json_response(self._message_batch(job))
+        return web.json_response(self._anthropic_job(job))
 
-    async def _message_batch_get(self, request: web.Request) -> web.StreamResponse:
+    async def _anthropic_job_get(self, request: web.Request) -> web.StreamResponse:
         job = self.jobs.get(request.match_info["id"])
         if job is None or job.protocol != "anthropic":
             return _anthropic_error(404, "not_found_error", f"no message batch {request.match_info['id']}")
-        return web.json_response(self._message_batch(job))
+        return web.json_response(self._anthropic_job(job))
 
-    async def _message_batch_list(self, request: web.Request) -> web.StreamResponse:
+    async def _anthropic_job_list(self, request: web.Request) -> web.StreamResponse:
         page, more = self._page("anthropic", request.query.get("after_id"), int(request.query.get("limit", "20")))
-        data = [self._message_batch(job) for job in page]
+        data = [self._anthropic_job(job) for job in page]
         return web.json_response({"data": data, "has_more": more, "first_id": data[0]["id"] if data else None,
                                   "last_id": data[-1]["id"] if data else None})
 
-    async def _message_batch_cancel(self, request: web.Request) -> web.StreamResponse:
+    async def _anthropic_job_cancel(self, request: web.Request) -> web.StreamResponse:
         job = self.jobs.get(request.match_info["id"])
         if job is None or job.protocol != "anthropic":
             return _anthropic_error(404, "not_found_error", f"no message batch {request.match_info['id']}")
@@ -776,9 +776,9 @@ class FakeProvider(FakeServer):
             return _anthropic_error(400, "invalid_request_error", "the batch has ended")
         if job.cancelled_at is None:
             job.cancelled_at = self.clock.time()
-        return web.json_response(self._message_batch(job))
+        return web.json_response(self._anthropic_job(job))
 
-    async def _message_batch_results(self, request: web.Request) -> web.StreamResponse:
+    async def _anthropic_job_results(self, request: web.Request) -> web.StreamResponse:
         job = self.jobs.get(request.match_info["id"])
         if job is None or job.protocol != "anthropic":
             return _anthropic_error(404, "not_found_error", f"no message batch {request.match_info['id']}")
@@ -802,7 +802,7 @@ class FakeProvider(FakeServer):
             job.results = self._encode_results(job, records)
         return web.Response(body=job.results, content_type="application/binary")
 
-    def _message_batch(self, job: FakeJob) -> dict[str, Any]:
+    def _anthropic_job(self, job: FakeJob) -> dict[str, Any]:
         now = self.clock.time()
         state = job.state(now, self.cancel_s)
         done = job.done(now)
@@ -836,7 +836,7 @@ class FakeProvider(FakeServer):
             jobs = jobs[ids.index(after) + 1:] if after in ids else []
         return jobs[:limit], len(jobs) > limit
 
-    async def _batch_stats(self, request: web.Request) -> web.Response:
+    async def _job_stats(self, request: web.Request) -> web.Response:
         return web.json_response(self.stats())
 
 
@@ -845,11 +845,11 @@ Refuse = Callable[[str, Any, "str | None"], "Refusal | None"]
 #: An Anthropic ``custom_id`` (the Message Batches API's pattern).
 CUSTOM_ID = re.compile(r"^[a-zA-Z0-9_-]{1,64}$")
 #: The fields of an input file's line (docs: batch/request-input).
-BATCH_LINE_FIELDS = ("custom_id", "method", "url", "body")
+JOB_LINE_FIELDS = ("custom_id", "method", "url", "body")
 
 
 @dataclasses.dataclass
-class BatchFile:
+class JobFile:
     """An input file read as the Batch API reads it: its lines, why the job fails (if it does), each refused body."""
 
     lines: list[dict[str, Any]]
@@ -861,10 +861,10 @@ def _line_problem(record: Any) -> str | None:
     """What breaks the Batch API's line format (``custom_id``, ``method``, ``url``, ``body``), if anything."""
     if not isinstance(record, dict):
         return "Invalid request: the line must be a JSON object."
-    missing = [name for name in BATCH_LINE_FIELDS if name not in record]
+    missing = [name for name in JOB_LINE_FIELDS if name not in record]
     if missing:
         return f"Invalid request: '{missing[0]}' is a required property"
-    extra = sorted(set(record) - set(BATCH_LINE_FIELDS))
+    extra = sorted(set(record) - set(JOB_LINE_FIELDS))
     if extra:
         return f"Invalid request: Additional properties are not allowed ('{extra[0]}' was unexpected)"
     if not isinstance(record["custom_id"], str) or not record["custom_id"]:
@@ -878,13 +878,13 @@ def _line_problem(record: Any) -> str | None:
     return None
 
 
-def read_openai_batch_file(content: bytes, endpoint: str, limits: tuple[int, int],
-                           refusal: Refuse | None = None) -> BatchFile:
+def read_openai_job_file(content: bytes, endpoint: str, limits: tuple[int, int],
+                           refusal: Refuse | None = None) -> JobFile:
     """Read a batch input file: a format error fails the job, a body ``refusal`` refuses fails its line."""
     route = "batch input file"
     if len(content) > limits[1]:
-        return BatchFile([], Refusal(route, f"The input file exceeds the maximum size of {limits[1]} bytes."))
-    out = BatchFile([])
+        return JobFile([], Refusal(route, f"The input file exceeds the maximum size of {limits[1]} bytes."))
+    out = JobFile([])
     models: set[str] = set()
     for number, raw in enumerate(content.splitlines(), 1):
         if not raw.strip():
@@ -892,15 +892,15 @@ def read_openai_batch_file(content: bytes, endpoint: str, limits: tuple[int, int
         try:
             record = json.loads(raw)
         except ValueError:
-            return BatchFile([], Refusal(route, f"Line {number}: the line is not valid JSON."))
+            return JobFile([], Refusal(route, f"Line {number}: the line is not valid JSON."))
         problem = _line_problem(record)
         if problem is not None:
-            return BatchFile([], Refusal(route, f"Line {number}: {problem}"))
+            return JobFile([], Refusal(route, f"Line {number}: {problem}"))
         if any(line["custom_id"] == record["custom_id"] for line in out.lines):
-            return BatchFile([], Refusal(route, f"Line {number}: the custom_id {record['custom_id']!r} is used"
+            return JobFile([], Refusal(route, f"Line {number}: the custom_id {record['custom_id']!r} is used"
                                          " more than once; each request needs a unique custom_id."))
         if record["url"] != endpoint:
-            return BatchFile([], Refusal(route, f"Line {number}: the url {record['url']!r} is not the batch's"
+            return JobFile([], Refusal(route, f"Line {number}: the url {record['url']!r} is not the batch's"
                                          f" endpoint {endpoint!r}."))
         models.add(str(record["body"].get("model")))
         refused = refusal(endpoint, record["body"], record["custom_id"]) if refusal is not None else None
@@ -908,15 +908,15 @@ def read_openai_batch_file(content: bytes, endpoint: str, limits: tuple[int, int
             out.refused[record["custom_id"]] = refused
         out.lines.append(record)
     if len(models) > 1:
-        return BatchFile([], Refusal(route, f"The input file holds requests for {len(models)} models"
+        return JobFile([], Refusal(route, f"The input file holds requests for {len(models)} models"
                                      f" ({', '.join(sorted(models))}); a batch's requests all use one model."))
     if not out.lines or len(out.lines) > limits[0]:
-        return BatchFile([], Refusal(route, f"The input file must hold 1 to {limits[0]} requests, it holds"
+        return JobFile([], Refusal(route, f"The input file must hold 1 to {limits[0]} requests, it holds"
                                      f" {len(out.lines)}."))
     return out
 
 
-def read_message_batch(body: Any, limits: tuple[int, int], size: int = 0,
+def read_anthropic_job(body: Any, limits: tuple[int, int], size: int = 0,
                        refusal: Refuse | None = None) -> tuple[Refusal | None, dict[str, Refusal]]:
     """Why ``POST /v1/messages/batches`` refuses ``body`` (``size``: its bytes), and each request ``refusal`` refuses.
 
@@ -967,7 +967,7 @@ def _upload_refusal(fields: Any) -> Refusal | None:
     return None
 
 
-def _batch_create_refusal(body: Any) -> Refusal | None:
+def _job_create_refusal(body: Any) -> Refusal | None:
     """Why ``POST /v1/batches`` refuses ``body``: what the fake runs, and metadata's documented limits."""
     if not isinstance(body, dict) or not isinstance(body.get("input_file_id"), str):
         return Refusal("/v1/batches", "Missing required parameter: 'input_file_id'.", "input_file_id")

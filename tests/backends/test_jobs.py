@@ -654,7 +654,7 @@ def test_limits_must_be_positive() -> None:
         OpenAIJobs(OpenAIChatBackend("m", api_key="k"), max_bytes=-1)
 
 
-# -- batch mode end to end: what the lines carry ------------------------------------------------
+# -- job mode end to end: what the lines carry ------------------------------------------------
 
 
 def _sent_lines(server: FakeBatches) -> list[Any]:

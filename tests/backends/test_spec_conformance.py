@@ -15,7 +15,7 @@ from typing import Any, Iterator
 import pytest
 
 from outlines.testing._live import Refusal
-from outlines.testing._provider import read_openai_batch_file
+from outlines.testing._provider import read_openai_job_file
 from tests.fixtures.fake_batches import FakeBatches, FakeClock
 from tests.fixtures.spec import validate
 
@@ -174,7 +174,7 @@ def test_what_the_batch_api_refuses_at_upload_and_create(client: Any, server: Fa
     (chat_line("a", "x") + chat_line("b", "x") + chat_line("c", "x"), "must hold 1 to 2 requests"),
 ])
 def test_an_input_file_is_read_as_the_batch_api_reads_it(content: bytes, reason: str) -> None:
-    read = read_openai_batch_file(content, CHAT, (2, 10**6))
+    read = read_openai_job_file(content, CHAT, (2, 10**6))
     assert read.failure is not None and reason in read.failure.message
 
 

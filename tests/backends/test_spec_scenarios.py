@@ -4,7 +4,7 @@ Each scenario runs the library as a user would against the validating fakes
 (``tests/fixtures/spec/validate.py``): live chat and completions with
 samples, stop and seed, structured outputs with object and non-object roots,
 reasoning-model names, Anthropic live and multi-turn with prompt-cache
-breakpoints, and batch mode on both providers with samples over 128 and
+breakpoints, and job mode on both providers with samples over 128 and
 ``choices=``/``regex=``. A request the real provider would refuse fails the
 scenario (``tests/conftest.py``); none of these declares a violation.
 """
@@ -128,7 +128,7 @@ def test_live_anthropic_with_temperature(server: FakeBatches) -> None:
     claude(server, temperature=0.5, max_tokens=16)("q").eval(cache=False)
 
 
-# -- batch mode -----------------------------------------------------------------------------------------------
+# -- job mode -----------------------------------------------------------------------------------------------
 
 
 @pytest.mark.parametrize("provider", ["openai", "anthropic"])

@@ -596,7 +596,7 @@ def test_cancelling_frees_the_worker_at_the_next_decoding_step(tiny_model_path: 
             await task
 
     asyncio.run(main())
-    assert tf._slot(backend._key()).executor.submit(len, steps).result() == 3  # no step after the flag
+    assert tf._registry_entry(backend._key()).executor.submit(len, steps).result() == 3  # no step after the flag
     assert run(backend, [Draw("Q: 1", GREEDY)])  # the worker serves the next batch
 
 
@@ -607,7 +607,7 @@ def test_a_clean_cancel_logs_nothing(tiny_model_path: str, caplog: pytest.LogCap
     backend = TransformersBackend(tiny_model_path, device="cpu")
     backend.load()
     params = GenerationParams.create(max_tokens=400, temperature=1.0, seed=1)
-    worker = tf._slot(backend._key()).executor
+    worker = tf._registry_entry(backend._key()).executor
 
     async def main() -> None:
         task = asyncio.ensure_future(backend.generate([Draw("Q: 1", params, d) for d in range(4)], BatchReport()))

@@ -28,7 +28,7 @@ import outlines.backends.base
 from outlines import cache as cache_module
 from outlines.cache import keys as cache_keys
 from outlines import models
-from outlines.draws import Draw, DrawBatch, GenerationParams
+from outlines.draws import Draw, DrawColumns, GenerationParams
 from outlines.cache import Cache, CacheWarning, draw_key
 from outlines.cache.sqlite import FORMAT, row_ids
 from tests.fixtures.subprocesses import python_env
@@ -103,7 +103,7 @@ def test_key_memo_never_confuses_equal_but_different_params() -> None:
 _KEY_SCRIPT = """
 import json, sys
 from outlines.cache import draw_key
-from outlines.draws import Draw, DrawBatch, GenerationParams
+from outlines.draws import Draw, DrawColumns, GenerationParams
 from tests.fixtures.subprocesses import python_env
 orders = [{"a": 1, "b": [1, 2], "c": {"x": 1, "y": 2}}, {"c": {"y": 2, "x": 1}, "b": [1, 2], "a": 1}]
 keys = [draw_key(("openai", "m", "http://h/v1"), Draw("p\\u00e9", GenerationParams.create(seed=3, **o), 4)).hex()
@@ -336,7 +336,7 @@ def test_threads_read_and_write_at_once(tmp_path: Path) -> None:
 def test_locked_file_warns_and_carries_on(tmp_path: Path) -> None:
     cache = Cache(tmp_path, timeout=0.05)
     cache.put_many({key("a"): "A"})
-    draws = DrawBatch.of([Draw("b", GenerationParams(), 0)])
+    draws = DrawColumns.of([Draw("b", GenerationParams(), 0)])
     blocker = rows(cache)
     blocker.execute("BEGIN IMMEDIATE")
     try:
@@ -614,9 +614,9 @@ def test_memory_lru_is_bounded_by_entries_and_bytes(tmp_path: Path) -> None:
     cache = Cache(tmp_path, memory_entries=50, memory_bytes=20_000)
     params = GenerationParams(temperature=0.5)
     for number in range(200):  # one draw per slot (its draw number): the memory's unit of eviction
-        cache.put_draws(IDENTITY, DrawBatch.of([Draw("p", params, number)]), ["x" * 100])
+        cache.put_draws(IDENTITY, DrawColumns.of([Draw("p", params, number)]), ["x" * 100])
     assert [slot[1] for slot in cache._slots] == list(range(150, 200))  # the last 50
-    cache.put_draws(IDENTITY, DrawBatch.of([Draw("big", params, 999)]), ["y" * 19_800])  # all the room there is
+    cache.put_draws(IDENTITY, DrawColumns.of([Draw("big", params, 999)]), ["y" * 19_800])  # all the room there is
     assert cache._memory_size <= 20_000 and [slot[1] for slot in cache._slots] == [999]
     cache.flush()
     stored = Cache(tmp_path).get_many([key("p", number, temperature=0.5) for number in range(200)])

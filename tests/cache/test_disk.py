@@ -16,7 +16,7 @@ from typing import Any, Callable, Iterator
 
 import pytest
 
-from outlines.draws import DrawBatch, GenerationParams
+from outlines.draws import DrawColumns, GenerationParams
 from outlines.cache import Cache, CacheWarning, draw_keys
 from outlines.cache.sqlite import FORMAT, SQLiteStore
 
@@ -26,7 +26,7 @@ except ImportError:  # before issue 27: no such error, the file was moved aside
     NotACacheFile = ValueError  # type: ignore[misc,assignment]
 
 IDENTITY = ("function", "echo", "0123abcd", False)
-DRAWS = DrawBatch(["x", "y"], [GenerationParams()] * 2, [0, 0])
+DRAWS = DrawColumns(["x", "y"], [GenerationParams()] * 2, [0, 0])
 
 
 @pytest.fixture
@@ -67,7 +67,7 @@ def test_a_second_cache_reads_the_first_ones_queued_writes_however_the_path_is_s
     second = SPELLINGS[spelling](directory)
     assert second.get_many(keys) == {keys[0]: "X"}
     assert second.get_draws(IDENTITY, DRAWS) == ["X", None]
-    later = DrawBatch(["z"], [GenerationParams()], [0])
+    later = DrawColumns(["z"], [GenerationParams()], [0])
     first.put_draws(IDENTITY, later, ["Z"])  # by slot: keys hashed on the (stalled) writer
     assert second.get_draws(IDENTITY, later) == ["Z"]
     stalled_writer.set()
@@ -188,7 +188,7 @@ def test_a_batch_over_many_slots_is_one_lookup_of_the_file(tmp_path: Path, monke
     # go to the file together, the file's freshness looked at once, and each slot gets its own values.
     count = 40
     first = Cache(tmp_path)
-    stored = DrawBatch([f"p{i}" for i in range(count)], [GenerationParams()] * count, list(range(1, count + 1)))
+    stored = DrawColumns([f"p{i}" for i in range(count)], [GenerationParams()] * count, list(range(1, count + 1)))
     first.put_draws(IDENTITY, stored, [f"T{i}" for i in range(count)])
     first.flush()
     calls = {"read": 0, "fresh": 0}
@@ -207,7 +207,7 @@ def test_a_batch_over_many_slots_is_one_lookup_of_the_file(tmp_path: Path, monke
     second = Cache(tmp_path)  # not the writer: its memory holds nothing, every draw is asked of the file
     # even elements in their stored slot, odd ones one slot off (misses), and a prompt never stored
     numbers = [i + 1 if i % 2 == 0 else i + 2 for i in range(count)] + [1]
-    asked = DrawBatch([f"p{i}" for i in range(count)] + ["new"], [GenerationParams()] * (count + 1), numbers)
+    asked = DrawColumns([f"p{i}" for i in range(count)] + ["new"], [GenerationParams()] * (count + 1), numbers)
     assert second.get_draws(IDENTITY, asked) == [f"T{i}" if i % 2 == 0 else None for i in range(count)] + [None]
     assert calls == {"read": 1, "fresh": 1}
     assert second.get_draws(IDENTITY, stored) == [f"T{i}" for i in range(count)]
@@ -217,11 +217,11 @@ def test_a_batch_over_many_slots_is_one_lookup_of_the_file(tmp_path: Path, monke
 def test_a_batch_over_many_slots_reads_blocks_still_queued(tmp_path: Path, stalled_writer: threading.Event) -> None:
     count = 30
     first = Cache(tmp_path)
-    stored = DrawBatch([f"p{i}" for i in range(count)], [GenerationParams()] * count, list(range(1, count + 1)))
+    stored = DrawColumns([f"p{i}" for i in range(count)], [GenerationParams()] * count, list(range(1, count + 1)))
     first.put_draws(IDENTITY, stored, [f"T{i}" for i in range(count)])  # one block per slot, none committed
     second = Cache(tmp_path)
     numbers = [i + 1 if i % 3 else i + 2 for i in range(count)]  # every third one slot off: a miss
-    asked = DrawBatch([f"p{i}" for i in range(count)], [GenerationParams()] * count, numbers)
+    asked = DrawColumns([f"p{i}" for i in range(count)], [GenerationParams()] * count, numbers)
     assert second.get_draws(IDENTITY, asked) == [f"T{i}" if i % 3 else None for i in range(count)]
     stalled_writer.set()
     second.flush()

@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from outlines import threads
-from outlines.draws import Draw, DrawBatch, GenerationParams
+from outlines.draws import Draw, DrawColumns, GenerationParams
 from outlines.cache import Cache, draw_keys
 from outlines.cache import disk as disk_module
 from outlines.cache.sqlite import row_ids
@@ -27,8 +27,8 @@ GREEDY = GenerationParams()
 HOT = GenerationParams(temperature=0.9)
 
 
-def batch(prompts: list[str], params: GenerationParams = GREEDY, numbers: list[int] | None = None) -> DrawBatch:
-    return DrawBatch(list(prompts), [params] * len(prompts), numbers if numbers is not None else [0] * len(prompts))
+def batch(prompts: list[str], params: GenerationParams = GREEDY, numbers: list[int] | None = None) -> DrawColumns:
+    return DrawColumns(list(prompts), [params] * len(prompts), numbers if numbers is not None else [0] * len(prompts))
 
 
 def stored_rows(cache: Cache) -> set[int]:
@@ -42,7 +42,7 @@ def stored_rows(cache: Cache) -> set[int]:
 
 def test_stored_draws_land_under_their_draw_keys(tmp_path: Path) -> None:
     cache = Cache(tmp_path)
-    mixed = DrawBatch(["a", "b", "a", "c"], [GREEDY, HOT, HOT, HOT], [0, 0, 1, 7])  # three slots
+    mixed = DrawColumns(["a", "b", "a", "c"], [GREEDY, HOT, HOT, HOT], [0, 0, 1, 7])  # three slots
     cache.put_draws(IDENTITY, mixed, ["A0", "B0", "A1", "C7"])
     keys = draw_keys(IDENTITY, mixed)
     assert stored_rows(cache) == set(row_ids(keys))
@@ -183,6 +183,6 @@ def test_memory_counts_the_length_of_each_prompt_and_text(tmp_path: Path) -> Non
     cache = Cache(tmp_path)
     cache.put_draws(IDENTITY, batch(["ab", "é✓x"]), ["one", ""])
     assert cache._memory_size == 2 + 3 + 3 + 0 + 2 * _ENTRY_BYTES
-    conversation = DrawBatch([("system", "user"), "plain"], [GREEDY] * 2, [0, 0])  # not all text: len of each
+    conversation = DrawColumns([("system", "user"), "plain"], [GREEDY] * 2, [0, 0])  # not all text: len of each
     cache.put_draws(IDENTITY, conversation, ["x", "yz"])
     assert cache._memory_size == 8 + 2 * _ENTRY_BYTES + 2 + 5 + 1 + 2 + 2 * _ENTRY_BYTES  # a tuple's len: 2

@@ -1,7 +1,7 @@
 """The one packing rule (``outlines.draws.packing``): the batcher's, explain's and the transformers backend's.
 
 ``pack`` on group sizes, and on draws: each prompt's run (``group_sizes``), prefix groups
-(``prefix_ordered``, ``draw_units``) and the full batches of a queue (``whole_batches``).
+(``prefix_ordered``, ``draw_units``) and the full batches of a queue (``full_batches``).
 """
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from outlines.draws import Draw, DrawBatch, GenerationParams, pack
-from outlines.draws.packing import draw_units, group_sizes, prefix_ordered, whole_batches
+from outlines.draws import Draw, DrawColumns, GenerationParams, pack
+from outlines.draws.packing import draw_units, group_sizes, prefix_ordered, full_batches
 
 
 @pytest.mark.parametrize(
@@ -75,39 +75,39 @@ HEADS = ["Translate to French, one word only. " * 3, "Answer yes or no, nothing 
 
 def test_groups_are_runs_of_one_prompt_and_one_slot_holds_one_draw_per_prompt() -> None:
     other = GenerationParams.create(temperature=0.9)
-    assert group_sizes(DrawBatch(["a", "b", "c"], [PARAMS] * 3, [0] * 3)) == [1, 1, 1]
-    mixed = DrawBatch(["a", "a", "b", "a"], [PARAMS, PARAMS, PARAMS, other], [0, 1, 0, 0])
+    assert group_sizes(DrawColumns(["a", "b", "c"], [PARAMS] * 3, [0] * 3)) == [1, 1, 1]
+    mixed = DrawColumns(["a", "a", "b", "a"], [PARAMS, PARAMS, PARAMS, other], [0, 1, 0, 0])
     assert group_sizes(mixed) == [2, 1, 1]  # the same text under other params is another prompt
-    assert group_sizes(DrawBatch([], [], [])) == []
+    assert group_sizes(DrawColumns([], [], [])) == []
 
 
 def test_whole_batches_keep_the_last_partial_one_back() -> None:
-    draws = DrawBatch([f"p{i}" for i in range(10)], [PARAMS] * 10, [0] * 10)
-    full, rest = whole_batches(draws, 4, None)
+    draws = DrawColumns([f"p{i}" for i in range(10)], [PARAMS] * 10, [0] * 10)
+    full, rest = full_batches(draws, 4, None)
     assert full.prompts == [f"p{i}" for i in range(8)] and rest.prompts == ["p8", "p9"]
-    full, rest = whole_batches(draws, 5, None)
+    full, rest = full_batches(draws, 5, None)
     assert len(full) == 10 and len(rest) == 0
 
 
 def test_prefix_ordering_keeps_each_prompts_samples_together_and_whole_batches_keep_groups() -> None:
     prompts = [HEADS[i % 2] + f"q{i}" for i in range(4)]
-    draws = DrawBatch.of([Draw(p, PARAMS, d) for p in prompts for d in range(2)])
+    draws = DrawColumns.of([Draw(p, PARAMS, d) for p in prompts for d in range(2)])
     ordered = prefix_ordered(draws, 32)
     assert ordered.prompts == [prompts[i] for i in (0, 0, 2, 2, 1, 1, 3, 3)]
     assert ordered.numbers == [0, 1] * 4
     assert prefix_ordered(draws, None) is draws  # no head worth sharing: nothing moves
-    full, rest = whole_batches(prefix_ordered(draws[:6], 32), 4, 32)  # groups of 4 and 2 draws
+    full, rest = full_batches(prefix_ordered(draws[:6], 32), 4, 32)  # groups of 4 and 2 draws
     assert full.prompts == [prompts[0]] * 2 + [prompts[2]] * 2 and rest.prompts == [prompts[1]] * 2
 
 
 def test_a_prefix_group_is_one_unit_where_it_fits_and_its_runs_where_it_does_not() -> None:
     prompts = [HEADS[0] + f"q{i}" for i in range(3)] + ["alone"]
-    draws = DrawBatch.of([Draw(p, PARAMS, d) for p in prompts for d in range(2)])
+    draws = DrawColumns.of([Draw(p, PARAMS, d) for p in prompts for d in range(2)])
     assert draw_units(draws, 8, 32) == [6, 2]  # the group's three prompts, then the lone one
     assert draw_units(draws, 4, 32) == [2, 2, 2, 2]  # too big for a batch: cut between its prompts
     assert draw_units(draws, 8, None) == draw_units(draws, None, 32) == [2, 2, 2, 2]
 
 
 def test_prompts_that_are_not_text_are_not_grouped() -> None:
-    draws = DrawBatch([[1, 2, 3], "text"], [PARAMS] * 2, [0] * 2)
+    draws = DrawColumns([[1, 2, 3], "text"], [PARAMS] * 2, [0] * 2)
     assert prefix_ordered(draws, 2) is draws

@@ -40,7 +40,7 @@ def test_outer_variables_become_inputs_of_the_loop_node() -> None:
     assert node.inputs[1] is hint  # state first, then what the body captures
     assert [v.name for v in graph_inputs([out])] == ["question"]
     body = node.op.body
-    assert len(body.slots) == 1 and all(v.owner is None for v in body.slots)
+    assert len(body.stand_ins) == 1 and all(v.owner is None for v in body.stand_ins)
     assert hint.owner not in body.nodes  # the body's private graph stops at the slot
 
 

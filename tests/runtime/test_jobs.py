@@ -1,4 +1,4 @@
-"""Batch mode (``eval(..., jobs=Jobs(...))``) against the fake batch provider on 127.0.0.1.
+"""Job mode (``eval(..., jobs=Jobs(...))``) against the fake batch provider on 127.0.0.1.
 
 The server runs its jobs on a ``FakeClock`` that the evaluation's waiting
 advances: nothing really sleeps. Every assertion counts what the server was
@@ -111,7 +111,7 @@ def test_other_backends_stay_live_in_batch_mode(server: FakeBatches, clock: Fake
 
 def test_batch_mode_needs_a_cache_and_a_valid_option(server: FakeBatches, clock: FakeClock) -> None:
     out = model(server, "openai")(outlines.string("q"))
-    with pytest.raises(NodeError, match="batch mode needs a cache"):
+    with pytest.raises(NodeError, match="job mode needs a cache"):
         outlines.eval(out, givens={"q": "x"}, jobs=jobs(clock), cache=False)
     with pytest.raises(TypeError, match="jobs= must be True, False or outlines.Jobs"):
         outlines.eval(out, givens={"q": "x"}, jobs="yes")
@@ -152,9 +152,9 @@ def test_a_job_created_before_the_ledger_heard_of_it_is_found_not_paid_again(
     backend = out.owner.op.backend
     client = job_client(backend)
     ledger = Ledger(cache)
-    from outlines.draws import DrawBatch
+    from outlines.draws import DrawColumns
     from outlines.cache import draw_keys
-    draws = DrawBatch.of([d for d in _draws(out, prompts)])
+    draws = DrawColumns.of([d for d in _draws(out, prompts)])
     lines = client.lines(draws, draw_keys(backend.cache_identities[0], draws))
     record = ledger.record_intent(provider="openai", backend=list(backend.identity), run="outlines",
                                   lines=[(line.custom_id, line.keys) for line in lines])
@@ -170,9 +170,9 @@ def test_an_intent_never_created_is_abandoned_and_sent(server: FakeBatches, cloc
     out = m(outlines.string("q"), max_tokens=4)
     backend = out.owner.op.backend
     client = job_client(backend)
-    from outlines.draws import DrawBatch
+    from outlines.draws import DrawColumns
     from outlines.cache import draw_keys
-    draws = DrawBatch.of(_draws(out, ["a"]))
+    draws = DrawColumns.of(_draws(out, ["a"]))
     lines = client.lines(draws, draw_keys(backend.cache_identities[0], draws))
     record = Ledger(cache).record_intent(provider="openai", backend=list(backend.identity), run="outlines",
                                          lines=[(line.custom_id, line.keys) for line in lines])
@@ -259,7 +259,7 @@ def test_after_the_deadline_stragglers_go_live(server: FakeBatches, clock: FakeC
     assert sum(server.paid().values()) + server.count == 4
 
 
-# -- batch mode and live mode agree -----------------------------------------------------------------
+# -- job mode and live mode agree -----------------------------------------------------------------
 
 
 @settings(max_examples=8, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
@@ -281,7 +281,7 @@ def test_batch_mode_gives_the_live_values(server: FakeBatches, clock: FakeClock,
 
 # -- kill -9 at every step, then a re-run ------------------------------------------------------------
 
-#: The evaluating process: a graph of two rounds in batch mode; with ``KILL_AT`` it SIGKILLs itself at
+#: The evaluating process: a graph of two rounds in job mode; with ``KILL_AT`` it SIGKILLs itself at
 #: that step (after the upload; after create, before the ledger heard; while polling; while downloading).
 CHILD = r'''
 import json, os, signal, sys
@@ -380,12 +380,12 @@ def test_program_submit_then_call_collects_and_jobs_lists_and_cancels(server: Fa
     assert list(outlines.eval(other, givens={"q": ["c", "d"]}, jobs=jobs(clock), cache=cache)) == \
         ["<c|None|0>", "<d|None|0>"]
     assert set(server.paid().values()) == {1} and len(list(server.jobs.values())[-1].lines) == 1
-    with pytest.raises(ValueError, match="batch mode"):
+    with pytest.raises(ValueError, match="batch mode"):  # program.py's submit message
         outlines.compile(lambda q: m(q)).submit("x")
 
 
 def test_traces_record_each_job_and_cost_the_batch_price(server: FakeBatches, clock: FakeClock, cache: Cache) -> None:
-    price = {"input": 1.0, "output": 2.0, "batch_discount": 0.5}
+    price = {"input": 1.0, "output": 2.0, "job_discount": 0.5}
     m = models.openai("fake-model", base_url=server.base_url, api_key=KEY, price=price)
     out = two_levels(m, max_tokens=8)
     prompts = [f"p{i}" for i in range(5)]
@@ -425,7 +425,7 @@ class _NoQueue:
 
 def test_explain_shows_rounds_jobs_and_the_batch_price(server: FakeBatches, clock: FakeClock, cache: Cache) -> None:
     m = models.openai("fake-model", base_url=server.base_url, api_key=KEY, max_batch=4,
-                      price={"input": 1.0, "output": 2.0, "batch_discount": 0.5})
+                      price={"input": 1.0, "output": 2.0, "job_discount": 0.5})
     out = two_levels(m, max_tokens=8)
     prompts = [f"p{i}" for i in range(10)]
     live = outlines.explain(out, givens={"q": prompts}, cache=cache)
@@ -440,7 +440,7 @@ def test_explain_shows_rounds_jobs_and_the_batch_price(server: FakeBatches, cloc
 
 
 def test_budgets_count_the_batch_price(server: FakeBatches, clock: FakeClock, cache: Cache) -> None:
-    price = {"input": 1_000_000.0, "output": 1_000_000.0, "batch_discount": 0.5}
+    price = {"input": 1_000_000.0, "output": 1_000_000.0, "job_discount": 0.5}
     m = models.openai("fake-model", base_url=server.base_url, api_key=KEY, price=price)
     out = m(outlines.string("q"), max_tokens=4)
     prompts = ["a", "b"]  # at most 22 tokens (prompts with their chat wrapping, 4 completion tokens each)
@@ -449,7 +449,7 @@ def test_budgets_count_the_batch_price(server: FakeBatches, clock: FakeClock, ca
     assert server.count == 1  # live: the budget has room for one of the two draws, which is sent
     value = outlines.eval(out, givens={"q": prompts}, budget=outlines.Budget(cost=15.0), jobs=jobs(clock),
                           cache=cache)
-    assert list(value) == ["<a|None|0>", "<b|None|0>"] and server.count == 1  # batch mode: no live request
+    assert list(value) == ["<a|None|0>", "<b|None|0>"] and server.count == 1  # job mode: no live request
 
 
 def test_a_loop_of_k_iterations_takes_k_rounds(server: FakeBatches, clock: FakeClock, cache: Cache) -> None:
@@ -518,13 +518,13 @@ def test_not_waiting_raises_jobs_running_even_when_failures_are_returned(server:
 
 def test_draws_whose_constraint_no_job_line_carries_cost_the_live_price(server: FakeBatches, clock: FakeClock,
                                                                         cache: Cache) -> None:
-    """In batch mode Anthropic's constrained draws go live: explain, the budget and the trace price them live,
+    """In job mode Anthropic's constrained draws go live: explain, the budget and the trace price them live,
     the job's draws at the batch price, so a budget of explain's cost admits the run."""
     from fractions import Fraction
 
     from outlines.backends.usage import Price
 
-    price = Price.of({"input": 1.0, "output": 2.0, "batch_discount": 0.5})
+    price = Price.of({"input": 1.0, "output": 2.0, "job_discount": 0.5})
     m = models.anthropic("claude-fake", base_url=server.anthropic_url, api_key=KEY, max_tokens=4, price=price)
     q = outlines.string("q")
     free, picked = m(q), m("Pick for " + q, choices=["yes", "no"])
@@ -533,7 +533,7 @@ def test_draws_whose_constraint_no_job_line_carries_cost_the_live_price(server: 
     plan = outlines.explain(free, picked, givens=givens, jobs=jobs(clock))
     (usage,) = plan.usage.values()
     assert usage.jobs == 1 and 0 < usage.job_prompt_tokens < usage.prompt_tokens
-    everything_in_jobs = price.money(usage.prompt_tokens, usage.completion_tokens or 0, batch=True)
+    everything_in_jobs = price.money(usage.prompt_tokens, usage.completion_tokens or 0, jobs=True)
     assert usage.money is not None and usage.money > everything_in_jobs  # the live draws at the live price
     assert "the draws below live" in plan.summary()
     server.reply = lambda prompt, sample, body: "yes" if "Pick" in str(prompt) else reply(prompt, sample, body)
@@ -544,6 +544,6 @@ def test_draws_whose_constraint_no_job_line_carries_cost_the_live_price(server: 
     live = [b for b in trace.batches if not b.jobs]
     job = [b for b in trace.batches if b.jobs]
     assert len(live) >= 1 and len(job) == 1
-    expected = sum((price.money(b.prompt_tokens, b.completion_tokens, batch=bool(b.jobs)) for b in trace.batches),
+    expected = sum((price.money(b.prompt_tokens, b.completion_tokens, jobs=bool(b.jobs)) for b in trace.batches),
                    Fraction(0))
     assert trace.cost() == outlines.backends.usage.reported(expected)

@@ -20,7 +20,7 @@ import pytest
 
 import outlines
 from outlines import models
-from outlines.draws import Draw, DrawBatch
+from outlines.draws import Draw, DrawColumns
 from outlines.backends.jobs import job_client
 from outlines.cache import Cache, draw_keys
 from outlines.cache.ledger import Ledger
@@ -124,10 +124,10 @@ def test_anthropic_rerun_after_a_lost_create_takes_its_own_batch_not_a_strangers
     client = job_client(backend)
     # Another program's batch of the same size, created first (and finished first).
     stranger = m(outlines.string("q"), max_tokens=5).owner.op
-    other = DrawBatch.of([Draw(p, stranger.params, 0) for p in ["x", "y", "z"]])
+    other = DrawColumns.of([Draw(p, stranger.params, 0) for p in ["x", "y", "z"]])
     theirs = client.lines(other, draw_keys(backend.cache_identities[0], other))
     # What a process killed between create and the ledger write leaves: an intent, a batch, no id.
-    draws = DrawBatch.of(_draws(out, PROMPTS))
+    draws = DrawColumns.of(_draws(out, PROMPTS))
     lines = client.lines(draws, draw_keys(backend.cache_identities[0], draws))
     record = Ledger(cache).record_intent(provider="anthropic", backend=list(backend.identity), run="outlines",
                                          lines=[(line.custom_id, line.keys) for line in lines])

@@ -1,4 +1,4 @@
-"""Batch mode under provider faults (issue 38): echoed keys, bad elements, bad polls, a job stuck cancelling.
+"""Job mode under provider faults (issue 38): echoed keys, bad elements, bad polls, a job stuck cancelling.
 
 Against the fake batch provider on 127.0.0.1, its jobs on a ``FakeClock``
 that the evaluation's waiting advances (nothing really sleeps), with the

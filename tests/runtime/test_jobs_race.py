@@ -1,4 +1,4 @@
-"""Two real processes in batch mode on one cache file, against the fake provider running in a third.
+"""Two real processes in job mode on one cache file, against the fake provider running in a third.
 
 Each process is ``tests/fixtures/jobs_race.py`` (the same graph, a 2 s lease);
 one is paused at a step of its job (its heartbeat beating), stopped

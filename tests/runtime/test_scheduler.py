@@ -322,7 +322,7 @@ def test_the_collector_is_off_in_the_schedulers_bursts_and_back_on_after_an_erro
 
 
 def test_backends_receive_one_draw_batch_of_unique_draws_per_batch() -> None:
-    from outlines.draws import DrawBatch
+    from outlines.draws import DrawColumns
 
     received: list[Any] = []
     backend = RecordingBackend()
@@ -338,7 +338,7 @@ def test_backends_receive_one_draw_batch_of_unique_draws_per_batch() -> None:
     first, second = llm(prompts), llm(prompts)  # two draws of each prompt: numbers 0 and 1
     a, b = outlines.eval(first, second, cache=False)
     assert list(a) == ["a.", "b.", "a.", "c."] and list(b) == list(a)
-    assert len(received) == 1 and isinstance(received[0], DrawBatch)
+    assert len(received) == 1 and isinstance(received[0], DrawColumns)
     assert list(zip(received[0].prompts, received[0].numbers)) == [
         ("a", 0), ("a", 1), ("b", 0), ("b", 1), ("c", 0), ("c", 1)]  # each prompt's draws together
 

@@ -1,4 +1,4 @@
-"""The fake provider that ships in ``outlines.testing``: batch mode offline, from any directory, without the suite."""
+"""The fake provider that ships in ``outlines.testing``: job mode offline, from any directory, without the suite."""
 from __future__ import annotations
 
 import json

@@ -162,8 +162,8 @@ def _describe_body(node: Apply, role: str, subgraph: Any, drawn: list[DrawnNode]
     """Boxes of a loop's (or branch's) sub-graph in one cluster; its outputs feed the node."""
     cluster = f"{node.label} {role}"
     local = dict(keys)
-    for slot, outer in zip(subgraph.slots, subgraph.captured):  # captured values: edges from the outer boxes
-        local[id(slot)] = keys[id(outer.owner) if outer.owner is not None else id(outer)]
+    for stand_in, outer in zip(subgraph.stand_ins, subgraph.captured):  # captured values: edges from the outer boxes
+        local[id(stand_in)] = keys[id(outer.owner) if outer.owner is not None else id(outer)]
     for leaf in (v for v in ancestors(subgraph.outputs) if v.owner is None and id(v) not in local):
         box = _describe_leaf(leaf, f"n{len(drawn)}")
         if any(leaf is parameter for parameter in subgraph.parameters):  # Variables refuse ==

@@ -17,7 +17,7 @@ from typing import Any, Sequence
 
 from outlines.backends.base import Backend
 from outlines.backends.hosted import HostedBackend
-from outlines.draws import DrawBatch, pack
+from outlines.draws import DrawColumns, pack
 from outlines.draws.packing import draw_units
 
 __all__ = ["Batch", "pack_draws"]
@@ -28,11 +28,11 @@ class Batch:
     """One backend call: the draws it sends, and in a dry run the draws whose prompts are unknown."""
 
     backend: Backend
-    draws: DrawBatch
+    draws: DrawColumns
     #: Draws of prompts a dry run cannot know (``explain``); 0 in a real run.
     unknown: int = 0
-    #: Batch mode: the draws go as provider batch jobs (``outlines.runtime.jobs``), at the batch price;
-    #: ``False``: a live call (also, in batch mode, draws whose constraint no job line can carry).
+    #: Job mode: the draws go as provider batch jobs (``outlines.runtime.jobs``), at the jobs' price;
+    #: ``False``: a live call (also, in job mode, draws whose constraint no job line can carry).
     jobs: bool = False
 
     @property
@@ -41,7 +41,7 @@ class Batch:
         return len(self.draws) + self.unknown
 
 
-def pack_draws(backend: Backend, draws: DrawBatch, unknown: Sequence[int] = (), *, jobs: bool = False) -> list[Batch]:
+def pack_draws(backend: Backend, draws: DrawColumns, unknown: Sequence[int] = (), *, jobs: bool = False) -> list[Batch]:
     """The calls to ``backend`` that send ``draws`` (each prompt's draws adjacent, as ``take`` gives them).
 
     A prefix group (see the module docstring) stays in one call when it fits.
@@ -73,7 +73,7 @@ def _job_carries(backend: HostedBackend, constraint: Any, known: dict[Any, bool]
     return known[constraint]
 
 
-def _pack(backend: Backend, draws: DrawBatch, unknown: Sequence[int], *, jobs: bool) -> list[Batch]:
+def _pack(backend: Backend, draws: DrawColumns, unknown: Sequence[int], *, jobs: bool) -> list[Batch]:
     max_batch = None if jobs else backend.max_batch
     if max_batch is None and not unknown:  # one call takes them all: no step per draw
         return [Batch(backend, draws, jobs=jobs)] if len(draws) else []

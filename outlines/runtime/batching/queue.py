@@ -15,7 +15,7 @@ order; its ``waiters`` know who waits for each draw pending or in flight
 ``since`` is when the queue last went from empty to non-empty (its gathering
 window starts then) and ``unready`` counts the plan's model calls on it not
 dispatched yet (while some are, and other work runs, the window may stay
-open). ``take`` empties the queue into one ``DrawBatch``, each prompt's
+open). ``take`` empties the queue into one ``DrawColumns``, each prompt's
 samples next to each other and, for a backend that pays for a shared head
 once (``Backend.prefix_min_head``), the prompts of each prefix group next to
 each other (``outlines.draws.packing.prefix_ordered``): what the batcher
@@ -28,7 +28,7 @@ from itertools import chain
 from typing import Any
 
 from outlines.backends.base import Backend
-from outlines.draws import DrawBatch, GenerationParams, Slot
+from outlines.draws import DrawColumns, GenerationParams, Slot
 from outlines.draws.packing import prefix_ordered
 from outlines.runtime.batching.waiting import Wait, Waiters
 
@@ -96,7 +96,7 @@ class BatchQueue:
         """Whether any of the queue's draws carries a constraint (then texts are checked)."""
         return any(slot.params.constraint is not None for slot in self.slots)
 
-    def take(self) -> tuple[DrawBatch, Any]:
+    def take(self) -> tuple[DrawColumns, Any]:
         """Empty the queue: its draws as one batch, each prompt's samples together, and a view of its prompts.
 
         Prompts that share a head the backend pays for once come together,
@@ -109,27 +109,27 @@ class BatchQueue:
         for slot in queued:
             slot.pending = {}
         if not tables:
-            return DrawBatch([], [], []), None
+            return DrawColumns([], [], []), None
         if len(tables) == 1:
             key, prompts = tables[0]
-            return prefix_ordered(DrawBatch.in_slot(key, list(prompts)), self.backend.prefix_min_head), prompts.keys()
+            return prefix_ordered(DrawColumns.in_slot(key, list(prompts)), self.backend.prefix_min_head), prompts.keys()
         return prefix_ordered(_interleaved(tables), self.backend.prefix_min_head), None
 
-    def requeue(self, draws: DrawBatch) -> None:
+    def requeue(self, draws: DrawColumns) -> None:
         """Queue ``draws`` again (a remainder kept for the next flush)."""
         for slot, positions in draws.by_slot():
             prompts = draws.prompts if positions is None else [draws.prompts[i] for i in positions]
             self.slot(slot).add(dict.fromkeys(prompts))
 
 
-def _interleaved(tables: list[tuple[Slot, dict[Any, None]]]) -> DrawBatch:
+def _interleaved(tables: list[tuple[Slot, dict[Any, None]]]) -> DrawColumns:
     """The draws of several slots, each prompt's draws (same params and prompt) next to each other."""
     first_params, first = tables[0][0].params, list(tables[0][1])
     if all(slot.params is first_params and len(table) == len(first) and list(table) == first for slot, table in tables):
         # The usual case, a k-sample call: every slot holds the same prompts. C-speed.
         k = len(tables)
         prompts = list(chain.from_iterable(zip(*([first] * k))))
-        return DrawBatch(prompts, [first_params] * len(prompts), [slot.number for slot, _ in tables] * len(first))
+        return DrawColumns(prompts, [first_params] * len(prompts), [slot.number for slot, _ in tables] * len(first))
     groups: dict[tuple[GenerationParams, Any], list[int]] = {}
     for slot, table in tables:
         for prompt in table:
@@ -141,4 +141,4 @@ def _interleaved(tables: list[tuple[Slot, dict[Any, None]]]) -> DrawBatch:
         prompts_out.extend([prompt] * len(numbers))
         params_out.extend([params] * len(numbers))
         numbers_out.extend(numbers)
-    return DrawBatch(prompts_out, params_out, numbers_out)
+    return DrawColumns(prompts_out, params_out, numbers_out)

@@ -10,7 +10,7 @@ State, named once (Dask's ``local.py`` style):
   a prompt that failed upstream) and the draws the cache answered (``hits``);
 - per slot of a queue, ``Waiters``: who waits for each of its draws that is
   pending or in flight (``waits``: prompt -> the Waits that want it);
-- a ``Whole`` per running node whose elements draw in namespaces of their
+- a ``NodeParts`` per running node whose elements draw in namespaces of their
   own (a stacked loop's body): one Wait per namespace as its parts, their
   values put back in the node's order once all are complete.
 
@@ -35,7 +35,7 @@ from itertools import repeat
 from operator import is_
 from typing import Any, Sequence
 
-__all__ = ["Wait", "Waiters", "Whole"]
+__all__ = ["Wait", "Waiters", "NodeParts"]
 
 
 class Wait:
@@ -55,7 +55,7 @@ class Wait:
         positions holds it).
     """
 
-    __slots__ = ("index", "shape", "prompts", "slots", "found", "hits", "missing", "settled", "whole", "whole_hit",
+    __slots__ = ("index", "shape", "prompts", "slots", "found", "hits", "missing", "settled", "all_values", "all_hit",
                  "parent")
 
     def __init__(
@@ -70,9 +70,9 @@ class Wait:
         self.hits: dict[Waiters, set[Any]] = {}
         self.missing = 0
         self.settled = settled or {}
-        self.whole: list[Any] | None = None  # its values, when they came in one piece in its prompts' order
-        self.whole_hit = False
-        self.parent: Whole | None = None  # the node it is a part of, when its elements draw in namespaces apart
+        self.all_values: list[Any] | None = None  # its values, when they came in one piece in its prompts' order
+        self.all_hit = False
+        self.parent: NodeParts | None = None  # the node it is a part of, when its elements draw in namespaces apart
 
     @property
     def count(self) -> int:
@@ -87,7 +87,7 @@ class Wait:
         """
         found = self.found[slot]
         if not found and len(self.slots) == 1 and not self.settled and prompts == self.prompts:
-            self.whole, self.whole_hit = values, hit
+            self.all_values, self.all_hit = values, hit
             self.missing -= len(prompts)
             return
         found.update(zip(prompts, values))
@@ -104,8 +104,8 @@ class Wait:
 
     def results(self) -> list[Any]:
         """The value of each position, element-major (all draws of element 0 first)."""
-        if self.whole is not None:
-            return self.whole
+        if self.all_values is not None:
+            return self.all_values
         prompts, k, settled = self.prompts, len(self.slots), self.settled
         if k == 1:
             found = self.found[self.slots[0]]
@@ -121,8 +121,8 @@ class Wait:
 
     def cache_hits(self) -> int:
         """Positions whose draw the cache answered."""
-        if self.whole is not None:
-            return len(self.whole) if self.whole_hit else 0
+        if self.all_values is not None:
+            return len(self.all_values) if self.all_hit else 0
         if not self.hits:
             return 0
         total = 0
@@ -143,7 +143,7 @@ class Wait:
         return self.prompts.index(prompt)
 
 
-class Whole:
+class NodeParts:
     """A node whose elements draw in namespaces of their own: one ``Wait`` per namespace, as its parts.
 
     Each part waits for the elements of one namespace (their flat
@@ -242,8 +242,8 @@ class Waiters:
         claim = self.claim
         if claim is not None:
             claimed, wait = claim
-            whole = len(claimed) == len(prompts) and list(claimed) == prompts  # the usual: all of it, in order
-            if whole or all(map(claimed.__contains__, prompts)):  # only the latest join wants them
+            in_order = len(claimed) == len(prompts) and list(claimed) == prompts  # the usual: all of it, in order
+            if in_order or all(map(claimed.__contains__, prompts)):  # only the latest join wants them
                 if len(claimed) == len(prompts):
                     self.claim = None
                 else:
@@ -302,3 +302,10 @@ class Waiters:
             for wait in self.waits.get(prompt, ()):
                 found.setdefault(id(wait), wait)
         return list(found.values())
+
+
+def __getattr__(name: str) -> Any:  # renames.txt shim: goes once scripts/renames.txt is applied
+    """The name before the glossary (docs/reference/glossary.md), for modules not renamed yet."""
+    if name == "Whole":
+        return NodeParts
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from outlines.draws import Draw, DrawBatch, GenerationParams
+from outlines.draws import Draw, DrawColumns, GenerationParams
 from outlines.cache import Cache
 from outlines.runtime.batching.batcher import cached_values
 from tests.fixtures.recording import RecordingBackend
@@ -18,9 +18,9 @@ def test_cached_values_answer_the_stored_draws_and_miss_the_rest(tmp_path: Path)
     backend = RecordingBackend()
     cache = Cache(tmp_path)
     hit, miss = Draw("cached", PARAMS, 0), Draw("fresh", PARAMS, 0)
-    cache.put_draws(backend.identity, DrawBatch.of([hit]), ["stored"])
+    cache.put_draws(backend.identity, DrawColumns.of([hit]), ["stored"])
     cache.flush()
-    draws = DrawBatch.of([hit, miss])
+    draws = DrawColumns.of([hit, miss])
     assert cached_values(Cache(tmp_path, timeout=3.0), backend, draws) == ["stored", None]  # from the file
     assert cached_values(None, backend, draws) == [None, None] and cached_values(cache, backend, draws[0:0]) == []
     assert cached_values(cache, RecordingBackend(name="other"), draws) == [None, None]  # keys hold the identity
@@ -35,9 +35,9 @@ def test_a_fallback_chain_looks_under_each_members_identity_in_turn(tmp_path: Pa
     primary, second = RecordingBackend(name="primary"), RecordingBackend(name="second")
     chain = FallbackBackend([primary, second])
     cache = Cache(tmp_path)
-    cache.put_draws(primary.identity, DrawBatch.of([Draw("a", PARAMS, 0)]), ["from primary"])
-    cache.put_draws(second.identity, DrawBatch.of([Draw("a", PARAMS, 0), Draw("b", PARAMS, 0)]), ["x", "from second"])
-    draws = DrawBatch.of([Draw("a", PARAMS, 0), Draw("b", PARAMS, 0), Draw("c", PARAMS, 0)])
+    cache.put_draws(primary.identity, DrawColumns.of([Draw("a", PARAMS, 0)]), ["from primary"])
+    cache.put_draws(second.identity, DrawColumns.of([Draw("a", PARAMS, 0), Draw("b", PARAMS, 0)]), ["x", "from second"])
+    draws = DrawColumns.of([Draw("a", PARAMS, 0), Draw("b", PARAMS, 0), Draw("c", PARAMS, 0)])
     assert cached_values(cache, chain, draws) == ["from primary", "from second", None]
 
 
