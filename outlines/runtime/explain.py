@@ -70,8 +70,10 @@ import numpy as np
 from outlines.backends.base import Backend
 from outlines.draws import DrawBatch, Slot, prefix_groups
 from outlines.backends.usage import Price, PriceTable, price_of, reported
-from outlines.graph.basic import Variable
+from outlines.graph.basic import Apply, Variable
 from outlines.graph.control import WhileLoop
+from outlines.graph.protocols import ModelCall, model_call, python_step
+from outlines.graph.traits import Run
 from outlines.labels import apart, label_of
 from outlines.graph.ops import Stack, broadcast_map
 from outlines.graph.ragged import Ragged
@@ -473,12 +475,12 @@ def _partial(inputs: list[Any]) -> bool:
     return any(x is UNKNOWN for value in inputs for x in _flat(value))
 
 
-def _perform(node: Any, inputs: list[Any]) -> list[Any]:
+def _perform(node: Apply, inputs: list[Any]) -> list[Any]:
     result = node.op.perform(*inputs)
     return list(result) if len(node.outputs) > 1 else [result]
 
 
-def _shapes_only(node: Any, inputs: list[Any]) -> list[Any]:
+def _shapes_only(node: Apply, inputs: list[Any]) -> list[Any]:
     """Outputs of unknown elements, where their shapes can be known (``None``: not even that)."""
     shapes = _output_shapes(node, [x.shape if isinstance(x, np.ndarray) else () for x in inputs])
     return [None if shape is None else _unknown(shape) for shape in shapes]
@@ -528,18 +530,19 @@ class _DryRun:
         steps = walker(self)
         for position, node in enumerate(self.plan.nodes):
             waits: frozenset[int] = frozenset().union(*(self.waits.get(id(v), frozenset()) for v in node.inputs))
-            if node.op.mode == "python" and getattr(getattr(node.op, "function", None), "blocking", None) is not False:
+            run = node.op.traits.run
+            if run is Run.PYTHON and python_step(node.op).function.blocking is not False:
                 waits = waits | {position}  # it may run in the thread pool, for as long as it takes
             self.current_waits = waits
             self.level = max((self.levels.get(id(v), 0) for v in node.inputs), default=0)
             inputs = [self.values.get(id(v), None) for v in node.inputs]
             if any(id(v) not in self.values for v in node.inputs):
                 results: list[Any] = [None] * len(node.outputs)
-                if node.op.mode == "generate":
+                if run is Run.GENERATE:
                     self.unknown_nodes.append(node.label)
                     self.level += 1
             else:
-                results = steps[node.op.mode](position, node, inputs)
+                results = steps[run](position, node, inputs)
             for output, value in zip(node.outputs, results):
                 self.levels[id(output)] = self.level
                 if waits:
@@ -548,33 +551,33 @@ class _DryRun:
                     self.values[id(output)] = value
 
     # -- each kind of node (the scheduler's dispatch: ``outlines.runtime.scheduler.walker``) --
-    def inline(self, index: int, node: Any, inputs: list[Any]) -> list[Any]:
+    def inline(self, index: int, node: Apply, inputs: list[Any]) -> list[Any]:
         """Cheap ops run on what is known; structural and elementwise ones carry UNKNOWN elements along."""
         op = node.op
         if not _partial(inputs):
             return _perform(node, inputs)
-        if getattr(op, "moves_unknown", False):
+        if op.traits.moves_unknown:
             return [op.perform(*inputs, unknown=UNKNOWN)]  # structural or template ops
-        if getattr(op, "elementwise", False) or isinstance(op, Stack):
+        if op.traits.elementwise or isinstance(op, Stack):
             perform = op.perform
             scalar = lambda *xs: UNKNOWN if any(x is UNKNOWN for x in xs) else perform(*xs)  # noqa: E731
             return [perform(*inputs) if isinstance(op, Stack) else broadcast_map(scalar, inputs)]
         return _shapes_only(node, inputs)
 
-    def python(self, index: int, node: Any, inputs: list[Any]) -> list[Any]:
+    def python(self, index: int, node: Apply, inputs: list[Any]) -> list[Any]:
         """User functions run only when declared pure and synchronous, on known values; else shapes."""
-        op = node.op
-        if op.pure and not getattr(getattr(op, "function", None), "is_async", True) and not _partial(inputs):
+        step = python_step(node.op)
+        if step.traits.pure and not step.function.is_async and not _partial(inputs):
             return _perform(node, inputs)
         return _shapes_only(node, inputs)
 
-    def control(self, index: int, node: Any, inputs: list[Any]) -> list[Any]:
+    def control(self, index: int, node: Apply, inputs: list[Any]) -> list[Any]:
         """Loops and branches: their iterations are unknown in advance; a loop's body is dry-run once (``LoopEstimate``)."""
         if isinstance(node.op, WhileLoop):
             self.iteration(node, node.op, inputs)
         return _shapes_only(node, inputs)
 
-    def iteration(self, node: Any, op: WhileLoop, inputs: list[Any]) -> None:
+    def iteration(self, node: Apply, op: WhileLoop, inputs: list[Any]) -> None:
         """Dry-run one iteration of a loop's body over all its elements (the cache unconsulted)."""
         try:
             shape = tuple(np.broadcast_shapes(*(np.shape(v) if isinstance(v, np.ndarray) else () for v in inputs)))
@@ -592,9 +595,10 @@ class _DryRun:
         run.run()
         self.loops.append((node.label, op.max_iter, size, run))
 
-    def generate(self, index: int, node: Any, inputs: list[Any]) -> list[Any]:
+    def generate(self, index: int, node: Apply, inputs: list[Any]) -> list[Any]:
         """A model call's draws: cache hits known now, misses queued at the next level, unknown prompts counted."""
-        op, prompt, level = node.op, inputs[0], self.level
+        op: ModelCall[Backend] = model_call(node.op)
+        prompt, level = inputs[0], self.level
         per_prompt = 1 if op.params.deterministic else op.num_samples
         count = int(np.size(prompt)) * op.num_samples
         if count > MAX_CHECKED_DRAWS:  # too many to look up one by one: count them, cache unchecked
@@ -645,7 +649,7 @@ class _DryRun:
         self.level = level + 1
         return [output]
 
-    def queue(self, level: int, op: Any, label: str, unknown: list[int]) -> BatchQueue:
+    def queue(self, level: int, op: ModelCall[Backend], label: str, unknown: list[int]) -> BatchQueue:
         """The predicted queue of ``op``'s backend and params at ``level``, with groups of ``unknown`` draws more."""
         key = (level, *queue_key(op.backend, op.params))  # the scheduler's queues (constraints share one)
         queue = self.queues.get(key)
@@ -726,7 +730,7 @@ class _DryRun:
 def _stacked_calls(variables: tuple[Variable, ...] | list[Variable]) -> dict[str, int]:
     """Label -> id(stacked node) of each model call that ``eval``'s plan stacks (its calls go out together)."""
     plan = Plan(variables, stack=True)
-    return {member.label: id(node) for node in plan.nodes if node.op.mode == "generate"
+    return {member.label: id(node) for node in plan.nodes if node.op.traits.run is Run.GENERATE
             for member in plan.members.get(id(node), ())}
 
 
@@ -765,17 +769,17 @@ def _estimated_cached(backend: Backend, draws: DrawBatch, warm: set[str]) -> int
     return cached
 
 
-def _output_shapes(node: Any, shapes: list[Any]) -> list[Any]:
+def _output_shapes(node: Apply, shapes: list[Any]) -> list[Any]:
     """Shapes of a node's outputs from its inputs' shapes (``None``: unknown)."""
     op, count = node.op, len(node.outputs)
     if any(s is None for s in shapes):
         return [None] * count
-    function = getattr(op, "function", None)
-    signature = getattr(function, "signature", None)
+    function = python_step(op).function if op.traits.run is Run.PYTHON else None
+    signature = function.signature if function is not None else None
     try:
         if signature is not None:
             return _gufunc_shapes(signature, shapes)
-        if function is not None or getattr(op, "elementwise", False):
+        if function is not None or op.traits.elementwise:
             return [tuple(np.broadcast_shapes(*shapes))] * count
         if isinstance(op, Stack):
             return [tuple(np.broadcast_shapes(*shapes)) + (len(shapes),)]
@@ -875,7 +879,8 @@ def explain(
     uses: dict[Any, int] = {}  # the user's elementwise steps not declared pure: they never stack
     for node in plan.nodes:
         op = node.op
-        kinds[op.mode] = kinds.get(op.mode, 0) + 1
+        kind = op.traits.run.value
+        kinds[kind] = kinds.get(kind, 0) + 1
         if op.gathered:
             uses[op] = uses.get(op, 0) + 1
     sent = sum(queue.pending for queue in run.queues.values())
@@ -884,7 +889,7 @@ def explain(
     usage = run.usage(batches, prices)
     from outlines.runtime.control import describe
 
-    control = [describe(node) for node in plan.nodes if node.op.mode == "control"]
+    control = [describe(node) for node in plan.nodes if node.op.traits.run is Run.CONTROL]
     loops = [LoopEstimate(label, max_iter, size, body.usage(body.batches(), prices))
              for label, max_iter, size, body in run.loops]
     backends = {repr(q.backend): q.backend for r in [run, *(body for *_, body in run.loops)] for q in r.queues.values()}

@@ -13,6 +13,7 @@ from outlines import models
 from outlines.errors import GraphBuildError
 from outlines.graph.basic import Apply, Constant, Op, Variable
 from outlines.graph.ops import Concat, Stack, broadcast_map
+from outlines.graph.traits import Run, Traits
 from outlines.graph.traversal import applies, graph_inputs
 from outlines.runtime.plan import Plan
 from tests.fixtures.graphs import rewired_cycle
@@ -31,7 +32,7 @@ class Fails(Op):
 
 
 class Impure(Op):
-    pure = False
+    traits = Traits(pure=False)
 
     def perform(self, value):  # noqa: ANN001, ANN201
         return value
@@ -157,7 +158,7 @@ def test_folding_keeps_a_failing_op_for_eval_to_report() -> None:
 
 def test_python_mode_ops_are_not_folded() -> None:
     class Slow(Upper):
-        mode = "python"
+        traits = Traits(run=Run.PYTHON)
 
     out = Slow()("x")
     assert _rewrite([out])[0] is out
@@ -184,7 +185,7 @@ def test_unhashable_op_parameters_are_left_alone() -> None:
         def __init__(self, tags):  # noqa: ANN001
             self.tags = tags
 
-        mode = "python"
+        traits = Traits(run=Run.PYTHON)
 
     question = Variable(name="question")
     first, second = Tagged(["a"])(question), Tagged(["a"])(question)
