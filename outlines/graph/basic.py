@@ -439,8 +439,8 @@ class Op:
     # -- compatibility: outlines.runtime.plan and families read these until they read ``traits`` --
     @property
     def mode(self) -> str:
-        """``traits.run``'s value (compatibility: read ``traits``)."""
-        return self.traits.run.value
+        """``traits.run``, a ``str`` equal to its value (compatibility: read ``traits``)."""
+        return self.traits.run
 
     @property
     def pure(self) -> bool:
