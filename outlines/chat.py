@@ -17,6 +17,7 @@ from outlines.conversation import ROLES, Conversation, as_conversation
 from outlines.errors import GraphBuildError
 from outlines.graph.basic import Apply, Op, Variable, as_variable
 from outlines.graph.ops import broadcast_map, check_text_input
+from outlines.graph.traits import Traits
 
 __all__ = ["Conversation", "ConversationVariable", "assistant", "system", "user"]
 
@@ -43,7 +44,7 @@ class Message(Op):
     """Wrap text as a one-message conversation with ``role``, elementwise."""
 
     __props__ = ("role",)
-    elementwise = True
+    traits = Traits(elementwise=True)
 
     def __init__(self, role: str) -> None:
         if role not in ROLES:
@@ -73,7 +74,7 @@ class Message(Op):
 class Extend(Op):
     """Concatenate conversations (plain text is a user message), elementwise."""
 
-    elementwise = True
+    traits = Traits(elementwise=True)
 
     @property
     def name(self) -> str:

@@ -66,7 +66,7 @@ class Conversation(str):
         """The messages as OpenAI-style dicts (what chat templates and chat APIs take)."""
         return [{"role": role, "content": content} for role, content in json.loads(self)["messages"]]
 
-    def __add__(self, other: Any) -> Conversation:  # type: ignore[override]
+    def __add__(self, other: Any) -> Conversation:
         return Conversation.of([(m["role"], m["content"]) for m in self.messages + as_conversation(other).messages])
 
     def __radd__(self, other: Any) -> Conversation:

@@ -11,6 +11,7 @@ the shared thread pool; ``async def`` functions run concurrently on the loop.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import functools
 import inspect
 import re
@@ -23,6 +24,7 @@ from outlines.graph.basic import Apply, Op, Variable, as_object_array, as_variab
 from outlines.graph.ops import broadcast_map, core_map
 from outlines.graph.ragged import Ragged
 from outlines.graph.shapes import Shape, align
+from outlines.graph.traits import Run, Traits
 
 __all__ = ["Function", "CallFunction", "fn"]
 
@@ -32,23 +34,24 @@ _SIGNATURE = re.compile(r"^\s*(\([^()]*\)\s*(,\s*\([^()]*\)\s*)*)->\s*(\([^()]*\
 
 
 class CallFunction(Op):
-    """Run a user function; see ``outlines.fn``."""
+    """Run a user function; see ``outlines.fn``.
+
+    Its traits follow its function, read once here: pure when the function is
+    declared ``pure=True``; elementwise (one result per element of the loop
+    axes) unless it has several outputs or an output core axis, whose length
+    may vary. An op is immutable once built (its hash is its parameters), so
+    the record is too.
+    """
 
     __props__ = ("function", "kwnames")
-    mode = "python"
+    traits = Traits(run=Run.PYTHON, pure=False, elementwise=True, guards_elements=True)
 
     def __init__(self, function: Function, kwnames: tuple[str, ...]) -> None:
         self.function = function
         self.kwnames = kwnames
-
-    @property
-    def pure(self) -> bool:  # type: ignore[override]
-        return self.function.pure
-
-    @property
-    def elementwise(self) -> bool:
-        """One result per element of the loop axes: false for an output core axis (its length may vary)."""
-        return self.function.noutputs == 1 and not any(self.function.core_outputs)
+        elementwise = function.noutputs == 1 and not any(function.core_outputs)
+        if function.pure or not elementwise:
+            self.traits = dataclasses.replace(CallFunction.traits, pure=function.pure, elementwise=elementwise)
 
     @property
     def name(self) -> str:

@@ -39,16 +39,23 @@ from outlines.errors import GraphBuildError
 from outlines.graph.basic import Apply, Constant, Op, Variable, as_object_array, as_variable
 from outlines.graph.ops import Flatten, Regroup, all_text, check_text_input
 from outlines.graph.shapes import Shape
+from outlines.graph.traits import Run, Traits
 from outlines.labels import label_of, shorten
 
 __all__ = ["Generate", "Model", "anthropic", "fallback", "from_function", "openai", "openai_completion", "transformers"]
 
 
 class Generate(Op):
-    """Sample ``num_samples`` completions of each prompt element from ``backend``."""
+    """Sample ``num_samples`` completions of each prompt element from ``backend``.
+
+    Its traits follow its parameters: a call is pure (equal calls merge) only
+    when greedy (``params.deterministic``), read once here; an op's parameters
+    never change after it is built (they are its hash).
+    """
 
     __props__ = ("backend", "params", "num_samples", "sample_axis")
-    mode = "generate"
+    traits = Traits(run=Run.GENERATE, pure=False)
+    _GREEDY = Traits(run=Run.GENERATE, pure=True)
 
     def __init__(self, backend: Backend, params: GenerationParams, num_samples: int | None = None) -> None:
         # an explicit k always adds the sample axis, so code written for k samples works at k = 1
@@ -63,10 +70,8 @@ class Generate(Op):
         self.backend = backend
         self.params = params
         self.num_samples = int(num_samples)
-
-    @property
-    def pure(self) -> bool:  # type: ignore[override]
-        return self.params.deterministic
+        if params.deterministic:
+            self.traits = self._GREEDY
 
     @property
     def name(self) -> str:

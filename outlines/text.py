@@ -15,6 +15,7 @@ with its own k candidates. Free string inputs and constants
 """
 from __future__ import annotations
 
+import dataclasses
 import functools
 import inspect
 from typing import Any, Callable
@@ -30,6 +31,7 @@ from outlines.graph.basic import Apply, Op, Variable, as_variable
 from outlines.graph.ops import all_text, broadcast_map, core_map, mark_not_text, raise_not_text
 from outlines.graph.ragged import Ragged
 from outlines.graph.shapes import Shape, align, broadcast_leading
+from outlines.graph.traits import Run, Traits
 from outlines.labels import shorten
 
 __all__ = ["Prompt", "Render", "function", "prompt"]
@@ -164,8 +166,9 @@ class Render(Op):
     whose elements are already lists is passed element by element.
     """
 
-    moves_unknown = True  # explain passes ``unknown``: an element reading it stays unknown
-    guards_elements = True  # perform takes the scheduler's on_error: None, NaN or bytes fail alone
+    #: explain passes ``unknown``: an element reading it stays unknown; perform takes the scheduler's
+    #: on_error (None, NaN or bytes fail alone). A template with list arguments is not elementwise.
+    traits = Traits(elementwise=True, guards_elements=True, moves_unknown=True)
 
     __props__ = ("template_name", "source", "names", "lists")
 
@@ -174,6 +177,8 @@ class Render(Op):
         self.source = source
         self.names = names
         self.lists = lists
+        if lists:  # each list argument takes a whole axis: one render per row, not per element
+            self.traits = dataclasses.replace(Render.traits, elementwise=False)
         #: False when a list argument comes from a Python function, whose elements
         #: may be lists themselves: the output shape is then known only at run time.
         self.exact = True
@@ -187,11 +192,6 @@ class Render(Op):
 
     def argument_name(self, position: int, ninputs: int) -> str:
         return str(self.names[position])
-
-    @property
-    def elementwise(self) -> bool:
-        """Templates without list arguments are elementwise (one render per element)."""
-        return not self.lists
 
     def _cores(self, values: Any) -> list[int]:
         return [1 if name in self.lists and _whole_axis(v) else 0 for name, v in zip(self.names, values)]
@@ -310,7 +310,7 @@ class Prompt:
             return Apply(self._op, inputs).out
         op = Render(self.fn.__name__, self.source, self.names, self.lists)
         op.exact = not any(
-            v.owner is not None and v.owner.op.mode == "python"
+            v.owner is not None and v.owner.op.traits.run is Run.PYTHON
             for name, v in zip(self.names, inputs)
             if name in self.lists
         )

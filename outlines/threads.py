@@ -157,7 +157,7 @@ class Foreground:
             self.idle.wait(current_tuning().thread_patience)
 
 
-class WatchedSelector(selectors.DefaultSelector):  # type: ignore[misc,valid-type]
+class WatchedSelector(selectors.DefaultSelector):
     """The selector of a loop that counts as ``FOREGROUND`` whenever it is not waiting for events.
 
     ``outlines.runtime.evaluate.run_sync`` runs its loops on one: the cache

@@ -41,7 +41,7 @@ __all__ = [
 ]
 
 
-class Votes(collections.Counter):  # type: ignore[type-arg]
+class Votes(collections.Counter[Any]):
     """The answers of one element so far: a ``Counter`` of the parsed answers.
 
     Unparsable samples are not counted as answers, but ``samples`` counts
@@ -149,7 +149,7 @@ def _named(rule: Rule, name: str) -> Rule:
     return rule
 
 
-def _top_two(votes: collections.Counter) -> tuple[int, int]:  # type: ignore[type-arg]
+def _top_two(votes: collections.Counter[Any]) -> tuple[int, int]:
     top = [count for _, count in votes.most_common(2)] + [0, 0]
     return top[0], top[1]
 

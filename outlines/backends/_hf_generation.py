@@ -143,7 +143,7 @@ def load(path: str, device: str, dtype: str, gguf_file: str | None = None) -> Lo
     finally:
         if bars:
             hf_logging.enable_progress_bar()
-    model.to(device).eval()  # type: ignore[arg-type]  # transformers types .to() narrowly
+    model.to(device).eval()
     tokenizer.padding_side = "left"
     if tokenizer.pad_token_id is None:
         if tokenizer.eos_token_id is None:
@@ -245,7 +245,7 @@ class DrawSampler(LogitsProcessor):
         targets = (u * cdf[:, -1]).unsqueeze(-1)
         picked = torch.searchsorted(cdf, targets, right=True).clamp_(max=cdf.shape[-1] - 1)
         forced = torch.full_like(scores, float("-inf"))
-        return forced.scatter_(-1, picked, 0.0)  # type: ignore[return-value]  # a FloatTensor at run time
+        return forced.scatter_(-1, picked, 0.0)
 
 
 def _stopping(loaded: Loaded, stop: Sequence[str]) -> StoppingCriteriaList | None:
@@ -266,7 +266,7 @@ class Cancellation(StoppingCriteria):
 
     def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor, **kwargs: Any) -> torch.BoolTensor:
         done = self.flag.is_set()
-        return torch.full((input_ids.shape[0],), done, dtype=torch.bool, device=input_ids.device)  # type: ignore[return-value]
+        return torch.full((input_ids.shape[0],), done, dtype=torch.bool, device=input_ids.device)
 
 
 #: A common prefix shorter than this is not worth a separate prefill.

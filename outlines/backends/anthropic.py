@@ -243,7 +243,7 @@ class AnthropicBackend(HostedBackend):
             raise self.malformed("the model refused", data, self.path)
         if not texts and reason not in ("end_turn", "max_tokens", "stop_sequence"):
             raise self.malformed("response has no text block", data, self.path)
-        return "".join(texts)  # type: ignore[arg-type]
+        return "".join(texts)
 
 
 def _parts(body: Mapping[str, Any]) -> list[dict[str, Any]]:

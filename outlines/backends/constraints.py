@@ -50,6 +50,7 @@ from outlines.errors import install_hint
 from outlines.keys import canonical
 from outlines.graph.basic import Apply, Op, as_variable
 from outlines.graph.ops import broadcast_map
+from outlines.graph.traits import Traits
 
 __all__ = ["ConstraintError", "Parse", "TokenMasks", "generate_valid", "make_constraint"]
 
@@ -150,7 +151,7 @@ def _schema(schema: Any) -> Constraint:
     try:
         import jsonschema
     except ImportError:
-        jsonschema = None  # type: ignore[assignment]
+        jsonschema = None
     if jsonschema is not None:
         try:
             jsonschema.validators.validator_for(schema).check_schema(schema)
@@ -203,7 +204,7 @@ class Parse(Op):
     """Parse constrained completions into their values (a ``dict`` or a pydantic instance), elementwise."""
 
     __props__ = ("constraint",)
-    elementwise = True
+    traits = Traits(elementwise=True)
 
     def __init__(self, constraint: Constraint) -> None:
         self.constraint = constraint
@@ -408,7 +409,8 @@ async def generate_valid(
             if position in inner.failures:
                 continue
             texts[i] = text
-            if constraints[i].is_valid(text):  # type: ignore[union-attr]
+            rule = constraints[i]
+            if rule is None or rule.is_valid(text):
                 report.result(i, text)
             else:
                 still.append(i)

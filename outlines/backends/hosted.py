@@ -177,7 +177,7 @@ class HostedBackend(Backend):
                              f"got {prefix_warmup!r}")
 
     @property
-    def prefix_min_head(self) -> int | None:  # type: ignore[override]
+    def prefix_min_head(self) -> int | None:  # type: ignore[override]  # read-only here: follows prefix_warmup
         """Characters a shared head needs before it can be cached (a token is at least one), or ``None`` when off."""
         return self.cache_min_tokens if self.prefix_warmup is not None else None
 

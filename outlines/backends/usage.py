@@ -155,6 +155,8 @@ def wire_usage(usage: Any) -> WireUsage | None:
     """
     if not isinstance(usage, dict):
         return None
+    prompt: Any  # JSON values, each checked to be an int >= 0 below
+    completion: Any
     if "prompt_tokens" in usage:
         prompt, completion, write = usage.get("prompt_tokens"), usage.get("completion_tokens"), 0
         details = usage.get("prompt_tokens_details")
@@ -168,8 +170,8 @@ def wire_usage(usage: Any) -> WireUsage | None:
         inside = 1
     if not all(type(n) is int and n >= 0 for n in (prompt, completion, write, cached)):
         return None
-    total = int(prompt) + inside * (int(write) + int(cached))  # type: ignore[arg-type]
-    return WireUsage(total, int(completion), min(int(cached), total), int(write))  # type: ignore[arg-type]
+    total = int(prompt) + inside * (int(write) + int(cached))
+    return WireUsage(total, int(completion), min(int(cached), total), int(write))
 
 
 @dataclass(frozen=True)

@@ -183,11 +183,11 @@ class WriteBehind:
                 self._writing, self._touched, self._damaged = True, {}, []
             try:
                 escape = encode_basestring  # encode() of text, without a call per row
-                encoded = [(key, escape(value).encode("utf-8", "surrogatepass") if type(value) is str else value)
+                encoded = [(key, escape(value).encode("utf-8", "surrogatepass") if isinstance(value, str) else value)
                            for key, value in queued]
                 # Keyed rows, then the blocks' rows, streamed in chunks; a later value of a key wins.
                 rows = chain(encoded, *(block.rows() for block in blocks)) if blocks else encoded
-                self._write(rows, touched, damaged, self._max_bytes)  # type: ignore[arg-type]
+                self._write(rows, touched, damaged, self._max_bytes)
                 if blocks and self._committed is not None:
                     self._committed(blocks)
             except Exception as exc:  # noqa: BLE001 - a writer that dies would hang flush()

@@ -11,7 +11,7 @@ writer can hash prompts alone.
 from __future__ import annotations
 
 import hashlib
-from json.encoder import encode_basestring_ascii  # type: ignore[attr-defined]
+from json.encoder import encode_basestring_ascii
 from typing import Any, Iterable, NamedTuple, Sequence
 
 from outlines.cache.sqlite import FORMAT, KEY_BYTES

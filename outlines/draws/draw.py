@@ -135,7 +135,7 @@ class DrawColumns(Sequence[Draw]):
             return (self.prompts, self.numbers, self.params) == (other.prompts, other.numbers, other.params)
         return isinstance(other, (list, tuple)) and list(self) == list(other)
 
-    __hash__ = None  # type: ignore[assignment]
+    # defining __eq__ without __hash__ leaves the batch unhashable (Python sets __hash__ to None)
 
     def __repr__(self) -> str:
         return f"DrawColumns({len(self)} draws)"

@@ -15,9 +15,12 @@ import copy
 import json
 import re
 from dataclasses import dataclass, field, replace
-from typing import Any, Mapping
+from typing import TYPE_CHECKING, Any, Mapping
 
 from outlines.keys import canonical, normalize
+
+if TYPE_CHECKING:
+    import pydantic
 
 __all__ = ["COMMON_PARAMS", "EXTRA_PARAMS", "WRAPPER", "Constraint", "GenerationParams"]
 
@@ -59,13 +62,12 @@ class GenerationParams:
     def __hash__(self) -> int:
         # Computed once: params are dict keys in planning and batching (draw
         # numbering, queues), and the generated dataclass hash runs in Python.
-        try:
-            return self._hash  # type: ignore[attr-defined,no-any-return]
-        except AttributeError:
-            value = hash((self.max_tokens, self.temperature, self.top_p, self.stop, self.seed,
+        known: int | None = self.__dict__.get("_hash")
+        if known is None:
+            known = hash((self.max_tokens, self.temperature, self.top_p, self.stop, self.seed,
                           self._extra_text, self.constraint))
-            object.__setattr__(self, "_hash", value)
-            return value
+            object.__setattr__(self, "_hash", known)
+        return known
 
     def __getstate__(self) -> dict[str, Any]:
         # String hashes differ between processes: never ship the cached one.
@@ -174,7 +176,7 @@ class Constraint:
 
     kind: str
     value: str
-    target: type | None = None
+    target: type[pydantic.BaseModel] | None = None
     leading_space: bool = False
 
     def spaced(self) -> Constraint:
@@ -283,7 +285,7 @@ class Constraint:
             import pydantic
 
             try:
-                return self.target.model_validate_json(text)  # type: ignore[attr-defined]
+                return self.target.model_validate_json(text)
             except pydantic.ValidationError as exc:
                 raise ValueError(f"{text!r:.200} is not a valid {self.target.__name__}: {exc}") from None
         try:

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import array
 import operator
-from typing import Iterator, NamedTuple, Sequence, Union
+from typing import AnyStr, Iterator, NamedTuple, Sequence, Union, cast
 
 __all__ = ["PROBE", "PrefixGroups", "common_prefix_length", "prefix_groups"]
 
@@ -55,7 +55,7 @@ class PrefixGroups(NamedTuple):
             start += size
 
 
-def common_prefix_length(a: str | bytes, b: str | bytes, known: int = 0) -> int:
+def common_prefix_length(a: AnyStr, b: AnyStr, known: int = 0) -> int:
     """Items ``a`` and ``b`` both start with; ``known`` of them are known to be equal already.
 
     A binary search over slices, each compared at C speed; the slices shrink
@@ -69,7 +69,7 @@ def common_prefix_length(a: str | bytes, b: str | bytes, known: int = 0) -> int:
     lo, hi = known, min(len(a), len(b))
     while lo < hi:
         mid = (lo + hi + 1) // 2
-        if b.startswith(a[lo:mid], lo):  # type: ignore[arg-type]  # str with str, bytes with bytes
+        if b.startswith(a[lo:mid], lo):
             lo = mid
         else:
             hi = mid - 1
@@ -144,15 +144,15 @@ def _comparable(prompts: Sequence[Prompt]) -> tuple[list[str | bytes], int]:
     """The prompts as ``str`` or ``bytes`` (token ids packed, ``width`` bytes each) and that width."""
     kinds = set(map(type, prompts))  # in C: a type test per prompt would cost more than the grouping
     if all(issubclass(kind, str) for kind in kinds) or kinds == {bytes}:
-        return list(prompts), 1  # type: ignore[arg-type]
+        return cast("list[str | bytes]", list(prompts)), 1  # all str, or all bytes: the kinds just checked
     if any(issubclass(kind, (str, bytes)) for kind in kinds):
         raise TypeError("prompts must all be text or all be sequences of integer token ids")
     for code in ("I", "q"):  # 4 bytes per id when they fit, else 8
         try:
-            packed = [array.array(code, p).tobytes() for p in prompts]  # type: ignore[arg-type]
+            packed: list[str | bytes] = [array.array(code, p).tobytes() for p in prompts]
         except (OverflowError, TypeError):
             continue
-        return packed, array.array(code).itemsize  # type: ignore[return-value]
+        return packed, array.array(code).itemsize
     raise TypeError("prompts must all be text or all be sequences of integer token ids")
 
 
@@ -174,7 +174,7 @@ def _split(keys: list[str | bytes], members: list[int], least: int, width: int) 
     run = [order[0]]
     for position in order[1:]:
         previous = texts[run[-1]]
-        if len(previous) >= least and texts[position].startswith(previous[:least]):  # type: ignore[arg-type]
+        if len(previous) >= least and texts[position].startswith(previous[:least]):
             run.append(position)
             continue
         groups.append(_group(texts, members, run, width))
@@ -183,7 +183,7 @@ def _split(keys: list[str | bytes], members: list[int], least: int, width: int) 
     return groups
 
 
-def _group(texts: Sequence[str | bytes], members: list[int], run: list[int], width: int) -> tuple[list[int], int]:
+def _group(texts: Sequence[AnyStr], members: list[int], run: list[int], width: int) -> tuple[list[int], int]:
     """A group from a run of sorted positions in one bucket: its head is the run's ends' common head."""
     chosen = sorted(members[p] for p in run)
     if len(run) == 1:

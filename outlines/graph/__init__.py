@@ -4,13 +4,16 @@ from __future__ import annotations
 from typing import Any
 
 from outlines.graph.basic import Apply, Constant, Op, SymbolicValueError, Variable, as_variable
+from outlines.graph.traits import Run, Traits
 from outlines.graph.traversal import ancestors, applies, graph_inputs, toposort
 
 __all__ = [
     "Apply",
     "Constant",
     "Op",
+    "Run",
     "SymbolicValueError",
+    "Traits",
     "Variable",
     "ancestors",
     "applies",

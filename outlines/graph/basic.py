@@ -14,7 +14,7 @@ from __future__ import annotations
 import dis
 import itertools
 import sys
-from typing import TYPE_CHECKING, Any, Sequence
+from typing import TYPE_CHECKING, Any, Literal, NoReturn, Sequence
 
 import numpy as np
 
@@ -22,6 +22,7 @@ from outlines.errors import GraphBuildError
 from outlines.graph.families import note, stacking
 from outlines.graph.ragged import Ragged
 from outlines.graph.shapes import Shape, align, shape_of
+from outlines.graph.traits import Traits
 
 if TYPE_CHECKING:
     from outlines.graph.ops import Concat
@@ -129,29 +130,29 @@ class Variable:
     def __index__(self) -> int:
         raise SymbolicValueError(f"{self!r} cannot be used as an index: it {_SYMBOLIC_HINT}")
 
-    def _compare(self, symbol: str) -> Any:
+    def _compare(self, symbol: str) -> NoReturn:
         raise SymbolicValueError(
             f"Comparing {self!r} with {symbol} is not possible: it {_SYMBOLIC_HINT} "
             "(inside a @outlines.prompt template, compare in the template or in an outlines.fn)"
         )
 
     def __eq__(self, other: object) -> bool:
-        return self._compare("==")  # type: ignore[no-any-return]
+        return self._compare("==")
 
     def __ne__(self, other: object) -> bool:
-        return self._compare("!=")  # type: ignore[no-any-return]
+        return self._compare("!=")
 
     def __lt__(self, other: object) -> bool:
-        return self._compare("<")  # type: ignore[no-any-return]
+        return self._compare("<")
 
     def __le__(self, other: object) -> bool:
-        return self._compare("<=")  # type: ignore[no-any-return]
+        return self._compare("<=")
 
     def __gt__(self, other: object) -> bool:
-        return self._compare(">")  # type: ignore[no-any-return]
+        return self._compare(">")
 
     def __ge__(self, other: object) -> bool:
-        return self._compare(">=")  # type: ignore[no-any-return]
+        return self._compare(">=")
 
     def __contains__(self, item: object) -> bool:
         raise SymbolicValueError(f"`in` on {self!r} is not possible: it {_SYMBOLIC_HINT}")
@@ -384,7 +385,7 @@ class Apply:
             stacks = op._stacks
             if stacks is None:
                 stacks = op._stacks = stacking(op) or False
-            if stacks and sibling:
+            if stacks is not False and sibling:
                 note(self, stacks)
             else:
                 self.family = None
@@ -405,21 +406,34 @@ class Apply:
         return f"Apply({self.label}, inputs={[v.label for v in self.inputs]})"
 
 
+#: Class attributes that once said what ``Traits`` says now: an op declaring one would be silently misread.
+_RETIRED_FLAGS = ("mode", "pure", "elementwise", "guards_elements", "moves_unknown")
+
+
 class Op:
     """Base class of every operation.
 
     Subclasses list their parameters in ``__props__``; equality and hashing come
-    from ``type(self)`` and those parameters. ``mode`` tells the scheduler how to
-    run the op: ``"inline"`` (cheap, pure, on the loop), ``"python"`` (user
-    code: maybe blocking or async) or ``"generate"`` (a batched model call).
+    from ``type(self)`` and those parameters. Each subclass declares its
+    ``traits`` (``outlines.graph.traits.Traits``): how the scheduler runs it
+    (inline, a Python step, a model call, a loop or branch), whether it is
+    pure, elementwise, and so on. The planner and the scheduler read those,
+    never flags on the op. An op whose traits follow its parameters (a user
+    function's purity) computes its record once, in ``__init__``.
     """
 
     __props__: tuple[str, ...] = ()
-    mode: str = "inline"
+    #: What the planner and the scheduler may assume of this op (a pure inline op unless declared).
+    traits: Traits = Traits()
     #: How this op's uses join families (``Apply``: ``families.stacking``, or False), once known.
-    _stacks: tuple[int, Any] | bool | None = None
-    #: Pure ops give equal outputs for equal inputs: safe to merge and fold.
-    pure: bool = True
+    _stacks: tuple[int, Any] | Literal[False] | None = None
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        retired = [name for name in _RETIRED_FLAGS if name in vars(cls)]
+        if retired:
+            raise TypeError(f"{cls.__name__} sets {', '.join(retired)}: declare traits = Traits(...) instead "
+                            "(outlines.graph.traits)")
 
     def make_node(self, *inputs: Any) -> Apply:
         return Apply(self, [as_variable(x) for x in inputs])
@@ -436,7 +450,7 @@ class Op:
         element, and is never merged. Any other op returns ``None`` and never
         stacks.
         """
-        return self if getattr(self, "elementwise", False) else None
+        return self if self.traits.elementwise else None
 
     @property
     def kin(self) -> Any:
@@ -449,25 +463,30 @@ class Op:
 
     def __call__(self, *inputs: Any) -> Variable:
         node = self.make_node(*inputs)
-        return node.outputs[0] if len(node.outputs) == 1 else node.outputs  # type: ignore[return-value]
+        return node.outputs[0] if len(node.outputs) == 1 else node.outputs  # type: ignore[return-value]  # an op of n outputs returns their tuple
 
-    def perform(self, *values: Any) -> Any:
-        """Compute the output value(s) from the input values."""
+    def perform(self, *values: Any, **options: Any) -> Any:
+        """Compute the output value(s) from the input values.
+
+        ``options`` are the keywords its traits declare it takes:
+        ``on_error`` and ``on_failed_input`` (``guards_elements``),
+        ``unknown`` (``moves_unknown``).
+        """
         raise NotImplementedError(f"{type(self).__name__} does not implement perform")
 
     def infer_shapes(self, shapes: list[Shape], noutputs: int) -> list[Shape]:
         """Static output shapes from the inputs' (``GraphBuildError`` when they cannot pair).
 
-        Elementwise ops (``elementwise = True``) pair their inputs on leading
+        Elementwise ops (``traits.elementwise``) pair their inputs on leading
         axes (``outlines.graph.shapes.align``); others do not know by default.
         """
-        if getattr(self, "elementwise", False):
+        if self.traits.elementwise:
             return [align(self.name, shapes)] * noutputs
         return [None] * noutputs
 
     def ragged_outputs(self, ragged: list[bool], noutputs: int) -> list[bool]:
         """Which outputs may be ``Ragged``: elementwise ops keep their inputs' rows."""
-        return [bool(getattr(self, "elementwise", False) and any(ragged))] * noutputs
+        return [self.traits.elementwise and any(ragged)] * noutputs
 
     def __getstate__(self) -> dict[str, Any]:
         # String hashes differ between processes: never ship the cached one.
@@ -494,12 +513,13 @@ class Op:
         return str(position) if ninputs > 1 else ""
 
     def __eq__(self, other: object) -> bool:
-        return type(self) is type(other) and self._props() == other._props()  # type: ignore[attr-defined]
+        return type(self) is type(other) and self._props() == other._props()
 
     def __hash__(self) -> int:
         # Ops are immutable once built; planning hashes them once per node.
         try:
-            return self.__dict__["_hash"]  # type: ignore[no-any-return]
+            known: int = self.__dict__["_hash"]
+            return known
         except KeyError:
             value = self.__dict__["_hash"] = hash((type(self), self._props()))
             return value

@@ -19,8 +19,10 @@ import numpy as np
 from outlines.errors import GraphBuildError
 from outlines.graph import basic
 from outlines.graph.basic import Apply, Constant, Op, SymbolicValueError, Variable, as_variable
-from outlines.graph.ops import broadcast_map
+from outlines.graph.ops import Stack, broadcast_map
+from outlines.graph.protocols import model_call
 from outlines.graph.shapes import propagate
+from outlines.graph.traits import Run, Traits
 from outlines.graph.traversal import ancestors, toposort
 
 __all__ = ["Cond", "Subgraph", "WhileLoop", "Where", "cond", "traced_nodes", "truth", "where", "while_loop"]
@@ -191,7 +193,7 @@ def _check_boolean(where: str, what: str, variable: Variable) -> None:
     owner = variable.owner
     if isinstance(variable, Constant) and not isinstance(variable.value, (bool, np.bool_, np.ndarray)):
         found = f"the constant {variable.value!r:.40}"
-    elif owner is not None and (owner.op.mode == "generate" or type(owner.op).__name__ in ("Concat", "Render")):
+    elif owner is not None and (owner.op.traits.run is Run.GENERATE or type(owner.op).__name__ in ("Concat", "Render")):
         found = f"text from {owner.op.name}"
     else:
         return
@@ -203,9 +205,9 @@ def _check_per_element(where: str, outputs: Sequence[Variable]) -> None:
     """Reject state components that add an axis by construction (samples, a stack)."""
     for position, variable in enumerate(outputs):
         op = variable.owner.op if variable.owner is not None else None
-        samples = op is not None and op.mode == "generate" and getattr(op, "sample_axis", False)
-        if samples or type(op).__name__ == "Stack":
-            what = f"num_samples={getattr(op, 'num_samples')}" if samples else "a stack"
+        call = model_call(op) if op is not None and op.traits.run is Run.GENERATE else None
+        if (call is not None and call.sample_axis) or isinstance(op, Stack):
+            what = f"num_samples={call.num_samples}" if call is not None else "a stack"
             raise GraphBuildError(f"{where}: body output {position} adds an axis ({what}); the state needs one "
                                   "value per element: reduce it with an outlines.fn signature such as '(n)->()'")
 
@@ -221,10 +223,10 @@ def traced_nodes(op: Any) -> list[Apply]:
     Two loops (or conds) traced from the same Python code have their nodes
     in the same order: position ``i`` of one is position ``i`` of the other.
     """
-    found = op.__dict__.get("_traced")
+    found: list[Apply] | None = op.__dict__.get("_traced")
     if found is None:
         found = op.__dict__["_traced"] = toposort([v for _, subgraph in op.traced for v in subgraph.outputs])
-    return found  # type: ignore[no-any-return]
+    return found
 
 
 def _signature(op: Any) -> tuple[Any, ...] | None:
@@ -251,9 +253,10 @@ def _signature(op: Any) -> tuple[Any, ...] | None:
     parts: list[Any] = [type(op).__name__, op._structure]
     for position, node in enumerate(nodes):  # one pass: each node's inputs come before it
         inner, inputs = node.op, node.inputs
-        if inner.mode == "control" or inner.stacked() is None or not (inner.pure or inner.mode == "generate"):
+        run = inner.traits.run
+        if run is Run.CONTROL or inner.stacked() is None or not (inner.traits.pure or run is Run.GENERATE):
             return None
-        if inner.mode == "generate" and id(inputs[0]) not in stateful:
+        if run is Run.GENERATE and id(inputs[0]) not in stateful:
             return None
         refs = []
         reads = False
@@ -293,8 +296,7 @@ class _Control(Op):
     """
 
     __props__ = ("serial",)
-    mode = "control"
-    pure = False
+    traits = Traits(run=Run.CONTROL, pure=False)
 
     @property
     def traced(self) -> list[tuple[str, Subgraph]]:
@@ -422,7 +424,7 @@ class Cond(_Control):
 class Where(Op):
     """Elementwise ``x if pred else y``, both evaluated; see ``where``."""
 
-    elementwise = True
+    traits = Traits(elementwise=True)
 
     def describe(self) -> dict[str, Any]:
         return {"kind": "op", "title": "where"}

@@ -26,6 +26,8 @@ import itertools
 import weakref
 from typing import Any
 
+from outlines.graph.traits import Run
+
 __all__ = ["CALL", "LOOP", "STEP", "Family", "note", "stacking", "stackable"]
 
 #: How an op's uses stack (``stacking``): an elementwise step, a model call over one ``str`` prompt
@@ -103,7 +105,8 @@ def stacking(op: Any) -> tuple[int, Any] | None:
         hash(kin)
     except TypeError:
         return None
-    return (CALL if op.mode == "generate" else LOOP if op.mode == "control" else STEP), kin
+    run = op.traits.run
+    return (CALL if run is Run.GENERATE else LOOP if run is Run.CONTROL else STEP), kin
 
 
 def note(node: Any, stacks: tuple[int, Any]) -> None:
@@ -191,7 +194,7 @@ def note(node: Any, stacks: tuple[int, Any]) -> None:
     shape = tuple(layout)
     registry = _ROOTS if first is None else first.children
     if registry is None:
-        registry = first.children = {}  # type: ignore[union-attr]
+        registry = first.children = {}  # type: ignore[union-attr]  # first is set: _ROOTS is no None
     _join(node, registry, (kin, shape), shape, tuple(ranks) if first is not None else None)
 
 
@@ -223,13 +226,13 @@ def _join(node: Any, registry: dict[Any, Any], key: Any, layout: tuple[Any, ...]
     members.append(node)
 
 
-class _Entry(weakref.ref):  # type: ignore[type-arg]
+class _Entry(weakref.ref):  # type: ignore[type-arg]  # subclassed bare: typeshed's generic
     """A registry's weak reference to a family, which drops its key once the family is gone."""
 
     __slots__ = ("registry", "key", "aliases")
 
     def __init__(self, family: Family, registry: dict[Any, Any], key: Any) -> None:
-        super().__init__(family, _forget)  # type: ignore[call-arg]
+        super().__init__(family, _forget)  # type: ignore[call-arg]  # ref takes its callback; typeshed says no
         self.registry, self.key = registry, key
         self.aliases: list[Any] = []  # its other keys (``_join``'s alias)
 

@@ -19,6 +19,7 @@ from outlines.errors import Failure, GraphBuildError
 from outlines.graph.basic import Apply, Constant, Op, Variable, as_variable
 from outlines.graph.ragged import Ragged
 from outlines.graph.shapes import Shape, align, broadcast_leading, pad_trailing, show
+from outlines.graph.traits import Traits
 
 __all__ = [
     "Concat",
@@ -330,8 +331,7 @@ class Concat(Op):
     index and its type; with ``errors="return"`` only that element fails.
     """
 
-    elementwise = True
-    guards_elements = True  # perform takes the scheduler's on_error / on_failed_input
+    traits = Traits(elementwise=True, guards_elements=True)
 
     def make_node(self, *inputs: Any) -> Apply:
         variables = [as_variable(x) for x in inputs]
@@ -395,7 +395,7 @@ class Stack(Op):
     The values pair on their leading axes first, like every elementwise op.
     """
 
-    moves_unknown = True  # moves elements without reading them (explain's dry run)
+    traits = Traits(moves_unknown=True)  # moves elements without reading them (explain's dry run)
 
     __props__ = ("n", "axis")
 
@@ -429,7 +429,7 @@ class Stack(Op):
 class Concatenate(Op):
     """Join values of equal rank along an existing axis (``outlines.concatenate``)."""
 
-    moves_unknown = True  # moves elements without reading them (explain's dry run)
+    traits = Traits(moves_unknown=True)  # moves elements without reading them (explain's dry run)
 
     __props__ = ("axis",)
 
@@ -440,9 +440,10 @@ class Concatenate(Op):
         return {"kind": "op", "title": "concatenate", "lines": [f"axis={self.axis}"]}
 
     def infer_shapes(self, shapes: list[Shape], noutputs: int) -> list[Shape]:
-        if any(s is None for s in shapes):
+        known = [s for s in shapes if s is not None]
+        if len(known) < len(shapes):
             return [None]
-        ranks = {len(s) for s in shapes}  # type: ignore[arg-type]
+        ranks = {len(s) for s in known}
         if len(ranks) != 1 or 0 in ranks:
             raise GraphBuildError(f"{self.name}: needs values of one rank >= 1, got shapes {' and '.join(show(s) for s in shapes)}")
         rank = ranks.pop()
@@ -451,14 +452,14 @@ class Concatenate(Op):
         axis = self.axis % rank
         out: list[int | None] = []
         for i in range(rank):
-            sizes = [s[i] for s in shapes]  # type: ignore[index]
+            sizes = [s[i] for s in known]
+            given = [n for n in sizes if n is not None]
             if i == axis:
-                out.append(None if None in sizes else sum(sizes))  # type: ignore[arg-type]
+                out.append(sum(given) if len(given) == len(sizes) else None)
                 continue
-            known = {n for n in sizes if n is not None}
-            if len(known) > 1:
+            if len(set(given)) > 1:
                 raise GraphBuildError(f"{self.name}: shapes {' and '.join(show(s) for s in shapes)} differ off axis {self.axis}")
-            out.append(known.pop() if known else None)
+            out.append(given[0] if given else None)
         return [tuple(out)]
 
     def ragged_outputs(self, ragged: list[bool], noutputs: int) -> list[bool]:
@@ -501,7 +502,7 @@ def _show_part(part: Any) -> str:
 class Index(Op):
     """``v[key]`` for ints, slices, ``None`` (a new axis) and ``...``."""
 
-    moves_unknown = True  # moves elements without reading them (explain's dry run)
+    traits = Traits(moves_unknown=True)  # moves elements without reading them (explain's dry run)
 
     __props__ = ("parts",)
 
@@ -569,7 +570,7 @@ class Index(Op):
 class Reshape(Op):
     """The same elements in another shape (``v.reshape(...)``; one size may be -1)."""
 
-    moves_unknown = True  # moves elements without reading them (explain's dry run)
+    traits = Traits(moves_unknown=True)  # moves elements without reading them (explain's dry run)
 
     __props__ = ("shape",)
 
@@ -606,7 +607,7 @@ class Reshape(Op):
 class Flatten(Op):
     """A ragged value's items as one flat array (what a model call batches)."""
 
-    moves_unknown = True  # moves elements without reading them (explain's dry run)
+    traits = Traits(moves_unknown=True)  # moves elements without reading them (explain's dry run)
 
     def describe(self) -> dict[str, Any]:
         return {"kind": "op", "title": "flatten rows"}
@@ -624,7 +625,7 @@ class Flatten(Op):
 class Regroup(Op):
     """Put flat results back into the rows of the value they came from."""
 
-    moves_unknown = True  # moves elements without reading them (explain's dry run)
+    traits = Traits(moves_unknown=True)  # moves elements without reading them (explain's dry run)
 
     def describe(self) -> dict[str, Any]:
         return {"kind": "op", "title": "regroup into rows"}

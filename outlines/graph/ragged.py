@@ -124,13 +124,14 @@ class Ragged:
         >>> Ragged.from_rows([["a", "b"], ["c"]]).tolist()
         [['a', 'b'], ['c']]
         """
-        rows = [row.tolist() for row in self.rows()]
+        rows: list[list[Any]] = [row.tolist() for row in self.rows()]
         if not self.outer:
             return rows[0]
         out = np.empty(len(rows), dtype=object)
         for i, row in enumerate(rows):
             out[i] = row
-        return out.reshape(self.outer).tolist()  # type: ignore[no-any-return]
+        nested: list[Any] = out.reshape(self.outer).tolist()
+        return nested
 
     def __len__(self) -> int:
         if not self.outer:
@@ -148,7 +149,7 @@ class Ragged:
             and bool(np.all(self.values == other.values))
         )
 
-    __hash__ = None  # type: ignore[assignment]
+    # defining __eq__ without __hash__ leaves a Ragged unhashable (Python sets __hash__ to None)
 
     def __repr__(self) -> str:
         return f"Ragged({self.tolist()!r})"

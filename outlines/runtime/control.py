@@ -35,6 +35,7 @@ import numpy as np
 from outlines.errors import Failure, MaxIterError, NodeError
 from outlines.graph.basic import Apply
 from outlines.graph.control import Cond, Subgraph, WhileLoop, traced_nodes, truth
+from outlines.graph.traits import Run
 from outlines.runtime.events import Recorder
 from outlines.runtime.plan import Plan
 from outlines.runtime.session import Evaluation
@@ -103,7 +104,9 @@ class _Runner:
             evaluation = self.evaluation.child(self.first_tag + tag)
             ran = plan
         else:
-            evaluation = self.evaluation.child(self.first_tag[rows] + tag)  # type: ignore[index]
+            tags = self.first_tag
+            assert isinstance(tags, np.ndarray)  # a stacked node: a first tag per element
+            evaluation = self.evaluation.child(tags[rows] + tag)
             ran = self._labelled(plan, rows)
         outputs, sent = await self.schedule(ran, {**constants, **values}, evaluation)
         return plan.pick(outputs), sent
@@ -393,10 +396,12 @@ def _merge(node: Apply, results: list[Any], sides: list[np.ndarray], size: int, 
 
 def describe(node: Apply) -> str:
     """One line for ``explain``: the control node and the model calls of its body."""
-    op: Any = node.op
+    op = node.op
+    if not isinstance(op, (WhileLoop, Cond)):
+        raise TypeError(f"{node.label}: {type(op).__name__} is not a control-flow op")
     parts = []
     for role, subgraph in op.subgraphs:
-        calls = [n.op.name for n in subgraph.nodes if n.op.mode == "generate"]
+        calls = [n.op.name for n in subgraph.nodes if n.op.traits.run is Run.GENERATE]
         called = ", ".join(dict.fromkeys(calls)) if calls else "no model calls"
         parts.append(f"{role}: {len(subgraph.nodes)} node(s), {called}")
     if isinstance(op, WhileLoop):

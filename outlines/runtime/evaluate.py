@@ -18,7 +18,7 @@ import contextlib
 import contextvars
 import signal
 import threading
-from typing import Any, Awaitable, Callable, Iterator, Mapping, TypeVar, overload
+from typing import Any, Callable, Coroutine, Iterator, Mapping, TypeVar, overload
 
 from outlines.threads import FOREGROUND, watched_loop
 from outlines.graph.basic import Variable
@@ -81,7 +81,7 @@ def interrupt_raises() -> Iterator[None]:
         signal.signal(signal.SIGINT, previous)
 
 
-def run_sync(factory: Callable[[asyncio.AbstractEventLoop | None], Awaitable[T]]) -> T:
+def run_sync(factory: Callable[[asyncio.AbstractEventLoop | None], Coroutine[Any, Any, T]]) -> T:
     """Run a coroutine to completion from sync code, even inside a running loop.
 
     ``factory`` receives the caller's loop that this call blocks (``None``
@@ -93,7 +93,7 @@ def run_sync(factory: Callable[[asyncio.AbstractEventLoop | None], Awaitable[T]]
         return _run_sync(termination.watching(factory))
 
 
-def _run_sync(factory: Callable[[asyncio.AbstractEventLoop | None], Awaitable[T]]) -> T:
+def _run_sync(factory: Callable[[asyncio.AbstractEventLoop | None], Coroutine[Any, Any, T]]) -> T:
     try:
         caller_loop = asyncio.get_running_loop()
     except RuntimeError:
@@ -131,13 +131,14 @@ def _run_sync(factory: Callable[[asyncio.AbstractEventLoop | None], Awaitable[T]
         raise
     if "error" in outcome:
         raise outcome["error"]
-    return outcome["value"]  # type: ignore[no-any-return]
+    value: T = outcome["value"]
+    return value
 
 
-def run_watched(coroutine: Awaitable[T]) -> T:
+def run_watched(coroutine: Coroutine[Any, Any, T]) -> T:
     """``asyncio.run`` on a loop that tells the cache writer when it is busy (``outlines.threads.watched_loop``)."""
     with FOREGROUND, asyncio.Runner(loop_factory=watched_loop) as runner:
-        return runner.run(coroutine)  # type: ignore[arg-type]
+        return runner.run(coroutine)
 
 
 @overload

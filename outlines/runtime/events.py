@@ -19,7 +19,10 @@ anyone acts on it, so a schedule of 100k nodes skips the calls nobody hears.
 """
 from __future__ import annotations
 
-from typing import Any, Callable, Protocol, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Protocol, Sequence
+
+if TYPE_CHECKING:
+    from outlines.graph.basic import Apply
 
 __all__ = ["FanOut", "Listener", "NULL", "Recorder", "compose", "listening"]
 
@@ -33,16 +36,16 @@ class Recorder(Protocol):
     def eval_finished(self, t: float, error: BaseException | None) -> None:
         """The evaluation ended, with ``error`` when it raised."""
 
-    def node_started(self, node: Any, t: float) -> None:
+    def node_started(self, node: Apply, t: float) -> None:
         """``node`` became ready and was dispatched."""
 
-    def node_finished(self, node: Any, t: float, error: BaseException | None = None) -> None:
+    def node_finished(self, node: Apply, t: float, error: BaseException | None = None) -> None:
         """``node`` finished (``error``: it failed)."""
 
-    def node_cache(self, node: Any, hits: int, misses: int) -> None:
+    def node_cache(self, node: Apply, hits: int, misses: int) -> None:
         """A model call's draws: ``hits`` came from the cache, ``misses`` were sent."""
 
-    def node_failures(self, node: Any, outputs: tuple[Any, ...]) -> None:
+    def node_failures(self, node: Apply, outputs: tuple[Any, ...]) -> None:
         """``node`` finished with ``outputs`` holding ``outlines.Failure`` elements (``errors="return"``)."""
 
     def batch_started(self, batch_id: int, backend: Any, nodes: list[Any], size: int, t: float) -> None:
@@ -74,7 +77,7 @@ class Recorder(Protocol):
     def draws_answered(self, batch_id: int, answered_by: dict[str, int]) -> None:
         """Draws of batch ``batch_id`` answered per model (``repr``), for a fallback chain's batches."""
 
-    def loop_iteration(self, node: Any, iteration: int, active: int, batches: int, start: float, end: float) -> None:
+    def loop_iteration(self, node: Apply, iteration: int, active: int, batches: int, start: float, end: float) -> None:
         """One iteration of a loop (``outlines.runtime.control``) finished."""
 
     def loop_limited(self, loop: str, stopped: int, elements: int, max_iter: int) -> None:
@@ -91,13 +94,13 @@ class Listener:
 
     def eval_finished(self, t: float, error: BaseException | None) -> None: ...
 
-    def node_started(self, node: Any, t: float) -> None: ...
+    def node_started(self, node: Apply, t: float) -> None: ...
 
-    def node_finished(self, node: Any, t: float, error: BaseException | None = None) -> None: ...
+    def node_finished(self, node: Apply, t: float, error: BaseException | None = None) -> None: ...
 
-    def node_cache(self, node: Any, hits: int, misses: int) -> None: ...
+    def node_cache(self, node: Apply, hits: int, misses: int) -> None: ...
 
-    def node_failures(self, node: Any, outputs: tuple[Any, ...]) -> None: ...
+    def node_failures(self, node: Apply, outputs: tuple[Any, ...]) -> None: ...
 
     def batch_started(self, batch_id: int, backend: Any, nodes: list[Any], size: int, t: float) -> None: ...
 
@@ -114,7 +117,7 @@ class Listener:
 
     def draws_answered(self, batch_id: int, answered_by: dict[str, int]) -> None: ...
 
-    def loop_iteration(self, node: Any, iteration: int, active: int, batches: int, start: float, end: float) -> None: ...
+    def loop_iteration(self, node: Apply, iteration: int, active: int, batches: int, start: float, end: float) -> None: ...
 
     def loop_limited(self, loop: str, stopped: int, elements: int, max_iter: int) -> None: ...
 
@@ -139,19 +142,19 @@ class FanOut:
         for listener in self.listeners:
             listener.eval_finished(t, error)
 
-    def node_started(self, node: Any, t: float) -> None:
+    def node_started(self, node: Apply, t: float) -> None:
         for listener in self.listeners:
             listener.node_started(node, t)
 
-    def node_finished(self, node: Any, t: float, error: BaseException | None = None) -> None:
+    def node_finished(self, node: Apply, t: float, error: BaseException | None = None) -> None:
         for listener in self.listeners:
             listener.node_finished(node, t, error)
 
-    def node_cache(self, node: Any, hits: int, misses: int) -> None:
+    def node_cache(self, node: Apply, hits: int, misses: int) -> None:
         for listener in self.listeners:
             listener.node_cache(node, hits, misses)
 
-    def node_failures(self, node: Any, outputs: tuple[Any, ...]) -> None:
+    def node_failures(self, node: Apply, outputs: tuple[Any, ...]) -> None:
         for listener in self.listeners:
             listener.node_failures(node, outputs)
 
@@ -180,7 +183,7 @@ class FanOut:
         for listener in self.listeners:
             listener.draws_answered(batch_id, answered_by)
 
-    def loop_iteration(self, node: Any, iteration: int, active: int, batches: int, start: float, end: float) -> None:
+    def loop_iteration(self, node: Apply, iteration: int, active: int, batches: int, start: float, end: float) -> None:
         for listener in self.listeners:
             listener.loop_iteration(node, iteration, active, batches, start, end)
 
@@ -224,7 +227,7 @@ def listening(recorder: Recorder, event: str) -> Callable[..., None] | None:
     >>> listening(Starts(), "node_finished") is None
     True
     """
-    method = getattr(recorder, event)
+    method: Callable[..., None] = getattr(recorder, event)
     if getattr(method, "__func__", None) is getattr(Listener, event):
         return None
-    return method  # type: ignore[no-any-return]
+    return method

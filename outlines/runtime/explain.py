@@ -64,7 +64,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 from fractions import Fraction
-from typing import Any, Mapping, Sequence
+from typing import Any, Mapping, Sequence, cast
 
 import numpy as np
 
@@ -72,8 +72,10 @@ from outlines.backends.base import Backend
 from outlines.draws import DrawBatch, Slot, prefix_groups
 from outlines.backends.usage import Price, PriceTable, price_of, reported
 from outlines.errors import GraphBuildError
-from outlines.graph.basic import Variable
+from outlines.graph.basic import Apply, Variable
 from outlines.graph.control import WhileLoop
+from outlines.graph.protocols import ModelCall, model_call, python_step
+from outlines.graph.traits import Run
 from outlines.labels import apart, label_of
 from outlines.graph.ops import Stack, broadcast_map, scalar_or_array
 from outlines.graph.ragged import Ragged
@@ -471,12 +473,12 @@ def _partial(inputs: list[Any]) -> bool:
     return any(x is UNKNOWN for value in inputs for x in _flat(value))
 
 
-def _perform(node: Any, inputs: list[Any]) -> list[Any]:
+def _perform(node: Apply, inputs: list[Any]) -> list[Any]:
     result = node.op.perform(*inputs)
     return list(result) if len(node.outputs) > 1 else [result]
 
 
-def _shapes_only(node: Any, inputs: list[Any], members: Sequence[Any] | None = None) -> list[Any]:
+def _shapes_only(node: Apply, inputs: list[Any], members: Sequence[Apply] | None = None) -> list[Any]:
     """Outputs of unknown elements, of the shapes the op infers from its inputs' (``None``: not even that).
 
     The shapes ``outlines.graph.shapes.propagate`` gives, as every entry
@@ -493,7 +495,8 @@ def _shapes_only(node: Any, inputs: list[Any], members: Sequence[Any] | None = N
         except GraphBuildError:
             return [None] * len(node.outputs)
         shapes = [found.get(id(v), v.shape) for v in node.outputs]
-    return [None if shape is None or None in shape else _unknown(shape) for shape in shapes]
+    return [_unknown(cast("tuple[int, ...]", shape)) if shape is not None and None not in shape else None
+            for shape in shapes]
 
 
 def _flat(value: Any) -> list[Any]:
@@ -540,18 +543,19 @@ class _DryRun:
         steps, scatter = walker(self), self.plan.scatter
         for position, node in enumerate(self.plan.nodes):
             waits: frozenset[int] = frozenset().union(*(self.waits.get(id(v), frozenset()) for v in node.inputs))
-            if node.op.mode == "python" and getattr(getattr(node.op, "function", None), "blocking", None) is not False:
+            run = node.op.traits.run
+            if run is Run.PYTHON and python_step(node.op).function.blocking is not False:
                 waits = waits | {position}  # it may run in the thread pool, for as long as it takes
             self.current_waits = waits
             self.level = max((self.levels.get(id(v), 0) for v in node.inputs), default=0)
             inputs = [self.values.get(id(v), None) for v in node.inputs]
             if any(id(v) not in self.values for v in node.inputs):
                 results: list[Any] = [None] * len(node.outputs)
-                if node.op.mode == "generate":
+                if run is Run.GENERATE:
                     self.unknown_nodes.extend(self.labels(node))
                     self.level += 1
             else:
-                results = steps[node.op.mode](position, node, inputs)
+                results = steps[run](position, node, inputs)
             for output, value in zip(node.outputs, results):
                 self._store(output, value, waits)
             if scatter and id(node) in scatter:  # a stacked node: the elements that nodes left out read
@@ -574,33 +578,33 @@ class _DryRun:
         return [node.label] if members is None else [member.label for member in members]
 
     # -- each kind of node (the scheduler's dispatch: ``outlines.runtime.scheduler.walker``) --
-    def inline(self, index: int, node: Any, inputs: list[Any]) -> list[Any]:
+    def inline(self, index: int, node: Apply, inputs: list[Any]) -> list[Any]:
         """Cheap ops run on what is known; structural and elementwise ones carry UNKNOWN elements along."""
         op = node.op
         if not _partial(inputs):
             return _perform(node, inputs)
-        if getattr(op, "moves_unknown", False):
+        if op.traits.moves_unknown:
             return [op.perform(*inputs, unknown=UNKNOWN)]  # structural or template ops
-        if getattr(op, "elementwise", False) or isinstance(op, Stack):
+        if op.traits.elementwise or isinstance(op, Stack):
             perform = op.perform
             scalar = lambda *xs: UNKNOWN if any(x is UNKNOWN for x in xs) else perform(*xs)  # noqa: E731
             return [perform(*inputs) if isinstance(op, Stack) else broadcast_map(scalar, inputs)]
         return _shapes_only(node, inputs, self.plan.members.get(id(node)))
 
-    def python(self, index: int, node: Any, inputs: list[Any]) -> list[Any]:
+    def python(self, index: int, node: Apply, inputs: list[Any]) -> list[Any]:
         """User functions run only when declared pure and synchronous, on known values; else shapes."""
-        op = node.op
-        if op.pure and not getattr(getattr(op, "function", None), "is_async", True) and not _partial(inputs):
+        step = python_step(node.op)
+        if step.traits.pure and not step.function.is_async and not _partial(inputs):
             return _perform(node, inputs)
         return _shapes_only(node, inputs, self.plan.members.get(id(node)))
 
-    def control(self, index: int, node: Any, inputs: list[Any]) -> list[Any]:
+    def control(self, index: int, node: Apply, inputs: list[Any]) -> list[Any]:
         """Loops and branches: their iterations are unknown in advance; a loop's body is dry-run once (``LoopEstimate``)."""
         if isinstance(node.op, WhileLoop):
             self.iteration(node, node.op, inputs)
         return _shapes_only(node, inputs, self.plan.members.get(id(node)))
 
-    def iteration(self, node: Any, op: WhileLoop, inputs: list[Any]) -> None:
+    def iteration(self, node: Apply, op: WhileLoop, inputs: list[Any]) -> None:
         """Dry-run one iteration of a loop's body (the run's body plan) over all its elements, the cache unconsulted."""
         try:
             shape = loop_shape(node, inputs)
@@ -618,9 +622,10 @@ class _DryRun:
         run.run()
         self.loops.append((node.label, op.max_iter, size, run))
 
-    def generate(self, index: int, node: Any, inputs: list[Any]) -> list[Any]:
+    def generate(self, index: int, node: Apply, inputs: list[Any]) -> list[Any]:
         """A model call's draws: cache hits known now, misses queued at the next level, unknown prompts counted."""
-        op, prompt, level = node.op, inputs[0], self.level
+        op: ModelCall[Backend] = model_call(node.op)
+        prompt, level = inputs[0], self.level
         per_prompt = 1 if op.params.deterministic else op.num_samples
         count = int(np.size(prompt)) * op.num_samples
         if count > MAX_CHECKED_DRAWS * len(self.plan.members.get(id(node), (node,))):
@@ -672,7 +677,7 @@ class _DryRun:
         self.level = level + 1
         return [output]
 
-    def queue(self, level: int, op: Any, labels: list[str], unknown: list[int]) -> BatchQueue:
+    def queue(self, level: int, op: ModelCall[Backend], labels: list[str], unknown: list[int]) -> BatchQueue:
         """The predicted queue of ``op``'s backend and params at ``level``, with groups of ``unknown`` draws more.
 
         ``labels``: the model calls that add their draws (those of a stacked node: each it stands for).
@@ -868,7 +873,7 @@ def explain(
     merged = run.draws - run.unknown_draws - run.hits - sent
     batches = run.batches()
     usage = run.usage(batches, prices)
-    control = [describe(node) for node in plan.nodes if node.op.mode == "control"]
+    control = [describe(node) for node in plan.nodes if node.op.traits.run is Run.CONTROL]
     loops = [LoopEstimate(label, max_iter, size, body.usage(body.batches(), prices))
              for label, max_iter, size, body in run.loops]
     backends = {repr(q.backend): q.backend for r in [run, *(body for *_, body in run.loops)] for q in r.queues.values()}
@@ -884,5 +889,6 @@ def _kinds(plan: Plan) -> dict[str, int]:
     """The plan's nodes by kind, as a run's trace counts them."""
     kinds = {"input": len(plan.inputs), "inline": 0, "python": 0, "generate": 0}
     for node in plan.nodes:
-        kinds[node.op.mode] = kinds.get(node.op.mode, 0) + 1
+        kind = node.op.traits.run.value
+        kinds[kind] = kinds.get(kind, 0) + 1
     return kinds

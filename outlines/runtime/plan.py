@@ -38,7 +38,7 @@ from __future__ import annotations
 import warnings
 from itertools import repeat
 from operator import attrgetter, itemgetter
-from typing import Any, Hashable, Iterable, Mapping, Sequence
+from typing import Any, Hashable, Iterable, Mapping, Sequence, cast
 
 import numpy as np
 
@@ -48,7 +48,9 @@ from outlines.errors import UnboundInputError
 from outlines.graph.basic import Apply, Constant, Variable, as_object_array
 from outlines.graph.families import Family, stackable
 from outlines.graph.ops import all_text
+from outlines.graph.protocols import model_call
 from outlines.graph.shapes import propagate, shape_of
+from outlines.graph.traits import Run
 from outlines.graph.traversal import rewired_error, toposort
 
 __all__ = ["Plan", "bind_givens", "check_shapes"]
@@ -183,12 +185,13 @@ class Plan:
             info = ops.get(id(op))
             if info is None:
                 token: Any = None
-                if op.pure:
+                traits = op.traits
+                if traits.pure:
                     try:
                         token = tokens.setdefault(op.kin, len(tokens))
                     except TypeError:  # an op with unhashable parameters is never merged
                         pass
-                info = ops[id(op)] = (token, bool(op.pure), op.mode == "generate", op.mode == "control")
+                info = ops[id(op)] = (token, traits.pure, traits.run is Run.GENERATE, traits.run is Run.CONTROL)
             token, pure, generate, control = info
             parents: list[int] = []
             try:
@@ -197,7 +200,7 @@ class Plan:
                 raise rewired_error(node, position) from None
             if pure:
                 if constants:
-                    constant = _fold(node, inputs)
+                    constant = _fold(node, cast("Sequence[Constant]", inputs))  # all Constants: checked
                     if constant is not None:
                         replaced[id(node.outputs[0])] = constant
                         continue
@@ -219,15 +222,16 @@ class Plan:
             if not pure and generate:
                 # Draws are numbered per (backend, params, prompt), whatever num_samples;
                 # (backend, params) is numbered once per op, its hash runs in Python.
+                call = model_call(op)
                 number = streams.get(id(op))
                 if number is None:
-                    base = (op.backend, op.params)  # type: ignore[attr-defined]
+                    base = (call.backend, call.params)
                     number = streams[id(op)] = stream_numbers.setdefault(base, len(stream_numbers))
                 stream = (number, input_keys[0])
                 offset = draws.get(stream, 0)
                 if offset:
                     offsets[id(kept)] = offset
-                draws[stream] = offset + op.num_samples  # type: ignore[attr-defined]
+                draws[stream] = offset + call.num_samples
             index = position[id(kept)] = len(nodes)  # after its parents: a node reading itself is caught
             nodes.append(kept)
             uplinks.append(parents[0] if len(parents) == 1 else parents or -1)
@@ -248,8 +252,10 @@ class Plan:
         """
         out: dict[int, tuple[int, int]] = {}
         for node in self.nodes:
-            op: Any = node.op
-            if op.mode == "generate" and not op.params.deterministic:
+            if node.op.traits.run is not Run.GENERATE:
+                continue
+            op = model_call(node.op)
+            if not op.params.deterministic:
                 first = self.draw_offsets.get(id(node), 0)
                 for member in self.members.get(id(node), (node,)):  # a stacked call: each call it stands for
                     out[member.order] = (first, first + op.num_samples - 1)
@@ -365,16 +371,16 @@ class Plan:
                     found_at = element(variable)
                     if found_at is not None:  # a stacked member's output read by a node left out: its element
                         source = found_at[0].owner
-                        aliases[id(variable.owner)] = source  # type: ignore[assignment]
+                        aliases[id(variable.owner)] = source  # type: ignore[assignment]  # an output of a node: owned
                         self.scatter.setdefault(id(source), []).append((variable, found_at[1]))
                 kept.append(node)
                 continue
             if family not in stacked:
                 members = [nodes[i] for i in families[family]]
-                control, layout = node.op.mode == "control", found.layouts[family]
-                whole = control or not node.op.pure or int not in set(map(type, layout))  # see _stacked_constant
+                control, layout = node.op.traits.run is Run.CONTROL, found.layouts[family]
+                whole = control or not node.op.traits.pure or int not in set(map(type, layout))  # see _stacked_constant
                 sources = [stacked[part].outputs[0] if type(part) is int else
-                           _stacked_constant([m.inputs[number] for m in members], whole=whole)  # type: ignore[misc]
+                           _stacked_constant([m.inputs[number] for m in members], whole=whole)  # type: ignore[misc]  # constants: the walk's layout
                            for number, part in enumerate(layout)]
                 new = stacked[family] = _stacked_node(node.op, sources, members, self.members)
                 if control:  # each element draws in its own loop's namespaces
@@ -567,12 +573,13 @@ def _from_members(family: Family, lo: int, hi: int, stacked: Mapping[int, Apply]
     if len(members) != hi - lo:
         return None
     op = members[0].op  # the ops of a family are equal (one kin): the first member's serves all
-    generate = op.mode == "generate"
-    if op.mode == "control":
+    traits = op.traits
+    generate = traits.run is Run.GENERATE
+    if traits.run is Run.CONTROL:
         return None  # the walk numbers its namespaces
-    if op.pure and not generate and not any(type(part) is Family for part in layout):
+    if traits.pure and not generate and not any(type(part) is Family for part in layout):
         return None  # a pure op on constants only: the walk folds it
-    if op.pure or generate:  # an impure step is never merged: two of them on the same inputs both run
+    if traits.pure or generate:  # an impure step is never merged: two of them on the same inputs both run
         try:
             if (op, layout) in seen:
                 return None  # equal ops on the same inputs: the walk merges them, or numbers their draws apart
@@ -601,8 +608,8 @@ def _from_members(family: Family, lo: int, hi: int, stacked: Mapping[int, Apply]
         if texts and part != () or not texts and (
                 set(map(_SHAPE, inputs)) != {part} or not stackable(inputs[0], False) or any(map(_RAGGED, inputs))):
             return None
-        whole = not op.pure or Family not in set(map(type, layout))  # see _stacked_constant
-        sources.append(_stacked_constant(inputs, values, whole=whole))  # type: ignore[arg-type]
+        whole = not op.traits.pure or Family not in set(map(type, layout))  # see _stacked_constant
+        sources.append(_stacked_constant(inputs, values, whole=whole))  # type: ignore[arg-type]  # checked Constants above
     return _stacked_node(op, sources, members, members_of)
 
 
@@ -660,12 +667,12 @@ def _keyed(value: Any) -> bool:
     return kind in _SCALARS or (kind is float and not value.is_integer())
 
 
-def _fold(node: Apply, inputs: Sequence[Variable]) -> Constant | None:
+def _fold(node: Apply, inputs: Sequence[Constant]) -> Constant | None:
     """The value of a pure inline op on Constants, or ``None`` to leave it to eval."""
-    if node.op.mode != "inline" or len(node.outputs) != 1:
+    if node.op.traits.run is not Run.INLINE or len(node.outputs) != 1:
         return None
     try:
-        value = node.op.perform(*(v.value for v in inputs))  # type: ignore[attr-defined]
+        value = node.op.perform(*(v.value for v in inputs))
     except Exception:  # noqa: BLE001 - eval raises it again, naming the node
         return None
     return Constant(value, name=node.outputs[0].name)

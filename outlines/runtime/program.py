@@ -283,7 +283,9 @@ def compile(  # noqa: A001
     ['a!', 'b!']
     """
     if outputs is not None:
-        return Program(list(fn_or_inputs), outputs, options=options)  # type: ignore[arg-type]
+        if callable(fn_or_inputs):
+            raise TypeError("compile takes a function, or a list of inputs and the outputs")
+        return Program(list(fn_or_inputs), outputs, options=options)
     fn = fn_or_inputs
     if not callable(fn):
         raise TypeError("compile takes a function, or a list of inputs and the outputs")

@@ -28,6 +28,8 @@ import time
 from typing import Any, AsyncIterator, Protocol, Sequence, TextIO
 
 from outlines.config import Tuning
+from outlines.graph.basic import Apply
+from outlines.graph.traits import Run
 from outlines.runtime.events import Listener
 
 __all__ = ["Counter", "Progress", "shown"]
@@ -48,15 +50,15 @@ class Counter(Listener):
         self.jobs: dict[str, tuple[str, int, int]] = {}  # open provider job id -> (state, lines done, lines)
         self.limited: dict[str, tuple[int, int, int]] = {}  # loop label -> (stopped at max_iter, elements, max_iter)
 
-    def node_started(self, node: Any, t: float) -> None:
-        if node.op.mode == "generate":
+    def node_started(self, node: Apply, t: float) -> None:
+        if node.op.traits.run is Run.GENERATE:
             self.dispatched.add(id(node))
 
-    def node_cache(self, node: Any, hits: int, misses: int) -> None:
+    def node_cache(self, node: Apply, hits: int, misses: int) -> None:
         self.hits += hits
 
-    def node_failures(self, node: Any, outputs: tuple[Any, ...]) -> None:
-        if node.op.mode == "generate":
+    def node_failures(self, node: Apply, outputs: tuple[Any, ...]) -> None:
+        if node.op.traits.run is Run.GENERATE:
             from outlines.errors import Failure
 
             for output in outputs:
@@ -120,7 +122,7 @@ class Progress:
         known = counter.done + sum(counter.running.values()) + self.schedule.queued_draws()
         exact = True
         for node in self.schedule.plan.nodes:
-            if node.op.mode != "generate" or id(node) in counter.dispatched:
+            if node.op.traits.run is not Run.GENERATE or id(node) in counter.dispatched:
                 continue
             count = _size(getattr(node.outputs[0], "shape", None))
             if count is None:

@@ -11,8 +11,10 @@ first failure (``errors="raise"``), ``failed_values`` the outputs holding a
 
 Everything the schedule does not own comes from its ``Evaluation``
 (``outlines.runtime.session``): options, cache, executor, limits, budget,
-recorder. A ready node is dispatched by its kind (``walker``: the one
-dispatch by ``Op.mode``, which ``explain`` uses too): a cheap op runs inline,
+recorder. A ready node is dispatched by how its op's traits say it runs
+(``walker``: the one dispatch by ``Traits.run``, which ``explain`` uses
+too; model calls and Python steps are read through the protocols of
+``outlines.graph.protocols``): a cheap op runs inline,
 a user function inline, in a task or in the thread pool, a loop or branch as a
 task (``outlines.runtime.control``), and a model call's draws join the
 ``Batcher``'s queues (``outlines.runtime.batching``), flushed after every
@@ -34,14 +36,16 @@ import numpy as np
 from outlines.threads import FOREGROUND
 from outlines.errors import Failure, JobsRunning, NodeError
 from outlines.graph.basic import Apply
-from outlines.graph.ops import scalar_or_array
+from outlines.graph.ops import broadcast_map, scalar_or_array
+from outlines.graph.protocols import python_step
+from outlines.graph.traits import Run
 from outlines.runtime.batching.batcher import Batcher
 from outlines.runtime.control import run_control
 from outlines.runtime.events import listening
 from outlines.runtime.plan import Plan
 from outlines.runtime.session import Evaluation
 
-__all__ = ["MODES", "Scheduler", "Walk", "quiet_collector", "schedule", "walker"]
+__all__ = ["Scheduler", "Walk", "quiet_collector", "schedule", "walker"]
 
 FAST_CALL_SECONDS = 1e-3
 #: Blocking Python calls made ready together go to the thread pool in at most
@@ -50,6 +54,7 @@ FAST_CALL_SECONDS = 1e-3
 PYTHON_CHUNKS = 32
 #: The guards of a node that neither returns failures nor stands for stacked calls: none (never mutated).
 _NO_GUARDS: dict[str, Any] = {}
+_GENERATE = Run.GENERATE  # read once: a member looked up on its enum class per node costs more than the check
 
 
 class Scheduler:
@@ -169,7 +174,7 @@ class Scheduler:
             try:
                 # one input (a step of a chain) needs no comprehension
                 args = [values[id(inputs[0])]] if len(inputs) == 1 else [values[id(v)] for v in inputs]
-                steps[node.op.mode](index, node, args)
+                steps[node.op.traits.run](index, node, args)
             except Exception as exc:  # noqa: BLE001 - reported against the node
                 self.fail(index, exc)
 
@@ -224,18 +229,18 @@ class Scheduler:
         return out
 
     def _perform_inline(self, node: Apply, inputs: list[Any]) -> Any:
-        if getattr(node.op, "guards_elements", False):  # it fails element by element itself (text ops)
-            return node.op.perform(*inputs, **self._guards(node))
+        op = node.op
+        traits = op.traits
+        if traits.guards_elements:  # it fails element by element itself (text ops)
+            return op.perform(*inputs, **self._guards(node))
         stacked = id(node) in self.plan.members
-        if (stacked or self._has_failed_input(node)) and getattr(node.op, "elementwise", False):
-            from outlines.graph.ops import broadcast_map
-
-            return broadcast_map(node.op.perform, inputs, **self._guards(node))
-        return node.op.perform(*inputs)
+        if (stacked or self._has_failed_input(node)) and traits.elementwise:
+            return broadcast_map(op.perform, inputs, **self._guards(node))
+        return op.perform(*inputs)
 
     def python(self, index: int, node: Apply, inputs: list[Any]) -> None:
         """A user function: awaited when async, run here when fast, else in the thread pool (in chunks)."""
-        op: Any = node.op
+        op = python_step(node.op)
         function = op.function
         members = self.plan.members.get(id(node)) if self.plan.members else None
         guards = self._guards(node) if self.return_failures or members is not None else _NO_GUARDS
@@ -261,7 +266,7 @@ class Scheduler:
 
     async def _pieces(self, node: Apply, inputs: list[Any], guards: dict[str, Any], count: int) -> Any:
         """A stacked blocking step in at most ``PYTHON_CHUNKS`` slices of its leading axis, run in the thread pool."""
-        op: Any = node.op
+        op = python_step(node.op)
         bounds = np.linspace(0, count, min(count, PYTHON_CHUNKS) + 1).astype(int).tolist()
 
         def piece(start: int, stop: int) -> Callable[[], Any]:
@@ -305,14 +310,14 @@ class Scheduler:
         self.spawn(self.executor.call(_run_chunk, chunk), lambda task: self._chunk_done(chunk, task))
 
     def _chunk_done(self, chunk: list[tuple[int, Callable[[], Any]]], task: asyncio.Task[Any]) -> None:
-        if task.exception() is not None:
+        error = task.exception()
+        if error is not None:
             for index, _ in chunk:
-                self.fail(index, task.exception())  # type: ignore[arg-type]
+                self.fail(index, error)
             return
         for index, ok, value, seconds in task.result():
             # Recorded here, not where it ran: a worker's copy of the function is not ours.
-            function = self.plan.nodes[index].op.function  # type: ignore[attr-defined]
-            self.evaluation.state.timings.record(function, seconds)
+            self.evaluation.state.timings.record(python_step(self.plan.nodes[index].op).function, seconds)
             if ok:
                 self.finish(index, value)
             else:
@@ -337,7 +342,7 @@ class Scheduler:
         """Node ``index`` computed ``result``: store it and ready the consumers whose inputs are all there."""
         plan = self.plan
         node = plan.nodes[index]
-        if plan.members and node.op.mode != "generate":  # the batcher names a stacked call's elements itself
+        if plan.members and node.op.traits.run is not _GENERATE:  # the batcher names a stacked call's elements itself
             members = plan.members.get(id(node))
             if members is not None:
                 result = self._per_member(index, node, members, result)
@@ -394,7 +399,7 @@ class Scheduler:
             self.recorder.node_finished(node, time.perf_counter(), exc)
             return
         members = self.plan.members.get(id(node)) if label is None or label == node.label else None
-        if members is not None and node.op.mode != "generate":  # each element fails as its own node
+        if members is not None and node.op.traits.run is not _GENERATE:  # each element fails as its own node
             shape = node.outputs[0].shape
             sizes = [int(n) for n in shape if n is not None] if shape else []
             per = int(np.prod(sizes[1:], dtype=np.int64)) if shape and len(sizes) == len(shape) else 1
@@ -417,7 +422,7 @@ async def schedule(plan: Plan, values: dict[int, Any], evaluation: Evaluation) -
 
 
 class Walk(Protocol):
-    """What a walk of a plan does with each kind of node (``Op.mode``): the scheduler runs them, ``explain`` predicts them."""
+    """What a walk of a plan does with each kind of node (``Traits.run``): the scheduler runs them, ``explain`` predicts them."""
 
     def inline(self, index: int, node: Apply, inputs: list[Any]) -> Any:
         """A cheap pure op."""
@@ -432,13 +437,9 @@ class Walk(Protocol):
         """A loop or a branch."""
 
 
-#: The kinds of node, by ``Op.mode``.
-MODES = ("inline", "python", "generate", "control")
-
-
-def walker(walk: Walk) -> dict[str, Callable[[int, Apply, list[Any]], Any]]:
-    """``walk``'s step for each kind of node: the one dispatch by ``Op.mode``."""
-    return {mode: getattr(walk, mode) for mode in MODES}
+def walker(walk: Walk) -> dict[Run, Callable[[int, Apply, list[Any]], Any]]:
+    """``walk``'s step for each kind of node: the one dispatch by ``Traits.run`` (each value names its step)."""
+    return {run: getattr(walk, run.value) for run in Run}
 
 
 @contextlib.contextmanager

@@ -55,7 +55,7 @@ import time
 import warnings
 from dataclasses import dataclass, field, fields, replace
 from types import FrameType
-from typing import Any, AsyncIterator, Mapping
+from typing import Any, AsyncIterator, Iterator, Mapping
 
 import numpy as np
 
@@ -166,7 +166,7 @@ class Evaluation:
     backend_limits: dict[Backend, asyncio.Semaphore | None] = field(default_factory=dict)
     backends: dict[Backend, None] = field(default_factory=dict)  # in first-use order
     draw_base: int | np.ndarray = 0  # an object array of Python ints: a namespace per element
-    batch_ids: Any = field(default_factory=lambda: itertools.count(1))
+    batch_ids: Iterator[int] = field(default_factory=lambda: itertools.count(1))
 
     @classmethod
     def open(
@@ -217,7 +217,7 @@ class Evaluation:
         bases = base.tolist() if isinstance(base, np.ndarray) else None
         if tags is not None and bases is not None and len(tags) != len(bases):
             raise ValueError(f"{len(tags)} namespace tags for {len(bases)} elements")
-        size = len(tags) if tags is not None else len(bases)  # type: ignore[arg-type]
+        size = len(tags) if tags is not None else len(bases or ())  # one of the two is an array (else returned above)
         per_element = np.empty(size, dtype=object)
         per_element[:] = [((base if bases is None else bases[e]) << TAG_BITS) + (tag if tags is None else tags[e]) + 1
                           for e in range(size)]
@@ -245,7 +245,7 @@ class Evaluation:
 
     def batch_id(self) -> int:
         """A new batch id (one numbering for all the evaluation's schedules)."""
-        return next(self.batch_ids)  # type: ignore[no-any-return]
+        return next(self.batch_ids)
 
     def limit_for(self, backend: Backend) -> asyncio.Semaphore | None:
         """``backend``'s bound on its batches in flight (the executor's), made on first use."""

@@ -27,12 +27,14 @@ import contextvars
 import queue
 import threading
 import weakref
-from typing import TYPE_CHECKING, Any, AsyncIterator, Callable, Iterator, Mapping
+from typing import TYPE_CHECKING, Any, AsyncGenerator, AsyncIterator, Callable, Iterator, Mapping
 
 import numpy as np
 
 from outlines.graph.basic import Variable
 from outlines.graph.ops import scalar_or_array
+from outlines.graph.protocols import model_call
+from outlines.graph.traits import Run
 from outlines.runtime.evaluate import interrupt_raises, run_watched
 from outlines.runtime.events import Listener
 from outlines.runtime.plan import Plan, as_value, bind_givens, check_shapes
@@ -45,7 +47,7 @@ if TYPE_CHECKING:
 __all__ = ["Stream", "Watcher", "as_completed", "default_chunk_size", "stream_program"]
 
 #: An async iterator of results, made for the loop that a sync caller blocks (or ``None``).
-Factory = Callable[[asyncio.AbstractEventLoop | None], AsyncIterator[tuple[int, Any]]]
+Factory = Callable[[asyncio.AbstractEventLoop | None], AsyncGenerator[tuple[int, Any], None]]
 
 
 class Stream:
@@ -124,7 +126,7 @@ def _iterate_sync(factory: Factory) -> Iterator[tuple[int, Any]]:
             async for item in iterator:
                 results.put((_ITEM, item))
         finally:
-            await iterator.aclose()  # type: ignore[attr-defined]
+            await iterator.aclose()
 
     def target() -> None:
         try:
@@ -226,7 +228,7 @@ def as_completed(*variables: Variable, givens: Mapping[Any, Any] | None = None, 
     plan = Plan(variables)  # eval's plan: sibling calls stacked, each output picked as it finishes
     check_shapes(plan, bind_givens(plan, givens))  # a missing input or a bad pairing raises here, before anything is sent
 
-    async def results(blocked_loop: asyncio.AbstractEventLoop | None) -> AsyncIterator[tuple[int, Any]]:
+    async def results(blocked_loop: asyncio.AbstractEventLoop | None) -> AsyncGenerator[tuple[int, Any], None]:
         ready: asyncio.Queue[tuple[int, Any]] = asyncio.Queue()
         values = bind_givens(plan, givens)
         watcher = Watcher(plan, values, checked.errors == "raise", lambda i, v: ready.put_nowait((i, v)))
@@ -260,7 +262,7 @@ def as_completed(*variables: Variable, givens: Mapping[Any, Any] | None = None, 
 # -- Program.stream: one schedule per chunk of the leading axis ------------------------
 def default_chunk_size(plan: Plan) -> int:
     """The smallest ``max_batch`` among the plan's model calls; 1 when none sets one."""
-    sizes = [n.op.backend.max_batch for n in plan.nodes if n.op.mode == "generate"]  # type: ignore[attr-defined]
+    sizes: list[int] = [model_call(n.op).backend.max_batch for n in plan.nodes if n.op.traits.run is Run.GENERATE]
     return min((s for s in sizes if s), default=1)
 
 
@@ -292,7 +294,7 @@ def stream_program(program: Program, givens: dict[Variable, Any], chunk_size: in
             for v, value in givens.items()
         }
 
-    async def results(blocked_loop: asyncio.AbstractEventLoop | None) -> AsyncIterator[tuple[int, Any]]:
+    async def results(blocked_loop: asyncio.AbstractEventLoop | None) -> AsyncGenerator[tuple[int, Any], None]:
         # One evaluation, whose schedules are the chunks: one cache, executor, budget and set of limits.
         evaluation = Evaluation.open(options, blocked_loop=blocked_loop)
 

@@ -28,7 +28,7 @@ import os
 import signal
 import threading
 import time
-from typing import Any, Awaitable, Callable, Iterator, TypeVar
+from typing import Any, Callable, Coroutine, Iterator, TypeVar
 
 from outlines.cache.disk import flush_all
 
@@ -38,7 +38,7 @@ __all__ = ["GRACE_SECONDS", "Termination", "terminating_gracefully"]
 GRACE_SECONDS = 5.0
 
 T = TypeVar("T")
-Factory = Callable[[Any], Awaitable[T]]
+Factory = Callable[[Any], Coroutine[Any, Any, T]]
 
 
 class Termination:

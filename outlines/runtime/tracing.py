@@ -20,6 +20,9 @@ from fractions import Fraction
 from typing import Any, Callable, Iterator, Sequence
 
 from outlines.backends.usage import Price, reported
+from outlines.graph.basic import Apply
+from outlines.graph.protocols import model_call
+from outlines.graph.traits import Run
 from outlines.labels import apart, label_of
 from outlines.runtime.events import NULL, Listener, Recorder
 
@@ -209,7 +212,7 @@ class ModelLoadRecord:
     end: float
 
 
-class ErrorList(list):  # type: ignore[type-arg]
+class ErrorList(list[str]):
     """``Trace.errors``: a list of lines that is also callable (``t.errors()``), like ``summary()``."""
 
     def __call__(self) -> list[str]:
@@ -634,13 +637,13 @@ class _EvalRecorder(Listener):
             self.trace.labels[name] = label_of(backend)
         return name
 
-    def _record(self, node: Any) -> NodeRecord | None:
+    def _record(self, node: Apply) -> NodeRecord | None:
         position = self.index.get(id(node))
         if position is not None:
             return self.records[position]
         return self.inner.get(id(node)) or self.trace.nodes.get(node.label)
 
-    def node_started(self, node: Any, t: float) -> None:
+    def node_started(self, node: Apply, t: float) -> None:
         now = self.trace._time(t)
         record = self._record(node) if id(node) in self.inner or id(node) in self.index else None
         if record is not None:  # it runs again in this evaluation (a loop iteration, a stream chunk): one more span
@@ -649,11 +652,12 @@ class _EvalRecorder(Listener):
             return
         op, position = node.op, self.index.get(id(node))
         label = self.eval.labels[position] if position is not None else node.label
-        backend = getattr(op, "backend", None)
+        run = op.traits.run
+        backend = model_call(op).backend if run is Run.GENERATE else None
         record = NodeRecord(
             label,
             self._name(op, lambda op: op.name),
-            op.mode,
+            run.value,
             self._backend(backend) if backend is not None else None,
             now,
             spans=[(now, None)],
@@ -665,7 +669,7 @@ class _EvalRecorder(Listener):
         else:
             self.inner[id(node)] = record
 
-    def node_finished(self, node: Any, t: float, error: BaseException | None = None) -> None:
+    def node_finished(self, node: Apply, t: float, error: BaseException | None = None) -> None:
         record = self._record(node)
         if record is not None:
             now = self.trace._time(t)
@@ -680,7 +684,7 @@ class _EvalRecorder(Listener):
                 spans = [(by_id[i].start, by_id[i].end or record.end) for i in record.batch_ids if i in by_id]
                 record.computing = _union(spans)
 
-    def node_failures(self, node: Any, outputs: tuple[Any, ...]) -> None:
+    def node_failures(self, node: Apply, outputs: tuple[Any, ...]) -> None:
         record = self._record(node)
         if record is None:
             return
@@ -696,7 +700,7 @@ class _EvalRecorder(Listener):
         if first is not None and record.error is None:
             record.error = _first_line(first)
 
-    def node_cache(self, node: Any, hits: int, misses: int) -> None:
+    def node_cache(self, node: Apply, hits: int, misses: int) -> None:
         self.trace.cache_hits += hits
         self.trace.cache_misses += misses
         record = self._record(node)
@@ -777,7 +781,7 @@ class _EvalRecorder(Listener):
         trace = self.trace
         trace.model_loads.append(ModelLoadRecord(self._backend(backend), trace._time(start), trace._time(end)))
 
-    def loop_iteration(self, node: Any, iteration: int, active: int, batches: int, start: float, end: float) -> None:
+    def loop_iteration(self, node: Apply, iteration: int, active: int, batches: int, start: float, end: float) -> None:
         trace = self.trace
         trace.iterations.append(
             IterationRecord(node.label, iteration, active, batches, trace._time(start), trace._time(end))

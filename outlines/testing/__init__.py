@@ -25,6 +25,7 @@ import os
 import shutil
 import tempfile
 from pathlib import Path
+from typing import Any
 
 from outlines.testing._provider import FakeProvider, JobPlan
 
@@ -62,7 +63,7 @@ def _corpus() -> list[str]:
     return lines
 
 
-def _train_tokenizer(vocab_size: int):  # type: ignore[no-untyped-def]
+def _train_tokenizer(vocab_size: int) -> Any:
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
@@ -100,7 +101,7 @@ def _write_model(folder: Path, seed: int, vocab_size: int) -> None:
             hf_logging.enable_progress_bar()
 
 
-def _save(folder: Path, seed: int, vocab_size: int, torch, GPT2Config, GPT2LMHeadModel) -> None:  # type: ignore[no-untyped-def]
+def _save(folder: Path, seed: int, vocab_size: int, torch: Any, GPT2Config: Any, GPT2LMHeadModel: Any) -> None:
 
     tokenizer = _train_tokenizer(vocab_size)
     eos = tokenizer.convert_tokens_to_ids("<|endoftext|>")

@@ -36,7 +36,7 @@ import dataclasses
 import json
 import threading
 import time
-from typing import Any, Callable, Mapping, Self, Sequence, Union
+from typing import Any, Callable, Mapping, Protocol, Self, Sequence, Union
 
 from aiohttp import web
 
@@ -231,6 +231,13 @@ class Recorded:
     method: str = "POST"
 
 
+class Asked(Protocol):
+    """What ``FakeServer.answer`` reads of a request: its path (an ``aiohttp`` request, or a job's line)."""
+
+    @property
+    def path(self) -> str: ...
+
+
 class FakeServer:
     """An OpenAI-compatible fake server; see the module docstring.
 
@@ -371,7 +378,8 @@ class FakeServer:
     def seen(self, request: Any) -> frozenset[Any] | None:
         """The heads that were cached when ``request`` arrived (``None``: not a live request)."""
         try:
-            return request.get(SEEN)  # type: ignore[no-any-return]
+            seen: frozenset[Any] | None = request.get(SEEN)
+            return seen
         except AttributeError:
             return None
 
@@ -400,7 +408,7 @@ class FakeServer:
 
     # -- serving -------------------------------------------------------------
 
-    def answer(self, request: web.Request, body: Any) -> web.Response:
+    def answer(self, request: Asked, body: Any) -> web.Response:
         """The normal answer to a request body."""
         if not isinstance(body, dict) or not isinstance(body.get("model"), str):
             return web.json_response({"error": {"message": "model is required"}}, status=400)

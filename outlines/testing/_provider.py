@@ -65,7 +65,7 @@ import random
 import re
 import threading
 import time
-from typing import Any, Awaitable, Callable, Mapping
+from typing import Any, Awaitable, Callable, Mapping, cast
 
 from aiohttp import web
 
@@ -580,8 +580,8 @@ class FakeProvider(FakeServer):
                 elif job.protocol == "anthropic":
                     line.answer = self.anthropic_answer(line.body)
                 else:
-                    response = super().answer(_Path(line.url), line.body)  # type: ignore[arg-type]
-                    line.answer = (response.status, json.loads(response.body))  # type: ignore[arg-type]
+                    response = super().answer(_Path(line.url), line.body)
+                    line.answer = (response.status, json.loads(cast(bytes, response.body)))  # a JSON response's body: bytes
             return line.answer
 
     def _register(self, job: FakeJob) -> None:

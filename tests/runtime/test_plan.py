@@ -13,6 +13,7 @@ from outlines import models
 from outlines.errors import GraphBuildError
 from outlines.graph.basic import Apply, Constant, Op, Variable
 from outlines.graph.ops import Concat, Stack, broadcast_map
+from outlines.graph.traits import Run, Traits
 from outlines.graph.traversal import applies, graph_inputs
 from outlines.runtime.plan import Plan
 from tests.fixtures.graphs import rewired_cycle
@@ -31,7 +32,7 @@ class Fails(Op):
 
 
 class Impure(Op):
-    pure = False
+    traits = Traits(pure=False)
 
     def perform(self, value):  # noqa: ANN001, ANN201
         return value
@@ -157,7 +158,7 @@ def test_folding_keeps_a_failing_op_for_eval_to_report() -> None:
 
 def test_python_mode_ops_are_not_folded() -> None:
     class Slow(Upper):
-        mode = "python"
+        traits = Traits(run=Run.PYTHON)
 
     out = Slow()("x")
     assert _rewrite([out])[0] is out
@@ -184,7 +185,7 @@ def test_unhashable_op_parameters_are_left_alone() -> None:
         def __init__(self, tags):  # noqa: ANN001
             self.tags = tags
 
-        mode = "python"
+        traits = Traits(run=Run.PYTHON)
 
     question = Variable(name="question")
     first, second = Tagged(["a"])(question), Tagged(["a"])(question)
@@ -407,7 +408,7 @@ def test_draw_numbers_of_random_graphs_are_stable_across_rebuilds(steps: list[tu
     streams: dict[object, list[int]] = {}
     for node in first.nodes:
         op, prompt = node.op, node.inputs[0]
-        if op.mode == "generate" and not op.pure:
+        if op.traits.run == "generate" and not op.traits.pure:
             start = first.draw_offsets.get(id(node), 0)
             stream = streams.setdefault((op.params, prompt.value if isinstance(prompt, Constant) else id(prompt)), [])
             assert start == len(stream)

@@ -13,6 +13,7 @@ import pytest
 
 import outlines
 from outlines import models
+from outlines.graph.traits import Run, Traits
 from outlines.runtime import progress
 
 
@@ -224,7 +225,7 @@ def test_jupyter_shows_one_html_block_updated_in_place(monkeypatch: pytest.Monke
 
 def _schedule(*outputs: object, queued: int = 0) -> types.SimpleNamespace:
     """A stand-in for the schedule the figures read: a plan of model calls and the draws queued."""
-    nodes = [types.SimpleNamespace(op=types.SimpleNamespace(mode="generate"), outputs=[output]) for output in outputs]
+    nodes = [types.SimpleNamespace(op=types.SimpleNamespace(traits=Traits(run=Run.GENERATE)), outputs=[output]) for output in outputs]
     return types.SimpleNamespace(plan=types.SimpleNamespace(nodes=nodes), queued_draws=lambda: queued)
 
 

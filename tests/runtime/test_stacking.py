@@ -514,7 +514,7 @@ def test_loops_and_conds_of_one_structure_stack_into_one_node(build: Callable[..
     plan = Plan(outs)
     expected = {_loops: ["generate", "control", "generate"], _same: ["control", "generate"],
                 _conds: ["generate", "python", "control", "generate"]}[build]  # a cond's predicate: a step of its own
-    assert [node.op.mode for node in plan.nodes] == expected
+    assert [node.op.traits.run for node in plan.nodes] == expected
     control = plan.nodes[-2]
     assert len(plan.members[id(control)]) == N
     step = {_loops: 5, _same: 4, _conds: 1}[build]  # a loop takes max_iter + 1 namespace tags, a cond one
@@ -599,7 +599,7 @@ def test_stacked_loops_count_and_fail_the_elements_max_iter_stopped_per_loop(
         first = llm(outlines.constant("x")).owner.order
         outs = _loops(llm, N, max_iter=1, on_max_iter=on_max_iter, cond=_FEW)
         plan = Plan(outs, stack_min=outlines.config.current_tuning().stack_min)
-        assert sum(node.op.mode == "control" for node in plan.nodes) == (1 if stack else N)
+        assert sum(node.op.traits.run == "control" for node in plan.nodes) == (1 if stack else N)
         with outlines.trace() as trace:
             values = outlines.eval(*outs, cache=False, errors="return")
         limited = {_relative(Failure(loop, "", "", ""), first)[1]: counts
@@ -619,4 +619,4 @@ def test_loops_that_cannot_stack_run_one_by_one() -> None:
     for body in (lambda s: impure(llm(s)), lambda s: outlines.while_loop(_SHORT, llm, init=s, max_iter=2),
                  lambda s: llm(s) + llm(outlines.constant("the same prompt"))):
         plan = Plan(_loops(llm, N, body=body))
-        assert sum(node.op.mode == "control" for node in plan.nodes) == N
+        assert sum(node.op.traits.run == "control" for node in plan.nodes) == N

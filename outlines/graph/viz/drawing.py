@@ -17,7 +17,10 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
-from outlines.graph.basic import Apply, Constant, Variable
+from outlines.graph.basic import Apply, Constant, Op, Variable
+from outlines.graph.control import Cond, Subgraph, WhileLoop
+from outlines.graph.protocols import model_call
+from outlines.graph.traits import Run
 from outlines.graph.traversal import ancestors, toposort
 from outlines.labels import redactor, shorten
 
@@ -68,9 +71,14 @@ def _redactor(nodes: Sequence[Apply]) -> Callable[[str], str]:
     # Loop and branch bodies are drawn too, so their models are asked as well.
     walked = list(nodes)
     for node in walked:  # grows as bodies are found: an iterative walk, in order
-        for _, subgraph in getattr(node.op, "subgraphs", ()):
+        for _, subgraph in _bodies(node.op):
             walked.extend(subgraph.nodes)
-    return redactor(getattr(node.op, "backend", None) for node in walked)
+    return redactor(model_call(node.op).backend for node in walked if node.op.traits.run is Run.GENERATE)
+
+
+def _bodies(op: Op) -> list[tuple[str, Subgraph]]:
+    """A loop's or a branch's sub-graphs, each with its role; none for any other op."""
+    return op.subgraphs if isinstance(op, (WhileLoop, Cond)) else []
 
 
 def _constant_title(value: Any) -> str:
@@ -139,7 +147,7 @@ def describe(*variables: Variable, trace: Any = None, draws: Mapping[int, tuple[
                 drawn[-1].lines.append(f"{name + ' = ' if name else ''}{inline[id(variable)]}")
     edges = _edges(nodes, keys, redact)
     for node in nodes:  # control flow (outlines.graph.control): each body drawn as a cluster
-        for role, subgraph in getattr(node.op, "subgraphs", ()):
+        for role, subgraph in _bodies(node.op):
             edges.extend(_describe_body(node, role, subgraph, drawn, labels, keys, redact))
     index = {d.key: d for d in drawn}
     for variable in variables:

@@ -212,7 +212,8 @@ def render(graph: Any, fmt: str) -> bytes:
     import graphviz
 
     try:
-        return graph.pipe(format=fmt)  # type: ignore[no-any-return]
+        picture: bytes = graph.pipe(format=fmt)
+        return picture
     except graphviz.ExecutableNotFound:
         raise RuntimeError(DOT_MISSING.format(fmt=fmt)) from None
 

@@ -44,6 +44,8 @@ from outlines.threads import FOREGROUND
 from outlines.errors import Failure, JobsRunning
 from outlines.graph.basic import Apply
 from outlines.graph.ops import all_text
+from outlines.graph.protocols import ModelCall, model_call
+from outlines.graph.traits import Run
 from outlines.runtime.batching.batches import Batch, pack_draws
 from outlines.runtime.batching.queue import BatchQueue, SlotQueue, queue_key
 from outlines.runtime.batching.waiting import Wait, Whole
@@ -84,14 +86,14 @@ def cached_values(
     if cache is None or not draws or not backend.cacheable:
         return [None] * len(draws)
     identities = backend.cache_identities
-    values = cache.get_draws(identities[0], draws, record=record, members=members)
+    values: list[Any] = cache.get_draws(identities[0], draws, record=record, members=members)
     for identity in identities[1:]:
         missing = [i for i, value in enumerate(values) if value is None]
         if not missing:
             break
         for i, value in zip(missing, cache.get_draws(identity, draws.take(missing), record=record)):
             values[i] = value
-    return values  # type: ignore[no-any-return]
+    return values
 
 
 class Batcher:
@@ -127,10 +129,10 @@ class Batcher:
         self.jobs = evaluation.jobs
         self.as_jobs: dict[Backend, bool] = {}  # backend -> its draws go as provider batch jobs
         for node in plan.nodes:
-            if node.op.mode == "generate":
-                self._route(node.op).unready += 1
+            if node.op.traits.run is Run.GENERATE:
+                self._route(model_call(node.op)).unready += 1
 
-    def _route(self, op: Any) -> BatchQueue:
+    def _route(self, op: ModelCall[Backend]) -> BatchQueue:
         """The queue of a Generate op (looked up once per op)."""
         queue = self.routes.get(id(op))
         if queue is None:
@@ -163,7 +165,7 @@ class Batcher:
     # -- 1. draws in ------------------------------------------------------------------
     def start(self, index: int, node: Apply, prompt: Any, failed_input: bool) -> None:
         """Turn a ready Generate node into a Wait on its queue (``failed_input``: its prompt holds Failures)."""
-        op: Any = node.op
+        op: ModelCall[Backend] = model_call(node.op)
         queue = self._route(op)
         queue.unready -= 1
         if isinstance(prompt, Failure):
@@ -206,7 +208,7 @@ class Batcher:
         Element ``e`` draws numbers ``first + shifts[e] + j``: the elements
         of one namespace are one ``Wait``, a part of the node's ``Whole``.
         """
-        op: Any = node.op
+        op = model_call(node.op)
         count = len(shifts)
         if not isinstance(prompt, np.ndarray) or prompt.ndim == 0 or prompt.shape[0] != count:
             got = f"shape {prompt.shape}" if isinstance(prompt, np.ndarray) else "one value"
@@ -242,7 +244,7 @@ class Batcher:
         values = prompt.reshape(-1).tolist()
         if not failed_input and all_text(values):  # the usual prompt: one C-speed pass
             return {}
-        op: Any = node.op
+        op = node.op
         members = self.plan.members.get(id(node))  # a stacked node: each element stands for a call
         settled: dict[int, Failure] = {}
         for element, value in enumerate(values):
@@ -261,7 +263,7 @@ class Batcher:
             settled[element] = Failure.from_exception(label, op.name, error)
         return settled
 
-    def _from_memory(self, op: Any, wait: Wait, slot: SlotQueue) -> bool:
+    def _from_memory(self, op: ModelCall[Backend], wait: Wait, slot: SlotQueue) -> bool:
         """Finish ``wait`` from the cache's memory when it holds every one of its draws."""
         backend = op.backend
         if self.cache is None or not backend.cacheable:
