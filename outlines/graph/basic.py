@@ -384,7 +384,8 @@ class Apply:
             # ``sibling=False``: a node a plan makes for itself, never a user's sibling.
             stacks = op._stacks
             if stacks is None:
-                stacks = op._stacks = stacking(op) or False
+                stacks = stacking(op) or False
+                op._stacks = stacks
             if stacks is not False and sibling:
                 note(self, stacks)
             else:
