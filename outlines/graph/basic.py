@@ -386,7 +386,7 @@ class Apply:
             if stacks is None:
                 stacks = stacking(op) or False
                 op._stacks = stacks
-            if stacks is not False and sibling:
+            if stacks and sibling:  # a tuple: how its uses join families
                 note(self, stacks)
             else:
                 self.family = None
