@@ -40,8 +40,7 @@ import urllib.request
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+from _compat import ROOT  # noqa: E402  # the measured tree (OUTLINES_BENCH_TREE), first on sys.path
 
 import outlines  # noqa: E402
 from outlines import models  # noqa: E402
