@@ -36,7 +36,7 @@ def set_stack_min(value: int) -> str:
     """
     import outlines.config as config
 
-    for setter in ("set_options", "set_option", "set"):
+    for setter in ("set_tuning", "set_options", "set_option", "set"):
         function = getattr(config, setter, None)
         if callable(function):
             for name in ("stack_min", "STACK_MIN"):
@@ -96,3 +96,18 @@ def emit(row: str, value: float, unit: str = "s") -> None:
         import json
 
         print("BENCH " + json.dumps({"row": row, "value": value, "unit": unit}), flush=True)
+
+
+def job_price(input_per_1m: float, output_per_1m: float, discount: float) -> dict[str, float]:
+    """A price mapping with the provider-job discount under the name this tree's ``Price`` takes.
+
+    Issue 40 renames the field ``batch_discount`` to ``job_discount``; an
+    older tree's ``Price`` refuses the new name.
+    """
+    import inspect
+
+    from outlines.backends.usage import Price
+
+    names = inspect.signature(Price).parameters
+    key = "job_discount" if "job_discount" in names else "batch_discount"
+    return {"input": input_per_1m, "output": output_per_1m, key: discount}

@@ -162,7 +162,8 @@ def _program(program_n: int, critical: float) -> None:
     emit(f"2. Program over {program_n} inputs: requests", backend.calls // REPEAT, "calls")
     if PEERS:
         lc_wall, _ = langchain_wall(program_n, 1)
-        row("LangChain RunnableLambda .abatch, same inputs", f"{lc_wall:.3f} s = {lc_wall / wall:.1f}x outlines", "", None)
+        row("LangChain RunnableLambda .abatch, same inputs", f"{lc_wall:.3f} s = {lc_wall / wall:.1f}x outlines", "",
+            None)
 
 
 # -- 3: trivial Python steps ------------------------------------------------------------------

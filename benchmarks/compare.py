@@ -5,11 +5,16 @@ is either ``--old PATH``'s (a checkout of another commit, e.g. ``git worktree
 add ../old141 141f75c``) or ``--new PATH``'s (default: this tree). Each job
 runs ``--runs`` times per tree, each time in a fresh process with a fresh
 temporary ``OUTLINES_CACHE_DIR`` (the default cache where a row has the
-cache on), old and new alternating which goes first. Per row it prints old
-min / median, new min / median, the ratio new / old of the mins (and of the
-medians) and FLAG where new is worse than old by more than ``--tolerance``
-(5%) at the min: slower, or for a row whose unit is ``%`` or ``x faster``,
-lower. The load average is printed with every run.
+cache on), old and new alternating which goes first; ``--confirm N`` then
+runs each job that has a FLAG N more times per tree before the table.
+
+Per row it prints old best / median, new best / median (best: the min; for
+a row whose unit is ``%`` or ``x faster``, the max), the ratio new / old of
+the bests (and of the medians) and FLAG where new's best is worse than
+old's by more than ``--tolerance`` (5%). The load average is printed with
+every run, and where a script reports it, the CPU seconds of the timed part
+(``cpu s`` rows): on a shared machine the walls include waiting for a core,
+the CPU seconds less so.
 
 With no ``--old`` both sides are this tree: a control run whose ratios show
 the noise of the machine, the yardstick for reading a real comparison.
@@ -21,8 +26,9 @@ contains TEXT):
   mode): 1k / 5k / 20k chains, the four shapes at 5k and 20k (with build and
   plan per node), Program 10k / 100k (peak RSS per element, warm re-eval),
   the Program with steps, the issue-40 Program ``m(m(m(q) + "a") + "b")``
-  and its hand-written floor, refine loops and routed chains (stacked and
-  not), 10k trivial fn nodes (without Dask: its time is not ours);
+  and its hand-written floor, refine loops and routed chains (stacked; the
+  unstacked ones at 1k, and at 5k with ``--slow``), 10k trivial fn nodes
+  (without Dask: its time is not ours);
 - ``bench_scheduler.py --no-peers``: rows 1-5 (LangChain and Dask left out);
 - ``bench_control.py``: the three outlines variants (LangGraph left out);
 - ``bench_cache.py``: parts 1, 2 (the zero-latency function) and 4b;
@@ -35,11 +41,13 @@ The two issue-40 figures are printed for both trees at the end: 20k chains
 with an impure ``outlines.fn`` step (wall / critical path, cache off and on;
 targets 1.4x and 1.7x) and the 100k Program (wall / its floor; 1.15x, 1.35x).
 
-Run: ``python benchmarks/compare.py --old ../old141 [--new .] [--runs 3] [--only TEXT] [--out FILE.json]``.
+Run: ``python benchmarks/compare.py --old ../old141 [--new .] [--runs 3] [--confirm 2] [--only TEXT]
+[--out FILE.json]``.
 """
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import statistics
@@ -97,12 +105,13 @@ def last_json(prefix: str, keys: dict[str, tuple[str, str]]) -> Callable[[str], 
 
 
 def scale_job(name: str, spec: dict[str, Any], extra: dict[str, tuple[str, str]] | None = None) -> Job:
-    keys = {"wall": ("", "s"), **(extra or {})}
+    keys = {"wall": ("", "s"), "cpu": (": cpu", "cpu s"), **(extra or {})}
     return Job(f"bench_scale: {name}", ["bench_scale.py", "--child", json.dumps(spec)],
                last_json(f"scale: {name}", keys))
 
 
-def jobs() -> list[Job]:
+def jobs(slow: bool = False) -> list[Job]:
+    """Every job, in the order they run; ``slow``: also the 5k control chains left unstacked (20 s a run loaded)."""
     out = []
     for n in (1_000, 5_000, 20_000):
         for cache in (False, True):
@@ -135,6 +144,8 @@ def jobs() -> list[Job]:
     for kind, label in (("loops", "refine loops"), ("routes", "routed chains")):
         for n in (1_000, 5_000):
             for stack, cache in ((True, False), (True, True), (False, False)):
+                if not stack and n == 5_000 and not slow:
+                    continue
                 how = f"stacked, cache {'on' if cache else 'off'}" if stack else "each its own node, cache off"
                 out.append(scale_job(f"{label} {n}, {how}", {"kind": kind, "n": n, "cache": cache, "stack": stack}))
     out.append(scale_job("10000 trivial fn nodes, build + eval", {"kind": "fn", "n": 10_000, "peer": False},
@@ -144,7 +155,8 @@ def jobs() -> list[Job]:
     for variant in ("outlines.while_loop", "Python loop around a compiled Program",
                     "Python loop per trajectory (gather of acall)"):
         out.append(Job(f"bench_control: {variant}", ["bench_control.py", "--child", variant, "-n", "1000"],
-                       last_json(f"control: {variant}", {"wall": ("", "s"), "calls": (": calls", "calls")})))
+                       last_json(f"control: {variant}", {"wall": ("", "s"), "cpu": (": cpu", "cpu s"),
+                                                         "calls": (": calls", "calls")})))
     out.append(Job("bench_cache: parts 1, 2 (function), 4b", ["bench_cache.py", "--part", "1", "--part", "2",
                                                                 "--part", "4b", "--latency", "--json"],
                    bench_lines("cache: ")))
@@ -169,6 +181,8 @@ NOT_COMPARED = (
     ("bench_openai.py", "every size also runs the AsyncOpenAI and LangChain peers, whose time is not ours; "
      "bench_prefix part a drives the same OpenAI backend through the same fake server"),
     ("bench_jobs.py at 10k, --live, --kill", "minutes of the fake provider's clock; --quick (1k) is compared"),
+    ("bench_scale.py refine loops / routed chains 5000, each its own node (unless --slow)",
+     "what not stacking costs: 9-20 s a run; the 1000 rows of the same cases are compared"),
     ("bench_scale.py peers, bench_scheduler.py LangChain / Dask, bench_control.py LangGraph",
      "the peers' times do not depend on this package"),
 )
@@ -196,6 +210,25 @@ def run_once(job: Job, tree: Path) -> dict[str, Any]:
     return {"rows": {name: list(value) for name, value in rows.items()}, "load": load, "seconds": seconds}
 
 
+def rounds(selected: list[Job], trees: dict[str, Path], runs: int, first: int = 0) -> None:
+    """Run every job ``runs`` times per tree, old and new alternating which goes first; print each run."""
+    for run in range(first, first + runs):
+        for index, job in enumerate(selected):
+            order = ("old", "new") if (run + index) % 2 == 0 else ("new", "old")
+            took = []
+            for side in order:
+                result = run_once(job, trees[side])
+                job.results[side].append(result)
+                state = f"ERROR {result['error'][:60]}" if "error" in result else f"{result['seconds']:.1f} s"
+                took.append(f"{side} {state} (load {result['load']:.2f})")
+            print(f"  run {run + 1}/{first + runs}  {job.name:<64} {'; '.join(took)}", flush=True)
+
+
+def job_rows(job: Job) -> set[str]:
+    """The rows ``job`` has given so far, on either tree."""
+    return {name for side in job.results.values() for result in side for name in result.get("rows", {})}
+
+
 def worse(old: float, new: float, unit: str) -> float:
     """How much worse new is than old, as a fraction (negative: better)."""
     if unit in HIGHER_IS_BETTER:
@@ -205,9 +238,15 @@ def worse(old: float, new: float, unit: str) -> float:
     return (new - old) / old
 
 
-def table(all_jobs: list[Job], tolerance: float) -> tuple[list[str], dict[str, dict[str, list[float]]]]:
-    """Print the per-row table; return the flagged rows and every row's values per tree."""
-    values: dict[str, dict[str, list[float]]] = {}
+Values = dict[str, dict[str, list[float]]]  # row -> tree -> one value per run
+
+
+def table(all_jobs: list[Job], tolerance: float, quiet: bool = False) -> tuple[list[str], Values]:
+    """Print the per-row table (``quiet``: do not); return the flagged rows and every row's values per tree."""
+    if quiet:
+        with open(os.devnull, "w") as sink, contextlib.redirect_stdout(sink):
+            return table(all_jobs, tolerance)
+    values: Values = {}
     units: dict[str, str] = {}
     loads: dict[str, dict[str, list[float]]] = {}
     errors = []
@@ -223,8 +262,8 @@ def table(all_jobs: list[Job], tolerance: float) -> tuple[list[str], dict[str, d
                     units[name] = unit
     flagged = []
     width = max((len(name) for name in values), default=20)
-    print(f"\n{'row':<{width}}  {'unit':>5}  {'old min / median':>21}  {'new min / median':>21}  "
-          f"{'new/old min':>11}  {'median':>7}  loads old | new")
+    print(f"\n{'row':<{width}}  {'unit':>5}  {'old best / median':>21}  {'new best / median':>21}  "
+          f"{'new/old best':>12}  {'median':>7}  loads old | new  (best: the min; for % and x faster the max)")
     for name, sides in values.items():
         old, new, unit = sides["old"], sides["new"], units[name]
         if not old or not new:
@@ -237,15 +276,15 @@ def table(all_jobs: list[Job], tolerance: float) -> tuple[list[str], dict[str, d
         flag = worse(o_min, n_min, unit) > tolerance
         if flag:
             flagged.append(name)
-        load = " ".join(f"{x:.1f}" for x in loads[name]["old"]) + " | " + " ".join(f"{x:.1f}" for x in loads[name]["new"])
+        load = " | ".join(" ".join(f"{x:.1f}" for x in loads[name][side]) for side in ("old", "new"))
         print(f"{name:<{width}}  {unit:>5}  {o_min:>10.4g} / {o_med:<8.4g}  {n_min:>10.4g} / {n_med:<8.4g}  "
-              f"{ratio:>11.3f}  {ratio_med:>7.3f}  {load}{'  FLAG' if flag else ''}")
+              f"{ratio:>12.3f}  {ratio_med:>7.3f}  {load}{'  FLAG' if flag else ''}")
     for error in errors:
         print(f"ERROR {error}")
     return flagged, values
 
 
-def figures(values: dict[str, dict[str, list[float]]]) -> None:
+def figures(values: Values) -> None:
     """The issue-40 figures for each tree: min walls over the critical path or the floor."""
     floor_rows = values.get("scale: floor: hand-written asyncio, concat 100000 (no outlines)", {})
     floor = min(floor_rows.get("old", []) + floor_rows.get("new", []), default=float("nan"))
@@ -276,11 +315,14 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=3, help="fresh processes per job and tree")
     parser.add_argument("--only", default="", help="only the jobs whose name contains this text")
     parser.add_argument("--tolerance", type=float, default=0.05, help="FLAG when new is worse by more than this")
+    parser.add_argument("--confirm", type=int, default=0, metavar="N",
+                        help="then run each job with a FLAG N more times per tree (interleaved) before the table")
     parser.add_argument("--out", type=Path, help="also write every run's rows and loads to this JSON file")
+    parser.add_argument("--slow", action="store_true", help="also the 5k refine loops / routed chains unstacked")
     parser.add_argument("--list", action="store_true", help="list the jobs and exit")
     args = parser.parse_args()
     trees = {"old": (args.old or HERE.parent).resolve(), "new": args.new.resolve()}
-    selected = [job for job in jobs() if args.only.lower() in job.name.lower()]
+    selected = [job for job in jobs(args.slow) if args.only.lower() in job.name.lower()]
     if args.list:
         for job in selected:
             print(job.name)
@@ -295,16 +337,12 @@ def main() -> None:
     print(f"scripts: {HERE}; {len(selected)} jobs x {args.runs} runs x 2 trees, interleaved; "
           f"{os.cpu_count()} CPUs, load {os.getloadavg()[0]:.2f}", flush=True)
     start = time.perf_counter()
-    for run in range(args.runs):
-        for index, job in enumerate(selected):
-            order = ("old", "new") if (run + index) % 2 == 0 else ("new", "old")
-            took = []
-            for side in order:
-                result = run_once(job, trees[side])
-                job.results[side].append(result)
-                state = f"ERROR {result['error'][:60]}" if "error" in result else f"{result['seconds']:.1f} s"
-                took.append(f"{side} {state} (load {result['load']:.2f})")
-            print(f"  run {run + 1}/{args.runs}  {job.name:<64} {'; '.join(took)}", flush=True)
+    rounds(selected, trees, args.runs)
+    if args.confirm:
+        flagged, _ = table(selected, args.tolerance, quiet=True)
+        again = [job for job in selected if any(name in flagged for name in job_rows(job))]
+        print(f"confirming {len(again)} jobs with a FLAG: {args.confirm} more runs per tree", flush=True)
+        rounds(again, trees, args.confirm, first=args.runs)
     elapsed = time.perf_counter() - start
     flagged, values = table(selected, args.tolerance)
     figures(values)
