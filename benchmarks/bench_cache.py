@@ -38,8 +38,8 @@ import warnings
 from pathlib import Path
 from typing import Any, Callable
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+import _compat  # noqa: E402
+from _compat import ROOT, emit  # noqa: E402  # the measured tree (OUTLINES_BENCH_TREE), first on sys.path
 
 import outlines  # noqa: E402
 import outlines.cache.keys  # noqa: E402
@@ -94,6 +94,9 @@ def warm_reeval(directory: Path, count: int, depth: int) -> None:
     print(f"   warm, memory LRU       {warm * 1e3:8.1f} ms  = {warm / nodes * 1e6:6.1f} us per node")
     print(f"   warm, disk only        {disk * 1e3:8.1f} ms  = {disk / nodes * 1e6:6.1f} us per node")
     print(f"   backend calls on the warm runs: {counter.calls - sent}  (target 0; target <= 30 us per node)")
+    emit("1. warm re-eval, memory: per node", warm / nodes * 1e6, "us")
+    emit("1. warm re-eval, disk only: per node", disk / nodes * 1e6, "us")
+    emit("1. warm re-eval: backend calls", counter.calls - sent, "calls")
 
 
 class Server:
@@ -127,7 +130,7 @@ def cold_overhead(directory: Path, count: int, depth: int, latencies: list[float
             # Interleave on and off so drift hits both alike. The cache file exists (as it
             # does after a first use) but holds none of the run's draws: prompts are salted.
             cache = Cache(directory / "cold")
-            cache.get_many(["open the file"])
+            cache.get_many([draw_key(("bench", "open the file"), Draw("open", GenerationParams.create(), 0))])
             times: dict[str, list[float]] = {"on": [], "off": []}
             for run in range(7):
                 for kind in ("on", "off") if run % 2 else ("off", "on"):
@@ -139,6 +142,8 @@ def cold_overhead(directory: Path, count: int, depth: int, latencies: list[float
             on, off = statistics.median(on_times), statistics.median(off_times)
             print(f"   {label:32s} off {off * 1e3:8.1f} ms   on {on * 1e3:8.1f} ms   ratio {on / off:5.3f}"
                   "  (target <= 1.10)")
+            emit(f"2. cold, {label}: cache off", off)
+            emit(f"2. cold, {label}: cache on", on)
     finally:
         for server in servers:
             server.close()
@@ -292,6 +297,7 @@ def scale_program(directory: Path, count: int) -> None:
     for label, (wall, cpu) in (("cache off", off), ("cache on, cold", cold), ("warm, memory LRU", warm),
                                ("warm, disk only", disk)):
         print(f"   {label:20s} {wall:7.2f} s = {wall / 0.3:5.2f}x the critical path  (cpu {cpu:5.2f} s)")
+        emit(f"4b. Program on {count} inputs, {label}", wall)
     print(f"   writer still busy after the cold eval returned: {lag * 1e3:8.1f} ms")
 
 
@@ -300,21 +306,28 @@ def main() -> None:
     parser.add_argument("--chains", type=int, default=1000)
     parser.add_argument("--depth", type=int, default=3)
     parser.add_argument("--keys", type=int, default=10_000)
-    parser.add_argument("--latency", type=float, nargs="+", default=[0.02, 0.1])
+    parser.add_argument("--latency", type=float, nargs="*", default=[0.02, 0.1],
+                        help="the fake servers' latencies in part 2 (none: the zero-latency function only)")
     parser.add_argument("--scale", type=int, default=100_000)
     parser.add_argument("--scale-only", action="store_true")
+    parser.add_argument("--part", action="append", choices=["1", "2", "3", "4a", "4b"],
+                        help="run only these parts (repeatable)")
+    parser.add_argument("--json", action="store_true", help="also print the eval and Program rows as BENCH {json}")
     args = parser.parse_args()
+    _compat.JSON = args.json
+    parts = set(args.part or (["4a", "4b"] if args.scale_only else ["1", "2", "3", "4a", "4b"]))
     directory = Path(tempfile.mkdtemp(prefix="outlines-bench-cache-"))
     try:
-        if args.scale_only:
+        if "1" in parts:
+            warm_reeval(directory, args.chains, args.depth)
+        if "2" in parts:
+            cold_overhead(directory, args.chains, args.depth, args.latency)
+        if "3" in parts:
+            lookups(directory, args.keys)
+        if "4a" in parts:
             scale_store(directory, args.scale)
+        if "4b" in parts:
             scale_program(directory, args.scale)
-            return
-        warm_reeval(directory, args.chains, args.depth)
-        cold_overhead(directory, args.chains, args.depth, args.latency)
-        lookups(directory, args.keys)
-        scale_store(directory, args.scale)
-        scale_program(directory, args.scale)
     finally:
         shutil.rmtree(directory, ignore_errors=True)
 

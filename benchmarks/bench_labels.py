@@ -18,12 +18,9 @@ whose first letters the model would write without a space (issue 29, item 9).
 from __future__ import annotations
 
 import collections
-import sys
 import time
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+import _compat  # noqa: E402,F401  # the measured tree (OUTLINES_BENCH_TREE), first on sys.path
 
 import outlines  # noqa: E402
 from outlines import models  # noqa: E402

@@ -26,11 +26,9 @@ import sys
 import time
 import urllib.request
 import warnings
-from pathlib import Path
 from typing import Any, Awaitable, Callable
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+from _compat import ROOT  # noqa: E402  # the measured tree (OUTLINES_BENCH_TREE), first on sys.path
 
 import outlines  # noqa: E402
 from outlines import models  # noqa: E402

@@ -29,15 +29,13 @@ from __future__ import annotations
 
 import argparse
 import random
-import sys
 import time
-from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+import _compat  # noqa: E402  # the measured tree (OUTLINES_BENCH_TREE), first on sys.path
 
 import outlines  # noqa: E402
+from _compat import emit  # noqa: E402
 from bench_openai import Server  # noqa: E402  # the fake server in a child process
 from outlines import models  # noqa: E402
 from outlines.models import Model  # noqa: E402
@@ -88,6 +86,11 @@ def part_a(count: int, latency: float, repeat: int, shared: bool = True) -> None
         print(f"  {'warm-up' if warm else 'naive  '}: wall {run['wall']:.3f} s = {run['wall'] / latency:.2f} latencies, "
               f"{run['requests']} requests, cached {run['cached']:,} of {run['prompt']:,} prompt tokens "
               f"({head_cached:.1%} of head tokens), input cost ${cost:.4f}")
+        what = f"(a{'' if shared else ', c'}) {count} prompts, {'warm-up' if warm else 'naive'}"
+        emit(f"{what}: wall", run["wall"])
+        emit(f"{what}: requests", run["requests"], "calls")
+        if shared and warm:
+            emit(f"{what}: head tokens cached", 100 * head_cached, "%")
     extra = (runs[True]["wall"] - runs[False]["wall"]) / latency
     print(f"  warm-up wall - naive wall = {extra:+.2f} latencies (target <= +1)")
 
@@ -170,7 +173,9 @@ def main() -> None:
     parser.add_argument("--local", type=int, help="SmolLM2 prompts (default 64; --quick: 16)")
     parser.add_argument("--new-tokens", type=int, help="tokens generated per SmolLM2 draw (default 16; --quick: 8)")
     parser.add_argument("--batch", type=int, default=32, help="SmolLM2's max_batch (default 32)")
+    parser.add_argument("--json", action="store_true", help="also print part (a)'s rows as BENCH {json}")
     args = parser.parse_args()
+    _compat.JSON = args.json
     parts = args.part or ["a", "b", "c"]
     count, latency, local, new_tokens = (50, 0.1, 16, 8) if args.quick else (200, 0.3, 64, 16)
     count, latency = args.http or count, args.latency or latency

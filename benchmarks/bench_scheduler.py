@@ -36,11 +36,10 @@ import random
 import subprocess
 import sys
 import time
-from pathlib import Path
 from typing import Any, Callable
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+import _compat  # noqa: E402
+from _compat import ROOT, emit  # noqa: E402  # the measured tree (OUTLINES_BENCH_TREE), first on sys.path
 
 import outlines  # noqa: E402
 from outlines import models  # noqa: E402
@@ -48,6 +47,7 @@ from outlines import models  # noqa: E402
 LATENCY = 0.1
 DEPTH = 3
 REPEAT = 3  # walls are the best of REPEAT runs: the machine may be shared
+PEERS = True  # False (``--no-peers``): skip LangChain and Dask, whose times do not depend on this package
 ROWS: list[tuple[str, str, str, str]] = []  # (what, measured, target, PASS/FAIL/-)
 
 
@@ -132,25 +132,38 @@ def bench_chains(n: int, program_n: int) -> None:
     with outlines.trace() as trace:
         traced, _ = timed(lambda: outlines.eval(*outs, cache=False))
     traced_cpu = CPU[-1]
-    lc_wall, lc_calls = langchain_wall(n, REPEAT)
     row(f"outlines wall ({requests} requests; explain said {predicted}; cpu {cpu * 1e3:.0f} ms)",
         f"{wall:.3f} s = {wall / critical:.2f}x cp", "<= 1.3x cp", wall <= 1.3 * critical)
     row(f"  traced run: wall {trace.wall:.3f} s, critical path {trace.critical_path:.3f} s",
         f"{traced:.3f} s (cpu {traced_cpu * 1e3:.0f} ms)")
+    emit(f"1. {n} chains x {DEPTH}: wall", wall)
+    emit(f"1. {n} chains x {DEPTH}: requests", requests, "calls")
+    emit(f"1. {n} chains x {DEPTH}: traced wall", traced)
+    if not PEERS:
+        _program(program_n, critical)
+        return
+    lc_wall, lc_calls = langchain_wall(n, REPEAT)
     bound = f" (bound {lc_wall / critical:.1f}x)" if lc_wall < 3 * critical else ""
     row(f"LangChain RunnableLambda .abatch ({lc_calls} calls)", f"{lc_wall:.3f} s = {lc_wall / wall:.1f}x outlines{bound}",
         ">= 3x", lc_wall >= 3 * wall)
+    _program(program_n, critical)
 
+
+def _program(program_n: int, critical: float) -> None:
     print(f"\n2. compiled Program over {program_n} inputs (3 nodes, vectorized)")
     backend = Backend()
     llm = models.from_function(backend, batched=True, name="sleepy")
     program = outlines.compile(lambda q: llm(llm(llm(q))), cache=False)
     inputs = [f"Question {i}:" for i in range(program_n)]
     wall, cpu = best_wall(lambda: program(inputs))
-    lc_wall, _ = langchain_wall(program_n, 1)
     row(f"outlines Program wall ({backend.calls // REPEAT} requests; cpu {cpu * 1e3:.0f} ms)", f"{wall:.3f} s = {wall / critical:.2f}x cp",
         "<= 1.2x cp", wall <= 1.2 * critical)
-    row("LangChain RunnableLambda .abatch, same inputs", f"{lc_wall:.3f} s = {lc_wall / wall:.1f}x outlines", "", None)
+    emit(f"2. Program over {program_n} inputs: wall", wall)
+    emit(f"2. Program over {program_n} inputs: requests", backend.calls // REPEAT, "calls")
+    if PEERS:
+        lc_wall, _ = langchain_wall(program_n, 1)
+        row("LangChain RunnableLambda .abatch, same inputs", f"{lc_wall:.3f} s = {lc_wall / wall:.1f}x outlines", "",
+            None)
 
 
 # -- 3: trivial Python steps ------------------------------------------------------------------
@@ -194,10 +207,16 @@ def bench_fn_chains(chains: int, steps: int) -> None:
     build, outs = best(lambda: outlines_fn_chains(chains, steps))
     evaluate, values = best(lambda: outlines.eval(*outs, cache=False))
     assert values[0] == "s0" + "+" * steps
+    us = 1e6 / nodes
+    emit(f"3. {nodes} fn nodes: build per node", build * us, "us")
+    emit(f"3. {nodes} fn nodes: eval per node", evaluate * us, "us")
+    if not PEERS:
+        row("build", f"{build * us:.2f} us/node", "<=10 us", build * us <= 10)
+        row("eval", f"{evaluate * us:.2f} us/node", "<=20 us", evaluate * us <= 20)
+        return
     dask_build, douts = best(lambda: dask_chains(chains, steps))
     dask_eval, dvalues = best(lambda: dask.compute(*douts, scheduler="sync"))
     assert list(dvalues) == list(values)
-    us = 1e6 / nodes
     row("build", f"{build * us:.2f} us/node; dask {dask_build * us:.1f} = {dask_build / build:.0f}x",
         "<=10 us, >=20x", build * us <= 10 and dask_build >= 20 * build)
     row("eval", f"{evaluate * us:.2f} us/node; dask {dask_eval * us:.1f} = {dask_eval / evaluate:.0f}x",
@@ -246,6 +265,7 @@ def bench_memory(nodes: int) -> None:
         data = json.loads(out.stdout.strip().splitlines()[-1])
         mb, per = data["added_kb"] / 1024, data["added_kb"] * 1024 / nodes / 1024
         row(label, f"{mb:.1f} MB = {per:.2f} KB/node", "<=100 MB, <=1 KB", mb <= 100 and per <= 1.0)
+        emit(f"4. memory, {label}: per node", per, "KB")
 
 
 # -- 5: random latencies ----------------------------------------------------------------------
@@ -263,6 +283,8 @@ def bench_random(n: int, max_batch: int) -> None:
         name = "default window" if window is None else "batch_window=0"
         row(f"(a) model call 50-150 ms, {name}",
             f"{backend.calls} req ({backend.calls / ideal:.2f}x); {wall:.3f} s = {wall / trace.critical_path:.2f}x cp")
+        emit(f"5a. {name}: requests", backend.calls, "calls")
+        emit(f"5a. {name}: wall / critical path", wall / trace.critical_path, "x cp")
     for window in (0.0, None, 0.02, 0.1):
         rng = random.Random(5)
         delays = {(i, s): rng.uniform(0.05, 0.15) for i in range(n) for s in range(DEPTH)}
@@ -286,23 +308,36 @@ def bench_random(n: int, max_batch: int) -> None:
         name = "default window (5 ms)" if window is None else f"batch_window={window:g}"
         row(f"(b) tool 50-150 ms + model 100 ms, {name}",
             f"{backend.calls} req ({backend.calls / ideal:.2f}x); {wall:.3f} s = {wall / critical:.2f}x cp")
+        emit(f"5b. {name}: requests", backend.calls, "calls")
+        emit(f"5b. {name}: wall / critical path", wall / critical, "x cp")
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="smaller sizes, for a smoke run")
+    parser.add_argument("--section", type=int, action="append", choices=range(1, 6),
+                        help="run only these sections (repeatable; 1 and 2 run together)")
+    parser.add_argument("--no-peers", action="store_true", help="skip LangChain and Dask (their times are not ours)")
+    parser.add_argument("--json", action="store_true", help="also print each row as a line BENCH {json}")
     parser.add_argument("--memory-child", nargs=2, metavar=("KIND", "NODES"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.memory_child:
         memory_child(args.memory_child[0], int(args.memory_child[1]))
         return
+    global PEERS
+    PEERS, _compat.JSON = not args.no_peers, args.json
     scale = 10 if args.quick else 1
     load = os.getloadavg()[0]
     print(f"outlines scheduler benchmarks (python {sys.version.split()[0]}, {os.cpu_count()} CPUs, load {load:.1f})")
-    bench_chains(1000 // scale, 5000 // scale)
-    bench_fn_chains(2000 // scale, 5)
-    bench_memory(100_000 // scale)
-    bench_random(1000 // scale, 64 // (2 if args.quick else 1))
+    sections = set(args.section or range(1, 6))
+    if 1 in sections or 2 in sections:
+        bench_chains(1000 // scale, 5000 // scale)
+    if 3 in sections:
+        bench_fn_chains(2000 // scale, 5)
+    if 4 in sections:
+        bench_memory(100_000 // scale)
+    if 5 in sections:
+        bench_random(1000 // scale, 64 // (2 if args.quick else 1))
     failed = [r for r in ROWS if r[3] == "FAIL"]
     print(f"\n{sum(r[3] == 'PASS' for r in ROWS)} PASS, {len(failed)} FAIL")
     for what, measured, target, _ in failed:

@@ -64,13 +64,12 @@ import random
 import statistics
 import sys
 import time
-from pathlib import Path
 from typing import Any, Callable
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+import _compat  # noqa: E402
+from _compat import ROOT, emit  # noqa: E402  # the measured tree (OUTLINES_BENCH_TREE), first on sys.path
 
 import outlines  # noqa: E402
 from outlines import models  # noqa: E402
@@ -221,6 +220,8 @@ def scatter_verdict(totals: dict[str, list[int]], problems: int) -> None:
     print(f"the default vote: {adaptive / problems:.2f} samples per problem ({before / problems:.2f} if it never gave "
           f"up), a fixed majority of 5: {fixed / problems:.2f}: {'PASS' if adaptive <= fixed else 'FAIL'} "
           f"(target: no more)")
+    emit("(b) default vote: samples per problem", adaptive / problems, "calls")
+    emit("(b) fixed majority of 5: samples per problem", fixed / problems, "calls")
 
 
 class Measured:
@@ -303,7 +304,9 @@ def main() -> None:
     parser.add_argument("--scatter-runs", type=int, default=50, help="(b): runs of the fake (on SmolLM2: seeds, 3)")
     parser.add_argument("--scatter-smollm2", action="store_true", help="(b) on SmolLM2 itself (minutes a run)")
     parser.add_argument("--record", action="store_true", help=f"with --scatter-smollm2: write {MEASURED.name}")
+    parser.add_argument("--json", action="store_true", help="also print the fakes' figures as BENCH {json}")
     args = parser.parse_args()
+    _compat.JSON = args.json
     if args.smollm2:
         return smollm2(args.runs if "--runs" in sys.argv else 3, args.answer_step)
     if args.scatter_smollm2:
@@ -339,6 +342,9 @@ def report(spread: str, n: int, runs: int, rows: dict[str, list[dict[str, float]
         verdict = "PASS" if saving >= 3 and loss <= 0.5 else "FAIL"
         print(f"{name}: {saving:.2f}x fewer samples than k = 40 at {-loss:+.2f} points: {verdict} "
               "(target: >= 3x at <= 0.5 point lost)")
+        emit(f"(a) {spread}, {name}: samples per question", mean(name, "samples"), "calls")
+        emit(f"(a) {spread}, {name}: accuracy", mean(name, "accuracy"), "%")
+    emit(f"(a) {spread}: wall of every method", sum(mean(name, "wall") for name in rows))
 
 
 if __name__ == "__main__":
