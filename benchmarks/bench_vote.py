@@ -73,7 +73,7 @@ from _compat import ROOT, emit  # noqa: E402  # the measured tree (OUTLINES_BENC
 
 import outlines  # noqa: E402
 from outlines import models  # noqa: E402
-from outlines.voting import DEFAULT_RULE, stop_when_confident, stop_when_round_agrees  # noqa: E402
+from outlines.voting import DEFAULT_RULE, stop_when_confident, stop_when_iteration_agrees  # noqa: E402
 
 SPREADS = {"strong": (0.8, 0.3), "weak": (0.6, 0.9)}
 WRONG = 10
@@ -89,7 +89,7 @@ METHODS: dict[str, tuple[Any, int, int]] = {
     "Beta 0.95, round 4": (DEFAULT_RULE, 4, CAP),
     "Beta 0.95, round 4, cap 16": (DEFAULT_RULE, 4, 16),
     "never gives up, round 1": (stop_when_confident(0.95, give_up=0), 1, CAP),
-    "ESC, round 5": (stop_when_round_agrees(), 5, CAP),
+    "ESC, round 5": (stop_when_iteration_agrees(), 5, CAP),
 }
 
 
@@ -131,7 +131,7 @@ class Streams:
 def run_method(streams: Streams, prompts: list[str], rule: Any, round_: int, cap: int) -> dict[str, float]:
     streams.reset()
     llm = models.from_function(streams, batched=True, name="calibrated", version="1")
-    result = outlines.vote(llm, prompts, stop=rule, round=round_, max_samples=cap)
+    result = outlines.vote(llm, prompts, stop=rule, per_iteration=round_, max_samples=cap)
     start = time.perf_counter()
     answers, samples = outlines.eval(result.answer, result.samples, cache=False, progress=False)
     wall = time.perf_counter() - start
@@ -157,14 +157,14 @@ def smollm2(runs: int, answer_step: bool) -> None:
     def final(reasoning: Any) -> Any:  # the model's own answer after its reasoning, a number only
         return llm(prompts + reasoning + "\nThe answer is ", regex=r"-?[0-9]{1,6}", temperature=0, max_tokens=6)
 
-    rules = {"fixed k = 16": None, "Beta 0.95, round 4": stop_when_confident(0.95), "ESC, round 4": stop_when_round_agrees()}
+    rules = {"fixed k = 16": None, "Beta 0.95, round 4": stop_when_confident(0.95), "ESC, round 4": stop_when_iteration_agrees()}
     steps = {"free text, last number": None, **({"constrained answer step": final} if answer_step else {})}
     print(f"{'run':>3s} {'answers':24s} {'rule':20s} {'right':>6s} {'samples':>8s} {'unparsed':>9s} {'calls':>6s} {'wall s':>7s}"
           f"  load")
     for seed in range(runs):
         for step_name, step in steps.items():
             for name, rule in rules.items():
-                result = outlines.vote(llm, prompts, parse=parse, stop=rule, round=4, max_samples=16, seed=seed,
+                result = outlines.vote(llm, prompts, parse=parse, stop=rule, per_iteration=4, max_samples=16, seed=seed,
                                        answer=step)
                 start = time.perf_counter()
                 with outlines.trace() as trace:
@@ -189,9 +189,9 @@ def word_problems() -> Any:
 
 #: (b): name -> vote settings; the vote that never gives up draws first, the default one replays its prefix
 SCATTER_METHODS: dict[str, dict[str, Any]] = {
-    "fixed majority of 5": {"stop": None, "round": 5, "max_samples": 5},
-    "vote, never gives up": {"stop": stop_when_confident(0.95, give_up=0), "round": 4, "max_samples": 8},
-    "vote, default rule": {"round": 4, "max_samples": 8},
+    "fixed majority of 5": {"stop": None, "per_iteration": 5, "max_samples": 5},
+    "vote, never gives up": {"stop": stop_when_confident(0.95, give_up=0), "per_iteration": 4, "max_samples": 8},
+    "vote, default rule": {"per_iteration": 4, "max_samples": 8},
 }
 #: SmolLM2's answers to the main job's problems (``--scatter-smollm2 --record``): the scattering fake's streams
 MEASURED = ROOT / "benchmarks" / "smollm2_word_problem_answers.json"

@@ -27,7 +27,6 @@ import functools
 import hashlib
 import math
 import os
-import sys
 import tempfile
 import warnings
 from dataclasses import dataclass
@@ -338,8 +337,6 @@ _PRICE_FIELDS = frozenset({"input", "output", "cached_input", "cache_write", "jo
 
 def _deprecated(old: str, new: str) -> None:
     """Warn that ``old`` goes in the next release (docs/reference/glossary.md: a job, not a batch)."""
-    if str(sys._getframe(2).f_globals.get("__name__", "")).startswith("outlines."):
-        return  # renames.txt shim: the package's own calls (in modules other helpers own) are renamed at merge
     warnings.warn(f"{old} is deprecated and goes in the next release: use {new} (a provider batch job is a job; "
                   f"a batch is one backend call)", DeprecationWarning, stacklevel=3)
 

@@ -8,9 +8,7 @@ draw number form a *slot* (``Slot``); many draws travel as columns
 head they share. The batcher, the backends and the cache all read these from
 here.
 """
-import sys
 import warnings
-from types import FrameType
 from typing import Any
 
 from outlines.draws.draw import Draw, DrawColumns, Slot
@@ -27,17 +25,8 @@ _DEPRECATED = {"DrawBatch": "DrawColumns"}
 def __getattr__(name: str) -> Any:
     if name in _DEPRECATED:
         new = _DEPRECATED[name]
-        if _asked_by_the_package():  # renames.txt shim: modules other helpers own are renamed at merge
-            return globals()[new]
         warnings.warn(f"outlines.draws.{name} is deprecated and goes in the next release: use {new} (a batch is one "
                       f"backend call; these are draws held as columns)", DeprecationWarning, stacklevel=2)
         return globals()[new]
     raise AttributeError(f"module 'outlines.draws' has no attribute {name!r}")
 
-
-def _asked_by_the_package() -> bool:
-    """Whether the module asking (past the import machinery's frames) is one of ``outlines``' own."""
-    frame: FrameType | None = sys._getframe(2)
-    while frame is not None and frame.f_code.co_filename.startswith("<frozen importlib"):
-        frame = frame.f_back
-    return frame is not None and str(frame.f_globals.get("__name__", "")).startswith("outlines.")

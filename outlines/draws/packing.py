@@ -200,9 +200,3 @@ def full_batches(draws: DrawColumns, max_batch: int | None, min_head: int | None
     cut = sum(counts) - (counts[-1] if counts and counts[-1] < (max_batch or 0) else 0)
     return draws[:cut], draws[cut:]
 
-
-def __getattr__(name: str) -> Any:  # renames.txt shim: goes once scripts/renames.txt is applied
-    """The name before the glossary (docs/reference/glossary.md), for modules not renamed yet."""
-    if name == "whole_batches":
-        return full_batches
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -53,11 +53,6 @@ class Subgraph:
         self.stand_ins = tuple(stand_ins)
 
     @property
-    def slots(self) -> tuple[Variable, ...]:  # renames.txt shim: goes once scripts/renames.txt is applied
-        """``stand_ins`` by its name before the glossary, for modules not renamed yet."""
-        return self.stand_ins
-
-    @property
     def nodes(self) -> list[Apply]:
         return toposort(self.outputs)
 

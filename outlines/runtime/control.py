@@ -230,8 +230,8 @@ async def _run_loop(run: _Runner, node: Apply, op: WhileLoop, inputs: list[Any])
 
     def values(subgraph: Subgraph) -> dict[int, Any]:
         out = {id(p): s[active] for p, s in zip(subgraph.parameters, state)}
-        for slot, value in zip(subgraph.slots, captured):
-            out[id(slot)] = value[active] if isinstance(value, np.ndarray) else value
+        for stand_in, value in zip(subgraph.stand_ins, captured):
+            out[id(stand_in)] = value[active] if isinstance(value, np.ndarray) else value
         return out
 
     if active.size:
@@ -337,8 +337,8 @@ async def _run_cond(run: _Runner, node: Apply, op: Cond, inputs: list[Any]) -> A
             part: dict[int, Any] = {}
             for parameter, operand in zip(branch.parameters, operands):
                 part[id(parameter)] = _flat(operand, shape)[rows]
-            for slot, value in zip(branch.slots, captured):
-                part[id(slot)] = _flat(value, shape)[rows] if isinstance(value, np.ndarray) else value
+            for stand_in, value in zip(branch.stand_ins, captured):
+                part[id(stand_in)] = _flat(value, shape)[rows] if isinstance(value, np.ndarray) else value
             outputs.extend(branch.outputs)
             values.update(part)
             parts.append((list(branch.outputs), part, rows))

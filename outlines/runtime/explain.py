@@ -69,7 +69,7 @@ from typing import Any, Mapping, Sequence, cast
 import numpy as np
 
 from outlines.backends.base import Backend
-from outlines.draws import DrawBatch, Slot, prefix_groups
+from outlines.draws import DrawColumns, Slot, prefix_groups
 from outlines.backends.usage import Price, PriceTable, price_of, reported
 from outlines.errors import GraphBuildError
 from outlines.graph.basic import Apply, Variable
@@ -163,7 +163,7 @@ class BackendUsage:
         job_completion = min(self.job_completion_tokens, completion_tokens) if completion_tokens else 0
         live = self.price.money(prompt_tokens - job_prompt, completion_tokens - job_completion,
                                 cached_tokens=min(cached_tokens, prompt_tokens - job_prompt))
-        return live + self.price.money(job_prompt, job_completion, batch=True)
+        return live + self.price.money(job_prompt, job_completion, jobs=True)
 
     @property
     def cost(self) -> float | None:
@@ -616,8 +616,8 @@ class _DryRun:
         values: dict[int, Any] = {id(c): c.value for c in plan.constants}
         for parameter in body.parameters:
             values[id(parameter)] = _unknown((size,))
-        for slot, value in zip(body.slots, inputs[len(body.parameters):]):
-            values[id(slot)] = np.broadcast_to(value, shape).reshape(-1) if isinstance(value, np.ndarray) else value
+        for stand_in, value in zip(body.stand_ins, inputs[len(body.parameters):]):
+            values[id(stand_in)] = np.broadcast_to(value, shape).reshape(-1) if isinstance(value, np.ndarray) else value
         run = _DryRun(plan, None, values)
         run.run()
         self.loops.append((node.label, op.max_iter, size, run))
@@ -650,7 +650,7 @@ class _DryRun:
         for j, number in enumerate(numbers):
             slot = Slot(op.params, number)
             if slot not in looked:  # a greedy call's draw numbers are all 0: one slot, looked up once
-                batch = DrawBatch.in_slot(slot, unique)
+                batch = DrawColumns.in_slot(slot, unique)
                 values = cached_values(self.cache, op.backend, batch, record=False)  # a dry run counts no hits
                 found = {p: v for p, v in zip(unique, values) if v is not None}
                 # With a cache, a draw sent at an earlier level is stored by the time it recurs.
@@ -757,7 +757,7 @@ class _DryRun:
         return labels
 
 
-def _estimated_cached(backend: Backend, draws: DrawBatch, warm: set[str]) -> int:
+def _estimated_cached(backend: Backend, draws: DrawColumns, warm: set[str]) -> int:
     """Prompt tokens of one batch that a prompt cache or a shared prefill would serve: an estimate.
 
     Each prefix group's head (``Backend.prefix_min_head`` characters or more,

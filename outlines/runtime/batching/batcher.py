@@ -37,8 +37,8 @@ from typing import Any, Callable, Coroutine, Protocol, Sequence
 import numpy as np
 
 from outlines.backends.base import Backend, BackendError, BatchReport
-from outlines.draws import DrawBatch
-from outlines.draws.packing import whole_batches
+from outlines.draws import DrawColumns
+from outlines.draws.packing import full_batches
 from outlines.backends.constraints import generate_valid
 from outlines.threads import FOREGROUND
 from outlines.errors import Failure, JobsRunning
@@ -48,7 +48,7 @@ from outlines.graph.protocols import ModelCall, model_call
 from outlines.graph.traits import Run
 from outlines.runtime.batching.batches import Batch, pack_draws
 from outlines.runtime.batching.queue import BatchQueue, SlotQueue, queue_key
-from outlines.runtime.batching.waiting import Wait, Whole
+from outlines.runtime.batching.waiting import Wait, NodeParts
 from outlines.runtime.jobs import JobEvent, generate_as_jobs, has_jobs
 from outlines.runtime.plan import Plan
 from outlines.runtime.session import Evaluation
@@ -73,7 +73,7 @@ class Schedule(Protocol):
 
 
 def cached_values(
-    cache: Any, backend: Backend, draws: DrawBatch, *, record: bool = True, members: Any = None
+    cache: Any, backend: Backend, draws: DrawColumns, *, record: bool = True, members: Any = None
 ) -> list[Any]:
     """The cached text of each draw (``None``: a miss): the step before a batch is packed.
 
@@ -206,7 +206,7 @@ class Batcher:
         """``start`` for a node whose elements (rows of its prompt) draw in namespaces of their own.
 
         Element ``e`` draws numbers ``first + shifts[e] + j``: the elements
-        of one namespace are one ``Wait``, a part of the node's ``Whole``.
+        of one namespace are one ``Wait``, a part of the node's ``NodeParts``.
         """
         op = model_call(node.op)
         count = len(shifts)
@@ -219,7 +219,7 @@ class Batcher:
         namespaces: dict[int, list[int]] = {}
         for element, shift in enumerate(shifts.tolist()):
             namespaces.setdefault(shift, []).append(element)
-        whole = Whole(index, shape, len(prompts), len(numbers), settled)
+        whole = NodeParts(index, shape, len(prompts), len(numbers), settled)
         if not queue.pending:
             queue.since = time.perf_counter()
         for shift, elements in namespaces.items():
@@ -268,7 +268,7 @@ class Batcher:
         backend = op.backend
         if self.cache is None or not backend.cacheable:
             return False
-        values = self.cache.peek_draws(backend.cache_identities[0], DrawBatch.in_slot(slot.slot, wait.prompts))
+        values = self.cache.peek_draws(backend.cache_identities[0], DrawColumns.in_slot(slot.slot, wait.prompts))
         if values is None:
             return False
         self._finish(wait, values)
@@ -311,7 +311,7 @@ class Batcher:
         backend = queue.backend
         draws, members = queue.take()
         if whole:  # only full batches: the rest stays queued
-            draws, rest = whole_batches(draws, backend.max_batch, backend.prefix_min_head)
+            draws, rest = full_batches(draws, backend.max_batch, backend.prefix_min_head)
             queue.requeue(rest)
         draws = self._from_cache(queue, draws, members)
         for batch in pack_draws(backend, draws, jobs=self._as_jobs(backend)):
@@ -323,7 +323,7 @@ class Batcher:
                 if ticket != -1:
                     self._dispatch(queue, part, ticket)
 
-    def _from_cache(self, queue: BatchQueue, draws: DrawBatch, members: Any) -> DrawBatch:
+    def _from_cache(self, queue: BatchQueue, draws: DrawColumns, members: Any) -> DrawColumns:
         """Hand the cached draws over; the draws left to send."""
         if self.cache is None or not queue.backend.cacheable or not draws:
             return draws
@@ -408,7 +408,7 @@ class Batcher:
 
     # -- 3. one batch -----------------------------------------------------------------
     async def _call(
-        self, batch_id: int, queue: BatchQueue, draws: DrawBatch, cached: bool, report: BatchReport,
+        self, batch_id: int, queue: BatchQueue, draws: DrawColumns, cached: bool, report: BatchReport,
         ticket: int | None, as_jobs: bool,
     ) -> list[str]:
         backend, evaluation = queue.backend, self.evaluation
@@ -475,18 +475,18 @@ class Batcher:
         def on_job(event: JobEvent) -> None:
             self.recorder.job_event(batch_id, event)
 
-        texts = await generate_as_jobs(self.jobs, self.cache, backend, DrawBatch.of(draws), report, on_job)
+        texts = await generate_as_jobs(self.jobs, self.cache, backend, DrawColumns.of(draws), report, on_job)
         return texts, None
 
     # -- 4. results back --------------------------------------------------------------
-    def _batch_done(self, queue: BatchQueue, draws: DrawBatch, task: asyncio.Task[Any], report: BatchReport) -> None:
+    def _batch_done(self, queue: BatchQueue, draws: DrawColumns, task: asyncio.Task[Any], report: BatchReport) -> None:
         self.running -= 1
         try:
             self._batch_results(queue, draws, task, report)
         finally:
             self._raise_refusal()
 
-    def _batch_results(self, queue: BatchQueue, draws: DrawBatch, task: asyncio.Task[Any], report: BatchReport) -> None:
+    def _batch_results(self, queue: BatchQueue, draws: DrawColumns, task: asyncio.Task[Any], report: BatchReport) -> None:
         exc = task.exception()
         failures, results = report.failures, report.results
         if exc is None:
@@ -512,15 +512,15 @@ class Batcher:
             if index not in results:
                 self._fail_draw(queue, draws, index, failures.get(index, exc))
 
-    def _by_slot(self, queue: BatchQueue, draws: DrawBatch) -> list[tuple[SlotQueue, list[Any]]]:
+    def _by_slot(self, queue: BatchQueue, draws: DrawColumns) -> list[tuple[SlotQueue, list[Any]]]:
         """The draws of a batch per slot queue, as that queue's prompts."""
         return [(queue.slot(slot), draws.prompts if positions is None else [draws.prompts[i] for i in positions])
                 for slot, positions in draws.by_slot()]
 
-    def _slot(self, queue: BatchQueue, draws: DrawBatch, index: int) -> SlotQueue:
+    def _slot(self, queue: BatchQueue, draws: DrawColumns, index: int) -> SlotQueue:
         return queue.slot_of(draws.params[index], draws.numbers[index])
 
-    def _hand_over(self, queue: BatchQueue, draws: DrawBatch, values: list[Any], *, hit: bool) -> None:
+    def _hand_over(self, queue: BatchQueue, draws: DrawColumns, values: list[Any], *, hit: bool) -> None:
         """Give the Waits the values of these draws; finish the nodes they complete."""
         for slot, positions in draws.by_slot():
             if positions is None:
@@ -530,7 +530,7 @@ class Batcher:
             for wait in queue.slot(slot).waiters.hand_over(prompts, given, hit):
                 self._finish(wait)
 
-    def _fail_draw(self, queue: BatchQueue, draws: DrawBatch, index: int, exc: BaseException) -> None:
+    def _fail_draw(self, queue: BatchQueue, draws: DrawColumns, index: int, exc: BaseException) -> None:
         waiters, prompt = self._slot(queue, draws, index).waiters, draws.prompts[index]
         if not self.return_failures:
             first = waiters.first(prompt)

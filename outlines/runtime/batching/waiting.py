@@ -303,9 +303,3 @@ class Waiters:
                 found.setdefault(id(wait), wait)
         return list(found.values())
 
-
-def __getattr__(name: str) -> Any:  # renames.txt shim: goes once scripts/renames.txt is applied
-    """The name before the glossary (docs/reference/glossary.md), for modules not renamed yet."""
-    if name == "Whole":
-        return NodeParts
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
