@@ -157,5 +157,7 @@ def test_a_steps_timing_goes_with_the_step(fresh_state: ProcessState) -> None:
     assert step("a").eval() == "a!"
     assert fresh_state.timings.mean(step) is not None and len(fresh_state.timings._means) == 1
     del step
-    gc.collect()
+    for _ in range(3):  # the evaluation's finished coroutines are finalized in one pass, what they held in the next
+        if not gc.collect():
+            break
     assert fresh_state.timings._means == {}  # nothing kept for a step that is gone

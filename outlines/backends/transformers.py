@@ -403,11 +403,23 @@ class TransformersBackend(Backend):
     def identity(self) -> tuple[Any, ...]:
         # The chat template comes from the model files the path names; how it is
         # used (chat mode, system prompt) changes the text, so it is part of the key.
-        base: tuple[Any, ...] = ("transformers", self.path, self.device or "auto", self.dtype)
+        return self._identity(self.dtype)
+
+    def _identity(self, dtype: str) -> tuple[Any, ...]:
+        base: tuple[Any, ...] = ("transformers", self.path, self.device or "auto", dtype)
         if self.gguf_file is None and self.chat is None and self.system_prompt is None:
             return base  # keeps the keys of plain folders stable
         chat = "auto" if self.chat is None else self.chat
         return base + (self.gguf_file, chat, self.system_prompt)
+
+    # Equal as asked: building a graph compares and hashes its ops (their backends with them), and the
+    # dtype the identity names may need torch to resolve; what is asked alike resolves alike.
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, TransformersBackend) and type(other) is type(self) and (
+            self._identity(self.dtype_asked or "auto") == other._identity(other.dtype_asked or "auto"))
+
+    def __hash__(self) -> int:
+        return hash(self._identity(self.dtype_asked or "auto"))
 
     @property
     def model_name(self) -> str:
