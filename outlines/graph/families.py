@@ -195,7 +195,7 @@ def note(node: Any, stacks: tuple[int, Any]) -> None:
     registry = _ROOTS if first is None else first.children
     if registry is None:
         registry = first.children = {}  # type: ignore[union-attr]  # first is set: _ROOTS is no None
-    _join(node, registry, (kin, shape), shape, tuple(ranks) if first is not None else None)
+    _join(node, registry, (kin, shape), shape, tuple(ranks) if first is not None else None, (id(node.op), shape))
 
 
 def _join(node: Any, registry: dict[Any, Any], key: Any, layout: tuple[Any, ...], ranks: tuple[int, ...] | None,
@@ -210,20 +210,33 @@ def _join(node: Any, registry: dict[Any, Any], key: Any, layout: tuple[Any, ...]
     alias never outlives its op while its family lives (the family's
     members hold the op); a dead family's alias gives ``None``.
     """
-    ref = registry.get(key)
-    family = ref() if ref is not None else None
-    if family is None or (ranks is not None and any(
-            rank - len(family.members) != shift for rank, shift, part in zip(ranks, family.shifts, layout)
-            if type(part) is Family)):
-        family = Family(node.op, layout, ranks or (0,) * len(layout))
-        registry[key] = _Entry(family, registry, key)
-    if alias is not None and family.op is node.op and registry.get(alias) is not (entry := registry[key]):
-        registry[alias] = entry
-        entry.aliases.append(alias)
+    family = None
+    if alias is not None:  # this op's own family first: found by a key hashed in C
+        ref = registry.get(alias)
+        family = ref() if ref is not None else None
+        if family is not None and not _in_step(family, ranks, layout):
+            family = None
+    if family is None:
+        ref = registry.get(key)
+        family = ref() if ref is not None else None
+        if family is None or not _in_step(family, ranks, layout):
+            family = Family(node.op, layout, ranks or (0,) * len(layout))
+            registry[key] = _Entry(family, registry, key)
+        if alias is not None and family.op is node.op and registry.get(alias) is not (entry := registry[key]):
+            registry[alias] = entry
+            entry.aliases.append(alias)
     members = family.members
     node.family = family
     node.rank = len(members)
     members.append(node)
+
+
+def _in_step(family: Family, ranks: tuple[int, ...] | None, layout: tuple[Any, ...]) -> bool:
+    """Whether a node reading members of ``ranks`` is ``family``'s next member (a root's always is)."""
+    if ranks is None:
+        return True
+    rank = len(family.members)
+    return all(read - rank == shift for read, shift, part in zip(ranks, family.shifts, layout) if type(part) is Family)
 
 
 class _Entry(weakref.ref):  # type: ignore[type-arg]  # subclassed bare: typeshed's generic
