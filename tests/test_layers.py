@@ -2,7 +2,7 @@
 
 Layers, lowest first (DESIGN section 5)::
 
-    bottom    outlines/errors.py, keys.py, threads.py, ... (the modules named in BOTTOM), outlines/draws/
+    bottom    outlines/core/ (errors, keys, labels, threads, config, conversation), outlines/draws/
     graph     outlines/graph/ (with graph/viz/)
     cache     outlines/cache/       } side by side: neither imports the other
     backends  outlines/backends/    }
@@ -11,9 +11,9 @@ Layers, lowest first (DESIGN section 5)::
 
 A module imports its own layer and the layers below it, never a layer above or
 beside it. Modules are classified by their path, so a new module is checked as
-soon as it exists: a new top-level module is ``api`` (nothing below may import
-it) until it is added to ``BOTTOM``, and a new subpackage fails the test until it
-is given a layer. Imports under ``if TYPE_CHECKING:`` count too: a type a
+soon as it exists: a top-level module is ``api`` (nothing below may import
+it; the top holds at most ``MAX_TOP`` of them), and a new subpackage fails the test
+until it is given a layer. Imports under ``if TYPE_CHECKING:`` count too: a type a
 module names is a dependency its reader sees. The imports against this order
 live in ONE table, ``EXCEPTIONS``, each with its reason; each must still be
 needed.
@@ -39,10 +39,10 @@ PACKAGE = Path(__file__).resolve().parents[1] / "outlines"
 #: The layers, lowest first; layers at the same rank sit side by side and may not import each other.
 RANKS = {"bottom": 0, "graph": 1, "cache": 2, "backends": 2, "runtime": 3, "api": 4}
 #: Subpackage -> its layer (a module inside a subpackage has the subpackage's layer).
-PACKAGES = {"draws": "bottom", "graph": "graph", "cache": "cache", "backends": "backends", "runtime": "runtime",
+PACKAGES = {"core": "bottom", "draws": "bottom", "graph": "graph", "cache": "cache", "backends": "backends", "runtime": "runtime",
             "testing": "api"}
-#: Top-level modules below the graph: what every layer may use. Every other top-level module is ``api``.
-BOTTOM = frozenset({"errors", "keys", "threads", "config", "conversation", "labels"})
+#: The most modules the top of ``outlines/`` holds: the API layer only (the bottom layer is ``outlines/core/``).
+MAX_TOP = 10
 
 
 class Exception_(NamedTuple):
@@ -141,7 +141,7 @@ def layer(module: str) -> str:
         return PACKAGES[parts[1]]
     if len(parts) > 2 or (PACKAGE / parts[1]).is_dir():
         raise AssertionError(f"{module}: a new subpackage; give outlines/{parts[1]}/ a layer in PACKAGES")
-    return "bottom" if parts[1] in BOTTOM else "api"
+    return "api"
 
 
 def _files() -> list[Path]:
@@ -256,7 +256,7 @@ def test_backends_import_nothing_from_the_cache_and_the_cache_nothing_from_backe
 
 def test_every_module_has_a_layer() -> None:
     layers = {module: layer(module) for module in MODULES}
-    assert {"outlines.keys", "outlines.threads", "outlines.errors", "outlines.draws.draw", "outlines.draws.packing"} \
+    assert {"outlines.core.keys", "outlines.core.threads", "outlines.core.errors", "outlines.draws.draw", "outlines.draws.packing"} \
         <= {m for m, lay in layers.items() if lay == "bottom"}
     assert layers["outlines.graph.viz.drawing"] == "graph" and layers["outlines.text"] == "api"
     assert all(lay in RANKS for lay in layers.values())
@@ -301,10 +301,22 @@ def test_the_checker_finds_cycles_and_upward_imports() -> None:
     assert cycle({"a": ["b", "c"], "b": ["c"], "c": []}) is None
     assert not allowed("outlines.graph.basic", "outlines.runtime.evaluate")
     assert not allowed("outlines.backends.base", "outlines.cache.keys")  # side by side
-    assert not allowed("outlines.keys", "outlines.graph.basic") and not allowed("outlines.runtime.plan", "outlines.text")
-    assert allowed("outlines.runtime.plan", "outlines.keys") and allowed("outlines.text", "outlines.runtime.evaluate")
+    assert not allowed("outlines.core.keys", "outlines.graph.basic") and not allowed("outlines.runtime.plan", "outlines.text")
+    assert allowed("outlines.runtime.plan", "outlines.core.keys") and allowed("outlines.text", "outlines.runtime.evaluate")
     assert layer("outlines.something_new") == "api"  # a new top-level module is checked as the top
     eval_import = Import("outlines.runtime.evaluate.eval", "Variable.eval", False)
     assert _excepted("outlines.graph.basic", eval_import, "outlines.runtime.evaluate") is EXCEPTIONS[0]
     eager = Import("outlines.runtime.evaluate", None, False)
     assert _excepted("outlines.graph.basic", eager, "outlines.runtime.evaluate") is None  # only lazily
+
+
+def test_the_top_of_the_package_holds_the_api_layer_only():
+    """The bottom-layer modules live in ``outlines/core/``; the top holds at most ``MAX_TOP`` API modules."""
+    top = sorted(p.stem for p in PACKAGE.glob("*.py"))
+    assert len(top) <= MAX_TOP, f"outlines/ holds {len(top)} modules at the top (at most {MAX_TOP}): {top}"
+    core = {p.stem for p in (PACKAGE / "core").glob("*.py")} - {"__init__"}
+    assert {"errors", "keys", "labels", "threads", "config", "conversation"} <= core
+    faces = [name for name in top if name in core]  # a public face re-exports its core module, nothing more
+    for name in faces:
+        tree = ast.parse((PACKAGE / f"{name}.py").read_text())
+        assert all(isinstance(n, (ast.ImportFrom, ast.Expr)) for n in tree.body), f"outlines/{name}.py: only re-exports"

@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 
 import outlines
-from outlines.config import set_executor, using_executor
+from outlines.core.config import set_executor, using_executor
 
 distributed = pytest.importorskip("distributed")
 

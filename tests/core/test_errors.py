@@ -15,10 +15,10 @@ from pathlib import Path
 
 import pytest
 
-from outlines.errors import install_hint
+from outlines.core.errors import install_hint
 from tests.fixtures.subprocesses import python_env
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 #: ``outlines[`` as a distribution with extras (``outlines-dataflow[`` does not match).
 WRONG_DISTRIBUTION = re.compile(r"(?<![\w.-])outlines\[")
 
