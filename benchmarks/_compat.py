@@ -30,11 +30,11 @@ _STACK_MIN_MODULES = ("outlines.runtime.plan",)
 def set_stack_min(value: int) -> str:
     """Set the least number of sibling uses that stack, for the rest of this process; say how it was set.
 
-    A tree with an ``outlines.core.config`` option for it gets the option; an older
+    A tree with an ``outlines.config`` option for it gets the option; an older
     tree gets its module constant patched (``STACK_MIN`` wherever the planner
     reads it).
     """
-    import outlines.core.config as config
+    import outlines.config as config
 
     for setter in ("set_tuning", "set_options", "set_option", "set"):
         function = getattr(config, setter, None)
@@ -42,14 +42,14 @@ def set_stack_min(value: int) -> str:
             for name in ("stack_min", "STACK_MIN"):
                 try:
                     function(**{name: value})
-                    return f"outlines.core.config.{setter}({name}={value})"
+                    return f"outlines.config.{setter}({name}={value})"
                 except (TypeError, KeyError, ValueError, AttributeError):
                     continue
     options = getattr(config, "options", None)
     if options is not None and hasattr(options, "stack_min"):
         try:
             setattr(options, "stack_min", value)
-            return f"outlines.core.config.options.stack_min = {value}"
+            return f"outlines.config.options.stack_min = {value}"
         except (AttributeError, TypeError):
             pass
     patched = []

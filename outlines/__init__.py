@@ -7,9 +7,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from outlines import cache, chat, config, models, text  # config: the public face of outlines.core.config
+from outlines import cache, chat, config, models, text  # config: the public face of outlines.common.config
 from outlines.runtime.program import Program, chain, compile
-from outlines.core.errors import BudgetExceeded, Failure, GraphBuildError, JobsRunning, NodeError, UnboundInputError
+from outlines.common.errors import BudgetExceeded, Failure, GraphBuildError, JobsRunning, NodeError, UnboundInputError
 from outlines.runtime.budget import Budget
 from outlines.runtime.evaluate import aeval, eval
 from outlines.runtime.explain import explain
@@ -27,7 +27,7 @@ __version__ = "0.1.0"
 
 # Backends note server quirks; the cache keeps them across processes. Neither
 # imports the other, so the process state's quirk store is set here, once
-# (outlines.backends.quirks.use_store, outlines.core.config.ProcessState).
+# (outlines.backends.quirks.use_store, outlines.common.config.ProcessState).
 from outlines.backends import quirks as _quirks  # noqa: E402
 from outlines.cache.quirks import DefaultCacheQuirks as _DefaultCacheQuirks  # noqa: E402
 

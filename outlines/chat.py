@@ -5,7 +5,7 @@ into a one-message conversation; ``+`` concatenates conversations (a plain
 string operand is a user message). A model called on a conversation continues
 it: chat backends send the messages, local models render them through their
 chat template. A conversation value is a ``Conversation``
-(``outlines.core.conversation``, re-exported here): a ``str`` holding the canonical
+(``outlines.common.conversation``, re-exported here): a ``str`` holding the canonical
 JSON of its messages, so it is hashable, JSON-able, a cache-key part as it is,
 and an element of NumPy object arrays like any prompt.
 """
@@ -13,8 +13,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from outlines.core.conversation import ROLES, Conversation, as_conversation
-from outlines.core.errors import GraphBuildError
+from outlines.common.conversation import ROLES, Conversation, as_conversation
+from outlines.common.errors import GraphBuildError
 from outlines.graph.basic import Apply, Op, Variable, as_variable
 from outlines.graph.ops import broadcast_map, check_text_input
 from outlines.graph.traits import Traits

@@ -19,7 +19,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from outlines.core.errors import Failure, GraphBuildError
+from outlines.common.errors import Failure, GraphBuildError
 from outlines.graph.basic import Apply, Op, Variable, as_object_array, as_variable
 from outlines.graph.ops import broadcast_map, core_map
 from outlines.graph.ragged import Ragged

@@ -35,12 +35,12 @@ import numpy as np
 from outlines.backends.base import Backend
 from outlines.draws import Draw, GenerationParams
 from outlines.draws.params import COMMON_PARAMS, Constraint
-from outlines.core.errors import GraphBuildError
+from outlines.common.errors import GraphBuildError
 from outlines.graph.basic import Apply, Constant, Op, Variable, as_object_array, as_variable
 from outlines.graph.ops import Flatten, Regroup, all_text, check_text_input
 from outlines.graph.shapes import Shape
 from outlines.graph.traits import Run, Traits
-from outlines.core.labels import label_of, shorten
+from outlines.common.labels import label_of, shorten
 
 __all__ = ["Generate", "Model", "anthropic", "fallback", "from_function", "openai", "openai_completion", "transformers"]
 

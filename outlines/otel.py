@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from outlines.core.errors import install_hint
+from outlines.common.errors import install_hint
 from outlines.tracing import BatchRecord, Trace
 
 __all__ = ["export"]

@@ -25,14 +25,14 @@ import jinja2.meta
 import jinja2.nodes
 import numpy as np
 
-from outlines.core.config import current_tuning
-from outlines.core.errors import Failure, GraphBuildError
+from outlines.common.config import current_tuning
+from outlines.common.errors import Failure, GraphBuildError
 from outlines.graph.basic import Apply, Op, Variable, as_variable
 from outlines.graph.ops import all_text, broadcast_map, core_map, mark_not_text, raise_not_text
 from outlines.graph.ragged import Ragged
 from outlines.graph.shapes import Shape, align, broadcast_leading
 from outlines.graph.traits import Run, Traits
-from outlines.core.labels import shorten
+from outlines.common.labels import shorten
 
 __all__ = ["Prompt", "Render", "function", "prompt"]
 

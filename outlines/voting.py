@@ -23,7 +23,7 @@ from typing import Any, Callable, Iterable, NamedTuple, Optional
 
 import numpy as np
 
-from outlines.core.errors import GraphBuildError
+from outlines.common.errors import GraphBuildError
 from outlines.fn import fn
 from outlines.graph.basic import Variable, as_variable
 from outlines.graph.control import while_loop

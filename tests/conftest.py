@@ -87,12 +87,12 @@ def fake_openai():  # noqa: ANN201
 
 @pytest.fixture
 def fresh_state() -> Iterator[Any]:
-    """The test runs with a process state of its own, as a new process starts (``outlines.core.config``).
+    """The test runs with a process state of its own, as a new process starts (``outlines.common.config``).
 
     What it sets (``set_tuning``, ``set_executor``, ``outlines.cache.enable``...)
     and what its evaluations learn go with it; the process's state is back after.
     """
-    from outlines.core.config import using_process_state
+    from outlines.common.config import using_process_state
 
     with using_process_state() as state:
         yield state

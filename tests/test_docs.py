@@ -55,7 +55,7 @@ DIRECTIVE = re.compile(r"^::: (?P<path>[\w.]+)\n(?P<options>(?:[ \t]+\S.*\n)*)",
 
 #: Modules whose ``__all__`` is the public API the reference must cover, with ``outlines`` itself.
 PUBLIC_MODULES = ("outlines", "outlines.models", "outlines.cache", "outlines.chat", "outlines.text",
-                  "outlines.graph", "outlines.core.errors", "outlines.testing", "outlines.core.config", "outlines.otel")
+                  "outlines.graph", "outlines.common.errors", "outlines.testing", "outlines.common.config", "outlines.otel")
 #: Public names outside those ``__all__`` lists that users meet (results of public functions, errors).
 PUBLIC_EXTRAS = ("outlines.tracing.Trace", "outlines.tracing.NodeRecord", "outlines.tracing.BatchRecord",
                  "outlines.tracing.RequestRecord", "outlines.tracing.IterationRecord",
@@ -238,7 +238,7 @@ def _doctest_modules() -> list[types.ModuleType]:
 
 @pytest.mark.parametrize("module", _doctest_modules(), ids=lambda m: m.__name__)
 def test_docstring_examples_run(module: types.ModuleType, tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
-    from outlines.core.config import using_process_state
+    from outlines.common.config import using_process_state
 
     # The cache's examples enable, disable and clear the default cache, the config's set tuning values and
     # the executor: give them a process state of their own, then restore.

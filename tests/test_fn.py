@@ -144,7 +144,7 @@ def test_fast_functions_are_measured_and_then_run_inline(fresh_state):
     assert threads[0].startswith("outlines") and threads[1] == threading.current_thread().name
     assert vars(tiny).keys() == attributes.keys()  # the step itself holds no timing: nothing set on it
     assert all(vars(tiny)[name] is value for name, value in attributes.items())
-    with outlines.core.config.using_process_state():  # a new process knows nothing of it: the pool again
+    with outlines.common.config.using_process_state():  # a new process knows nothing of it: the pool again
         node.eval()
     assert threads[2].startswith("outlines")
 

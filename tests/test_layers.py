@@ -2,7 +2,7 @@
 
 Layers, lowest first (DESIGN section 5)::
 
-    bottom    outlines/core/ (errors, keys, labels, threads, config, conversation), outlines/draws/
+    bottom    outlines/common/ (errors, keys, labels, threads, config, conversation), outlines/draws/
     graph     outlines/graph/ (with graph/viz/)
     cache     outlines/cache/       } side by side: neither imports the other
     backends  outlines/backends/    }
@@ -39,9 +39,9 @@ PACKAGE = Path(__file__).resolve().parents[1] / "outlines"
 #: The layers, lowest first; layers at the same rank sit side by side and may not import each other.
 RANKS = {"bottom": 0, "graph": 1, "cache": 2, "backends": 2, "runtime": 3, "api": 4}
 #: Subpackage -> its layer (a module inside a subpackage has the subpackage's layer).
-PACKAGES = {"core": "bottom", "draws": "bottom", "graph": "graph", "cache": "cache", "backends": "backends", "runtime": "runtime",
+PACKAGES = {"common": "bottom", "draws": "bottom", "graph": "graph", "cache": "cache", "backends": "backends", "runtime": "runtime",
             "testing": "api"}
-#: The most modules the top of ``outlines/`` holds: the API layer only (the bottom layer is ``outlines/core/``).
+#: The most modules the top of ``outlines/`` holds: the API layer only (the bottom layer is ``outlines/common/``).
 MAX_TOP = 10
 
 
@@ -256,7 +256,7 @@ def test_backends_import_nothing_from_the_cache_and_the_cache_nothing_from_backe
 
 def test_every_module_has_a_layer() -> None:
     layers = {module: layer(module) for module in MODULES}
-    assert {"outlines.core.keys", "outlines.core.threads", "outlines.core.errors", "outlines.draws.draw", "outlines.draws.packing"} \
+    assert {"outlines.common.keys", "outlines.common.threads", "outlines.common.errors", "outlines.draws.draw", "outlines.draws.packing"} \
         <= {m for m, lay in layers.items() if lay == "bottom"}
     assert layers["outlines.graph.viz.drawing"] == "graph" and layers["outlines.text"] == "api"
     assert all(lay in RANKS for lay in layers.values())
@@ -301,8 +301,8 @@ def test_the_checker_finds_cycles_and_upward_imports() -> None:
     assert cycle({"a": ["b", "c"], "b": ["c"], "c": []}) is None
     assert not allowed("outlines.graph.basic", "outlines.runtime.evaluate")
     assert not allowed("outlines.backends.base", "outlines.cache.keys")  # side by side
-    assert not allowed("outlines.core.keys", "outlines.graph.basic") and not allowed("outlines.runtime.plan", "outlines.text")
-    assert allowed("outlines.runtime.plan", "outlines.core.keys") and allowed("outlines.text", "outlines.runtime.evaluate")
+    assert not allowed("outlines.common.keys", "outlines.graph.basic") and not allowed("outlines.runtime.plan", "outlines.text")
+    assert allowed("outlines.runtime.plan", "outlines.common.keys") and allowed("outlines.text", "outlines.runtime.evaluate")
     assert layer("outlines.something_new") == "api"  # a new top-level module is checked as the top
     eval_import = Import("outlines.runtime.evaluate.eval", "Variable.eval", False)
     assert _excepted("outlines.graph.basic", eval_import, "outlines.runtime.evaluate") is EXCEPTIONS[0]
@@ -311,12 +311,12 @@ def test_the_checker_finds_cycles_and_upward_imports() -> None:
 
 
 def test_the_top_of_the_package_holds_the_api_layer_only():
-    """The bottom-layer modules live in ``outlines/core/``; the top holds at most ``MAX_TOP`` API modules."""
+    """The bottom-layer modules live in ``outlines/common/``; the top holds at most ``MAX_TOP`` API modules."""
     top = sorted(p.stem for p in PACKAGE.glob("*.py"))
     assert len(top) <= MAX_TOP, f"outlines/ holds {len(top)} modules at the top (at most {MAX_TOP}): {top}"
-    core = {p.stem for p in (PACKAGE / "core").glob("*.py")} - {"__init__"}
-    assert {"errors", "keys", "labels", "threads", "config", "conversation"} <= core
-    faces = [name for name in top if name in core]  # a public face re-exports its core module, nothing more
+    common = {p.stem for p in (PACKAGE / "common").glob("*.py")} - {"__init__"}
+    assert {"errors", "keys", "labels", "threads", "config", "conversation"} <= common
+    faces = [name for name in top if name in common]  # a public face re-exports its common module, nothing more
     for name in faces:
         tree = ast.parse((PACKAGE / f"{name}.py").read_text())
         assert all(isinstance(n, (ast.ImportFrom, ast.Expr)) for n in tree.body), f"outlines/{name}.py: only re-exports"

@@ -10,7 +10,7 @@ from outlines import models
 from outlines.backends.anthropic import AnthropicBackend
 from outlines.draws import Draw
 from outlines.backends.transformers import TransformersBackend
-from outlines.core.errors import GraphBuildError
+from outlines.common.errors import GraphBuildError
 from tests.fixtures.fake_openai import FakeOpenAI
 
 echo = models.from_function(lambda prompt: prompt, name="echo")

@@ -295,7 +295,7 @@ def test_a_bulk_render_has_the_shape_of_every_input_and_never_aliases_one():
 def test_a_bulk_render_in_chunks_equals_one_pass() -> None:
     rows = np.array([f"r{i}" for i in range(4)], dtype=object)
     grid = np.array([[f"g{i}{j}" for j in range(5)] for i in range(4)], dtype=object)
-    with outlines.core.config.tuning(render_chunk=3):  # chunks that cut rows of the paired (4, 5) grid
+    with outlines.common.config.tuning(render_chunk=3):  # chunks that cut rows of the paired (4, 5) grid
         out = Render("chunks", "<{{ a }}|{{ b }}>", ("a", "b")).perform(rows, grid)
     assert out.shape == (4, 5) and out.tolist() == [[f"<r{i}|g{i}{j}>" for j in range(5)] for i in range(4)]
 

@@ -35,7 +35,7 @@ from outlines.backends.base import BackendError, BatchReport
 from outlines.draws import Draw, GenerationParams
 from outlines.backends.hosted import HostedBackend, check_range
 from outlines.backends.warmup import Turn, joined
-from outlines.core.conversation import messages_of
+from outlines.common.conversation import messages_of
 
 __all__ = ["API_VERSION", "CACHE_MIN_TOKENS", "DEFAULT_MAX_TOKENS", "AnthropicBackend", "cache_min_tokens",
            "with_breakpoints"]

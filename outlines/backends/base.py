@@ -59,7 +59,7 @@ class Backend(abc.ABC):
 
     Subclasses set ``kind`` and implement ``identity`` and ``generate``.
     Pictures name a backend by its ``label`` and pass their text through its
-    ``redact`` (the ``outlines.core.labels.Shown`` protocol); they never look
+    ``redact`` (the ``outlines.common.labels.Shown`` protocol); they never look
     inside it.
     ``max_batch`` bounds the draws per ``generate`` call (``None``:
     unlimited), which holds all the samples of each of its prompts unless
@@ -179,7 +179,7 @@ class Backend(abc.ABC):
 
     @property
     def label(self) -> str:
-        """``kind: model``: how pictures and timelines name this backend (``outlines.core.labels.Shown``).
+        """``kind: model``: how pictures and timelines name this backend (``outlines.common.labels.Shown``).
 
         No URL and no secret; a subclass whose ``model_name`` could hold one
         overrides this.
@@ -190,7 +190,7 @@ class Backend(abc.ABC):
         """``text`` with this backend's own secrets starred out (here: it holds none).
 
         Pictures and error messages pass their text through it
-        (``outlines.core.labels.redactor``); backends that hold a credential
+        (``outlines.common.labels.redactor``); backends that hold a credential
         override it.
         """
         return text

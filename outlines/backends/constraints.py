@@ -4,7 +4,7 @@ A ``Constraint`` (``outlines.draws.params``: a value below every layer) is
 the canonical form of ``choices=``, ``regex=`` or ``json_schema=``: its kind
 and one string (the choices as a JSON list, the pattern, or the schema as
 canonical JSON, both written by the one key normaliser
-``outlines.core.keys.canonical``). ``make_constraint`` builds and validates it when
+``outlines.common.keys.canonical``). ``make_constraint`` builds and validates it when
 the graph is built; it is part of ``GenerationParams`` (so of cache keys), and
 it knows how to check and parse a finished text.
 
@@ -46,8 +46,8 @@ from typing import Any, Awaitable, Callable, Mapping, Sequence
 from outlines.backends.base import BatchReport
 from outlines.draws import Constraint, Draw
 from outlines.draws.params import WRAPPER
-from outlines.core.errors import install_hint
-from outlines.core.keys import canonical
+from outlines.common.errors import install_hint
+from outlines.common.keys import canonical
 from outlines.graph.basic import Apply, Op, as_variable
 from outlines.graph.ops import broadcast_map
 from outlines.graph.traits import Traits

@@ -235,7 +235,7 @@ def as_executor(client: Any, *, http: str = "local", resources: dict[str, float]
     -------
     DaskExecutor
         Pass it (or the client itself) as ``executor=`` or to
-        ``outlines.core.config.set_executor``. Which workers hold which model is
+        ``outlines.common.config.set_executor``. Which workers hold which model is
         remembered per client, across evaluations.
 
     Raises

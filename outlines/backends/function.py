@@ -27,9 +27,9 @@ import warnings
 import weakref
 from typing import Any, Callable, Sequence
 
-from outlines.core.config import process_state
-from outlines.core.errors import CacheWarning
-from outlines.core.threads import run_blocking
+from outlines.common.config import process_state
+from outlines.common.errors import CacheWarning
+from outlines.common.threads import run_blocking
 from outlines.backends.base import Backend, BatchReport, check_limit
 from outlines.draws import Draw, DrawColumns
 from outlines.graph.ops import all_text

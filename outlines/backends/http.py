@@ -39,7 +39,7 @@ from outlines.backends.base import BackendError, BatchReport
 from outlines.backends.ratelimit import AIMDLimiter, TokenBucket
 from outlines.backends.usage import wire_usage
 from outlines.backends.warmup import Warmup
-from outlines.core.labels import hide_secrets
+from outlines.common.labels import hide_secrets
 
 __all__ = ["HTTPClient", "Secret", "credential_fingerprint", "gather_or_cancel"]
 

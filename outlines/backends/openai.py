@@ -59,7 +59,7 @@ from outlines.backends import quirks
 from outlines.backends.hosted import HostedBackend, check_range
 from outlines.backends.http import gather_or_cancel
 from outlines.backends.warmup import Turn, joined
-from outlines.core.conversation import messages_of
+from outlines.common.conversation import messages_of
 
 __all__ = ["OpenAIChatBackend", "OpenAICompletionBackend", "PromptSamples", "sample_groups"]
 

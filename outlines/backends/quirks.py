@@ -14,7 +14,7 @@ request's, never the server's. Notes of names this version does not know
 naming a constraint field, schema errors included) are not trusted: the
 field is probed again when a server refuses it. A
 note is kept for the process (the process state's ``quirks_known``:
-``outlines.core.config.ProcessState``) and written through a ``QuirkStore``, the
+``outlines.common.config.ProcessState``) and written through a ``QuirkStore``, the
 process state's ``quirk_store``: the
 package wires in the default cache's SQLite file (``outlines.cache.quirks``,
 connected in ``outlines/__init__.py``: backends import nothing from the
@@ -35,8 +35,8 @@ import threading
 import time
 from typing import Protocol
 
-from outlines.core.config import process_state
-from outlines.core.threads import run_blocking
+from outlines.common.config import process_state
+from outlines.common.threads import run_blocking
 
 __all__ = [
     "FIELDS", "IGNORES_N", "QUIRKS", "REFUSES_LISTS", "Quirk", "QuirkStore", "accepts", "forget", "known", "note",

@@ -68,8 +68,8 @@ import numpy as np
 
 from outlines.backends.base import Backend, BackendError, BatchReport, check_limit
 from outlines.draws import Constraint, Draw, GenerationParams, pack, prefix_groups
-from outlines.core.conversation import Conversation, messages_of
-from outlines.core.errors import install_hint
+from outlines.common.conversation import Conversation, messages_of
+from outlines.common.errors import install_hint
 
 __all__ = ["TransformersBackend", "plan_chunks", "prefix_order", "trim_at_stop"]
 

@@ -11,7 +11,7 @@ one API, by slot: ``get_draws``/``put_draws`` (and ``peek_draws``); the keyed
 ``get_many``/``put_many`` read and write the file by ``draw_key`` for users
 who hold keys. This module holds the controls of the process default cache:
 ``enable``, ``disable``, ``clear``, ``stats`` and ``resolve``; what they set
-lives on the process state (``outlines.core.config.ProcessState``: ``cache_enabled``,
+lives on the process state (``outlines.common.config.ProcessState``: ``cache_enabled``,
 ``cache_path``, and the ``Cache`` of each path opened).
 """
 from __future__ import annotations
@@ -22,8 +22,8 @@ from typing import Any
 
 from outlines.cache.keys import draw_key, draw_keys
 from outlines.cache.sqlite import NotACacheFile
-from outlines.core.config import ProcessState, process_state
-from outlines.core.errors import CacheWarning
+from outlines.common.config import ProcessState, process_state
+from outlines.common.errors import CacheWarning
 from outlines.cache.store import Cache, default_directory
 
 __all__ = ["Cache", "CacheWarning", "NotACacheFile", "clear", "default_directory", "disable", "draw_key", "draw_keys", "enable", "resolve", "stats"]
@@ -59,7 +59,7 @@ def resolve(option: Any, state: ProcessState | None = None) -> Cache | None:
         itself; a path: a ``Cache`` there (one per path per process).
     state
         The process state holding the default and the caches opened
-        (default: ``outlines.core.config.process_state()``).
+        (default: ``outlines.common.config.process_state()``).
 
     Returns
     -------

@@ -9,7 +9,7 @@ included; a SIGKILL loses at most the last few milliseconds, never half an
 entry). The queue holds completions as text and encodes them on the writer
 thread, off the event loop; a ``Block`` of draws has its keys hashed there
 too, a chunk at a time, and the thread waits while an event loop marked
-``FOREGROUND`` is busy (``outlines.core.threads``). A lookup on a fresh file (empty when first seen,
+``FOREGROUND`` is busy (``outlines.common.threads``). A lookup on a fresh file (empty when first seen,
 written only by this process since: ``SQLiteStore.fresh``) sends only the keys
 this process queued to SQLite; every other key is a miss without a query. A
 failing file is never an exception: a locked one skips the operation with a
@@ -36,8 +36,8 @@ from typing import Any, Callable, Iterable, Iterator, Sequence
 
 from outlines.cache.keys import SlotKey, prompt_keys
 from outlines.cache.sqlite import FORMAT, FormatMismatch, NotACacheFile, SQLiteStore, holds_cache
-from outlines.core.errors import CacheWarning
-from outlines.core.threads import FOREGROUND
+from outlines.common.errors import CacheWarning
+from outlines.common.threads import FOREGROUND
 
 __all__ = ["Block", "Disk", "WriteBehind", "disk", "flush_all"]
 

@@ -2,7 +2,7 @@
 
 ``draw_key`` hashes a draw with BLAKE2b into 16 bytes: the format version,
 the backend's identity, the parameters, the prompt and the draw number, each
-written by the one normaliser ``outlines.core.keys.canonical``. ``draw_keys`` keys
+written by the one normaliser ``outlines.common.keys.canonical``. ``draw_keys`` keys
 a whole batch, hashing each distinct params object once; ``draw_slots`` and
 ``prompt_keys`` split the same bytes at the slot (the part every draw of one
 params object and draw number shares: ``outlines.draws.Slot``) so the cache
@@ -16,7 +16,7 @@ from typing import Any, Iterable, NamedTuple, Sequence
 
 from outlines.cache.sqlite import FORMAT, KEY_BYTES
 from outlines.draws import Draw, DrawColumns, GenerationParams
-from outlines.core.keys import canonical
+from outlines.common.keys import canonical
 
 __all__ = ["SlotDraws", "SlotKey", "draw_key", "draw_keys", "draw_slots", "prompt_keys"]
 

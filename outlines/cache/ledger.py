@@ -58,9 +58,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator, Mapping, Protocol, Sequence
 
-from outlines.core.keys import normalize
+from outlines.common.keys import normalize
 from outlines.cache.sqlite import SQLiteStore
-from outlines.core.errors import CacheWarning
+from outlines.common.errors import CacheWarning
 from outlines.cache.store import Cache
 
 __all__ = ["CLOSED", "Claimed", "JobRecord", "Lease", "LeaseLost", "Ledger", "LedgerError", "LineRef", "Status"]

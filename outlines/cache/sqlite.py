@@ -420,7 +420,7 @@ class SQLiteStore:
         around it; a later row of a key replaces an earlier one. They are
         prepared ``_PREPARED`` at a time, and ``pause()`` is called between
         two chunks (the writer's look at the
-        event loops: ``outlines.core.threads.Foreground``).
+        event loops: ``outlines.common.threads.Foreground``).
         """
         now = time.time_ns()
         crc32 = zlib.crc32

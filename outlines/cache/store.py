@@ -27,7 +27,7 @@ from outlines.cache.disk import Block, disk
 from outlines.cache.keys import SlotKey, SlotDraws, draw_keys, draw_slots, prompt_keys
 from outlines.cache.sqlite import FORMAT, KEY_BYTES, encode
 from outlines.draws import Draw, DrawColumns
-from outlines.core.errors import CacheWarning
+from outlines.common.errors import CacheWarning
 from outlines.graph.ops import all_text
 
 __all__ = ["Cache", "default_directory"]

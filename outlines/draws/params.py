@@ -4,7 +4,7 @@
 part of every draw's cache key); its ``constraint`` is the canonical form of
 ``choices=``, ``regex=`` or ``json_schema=``: its kind and one string (the
 choices as a JSON list, the pattern, or the schema as canonical JSON, both
-written by the one key normaliser ``outlines.core.keys.canonical``), which knows
+written by the one key normaliser ``outlines.common.keys.canonical``), which knows
 how to check and parse a finished text. Building a constraint from a call's
 arguments, and decoding under it, is the backends' part
 (``outlines.backends.constraints``).
@@ -17,7 +17,7 @@ import re
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, Mapping
 
-from outlines.core.keys import canonical, normalize
+from outlines.common.keys import canonical, normalize
 
 if TYPE_CHECKING:
     import pydantic
@@ -35,7 +35,7 @@ class GenerationParams:
     ``None`` means "the backend's default". ``extra`` holds further
     backend-specific parameters (``logit_bias`` ...) as sorted items, values as
     given; they compare and hash by their canonical JSON text
-    (``outlines.core.keys.canonical``), so ``{"a": 1, "b": 2}`` equals
+    (``outlines.common.keys.canonical``), so ``{"a": 1, "b": 2}`` equals
     ``{"b": 2, "a": 1}`` and a list may be a value.
     """
 
@@ -47,7 +47,7 @@ class GenerationParams:
     extra: tuple[tuple[str, Any], ...] = field(default=(), compare=False)
     _extra_text: bytes = field(init=False, repr=False, default=b"")
     #: Structured output (issue 13): choices, regex or JSON schema in its canonical
-    #: form (its text made by ``outlines.core.keys.canonical``); see ``Constraint``.
+    #: form (its text made by ``outlines.common.keys.canonical``); see ``Constraint``.
     constraint: Constraint | None = None
 
     def __post_init__(self) -> None:
@@ -167,7 +167,7 @@ class Constraint:
 
     ``kind`` is ``"choices"``, ``"regex"`` or ``"json_schema"``; ``value`` is
     the choices as a JSON list, the pattern, or the schema as canonical JSON
-    (both from ``outlines.core.keys.canonical``, so equal content is equal text).
+    (both from ``outlines.common.keys.canonical``, so equal content is equal text).
     ``target`` is the pydantic class parsed into (``json_schema`` only); it
     changes what ``parse`` returns, never the text, so it stays out of
     ``to_dict`` (cache keys). ``leading_space`` is for decoding only (see

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any, Literal, NoReturn, Sequence
 
 import numpy as np
 
-from outlines.core.errors import GraphBuildError
+from outlines.common.errors import GraphBuildError
 from outlines.graph.families import note, stacking
 from outlines.graph.ragged import Ragged
 from outlines.graph.shapes import Shape, align, shape_of

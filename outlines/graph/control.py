@@ -16,7 +16,7 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from outlines.core.errors import GraphBuildError
+from outlines.common.errors import GraphBuildError
 from outlines.graph import basic
 from outlines.graph.basic import Apply, Constant, Op, SymbolicValueError, Variable, as_variable
 from outlines.graph.ops import Stack, broadcast_map

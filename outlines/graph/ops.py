@@ -15,7 +15,7 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from outlines.core.errors import Failure, GraphBuildError
+from outlines.common.errors import Failure, GraphBuildError
 from outlines.graph.basic import Apply, Constant, Op, Variable, as_variable
 from outlines.graph.ragged import Ragged
 from outlines.graph.shapes import Shape, align, broadcast_leading, pad_trailing, show

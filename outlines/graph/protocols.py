@@ -60,7 +60,7 @@ class StepFunction(Protocol):
     """The user function a ``PythonStep`` runs (``outlines.fn.Function``), as the scheduler reads it."""
 
     #: Declared blocking (thread pool), not (inline), or ``None``: decided by its measured mean
-    #: seconds per call (the process state's ``timings``, ``outlines.core.config``).
+    #: seconds per call (the process state's ``timings``, ``outlines.common.config``).
     blocking: bool | None
     is_async: bool
     #: The gufunc signature (``"(n)->()"``), or ``None`` for an elementwise function.

@@ -18,7 +18,7 @@ from typing import Any, Optional, Sequence, Tuple
 
 import numpy as np
 
-from outlines.core.errors import GraphBuildError
+from outlines.common.errors import GraphBuildError
 from outlines.graph.ragged import Ragged
 
 __all__ = ["Shape", "align", "broadcast_leading", "pad_trailing", "propagate", "shape_of", "show"]

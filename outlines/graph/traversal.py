@@ -8,7 +8,7 @@ from __future__ import annotations
 from operator import attrgetter
 from typing import Callable, Container, Iterable, Iterator, Sequence
 
-from outlines.core.errors import GraphBuildError
+from outlines.common.errors import GraphBuildError
 from outlines.graph.basic import Apply, Constant, Variable
 
 __all__ = ["ancestors", "applies", "find_cycle", "graph_inputs", "rewired_error", "toposort", "walk"]

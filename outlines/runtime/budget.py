@@ -26,7 +26,7 @@ from fractions import Fraction
 from typing import Any, Sequence
 
 from outlines.backends.usage import Price, PriceTable, exact_money, price_of, reported
-from outlines.core.errors import BudgetExceeded
+from outlines.common.errors import BudgetExceeded
 
 __all__ = ["Budget", "BudgetGuard"]
 

@@ -32,7 +32,7 @@ from typing import Any, Awaitable, Callable, Sequence
 
 import numpy as np
 
-from outlines.core.errors import Failure, MaxIterError, NodeError
+from outlines.common.errors import Failure, MaxIterError, NodeError
 from outlines.graph.basic import Apply
 from outlines.graph.control import Cond, Subgraph, WhileLoop, traced_nodes, truth
 from outlines.graph.traits import Run

@@ -8,7 +8,7 @@ cancels the schedule at once (what finished stays cached) and raises
 ``KeyboardInterrupt``. Each call checks its options once (``session.Options``)
 and runs as ONE ``Evaluation`` (``run_plan``), whose recorder is composed
 from the active trace and the progress counter. The tuning values in force
-where it is called (``outlines.core.config.tuning``) apply: ``stack_min`` to its
+where it is called (``outlines.common.config.tuning``) apply: ``stack_min`` to its
 plan, the rest through the evaluation.
 """
 from __future__ import annotations
@@ -20,7 +20,7 @@ import signal
 import threading
 from typing import Any, Callable, Coroutine, Iterator, Mapping, TypeVar, overload
 
-from outlines.core.threads import FOREGROUND, watched_loop
+from outlines.common.threads import FOREGROUND, watched_loop
 from outlines.graph.basic import Variable
 from outlines.runtime.plan import Plan, bind_givens, check_shapes
 from outlines.runtime.progress import Counter, shown
@@ -136,7 +136,7 @@ def _run_sync(factory: Callable[[asyncio.AbstractEventLoop | None], Coroutine[An
 
 
 def run_watched(coroutine: Coroutine[Any, Any, T]) -> T:
-    """``asyncio.run`` on a loop that tells the cache writer when it is busy (``outlines.core.threads.watched_loop``)."""
+    """``asyncio.run`` on a loop that tells the cache writer when it is busy (``outlines.common.threads.watched_loop``)."""
     with FOREGROUND, asyncio.Runner(loop_factory=watched_loop) as runner:
         return runner.run(coroutine)
 

@@ -10,7 +10,7 @@ from typing import Any, Callable, Protocol, Sequence, runtime_checkable
 
 from outlines.backends.base import Backend, BatchReport
 from outlines.draws import Draw
-from outlines.core.threads import run_blocking
+from outlines.common.threads import run_blocking
 
 __all__ = ["Executor", "LocalExecutor", "resolve_executor"]
 
@@ -45,7 +45,7 @@ class LocalExecutor:
 def resolve_executor(executor: Any, default: Any = None) -> Executor:
     """The executor for ``eval(executor=...)``: an ``Executor``, a ``distributed.Client`` or ``None``.
 
-    ``None`` means ``default`` (what ``outlines.core.config.default_executor``
+    ``None`` means ``default`` (what ``outlines.common.config.default_executor``
     gives, read by ``Evaluation.open``), and local when that is ``None`` too.
 
     Raises

@@ -71,12 +71,12 @@ import numpy as np
 from outlines.backends.base import Backend
 from outlines.draws import DrawColumns, Slot, prefix_groups
 from outlines.backends.usage import Price, PriceTable, price_of, reported
-from outlines.core.errors import GraphBuildError
+from outlines.common.errors import GraphBuildError
 from outlines.graph.basic import Apply, Variable
 from outlines.graph.control import WhileLoop
 from outlines.graph.protocols import ModelCall, model_call, python_step
 from outlines.graph.traits import Run
-from outlines.core.labels import apart, label_of
+from outlines.common.labels import apart, label_of
 from outlines.graph.ops import Stack, broadcast_map, scalar_or_array
 from outlines.graph.ragged import Ragged
 from outlines.graph.shapes import propagate, shape_of

@@ -92,8 +92,8 @@ from outlines.backends.jobs import (
 )
 from outlines.cache import Cache, draw_keys
 from outlines.cache.ledger import LEASE, Claimed, JobRecord, LeaseLost, Ledger
-from outlines.core.errors import JobsRunning
-from outlines.core.threads import pool, run_blocking
+from outlines.common.errors import JobsRunning
+from outlines.common.threads import pool, run_blocking
 
 __all__ = ["MAX_ASKS", "JobEvent", "Jobs", "cancel_jobs", "forget_job", "generate_as_jobs", "has_jobs", "jobs"]
 

@@ -29,7 +29,7 @@ There is one way to build it:
   kept, by the same rule.
 
 Inputs match when they are the same Variable, or Constants of simple values
-whose ``canonical`` text (``outlines.core.keys``) is equal. Random draws and
+whose ``canonical`` text (``outlines.common.keys``) is equal. Random draws and
 impure ops are never merged; free inputs and Constants are kept as the same
 objects, so givens still bind. Nothing recurses.
 """
@@ -42,9 +42,9 @@ from typing import Any, Hashable, Iterable, Mapping, Sequence, cast
 
 import numpy as np
 
-from outlines.core.config import current_tuning
-from outlines.core.keys import canonical
-from outlines.core.errors import UnboundInputError
+from outlines.common.config import current_tuning
+from outlines.common.keys import canonical
+from outlines.common.errors import UnboundInputError
 from outlines.graph.basic import Apply, Constant, Variable, as_object_array
 from outlines.graph.families import Family, stackable
 from outlines.graph.ops import all_text
@@ -72,7 +72,7 @@ class Plan:
         The Variables to compute.
     stack_min
         The fewest members of a family that stack into one array node
-        (default: ``outlines.core.config.current_tuning().stack_min``, read when
+        (default: ``outlines.common.config.current_tuning().stack_min``, read when
         the plan is built; a huge value plans every node on its own).
 
     Attributes

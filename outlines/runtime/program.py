@@ -16,7 +16,7 @@ import dataclasses
 import inspect
 from typing import TYPE_CHECKING, Any, Callable, Sequence
 
-from outlines.core.errors import GraphBuildError, JobsRunning, UnboundInputError
+from outlines.common.errors import GraphBuildError, JobsRunning, UnboundInputError
 from outlines.runtime.evaluate import run_plan, run_sync
 from outlines.graph.basic import Variable, as_variable
 from outlines.graph.shapes import Shape, propagate, shape_of

@@ -27,7 +27,7 @@ import sys
 import time
 from typing import Any, AsyncIterator, Protocol, Sequence, TextIO
 
-from outlines.core.config import Tuning
+from outlines.common.config import Tuning
 from outlines.graph.basic import Apply
 from outlines.graph.traits import Run
 from outlines.runtime.events import Listener
@@ -59,7 +59,7 @@ class Counter(Listener):
 
     def node_failures(self, node: Apply, outputs: tuple[Any, ...]) -> None:
         if node.op.traits.run is Run.GENERATE:
-            from outlines.core.errors import Failure
+            from outlines.common.errors import Failure
 
             for output in outputs:
                 items = output.reshape(-1).tolist() if getattr(output, "dtype", None) == object else [output]

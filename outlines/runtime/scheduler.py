@@ -33,8 +33,8 @@ from typing import Any, Callable, Iterator, Protocol, Sequence
 
 import numpy as np
 
-from outlines.core.threads import FOREGROUND
-from outlines.core.errors import Failure, JobsRunning, NodeError
+from outlines.common.threads import FOREGROUND
+from outlines.common.errors import Failure, JobsRunning, NodeError
 from outlines.graph.basic import Apply
 from outlines.graph.ops import broadcast_map, scalar_or_array
 from outlines.graph.protocols import python_step
@@ -457,7 +457,7 @@ def quiet_collector() -> Iterator[None]:
     (``gc.freeze`` would keep it on, but counting frozen objects costs a
     walk of them, and unfreezing would undo a caller's own freeze.)
     """
-    with FOREGROUND:  # the cache writer leaves the GIL to the burst (outlines.core.threads.Foreground)
+    with FOREGROUND:  # the cache writer leaves the GIL to the burst (outlines.common.threads.Foreground)
         if not gc.isenabled():
             yield
             return

@@ -20,9 +20,9 @@ never from another schedule:
 - ``backends``: the backends its batches used, closed once, at its end;
 - ``draw_base``: its draw namespace (below), and the batch-id counter its
   schedules share (``batch_id``);
-- ``state``: the process's state (``outlines.core.config.ProcessState``: learned
+- ``state``: the process's state (``outlines.common.config.ProcessState``: learned
   step timings, control bodies' plans), and ``tuning``: the tuning values
-  in force where it opened (``outlines.core.config.current_tuning``). Nothing
+  in force where it opened (``outlines.common.config.current_tuning``). Nothing
   below reads process-wide state but through these two.
 
 ``Evaluation.running(plan)`` wraps the whole run: one ``eval_started``, one
@@ -61,7 +61,7 @@ import numpy as np
 
 from outlines import cache as cache_module
 from outlines.backends.base import Backend
-from outlines.core.config import ProcessState, Tuning, current_tuning, default_executor, process_state
+from outlines.common.config import ProcessState, Tuning, current_tuning, default_executor, process_state
 from outlines.runtime.budget import Budget, BudgetGuard, resolve_budget
 from outlines.runtime.events import NULL, Recorder, compose
 from outlines.runtime.executor import Executor, resolve_executor

@@ -14,7 +14,7 @@ Python step run on the loop, ``outlines.fn(blocking=False)``, stuck in
 ``time.sleep``) would keep the cancellation from ever running: if the
 process is still there ``GRACE_SECONDS`` after SIGTERM, a watchdog thread
 waits for the cache writers and ends it by SIGTERM all the same. Steps run
-in the thread pool never hold it back (``outlines.core.threads.DaemonPool``).
+in the thread pool never hold it back (``outlines.common.threads.DaemonPool``).
 
 An application that installed its own SIGTERM handler (or ignores the
 signal) keeps it: nothing is installed then. A second SIGTERM ends the

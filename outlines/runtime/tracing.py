@@ -23,7 +23,7 @@ from outlines.backends.usage import Price, reported
 from outlines.graph.basic import Apply
 from outlines.graph.protocols import model_call
 from outlines.graph.traits import Run
-from outlines.core.labels import apart, label_of
+from outlines.common.labels import apart, label_of
 from outlines.runtime.events import NULL, Listener, Recorder
 
 __all__ = [
@@ -282,7 +282,7 @@ class Trace:
         self.origin_ns = time.time_ns()
         #: ``repr(backend) -> (model name, its own price or None)``, for ``cost``.
         self.models: dict[str, tuple[str, Any]] = {}
-        #: ``repr(backend) -> the label it gives itself`` (``outlines.core.labels.label_of``), for pictures.
+        #: ``repr(backend) -> the label it gives itself`` (``outlines.common.labels.label_of``), for pictures.
         self.labels: dict[str, str] = {}
 
     def for_eval(self) -> Recorder:
@@ -795,7 +795,7 @@ class _EvalRecorder(Listener):
 
 def _failures(value: Any) -> Iterator[Any]:
     """The ``outlines.Failure`` elements in an output (scalar, object array or tuple of them)."""
-    from outlines.core.errors import Failure
+    from outlines.common.errors import Failure
 
     if isinstance(value, Failure):
         yield value

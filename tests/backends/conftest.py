@@ -26,7 +26,7 @@ def default_cache(tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no-
     """The process default cache, on, in a fresh folder (whatever earlier tests did to it); restored after."""
     from outlines import cache
     from outlines.backends import quirks
-    from outlines.core.config import using_process_state
+    from outlines.common.config import using_process_state
 
     folder = tmp_path_factory.mktemp("default-cache")
     with using_process_state():

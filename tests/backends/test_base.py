@@ -2,12 +2,12 @@
 from __future__ import annotations
 
 
-# -- what pictures ask of a backend (outlines.core.labels.Shown) -----------------------------
+# -- what pictures ask of a backend (outlines.common.labels.Shown) -----------------------------
 def test_every_backend_is_shown_by_a_label_without_its_url() -> None:
     from outlines.backends.function import FunctionBackend
     from outlines.backends.openai import OpenAIChatBackend, OpenAICompletionBackend
     from outlines.backends.transformers import TransformersBackend
-    from outlines.core.labels import Shown, label_of
+    from outlines.common.labels import Shown, label_of
 
     url = "http://127.0.0.1:9/v1"
     backends = {

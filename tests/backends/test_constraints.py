@@ -16,7 +16,7 @@ from outlines.draws import Constraint, Draw, GenerationParams
 from outlines.backends.constraints import RETRY_STRIDE, ConstraintError, Parse, generate_valid, make_constraint
 from outlines.backends.openai import wire_constraint
 from outlines.cache import draw_key
-from outlines.core.errors import Failure, GraphBuildError
+from outlines.common.errors import Failure, GraphBuildError
 from tests.fixtures.fake_openai import FakeOpenAI
 from tests.fixtures.recording import RecordingBackend
 
@@ -39,7 +39,7 @@ def test_canonical_forms() -> None:
                  "additionalProperties": False}
     assert make_constraint(json_schema=SCHEMA) == make_constraint(json_schema=reordered)
     assert make_constraint(json_schema=json.dumps(SCHEMA)) == make_constraint(json_schema=SCHEMA)
-    # The one key normaliser (outlines.core.keys.canonical) writes the text: 1.0 is 1.
+    # The one key normaliser (outlines.common.keys.canonical) writes the text: 1.0 is 1.
     assert make_constraint(json_schema={"type": "number", "maximum": 1.0}) == \
         make_constraint(json_schema={"maximum": 1, "type": "number"})
 

@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 
 import outlines
-from outlines.core.config import set_executor, using_executor
+from outlines.common.config import set_executor, using_executor
 
 distributed = pytest.importorskip("distributed")
 

@@ -749,7 +749,7 @@ def test_a_server_asking_for_a_key_is_asked_once_and_the_error_names_where_to_gi
     refusal = {"error": {"message": "You didn't provide an API key.", "type": "invalid_request_error"}}
     fake_openai.script(Status(401, body=refusal))
     llm = constructor("fake-model", base_url=fake_openai.base_url)
-    with pytest.raises(outlines.core.errors.NodeError) as caught:
+    with pytest.raises(outlines.common.errors.NodeError) as caught:
         llm("a").eval(cache=False)
     message = str(caught.value)
     assert "wants an API key (HTTP 401) and none was given" in message

@@ -13,7 +13,7 @@ import pytest
 import outlines
 from outlines import cache
 from outlines.backends import quirks
-from outlines.core.config import process_state
+from outlines.common.config import process_state
 from outlines.backends.openai import N_IGNORED
 from tests.fixtures.fake_openai import FakeOpenAI
 from tests.fixtures.subprocesses import python_env
@@ -58,7 +58,7 @@ def test_with_the_default_cache_off_quirks_live_in_memory_only(default_cache, mo
     import asyncio
 
     monkeypatch.setenv("OUTLINES_CACHE", "0")
-    with outlines.core.config.using_process_state():  # as a new process: the default cache follows OUTLINES_CACHE
+    with outlines.common.config.using_process_state():  # as a new process: the default cache follows OUTLINES_CACHE
         assert cache.resolve(True) is None
         quirks.note(URL, quirks.REFUSES_LISTS)
         asyncio.run(quirks.remember(URL, quirks.REFUSES_LISTS))  # nowhere to write: a no-op
@@ -118,7 +118,7 @@ def test_a_quirk_an_earlier_version_noted_after_a_schema_error_is_healed(default
 
 
 def test_the_notes_and_the_store_are_the_process_states():
-    from outlines.core.config import ProcessState, using_process_state
+    from outlines.common.config import ProcessState, using_process_state
 
     with using_process_state(ProcessState()) as state:  # no store: notes in memory only
         assert quirks.note(URL, quirks.IGNORES_N) and state.quirks_known == {URL: {quirks.IGNORES_N}}

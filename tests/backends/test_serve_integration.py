@@ -147,7 +147,7 @@ def test_twenty_prompts_times_three_samples_cost_sixty_requests_and_the_quirks_a
     served: tuple[str, str, Path], default_cache: Any
 ) -> None:
     from outlines.backends import quirks
-    from outlines.core.config import process_state
+    from outlines.common.config import process_state
 
     base_url, model_name, log = served
     llm = models.openai_completion(model_name, base_url=base_url, api_key="sk-local", max_tokens=2, temperature=1.0)

@@ -123,7 +123,7 @@ def test_a_cache_path_naming_a_file_the_cache_did_not_make_is_an_error_and_the_f
         else:  # the process default, as a fresh process would see it (other tests enable/disable it)
             monkeypatch.setenv("OUTLINES_CACHE_DIR", str(path))
             monkeypatch.delenv("OUTLINES_CACHE", raising=False)
-            with outlines.core.config.using_process_state():
+            with outlines.common.config.using_process_state():
                 models.from_function(str.upper, temperature=0.7)("p").eval()
     assert _listing(tmp_path) == before  # not renamed, not written, no -wal/-shm beside it
     if through == "Cache":

@@ -9,7 +9,7 @@ import pytest
 from outlines.draws import Draw, GenerationParams
 from outlines.cache.keys import draw_key, draw_keys
 from outlines.cache.sqlite import FORMAT
-from outlines.core.keys import canonical
+from outlines.common.keys import canonical
 
 
 # Pinned when the format became 2 (16-byte BLAKE2b keys; format 1's SHA-256

@@ -15,12 +15,12 @@ from typing import Any
 
 import pytest
 
-from outlines.core import threads
+from outlines.common import threads
 from outlines.draws import Draw, DrawColumns, GenerationParams
 from outlines.cache import Cache, draw_keys
 from outlines.cache import disk as disk_module
 from outlines.cache.sqlite import row_ids
-from outlines.core.config import set_tuning
+from outlines.common.config import set_tuning
 
 IDENTITY = ("function", "echo", "0123abcd", False)
 GREEDY = GenerationParams()

@@ -6,7 +6,7 @@ import pytest
 
 import outlines
 from outlines import models
-from outlines.core.errors import GraphBuildError
+from outlines.common.errors import GraphBuildError
 from outlines.graph.control import Cond, WhileLoop
 from outlines.graph.traversal import graph_inputs
 

@@ -7,7 +7,7 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from outlines.core.errors import Failure
+from outlines.common.errors import Failure
 from outlines.graph.basic import Apply, Constant
 from outlines.graph.ops import all_text, broadcast_map
 

@@ -10,7 +10,7 @@ import pytest
 
 import outlines
 from outlines import models
-from outlines.core.errors import Failure
+from outlines.common.errors import Failure
 from outlines.graph.basic import Op, Variable
 from outlines.graph.ops import Concat, broadcast_map
 from outlines.graph.protocols import ModelCall, PythonStep, model_call, python_step

@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 import outlines
 from outlines import models
 from outlines.cache import Cache
-from outlines.core.errors import BudgetExceeded
+from outlines.common.errors import BudgetExceeded
 from outlines.runtime.budget import Budget, BudgetGuard
 from tests.fixtures.fake_openai import FakeOpenAI
 from tests.fixtures.recording import RecordingBackend

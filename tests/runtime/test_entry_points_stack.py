@@ -24,7 +24,7 @@ from outlines.runtime.control import _plan as sub_plan
 from outlines.runtime.session import Evaluation, Options
 from tests.fixtures.recording import RecordingBackend
 
-STACK_MIN = outlines.core.config.Tuning.stack_min  # the default; tests set the tuning, not this
+STACK_MIN = outlines.common.config.Tuning.stack_min  # the default; tests set the tuning, not this
 N = STACK_MIN + 5
 
 
@@ -74,7 +74,7 @@ def test_a_program_plans_once_stacked_and_picks_each_output() -> None:
 
 
 def test_a_loop_body_is_planned_stacked(fresh_state: Any) -> None:
-    outlines.core.config.set_tuning(stack_min=1)
+    outlines.common.config.set_tuning(stack_min=1)
     tail = outlines.fn(lambda s: s[-1:], pure=True, name="tail")
     short = outlines.fn(lambda s: len(s) < 6, pure=True, name="short")
     loop = outlines.while_loop(short, lambda s: s + tail(outlines.constant("xy")), init=outlines.constant("a"),
@@ -213,9 +213,9 @@ def _entry_points(steps: list[tuple[str, int, int]], copies: int) -> dict[str, A
 @example(dag=([("cond", -1, -1), ("llm", 0, 0)], 1))  # a stacked cond's outputs: its members' along a new axis
 def test_stacked_equals_flat_through_every_entry_point(dag: Any) -> None:
     steps, copies = dag
-    with outlines.core.config.tuning(stack_min=10**9):
+    with outlines.common.config.tuning(stack_min=10**9):
         flat = _entry_points(steps, copies)
-    with outlines.core.config.tuning(stack_min=1):
+    with outlines.common.config.tuning(stack_min=1):
         stacked = _entry_points(steps, copies)
     for name in flat:
         assert stacked[name] == flat[name], name

@@ -198,7 +198,7 @@ def test_a_python_step_on_one_branch_is_a_caveat_not_an_exact_prediction() -> No
 @pytest.mark.parametrize("chains", [3, "STACK_MIN"])
 def test_calls_after_an_impure_step_are_a_caveat_unless_eval_stacks_them(chains: Any) -> None:
     """Flat, a slow use splits the calls' batch; stacked over the uses gathered, they go out together."""
-    n = outlines.core.config.Tuning.stack_min if chains == "STACK_MIN" else chains
+    n = outlines.common.config.Tuning.stack_min if chains == "STACK_MIN" else chains
     recording = RecordingBackend(answer)
     llm = recording.model()
 
@@ -210,7 +210,7 @@ def test_calls_after_an_impure_step_are_a_caveat_unless_eval_stacks_them(chains:
 
     outs = [llm(step(llm(outlines.constant(f"q{i}")))) for i in range(n)]
     explained = outlines.explain(*outs, cache=False)
-    stacked = n >= outlines.core.config.Tuning.stack_min
+    stacked = n >= outlines.common.config.Tuning.stack_min
     assert len(explained.batches) == 2 and explained.batching_exact == stacked
     assert len(explained.timing_dependent) == (0 if stacked else n)
     outlines.eval(*outs, cache=False)

@@ -20,7 +20,7 @@ from outlines import models
 from outlines.backends.jobs import Backoff, job_client
 from outlines.cache import Cache
 from outlines.cache.ledger import Ledger
-from outlines.core.errors import Failure, JobsRunning, NodeError
+from outlines.common.errors import Failure, JobsRunning, NodeError
 from outlines.runtime.jobs import Jobs
 from tests.fixtures.fake_batches import FakeBatches, FakeClock, JobPlan
 

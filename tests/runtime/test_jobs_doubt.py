@@ -24,7 +24,7 @@ from outlines.draws import Draw, DrawColumns
 from outlines.backends.jobs import job_client
 from outlines.cache import Cache, draw_keys
 from outlines.cache.ledger import Ledger
-from outlines.core.errors import JobsRunning, NodeError
+from outlines.common.errors import JobsRunning, NodeError
 from tests.fixtures.fake_batches import FakeBatches, FakeClock, JobPlan, Made
 from tests.fixtures.fake_openai import Status
 from tests.runtime.test_jobs import CREATE, PROVIDERS, _draws, cache, clock, jobs, model, reply, server

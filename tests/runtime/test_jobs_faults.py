@@ -16,7 +16,7 @@ from aiohttp import web
 
 import outlines
 from outlines.cache import Cache, draw_keys
-from outlines.core.errors import Failure, NodeError
+from outlines.common.errors import Failure, NodeError
 from tests.fixtures.fake_batches import FakeBatches, FakeClock, JobPlan
 from tests.fixtures.fake_openai import OK, Action, Malformed, Status
 from outlines.runtime.jobs import Jobs

@@ -23,7 +23,7 @@ import outlines
 from outlines import models
 from outlines.cache import Cache
 from outlines.cache.ledger import Ledger
-from outlines.core.errors import JobsRunning
+from outlines.common.errors import JobsRunning
 from outlines.runtime.jobs import Jobs
 from tests.fixtures.fake_batches import FakeBatches, FakeClock
 from tests.fixtures.jobs_race import PROMPTS, STEPS, Racer

@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 import outlines
 from outlines import models
-from outlines.core.errors import GraphBuildError
+from outlines.common.errors import GraphBuildError
 from outlines.graph.basic import Apply, Constant, Op, Variable
 from outlines.graph.ops import Concat, Stack, broadcast_map
 from outlines.graph.traits import Run, Traits

@@ -18,12 +18,12 @@ from hypothesis import strategies as st
 
 import outlines
 from outlines import models
-from outlines.core.errors import Failure, NodeError
+from outlines.common.errors import Failure, NodeError
 from outlines.graph.ops import Concat, Index
 from outlines.runtime.plan import Plan
 from tests.fixtures.recording import RecordingBackend
 
-N = outlines.core.config.Tuning.stack_min + 3
+N = outlines.common.config.Tuning.stack_min + 3
 
 
 class _Numbered(RecordingBackend):
@@ -124,7 +124,7 @@ def test_the_stacked_plan_computes_exactly_what_the_flat_plan_does(
         plan = Plan(outs, stack_min=stack_min)
         if stack_min == 1:
             event(f"{len(plan.members)} stacked node(s)")
-        with outlines.core.config.tuning(stack_min=stack_min):  # what outlines.eval plans with
+        with outlines.common.config.tuning(stack_min=stack_min):  # what outlines.eval plans with
             values = [_plain(v) for v in outlines.eval(*outs, cache=False)]
         steps = {key: count for key, count in counted.calls.items() if key[0] != "model"}
         prompts = sorted({key[1] for key in counted.calls if key[0] == "model"})

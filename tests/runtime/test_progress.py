@@ -30,7 +30,7 @@ class Screen(io.StringIO):
 
 @pytest.fixture
 def fast() -> Iterator[None]:
-    with outlines.core.config.tuning(progress_refresh=0.005):
+    with outlines.common.config.tuning(progress_refresh=0.005):
         yield
 
 
@@ -75,7 +75,7 @@ def test_a_log_gets_a_start_and_an_end_line_only(monkeypatch: pytest.MonkeyPatch
 
 
 def test_a_log_line_at_most_every_log_every_seconds(monkeypatch: pytest.MonkeyPatch, fast: None) -> None:
-    with outlines.core.config.tuning(progress_log_every=0.05):
+    with outlines.common.config.tuning(progress_log_every=0.05):
         text = _run(monkeypatch, tty=False, delay=0.06, progress=True)
     lines = text.splitlines()
     assert 3 <= len(lines) <= 8  # ~0.25 s of work: a handful of lines, not one per redraw (~50)
@@ -104,7 +104,7 @@ def test_no_progress_with_progress_false(monkeypatch: pytest.MonkeyPatch, fast: 
 
 
 def test_automatic_progress_only_for_long_evaluations(monkeypatch: pytest.MonkeyPatch, fast: None) -> None:
-    with outlines.core.config.tuning(progress_auto_delay=0.04):
+    with outlines.common.config.tuning(progress_auto_delay=0.04):
         assert _run(monkeypatch, tty=False, delay=0.0) == ""
         assert "12/12 draws" in _run(monkeypatch, tty=False, delay=0.05)
 

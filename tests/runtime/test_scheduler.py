@@ -347,7 +347,7 @@ def test_a_blocking_step_in_the_pool_keeps_the_cache_writer_waiting() -> None:
     import threading
     import time
 
-    from outlines.core.threads import FOREGROUND
+    from outlines.common.threads import FOREGROUND
 
     seen: list[tuple[bool, bool]] = []
 

@@ -17,12 +17,12 @@ from hypothesis import strategies as st
 import outlines
 from outlines import models
 from outlines.cache import Cache
-from outlines.core.errors import Failure, GraphBuildError, NodeError
+from outlines.common.errors import Failure, GraphBuildError, NodeError
 from outlines.runtime import plan as plan_module
 from outlines.runtime.plan import Plan
 from tests.fixtures.recording import RecordingBackend
 
-STACK_MIN = outlines.core.config.Tuning.stack_min
+STACK_MIN = outlines.common.config.Tuning.stack_min
 N = STACK_MIN + 22
 
 
@@ -33,7 +33,7 @@ def _own_state(fresh_state: Any) -> None:
 
 def stacking(stack: bool) -> None:
     """Evaluations from now on stack families as usual (``stack``), or never."""
-    outlines.core.config.set_tuning(stack_min=STACK_MIN if stack else 10**9)
+    outlines.common.config.set_tuning(stack_min=STACK_MIN if stack else 10**9)
 
 
 def chains(llm: Any, n: int = N, depth: int = 3, prefix: str = "Q") -> list[Any]:
@@ -598,7 +598,7 @@ def test_stacked_loops_count_and_fail_the_elements_max_iter_stopped_per_loop(
         llm = _Numbered(name="limited").model(temperature=0.7)
         first = llm(outlines.constant("x")).owner.order
         outs = _loops(llm, N, max_iter=1, on_max_iter=on_max_iter, cond=_FEW)
-        plan = Plan(outs, stack_min=outlines.core.config.current_tuning().stack_min)
+        plan = Plan(outs, stack_min=outlines.common.config.current_tuning().stack_min)
         assert sum(node.op.traits.run == "control" for node in plan.nodes) == (1 if stack else N)
         with outlines.trace() as trace:
             values = outlines.eval(*outs, cache=False, errors="return")

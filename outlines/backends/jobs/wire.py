@@ -27,7 +27,7 @@ from outlines.backends.hosted import HostedBackend
 from outlines.backends.http import HTTPClient
 from outlines.backends.jobs.base import JobLimits, JobLine, JobStatus, LineResult
 from outlines.backends.retry import retry_delay, should_retry
-from outlines.core.labels import shorten
+from outlines.common.labels import shorten
 
 __all__ = ["CLOCK_SKEW", "WireJobs", "create_once", "get_json", "jsonl", "mapping", "number", "path_segment"]
 

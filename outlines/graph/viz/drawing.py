@@ -7,7 +7,7 @@ its consumers show it as an argument line. Where known, a node shows its
 output's shape. With a ``Trace``, each node
 also carries what happened when it ran: time, batches, cache, the first line of
 its error. Every walk is iterative, and every piece of text passes a redactor
-(``outlines.core.labels.redactor``: each model node's backend redacts its own
+(``outlines.common.labels.redactor``: each model node's backend redacts its own
 secrets), so no API key reaches a picture. The writers live in ``writers``.
 """
 from __future__ import annotations
@@ -22,7 +22,7 @@ from outlines.graph.control import Cond, Subgraph, WhileLoop
 from outlines.graph.protocols import model_call
 from outlines.graph.traits import Run
 from outlines.graph.traversal import ancestors, toposort
-from outlines.core.labels import redactor, shorten
+from outlines.common.labels import redactor, shorten
 
 __all__ = ["Drawing", "DrawnNode", "describe", "first_line", "structure_keys"]
 

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any, Mapping
 
 from outlines.graph.viz.drawing import FAILED_LINE, PALETTE
-from outlines.core.labels import hide_keys, shorten
+from outlines.common.labels import hide_keys, shorten
 
 __all__ = ["timeline_html", "timeline_svg", "write_timeline"]
 
@@ -57,7 +57,7 @@ def backend_label(backend: str | None, labels: Mapping[str, str] | None = None) 
     """The lane name of a trace's backend: the label the backend gave (``labels``), no URL.
 
     A trace records each backend's ``repr`` and, beside it, the label the
-    backend gives itself (``Trace.labels``, from ``outlines.core.labels.label_of``).
+    backend gives itself (``Trace.labels``, from ``outlines.common.labels.label_of``).
     A repr with no label (a trace built by hand) is shown as its class name
     without ``Backend`` and its first field only, since later fields (a base
     URL) may say where it runs.

@@ -13,7 +13,7 @@ import os
 import shutil
 from typing import Any, Mapping
 
-from outlines.core.errors import install_hint
+from outlines.common.errors import install_hint
 from outlines.graph.basic import Variable
 from outlines.graph.viz.drawing import FAILED_FILL, FAILED_LINE, PALETTE, Drawing, DrawnNode, describe
 

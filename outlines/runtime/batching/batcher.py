@@ -40,8 +40,8 @@ from outlines.backends.base import Backend, BackendError, BatchReport
 from outlines.draws import DrawColumns
 from outlines.draws.packing import full_batches
 from outlines.backends.constraints import generate_valid
-from outlines.core.threads import FOREGROUND
-from outlines.core.errors import Failure, JobsRunning
+from outlines.common.threads import FOREGROUND
+from outlines.common.errors import Failure, JobsRunning
 from outlines.graph.basic import Apply
 from outlines.graph.ops import all_text
 from outlines.graph.protocols import ModelCall, model_call

@@ -129,7 +129,7 @@ def test_a_prompt_element_that_is_not_text_fails_alone_and_the_others_are_sent(f
 
     import outlines
     from outlines import models
-    from outlines.core.errors import Failure, NodeError
+    from outlines.common.errors import Failure, NodeError
 
     m = models.openai("m", base_url=fake_openai.base_url, api_key="sk-test", max_tokens=3)
     q = outlines.string("q")

@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 
 import outlines
 from outlines.cache import Cache
-from outlines.core.errors import NodeError
+from outlines.common.errors import NodeError
 from outlines.runtime.plan import Plan
 from outlines.runtime.scheduler import schedule
 from outlines.runtime.session import DRAW_SHIFT, TAG_BITS, Evaluation, Options

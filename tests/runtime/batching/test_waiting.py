@@ -10,7 +10,7 @@ import pytest
 
 import outlines
 from outlines.cache import Cache
-from outlines.core.errors import Failure
+from outlines.common.errors import Failure
 from outlines.runtime.batching.waiting import Wait, Waiters
 from tests.fixtures.recording import RecordingBackend
 
@@ -105,7 +105,7 @@ def _run_graph(build: str, tmp_path: Path, how: str, monkeypatch: pytest.MonkeyP
 
     observed = []
     for values in (prompts, prompts + ["new1", "new2"], prompts + ["new1", "new2"]):  # cold, partly warm, warm
-        with outlines.trace() as trace, outlines.core.config.tuning(peek_min=peek_min):
+        with outlines.trace() as trace, outlines.common.config.tuning(peek_min=peek_min):
             errors = "return" if build == "failing" else "raise"
             results = outlines.eval(*graph(values), cache=cache, errors=errors)
         cache.flush()

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from outlines.core.errors import install_hint
+from outlines.common.errors import install_hint
 from tests.fixtures.subprocesses import python_env
 
 ROOT = Path(__file__).resolve().parents[2]

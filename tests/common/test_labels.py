@@ -1,7 +1,7 @@
-"""outlines.core.labels: one-line text, hidden keys, and what a picture asks of a thing it names."""
+"""outlines.common.labels: one-line text, hidden keys, and what a picture asks of a thing it names."""
 from __future__ import annotations
 
-from outlines.core.labels import Shown, hide_keys, hide_secrets, label_of, redactor, shorten
+from outlines.common.labels import Shown, hide_keys, hide_secrets, label_of, redactor, shorten
 
 
 class Named:

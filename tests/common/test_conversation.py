@@ -1,4 +1,4 @@
-"""outlines.core.conversation: the conversation value, and the messages a backend sends for a prompt."""
+"""outlines.common.conversation: the conversation value, and the messages a backend sends for a prompt."""
 from __future__ import annotations
 
 import pickle
@@ -6,7 +6,7 @@ import pickle
 import pytest
 
 from outlines import chat
-from outlines.core.conversation import Conversation, as_conversation, messages_of
+from outlines.common.conversation import Conversation, as_conversation, messages_of
 
 
 def test_a_conversation_is_canonical_hashable_text() -> None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from outlines.core.keys import canonical, normalize
+from outlines.common.keys import canonical, normalize
 
 
 def test_normalize_makes_equal_content_equal_data() -> None:

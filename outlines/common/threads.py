@@ -21,7 +21,7 @@ import threading
 from concurrent.futures import Executor, Future
 from typing import Any, Callable, TypeVar
 
-from outlines.core.config import current_tuning
+from outlines.common.config import current_tuning
 
 __all__ = [
     "FOREGROUND", "MAX_THREADS", "DaemonPool", "Foreground", "WatchedSelector", "pool",
@@ -44,7 +44,7 @@ class DaemonPool(Executor):
     raised ``KeyboardInterrupt``. Here a call still running at exit is
     abandoned: nothing it would have returned could reach anyone. Workers
     start on demand, at most ``max_workers``, take the calls in order,
-    and end after ``thread_idle_seconds`` without one (``outlines.core.config.Tuning``:
+    and end after ``thread_idle_seconds`` without one (``outlines.common.config.Tuning``:
     the process-wide value, read as each worker starts to wait).
     """
 
@@ -129,7 +129,7 @@ class Foreground:
     binding rows hold the GIL, so a cache writer busy beside a burst would
     take turns with it every few milliseconds; it checks here between chunks
     and waits (at most ``thread_patience`` seconds a chunk, so it is never starved:
-    ``outlines.core.config.Tuning``, the process-wide value)
+    ``outlines.common.config.Tuning``, the process-wide value)
     until the bursts end. Entries nest: the signal is idle when every
     ``with`` has exited.
     """

@@ -1,4 +1,4 @@
-"""outlines.core.threads: the shared pool, and the signal that an event loop is busy."""
+"""outlines.common.threads: the shared pool, and the signal that an event loop is busy."""
 from __future__ import annotations
 
 import asyncio
@@ -10,8 +10,8 @@ from typing import Any
 
 import pytest
 
-from outlines.core import threads
-from outlines.core.config import set_tuning
+from outlines.common import threads
+from outlines.common.config import set_tuning
 
 
 def test_blocking_calls_run_in_the_shared_pool() -> None:

@@ -1,4 +1,4 @@
-"""outlines.core.config: the process state, tuning values as options, the default executor."""
+"""outlines.common.config: the process state, tuning values as options, the default executor."""
 from __future__ import annotations
 
 import asyncio
@@ -9,7 +9,7 @@ import pytest
 
 import outlines
 from outlines import models
-from outlines.core.config import (
+from outlines.common.config import (
     ProcessState, Tuning, current_tuning, process_state, set_executor, set_tuning, tuning, using_process_state,
 )
 from outlines.runtime.executor import LocalExecutor

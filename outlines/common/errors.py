@@ -66,7 +66,7 @@ class GraphBuildError(TypeError):
     ...     '''Q: {{ question }} ({{ style }})'''
     Traceback (most recent call last):
     ...
-    outlines.core.errors.GraphBuildError: prompt ask: the template uses style which is not parameter(s) of ask(question)
+    outlines.common.errors.GraphBuildError: prompt ask: the template uses style which is not parameter(s) of ask(question)
     """
 
 
@@ -85,7 +85,7 @@ class UnboundInputError(KeyError):
     >>> (q + "?").eval()
     Traceback (most recent call last):
     ...
-    outlines.core.errors.UnboundInputError: no value given for input(s): 'question'; pass them in givens={...} (by Variable or by name)
+    outlines.common.errors.UnboundInputError: no value given for input(s): 'question'; pass them in givens={...} (by Variable or by name)
     """
 
     def __init__(self, names: Iterable[str]) -> None:
