@@ -12,16 +12,27 @@ both.
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import os
 import sys
 import time
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 #: The tree whose ``outlines`` package the scripts import.
 ROOT = Path(os.environ.get("OUTLINES_BENCH_TREE") or Path(__file__).resolve().parents[1]).resolve()
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
+
+def example(name: str) -> ModuleType:
+    """``examples/<name>.py`` of the measured tree, loaded as a module (the examples are scripts, not a package)."""
+    spec = importlib.util.spec_from_file_location(name, ROOT / "examples" / f"{name}.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
 
 #: Modules that held the stacking threshold as a module constant (trees up to 141f75c).
 _STACK_MIN_MODULES = ("outlines.runtime.plan",)

@@ -224,18 +224,13 @@ def smollm2_benchmark(runs: int) -> None:
 def accuracy_table(max_k: int = 16) -> None:
     """Greedy vs the majority of the first k of ``max_k`` samples, on the main job's problems."""
     import collections
-    import importlib.util
-    import os
 
+    import _compat  # the measured tree (OUTLINES_BENCH_TREE, default this one) and its examples
     import outlines
     from outlines import models
     from outlines.testing import smollm2_gguf
 
-    here = os.path.dirname(os.path.abspath(__file__))
-    spec = importlib.util.spec_from_file_location("example", os.path.join(here, "..", "examples", "self_consistency.py"))
-    assert spec is not None and spec.loader is not None
-    example = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(example)
+    example = _compat.example("self_consistency")
     llm = models.transformers(smollm2_gguf(), system_prompt=example.SYSTEM, max_tokens=40, temperature=0.7, seed=0)
     question = outlines.string("question")
     greedy = example.parse_answer(llm(question, temperature=0))

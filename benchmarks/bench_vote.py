@@ -178,13 +178,7 @@ def smollm2(runs: int, answer_step: bool) -> None:
 
 def word_problems() -> Any:
     """The main job's module (examples/word_problems.py): its problems, prompt and parser."""
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("word_problems", ROOT / "examples" / "word_problems.py")
-    assert spec is not None and spec.loader is not None
-    example = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(example)
-    return example
+    return _compat.example("word_problems")
 
 
 #: (b): name -> vote settings; the vote that never gives up draws first, the default one replays its prefix
