@@ -1,58 +1,15 @@
 """The fake provider: OpenAI's Batch API and Anthropic's Messages and Message Batches, on 127.0.0.1.
 
-``FakeProvider`` extends ``FakeServer`` (live ``/v1/chat/completions`` and
-``/v1/completions``, scripted faults, ``reply``) with:
-
-- live Anthropic Messages, ``POST /v1/messages`` (``anthropic_url``), answered
-  by the same ``reply``, with the ``x-api-key`` and ``anthropic-version``
-  headers required, and with Anthropic's prompt cache: a request writes the head up to each of its
-  breakpoints (``cache_creation_input_tokens``) once it is answered, and a
-  later request whose head up to one of its block boundaries (within 20 blocks
-  of a breakpoint) was written reads it (``cache_read_input_tokens``); heads
-  shorter than ``cache_min_tokens`` are not cached, as the API documents;
-- OpenAI files and batches: ``POST /v1/files`` (multipart, ``purpose=batch``),
-  ``GET /v1/files/{id}/content``, ``POST /v1/batches``, ``GET /v1/batches``
-  (``limit``, ``after``), ``GET /v1/batches/{id}``, ``POST /v1/batches/{id}/cancel``;
-- Anthropic message batches: ``POST /v1/messages/batches``, ``GET`` one, a
-  list (``limit``, ``after_id``), ``.../results`` (JSONL) and ``.../cancel``.
-
-Jobs run on the server's ``clock``: a ``ScaledClock`` (real time, ``speed``
-times faster), or a ``FakeClock`` that moves only when a test (or the client's
-``wait``) sleeps on it. A job is ``validating`` for ``validate_s``,
-``in_progress`` for ``run_s`` (line ``i`` of ``N`` is done at ``(i + 1) / N``
-of it), ``finalizing`` for ``finalize_s``, then ``completed``; one that
-reaches ``expire_s`` first is ``expired`` and one cancelled is ``cancelling``
-for ``cancel_s`` and then ``cancelled``, both keeping the lines done before.
-Each line is answered once, by the live answering logic
-(``FakeServer.answer``, ``anthropic_answer``); results come in shuffled order
-unless ``shuffle=False``.
-
-Requests are read as the Batch APIs document them (an input file's lines, a
-message batch's envelope, the providers' limits): a refused request is
-answered as the provider answers it (an upload or a create: 400; an input file
-that breaks the format: the job ``failed``; a line whose body the server
-refuses (``refusal``): that line's result is the 400 error, its siblings run)
-and kept in ``refusals``. The test suite plugs the providers' published specs
-into ``refusal``.
-
-Faults: ``plan(JobPlan(...), ...)`` sets the next jobs' timings, a validation
-failure (``fail``: OpenAI's job ends ``failed`` with that reason, Anthropic's
-create answers 400), per-line HTTP errors (``errors={custom_id: status}``,
-their text ``message``) and garbled result lines (``malformed``), results that cannot be read
-(``unreadable``: ``"empty"`` files or body, or ``"absent"``: no output file
-id, no ``results_url``) and jobs that report no counts (``counts=False``);
-``script_route(name, *actions)`` answers the next calls of one route with
-``Status``, ``Malformed``, ``Close``, ``Stall``, ``Lost`` (done, then the
-connection dropped: a create whose answer never arrives) or ``Made`` (done,
-then answered with another action: a create answered by an error body);
-route names are in ``ROUTES``. ``delete(job_id)`` forgets a job (404 after).
-
-Counting: ``counts[route]`` (uploads are ``"files.create"``, creates
-``"batches.create"``/``"message_batches.create"``, polls ``"batches.get"``...),
-``count`` (live requests), ``submitted[custom_id]`` (lines sent in jobs),
-``paid()`` (lines answered successfully so far: what the provider bills) and
-``stats()`` (all of them as numbers; ``GET /stats/batches`` from another
-process).
+``FakeProvider`` extends ``FakeServer`` with live Anthropic Messages (and
+Anthropic's prompt cache: breakpoints written once answered, read within 20
+blocks of a breakpoint, heads under ``cache_min_tokens`` never cached), OpenAI
+files and batches, and Anthropic message batches (the routes: ``ROUTES``,
+``_app``; the states: ``FakeJob.state``, on the server's ``clock``). Requests
+are read as the Batch APIs document them; a refused one is answered as the
+provider answers it and kept in ``refusals`` (the test suite plugs the
+published specs into ``refusal``). ``plan(JobPlan(...))`` scripts the next
+jobs, ``script_route`` the next calls of a route; ``counts``, ``submitted``,
+``paid()`` and ``stats()`` count what happened.
 """
 from __future__ import annotations
 
