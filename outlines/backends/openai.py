@@ -1,48 +1,26 @@
 """OpenAI-compatible backends: chat completions and legacy completions.
 
-Both speak JSON through ``http.HTTPClient`` (sessions, retries, rate limits,
-secrets). The scheduler hands ``generate`` a batch of draws that share
-parameters; draws of the same prompt are grouped and sampled with ``n``.
-Each group (chat) or bucket of groups (completions) is its own request: its
-draws are reported to the batch's ``BatchReport`` as soon as it answers, and a
-failed request fails only its own draws (``report.failure``), never its
-siblings.
-``OpenAICompletionBackend`` sends many prompts in one request (``prompt`` as a
-list; choice ``i`` belongs to prompt ``i // n``). Servers that refuse lists
-(``transformers serve`` answers 400 "prompt must be a string") or ignore ``n``
-are remembered per base URL (``backends.quirks``: for the process and in the
-cache file, so a new process knows them too), said once in a log line, and
-served with one prompt, or one sample, per request from then on. The one
+Both speak JSON through ``http.HTTPClient``. Draws of one prompt are grouped
+and sampled with ``n`` (at most ``MAX_N``); each group (chat) or list of
+groups (completions: choice ``i`` belongs to prompt ``i // n``) is its own
+request, reported to the batch's ``BatchReport`` as soon as it answers, and a
+failed request fails only its own draws. Servers that refuse lists of prompts
+(``transformers serve``: "prompt must be a string") or ignore ``n`` are
+remembered per base URL (``backends.quirks``, in the cache file too), said
+once in a log line and served one prompt, or one sample, per request; the one
 answer of a server that ignored ``n`` is kept as the first sample.
 
-The fields follow OpenAI's published spec (``openai/openai-openapi``):
-``n`` is at most ``MAX_N`` (128; more samples are more requests), chat bounds
-the answer with ``max_completion_tokens`` (``max_tokens`` is deprecated there
-and refused by o-series and GPT-5 models), constraints go in the spec's
-``response_format`` (``wire_constraint``). The ``dialect`` says what else a
-server speaks: ``"openai"`` (OpenAI's API, the default for its host) takes
-the spec's fields only; ``"compatible"`` (vLLM, SGLang, ``transformers
-serve``...) is asked the ``guided_*`` fields first, and gets ``max_tokens``
-once it is known not to take ``max_completion_tokens``. What a server does not
-know is learnt only from a probe (``_probe``): a refusal of one request that
-names a field costs one small request carrying only that field; refused
-too, the field is noted for the model (``backends.quirks``) and the request
-goes again without it; answered, the refusal was that request's own.
+The fields follow OpenAI's published spec (``openai/openai-openapi``); the
+``dialect`` says what else a server speaks (``DIALECTS``). A field a server
+may not know is learnt only from a probe (``_OpenAIBackend._probe``), noted
+for the model in ``backends.quirks``.
 
-Seeds: a group of draws of one prompt whose first draw number is ``d`` is sent
-with ``seed + d`` (and sample ``j`` of a split group with a further ``+ j``),
-so that draws fetched later, or separately, are fresh samples rather than
-replays of the draws already made with the same seed. The spec marks chat's
-``seed`` deprecated but still takes it: it is sent as given; the draws of a
-call stay independent through their draw numbers whether or not a server
-honours it.
-
-Prompt cache: OpenAI caches a prompt's head of 1,024 tokens or more once a
-request carrying it was processed. Requests of a batch that share such a
-head go leader first and the rest once the leader's response starts
-(``backends.warmup``; ``prefix_warmup=False`` turns it off); the cached part
-of each answer's prompt (``usage.prompt_tokens_details.cached_tokens``)
-reaches the batch's report.
+Seeds: a group whose first draw number is ``d`` is sent with ``seed + d``
+(sample ``j`` of a split group: ``+ j`` more), so draws fetched later or
+separately are fresh samples, not replays; the spec marks chat's ``seed``
+deprecated but takes it. Prompt cache: requests sharing a head of 1,024+
+tokens go leader first (``backends.warmup``), and the cached part of each
+prompt (``usage.prompt_tokens_details.cached_tokens``) reaches the report.
 """
 from __future__ import annotations
 
@@ -406,38 +384,14 @@ class _OpenAIBackend(HostedBackend):
 class OpenAICompletionBackend(_OpenAIBackend):
     """Legacy ``/completions``: many prompts per request, ``n`` samples each.
 
-    Parameters
-    ----------
-    model
-        Model name sent to the server.
-    base_url
-        API root (default ``OPENAI_BASE_URL``, else the OpenAI API).
-    api_key
-        Secret key (default ``OPENAI_API_KEY``); never shown, logged or cached.
-    max_batch
-        Draws per request (default 128): whole prompts with all their
-        samples (prompts x ``n``); a prompt with more samples than this goes
-        in pieces of ``max_batch`` samples, each with its own seed.
-    max_concurrency
-        Requests in flight (default 32); lowered for a while after a 429.
-    max_retries
-        Retries of a failed request (default 3).
-    timeout, connect_timeout
-        Seconds allowed between bytes read (default 600) and to connect (10).
-    total_timeout
-        Seconds one request may take from start to its last byte (default
-        ``None``: no bound), so a server that trickles bytes cannot hold it
-        forever; running past it counts as a timeout (retried).
-    rpm, tpm
-        Optional requests- and tokens-per-minute budgets.
-    max_retry_after
-        Longest Retry-After honoured (default 60 s); longer fails at once.
-    headers
-        Extra headers sent with every request.
-    dialect
-        ``"openai"`` (the spec's fields only) or ``"compatible"`` (also
-        vLLM's and SGLang's ``guided_*``); default by host: ``"openai"`` for
-        ``api.openai.com``.
+    Takes the options of ``hosted.HostedBackend`` (defaults: ``max_batch`` 128
+    draws per request, whole prompts with all their samples, a prompt with
+    more samples going in pieces of ``max_batch``, each with its own seed;
+    ``max_concurrency`` 32 requests in flight, lowered for a while after a
+    429; ``max_retries`` 3; ``timeout`` 600 s, ``connect_timeout`` 10 s,
+    ``total_timeout`` ``None``; ``max_retry_after`` 60 s) and ``dialect``:
+    ``"openai"`` (the spec's fields only) or ``"compatible"`` (also vLLM's and
+    SGLang's ``guided_*``); default by host: ``"openai"`` for ``api.openai.com``.
 
     Examples
     --------
