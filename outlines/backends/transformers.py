@@ -10,46 +10,27 @@ took 0.049 s in the thread and 0.048 s in a one-process pool, whose start cost
 3-7 s and a second copy of the model; the pool's only gain was a lower worst
 event-loop lag (10 ms against 30 ms). Nothing is pickled per call either.
 
-Batches: requests are grouped by prompt (draws of one prompt become
-``num_return_sequences``), ordered by shared head (``prefix_order``: the
-prompts of one group together, each group shortest first) and split so that
-rows x (longest prompt + new tokens) stays under ``max_batch_tokens``.
-A CUDA out-of-memory error retries the chunk in halves, down to one prompt.
-
-Defaults from the machine: ``dtype`` is the one it computes natively
-(``native_dtype``: bfloat16 on a CPU with AVX512-BF16 or AMX and on a GPU that
-has it, float16 on other GPUs, float32 otherwise), resolved before the first
-batch and part of the repr, the trace and the cache identity; the token budget
-(``max_batch_tokens``) is what the key/value cache may take of the memory free
-once the model is loaded (``_hf_generation.batch_token_budget``), and
-``max_batch`` (the rows of one forward batch, and draws per call) is capped at
-``AUTO_MAX_BATCH`` for the device. On the main job's SmolLM2 (2 cores with
-AVX512-BF16) this is 3.2x the completion tokens/s of float32 in batches of 32
-(benchmarks/bench_transformers_defaults.py).
+Batches: draws of one prompt become ``num_return_sequences``; prompts are
+ordered by shared head (``prefix_order``) and split under ``max_batch_tokens``
+(``plan_chunks``); a CUDA out-of-memory error retries the chunk in halves,
+down to one prompt. The defaults come from the machine (``TransformersBackend``'s
+``dtype``, ``max_batch`` and ``max_batch_tokens``; the resolved dtype is part of
+the repr, the trace and the cache identity): on the main job's SmolLM2
+(2 cores with AVX512-BF16) bfloat16 gives 3.2x the completion tokens/s of
+float32 in batches of 32 (benchmarks/bench_transformers_defaults.py).
 
 Seeds: every sampled token comes from a counter-based stream keyed by
 (seed, prompt, draw number), so a draw's text does not depend on the other
 prompts of its batch. With ``seed=None`` a fresh random salt is used per
-call (samples differ between uncached runs); with an integer seed, the same
-(seed, prompt, draw, params) always gives the same text on the same model,
-device and dtype. ``temperature=0`` is greedy search.
-
-Chat: when the tokenizer has a chat template (and ``chat`` is not ``False``),
-each prompt is rendered as ``apply_chat_template(messages,
-add_generation_prompt=True)``: a plain prompt is one user message, an
-``outlines.chat`` conversation its own messages, with ``system_prompt`` first.
+call; with an integer seed, the same (seed, prompt, draw, params) always gives
+the same text on the same model, device and dtype. ``temperature=0`` is greedy.
 
 Prefix sharing: the draws of one prompt prefill it once and copy its key/value
-cache to each sample; the tokens all prompts of a chunk start with (a chat
-template's system turn) are prefilled once; and each group of its prompts
-that share ``group_min_tokens`` more (a few-shot header: ``prefix.prefix_groups``)
-prefills that head once, several groups per chunk. Rows then hold the common
-head, the group's head and their own tokens, each left-padded
-(``_hf_generation.prefix_layout``). The prompt tokens whose keys and values
-were copied rather than computed are reported as cached (``BatchReport.usage``).
-
-Cancellation: when the awaiting task is cancelled (Ctrl-C), a flag stops the
-generation loop at its next decoding step, so the worker is free at once.
+cache to each sample; a chunk's common head, and each group of its prompts
+that share ``group_min_tokens`` more (``prefix.prefix_groups``), are prefilled
+once (``_hf_generation.prefix_layout``); the tokens copied rather than computed
+are reported as cached (``BatchReport.usage``). Cancelling the awaiting task
+(Ctrl-C) stops the generation loop at its next decoding step.
 """
 from __future__ import annotations
 
