@@ -1,31 +1,21 @@
 """What is known about servers: quirks noted per base URL, remembered across processes.
 
 An OpenAI-compatible server may ignore ``n`` (``transformers serve``), refuse
-a list of prompts, or refuse a request field (``max_completion_tokens``, the
-structured-output fields). A backend notes a quirk the first time a server
-shows it and works around it from then on. A field is refused by a server
-for one model (OpenAI's older models refuse ``json_schema`` outputs), so
-field quirks are noted per ``scope(base_url, model)``; and only a *probe*
-notes one: a request that carries nothing but the field, in a form known to
-be valid, and is refused naming it (``refuses(field)``). A 400 about what one
-request held (a schema a strict mode cannot take, a value too large) is that
-request's, never the server's. Notes of names this version does not know
-(``refuses_constraint_fields``, which an earlier version wrote after any 400
-naming a constraint field, schema errors included) are not trusted: the
-field is probed again when a server refuses it. A
-note is kept for the process (the process state's ``quirks_known``:
-``outlines.common.config.ProcessState``) and written through a ``QuirkStore``, the
-process state's ``quirk_store``: the
-package wires in the default cache's SQLite file (``outlines.cache.quirks``,
-connected in ``outlines/__init__.py``: backends import nothing from the
-cache), so a new process starts knowing it instead of paying to learn it again. A note older than ``MAX_AGE`` seconds (a week) is
-learned again: the port may serve something else by then. With the default
-cache off (``OUTLINES_CACHE=0``, ``outlines.cache.disable()``) notes live in
-memory only, and a cache file that cannot be read or written is skipped the
-same way: a forgotten quirk costs one request to learn, never a wrong answer.
+a list of prompts, or refuse a request field (``FIELDS``). A backend notes a
+quirk the first time a server shows it and works around it from then on.
+Field quirks are noted per ``scope(base_url, model)`` (OpenAI's older models
+refuse ``json_schema`` outputs), and only by a *probe*: a request carrying
+nothing but the field, in a valid form, refused naming it. A 400 about what
+one request held is that request's, never the server's; notes of names this
+version does not know (an older version's) are not trusted.
 
-``known(base_url)`` says what is known (for ``explain`` and users);
-``forget()`` drops every note, here and on disk.
+A note is kept in the process state (``quirks_known``) and written through its
+``quirk_store``: the package wires in the default cache's SQLite file
+(``outlines.cache.quirks``, in ``outlines/__init__.py``: backends import
+nothing from the cache), so a new process starts knowing it. A note older
+than ``MAX_AGE`` (a week) is learned again; with the cache off, or its file
+unusable, notes live in memory only: a forgotten quirk costs one request to
+learn, never a wrong answer.
 """
 from __future__ import annotations
 
@@ -54,7 +44,6 @@ FIELDS = ("max_completion_tokens", "response_format", "guided_choice", "guided_r
 QUIRKS = (IGNORES_N, REFUSES_LISTS, *(f"refuses_{field}" for field in FIELDS))
 #: Seconds a note on disk is trusted.
 MAX_AGE = 7 * 24 * 3600.0
-
 
 
 def refuses(field: str) -> str:
@@ -106,8 +95,7 @@ def use_store(store: QuirkStore | None) -> None:
 
 
 def _store() -> QuirkStore | None:
-    store: QuirkStore | None = process_state().quirk_store
-    return store
+    return process_state().quirk_store
 
 
 def known(base_url: str) -> frozenset[str]:
