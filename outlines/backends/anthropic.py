@@ -5,26 +5,18 @@ The service speaks its own dialect: the key goes in ``x-api-key`` with an
 field (a conversation's system messages join it), ``max_tokens`` is required
 (``DEFAULT_MAX_TOKENS`` when a call sets none), stops are ``stop_sequences``,
 temperatures run from 0 to 1, and there is neither ``n`` nor ``seed``: each
-sample of a prompt is its own request, told apart from its siblings by its
-draw number (part of its cache key), and a ``seed`` stays in the key but is
-not sent. Usage (``input_tokens`` and the prompt-cache counts, ``output_tokens``)
-is reported like OpenAI's (``usage.wire_usage``). Retries follow the shared
-rules (``backends.retry``): 529 "overloaded" is a 5xx, ``retry-after`` and
-``x-should-retry`` are honoured.
+sample is its own request, told apart by its draw number (part of its cache
+key), and a ``seed`` stays in the key but is not sent. Usage is read by
+``usage.wire_usage``; retries follow ``backends.retry`` (529 "overloaded" is
+a 5xx, ``retry-after`` and ``x-should-retry`` are honoured).
 
-Prompt cache: requests of a batch that share a head of at least the model's
-minimum cacheable length (``CACHE_MIN_TOKENS``: 1,024 tokens for most
-models) carry a ``cache_control`` breakpoint where their shared head ends (the
-system text, or a message's text, split into two blocks there), and go leader
-first, the rest once the leader's response starts, as Anthropic's
-documentation advises (``backends.warmup``; ``prefix_warmup=False`` turns
-both off). Usage reports the tokens read from and written to the cache.
-
-Structured outputs are not sent: Anthropic has no field that holds a choice
-list or a pattern, so every constraint is checked on the text and the draw
-asked again when it breaks it, as for any server that ignores constraints
-(``constraints.generate_valid``). ``request_body`` and ``text_of`` are the one
-body builder and parser, shared with Message Batches (``backends.jobs``).
+Prompt cache: requests of a batch that share a head of at least
+``CACHE_MIN_TOKENS`` carry a ``cache_control`` breakpoint where it ends and go
+leader first, as Anthropic's documentation advises (``backends.warmup``;
+``prefix_warmup=False`` turns both off). Structured outputs are not sent (no
+field holds a choice list or a pattern): the text is checked and the draw
+asked again (``constraints.generate_valid``). ``request_body`` and ``text_of``
+are the one body builder and parser, shared with Message Batches (``backends.jobs``).
 """
 from __future__ import annotations
 
