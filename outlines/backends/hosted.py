@@ -1,20 +1,12 @@
 """What every backend of a hosted API shares: options, the client, credentials, token counts.
 
-``HostedBackend`` checks the model name, the base URL and the limits, builds
-the ``http.HTTPClient`` that speaks to the service (sessions, retries, rate
-limits, secrets), keeps a fingerprint of the credentials for equality only
-(never in the identity, a cache key or a repr), and counts prompt tokens with
-the user's tokenizer, tiktoken, or the estimate (``backends.usage``). It
-also plans the warm-up of the service's prompt cache (``backends.warmup``):
-requests of a batch that share a head of at least ``cache_min_tokens`` tokens
-go leader first, the rest when the leader's response starts
-(``prefix_warmup=False`` sends them all at once); while they wait, the
-connections they will use are opened (``opening_connections``). A subclass
-names its service with class attributes: the default base URL, the
-environment variables that may set the URL and the key, how the key is
-sent, and how its cache matches heads. The OpenAI backends
-(``backends.openai``) and Anthropic's (``backends.anthropic``) are its
-subclasses.
+``HostedBackend`` checks its options, builds the ``http.HTTPClient`` that
+speaks to the service, keeps a fingerprint of the credentials for equality
+only (never in the identity, a cache key or a repr), counts prompt tokens
+(``backends.usage``) and plans the warm-up of the service's prompt cache
+(``backends.warmup``), opening the followers' connections while they wait
+(``opening_connections``). A subclass (``backends.openai``,
+``backends.anthropic``) names its service with class attributes.
 """
 from __future__ import annotations
 

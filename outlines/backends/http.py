@@ -1,21 +1,13 @@
 """A small JSON-over-HTTP client for backends: sessions, retries, limits, secrets.
 
 ``HTTPClient`` keeps one aiohttp ``ClientSession`` per event loop, created
-lazily on the running loop and closed by ``aclose``; its connector's limit is
-the backend's ``max_concurrency``, and an ``AIMDLimiter`` per loop lowers the
-requests in flight when the server answers 429. ``post_json`` retries what
-``retry.should_retry`` allows, honours Retry-After up to a cap, spends the
-optional requests/tokens-per-minute budgets, reports each request and the
-token usage to the batch's ``BatchReport`` (holding one of its request permits
-while a request is in flight), and turns every failure into a
-``BackendError`` that never contains the API key. ``request`` sends other
-methods and bodies (GETs, multipart uploads, file downloads: provider batch
-jobs) through the same retries and returns the raw body. Redirects are
-followed here, not by aiohttp, under the policy of ``outlines.backends.urls``:
-307 and 308 only, and a hop to another origin carries no credential of any kind.
-``warmup`` keeps, per loop too, the prompt heads the service was sent to cache
-(``backends.warmup``); ``preconnect`` opens connections ahead of requests that
-must wait (a warm-up's followers), so that once released they only write.
+lazily on the running loop and closed by ``aclose``, and an ``AIMDLimiter``
+per loop that lowers the requests in flight after a 429. ``post_json`` and
+``request`` (other methods and raw bodies: provider batch jobs) retry what
+``retry.should_retry`` allows, spend the ``rpm``/``tpm`` budgets, report to the
+batch's ``BatchReport`` and turn every failure into a ``BackendError`` that
+never contains the API key. Redirects are followed here, not by aiohttp,
+under ``outlines.backends.urls``'s policy.
 """
 from __future__ import annotations
 

@@ -1,23 +1,14 @@
 """Where an HTTP backend's requests may go: base URLs checked, redirects judged, passwords hidden.
 
 ``check_base_url`` accepts an ``http(s)`` URL without credentials and says
-what is wrong with any other, showing the URL through ``redact`` (its
-``user:password@`` replaced by ``***@``) and never chaining the parser's own
-error, which may quote it. ``redirect_target`` is the redirect policy of
-``http.HTTPClient``, which follows redirects itself:
-
-- 307 and 308 keep the method and the body: followed, at most
-  ``MAX_REDIRECTS`` hops per request;
-- 301, 302 and 303 would turn the POST into a GET, which no completion
-  endpoint answers: refused, with an error naming the new address (set
-  ``base_url`` to it);
-- a ``Location`` that is missing, not ``http(s)`` or holds credentials:
-  refused.
-
-A hop to another origin (``same_origin``: scheme, host and port) is sent
-without the API key and without any header the user supplied (``api-key``,
-``OpenAI-Organization``, custom ones): credentials go to the origin they
-were given for, never further, and a later hop back does not restore them.
+what is wrong with any other through ``redact`` (``user:password@`` shown as
+``***@``), never chaining the parser's error, which may quote it.
+``redirect_target`` is ``http.HTTPClient``'s redirect policy: 307 and 308
+(which keep the method and body) are followed, at most ``MAX_REDIRECTS`` hops;
+301, 302 and 303 would turn the POST into a GET and are refused, naming the
+new address. A hop to another origin (``same_origin``) goes without the API
+key and without any header the user supplied, and a later hop back does not
+restore them: credentials go to the origin they were given for, never further.
 """
 from __future__ import annotations
 
