@@ -25,7 +25,7 @@ import os
 import shutil
 import tempfile
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from outlines.testing._provider import FakeProvider, JobPlan
 
@@ -159,8 +159,31 @@ def default_tiny_model_path() -> str:
     >>> default_tiny_model_path().endswith("tiny-gpt2")
     True
     """
-    root = os.environ.get("OUTLINES_CACHE_DIR") or os.path.join(os.path.expanduser("~"), ".cache", "outlines")
-    return os.path.join(root, "tiny-gpt2")
+    return os.path.join(_cache_root(), "tiny-gpt2")
+
+
+def _cache_root() -> str:
+    return os.environ.get("OUTLINES_CACHE_DIR") or os.path.join(os.path.expanduser("~"), ".cache", "outlines")
+
+
+def _write_once(target: Path, marker: str, write: Callable[[Path], None], *, replace: bool = False) -> None:
+    """Write a sibling folder and rename it into place: never half-written, concurrent builders race harmlessly."""
+    target.parent.mkdir(parents=True, exist_ok=True)
+    scratch = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
+    os.chmod(scratch, 0o755)
+    try:
+        write(scratch)
+        try:
+            if target.exists() and replace:
+                shutil.rmtree(target)
+            elif target.exists():
+                target.rmdir()  # an empty folder
+            os.rename(scratch, target)
+        except OSError:
+            if not (target / marker).is_file():  # someone else won the race, or not
+                raise
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
 
 
 def build_tiny_model(path: str | os.PathLike[str] | None = None, *, seed: int = 0, vocab_size: int = 1024) -> str:
@@ -195,22 +218,7 @@ def build_tiny_model(path: str | os.PathLike[str] | None = None, *, seed: int = 
         return str(target)
     if target.exists() and any(target.iterdir()):
         raise FileExistsError(f"{target} is not empty and holds no tiny model; pick another folder")
-    target.parent.mkdir(parents=True, exist_ok=True)
-    # Build in a sibling folder and rename it into place: a crash never leaves
-    # a half-written model, and concurrent builders race harmlessly.
-    scratch = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
-    os.chmod(scratch, 0o755)
-    try:
-        _write_model(scratch, seed, vocab_size)
-        try:
-            if target.exists():
-                target.rmdir()  # empty folder: replace it
-            os.rename(scratch, target)
-        except OSError:
-            if not tiny_model_is_complete(target):  # someone else won the race, or not
-                raise
-    finally:
-        shutil.rmtree(scratch, ignore_errors=True)
+    _write_once(target, MARKER, lambda scratch: _write_model(scratch, seed, vocab_size))
     return str(target)
 
 
@@ -292,8 +300,8 @@ def build_smollm2_folder(path: str | os.PathLike[str] | None = None) -> str:
     >>> folder = build_smollm2_folder()  # doctest: +SKIP
     >>> # then, in a shell: transformers serve <folder> --port 8000
     """
-    root = os.environ.get("OUTLINES_CACHE_DIR") or os.path.join(os.path.expanduser("~"), ".cache", "outlines")
-    target = Path(path if path is not None else os.path.join(root, "smollm2-135m-instruct")).expanduser().absolute()
+    default = os.path.join(_cache_root(), "smollm2-135m-instruct")
+    target = Path(path if path is not None else default).expanduser().absolute()
     if (target / SMOLLM2_MARKER).is_file():
         return str(target)
     gguf_path = smollm2_gguf()
@@ -311,20 +319,11 @@ def build_smollm2_folder(path: str | os.PathLike[str] | None = None) -> str:
         bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
         pad_token_id=tokenizer.pad_token_id, do_sample=True, temperature=1.0, top_p=1.0,
     )
-    target.parent.mkdir(parents=True, exist_ok=True)
-    scratch = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
-    os.chmod(scratch, 0o755)
-    try:
+
+    def write(scratch: Path) -> None:
         model.save_pretrained(scratch)
         tokenizer.save_pretrained(scratch)
         (scratch / SMOLLM2_MARKER).write_text(json.dumps({"source": SMOLLM2_FILE}))
-        try:
-            if target.exists():
-                shutil.rmtree(target)
-            os.rename(scratch, target)
-        except OSError:
-            if not (target / SMOLLM2_MARKER).is_file():
-                raise
-    finally:
-        shutil.rmtree(scratch, ignore_errors=True)
+
+    _write_once(target, SMOLLM2_MARKER, write, replace=True)
     return str(target)

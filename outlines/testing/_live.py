@@ -3,30 +3,21 @@
 ``FakeServer`` serves ``/v1/completions`` and ``/v1/chat/completions`` from
 an aiohttp app on its own event loop in a background thread, so any client
 (a plain script, ``asyncio.run``, ``.eval()``) can talk to it. Every request
-is recorded (path, headers, JSON body) and the peak of requests in flight is
-tracked. Behaviour is scripted per request: ``server.script(Status(429, {...}),
-OK)`` makes the next request get a 429 and the one after it an answer;
-requests beyond the script are answered normally, after ``latency`` seconds.
-Replies echo the prompt (``"<prompt>#<sample>"``) unless ``reply`` says
-otherwise.
-
-A request the server refuses (``refusal``: here only what the fake cannot
-answer; the test suite plugs in the providers' published specs) is answered
-as the provider answers it (its status and error body) and kept in
-``refusals``.
+is recorded and the peak of requests in flight tracked. ``server.script(
+Status(429, {...}), OK)`` scripts the next requests; the others are answered
+after ``latency`` seconds, echoing the prompt (``"<prompt>#<sample>"``) unless
+``reply`` says otherwise. A request ``refusal`` refuses is answered as the
+provider answers it and kept in ``refusals``.
 
 Prompt cache: like OpenAI's, the server caches the head of every prompt it
-has answered, in heads of 1,024 tokens and then 128-token steps, and a prompt
+has answered, in heads of 1,024 tokens and then 128-token steps; a prompt
 that arrives once a cached head is there, and starts with it, is billed that
 head as cached (``usage.prompt_tokens_details.cached_tokens``): requests sent
-together all miss, as they do at OpenAI. A prompt's tokens are its
-words, or what ``tokenizer`` gives when it returns a list of tokens; a
-``tokenizer`` that returns only a count turns the cache off (a count has no
-head). Chat prompts are their messages' tokens, in order, each tagged with
-its message's position and role.
-
-``GET /stats`` (``?reset=1``) reports the request count, peak in flight, and
-the prompt and cached tokens billed, for a client in another process.
+together all miss, as they do at OpenAI. A prompt's tokens are its words, or
+what ``tokenizer`` gives when it returns a list (a count turns the cache off);
+chat prompts are their messages' tokens, each tagged with its message's
+position and role. ``GET /stats`` (``?reset=1``) reports the counts to a
+client in another process.
 """
 from __future__ import annotations
 
