@@ -1,35 +1,21 @@
 """Structured outputs: what a model call may write, checked, parsed and decoded under.
 
-A ``Constraint`` (``outlines.draws.params``: a value below every layer) is
-the canonical form of ``choices=``, ``regex=`` or ``json_schema=``: its kind
-and one string (the choices as a JSON list, the pattern, or the schema as
-canonical JSON, both written by the one key normaliser
-``outlines.common.keys.canonical``). ``make_constraint`` builds and validates it when
-the graph is built; it is part of ``GenerationParams`` (so of cache keys), and
-it knows how to check and parse a finished text.
+``make_constraint`` builds and validates a ``Constraint`` (``outlines.draws.params``)
+when the graph is built. Two ways to obey it. Local models decode under it:
+``TokenMasks`` keeps one xgrammar matcher per constrained row of a batch and
+masks the logits of those rows at every step. After a prompt that ends
+mid-line (``"Text: ... ->"``) a model writes the next word with its leading
+space, as one token (``" food"``): a row under choices or a pattern may then
+start with one space (``Constraint.spaced``), stripped from its text
+(``Constraint.unspaced``); without that, the mask forbids the token the model
+wants and every row drifts to the same label. HTTP servers are asked in their
+own fields (``openai.wire_constraint``, in ``Constraint.json_form``).
 
-Two ways to obey it. Local models decode under it: ``TokenMasks`` keeps one
-xgrammar matcher per constrained row of a batch and masks the logits of those
-rows at every step (rows without a constraint are left alone). After a prompt
-that ends mid-line (``"Text: ... ->"``) a model writes the next word with its
-leading space, as one token (``" food"``): a row under choices or a pattern
-may then start with one space (``Constraint.spaced``), which is stripped from
-its text (``Constraint.unspaced``). Without that, the mask forbids the token
-the model wants and every row drifts to the same label. Every backend's
-texts also go through ``generate_valid``: a draw whose text breaks its
-constraint (a server that ignored it, a local row cut by ``max_tokens``) is
-asked again with a new draw number, a bounded number of times, and then fails
-on its own (``BatchReport.failure``) with a ``ConstraintError`` quoting the
-text; the batch's other draws are kept. A greedy draw (``temperature=0``) is
-never asked again: every attempt would write the same text, so it fails at
-once, saying why.
-
-HTTP servers are asked to obey it in their own fields
-(``openai.wire_constraint``); the form strict structured outputs take is
-``Constraint.json_form`` (one JSON schema with an object root: a choice list,
-a pattern or a schema of another root is wrapped as the property ``value``),
-and ``generate_valid`` reads an answer in that form back (``unwrap``) before
-checking it, so the text cached and returned is the value itself.
+Every backend's texts also go through ``generate_valid``: an answer in
+``json_form`` is read back (``unwrap``), and a draw whose text breaks its
+constraint is asked again with a new draw number, a bounded number of times,
+then fails on its own with a ``ConstraintError`` quoting the text; the batch's
+other draws are kept. A greedy draw is never asked again: it fails at once.
 
 xgrammar was chosen after measuring it against llguidance and outlines-core
 (``benchmarks/bench_constraint_engines.py``): on SmolLM2's 49k-token
