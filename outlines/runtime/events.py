@@ -1,21 +1,14 @@
 """The events of an evaluation: the ``Recorder`` protocol and its one fan-out.
 
-The scheduler, the batcher and the control-flow runner report what happens
-(an evaluation starts and ends, nodes start and finish, batches go out and come
-back, wire requests end, cache hits, loop iterations, provider batch jobs) to ONE recorder: the
-evaluation's (``outlines.runtime.session.Evaluation.recorder``). It is composed
-once, when the evaluation is built, from the listeners that want the events:
-the active trace (``outlines.trace()``), the progress counter, a stream's
-watcher. ``compose`` gives ``NULL`` when nobody listens, the listener itself
-when one does, and a ``FanOut`` that calls each listener in turn otherwise.
-
-A listener derives from ``Listener``, where every event is a no-op, and
-overrides the events it acts on; an event added to ``Recorder`` is added to
-``Listener`` and ``FanOut`` (``tests/runtime/test_events.py`` checks both).
-Batch ids are numbered by the evaluation (``Evaluation.batch_id``), once for
-all its schedules, so events of a loop's iterations need no renumbering.
-``listening`` tells a caller that reports an event once per node whether
-anyone acts on it, so a schedule of 100k nodes skips the calls nobody hears.
+The scheduler, the batcher and the control-flow runner report what happens to
+ONE recorder, the evaluation's (``Evaluation.recorder``), composed once
+(``compose``) from the listeners that want the events: the active trace, the
+progress counter, a stream's watcher. A listener derives from ``Listener``,
+where every event is a no-op, and overrides the events it acts on; an event
+added to ``Recorder`` is added to ``Listener`` and ``FanOut`` too
+(``tests/runtime/test_events.py`` checks both). Batch ids are numbered by the
+evaluation, once for all its schedules; ``listening`` lets a caller that
+reports once per node skip the calls nobody hears (a schedule of 100k nodes).
 """
 from __future__ import annotations
 

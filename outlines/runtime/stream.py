@@ -1,23 +1,13 @@
 """Results as they finish: ``Program.stream`` and ``outlines.as_completed``.
 
-``outlines.as_completed(*variables)`` runs ONE schedule, like ``eval``, and
-hands out each Variable's value as soon as the node computing it finishes
-(a ``Watcher``: one of the listeners the evaluation's recorder is composed of).
-
-``Program.stream(inputs)`` cuts the leading axis of the array inputs into
-chunks and runs one schedule per chunk, all at once on one event loop, all on
-ONE ``Evaluation``: its per-backend bounds, its ``max_concurrency`` permits,
-its cache, executor and budget; its backends are closed once, at the end. Each element of a finished chunk is yielded as ``(index, value)``,
-``index`` being its position along the leading axis. A chunk batches its own
-model calls; the default chunk is the smallest ``max_batch`` of the program's
-models (1 when none sets one), so a stream sends about the requests of one
-``eval``.
-
-Both are a ``Stream``: ``for`` in sync code (the schedule runs on a private
-loop in a helper thread, so it keeps working while the caller handles a
-result, and works inside a running loop such as Jupyter's), ``async for`` on
-the caller's loop. Leaving the iteration early (``break``, an exception,
-``close()``) cancels what is still running; what finished stays cached.
+``as_completed`` runs ONE schedule, like ``eval``, and hands out each value as
+its node finishes (a ``Watcher``: one of the listeners the evaluation's
+recorder is composed of). ``Program.stream`` runs one schedule per chunk of the
+leading axis, all at once on one event loop and ONE ``Evaluation``: its
+bounds, permits, cache, executor and budget; its backends closed once, at the
+end. Both are a ``Stream``: ``for`` in sync code runs the schedule on a private
+loop in a helper thread (so it works inside a running loop such as
+Jupyter's), ``async for`` on the caller's loop.
 """
 from __future__ import annotations
 
