@@ -4,11 +4,8 @@ Providers bill a repeated prompt head at a discount once it is in their cache
 (OpenAI: 1,024+ tokens, automatically; Anthropic: at ``cache_control``
 breakpoints), and a local model computes a head's keys and values once for
 all the rows that start with it. Both need to know which prompts of a batch
-start alike. ``prefix_groups`` answers that: it cuts the radix tree of the
-prompts at depth ``min_head`` and returns its subtrees, each with the length
-of its members' longest common head. Prompts are compared by characters
-(text) or by tokens (lists of token ids, compared as packed bytes so that
-both run at C speed); every prompt lands in exactly one group.
+start alike: ``prefix_groups``. Token ids are compared as packed bytes, so
+text and tokens both run at C speed.
 
 Cost: one short slice and one hash per prompt (the first ``PROBE`` items),
 then a min/max per bucket of prompts that begin alike, and a sort only for a
