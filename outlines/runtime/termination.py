@@ -15,10 +15,7 @@ Python step run on the loop, ``outlines.fn(blocking=False)``, stuck in
 process is still there ``GRACE_SECONDS`` after SIGTERM, a watchdog thread
 waits for the cache writers and ends it by SIGTERM all the same. Steps run
 in the thread pool never hold it back (``outlines.common.threads.DaemonPool``).
-
-An application that installed its own SIGTERM handler (or ignores the
-signal) keeps it: nothing is installed then. A second SIGTERM ends the
-process at once.
+An application's own SIGTERM handler is left alone (``terminating_gracefully``).
 """
 from __future__ import annotations
 
