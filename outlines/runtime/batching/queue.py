@@ -15,10 +15,7 @@ order; its ``waiters`` know who waits for each draw pending or in flight
 ``since`` is when the queue last went from empty to non-empty (its gathering
 window starts then) and ``unready`` counts the plan's model calls on it not
 dispatched yet (while some are, and other work runs, the window may stay
-open). ``take`` empties the queue into one ``DrawColumns``, each prompt's
-samples next to each other and, for a backend that pays for a shared head
-once (``Backend.prefix_min_head``), the prompts of each prefix group next to
-each other (``outlines.draws.packing.prefix_ordered``): what the batcher
+open). ``take`` empties the queue into one ``DrawColumns``: what the batcher
 packs into batches (``outlines.runtime.batching.batches``).
 """
 from __future__ import annotations
