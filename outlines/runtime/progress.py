@@ -5,10 +5,8 @@ for ``progress_auto_delay`` seconds; never with ``progress=False``. The counts c
 the evaluation's events (a ``Counter``, one of the listeners its recorder is
 composed of) and from the schedule's queues (``Progress``): a *draw* is one
 sample of one prompt, done when its batch finished or the cache held it.
-Where it shows depends on the output: in a terminal, one line redrawn every
-``progress_refresh`` seconds; in a log or pipe, a line at the start, at most one every
-``progress_log_every`` seconds, and one at the end; in Jupyter, one HTML block updated in
-place (``IPython.display`` with a ``display_id``; no ipywidgets needed).
+It shows as a ``TerminalView``, a ``LogView`` or, in Jupyter, a ``NotebookView``
+(no ipywidgets needed).
 
 The line says how many draws failed and how many the cache held, and how many
 elements of each loop ran out of iterations (``4 of 15 stopped at
