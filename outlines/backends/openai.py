@@ -129,24 +129,14 @@ class _OpenAIBackend(HostedBackend):
         self.reasoning = REASONING_MODELS.match(self.model) is not None
 
     def requests_for(self, draws: Sequence[Draw]) -> int:
-        """Requests of one call, with what is known of the server (``known_quirks``).
-
-        One per prompt and its samples (chat) or per list of prompts asking
-        the same ``n`` (completions); a server known to ignore ``n`` takes
-        one request per sample, one known to refuse lists one per prompt.
-        """
+        """Requests of one call: one per prompt and its samples, one per sample where ``n`` is ignored."""
         groups, _ = sample_groups(draws)
         ignores_n = quirks.IGNORES_N in self.known_quirks
         return sum(group.n if ignores_n else 1 for group in groups)
 
     def check_params(self, params: GenerationParams) -> None:
-        """The spec's ranges: ``temperature`` 0 to 2, ``top_p`` 0 to 1, penalties -2 to 2, at most 4 stops.
-
-        A reasoning model (``REASONING_MODELS``: o-series, GPT-5 family, not
-        their ``-chat`` snapshots) takes ``temperature`` and ``top_p`` only
-        at their default, 1: OpenAI refuses any other value; o3 and o4-mini
-        take no ``stop``.
-        """
+        """Refuse what the spec refuses: outside ``RANGES``, over ``MAX_STOPS``, ``REASONING_DEFAULTS`` changed
+        on a reasoning model (not its ``-chat`` snapshots), ``stop`` on ``NO_STOP_MODELS``."""
         values = {"temperature": params.temperature, "top_p": params.top_p, **dict(params.extra)}
         if self.reasoning and "-chat" not in self.model:
             for name, default in REASONING_DEFAULTS.items():
