@@ -3,16 +3,10 @@
 Sync callables run in the shared thread pool, async ones on the loop; calls of a
 non-batched callable run concurrently, at most ``max_concurrency`` at a time;
 each call is one request of the batch (it holds one of the evaluation's
-request permits), and succeeds or fails on its own.
-The backend identity holds the function's name and a hash of everything that
-changes its output: its code, and the state it captures (closure variables,
-default arguments, ``functools.partial`` arguments, a bound method's or a
-callable object's attributes, module-level constants it reads), as they are
-when the model is built. Where that state cannot be hashed (a lock, a client,
-any object without a value-like form), the identity holds the object's id
-instead: it groups only with itself, its draws never touch the disk cache, and
-a one-time warning says so (pass ``version=`` to vouch for the function and
-cache it anyway).
+request permits), and succeeds or fails on its own. The backend identity holds
+the function's name and a hash of its code and of the state it captures as
+the model is built (``state_hash``); state that cannot be hashed puts the
+object's id there instead (``models.from_function``'s ``version=`` says what then).
 """
 from __future__ import annotations
 
