@@ -806,8 +806,10 @@ class _Answer(Op):
 
     @staticmethod
     def _one(route: Any, on_error: Any, on_failed_input: Any) -> Any:
-        if isinstance(route, Failure):  # a step of the cascade failed (a bug in parse, say): passed on
-            return on_failed_input(route) if on_failed_input is not None else route
+        if isinstance(route, Failure):  # a step of the cascade failed (a bug in parse, say)
+            if on_failed_input is None:
+                raise _raised(route.root)
+            return on_failed_input(route)
         if route.kept != "failed":
             return route.answer
         failure = route.failure
@@ -1027,13 +1029,13 @@ def cascade(
                               "a rule of the votes, votes -> bool")
     reader = parse or _strip
     prompt = as_variable(prompt, array=True)
-    pending = fn(lambda route: route.kept is None, name="going on", pure=True)
+    pending = fn(lambda route: isinstance(route, Route) and route.kept is None, name="going on", pure=True)
     route: Variable = as_variable(Route())
     for index, (model, k, cap) in enumerate(zip(stages, draws, caps)):
         body = _stage(prompt, model, index, index == count - 1, k, cap, reader, rule, verifier)
         route = _cond(pending(route), body, lambda state: state, (route,), catch=True)
-    spent = fn(lambda route: route.samples, name="samples", pure=True)
-    stage = fn(lambda route: route.stage, name="stage", pure=True)
+    spent = fn(lambda route: route.samples if isinstance(route, Route) else route, name="samples", pure=True)
+    stage = fn(lambda route: route.stage if isinstance(route, Route) else route, name="stage", pure=True)
     return Cascade(_Answer()(route), stage(route), spent(route), route)
 
 
@@ -1053,7 +1055,7 @@ def _stage(prompt: Variable, model: Any, index: int, last: bool, k: int, cap: in
         else:
             loop = _voting_loop(model, prompt, reader, rule, k, cap, None, {})
             outcome = _Outcome(reader, None, True, title)(route, loop.votes)
-        if verifier:
+        if verifier and not last:  # the last model answers whatever a verifier would say
             outcome = _verified(prompt, outcome, rule)
         return advance(route, outcome)
 
