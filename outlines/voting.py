@@ -1033,10 +1033,35 @@ def cascade(
     route: Variable = as_variable(Route())
     for index, (model, k, cap) in enumerate(zip(stages, draws, caps)):
         body = _stage(prompt, model, index, index == count - 1, k, cap, reader, rule, verifier)
-        route = _cond(pending(route), body, lambda state: state, (route,), catch=True)
+        tally = _Tally(index, _model_name(model), index == count - 1)
+        route = _cond(pending(route), body, lambda state: state, (route,), catch=True, tally=tally)
     spent = fn(lambda route: route.samples if isinstance(route, Route) else route, name="samples", pure=True)
     stage = fn(lambda route: route.stage if isinstance(route, Route) else route, name="stage", pure=True)
     return Cascade(_Answer()(route), stage(route), spent(route), route)
+
+
+def _model_name(model: Any) -> str:
+    """How the trace names a stage's model: ``kind:model`` of its backend, else the function's name."""
+    backend = getattr(model, "backend", None)
+    if backend is not None:
+        return f"{backend.kind}:{backend.model_name}"
+    return str(getattr(model, "__name__", None) or repr(model))[:60]
+
+
+class _Tally:
+    """What the elements that reached a stage did, for the trace (``Trace.cascades``)."""
+
+    def __init__(self, index: int, model: str, last: bool) -> None:
+        self.index, self.model, self.last = index, model, last
+
+    def __call__(self, routes: np.ndarray) -> dict[str, Any]:
+        counts = {"stage": self.index, "model": self.model, "reached": int(routes.size), "accepted": 0,
+                  "escalated": 0, "answered": 0, "kept: budget": 0, "failed": 0}
+        for route in routes.reshape(-1):
+            kept = route.kept if isinstance(route, Route) else "failed"
+            key = {None: "escalated", "accepted": "accepted", "last": "answered", "budget": "kept: budget"}.get(kept, "failed")
+            counts[key] += 1
+        return counts
 
 
 def _stage(prompt: Variable, model: Any, index: int, last: bool, k: int, cap: int | None,

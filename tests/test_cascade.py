@@ -74,6 +74,17 @@ def test_each_stage_is_one_batch_over_the_elements_that_reached_it() -> None:
     assert not routes[1].stages[0].decided and routes[1].escalations == 1
 
 
+def test_the_trace_counts_each_stage() -> None:
+    with outlines.trace() as trace:
+        run()
+    first, second = trace.cascades()
+    assert first == {"stage": 0, "model": "recording:small", "reached": 6, "accepted": 3, "escalated": 3,
+                     "answered": 0, "kept: budget": 0, "failed": 0}
+    assert (second["stage"], second["reached"], second["accepted"], second["escalated"]) == (1, 3, 3, 0)
+    assert "cascade stage 0 (recording:small): reached 6, accepted 3, escalated 3" in trace.summary()
+    assert trace.to_dict()["cascades"] == [first, second]
+
+
 def test_nothing_reaches_a_later_model_when_the_first_accepts_everything() -> None:
     (answers, stages, _, _), small, strong = run(["easy 7", "easy 8"])
     assert answers == [7, 8] and stages == [0, 0]
@@ -195,7 +206,10 @@ def test_an_escalation_the_budget_cannot_pay_keeps_the_earlier_answer_and_never_
     assert [r.kept for r in routes] == ["accepted", "budget"] * 3
     assert all(r.stage == 0 and isinstance(r.stages[1], Failure) for r in routes[1::2])
     assert routes[1].stages[1].error_type == "BudgetExceeded"
-    assert trace.cascades()[0]["kept: budget"] == 3
+    first, second = trace.cascades()
+    assert (first["reached"], first["accepted"], first["escalated"]) == (6, 3, 3)
+    assert (second["reached"], second["kept: budget"], second["answered"]) == (3, 3, 0)
+    assert "cascade stage 1 (recording:strong): reached 3, kept: budget 3" in trace.summary()
 
 
 def test_a_budget_that_pays_stage_two_pays_it_whole() -> None:

@@ -368,6 +368,8 @@ async def _run_cond(run: _Runner, node: Apply, op: Cond, inputs: list[Any]) -> A
             await asyncio.gather(*tasks, return_exceptions=True)
             raise
     merged = _merge(node, results, sides, size, len(node.outputs))
+    if op.tally is not None and sides[0].size:  # a counted cond: what the elements of its branch did
+        run.evaluation.recorder.branch_counted(node.label, op.tally(merged[0][sides[0]]))
     for index in np.flatnonzero(failed):
         failure = _first_failure(flat, index).skipped(node.label, op.name)
         for array in merged:
