@@ -912,6 +912,34 @@ def _per_stage(where: str, name: str, value: Any, stages: int, optional: bool = 
     return values
 
 
+def _check_cascade(models: Any, samples: Any, max_samples: Any, accept: Any
+                   ) -> tuple[list[Any], list[int], list[int | None], Callable[..., Any], bool]:
+    """``cascade``'s arguments, checked: the stages, samples and caps per stage, the rule, whether it is a verifier.
+
+    Raises ``GraphBuildError`` for an argument it cannot run with (see ``cascade``).
+    """
+    stages = list(models) if isinstance(models, (list, tuple)) else None
+    where = f"cascade({len(stages)} model(s))" if stages is not None else "cascade"
+    if not stages:
+        raise GraphBuildError(f"{where}: models must be a non-empty list of models, cheapest first; got {models!r:.60}")
+    count = len(stages)
+    draws = _per_stage(where, "samples", samples, count)
+    caps = _per_stage(where, "max_samples", max_samples, count, optional=True)
+    for stage, (k, cap) in enumerate(zip(draws, caps)):
+        if cap is not None and cap % k:
+            raise GraphBuildError(f"{where}: stage {stage} draws samples={k} at a time; max_samples={cap} is not a "
+                                  f"multiple of it")
+    rule = unanimous if accept is None else accept
+    if not callable(rule):
+        raise GraphBuildError(f"{where}: accept must be a function, votes -> bool (or a verifier, (prompt, answer) -> "
+                              f"bool), got {type(rule).__name__} {rule!r:.60}")
+    verifier = _arity(rule) == 2
+    if verifier and any(cap is not None for cap in caps):
+        raise GraphBuildError(f"{where}: a verifier accept (prompt, answer) decides once per stage; max_samples needs "
+                              "a rule of the votes, votes -> bool")
+    return stages, draws, caps, rule, verifier
+
+
 def cascade(
     prompt: Any,
     models: Any,
@@ -927,22 +955,16 @@ def cascade(
     draws, parsed into answers; where ``accept`` holds the element keeps
     that stage's majority, and the others (with those whose stage failed:
     an error, or no sample parsed) go to the next model, and so on; the
-    last model always answers. Each stage is one ``outlines.cond`` whose
-    branch holds only the elements that reached it: ONE batched call per
-    backend per stage (one round of jobs under ``jobs=``), cached and
-    resumable like any call; nothing is sent to a later model for an
-    element accepted earlier. FrugalGPT and AutoMix are cascades of this
-    kind; RouteLLM calibrates the threshold of its rule on labelled data.
-
-    Failures: a stage that fails for an element escalates it; only the
-    last stage's failure is the element's (a ``Failure`` under
-    ``errors="return"``; under ``errors="raise"`` the evaluation raises a
-    ``NodeError`` naming the failed node). Budgets: under
-    ``eval(..., budget=Budget(cost=...))`` a cascade never raises for lack
-    of money after its first stage: an escalation the budget cannot pay is
-    skipped, and the element keeps the earlier stage's answer
-    (``Route.kept == "budget"``). The trace still lists the failures of the
-    stages it escalated past.
+    last model always answers. Each stage is one ``outlines.cond`` over
+    the elements that reached it: ONE batched call per backend per stage
+    (one round of jobs under ``jobs=``), cached and resumable; nothing goes
+    to a later model for an element accepted earlier (FrugalGPT, AutoMix).
+    A stage that fails for an element escalates it; only the last stage's
+    failure is the element's (a ``Failure`` under ``errors="return"``, else
+    a ``NodeError`` naming the failed node). Under ``budget=`` a cascade
+    never raises for lack of money after its first stage: an escalation the
+    budget cannot pay is skipped and the element keeps the earlier answer
+    (``Route.kept == "budget"``). ``Trace.cascades()`` counts each stage.
 
     Parameters
     ----------
@@ -976,18 +998,15 @@ def cascade(
         that fails rejects. Default: ``unanimous`` (every sample parsed and
         all equal).
     max_samples
-        ``None`` (default): each stage draws ``samples`` once. An integer
-        (or one per stage, ``None`` for a stage that draws once): the most
-        a stage draws, a multiple of its ``samples``.
+        ``None`` (default): each stage draws ``samples`` once. Else the most
+        a stage draws (one for all, or per stage; ``None``: draws once).
 
     Returns
     -------
     Cascade
         ``(answer, stage, samples, route)``: Variables of the prompt's
-        shape. ``answer`` is the result; ``route`` holds each element's
-        ``Route`` (the ``Votes`` of every stage it reached and why it kept
-        its answer), ``stage`` which model answered, ``samples`` what it
-        drew.
+        shape; ``route`` holds each element's ``Route`` (the ``Votes`` of
+        every stage it reached, and why it kept its answer).
 
     Raises
     ------
@@ -1008,25 +1027,8 @@ def cascade(
     >>> answer.tolist(), stage.tolist()
     ([4, 5], [0, 1])
     """
-    stages = list(models) if isinstance(models, (list, tuple)) else None
-    where = f"cascade({len(stages)} model(s))" if stages is not None else "cascade"
-    if not stages:
-        raise GraphBuildError(f"{where}: models must be a non-empty list of models, cheapest first; got {models!r:.60}")
+    stages, draws, caps, rule, verifier = _check_cascade(models, samples, max_samples, accept)
     count = len(stages)
-    draws = _per_stage(where, "samples", samples, count)
-    caps = _per_stage(where, "max_samples", max_samples, count, optional=True)
-    for stage, (k, cap) in enumerate(zip(draws, caps)):
-        if cap is not None and cap % k:
-            raise GraphBuildError(f"{where}: stage {stage} draws samples={k} at a time; max_samples={cap} is not a "
-                                  f"multiple of it")
-    rule = unanimous if accept is None else accept
-    if not callable(rule):
-        raise GraphBuildError(f"{where}: accept must be a function, votes -> bool (or a verifier, (prompt, answer) -> "
-                              f"bool), got {type(rule).__name__} {rule!r:.60}")
-    verifier = _arity(rule) == 2
-    if verifier and any(cap is not None for cap in caps):
-        raise GraphBuildError(f"{where}: a verifier accept (prompt, answer) decides once per stage; max_samples needs "
-                              "a rule of the votes, votes -> bool")
     reader = parse or _strip
     prompt = as_variable(prompt, array=True)
     pending = fn(lambda route: isinstance(route, Route) and route.kept is None, name="going on", pure=True)
