@@ -825,12 +825,11 @@ def _raised(failure: Failure) -> NodeError:
     (its message; the figures are in the message).
     """
     if failure.error_type == "BudgetExceeded":
-        refusal = BudgetExceeded.__new__(BudgetExceeded)
+        refusal = BudgetExceeded.__new__(BudgetExceeded)  # its figures are in its message: the rest is unknown here
         RuntimeError.__init__(refusal, failure.message)
-        refusal.message = failure.message
-        refusal.node, refusal.op, refusal.cause = failure.node, failure.op, refusal
-        refusal.budget = refusal.spent_tokens = refusal.spent_cost = None
-        refusal.needed_tokens = refusal.needed_cost = refusal.backend = refusal.draws = None
+        vars(refusal).update(message=failure.message, node=failure.node, op=failure.op, cause=refusal, budget=None,
+                             spent_tokens=None, spent_cost=None, needed_tokens=None, needed_cost=None, backend=None,
+                             draws=None)
         return refusal
     kind = getattr(builtins, failure.error_type, None)
     try:  # the builtin exception it was (most are), with its message; else a RuntimeError naming its type
@@ -1035,7 +1034,7 @@ def cascade(
     route: Variable = as_variable(Route())
     for index, (model, k, cap) in enumerate(zip(stages, draws, caps)):
         body = _stage(prompt, model, index, index == count - 1, k, cap, reader, rule, verifier)
-        tally = _Tally(index, _model_name(model), index == count - 1)
+        tally = _Tally(index, _model_name(model))
         route = _cond(pending(route), body, lambda state: state, (route,), catch=True, tally=tally)
     spent = fn(lambda route: route.samples if isinstance(route, Route) else route, name="samples", pure=True)
     stage = fn(lambda route: route.stage if isinstance(route, Route) else route, name="stage", pure=True)
@@ -1053,16 +1052,17 @@ def _model_name(model: Any) -> str:
 class _Tally:
     """What the elements that reached a stage did, for the trace (``Trace.cascades``)."""
 
-    def __init__(self, index: int, model: str, last: bool) -> None:
-        self.index, self.model, self.last = index, model, last
+    #: ``Route.kept`` -> the count it adds to.
+    COUNTS = {None: "escalated", "accepted": "accepted", "last": "answered", "budget": "kept: budget"}
+
+    def __init__(self, index: int, model: str) -> None:
+        self.index, self.model = index, model
 
     def __call__(self, routes: np.ndarray) -> dict[str, Any]:
-        counts = {"stage": self.index, "model": self.model, "reached": int(routes.size), "accepted": 0,
-                  "escalated": 0, "answered": 0, "kept: budget": 0, "failed": 0}
+        counts: dict[str, Any] = {"stage": self.index, "model": self.model, "reached": int(routes.size)}
+        counts.update(dict.fromkeys(("accepted", "escalated", "answered", "kept: budget", "failed"), 0))
         for route in routes.reshape(-1):
-            kept = route.kept if isinstance(route, Route) else "failed"
-            key = {None: "escalated", "accepted": "accepted", "last": "answered", "budget": "kept: budget"}.get(kept, "failed")
-            counts[key] += 1
+            counts[self.COUNTS.get(route.kept, "failed") if isinstance(route, Route) else "failed"] += 1
         return counts
 
 
