@@ -917,6 +917,11 @@ def _per_stage(where: str, name: str, value: Any, stages: int, optional: bool = 
     return values
 
 
+def _field(name: str) -> Any:
+    """An ``outlines.fn`` reading one attribute of each element's ``Route`` (a failed step's ``Failure`` passed on)."""
+    return fn(lambda route: getattr(route, name) if isinstance(route, Route) else route, name=name, pure=True)
+
+
 def _check_cascade(models: Any, samples: Any, max_samples: Any, accept: Any
                    ) -> tuple[list[Any], list[int], list[int | None], Callable[..., Any], bool]:
     """``cascade``'s arguments, checked: the stages, samples and caps per stage, the rule, whether it is a verifier.
@@ -1038,13 +1043,12 @@ def cascade(
     prompt = as_variable(prompt, array=True)
     pending = fn(lambda route: isinstance(route, Route) and route.kept is None, name="going on", pure=True)
     route: Variable = as_variable(Route())
+    group = object()  # shared by the stages of this cascade (explain ranges its cost)
     for index, (model, k, cap) in enumerate(zip(stages, draws, caps)):
         body = _stage(prompt, model, index, index == count - 1, k, cap, reader, rule, verifier)
-        tally = _Tally(index, model)
+        tally = _Tally(group, index, model)
         route = _cond(pending(route), body, lambda state: state, (route,), catch=True, tally=tally)
-    spent = fn(lambda route: route.samples if isinstance(route, Route) else route, name="samples", pure=True)
-    stage = fn(lambda route: route.stage if isinstance(route, Route) else route, name="stage", pure=True)
-    return Cascade(_Answer()(route), stage(route), spent(route), route)
+    return Cascade(_Answer()(route), _field("stage")(route), _field("samples")(route), route)
 
 
 def _model_name(model: Any) -> str:
@@ -1061,8 +1065,8 @@ class _Tally:
     #: ``Route.kept`` -> the count it adds to.
     COUNTS = {None: "escalated", "accepted": "accepted", "last": "answered", "budget": "kept: budget"}
 
-    def __init__(self, index: int, model: Any) -> None:
-        self.index, self.model = index, _model_name(model)
+    def __init__(self, group: object, index: int, model: Any) -> None:
+        self.group, self.index, self.model = group, index, _model_name(model)
         backend = getattr(model, "backend", None)
         self.backend = repr(backend) if backend is not None else None  # the trace's key for its cost
 

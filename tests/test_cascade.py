@@ -445,3 +445,34 @@ def test_calibrate_cascade_counts_draws_where_a_model_has_no_price() -> None:
     calibration = outlines.calibrate_cascade(QUESTIONS, [1, 20, 3, 40, 5, 60], [small.model(), strong.model()],
                                              parse=int, target_accuracy=1.0, samples=(3, 1), cache=False)
     assert calibration.unit == "draws" and calibration.threshold == 1.0 and calibration.cost == 3 + 0.5
+
+
+# -- explain --------------------------------------------------------------------------------------------------------
+def test_explain_ranges_the_cost_from_all_accepted_at_stage_0_to_all_escalated() -> None:
+    small, strong = backends()
+    question = outlines.string("question")
+    result = cascade(question, [small.model(max_tokens=4), strong.model(max_tokens=4)], parse=int, samples=(3, 1))
+    prices = {"small": (1, 1), "strong": (100, 100)}
+    plan = outlines.explain(result.answer, givens={question: QUESTIONS}, cache=False, prices=prices)
+    (estimate,) = plan.cascades
+    assert estimate.elements == 6 and len(estimate.stages) == 2
+    (first,), (second,) = (list(stage.values()) for stage in estimate.stages)
+    assert (first.draws, second.draws) == (18, 6)  # every element at every stage: 3 draws, then 1
+    low, high = estimate.cost
+    assert low == first.cost and high == pytest.approx(first.cost + second.cost, abs=1e-6)
+    assert high > 20 * low  # the strong model is 100x the price for a third of the draws
+    assert f"cost {low:.6g} (all accepted at stage 0) to {high:.6g} (all escalated)" in plan.summary()
+    assert small.batches == [] and strong.batches == []  # a dry run
+    budget = outlines.Budget(cost=high, prices=prices)  # what explain says the worst case costs is enough
+    assert outlines.eval(result.answer, givens={question: QUESTIONS}, cache=False, budget=budget).tolist() == [
+        1, 20, 3, 40, 5, 60]
+
+
+def test_explain_ranges_a_voting_stage_from_one_iteration_to_max_samples() -> None:
+    small, strong = backends()
+    result = cascade(QUESTIONS, [small.model(max_tokens=4), strong.model(max_tokens=4)], parse=int, samples=2,
+                     max_samples=(6, None), accept=stop_when_ahead(2))
+    (estimate,) = outlines.explain(result.answer, cache=False).cascades
+    (loop,) = estimate.stage_loops[0]
+    assert loop.max_iter == 3 and [loop.draws(name) for name in loop.iteration] == [(12, 36)]
+    assert estimate.cost is None  # no prices: unknown, not zero

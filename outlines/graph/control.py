@@ -382,7 +382,8 @@ class Cond(_Control):
         #: (an error, a draw the budget refused) holds its ``Failure`` for the graph to read (``outlines.cascade``).
         self.catch = catch
         #: ``tally(outputs of the true branch) -> counts``, reported to the trace after each run
-        #: (``Recorder.branch_counted``): what a cascade stage's elements did.
+        #: (``Recorder.branch_counted``): what a cascade stage's elements did. Its ``group`` (shared by
+        #: the stages of one cascade) and ``index`` (the stage's) let ``explain`` range the cascade's cost.
         self.tally = tally
 
     @property
