@@ -1047,7 +1047,7 @@ def cascade(
     for index, (model, k, cap) in enumerate(zip(stages, draws, caps)):
         body = _stage(prompt, model, index, index == count - 1, k, cap, reader, rule, verifier)
         tally = _Tally(group, index, model)
-        route = _cond(pending(route), body, lambda state: state, (route,), catch=True, tally=tally)
+        route = _cond(pending(route), body, lambda kept: kept, (route,), catch=True, tally=tally)
     return Cascade(_Answer()(route), _field("stage")(route), _field("samples")(route), route)
 
 

@@ -476,3 +476,12 @@ def test_explain_ranges_a_voting_stage_from_one_iteration_to_max_samples() -> No
     (loop,) = estimate.stage_loops[0]
     assert loop.max_iter == 3 and [loop.draws(name) for name in loop.iteration] == [(12, 36)]
     assert estimate.cost is None  # no prices: unknown, not zero
+
+
+def test_pictures_draw_each_stage_with_its_model() -> None:
+    small, strong = backends()
+    result = cascade(QUESTIONS, [small.model(), strong.model()], parse=int)
+    text = outlines.visualize(result.answer, format="ascii")
+    assert "cascade stage 0  recording:small  failures caught" in text
+    assert "cascade stage 1  recording:strong  failures caught" in text
+    assert "cascade stage 0" in outlines.visualize(result.answer, format="mermaid")

@@ -414,6 +414,9 @@ class Cond(_Control):
         return [() if a == () and b == () else None for a, b in zip(*outs)] if len(outs[0]) == noutputs else [None] * noutputs
 
     def describe(self) -> dict[str, Any]:
+        if self.tally is not None:  # a cascade's stage: which, and on which model
+            index, model = getattr(self.tally, "index", "?"), getattr(self.tally, "model", "")
+            return {"kind": "op", "title": f"cascade stage {index}", "lines": [str(model), "failures caught"]}
         if self.catch:
             return {"kind": "op", "title": "cond", "lines": ["failures caught"]}
         return {"kind": "op", "title": "cond"}
