@@ -485,3 +485,23 @@ def test_pictures_draw_each_stage_with_its_model() -> None:
     assert "cascade stage 0  recording:small  failures caught" in text
     assert "cascade stage 1  recording:strong  failures caught" in text
     assert "cascade stage 0" in outlines.visualize(result.answer, format="mermaid")
+
+
+def test_jobs_without_waiting_raise_jobs_running_once_per_stage_and_pay_each_draw_once(provider: Any,
+                                                                                        tmp_path: Path) -> None:
+    from outlines.backends.jobs import Backoff
+    from outlines.common.errors import JobsRunning
+
+    server, clock = provider
+    small = outlines.models.openai("small-model", base_url=server.base_url, api_key="sk-x", max_tokens=4)
+    strong = outlines.models.openai("strong-model", base_url=server.base_url, api_key="sk-x", max_tokens=4)
+    result = cascade(QUESTIONS, [small, strong], parse=int)
+    jobs = Jobs(clock=clock, wait=False, backoff=Backoff(first=1.0, cap=5.0))
+    cache = Cache(tmp_path)
+    for stage in range(2):  # each call collects the last stage's job and submits the next stage's
+        with pytest.raises(JobsRunning):
+            outlines.eval(result.answer, jobs=jobs, cache=cache)
+        assert len(server.jobs) == stage + 1
+        clock.advance(3600)  # the job finishes meanwhile
+    assert outlines.eval(result.answer, jobs=jobs, cache=cache).tolist() == [1, 20, 3, 40, 5, 60]
+    assert len(server.jobs) == 2 and set(server.paid().values()) == {1}

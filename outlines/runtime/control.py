@@ -33,7 +33,7 @@ from typing import Any, Awaitable, Callable, Sequence
 
 import numpy as np
 
-from outlines.common.errors import Failure, MaxIterError, NodeError
+from outlines.common.errors import Failure, JobsRunning, MaxIterError, NodeError
 from outlines.graph.basic import Apply
 from outlines.graph.control import Cond, Subgraph, WhileLoop, traced_nodes, truth
 from outlines.graph.traits import Run
@@ -293,6 +293,8 @@ def _limited(run: _Runner, node: Apply, op: WhileLoop, stopped: np.ndarray, stat
 async def _guarded(run: _Runner, node: Apply, what: str, schedule: Any) -> Any:
     try:
         return await schedule
+    except JobsRunning:
+        raise  # no failure: the evaluation stops while its jobs run on (a call again collects them)
     except NodeError as exc:
         raise NodeError(run.owner(node, exc), f"{node.op.name}, {what}", exc) from exc
 
