@@ -655,6 +655,9 @@ class Route:
     failure
         The ``Failure`` of the last stage it reached, when ``kept == "failed"``.
 
+    A stage's failure that the element escalated past still shows in the
+    trace's errors (it happened), though the element's answer came later.
+
     Examples
     --------
     >>> route = Route((Votes().added(["4", "5"]), Votes().added(["4", "4"])), stage=1, answer="4", kept="accepted")

@@ -85,6 +85,15 @@ def test_the_trace_counts_each_stage() -> None:
     assert trace.to_dict()["cascades"] == [first, second]
 
 
+def test_accepted_says_which_answers_a_stage_accepted_rather_than_the_last_model_gave() -> None:
+    small, strong = backends()
+    scattered = itertools.count(1)
+    last = RecordingBackend(lambda p: str(next(scattered)), name="last")
+    result = cascade(["easy 1", "hard 2"], [small.model(), last.model()], parse=int)
+    accepted, routes = outlines.eval(result.accepted, result.route, cache=False)
+    assert accepted.tolist() == [True, False] and routes[1].kept == "last" and routes[1].answer == 1
+
+
 def test_nothing_reaches_a_later_model_when_the_first_accepts_everything() -> None:
     (answers, stages, _, _), small, strong = run(["easy 7", "easy 8"])
     assert answers == [7, 8] and stages == [0, 0]

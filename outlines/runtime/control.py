@@ -18,6 +18,13 @@ of tags) and each failure named by the element's own loop and traced node
 (the sub-plans' ``members``: ``_Elements``), as the members run one by one
 would; a stacked cond runs its two branches as two schedules side by side.
 
+A cond built with ``catch`` (``outlines.cascade``'s stages) runs its
+branches as if under ``errors="return"`` whatever the evaluation's mode: a
+failed draw (an error, or one the budget refused) is a ``Failure`` value the
+branch's next steps read, not the end of the evaluation; a cond with a
+``tally`` tells the recorder what its branch's elements did
+(``branch_counted``). ``JobsRunning`` leaves any loop or cond as itself.
+
 The elements a loop stops at ``max_iter`` rather than by ``cond`` are told to
 the recorder (``loop_limited``, per loop: a stacked node's elements count for
 their own loop); with ``on_max_iter="fail"`` they hold a ``MaxIterError``
