@@ -763,9 +763,7 @@ class _Outcome(Op):
         if isinstance(values, Failure):  # the whole call failed
             out[:] = [_Failed(values) for _ in range(count)]
             return out if isinstance(routes, np.ndarray) else out[0]
-        rows = np.asarray(values, dtype=object) if isinstance(values, np.ndarray) else np.array([values], dtype=object)
-        wanted = (count,) if self.counted else (count, rows.shape[-1])
-        rows = np.broadcast_to(rows, wanted)  # a scalar prompt: one row for the element
+        rows = _rows(values, count, self.counted)
         for element in range(count):
             try:
                 out[element] = self._one(rows[element])
@@ -785,6 +783,20 @@ class _Outcome(Op):
         if self.accept is not None:
             votes.decided = bool(self.accept(votes.copy()))  # a copy: a rule that writes to its votes changes nothing
         return votes
+
+
+def _rows(values: Any, count: int, counted: bool) -> np.ndarray:
+    """A stage's values as one row per element: its samples (``(count, k)``), or its ``Votes`` (``counted``).
+
+    A stage may give ``k`` texts per element, or one (an agent's final
+    answer, shaped like the prompt); a scalar prompt gives its samples alone.
+    """
+    rows = values if isinstance(values, np.ndarray) else np.array([values], dtype=object)
+    if counted:
+        return np.broadcast_to(rows.reshape(-1), (count,))
+    if rows.ndim == 1:
+        rows = rows.reshape(count, 1) if rows.shape[0] == count else rows.reshape(1, -1)
+    return np.broadcast_to(rows, (count, rows.shape[-1]))
 
 
 class _Answer(Op):
@@ -985,9 +997,9 @@ def cascade(
         A string, a string Variable or a conversation, of any shape.
     models
         The stages, cheapest first: ``Model``s, or any function called as
-        ``stage(prompt, num_samples=k)`` that returns ``k`` texts per element
-        (a chain, an agent); the same model may appear twice with different
-        methods (``functools.partial(llm, temperature=0)``).
+        ``stage(prompt, num_samples=k)`` that returns ``k`` texts per
+        element, or one (a chain, an agent's final answer); the same model
+        may appear twice with different methods.
     samples
         Draws per element per stage: one integer for every stage, or one
         per stage (default 3).

@@ -514,3 +514,17 @@ def test_jobs_without_waiting_raise_jobs_running_once_per_stage_and_pay_each_dra
         clock.advance(3600)  # the job finishes meanwhile
     assert outlines.eval(result.answer, jobs=jobs, cache=cache).tolist() == [1, 20, 3, 40, 5, 60]
     assert len(server.jobs) == 2 and set(server.paid().values()) == {1}
+
+
+def test_a_stage_may_be_a_function_giving_one_text_per_element() -> None:
+    small, strong = backends()
+
+    def agent(prompt: outlines.Variable, num_samples: int) -> outlines.Variable:  # one final answer per element
+        return strong.model()("think: " + prompt)
+
+    result = cascade(QUESTIONS, [small.model(), agent], parse=lambda text: int(text.split()[-1]), samples=(3, 1))
+    answers, routes = outlines.eval(result.answer, result.route, cache=False)
+    assert answers.tolist() == [1, 20, 3, 40, 5, 60]
+    assert [len(b) for b in strong.batches] == [3] and routes[1].stages[1].samples == 1
+    scalar = cascade("hard 7", [small.model(), agent], parse=lambda text: int(text.split()[-1]), samples=(3, 1))
+    assert scalar.answer.eval(cache=False) == 70
