@@ -1178,6 +1178,8 @@ class CurvePoint(NamedTuple):
     """The mean cost per example, in the unit of ``costs``."""
     escalated: float
     """The share of the examples that went past the first stage."""
+    reached: tuple[float, ...] = ()
+    """The share of the examples that reached each stage (1.0 for the first)."""
 
 
 @dataclass(frozen=True)
@@ -1208,6 +1210,8 @@ class Calibration:
     curve: tuple[CurvePoint, ...]
     unit: str
     score: Callable[[Votes], float] = agreement
+    #: The share of the examples that reached each stage at ``threshold``.
+    reached: tuple[float, ...] = ()
 
     @property
     def accept(self) -> Rule:
@@ -1215,7 +1219,11 @@ class Calibration:
         return at_least(self.threshold, self.score)
 
     def expected_cost(self, elements: int) -> float:
-        """The cost to expect running the calibrated cascade on ``elements`` questions like the examples."""
+        """The cost to expect running the calibrated cascade on ``elements`` questions like the examples.
+
+        In the unit of ``cost``; ``explain``'s ``CascadeEstimate.expected_cost(calibration)``
+        prices the same shares with the prompts and prices of a planned run.
+        """
         return self.cost * elements
 
 
@@ -1292,7 +1300,7 @@ def calibrate(routes: Iterable[Route], labels: Iterable[Any], costs: Iterable[fl
         raise ValueError(f"calibrate: no threshold reaches {wanted} on these {len(routes)} example(s): the most "
                          f"accurate reaches {top.accuracy:.4g} at a cost of {top.cost:.4g}, the cheapest costs "
                          f"{cheap.cost:.4g} at {cheap.accuracy:.4g}")
-    return Calibration(best.threshold, best.accuracy, best.cost, best.escalated, curve, unit, score)
+    return Calibration(best.threshold, best.accuracy, best.cost, best.escalated, curve, unit, score, best.reached)
 
 
 def _replayed(routes: list[Route], labels: list[Any], costs: list[float], score: Callable[[Votes], float],
@@ -1300,16 +1308,18 @@ def _replayed(routes: list[Route], labels: list[Any], costs: list[float], score:
     """The cascade at ``threshold`` replayed on the recorded votes: its accuracy, mean cost, share escalated."""
     right = spent = escalated = 0.0
     last = len(costs) - 1
+    reached = [0] * len(costs)
     for route, label in zip(routes, labels):
         for stage, votes in enumerate(route.stages):
             spent += costs[stage]
+            reached[stage] += 1
             answered = isinstance(votes, Votes) and votes.leader is not None
             if stage == last or (answered and score(votes) >= threshold):
                 right += answered and votes.leader == label
                 escalated += stage > 0
                 break
     count = len(routes)
-    return CurvePoint(threshold, right / count, spent / count, escalated / count)
+    return CurvePoint(threshold, right / count, spent / count, escalated / count, tuple(r / count for r in reached))
 
 
 def calibrate_cascade(

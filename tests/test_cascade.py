@@ -391,6 +391,7 @@ LABELS = [1, 3, 4, 8, 9]
 
 def test_calibrate_replays_the_cascade_at_each_threshold() -> None:
     chosen = outlines.voting.calibrate(ROUTES, LABELS, costs=[1, 20], target_accuracy=0.8)
+    assert [p.reached for p in chosen.curve] == [(1.0, 0.2), (1.0, 0.4), (1.0, 0.6), (1.0, 1.0)]
     assert [(p.threshold, p.accuracy, p.cost, p.escalated) for p in chosen.curve] == [
         (1 / 3, 0.6, 1 + 20 / 5, 0.2),  # everything with an answer accepted: 1, 2 (wrong), 4, 5 (wrong); 9 escalated
         (2 / 3, 0.8, 1 + 40 / 5, 0.4),  # 5 6 7 escalated too: right (8); 2 2 2 still wrong
@@ -470,6 +471,8 @@ def test_explain_ranges_the_cost_from_all_accepted_at_stage_0_to_all_escalated()
     low, high = estimate.cost
     assert low == first.cost and high == pytest.approx(first.cost + second.cost, abs=1e-6)
     assert high > 20 * low  # the strong model is 100x the price for a third of the draws
+    half = outlines.voting.Calibration(1.0, 1.0, 0.0, 0.5, (), "cost", reached=(1.0, 0.5))
+    assert estimate.expected_cost(half) == pytest.approx(first.cost + second.cost / 2, abs=1e-6)
     assert f"cost {low:.6g} (all accepted at stage 0) to {high:.6g} (all escalated)" in plan.summary()
     assert small.batches == [] and strong.batches == []  # a dry run
     budget = outlines.Budget(cost=high, prices=prices)  # what explain says the worst case costs is enough
