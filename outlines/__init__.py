@@ -21,7 +21,17 @@ from outlines.graph.basic import Constant, Variable, constant, string
 from outlines.graph.ops import concatenate, expand_dims, stack
 from outlines.graph.ragged import Ragged
 from outlines.text import prompt
-from outlines.voting import Vote, Votes, vote
+from outlines.voting import (
+    Cascade,
+    Vote,
+    Votes,
+    calibrate_cascade,
+    cascade,
+    stop_when_ahead,
+    stop_when_confident,
+    stop_when_iteration_agrees,
+    vote,
+)
 
 __version__ = "0.1.0"
 
@@ -36,6 +46,7 @@ _quirks.use_store(_DefaultCacheQuirks())
 __all__ = [
     "Budget",
     "BudgetExceeded",
+    "Cascade",
     "Constant",
     "Failure",
     "GraphBuildError",
@@ -52,7 +63,9 @@ __all__ = [
     "aeval",
     "as_completed",
     "cache",
+    "calibrate_cascade",
     "cancel_jobs",
+    "cascade",
     "chain",
     "chat",
     "compile",
@@ -70,6 +83,9 @@ __all__ = [
     "models",
     "prompt",
     "stack",
+    "stop_when_ahead",
+    "stop_when_confident",
+    "stop_when_iteration_agrees",
     "string",
     "text",
     "trace",

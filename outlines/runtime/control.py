@@ -18,6 +18,13 @@ of tags) and each failure named by the element's own loop and traced node
 (the sub-plans' ``members``: ``_Elements``), as the members run one by one
 would; a stacked cond runs its two branches as two schedules side by side.
 
+A cond built with ``catch`` (``outlines.cascade``'s stages) runs its
+branches as if under ``errors="return"`` whatever the evaluation's mode: a
+failed draw (an error, or one the budget refused) is a ``Failure`` value the
+branch's next steps read, not the end of the evaluation; a cond with a
+``tally`` tells the recorder what its branch's elements did
+(``branch_counted``). ``JobsRunning`` leaves any loop or cond as itself.
+
 The elements a loop stops at ``max_iter`` rather than by ``cond`` are told to
 the recorder (``loop_limited``, per loop: a stacked node's elements count for
 their own loop); with ``on_max_iter="fail"`` they hold a ``MaxIterError``
@@ -28,11 +35,12 @@ from __future__ import annotations
 import asyncio
 import copy
 import time
+from dataclasses import replace
 from typing import Any, Awaitable, Callable, Sequence
 
 import numpy as np
 
-from outlines.common.errors import Failure, MaxIterError, NodeError
+from outlines.common.errors import Failure, JobsRunning, MaxIterError, NodeError
 from outlines.graph.basic import Apply
 from outlines.graph.control import Cond, Subgraph, WhileLoop, traced_nodes, truth
 from outlines.graph.traits import Run
@@ -125,6 +133,13 @@ class _Runner:
                             for node in plan.nodes if node.order in positions and id(node) not in plan.members}
         labelled.members.update(plan.members)
         return labelled
+
+    def catching(self) -> _Runner:
+        """The same runner in an evaluation whose failed elements hold their ``Failure`` (``Cond.catch``)."""
+        if self.evaluation.return_failures:
+            return self
+        options = self.evaluation.options.with_changes(errors="return")
+        return _Runner(replace(self.evaluation, options=options), self.schedule, self.first_tag, self.members)
 
     def name(self, node: Apply, element: int) -> str:
         """Who an element's failure names: the node, or the member the element stands for."""
@@ -285,6 +300,8 @@ def _limited(run: _Runner, node: Apply, op: WhileLoop, stopped: np.ndarray, stat
 async def _guarded(run: _Runner, node: Apply, what: str, schedule: Any) -> Any:
     try:
         return await schedule
+    except JobsRunning:
+        raise  # no failure: the evaluation stops while its jobs run on (a call again collects them)
     except NodeError as exc:
         raise NodeError(run.owner(node, exc), f"{node.op.name}, {what}", exc) from exc
 
@@ -314,6 +331,8 @@ def _record(recorder: Recorder, node: Apply, iteration: int, active: int, batche
 
 # -- cond -----------------------------------------------------------------------------
 async def _run_cond(run: _Runner, node: Apply, op: Cond, inputs: list[Any]) -> Any:
+    if op.catch:  # the branches' failures are values the graph reads (outlines.cascade's stages)
+        run = run.catching()
     noperands = op.noperands
     true_branch, false_branch = op.branches
     ntrue = len(true_branch.captured)
@@ -358,6 +377,8 @@ async def _run_cond(run: _Runner, node: Apply, op: Cond, inputs: list[Any]) -> A
             await asyncio.gather(*tasks, return_exceptions=True)
             raise
     merged = _merge(node, results, sides, size, len(node.outputs))
+    if op.tally is not None and sides[0].size:  # a counted cond: what the elements of its branch did
+        run.evaluation.recorder.branch_counted(node.label, op.tally(merged[0][sides[0]]))
     for index in np.flatnonzero(failed):
         failure = _first_failure(flat, index).skipped(node.label, op.name)
         for array in merged:

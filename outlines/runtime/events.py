@@ -1,7 +1,7 @@
 """The events of an evaluation: the ``Recorder`` protocol and its one fan-out.
 
-The scheduler, the batcher and the control-flow runner report what happens to
-ONE recorder, the evaluation's (``Evaluation.recorder``), composed once
+The scheduler, the batcher and the control-flow runner report what happens (a
+cascade stage's counts included) to ONE recorder, the evaluation's (``Evaluation.recorder``), composed once
 (``compose``) from the listeners that want the events: the active trace, the
 progress counter, a stream's watcher. A listener derives from ``Listener``,
 where every event is a no-op, and overrides the events it acts on; an event
@@ -76,6 +76,9 @@ class Recorder(Protocol):
     def loop_limited(self, loop: str, stopped: int, elements: int, max_iter: int) -> None:
         """``stopped`` of the ``elements`` of loop ``loop`` (its label) were stopped by ``max_iter``, not ``cond``."""
 
+    def branch_counted(self, node: str, counts: dict[str, Any]) -> None:
+        """A counted ``cond`` (a ``cascade`` stage, ``Cond.tally``) ran its branch: what its elements did."""
+
     def job_event(self, batch_id: int, event: Any) -> None:
         """A job answering batch ``batch_id`` was created, resumed, read or collected (``runtime.jobs.JobEvent``)."""
 
@@ -113,6 +116,8 @@ class Listener:
     def loop_iteration(self, node: Apply, iteration: int, active: int, batches: int, start: float, end: float) -> None: ...
 
     def loop_limited(self, loop: str, stopped: int, elements: int, max_iter: int) -> None: ...
+
+    def branch_counted(self, node: str, counts: dict[str, Any]) -> None: ...
 
     def job_event(self, batch_id: int, event: Any) -> None: ...
 
@@ -183,6 +188,10 @@ class FanOut:
     def loop_limited(self, loop: str, stopped: int, elements: int, max_iter: int) -> None:
         for listener in self.listeners:
             listener.loop_limited(loop, stopped, elements, max_iter)
+
+    def branch_counted(self, node: str, counts: dict[str, Any]) -> None:
+        for listener in self.listeners:
+            listener.branch_counted(node, counts)
 
     def job_event(self, batch_id: int, event: Any) -> None:
         for listener in self.listeners:
