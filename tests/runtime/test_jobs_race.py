@@ -384,6 +384,24 @@ def test_a_process_that_lost_its_lease_never_creates_the_job(server: Any, childr
 
 
 @pytest.mark.slow
+def test_a_process_stopped_while_polling_lands_what_the_one_that_took_over_collected(
+        server: Any, children: list[Racer], tmp_path: Path) -> None:
+    url, stats = server
+    first, second = Racer(url, tmp_path, "poll"), Racer(url, tmp_path)
+    children += [first, second]
+    first.go()
+    assert first.reads("at poll")  # it read its job's first status, not yet kept in the ledger
+    first.signal(signal.SIGSTOP)  # alive but frozen (a loaded machine): its lease runs out
+    second.go()
+    assert second.reads("waiting")  # it waits for the live lease, then takes the job over, collects, closes
+    assert second.values() == EXPECTED
+    first.signal(signal.SIGCONT)
+    first.go()  # its poll answers: the job is closed in the ledger, its draws in the cache
+    assert first.values() == EXPECTED
+    paid_once(stats(), tmp_path)
+
+
+@pytest.mark.slow
 @pytest.mark.parametrize("step", STEPS)
 def test_kill_9_of_the_holder_at_each_step_the_waiting_process_takes_over(server: Any, children: list[Racer],
                                                                          tmp_path: Path, step: str) -> None:
