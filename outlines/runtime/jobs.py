@@ -816,10 +816,10 @@ class _JobRun:
             if not intents and not self.others:
                 break
             if not self.settings.wait:
-                statuses = [await self.status(intent) for intent in intents]
-                if not all(s.finished for s in statuses) or self.others:
+                now = [await self.status(intent) for intent in intents]
+                if not all(s.finished for s in now) or self.others:
                     theirs = [r for r in map(self.ledger.get, sorted(self.others)) if r is not None]
-                    ids = [s.id for s in statuses] + [r.job_id for r in theirs if r.job_id is not None]
+                    ids = [s.id for s in now] + [r.job_id for r in theirs if r.job_id is not None]
                     requests = sum(len(self.ledger.lines(i)) for i in intents) + sum(r.requests for r in theirs)
                     raise JobsRunning(self.client.provider, ids, requests)
             statuses, _ = await asyncio.gather(asyncio.gather(*(self.wait_for(intent) for intent in intents)),

@@ -110,7 +110,7 @@ class Held:
 
 
 #: A heartbeat (real seconds) that never beats within a test: only the interleaving the test drives happens.
-STILL = {"backoff": Backoff(first=1.0, cap=5.0), "lease": 100.0, "heartbeat": 99.0}
+STILL: dict[str, Any] = {"backoff": Backoff(first=1.0, cap=5.0), "lease": 100.0, "heartbeat": 99.0}
 
 
 class Process:
@@ -155,8 +155,9 @@ def test_a_process_whose_lease_ran_out_while_polling_defers_to_the_one_that_clos
     with FakeBatches(clock=clock) as fake:
         llm = models.openai("fake-model", base_url=fake.base_url, api_key="sk-race", max_tokens=4)
         out = llm(outlines.string("q"))
-        keys = [key.hex() for key in draw_keys(out.owner.op.backend.cache_identities[0],
-                                               [Draw(prompt, out.owner.op.params, 0) for prompt in PROMPTS])]
+        op: Any = out.owner.op  # type: ignore[union-attr]
+        keys = [key.hex() for key in draw_keys(op.backend.cache_identities[0],
+                                               [Draw(prompt, op.params, 0) for prompt in PROMPTS])]
         if state == "failed":
             fake.plan(JobPlan(fail="line 1: the model fake-model does not exist"))
         elif state == "error lines":  # p0 a 500 (it goes again, in a second job), p1 a 400 (it fails)
@@ -281,8 +282,9 @@ def test_a_takeover_whose_look_at_the_provider_returns_after_another_took_the_jo
         llm = models.openai("fake-model", base_url=fake.base_url, api_key="sk-race", max_tokens=4)
         out = llm(outlines.string("q"))
         # What a process killed between create and the ledger write leaves: an intent, a job, no id.
-        backend = out.owner.op.backend
-        draws = DrawColumns.of([Draw(prompt, out.owner.op.params, 0) for prompt in PROMPTS])
+        op: Any = out.owner.op  # type: ignore[union-attr]
+        backend = op.backend
+        draws = DrawColumns.of([Draw(prompt, op.params, 0) for prompt in PROMPTS])
         client = job_client(backend)
         lines = client.lines(draws, draw_keys(backend.cache_identities[0], draws))
         dead = Ledger(Cache(tmp_path), clock=clock.time)
