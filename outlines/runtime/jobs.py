@@ -52,7 +52,13 @@ reconciling with the provider first. A round never creates a job whose
 lease it lost: it checks right before ``create``, and a heartbeat that finds
 the lease taken cancels a create still uploading. Two rounds asking the same
 draws at once cannot both record them (``Claimed``): the second waits for
-the first's job.
+the first's job. A round whose lease ran out unnoticed (a loaded machine, a
+stopped process) defers to the ledger when it next writes there (a poll, the
+job id after ``create`` or after looking the job up): a job another process
+holds now is waited for as theirs; one it closed meanwhile lands from the
+cache, and the draws the cache lacks are settled from the job's results as
+its collector settled them (``_JobRun.yield_job``), never sent again without
+that; a job its intent no longer holds is recorded again (``Ledger.adopt``).
 
 Faults: the lines of an expired or cancelled job that never ran, and error
 lines the retry rules call retryable (up to the client's ``max_retries``
@@ -91,7 +97,7 @@ from outlines.backends.jobs import (
     wait,
 )
 from outlines.cache import Cache, draw_keys
-from outlines.cache.ledger import LEASE, Claimed, JobRecord, LeaseLost, Ledger
+from outlines.cache.ledger import LEASE, Claimed, JobRecord, LeaseLost, Ledger, LedgerError
 from outlines.common.errors import JobsRunning
 from outlines.common.threads import pool, run_blocking
 
@@ -229,6 +235,14 @@ class JobEvent:
     waited: float = 0.0
 
 
+class _NotOurs(Exception):
+    """A poll found that the job is not this round's to wait for (``_JobRun.keep``); ``status`` is what it read."""
+
+    def __init__(self, status: JobStatus) -> None:
+        super().__init__(status.id)
+        self.status = status
+
+
 def has_jobs(backend: Backend) -> bool:
     """Whether ``backend``'s provider takes batch jobs (OpenAI and Anthropic backends)."""
     try:
@@ -322,10 +336,21 @@ class _JobRun:
     async def reconcile(self, record: JobRecord) -> bool:
         """An intent with no job id: was the job created before the process died? Record it, or abandon."""
         found = await self.settle(record)
-        if found is None:
-            self.ledger.abandon(record.intent, "never created: the provider holds no job with its metadata")
+        try:
+            if found is None:
+                self.ledger.abandon(record.intent, "never created: the provider holds no job with its metadata")
+                return False
+            self.ledger.record_created(record.intent, found)
+        except LedgerError:
+            # Its lease ran out while the provider was asked: another process took the intent over and recorded
+            # the job (closed it, even). The ledger's word stands: wait for it, or land what it cached.
+            now = self.ledger.get(record.intent)
+            if now is None or now.job_id is None:
+                raise
+            if found is None:  # the other process found the job this one did not: the provider's answer now
+                found = await self.client.status(now.job_id, self.report)
+            await self.yield_job(record.intent, self.ledger.lines(record.intent), found, record.metadata)
             return False
-        self.ledger.record_created(record.intent, found)
         return True
 
     def known(self, open: bool | None = None) -> list[str]:
@@ -434,7 +459,16 @@ class _JobRun:
                 if found is None:
                     raise
                 status = found
-            self.ledger.record_created(record.intent, status)
+            try:
+                self.ledger.record_created(record.intent, status)
+            except LedgerError:
+                # Its lease ran out while it was created: another process took the intent over, found the job
+                # and recorded it (closed it, even), or the ledger lost the intent. The ledger's word stands.
+                if not self.changed(record.intent, status.id):
+                    raise
+                await self.yield_job(record.intent, {line.custom_id: line.keys for line in job}, status,
+                                     record.metadata)
+                continue
             intents.append(record.intent)
             self.emit("created", status, len(job), sum(len(line.keys) for line in job),
                       sum(line.size for line in job))
@@ -499,39 +533,111 @@ class _JobRun:
         found = self.cache.get_many([bytes.fromhex(key) for key in self.pending], record=False, expect=str)
         self.land({key.hex(): text for key, text in found.items()})
 
-    async def wait_for(self, intent: str) -> JobStatus:
+    async def wait_for(self, intent: str) -> JobStatus | None:
         """The job's status once it has finished, or once the deadline (and ``cancel_wait``) passed.
 
         After the deadline the job is cancelled and waited for ``cancel_wait``
         more seconds, so what it finished is kept. One still ``cancelling``
         then is returned unfinished: it stays open in the ledger and ``run``
-        sends its unanswered draws live.
+        sends its unanswered draws live. ``None`` when a poll finds the job is
+        no longer this round's to wait for (``yield_job``).
         """
         record = self.ledger.get(intent)
         assert record is not None and record.job_id is not None
         lines = self.ledger.lines(intent)
 
         def seen(status: JobStatus) -> None:
-            self.ledger.advance(intent, status)
+            self.keep(intent, record, status)
             self.emit("status", status, len(lines))
 
-        with self.still_known(record):
-            status = await wait(self.client, record.job_id, clock=self.clock, backoff=self.settings.backoff,
-                                deadline=self.left(), on_status=seen, report=self.report)
-        if not status.finished:  # the deadline passed: stop it, keep what it finished
-            self.late = True
-            try:
-                status = await self.client.cancel(record.job_id, self.report)
-            except BackendError as error:  # refused: it may have finished since the last poll
-                status = await self.client.status(record.job_id, self.report)
-                if not status.finished:
-                    raise error from None
-            self.ledger.advance(intent, status)
-            grace = self.left(self.settings.cancel_wait)
-            if not status.finished and grace:  # bounded too: a job may stay "cancelling" for good
+        try:
+            with self.still_known(record):
                 status = await wait(self.client, record.job_id, clock=self.clock, backoff=self.settings.backoff,
-                                    deadline=grace, on_status=seen, report=self.report)
+                                    deadline=self.left(), on_status=seen, report=self.report)
+            if not status.finished:  # the deadline passed: stop it, keep what it finished
+                self.keep(intent, record, status)  # not one another process took over: it waits to the end
+                self.late = True
+                try:
+                    status = await self.client.cancel(record.job_id, self.report)
+                except BackendError as error:  # refused: it may have finished since the last poll
+                    status = await self.client.status(record.job_id, self.report)
+                    if not status.finished:
+                        raise error from None
+                self.keep(intent, record, status)
+                grace = self.left(self.settings.cancel_wait)
+                if not status.finished and grace:  # bounded too: a job may stay "cancelling" for good
+                    status = await wait(self.client, record.job_id, clock=self.clock, backoff=self.settings.backoff,
+                                        deadline=grace, on_status=seen, report=self.report)
+        except _NotOurs as not_ours:
+            await self.yield_job(intent, lines, not_ours.status, record.metadata)
+            return None
         return status
+
+    def keep(self, intent: str, record: JobRecord, status: JobStatus) -> None:
+        """Keep a status read of the job of ``record`` in the ledger; ``_NotOurs`` when the job is not ours to wait for.
+
+        Not ours: the ledger refuses the read because the job was closed (by
+        another process that took it over once this one's lease ran out, or by
+        its owner) or the intent no longer holds it (a damaged row); or its
+        lease is another's now. The ledger's word stands, and ``yield_job``
+        goes on from it.
+        """
+        try:
+            self.ledger.advance(intent, status)
+        except LedgerError:
+            if not self.changed(intent, status.id):
+                raise  # a refusal that nothing another process or the owner did explains
+            raise _NotOurs(status) from None
+        lease = self.ledger.leased(intent)
+        if lease is None or lease.holder != self.ledger.holder:
+            raise _NotOurs(status)
+
+    def changed(self, intent: str, job_id: str) -> bool:
+        """Whether the ledger's record of ``intent`` is no longer an open one of job ``job_id`` (a refusal's cause)."""
+        now = self.ledger.get(intent)
+        return now is None or not now.open or now.job_id != job_id
+
+    async def yield_job(self, intent: str, lines: Mapping[str, Sequence[str]], status: JobStatus,
+                        metadata: Mapping[str, str]) -> None:
+        """Go on from the ledger's word about a job of this round's that turned out not to be its own.
+
+        ``status`` is this round's last read of the job (``lines`` its lines,
+        ``metadata`` what its intent sent). A lease of this round's ran out (a
+        loaded machine, a stopped process) and another process took the job
+        over; or its owner closed it; or the ledger lost it:
+
+        - still open, another process's lease on it: waited for as theirs
+          (``others``), taken over again only if that lease runs out too;
+        - closed: what it cached lands from the cache. ``collected`` (or
+          abandoned as ``failed``): the draws the cache lacks are settled as
+          ``collect`` settles them, from the job's results once the provider
+          says it ended (reads, not paid again), the closed record left as it
+          is: error lines follow the retry policy, lines that never ran stay
+          pending. Closed any other way (``forget_job``): the draws the cache
+          lacks go on as for a run that came after it, sent again;
+        - the intent no longer holds the job (a damaged row, another job id):
+          the job is recorded again (``Ledger.adopt``), waited for and
+          collected, never lost.
+        """
+        self.holding.discard(intent)  # the heartbeat no longer renews it; its lease is not ours to release
+        now = self.ledger.get(intent)
+        if now is None or now.job_id != status.id:
+            self.ledger.adopt(provider=self.client.provider, backend=list(self.backend.identity),
+                              run=self.settings.run, lines=list(lines.items()), status=status, metadata=metadata)
+            return
+        if now.open:
+            self.others.add(intent)
+            return
+        keys = [key for keys in lines.values() for key in keys if key in self.pending]
+        found = self.cache.get_many([bytes.fromhex(key) for key in keys], record=False, expect=str)
+        self.land({key.hex(): text for key, text in found.items()})
+        if not any(key in self.pending for key in keys):
+            return
+        if now.state == "collected" or (now.note or "").startswith("failed:"):
+            if not status.finished:
+                status = await self.client.status(status.id, self.report)
+            if status.finished:
+                await self.collect(intent, status, close=False)
 
     def left(self, grace: float = 0.0) -> float | None:
         """Seconds left before the deadline (and ``grace`` after it); ``None`` without a deadline."""
@@ -567,12 +673,17 @@ class _JobRun:
             f"and the next run sends them again (paying again for those answered). ({error})",
             [record.job_id or ""])
 
-    async def collect(self, intent: str, status: JobStatus) -> None:
-        """Land a finished job's results; what never ran or may go again stays pending."""
+    async def collect(self, intent: str, status: JobStatus, close: bool = True) -> None:
+        """Land a finished job's results; what never ran or may go again stays pending.
+
+        ``close=False``: another process closed the job already (``yield_job``);
+        its record is left as it is.
+        """
         lines = self.ledger.lines(intent)
         if status.state == "failed":
             reason = status.reason or "no reason given"
-            self.ledger.abandon(intent, f"failed: {reason}")
+            if close:
+                self.ledger.abandon(intent, f"failed: {reason}")
             error = BackendError(f"{self.client.provider} batch job {status.id} failed: {reason}", retryable=False)
             self.fail([key for keys in lines.values() for key in keys], error)
             return
@@ -582,7 +693,8 @@ class _JobRun:
         if set(lines) - {result.custom_id for result in results}:
             # Finished, yet its results do not name every line: the provider is asked again once.
             status = await self.client.status(status.id, self.report)
-            self.ledger.advance(intent, status)
+            if close:
+                close = self.advance_unless_closed(intent, status)
             results = await self.client.results(status, samples, self.report)
         answered: dict[str, str] = {}
         for result in results:
@@ -603,8 +715,23 @@ class _JobRun:
         unread = set(lines) - {result.custom_id for result in results}
         if unread:
             self.doubt(intent, status, results, [key for custom_id in sorted(unread) for key in lines[custom_id]])
-        self.ledger.collected(intent)
+        if close:
+            try:
+                self.ledger.collected(intent)
+            except LedgerError:  # closed meanwhile (by its owner, a process that took it over): it stays so
+                if not self.changed(intent, status.id):
+                    raise
         self.emit("collected", status, len(lines), len(answered))
+
+    def advance_unless_closed(self, intent: str, status: JobStatus) -> bool:
+        """``Ledger.advance``; ``False`` when the record was closed meanwhile (another process's doing): left so."""
+        try:
+            self.ledger.advance(intent, status)
+        except LedgerError:
+            if not self.changed(intent, status.id):
+                raise
+            return False
+        return True
 
     def doubt(self, intent: str, status: JobStatus, results: Sequence[LineResult], unread: Sequence[str]) -> None:
         """Lines a finished job's results do not name, read twice: settled by the provider's counts, or stop.
@@ -689,17 +816,21 @@ class _JobRun:
             if not intents and not self.others:
                 break
             if not self.settings.wait:
-                statuses = [await self.status(intent) for intent in intents]
-                if not all(s.finished for s in statuses) or self.others:
+                now = [await self.status(intent) for intent in intents]
+                if not all(s.finished for s in now) or self.others:
                     theirs = [r for r in map(self.ledger.get, sorted(self.others)) if r is not None]
-                    ids = [s.id for s in statuses] + [r.job_id for r in theirs if r.job_id is not None]
+                    ids = [s.id for s in now] + [r.job_id for r in theirs if r.job_id is not None]
                     requests = sum(len(self.ledger.lines(i)) for i in intents) + sum(r.requests for r in theirs)
                     raise JobsRunning(self.client.provider, ids, requests)
             statuses, _ = await asyncio.gather(asyncio.gather(*(self.wait_for(intent) for intent in intents)),
                                                self.wait_for_others())
             for intent, status in zip(intents, statuses):
-                if status.finished:  # one still cancelling past the deadline stays open: a later run collects it
+                # None: not this round's job after all (yield_job). One still cancelling past the deadline
+                # stays open: a later run collects it.
+                if status is not None and status.finished:
                     await self.collect(intent, status)
+            # A job found another's at a poll (its lease ran out here): waited for before anything else is sent.
+            await self.wait_for_others()
         if self.pending:  # never an empty text handed back (and cached) as an answer
             self.fail(list(self.pending), BackendError(
                 f"{self.client.provider} job mode ended a round with {len(self.pending)} draw(s) neither answered "
