@@ -1,8 +1,8 @@
 """The events of an evaluation: the ``Recorder`` protocol and its one fan-out.
 
 The scheduler, the batcher and the control-flow runner report what happens (a
-cascade stage's counts included) to ONE recorder, the evaluation's (``Evaluation.recorder``), composed once
-(``compose``) from the listeners that want the events: the active trace, the
+cascade stage's counts included) to ONE recorder, the evaluation's
+(``Evaluation.recorder``), composed once (``compose``) from the listeners that want the events: the active trace, the
 progress counter, a stream's watcher. A listener derives from ``Listener``,
 where every event is a no-op, and overrides the events it acts on; an event
 added to ``Recorder`` is added to ``Listener`` and ``FanOut`` too
