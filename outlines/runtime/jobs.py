@@ -613,7 +613,8 @@ class _JobRun:
           ``collect`` settles them, from the job's results once the provider
           says it ended (reads, not paid again), the closed record left as it
           is: error lines follow the retry policy, lines that never ran stay
-          pending. Closed any other way (``forget_job``): the draws the cache
+          pending; a provider that says such a job still runs fails them,
+          sent again only once the user forgets the job. Closed any other way (``forget_job``): the draws the cache
           lacks go on as for a run that came after it, sent again;
         - the intent no longer holds the job (a damaged row, another job id):
           the job is recorded again (``Ledger.adopt``), waited for and
@@ -638,6 +639,13 @@ class _JobRun:
                 status = await self.client.status(status.id, self.report)
             if status.finished:
                 await self.collect(intent, status, close=False)
+                return
+            # Nonsense: the ledger says the job ended, the provider that it runs. Its lines may be paid already,
+            # so they are not sent again; forgetting the job (forget_job) says the user wants them sent.
+            self.fail(keys, BackendError(
+                f"{self.client.provider} batch job {status.id} is {now.state} in the ledger but the provider says "
+                f"it is {status.state}: its draws are not sent again (they may be paid); outlines.forget_job("
+                f"{status.id!r}) to send them again", retryable=False))
 
     def left(self, grace: float = 0.0) -> float | None:
         """Seconds left before the deadline (and ``grace`` after it); ``None`` without a deadline."""

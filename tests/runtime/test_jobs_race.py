@@ -10,6 +10,7 @@ live request; and the ledger holds no open job at the end.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import signal
 import sqlite3
@@ -186,6 +187,36 @@ def test_a_process_whose_lease_ran_out_while_polling_defers_to_the_one_that_clos
         else:
             assert values == list(second) == EXPECTED  # it lands what the second cached
             each_line_paid_once(fake)
+        assert outlines.jobs(cache=Cache(tmp_path)) == []
+
+
+def test_a_job_the_ledger_says_ended_but_the_provider_says_runs_sends_nothing_again(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    clock = FakeClock()
+    with FakeBatches(clock=clock) as fake:
+        llm = models.openai("fake-model", base_url=fake.base_url, api_key="sk-race", max_tokens=4)
+        out = llm(outlines.string("q"))
+        op: Any = out.owner.op  # type: ignore[union-attr]
+        keys = [key.hex() for key in draw_keys(op.backend.cache_identities[0],
+                                               [Draw(prompt, op.params, 0) for prompt in PROMPTS])]
+        fake.plan(JobPlan(errors={keys[1]: 400}))  # p1 fails: the cache lacks it after the second collects
+        first = Process(llm, tmp_path, clock)
+        clock.advance(3600.0)
+        second = outlines.eval(out, givens={"q": PROMPTS}, cache=Cache(tmp_path), progress=False,
+                               jobs=Jobs(clock=clock, **STILL), errors="return")
+        real = OpenAIJobs.status
+
+        async def running(client: OpenAIJobs, *args: Any, **kwargs: Any) -> Any:
+            return dataclasses.replace(await real(client, *args, **kwargs), state="in_progress")
+
+        monkeypatch.setattr(OpenAIJobs, "status", running)  # the provider now says the collected job runs
+        values = first.result()["value"]
+        assert [values[0], *values[2:]] == [EXPECTED[0], *EXPECTED[2:]] == [second[0], *list(second)[2:]]
+        assert isinstance(values[1], Failure) and "in_progress" in values[1].message
+        assert "forget_job" in values[1].message
+        # The failed line was not sent again: one job, each line sent in it once, nothing live.
+        assert fake.counts["batches.create"] == 1 and fake.count == 0, fake.counts
+        assert len(fake.submitted) == len(PROMPTS) and set(fake.submitted.values()) == {1}
         assert outlines.jobs(cache=Cache(tmp_path)) == []
 
 
