@@ -1,0 +1,373 @@
+"""Model cascades (issue 41): the cheap model first, the strong one only where it is needed, against the baselines.
+
+A calibrated fake of two models, a small one and a strong one, priced 1:20,
+answers 1,000 questions per seed (5 seeds, each seed in a fresh process).
+Printed side by side, accuracy as mean +- sd over the seeds and cost
+relative to the strong model alone:
+
+- strong only (one sample a question); small only (one sample);
+- majority of k on the small model: k = 3 (the cascade's first stage alone)
+  and k at the cascade's cost (the most samples its money buys);
+- random routing at equal cost: a random share of the questions goes to the
+  strong model, the rest to one small sample, the share chosen per seed so
+  the money equals the cascade's (RouteLLM's random baseline);
+- the cascade, small (3 samples) then strong (1): ``outlines.cascade``'s
+  default acceptance ("all parsed and all equal"), and a smarter rule, the
+  small stage decided by ``vote``'s ``stop_when_confident`` with its
+  threshold chosen by calibration on a held-out split of 1,000 labelled
+  questions per seed (the cheapest threshold whose held-out accuracy is at
+  least the strong model's held-out accuracy minus half a point).
+
+The fake (parameters fixed before any cascade ran; not tuned to pass):
+
+- each question has a per-sample probability of a right answer per model:
+  small ~ Beta(1.4, 0.6) (mean 0.70), strong ~ Beta(2.7, 0.3) (mean 0.90);
+  the two are tied by a Gaussian rank correlation of 0.5 (a question hard for
+  one model tends to be hard for the other);
+- a wrong sample picks one of the question's 10 wrong answers with Zipf
+  weights (1/j^1.5), the same distractors for both models, so wrong answers
+  cluster and a hard question can have a wrong majority; because every
+  question has its own probability, the small model's samples agree more
+  often when its answer is right (printed: agreement of its 3 samples when
+  their majority is right against when it is wrong);
+- 5% of the small model's samples say nothing parsable ("I am not sure.");
+- every draw of a question is a seeded function of (model, question, draw
+  number), so methods that draw the same draws see the same answers (paired);
+- price per 1M tokens: small (0.15, 0.60), strong (3.00, 12.00), 1:20; each
+  request bills a 120-token prompt once and 150 completion tokens per sample
+  (reported as usage, so budgets, ``explain`` and ``Trace.cost()`` count it
+  through the backends' own ``price``).
+
+Every method runs through the library (``vote``, ``cascade``, model calls on
+arrays), cache off; cost is ``Trace.cost()`` of the run.
+
+Run: ``.venv/bin/python benchmarks/bench_cascade.py [--questions 1000] [--seeds 5]``
+(each seed a fresh process; walls min / median over the seeds; the load
+average printed).
+"""
+from __future__ import annotations
+
+import argparse
+import collections
+import json
+import math
+import os
+import random
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from typing import Any, Sequence
+
+import numpy as np
+
+import _compat  # noqa: F401  # the measured tree (OUTLINES_BENCH_TREE), first on sys.path
+from _compat import ROOT, emit
+
+import outlines  # noqa: E402
+from outlines.backends.base import Backend, BatchReport  # noqa: E402
+from outlines.backends.usage import Price  # noqa: E402
+from outlines.draws import Draw, DrawColumns  # noqa: E402
+from outlines.models import Model  # noqa: E402
+from outlines.voting import stop_when_confident  # noqa: E402
+
+#: name -> (Beta(a, b) of the per-question probability of a right sample, price per 1M (in, out), unparsable share)
+MODELS: dict[str, tuple[tuple[float, float], tuple[float, float], float]] = {
+    "small": ((1.4, 0.6), (0.15, 0.60), 0.05),
+    "strong": ((2.7, 0.3), (3.00, 12.00), 0.0),
+}
+RANK_CORRELATION = 0.5
+WRONG = 10
+ZIPF = [1 / j**1.5 for j in range(1, WRONG + 1)]
+PROMPT_TOKENS, COMPLETION_TOKENS = 120, 150
+SAMPLES = 3  # the small stage's samples
+CALIBRATION_MARGIN = 0.5  # points below the strong model's held-out accuracy the calibrated rule may aim
+THRESHOLDS = (0.6, 0.7, 0.8, 0.85, 0.9, 0.95, 0.97, 0.99)
+SMALL_PRICE, STRONG_PRICE = MODELS["small"][1], MODELS["strong"][1]
+CONFIDENT_ROUND, CONFIDENT_CAP = 2, 6  # the calibrated rule's samples: 2 a round, up to 6
+
+
+class Calibrated(Backend):
+    """The fake: the n-th draw of a question is right with the question's probability for this model."""
+
+    kind = "calibrated"
+
+    def __init__(self, name: str, questions: dict[str, tuple[str, float]], tag: str) -> None:
+        beta, price, unparsable = MODELS[name]
+        self.name, self.questions, self.unparsable = name, questions, unparsable
+        self.price = Price.of(price)
+        self.tag = tag  # which question set: equal backends batch together and share cache entries
+        self.calls = 0
+        self.draws = 0
+
+    @property
+    def identity(self) -> tuple[Any, ...]:
+        return ("calibrated", self.name, self.tag)
+
+    @property
+    def model_name(self) -> str:
+        return self.name
+
+    def count_tokens(self, prompt: str) -> int:
+        return PROMPT_TOKENS
+
+    def sample(self, prompt: str, number: int) -> str:
+        truth, p = self.questions[prompt]
+        rng = random.Random(f"{self.name}|{prompt}|{number}")
+        if rng.random() < self.unparsable:
+            return "I am not sure."
+        if rng.random() < p:
+            return f"The answer is {truth}."
+        return f"The answer is {int(truth) + 1 + rng.choices(range(WRONG), weights=ZIPF)[0]}."
+
+    async def generate(self, draws: Sequence[Draw], report: BatchReport) -> list[str]:
+        columns = DrawColumns.of(draws)
+        self.calls += 1
+        self.draws += len(columns)
+        requests = {(params, prompt) for params, prompt in zip(columns.params, columns.prompts)}
+        report.usage(PROMPT_TOKENS * len(requests), COMPLETION_TOKENS * len(columns))
+        return [self.sample(prompt, number) for prompt, number in zip(columns.prompts, columns.numbers)]
+
+
+def parse(text: str) -> str | None:
+    return text.rsplit(" ", 1)[-1].rstrip(".") if text.startswith("The answer is ") else None
+
+
+def questions(n: int, seed: int, split: str) -> tuple[list[str], list[str], dict[str, np.ndarray]]:
+    """``n`` questions: prompts, right answers, and each model's per-question probability of a right sample."""
+    rng = np.random.default_rng([seed, 0 if split == "test" else 1])
+    latent = rng.multivariate_normal([0, 0], [[1, RANK_CORRELATION], [RANK_CORRELATION, 1]], size=n)
+    probabilities = {}
+    for column, (name, (beta, _, _)) in enumerate(MODELS.items()):
+        spread = np.sort(rng.beta(*beta, size=n))  # the model's Beta marginal, given out by the latent's rank
+        probabilities[name] = spread[np.argsort(np.argsort(latent[:, column]))]
+    prompts = [f"{split} question {i} of seed {seed}: how many?" for i in range(n)]
+    truths = [str(int(x)) for x in rng.integers(10, 1000, size=n)]
+    return prompts, truths, probabilities
+
+
+def pair(n: int, seed: int, split: str) -> tuple[list[str], list[str], Model, Model]:
+    prompts, truths, probabilities = questions(n, seed, split)
+    small, strong = (Model(Calibrated(name, {p: (t, float(q)) for p, t, q in zip(prompts, truths, probabilities[name])},
+                                      f"{split}-{seed}"), temperature=0.7, max_tokens=COMPLETION_TOKENS)
+                     for name in MODELS)
+    return prompts, truths, small, strong
+
+
+def run(outputs: Sequence[Any]) -> tuple[list[Any], float, float, Any]:
+    """Evaluate, cache off: (values, money from the trace, wall, trace)."""
+    start = time.perf_counter()
+    with outlines.trace() as trace:
+        values = outlines.eval(*outputs, cache=False, progress=False)
+    wall = time.perf_counter() - start
+    return list(values) if len(outputs) > 1 else [values], float(trace.cost() or 0.0), wall, trace
+
+
+def accuracy(answers: Sequence[Any], truths: Sequence[str]) -> float:
+    return 100 * sum(a == t for a, t in zip(answers, truths)) / len(truths)
+
+
+def majority(model: Model, prompts: list[str], k: int) -> Any:
+    return outlines.vote(model, np.array(prompts, dtype=object), parse=parse, stop=None, per_iteration=k,
+                         max_samples=k).answer
+
+
+def by_hand(small: Model, strong: Model, prompts: list[str], rule: Any) -> tuple[list[Any], float, float, int]:
+    """The cascade written out with two evaluations (checks the harness; ``outlines.cascade`` is what is measured).
+
+    ``rule`` None: 3 small samples, accepted when all parsed and equal; else
+    ``vote``'s rule decides the small stage (rounds of 2, up to 6).
+    """
+    array = np.array(prompts, dtype=object)
+    if rule is None:
+        stage = outlines.vote(small, array, parse=parse, stop=None, per_iteration=SAMPLES, max_samples=SAMPLES)
+    else:
+        stage = outlines.vote(small, array, parse=parse, stop=rule, per_iteration=CONFIDENT_ROUND,
+                              max_samples=CONFIDENT_CAP)
+    (answers, votes), first, wall, _ = run([stage.answer, stage.votes])
+    answers = list(answers)
+    if rule is None:
+        accepted = [v.samples == SAMPLES and len(v) == 1 and sum(v.values()) == SAMPLES for v in votes]
+    else:
+        accepted = [v.decided for v in votes]
+    escalate = [i for i, ok in enumerate(accepted) if not ok]
+    second, more = 0.0, 0.0
+    if escalate:
+        values, second, more, _ = run([strong(np.array([prompts[i] for i in escalate], dtype=object))])
+        for i, text in zip(escalate, values[0]):
+            answers[i] = parse(text)
+    return answers, first + second, wall + more, len(escalate)
+
+
+def cascade(small: Model, strong: Model, prompts: list[str], rule: Any) -> tuple[list[Any], float, float, int]:
+    """``outlines.cascade`` (the hand-written one where this tree has none): answers, money, wall, escalated."""
+    if not hasattr(outlines, "cascade"):
+        return by_hand(small, strong, prompts, rule)
+    array = np.array(prompts, dtype=object)
+    if rule is None:
+        result = outlines.cascade(array, [small, strong], samples=(SAMPLES, 1), parse=parse)
+    else:
+        result = outlines.cascade(array, [small, strong], samples=(CONFIDENT_ROUND, 1), parse=parse, accept=rule,
+                                  max_samples=CONFIDENT_CAP)
+    values, money, wall, trace = run([result])
+    escalated = sum(b.size for b in trace.batches if "strong" in b.backend)
+    return list(values[0]), money, wall, escalated
+
+
+def row(name: str, answers: Sequence[Any], truths: Sequence[str], cost: float, wall: float, **extra: Any) -> dict[str, Any]:
+    return {"name": name, "accuracy": accuracy(answers, truths), "cost": cost, "wall": wall, **extra}
+
+
+def random_routing(small: Model, strong: Model, prompts: list[str], truths: list[str], cost: float, seed: int,
+                   label: str) -> dict[str, Any]:
+    """A random share to the strong model, one small sample for the rest, the share set so the money is ``cost``."""
+    one_small, one_strong = (PROMPT_TOKENS * p[0] + COMPLETION_TOKENS * p[1] for p in (SMALL_PRICE, STRONG_PRICE))
+    n = len(prompts)
+    share = min(1.0, max(0.0, (cost * 1e6 / n - one_small) / (one_strong - one_small)))
+    chosen = set(random.Random(f"routing {seed}").sample(range(n), round(share * n)))
+    to_strong = [p for i, p in enumerate(prompts) if i in chosen]
+    to_small = [p for i, p in enumerate(prompts) if i not in chosen]
+    outputs = [m(np.array(ps, dtype=object)) for m, ps in ((strong, to_strong), (small, to_small)) if ps]
+    values, money, wall, _ = run(outputs)
+    texts = iter([t for v in values for t in v])
+    answers_of = {p: parse(next(texts)) for p in to_strong + to_small}
+    return row(f"random routing at {label}'s cost", [answers_of[p] for p in prompts], truths, money, wall,
+               share=100 * share)
+
+
+def calibrate(n: int, seed: int) -> dict[str, Any]:
+    """The threshold: on a held-out split, the cheapest whose accuracy reaches the strong model's minus the margin."""
+    prompts, truths, small, strong = pair(n, seed, "held-out")
+    values, strong_cost, _, _ = run([strong(np.array(prompts, dtype=object))])
+    target = accuracy([parse(t) for t in values[0]], truths) - CALIBRATION_MARGIN
+    curve = []
+    for threshold in THRESHOLDS:
+        answers, money, _, _ = cascade(small, strong, prompts, stop_when_confident(threshold))
+        curve.append((threshold, accuracy(answers, truths), money / strong_cost))
+    meeting = [point for point in curve if point[1] >= target]
+    chosen = min(meeting, key=lambda p: p[2]) if meeting else max(curve, key=lambda p: p[1])
+    return {"threshold": chosen[0], "target": target, "curve": curve}
+
+
+def child(n: int, seed: int) -> list[dict[str, Any]]:
+    """Every method on one seed's questions, in this (fresh) process."""
+    prompts, truths, small, strong = pair(n, seed, "test")
+    array = np.array(prompts, dtype=object)
+    rows = []
+    values, strong_cost, wall, _ = run([strong(array)])
+    rows.append(row("strong only", [parse(t) for t in values[0]], truths, strong_cost, wall))
+    values, cost, wall, _ = run([small(array)])
+    rows.append(row("small only", [parse(t) for t in values[0]], truths, cost, wall))
+    values, cost, wall, _ = run([majority(small, prompts, SAMPLES)])
+    rows.append(row(f"small, majority of {SAMPLES}", values[0], truths, cost, wall))
+    # the small stage's agreement: all 3 samples equal, when their majority is right / wrong
+    votes = outlines.eval(outlines.vote(small, array, parse=parse, stop=None, per_iteration=SAMPLES,
+                                        max_samples=SAMPLES).votes, cache=False, progress=False)
+    agree: dict[bool, list[bool]] = {True: [], False: []}
+    for v, truth in zip(votes, truths):
+        if v:
+            agree[v.leader == truth].append(v.most_common(1)[0][1] == SAMPLES)
+    agreement = {k: 100 * statistics.fmean(v) if v else float("nan") for k, v in agree.items()}
+    calibration = calibrate(n, seed)
+    rules = {"all agree": None, "calibrated": stop_when_confident(calibration["threshold"])}
+    for label, rule in rules.items():
+        answers, cost, wall, escalated = cascade(small, strong, prompts, rule)
+        extra = {"escalated": 100 * escalated / n, **(calibration if rule is not None else {})}
+        rows.append(row(f"cascade, {label}", answers, truths, cost, wall, **extra))
+        rows.append(random_routing(small, strong, prompts, truths, cost, seed, label))
+        k = max(1, round((cost * 1e6 / n - PROMPT_TOKENS * SMALL_PRICE[0]) / (COMPLETION_TOKENS * SMALL_PRICE[1])))
+        values, money, wall, _ = run([majority(small, prompts, k)])
+        rows.append(row(f"small, majority of k at {label}'s cost", values[0], truths, money, wall, k=k))
+    rows[0]["agreement"] = agreement
+    return rows
+
+
+# -- the parent: fresh processes, the table, the verdicts ------------------------------------------
+def spawn(n: int, seed: int) -> list[dict[str, Any]]:
+    with tempfile.TemporaryDirectory(prefix="outlines-bench-") as cache_dir:
+        env = {**os.environ, "OUTLINES_CACHE_DIR": cache_dir, "PYTHONPATH": str(ROOT)}
+        out = subprocess.run([sys.executable, __file__, "--child", json.dumps([n, seed])], capture_output=True,
+                             text=True, cwd=ROOT, env=env)
+    if out.returncode != 0:
+        raise RuntimeError(f"seed {seed} failed:\n{out.stderr[-3000:]}")
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def spread(values: list[float]) -> str:
+    sd = statistics.stdev(values) if len(values) > 1 else 0.0
+    return f"{statistics.fmean(values):6.2f} +- {sd:4.2f}"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--questions", type=int, default=1000)
+    parser.add_argument("--seeds", type=int, default=5, help="question sets, each in a fresh process")
+    parser.add_argument("--json", action="store_true", help="also print the figures as BENCH {json}")
+    parser.add_argument("--child", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    _compat.JSON = args.json
+    if args.child:
+        print(json.dumps(child(*json.loads(args.child))))
+        return
+    n = args.questions
+    how = "outlines.cascade" if hasattr(outlines, "cascade") else "a hand-written cascade (this tree has no outlines.cascade)"
+    print(f"cascade benchmark: {n} questions x {args.seeds} seeds, each seed a fresh process; {how}; "
+          f"load {os.getloadavg()[0]:.1f}")
+    started, loads = time.perf_counter(), []
+    per_seed = []
+    for seed in range(args.seeds):
+        per_seed.append(spawn(n, seed))
+        loads.append(os.getloadavg()[0])
+    by_name: dict[str, list[dict[str, Any]]] = collections.defaultdict(list)
+    for rows in per_seed:
+        for r in rows:
+            by_name[r["name"]].append(r)
+    strong_cost = statistics.fmean(r["cost"] for r in by_name["strong only"])
+    strong_accuracy = statistics.fmean(r["accuracy"] for r in by_name["strong only"])
+    print(f"\n{'method':44s} {'accuracy %':>15s} {'vs strong':>9s} {'cost $':>8s} {'x strong':>8s} "
+          f"{'to strong %':>11s} {'wall s min/med':>15s}")
+    for name, rows in by_name.items():
+        accuracies = [r["accuracy"] for r in rows]
+        cost = statistics.fmean(r["cost"] for r in rows)
+        walls = [r["wall"] for r in rows]
+        routed = [float(r.get("escalated", r.get("share", "nan"))) for r in rows]
+        routed_text = f"{statistics.fmean(routed):11.1f}" if not any(map(math.isnan, routed)) else f"{'':11s}"
+        label = name + (f" (k = {'/'.join(str(r['k']) for r in rows)})" if "k" in rows[0] else "")
+        print(f"{label:44s} {spread(accuracies)} {statistics.fmean(accuracies) - strong_accuracy:+9.2f} "
+              f"{cost:8.4f} {cost / strong_cost:7.3f}x {routed_text} {min(walls):6.3f}/{statistics.median(walls):.3f}")
+    agreement = [r["agreement"] for r in by_name["strong only"]]
+    print(f"\nthe small model's 3 samples all agree: {statistics.fmean(a['true'] for a in agreement):.1f}% of the "
+          f"questions whose majority is right, {statistics.fmean(a['false'] for a in agreement):.1f}% of those whose "
+          "majority is wrong")
+    calibrated = by_name["cascade, calibrated"]
+    print("calibration (held-out split, per seed): thresholds "
+          + ", ".join(f"{r['threshold']}" for r in calibrated)
+          + f"; target = the strong model's held-out accuracy - {CALIBRATION_MARGIN} point")
+    print("held-out accuracy / cost curve (mean over seeds), threshold: accuracy %, x strong")
+    for i, threshold in enumerate(THRESHOLDS):
+        points = [r["curve"][i] for r in calibrated]
+        print(f"  {threshold:<5}: {statistics.fmean(p[1] for p in points):6.2f}%, "
+              f"{statistics.fmean(p[2] for p in points):.3f}x")
+    print()
+    for label in ("all agree", "calibrated"):
+        rows = by_name[f"cascade, {label}"]
+        accuracy_ = statistics.fmean(r["accuracy"] for r in rows)
+        cost = statistics.fmean(r["cost"] for r in rows) / strong_cost
+        close, cheap = accuracy_ >= strong_accuracy - 1 - 1e-9, cost <= 0.60 + 1e-9
+        print(f"cascade, {label}: {accuracy_ - strong_accuracy:+.2f} points against the strong model at "
+              f"{cost:.1%} of its cost: {'PASS' if close and cheap else 'FAIL'} (target: within 1 point at <= 60%)")
+        for baseline in (f"random routing at {label}'s cost", f"small, majority of k at {label}'s cost"):
+            other = statistics.fmean(r["accuracy"] for r in by_name[baseline])
+            other_cost = statistics.fmean(r["cost"] for r in by_name[baseline]) / strong_cost
+            wins = sum(c["accuracy"] > b["accuracy"] for c, b in zip(rows, by_name[baseline]))
+            print(f"  vs {baseline} ({other_cost:.1%} of strong): {accuracy_ - other:+.2f} points, ahead on "
+                  f"{wins} of {len(rows)} seeds: {'PASS' if accuracy_ > other else 'FAIL'}")
+        emit(f"cascade, {label}: accuracy", accuracy_, "%")
+        emit(f"cascade, {label}: cost / strong", cost, "calls")
+    print(f"\nwhole run {time.perf_counter() - started:.1f} s, load average {min(loads):.1f}-{max(loads):.1f} "
+          "over the seeds")
+
+
+if __name__ == "__main__":
+    main()
