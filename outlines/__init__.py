@@ -21,7 +21,16 @@ from outlines.graph.basic import Constant, Variable, constant, string
 from outlines.graph.ops import concatenate, expand_dims, stack
 from outlines.graph.ragged import Ragged
 from outlines.text import prompt
-from outlines.voting import Vote, Votes, vote
+from outlines.voting import (
+    Cascade,
+    Vote,
+    Votes,
+    cascade,
+    stop_when_ahead,
+    stop_when_confident,
+    stop_when_iteration_agrees,
+    vote,
+)
 
 __version__ = "0.1.0"
 
@@ -36,6 +45,7 @@ _quirks.use_store(_DefaultCacheQuirks())
 __all__ = [
     "Budget",
     "BudgetExceeded",
+    "Cascade",
     "Constant",
     "Failure",
     "GraphBuildError",
@@ -53,6 +63,7 @@ __all__ = [
     "as_completed",
     "cache",
     "cancel_jobs",
+    "cascade",
     "chain",
     "chat",
     "compile",
@@ -70,6 +81,9 @@ __all__ = [
     "models",
     "prompt",
     "stack",
+    "stop_when_ahead",
+    "stop_when_confident",
+    "stop_when_iteration_agrees",
     "string",
     "text",
     "trace",

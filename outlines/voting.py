@@ -1,4 +1,4 @@
-"""Adaptive voting: sample answers iteration by iteration, per element, until a stopping rule is met.
+"""Adaptive voting and cascades: sample answers until a stopping rule is met, or until a model is sure.
 
 ``vote`` builds ONE ``while_loop``: its state is each element's ``Votes`` (a
 ``Counter`` of the answers parsed so far); each iteration draws
@@ -13,30 +13,46 @@ window rule (``stop_when_iteration_agrees``) and a lead of ``margin`` votes
 also give up on an element whose decision is out of reach within
 ``max_samples`` (a futility rule on the predictive probability, computed
 exactly): it stops with its plurality, flagged in its ``Votes``.
+
+``cascade`` runs models cheapest first: one ``cond`` per stage, whose
+branch draws, parses and judges (``accept``, by default ``unanimous``; a
+stopping rule, a Python check or a verifier model) only the elements that
+reached it, and records each element's ``Route``. The stage conds catch
+failures (``Cond.catch``): a stage that fails, or that the budget refuses,
+is a value the next step reads, so the element escalates or keeps its
+earlier answer instead of failing the evaluation.
 """
 from __future__ import annotations
 
+import builtins
 import collections
+import inspect
 import math
 import warnings
+from dataclasses import dataclass
 from typing import Any, Callable, Iterable, NamedTuple, Optional
 
 import numpy as np
 
-from outlines.common.errors import GraphBuildError
+from outlines.common.errors import BudgetExceeded, Failure, GraphBuildError, NodeError
 from outlines.fn import fn
-from outlines.graph.basic import Variable, as_variable
-from outlines.graph.control import while_loop
+from outlines.graph.basic import Op, Variable, as_variable
+from outlines.graph.control import _cond, while_loop
+from outlines.graph.traits import Run, Traits
 
 __all__ = [
+    "Cascade",
+    "Route",
     "Rule",
     "TopTwoRule",
     "Vote",
     "Votes",
+    "cascade",
     "leader_probability",
     "stop_when_ahead",
     "stop_when_confident",
     "stop_when_iteration_agrees",
+    "unanimous",
     "vote",
 ]
 
@@ -600,3 +616,491 @@ def _voting_loop(model: Any, prompt: Variable, reader: Callable[[Any], Any], sto
     leader = fn(lambda votes: votes.leader, name="leader", pure=True)
     spent = fn(lambda votes: votes.samples, name="samples", pure=True)
     return Vote(leader(final), spent(final), final)
+
+
+# -- cascades: the cheap model first ---------------------------------------------------------------------------------
+#: Why an element of a cascade holds its answer (``Route.kept``).
+KEPT = ("accepted", "last", "budget", "failed")
+
+
+@dataclass(frozen=True, eq=False)
+class Route:
+    """The way one element went through a ``cascade``: every stage it reached, and the answer it kept.
+
+    Attributes
+    ----------
+    stages
+        One entry per stage the element reached, in order: that stage's
+        ``Votes`` (its parsed samples; ``decided`` is whether ``accept``
+        held), or the ``Failure`` of a stage that failed (an error, or draws
+        the budget refused).
+    stage
+        The index (into ``models``) of the stage whose answer the element
+        kept; ``None`` when no stage answered (``kept == "failed"``).
+    answer
+        The answer it kept: that stage's majority (``Votes.leader``;
+        ``None`` where none of its samples parsed).
+    kept
+        Why: ``"accepted"`` (``accept`` held at ``stage``), ``"last"`` (the
+        last model answers whatever ``accept`` says), ``"budget"`` (the
+        budget could not pay the next stage: it keeps an earlier stage's
+        answer), ``"failed"`` (no stage answered: ``failure`` says why);
+        ``None`` while the element still goes on.
+    failure
+        The ``Failure`` of the last stage it reached, when ``kept == "failed"``.
+
+    Examples
+    --------
+    >>> route = Route((Votes().added(["4", "5"]), Votes().added(["4", "4"])), stage=1, answer="4", kept="accepted")
+    >>> route.samples, route.escalations
+    (4, 1)
+    """
+
+    stages: tuple[Any, ...] = ()
+    stage: int | None = None
+    answer: Any = None
+    kept: str | None = None
+    failure: Failure | None = None
+
+    @property
+    def samples(self) -> int:
+        """Samples drawn over every stage it reached (a stage that failed counts none)."""
+        return sum(votes.samples for votes in self.stages if isinstance(votes, Votes))
+
+    @property
+    def escalations(self) -> int:
+        """How many times it went on to a next stage (a stage the budget refused included)."""
+        return max(0, len(self.stages) - 1)
+
+    def __repr__(self) -> str:
+        if self.kept is None:
+            return f"Route(stages={len(self.stages)}, going on)"
+        where = f", stage={self.stage}" if self.stage is not None else ""
+        why = f", failure={self.failure}" if self.failure is not None else ""
+        return f"Route(answer={self.answer!r}{where}, kept={self.kept!r}, samples={self.samples}{why})"
+
+
+class Cascade(NamedTuple):
+    """What ``cascade`` returns: four Variables of the prompt's shape."""
+
+    answer: Variable
+    """The answer per element: the majority of the stage that answered it."""
+    stage: Variable
+    """The index (into ``models``) of the stage that answered each element (``None`` where none did)."""
+    samples: Variable
+    """Samples drawn per element, over every stage it reached (an ``int``)."""
+    route: Variable
+    """Each element's ``Route``: the ``Votes`` of every stage it reached, and why it kept its answer."""
+
+    @property
+    def accepted(self) -> Variable:
+        """Whether each element's answer was accepted at its stage (``False`` for the last model's or a kept one)."""
+        return fn(lambda route: route.kept == "accepted", name="accepted", pure=True)(self.route)
+
+
+class _Failed:
+    """A stage's failure as a value the cascade's steps read (a ``Failure`` would skip them)."""
+
+    __slots__ = ("failure",)
+
+    def __init__(self, failure: Failure) -> None:
+        self.failure = failure
+
+    def __repr__(self) -> str:
+        return f"_Failed({self.failure})"
+
+
+def unanimous(votes: Votes) -> bool:
+    """``cascade``'s default ``accept``: every sample parsed, and all gave the same answer.
+
+    Examples
+    --------
+    >>> unanimous(Votes().added(["4", "4", "4"])), unanimous(Votes().added(["4", "4", None]))
+    (True, False)
+    """
+    return len(votes) == 1 and sum(votes.values()) == votes.samples
+
+
+class _Outcome(Op):
+    """One stage's result per element: its ``Votes`` (``decided``: ``accept`` held), or ``_Failed``.
+
+    It reads failed elements (``guards_elements``): a draw that failed, or
+    that the budget refused, is that element's stage failing, which the
+    cascade escalates rather than passes on. ``counted``: the values are the
+    ``Votes`` of a voting loop (judged by it already), else texts to parse,
+    one row of samples per element.
+    """
+
+    __props__ = ("reader", "accept", "counted", "title")
+    traits = Traits(run=Run.INLINE, pure=False, guards_elements=True)
+
+    def __init__(self, reader: Callable[[Any], Any], accept: Rule | None, counted: bool, title: str) -> None:
+        self.reader, self.accept, self.counted, self.title = reader, accept, counted, title
+
+    @property
+    def name(self) -> str:
+        return self.title
+
+    def describe(self) -> dict[str, Any]:
+        rule = getattr(self.accept, "__name__", None) if self.accept is not None else None
+        return {"kind": "python", "title": self.title, "lines": [f"accept={rule}"] if rule else []}
+
+    def infer_shapes(self, shapes: list[Any], noutputs: int) -> list[Any]:
+        return [shapes[0]]
+
+    def perform(self, routes: Any, values: Any, on_error: Any = None, on_failed_input: Any = None) -> Any:
+        count = routes.size if isinstance(routes, np.ndarray) else 1
+        out = np.empty(count, dtype=object)
+        if isinstance(values, Failure):  # the whole call failed
+            out[:] = [_Failed(values) for _ in range(count)]
+            return out if isinstance(routes, np.ndarray) else out[0]
+        rows = np.asarray(values, dtype=object) if isinstance(values, np.ndarray) else np.array([values], dtype=object)
+        wanted = (count,) if self.counted else (count, rows.shape[-1])
+        rows = np.broadcast_to(rows, wanted)  # a scalar prompt: one row for the element
+        for element in range(count):
+            try:
+                out[element] = self._one(rows[element])
+            except Exception as exc:  # noqa: BLE001 - a bug in parse or accept: the element's own failure
+                if on_error is None:
+                    raise
+                out[element] = on_error(exc)
+        return out if isinstance(routes, np.ndarray) else out[0]
+
+    def _one(self, row: Any) -> Any:
+        if self.counted:  # a voting loop's Votes, or the Failure an element left it with
+            return _Failed(row) if isinstance(row, Failure) else row
+        failed = next((text for text in row if isinstance(text, Failure)), None)
+        if failed is not None:
+            return _Failed(failed)
+        votes = Votes().added(_parsed(self.reader, text) for text in row)
+        if self.accept is not None:
+            votes.decided = bool(self.accept(votes.copy()))  # a copy: a rule that writes to its votes changes nothing
+        return votes
+
+
+class _Answer(Op):
+    """A cascade's answer per element; an element no stage answered fails with its last stage's failure.
+
+    Under ``errors="return"`` that element holds the ``Failure`` itself;
+    under ``errors="raise"`` the evaluation raises a ``NodeError`` naming the
+    node that failed (a ``BudgetExceeded`` for a refusal).
+    """
+
+    traits = Traits(run=Run.INLINE, pure=True, guards_elements=True)
+
+    @property
+    def name(self) -> str:
+        return "cascade answer"
+
+    def infer_shapes(self, shapes: list[Any], noutputs: int) -> list[Any]:
+        return [shapes[0]]
+
+    def perform(self, routes: Any, on_error: Any = None, on_failed_input: Any = None) -> Any:
+        if not isinstance(routes, np.ndarray):
+            return self._one(routes, on_error, on_failed_input)
+        out = np.empty(routes.shape, dtype=object)
+        flat = out.reshape(-1)
+        for index, route in enumerate(routes.reshape(-1)):
+            flat[index] = self._one(route, on_error, on_failed_input)
+        return out
+
+    @staticmethod
+    def _one(route: Any, on_error: Any, on_failed_input: Any) -> Any:
+        if isinstance(route, Failure):  # a step of the cascade failed (a bug in parse, say)
+            if on_failed_input is None:
+                raise _raised(route.root)
+            return on_failed_input(route)
+        if route.kept != "failed":
+            return route.answer
+        failure = route.failure
+        if on_error is not None:  # errors="return": the element holds its last stage's own failure
+            return failure
+        raise _raised(failure)
+
+
+def _raised(failure: Failure) -> NodeError:
+    """The error ``errors="raise"`` raises for an element whose last stage failed: a ``NodeError`` naming its node.
+
+    A refusal of the budget is raised as the ``BudgetExceeded`` it was
+    (its message; the figures are in the message).
+    """
+    if failure.error_type == "BudgetExceeded":
+        refusal = BudgetExceeded.__new__(BudgetExceeded)  # its figures are in its message: the rest is unknown here
+        RuntimeError.__init__(refusal, failure.message)
+        vars(refusal).update(message=failure.message, node=failure.node, op=failure.op, cause=refusal, budget=None,
+                             spent_tokens=None, spent_cost=None, needed_tokens=None, needed_cost=None, backend=None,
+                             draws=None)
+        return refusal
+    kind = getattr(builtins, failure.error_type, None)
+    try:  # the builtin exception it was (most are), with its message; else a RuntimeError naming its type
+        cause = kind(failure.message) if isinstance(kind, type) and issubclass(kind, Exception) else None
+    except Exception:  # noqa: BLE001 - an exception type that takes other arguments
+        cause = None
+    if cause is None:
+        cause = RuntimeError(f"{failure.error_type}: {failure.message}")
+    return NodeError(failure.node, failure.op, cause)
+
+
+def _caught(value: Any) -> Any:
+    return _Failed(value) if isinstance(value, Failure) else value
+
+
+class _Caught(Op):
+    """Elementwise: a ``Failure`` element as a ``_Failed`` value (a verifier's verdict that failed)."""
+
+    traits = Traits(run=Run.INLINE, pure=True, guards_elements=True)
+
+    @property
+    def name(self) -> str:
+        return "caught"
+
+    def infer_shapes(self, shapes: list[Any], noutputs: int) -> list[Any]:
+        return [shapes[0]]
+
+    def perform(self, values: Any, on_error: Any = None, on_failed_input: Any = None) -> Any:
+        if not isinstance(values, np.ndarray):
+            return _caught(values)
+        out = np.empty(values.shape, dtype=object)
+        out.reshape(-1)[:] = [_caught(v) for v in values.reshape(-1)]
+        return out
+
+
+def _advanced(route: Route, outcome: Any, index: int, last: bool) -> Route:
+    """``route`` after stage ``index``'s ``outcome`` (``Votes`` or ``_Failed``): settled, or going on."""
+    if isinstance(outcome, _Failed):
+        failure = outcome.failure
+        stages = (*route.stages, failure)
+        if failure.error_type == "BudgetExceeded":  # the budget cannot pay this stage: keep an earlier answer
+            earlier = [(i, v) for i, v in enumerate(route.stages) if isinstance(v, Votes)]
+            if earlier:
+                answered = [(i, v) for i, v in earlier if v.leader is not None]
+                stage, votes = (answered or earlier)[-1]
+                return Route(stages, stage, votes.leader, "budget")
+            return Route(stages, None, None, "failed", failure)
+        if last:
+            return Route(stages, None, None, "failed", failure)
+        return Route(stages)
+    stages = (*route.stages, outcome)
+    if outcome.decided and outcome.leader is not None:
+        return Route(stages, index, outcome.leader, "accepted")
+    if last:
+        return Route(stages, index, outcome.leader, "last")
+    return Route(stages)  # rejected, or nothing parsable: the next model answers
+
+
+def _arity(accept: Callable[..., Any]) -> int:
+    """Required positional parameters of ``accept`` (1 when unknown)."""
+    try:
+        parameters = inspect.signature(accept).parameters.values()
+    except (TypeError, ValueError):
+        return 1
+    return sum(1 for p in parameters if p.kind <= p.POSITIONAL_OR_KEYWORD and p.default is p.empty)
+
+
+def _per_stage(where: str, name: str, value: Any, stages: int, optional: bool = False) -> list[Any]:
+    """``value`` (one for all stages, or one per stage) as one per stage, checked."""
+    values = list(value) if isinstance(value, (list, tuple)) else [value] * stages
+    if len(values) != stages:
+        raise GraphBuildError(f"{where}: {name} has {len(values)} value(s) for {stages} model(s); give one, or one "
+                              f"per model")
+    for item in values:
+        if optional and item is None:
+            continue
+        if isinstance(item, bool) or not isinstance(item, int) or item < 1:
+            raise GraphBuildError(f"{where}: {name} must be an integer >= 1 (or one per model), got {item!r}")
+    return values
+
+
+def _check_cascade(models: Any, samples: Any, max_samples: Any, accept: Any
+                   ) -> tuple[list[Any], list[int], list[int | None], Callable[..., Any], bool]:
+    """``cascade``'s arguments, checked: the stages, samples and caps per stage, the rule, whether it is a verifier.
+
+    Raises ``GraphBuildError`` for an argument it cannot run with (see ``cascade``).
+    """
+    stages = list(models) if isinstance(models, (list, tuple)) else None
+    where = f"cascade({len(stages)} model(s))" if stages is not None else "cascade"
+    if not stages:
+        raise GraphBuildError(f"{where}: models must be a non-empty list of models, cheapest first; got {models!r:.60}")
+    count = len(stages)
+    draws = _per_stage(where, "samples", samples, count)
+    caps = _per_stage(where, "max_samples", max_samples, count, optional=True)
+    for stage, (k, cap) in enumerate(zip(draws, caps)):
+        if cap is not None and cap % k:
+            raise GraphBuildError(f"{where}: stage {stage} draws samples={k} at a time; max_samples={cap} is not a "
+                                  f"multiple of it")
+    rule = unanimous if accept is None else accept
+    if not callable(rule):
+        raise GraphBuildError(f"{where}: accept must be a function, votes -> bool (or a verifier, (prompt, answer) -> "
+                              f"bool), got {type(rule).__name__} {rule!r:.60}")
+    verifier = _arity(rule) == 2
+    if verifier and any(cap is not None for cap in caps):
+        raise GraphBuildError(f"{where}: a verifier accept (prompt, answer) decides once per stage; max_samples needs "
+                              "a rule of the votes, votes -> bool")
+    return stages, draws, caps, rule, verifier
+
+
+def cascade(
+    prompt: Any,
+    models: Any,
+    *,
+    samples: int | Iterable[int] = 3,
+    parse: Callable[[Any], Any] | None = None,
+    accept: Callable[..., Any] | None = None,
+    max_samples: int | Iterable[int | None] | None = None,
+) -> Cascade:
+    """Answer with the cheapest model that is sure, escalating the rest to the next model.
+
+    Every element is first answered by ``models[0]`` with ``samples``
+    draws, parsed into answers; where ``accept`` holds the element keeps
+    that stage's majority, and the others (with those whose stage failed:
+    an error, or no sample parsed) go to the next model, and so on; the
+    last model always answers. Each stage is one ``outlines.cond`` over
+    the elements that reached it: ONE batched call per backend per stage
+    (one round of jobs under ``jobs=``), cached and resumable; nothing goes
+    to a later model for an element accepted earlier (FrugalGPT, AutoMix).
+    A stage that fails for an element escalates it; only the last stage's
+    failure is the element's (a ``Failure`` under ``errors="return"``, else
+    a ``NodeError`` naming the failed node). Under ``budget=`` a cascade
+    never raises for lack of money after its first stage: an escalation the
+    budget cannot pay is skipped and the element keeps the earlier answer
+    (``Route.kept == "budget"``). ``Trace.cascades()`` counts each stage.
+
+    Parameters
+    ----------
+    prompt
+        A string, a string Variable or a conversation, of any shape.
+    models
+        The stages, cheapest first: ``Model``s, or any function called as
+        ``stage(prompt, num_samples=k)`` that returns ``k`` texts per element
+        (a chain, an agent); the same model may appear twice with different
+        methods (``functools.partial(llm, temperature=0)``).
+    samples
+        Draws per element per stage: one integer for every stage, or one
+        per stage (default 3).
+    parse
+        ``text -> answer``, as in ``vote``: ``None`` (or ``ValueError``) for
+        a text with no answer, a vote for nothing. Answers must be hashable.
+        Default: the text stripped.
+    accept
+        When an element stops at a stage. ``accept(votes) -> bool``, called
+        per element in Python with that stage's ``Votes`` (a ``Counter`` of
+        the parsed answers; ``.latest`` lists them in draw order, ``None``
+        where a text did not parse; ``.samples``). ``vote``'s stopping rules
+        are such functions (``outlines.stop_when_confident(0.9)``); with
+        ``max_samples`` a stage samples ``samples`` at a time until its rule
+        holds, gives up, or ``max_samples`` are drawn (a ``vote``), and the
+        element is accepted when the rule held. Or ``accept(prompt,
+        answer)`` with two parameters: traced once over symbolic values
+        (the prompt and the stage's majority), returning a boolean per
+        element; it may call a model (a verifier, as AutoMix's
+        self-verification), batched over the stage's elements; a verdict
+        that fails rejects. Default: ``unanimous`` (every sample parsed and
+        all equal).
+    max_samples
+        ``None`` (default): each stage draws ``samples`` once. Else the most
+        a stage draws (one for all, or per stage; ``None``: draws once).
+
+    Returns
+    -------
+    Cascade
+        ``(answer, stage, samples, route)``: Variables of the prompt's
+        shape; ``route`` holds each element's ``Route`` (the ``Votes`` of
+        every stage it reached, and why it kept its answer).
+
+    Raises
+    ------
+    GraphBuildError
+        At build time: no models, ``samples`` or ``max_samples`` not
+        positive integers (or not one per model), a ``max_samples`` that its
+        ``samples`` does not divide, an ``accept`` that is not callable, or
+        a verifier (two parameters) with ``max_samples``.
+
+    Examples
+    --------
+    >>> import outlines
+    >>> from outlines import models
+    >>> small = models.from_function(lambda p: "4" if "2 + 2" in p else "?", name="small")
+    >>> strong = models.from_function(lambda p: "5" if "2 + 3" in p else "4", name="strong")
+    >>> result = outlines.cascade(["2 + 2?", "2 + 3?"], [small, strong], parse=int)
+    >>> answer, stage = outlines.eval(result.answer, result.stage, cache=False)
+    >>> answer.tolist(), stage.tolist()
+    ([4, 5], [0, 1])
+    """
+    stages, draws, caps, rule, verifier = _check_cascade(models, samples, max_samples, accept)
+    count = len(stages)
+    reader = parse or _strip
+    prompt = as_variable(prompt, array=True)
+    pending = fn(lambda route: isinstance(route, Route) and route.kept is None, name="going on", pure=True)
+    route: Variable = as_variable(Route())
+    for index, (model, k, cap) in enumerate(zip(stages, draws, caps)):
+        body = _stage(prompt, model, index, index == count - 1, k, cap, reader, rule, verifier)
+        tally = _Tally(index, _model_name(model))
+        route = _cond(pending(route), body, lambda state: state, (route,), catch=True, tally=tally)
+    spent = fn(lambda route: route.samples if isinstance(route, Route) else route, name="samples", pure=True)
+    stage = fn(lambda route: route.stage if isinstance(route, Route) else route, name="stage", pure=True)
+    return Cascade(_Answer()(route), stage(route), spent(route), route)
+
+
+def _model_name(model: Any) -> str:
+    """How the trace names a stage's model: ``kind:model`` of its backend, else the function's name."""
+    backend = getattr(model, "backend", None)
+    if backend is not None:
+        return f"{backend.kind}:{backend.model_name}"
+    return str(getattr(model, "__name__", None) or repr(model))[:60]
+
+
+class _Tally:
+    """What the elements that reached a stage did, for the trace (``Trace.cascades``)."""
+
+    #: ``Route.kept`` -> the count it adds to.
+    COUNTS = {None: "escalated", "accepted": "accepted", "last": "answered", "budget": "kept: budget"}
+
+    def __init__(self, index: int, model: str) -> None:
+        self.index, self.model = index, model
+
+    def __call__(self, routes: np.ndarray) -> dict[str, Any]:
+        counts: dict[str, Any] = {"stage": self.index, "model": self.model, "reached": int(routes.size)}
+        counts.update(dict.fromkeys(("accepted", "escalated", "answered", "kept: budget", "failed"), 0))
+        for route in routes.reshape(-1):
+            counts[self.COUNTS.get(route.kept, "failed") if isinstance(route, Route) else "failed"] += 1
+        return counts
+
+
+def _stage(prompt: Variable, model: Any, index: int, last: bool, k: int, cap: int | None,
+           reader: Callable[[Any], Any], rule: Callable[..., Any], verifier: bool) -> Callable[[Variable], Variable]:
+    """The branch of stage ``index``: draw, parse and judge the elements that reached it, then advance their routes."""
+    title = f"stage {index}"
+
+    @fn(name=f"{title} route", pure=True)
+    def advance(route: Route, outcome: Any) -> Route:
+        return _advanced(route, outcome, index, last)
+
+    def branch(route: Variable) -> Variable:
+        if cap is None:
+            texts = model(prompt, num_samples=k)
+            outcome = _Outcome(reader, None if verifier else rule, False, title)(route, texts)
+        else:
+            loop = _voting_loop(model, prompt, reader, rule, k, cap, None, {})
+            outcome = _Outcome(reader, None, True, title)(route, loop.votes)
+        if verifier and not last:  # the last model answers whatever a verifier would say
+            outcome = _verified(prompt, outcome, rule)
+        return advance(route, outcome)
+
+    branch.__name__ = title
+    return branch
+
+
+def _verified(prompt: Variable, outcome: Variable, verify: Callable[..., Any]) -> Variable:
+    """``outcome`` whose ``decided`` is the verifier's verdict, asked only where the stage has an answer."""
+    answered = fn(lambda votes: isinstance(votes, Votes) and votes.leader is not None, name="answered", pure=True)
+    leader = fn(lambda votes: votes.leader if isinstance(votes, Votes) else None, name="majority", pure=True)
+    verdict = _cond(answered(outcome), verify, lambda prompt, answer: as_variable(False), (prompt, leader(outcome)))
+
+    @fn(name="verdict", pure=True)
+    def decided(votes: Any, ok: Any) -> Any:
+        if isinstance(votes, Votes):
+            votes = votes.copy()
+            votes.decided = ok is True or type(ok).__name__ == "bool_" and bool(ok)
+        return votes
+
+    return decided(outcome, _Caught()(verdict))

@@ -373,10 +373,17 @@ class Cond(_Control):
     Variables of both branches.
     """
 
-    def __init__(self, branches: tuple[Subgraph, Subgraph], noperands: int) -> None:
+    def __init__(self, branches: tuple[Subgraph, Subgraph], noperands: int, catch: bool = False,
+                 tally: Callable[[np.ndarray], dict[str, Any]] | None = None) -> None:
         self.serial = next(_serials)
         self.branches = branches
         self.noperands = noperands
+        #: The branches run as if under ``errors="return"`` whatever the evaluation's mode: a failed element
+        #: (an error, a draw the budget refused) holds its ``Failure`` for the graph to read (``outlines.cascade``).
+        self.catch = catch
+        #: ``tally(outputs of the true branch) -> counts``, reported to the trace after each run
+        #: (``Recorder.branch_counted``): what a cascade stage's elements did.
+        self.tally = tally
 
     @property
     def name(self) -> str:
@@ -392,7 +399,7 @@ class Cond(_Control):
 
     @property
     def _structure(self) -> Any:
-        return self.noperands
+        return self.noperands, self.catch
 
     def infer_shapes(self, shapes: list[Any], noutputs: int) -> list[Any]:
         """Scalars when every input is one and both branches give scalars on scalars; else unknown."""
@@ -406,6 +413,8 @@ class Cond(_Control):
         return [() if a == () and b == () else None for a, b in zip(*outs)] if len(outs[0]) == noutputs else [None] * noutputs
 
     def describe(self) -> dict[str, Any]:
+        if self.catch:
+            return {"kind": "op", "title": "cond", "lines": ["failures caught"]}
         return {"kind": "op", "title": "cond"}
 
     def argument_name(self, position: int, ninputs: int) -> str:
@@ -586,6 +595,12 @@ def cond(pred: Any, if_true: Callable[..., Any], if_false: Callable[..., Any], *
     >>> list(out.eval({"q": ["a", "abc"]}))
     ['a?', 'abc!']
     """
+    return _cond(pred, if_true, if_false, operands)
+
+
+def _cond(pred: Any, if_true: Callable[..., Any], if_false: Callable[..., Any], operands: Sequence[Any],
+          catch: bool = False, tally: Callable[[np.ndarray], dict[str, Any]] | None = None) -> Any:
+    """``cond``; with ``catch``, the branches' failures are values (``Cond.catch``: ``outlines.cascade``'s stages)."""
     where = "cond"
     pred = as_variable(pred, array=True)
     _check_boolean(where, "pred", pred)
@@ -598,7 +613,7 @@ def cond(pred: Any, if_true: Callable[..., Any], if_false: Callable[..., Any], *
         raise GraphBuildError(f"cond: if_true returned {len(true_out)} value(s) and if_false {len(false_out)}; "
                               "both branches must return the same structure")
     op = Cond((Subgraph(params_t, true_out, captured_t, stand_ins_t), Subgraph(params_f, false_out, captured_f, stand_ins_f)),
-              len(values))
+              len(values), catch, tally)
     node = Apply(op, [pred, *values, *captured_t, *captured_f], len(true_out))
     single = len(true_out) == 1
     return node.outputs[0] if single else node.outputs

@@ -28,6 +28,7 @@ from __future__ import annotations
 import asyncio
 import copy
 import time
+from dataclasses import replace
 from typing import Any, Awaitable, Callable, Sequence
 
 import numpy as np
@@ -125,6 +126,13 @@ class _Runner:
                             for node in plan.nodes if node.order in positions and id(node) not in plan.members}
         labelled.members.update(plan.members)
         return labelled
+
+    def catching(self) -> _Runner:
+        """The same runner in an evaluation whose failed elements hold their ``Failure`` (``Cond.catch``)."""
+        if self.evaluation.return_failures:
+            return self
+        options = self.evaluation.options.with_changes(errors="return")
+        return _Runner(replace(self.evaluation, options=options), self.schedule, self.first_tag, self.members)
 
     def name(self, node: Apply, element: int) -> str:
         """Who an element's failure names: the node, or the member the element stands for."""
@@ -314,6 +322,8 @@ def _record(recorder: Recorder, node: Apply, iteration: int, active: int, batche
 
 # -- cond -----------------------------------------------------------------------------
 async def _run_cond(run: _Runner, node: Apply, op: Cond, inputs: list[Any]) -> Any:
+    if op.catch:  # the branches' failures are values the graph reads (outlines.cascade's stages)
+        run = run.catching()
     noperands = op.noperands
     true_branch, false_branch = op.branches
     ntrue = len(true_branch.captured)
@@ -358,6 +368,8 @@ async def _run_cond(run: _Runner, node: Apply, op: Cond, inputs: list[Any]) -> A
             await asyncio.gather(*tasks, return_exceptions=True)
             raise
     merged = _merge(node, results, sides, size, len(node.outputs))
+    if op.tally is not None and sides[0].size:  # a counted cond: what the elements of its branch did
+        run.evaluation.recorder.branch_counted(node.label, op.tally(merged[0][sides[0]]))
     for index in np.flatnonzero(failed):
         failure = _first_failure(flat, index).skipped(node.label, op.name)
         for array in merged:

@@ -83,6 +83,9 @@ class Recorder(Protocol):
     def loop_limited(self, loop: str, stopped: int, elements: int, max_iter: int) -> None:
         """``stopped`` of the ``elements`` of loop ``loop`` (its label) were stopped by ``max_iter``, not ``cond``."""
 
+    def branch_counted(self, node: str, counts: dict[str, Any]) -> None:
+        """A counted ``cond`` (a ``cascade`` stage, ``Cond.tally``) ran its branch: what its elements did."""
+
     def job_event(self, batch_id: int, event: Any) -> None:
         """A job answering batch ``batch_id`` was created, resumed, read or collected (``runtime.jobs.JobEvent``)."""
 
@@ -120,6 +123,8 @@ class Listener:
     def loop_iteration(self, node: Apply, iteration: int, active: int, batches: int, start: float, end: float) -> None: ...
 
     def loop_limited(self, loop: str, stopped: int, elements: int, max_iter: int) -> None: ...
+
+    def branch_counted(self, node: str, counts: dict[str, Any]) -> None: ...
 
     def job_event(self, batch_id: int, event: Any) -> None: ...
 
@@ -190,6 +195,10 @@ class FanOut:
     def loop_limited(self, loop: str, stopped: int, elements: int, max_iter: int) -> None:
         for listener in self.listeners:
             listener.loop_limited(loop, stopped, elements, max_iter)
+
+    def branch_counted(self, node: str, counts: dict[str, Any]) -> None:
+        for listener in self.listeners:
+            listener.branch_counted(node, counts)
 
     def job_event(self, batch_id: int, event: Any) -> None:
         for listener in self.listeners:

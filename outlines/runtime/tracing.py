@@ -256,6 +256,8 @@ class Trace:
         ``loop label -> {"stopped", "elements", "max_iter"}``: the elements
         of a loop that ran out of iterations (``max_iter``) with ``cond``
         not yet false, of how many (summed over evaluations).
+    branches
+        ``cond label -> counts`` of each ``cascade`` stage (``cascades()``).
 
     Notes
     -----
@@ -276,6 +278,8 @@ class Trace:
         self.evals: list[_Eval] = []
         self.iterations: list[IterationRecord] = []
         self.loops_limited: dict[str, dict[str, int]] = {}
+        #: ``cond label -> counts`` of the counted conds (``cascade`` stages), summed over evaluations.
+        self.branches: dict[str, dict[str, Any]] = {}
         self.jobs: list[JobTraceRecord] = []
         self.closed_at: float | None = None
         #: Wall-clock nanoseconds at ``origin`` (for exporters: ``outlines.otel``).
@@ -373,6 +377,21 @@ class Trace:
         """
         return {name: None if money is None else reported(money) for name, money in self._money(prices).items()}
 
+    def cascades(self) -> list[dict[str, Any]]:
+        """What each stage of the ``outlines.cascade``s traced did, summed over evaluations, in stage order.
+
+        Returns
+        -------
+        list of dict
+            One per stage: ``stage`` (its index), ``model``, ``reached``
+            (elements that reached it), ``accepted`` (kept its answer:
+            ``accept`` held), ``escalated`` (went on to the next stage),
+            ``answered`` (the last stage's answers), ``kept: budget``
+            (the budget could not pay this stage: they kept an earlier
+            answer), ``failed`` (no stage answered them).
+        """
+        return [dict(counts) for counts in self.branches.values()]
+
     def cost(self, prices: Any = None) -> float | None:
         """Money spent, from the usage backends reported (``None`` when a backend has no price)."""
         money = list(self._money(prices).values())
@@ -448,6 +467,7 @@ class Trace:
             "batches": [asdict(b) for b in self.batches],
             "iterations": [asdict(i) for i in self.iterations],
             "loops_limited": {loop: dict(counts) for loop, counts in self.loops_limited.items()},
+            "cascades": self.cascades(),
             "jobs": [asdict(j) for j in self.jobs],
             "requests": [asdict(r) for r in self.requests],
             "model_loads": [asdict(m) for m in self.model_loads],
@@ -512,6 +532,11 @@ class Trace:
         for loop, counts in self.loops_limited.items():
             lines.append(f"  {loop}: {counts['stopped']} of {counts['elements']} stopped at "
                          f"max_iter={counts['max_iter']}")
+        for stage in self.cascades():
+            told = ", ".join(f"{key} {stage[key]}" for key in ("accepted", "escalated", "answered", "kept: budget",
+                                                                "failed") if stage.get(key))
+            lines.append(f"  cascade stage {stage['stage']} ({stage['model']}): reached {stage['reached']}"
+                         + (f", {told}" if told else ""))
         prompt_tokens, completion_tokens = self.tokens
         lines.append(f"  cache: {self.cache_hits} hit(s), {self.cache_misses} miss(es)")
         read, written = self.cached_tokens
@@ -786,6 +811,11 @@ class _EvalRecorder(Listener):
         trace.iterations.append(
             IterationRecord(node.label, iteration, active, batches, trace._time(start), trace._time(end))
         )
+
+    def branch_counted(self, node: str, counts: dict[str, Any]) -> None:
+        known = self.trace.branches.setdefault(node, {})
+        for key, value in counts.items():
+            known[key] = known.get(key, 0) + value if isinstance(value, int) and key != "stage" else value
 
     def loop_limited(self, loop: str, stopped: int, elements: int, max_iter: int) -> None:
         counts = self.trace.loops_limited.setdefault(loop, {"stopped": 0, "elements": 0, "max_iter": max_iter})

@@ -1,0 +1,364 @@
+"""``outlines.cascade``: the cheap model first, the next one only for the elements it rejects.
+
+Two recording fakes, ``small`` and ``strong``, answer from the prompt: an
+"easy" question gets the same answer on every draw from the small model (so
+the default rule, all samples equal, accepts it), a "hard" one gets a new
+answer per draw (rejected). Each backend records its batches, so every test
+counts what each stage sent.
+"""
+from __future__ import annotations
+
+import itertools
+from pathlib import Path
+from typing import Any, Iterator
+
+import numpy as np
+import pytest
+
+import outlines
+from outlines.cache import Cache
+from outlines.common.errors import BudgetExceeded, Failure, NodeError
+from outlines.runtime.jobs import Jobs
+from outlines.voting import Route, Votes, cascade, stop_when_ahead, unanimous
+from tests.fixtures.recording import RecordingBackend
+
+QUESTIONS = ["easy 1", "hard 2", "easy 3", "hard 4", "easy 5", "hard 6"]
+HARD = [q for q in QUESTIONS if q.startswith("hard")]
+
+
+def small_reply() -> Any:
+    """Easy questions: their number on every draw; hard ones: a new number per draw (draws never agree)."""
+    counter = itertools.count(100)
+
+    def reply(prompt: str) -> str:
+        if "boom" in prompt:
+            raise RuntimeError("small down")
+        if prompt.startswith("easy"):
+            return prompt.split()[-1]
+        if prompt.startswith("blank"):
+            return "no number here"
+        return str(next(counter))
+
+    return reply
+
+
+def strong_reply(prompt: str) -> str:
+    if "bang" in prompt:
+        raise RuntimeError("strong down")
+    return str(10 * int(prompt.split()[-1]))
+
+
+def backends(**options: Any) -> tuple[RecordingBackend, RecordingBackend]:
+    return (RecordingBackend(small_reply(), name="small", **options),
+            RecordingBackend(strong_reply, name="strong", **options))
+
+
+def run(questions: list[str] = QUESTIONS, **options: Any) -> tuple[list[Any], RecordingBackend, RecordingBackend]:
+    small, strong = backends(max_batch=options.pop("max_batch", None))
+    kwargs = {k: options.pop(k) for k in ("samples", "accept", "max_samples") if k in options}
+    result = cascade(questions, [small.model(max_tokens=4), strong.model(max_tokens=4)], parse=int, **kwargs)
+    values = outlines.eval(result.answer, result.stage, result.samples, result.route, **{"cache": False, **options})
+    return [list(v) for v in values], small, strong
+
+
+def test_each_stage_is_one_batch_over_the_elements_that_reached_it() -> None:
+    (answers, stages, samples, routes), small, strong = run()
+    assert answers == [1, 20, 3, 40, 5, 60]
+    assert stages == [0, 1, 0, 1, 0, 1]
+    assert samples == [3, 6, 3, 6, 3, 6]
+    assert len(small.batches) == 1 and sorted(small.batches[0]) == sorted(QUESTIONS * 3)
+    assert len(strong.batches) == 1 and sorted(strong.batches[0]) == sorted(HARD * 3)  # only the rejected
+    assert [r.kept for r in routes] == ["accepted", "accepted", "accepted", "accepted", "accepted", "accepted"]
+    assert isinstance(routes[1], Route) and [len(r.stages) for r in routes] == [1, 2, 1, 2, 1, 2]
+    assert dict(routes[0].stages[0]) == {1: 3} and routes[0].stages[0].decided
+    assert not routes[1].stages[0].decided and routes[1].escalations == 1
+
+
+def test_the_trace_counts_each_stage() -> None:
+    with outlines.trace() as trace:
+        run()
+    first, second = trace.cascades()
+    assert first == {"stage": 0, "model": "recording:small", "reached": 6, "accepted": 3, "escalated": 3,
+                     "answered": 0, "kept: budget": 0, "failed": 0}
+    assert (second["stage"], second["reached"], second["accepted"], second["escalated"]) == (1, 3, 3, 0)
+    assert "cascade stage 0 (recording:small): reached 6, accepted 3, escalated 3" in trace.summary()
+    assert trace.to_dict()["cascades"] == [first, second]
+
+
+def test_nothing_reaches_a_later_model_when_the_first_accepts_everything() -> None:
+    (answers, stages, _, _), small, strong = run(["easy 7", "easy 8"])
+    assert answers == [7, 8] and stages == [0, 0]
+    assert strong.batches == []
+
+
+def test_three_stages_send_each_only_what_the_one_before_rejected() -> None:
+    small = RecordingBackend(small_reply(), name="small")
+    scattered = itertools.count(500)
+    middle = RecordingBackend(lambda p: "7" if p == "hard 2" else str(next(scattered)), name="middle")
+    strong = RecordingBackend(strong_reply, name="strong")
+    result = cascade(QUESTIONS, [small.model(), middle.model(), strong.model()], parse=int, samples=2)
+    answers, stages = outlines.eval(result.answer, result.stage, cache=False)
+    assert answers.tolist() == [1, 7, 3, 40, 5, 60] and stages.tolist() == [0, 1, 0, 2, 0, 2]
+    assert [len(b) for b in small.batches] == [12]
+    assert [sorted(set(b)) for b in middle.batches] == [HARD] and [len(b) for b in middle.batches] == [6]
+    assert [sorted(set(b)) for b in strong.batches] == [["hard 4", "hard 6"]]
+
+
+def test_the_last_model_always_answers_and_a_stage_with_nothing_parsable_escalates() -> None:
+    small = RecordingBackend(small_reply(), name="small")
+    strong = RecordingBackend(lambda p: "12" if p.startswith("blank") else str(next(counter)), name="strong")
+    counter = itertools.count(1)
+    result = cascade(["blank 1", "hard 2"], [small.model(), strong.model()], parse=int)
+    answers, routes = outlines.eval(result.answer, result.route, cache=False)
+    assert answers.tolist() == [12, 1]  # hard 2: the strong model's draws 1, 2, 3 disagree; its first seen answers
+    assert [r.kept for r in routes] == ["accepted", "last"]
+    assert dict(routes[0].stages[0]) == {} and routes[0].stages[0].samples == 3  # no sample parsed: escalated
+
+
+def test_samples_may_differ_per_stage() -> None:
+    (answers, _, samples, _), small, strong = run(samples=(2, 5))
+    assert answers == [1, 20, 3, 40, 5, 60] and samples == [2, 7, 2, 7, 2, 7]
+    assert [len(b) for b in small.batches] == [12] and [len(b) for b in strong.batches] == [15]
+
+
+def test_a_rerun_replays_every_stage_from_the_cache(tmp_path: Path) -> None:
+    first, small, strong = run(cache=Cache(tmp_path))
+    assert len(small.batches) == 1 and len(strong.batches) == 1
+    with outlines.trace() as trace:
+        again, small, strong = run(cache=Cache(tmp_path))  # fresh fakes: what they were sent is recorded
+    assert small.batches == [] and strong.batches == []
+    assert trace.cache_misses == 0 and trace.cache_hits == 6 * 3 + 3 * 3
+    assert again[:3] == first[:3]
+
+
+def test_a_run_that_failed_at_the_second_stage_resumes_there(tmp_path: Path) -> None:
+    small, strong = backends()
+    state = {"fail": True}
+
+    def flaky(prompt: str) -> str:
+        if state["fail"]:
+            raise RuntimeError("strong down")
+        return strong_reply(prompt)
+
+    strong = RecordingBackend(flaky, name="strong")
+    result = cascade(QUESTIONS, [small.model(), strong.model()], parse=int)
+    with pytest.raises(NodeError, match="strong down"):
+        outlines.eval(result.answer, cache=Cache(tmp_path))
+    state["fail"] = False
+    small.batches.clear()
+    strong.batches.clear()
+    assert outlines.eval(result.answer, cache=Cache(tmp_path)).tolist() == [1, 20, 3, 40, 5, 60]
+    assert small.batches == [] and [sorted(set(b)) for b in strong.batches] == [HARD]
+
+
+# -- failures -------------------------------------------------------------------------------------------------------
+def test_a_failing_stage_escalates_and_only_the_last_stage_failure_is_the_element_s() -> None:
+    # max_batch=3: one batch per prompt, so a failing prompt fails alone
+    questions = ["easy 1", "hard boom 2", "hard boom bang 3"]
+    for errors in ("return", "raise"):
+        small, strong = backends(max_batch=3)
+        result = cascade(questions, [small.model(), strong.model()], parse=int)
+        if errors == "raise":
+            with pytest.raises(NodeError, match=r"Generate\[recording:strong\].*RuntimeError: strong down") as caught:
+                outlines.eval(result.answer, cache=False)
+            assert isinstance(caught.value.cause, RuntimeError)
+            continue
+        answers, routes = outlines.eval(result.answer, result.route, cache=False, errors="return")
+        assert answers[0] == 1 and answers[1] == 20  # small failed on "boom": the strong model answered
+        failure = answers[2]
+        assert isinstance(failure, Failure) and failure.message == "strong down"
+        assert failure.node.startswith("Generate[recording:strong]")  # the last stage's failure, not the small one's
+        assert routes[1].kept == "accepted" and isinstance(routes[1].stages[0], Failure)
+        assert routes[2].kept == "failed" and routes[2].failure == failure and routes[2].stage is None
+        assert [sorted(set(b)) for b in strong.batches] == [["hard boom 2"], ["hard boom bang 3"]]
+
+
+def test_under_errors_raise_a_failing_first_stage_still_escalates() -> None:
+    small, strong = backends(max_batch=3)
+    result = cascade(["easy 1", "hard boom 2"], [small.model(), strong.model()], parse=int)
+    assert outlines.eval(result.answer, cache=False).tolist() == [1, 20]
+
+
+def test_a_bug_in_parse_fails_that_element_only() -> None:
+    small, strong = backends()
+    parse = lambda text: 1 / 0 if text == "3" else int(text)  # noqa: E731 - a bug, not "unparsable"
+    result = cascade(["easy 1", "easy 3"], [small.model(), strong.model()], parse=parse)
+    answers = outlines.eval(result.answer, cache=False, errors="return")
+    assert answers[0] == 1 and isinstance(answers[1], Failure)
+    assert answers[1].root.error_type == "ZeroDivisionError"
+    with pytest.raises(NodeError, match="ZeroDivisionError"):
+        outlines.eval(result.answer, cache=False)
+
+
+# -- budgets --------------------------------------------------------------------------------------------------------
+PRICES = {"small": (1, 1), "strong": (100, 100)}
+
+
+def test_an_escalation_the_budget_cannot_pay_keeps_the_earlier_answer_and_never_raises() -> None:
+    small, strong = backends()
+    result = cascade(QUESTIONS, [small.model(max_tokens=4), strong.model(max_tokens=4)], parse=int)
+    # stage 1: 18 draws of ~2 prompt tokens + 4 completion tokens at 1 per million: ~1e-4; stage 2 needs 100x that
+    budget = outlines.Budget(cost=0.0005, prices=PRICES)
+    with outlines.trace() as trace:
+        answers, routes = outlines.eval(result.answer, result.route, cache=False, budget=budget)
+    assert strong.batches == [] and len(small.batches) == 1
+    assert answers.tolist() == [1, 100, 3, 103, 5, 106]  # the small model's first seen answer of each hard one
+    assert [r.kept for r in routes] == ["accepted", "budget"] * 3
+    assert all(r.stage == 0 and isinstance(r.stages[1], Failure) for r in routes[1::2])
+    assert routes[1].stages[1].error_type == "BudgetExceeded"
+    first, second = trace.cascades()
+    assert (first["reached"], first["accepted"], first["escalated"]) == (6, 3, 3)
+    assert (second["reached"], second["kept: budget"], second["answered"]) == (3, 3, 0)
+    assert "cascade stage 1 (recording:strong): reached 3, kept: budget 3" in trace.summary()
+
+
+def test_a_budget_that_pays_stage_two_pays_it_whole() -> None:
+    small, strong = backends()
+    result = cascade(QUESTIONS, [small.model(max_tokens=4), strong.model(max_tokens=4)], parse=int)
+    answers = outlines.eval(result.answer, cache=False, budget=outlines.Budget(cost=1.0, prices=PRICES))
+    assert answers.tolist() == [1, 20, 3, 40, 5, 60] and len(strong.batches) == 1
+
+
+def test_a_first_stage_the_budget_refuses_raises_budget_exceeded() -> None:
+    small, strong = backends()
+    result = cascade(QUESTIONS, [small.model(max_tokens=4), strong.model(max_tokens=4)], parse=int)
+    budget = outlines.Budget(cost=1e-9, prices=PRICES)
+    with pytest.raises(BudgetExceeded, match="budget exhausted"):
+        outlines.eval(result.answer, cache=False, budget=budget)
+    answers = outlines.eval(result.answer, cache=False, budget=budget, errors="return")
+    assert all(isinstance(a, Failure) and a.error_type == "BudgetExceeded" for a in answers)
+    assert small.batches == [] and strong.batches == []
+
+
+# -- accept: rules, checks, verifiers -------------------------------------------------------------------------------
+def test_a_python_check_decides_per_element() -> None:
+    seen: list[Votes] = []
+
+    def at_least_100(votes: Votes) -> bool:
+        seen.append(votes)
+        return votes.leader is not None and votes.leader >= 100
+
+    (answers, stages, _, _), _, strong = run(accept=at_least_100)
+    assert stages == [1, 0, 1, 0, 1, 0]  # easy answers (1, 3, 5) are rejected, hard ones (>= 100) accepted
+    assert answers == [10, 100, 30, 103, 50, 106]
+    assert len(seen) == 6 + 3 and all(isinstance(v, Votes) and v.samples == 3 for v in seen)
+    assert sorted(set(strong.batches[0])) == ["easy 1", "easy 3", "easy 5"]
+
+
+def test_a_stopping_rule_with_max_samples_votes_within_a_stage() -> None:
+    # ahead by 2 with samples of 2, up to 6: easy ones decide after 2 draws; hard ones never lead, so they go on
+    (answers, stages, samples, routes), small, strong = run(accept=stop_when_ahead(2, give_up=0), samples=2,
+                                                             max_samples=(6, None))
+    assert answers == [1, 20, 3, 40, 5, 60] and stages == [0, 1, 0, 1, 0, 1]
+    assert samples == [2, 6 + 2, 2, 6 + 2, 2, 6 + 2]
+    assert [len(b) for b in small.batches] == [12, 6, 6]  # a vote: iterations shrink to the undecided
+    assert [sorted(set(b)) for b in strong.batches] == [HARD]
+    assert routes[0].stages[0].decided and not routes[1].stages[0].decided
+
+
+def test_confident_rule_gives_up_early_and_escalates() -> None:
+    (answers, stages, samples, _), small, _ = run(accept=outlines.stop_when_confident(0.9), samples=2, max_samples=8)
+    assert answers == [1, 20, 3, 40, 5, 60] and stages == [0, 1, 0, 1, 0, 1]
+    assert samples[0] == 4  # 4 votes of 4 agree: 0.97 > 0.9
+    assert samples[1] < 8 + 8  # hard: 1-1 after 2 draws, out of reach: it gives up and goes on
+
+
+def test_a_verifier_model_accepts_and_is_asked_only_about_the_stage_s_answers() -> None:
+    checker = RecordingBackend(lambda p: "yes" if "answer 1?" in p or "answer 3?" in p else "no", name="checker")
+
+    def verify(prompt: outlines.Variable, answer: outlines.Variable) -> outlines.Variable:
+        asked = "Is " + prompt + " answer " + outlines.fn(str)(answer) + "?"
+        return outlines.fn(lambda text: text == "yes")(checker.model()(asked))
+
+    (answers, stages, _, _), small, strong = run(accept=verify, samples=1)
+    assert stages == [0, 1, 0, 1, 1, 1]  # easy 5's answer (5) is not verified
+    assert answers == [1, 20, 3, 40, 50, 60]
+    assert [len(b) for b in checker.batches] == [6]  # one batched check of every answer of the stage
+    assert sorted(set(strong.batches[0])) == ["easy 5", *HARD]
+
+
+def test_a_verifier_that_fails_rejects() -> None:
+    checker = RecordingBackend(lambda p: "yes", name="checker", fail_on="easy 3", max_batch=1)
+
+    def verify(prompt: outlines.Variable, answer: outlines.Variable) -> outlines.Variable:
+        return outlines.fn(lambda text: text == "yes")(checker.model()(prompt))
+
+    (_, stages, _, _), _, _ = run(["easy 1", "easy 3"], accept=verify, samples=1, max_batch=1)
+    assert stages == [0, 1]
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({"models": []}, "models must be a non-empty list"),
+    ({"samples": 0}, r"samples must be an integer >= 1"),
+    ({"samples": (1, 2, 3)}, r"samples has 3 value\(s\) for 2 model\(s\)"),
+    ({"samples": 3, "max_samples": 4}, "max_samples=4 is not a multiple of it"),
+    ({"accept": 0.9}, "accept must be a function"),
+    ({"accept": lambda prompt, answer: prompt, "max_samples": 6}, "a verifier accept"),
+])
+def test_bad_arguments_fail_when_the_cascade_is_built(kwargs: dict[str, Any], message: str) -> None:
+    small, strong = backends()
+    models = kwargs.pop("models", [small.model(), strong.model()])
+    with pytest.raises(outlines.GraphBuildError, match=message):
+        cascade("q 1", models, **kwargs)
+
+
+# -- shapes, compile, jobs ------------------------------------------------------------------------------------------
+def test_scalar_and_2d_prompts_keep_their_shape() -> None:
+    small, strong = backends()
+    result = cascade("hard 7", [small.model(), strong.model()], parse=int)
+    assert outlines.eval(result.answer, cache=False) == 70
+    grid = np.array([["easy 1", "hard 2"], ["hard 3", "easy 4"]], dtype=object)
+    result = cascade(grid, [small.model(), strong.model()], parse=int)
+    assert outlines.eval(result.answer, cache=False).tolist() == [[1, 20], [30, 4]]
+
+
+def test_cascade_composes_with_compile() -> None:
+    small, strong = backends()
+    program = outlines.compile(lambda question: cascade(question, [small.model(), strong.model()], parse=int).answer)
+    assert program(QUESTIONS).tolist() == [1, 20, 3, 40, 5, 60]
+
+
+def test_unanimous_needs_every_sample_parsed_and_equal() -> None:
+    assert unanimous(Votes().added([4, 4]))
+    assert not unanimous(Votes().added([4, 5])) and not unanimous(Votes().added([4, None])) and not unanimous(Votes())
+
+
+@pytest.fixture
+def provider() -> Iterator[Any]:
+    from tests.fixtures.fake_batches import FakeBatches, FakeClock
+
+    def reply(prompt: str, sample: int, body: Any) -> str:
+        if body.get("model") == "small-model":
+            return prompt.split()[-1] if prompt.startswith("easy") else str(100 + sample)
+        return str(10 * int(prompt.split()[-1]))
+
+    clock = FakeClock()
+    with FakeBatches(clock=clock, reply=reply) as fake:
+        yield fake, clock
+
+
+def test_in_jobs_mode_each_stage_is_one_round_of_one_job(provider: Any, tmp_path: Path) -> None:
+    from outlines.backends.jobs import Backoff
+
+    server, clock = provider
+    small = outlines.models.openai("small-model", base_url=server.base_url, api_key="sk-x", max_tokens=4)
+    strong = outlines.models.openai("strong-model", base_url=server.base_url, api_key="sk-x", max_tokens=4)
+    result = cascade(QUESTIONS, [small, strong], parse=int)
+    jobs = Jobs(clock=clock, backoff=Backoff(first=1.0, cap=5.0))
+    answers = outlines.eval(result.answer, jobs=jobs, cache=Cache(tmp_path))
+    assert answers.tolist() == [1, 20, 3, 40, 5, 60]
+    assert server.count == 0  # nothing went live
+    made = sorted(server.jobs.values(), key=lambda job: job.id)
+    assert len(made) == 2  # one round per stage
+    assert {line.body["model"] for line in made[0].lines} == {"small-model"}
+    assert {line.body["model"] for line in made[1].lines} == {"strong-model"}
+    assert sorted(line.body["messages"][-1]["content"] for line in made[1].lines) == HARD  # only the rejected
+
+
+def test_the_docstring_examples_hold() -> None:
+    import doctest
+
+    import outlines.voting
+
+    failures, _ = doctest.testmod(outlines.voting, optionflags=doctest.ELLIPSIS)
+    assert failures == 0
