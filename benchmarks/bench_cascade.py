@@ -16,7 +16,10 @@ relative to the strong model alone:
   small stage decided by ``vote``'s ``stop_when_confident`` with its
   threshold chosen by calibration on a held-out split of 1,000 labelled
   questions per seed (the cheapest threshold whose held-out accuracy is at
-  least the strong model's held-out accuracy minus half a point).
+  least the strong model's held-out accuracy minus half a point);
+- the default cascade under ``Budget(cost=)`` of half the strong model's
+  cost: the escalations the budget cannot pay keep the small stage's answer
+  (the trace's "kept: budget"), and nothing raises.
 
 The fake (parameters fixed before any cascade ran; not tuned to pass):
 
@@ -31,8 +34,10 @@ The fake (parameters fixed before any cascade ran; not tuned to pass):
   often when its answer is right (printed: agreement of its 3 samples when
   their majority is right against when it is wrong);
 - 5% of the small model's samples say nothing parsable ("I am not sure.");
-- every draw of a question is a seeded function of (model, question, draw
-  number), so methods that draw the same draws see the same answers (paired);
+- every draw is a seeded function of (model, question, draw number); the
+  library numbers each call site's draws apart, so two methods see
+  independent samples of the same per-question probabilities (hence the
+  spread over seeds, not a paired difference);
 - price per 1M tokens: small (0.15, 0.60), strong (3.00, 12.00), 1:20; each
   request bills a 120-token prompt once and 150 completion tokens per sample
   (reported as usage, so budgets, ``explain`` and ``Trace.cost()`` count it
@@ -82,6 +87,7 @@ WRONG = 10
 ZIPF = [1 / j**1.5 for j in range(1, WRONG + 1)]
 PROMPT_TOKENS, COMPLETION_TOKENS = 120, 150
 SAMPLES = 3  # the small stage's samples
+BUDGET = 0.5  # the budget row's cost bound, a share of the strong model's cost
 CALIBRATION_MARGIN = 0.5  # points below the strong model's held-out accuracy the calibrated rule may aim
 THRESHOLDS = (0.6, 0.7, 0.8, 0.85, 0.9, 0.95, 0.97, 0.99)
 SMALL_PRICE, STRONG_PRICE = MODELS["small"][1], MODELS["strong"][1]
@@ -155,11 +161,11 @@ def pair(n: int, seed: int, split: str) -> tuple[list[str], list[str], Model, Mo
     return prompts, truths, small, strong
 
 
-def run(outputs: Sequence[Any]) -> tuple[list[Any], float, float, Any]:
+def run(outputs: Sequence[Any], **options: Any) -> tuple[list[Any], float, float, Any]:
     """Evaluate, cache off: (values, money from the trace, wall, trace)."""
     start = time.perf_counter()
     with outlines.trace() as trace:
-        values = outlines.eval(*outputs, cache=False, progress=False)
+        values = outlines.eval(*outputs, cache=False, progress=False, **options)
     wall = time.perf_counter() - start
     return list(values) if len(outputs) > 1 else [values], float(trace.cost() or 0.0), wall, trace
 
@@ -173,46 +179,23 @@ def majority(model: Model, prompts: list[str], k: int) -> Any:
                          max_samples=k).answer
 
 
-def by_hand(small: Model, strong: Model, prompts: list[str], rule: Any) -> tuple[list[Any], float, float, int]:
-    """The cascade written out with two evaluations (checks the harness; ``outlines.cascade`` is what is measured).
+def cascade(small: Model, strong: Model, prompts: list[str], rule: Any, budget: float | None = None
+            ) -> tuple[list[Any], float, float, list[dict[str, Any]]]:
+    """``outlines.cascade``, small then strong: answers, money, wall, each stage's counts (``Trace.cascades``).
 
-    ``rule`` None: 3 small samples, accepted when all parsed and equal; else
-    ``vote``'s rule decides the small stage (rounds of 2, up to 6).
+    ``rule`` None: the default acceptance, 3 small samples all parsed and
+    equal; else the small stage is a ``vote`` under ``rule`` (rounds of 2, up
+    to 6), accepted where the rule held.
     """
-    array = np.array(prompts, dtype=object)
-    if rule is None:
-        stage = outlines.vote(small, array, parse=parse, stop=None, per_iteration=SAMPLES, max_samples=SAMPLES)
-    else:
-        stage = outlines.vote(small, array, parse=parse, stop=rule, per_iteration=CONFIDENT_ROUND,
-                              max_samples=CONFIDENT_CAP)
-    (answers, votes), first, wall, _ = run([stage.answer, stage.votes])
-    answers = list(answers)
-    if rule is None:
-        accepted = [v.samples == SAMPLES and len(v) == 1 and sum(v.values()) == SAMPLES for v in votes]
-    else:
-        accepted = [v.decided for v in votes]
-    escalate = [i for i, ok in enumerate(accepted) if not ok]
-    second, more = 0.0, 0.0
-    if escalate:
-        values, second, more, _ = run([strong(np.array([prompts[i] for i in escalate], dtype=object))])
-        for i, text in zip(escalate, values[0]):
-            answers[i] = parse(text)
-    return answers, first + second, wall + more, len(escalate)
-
-
-def cascade(small: Model, strong: Model, prompts: list[str], rule: Any) -> tuple[list[Any], float, float, int]:
-    """``outlines.cascade`` (the hand-written one where this tree has none): answers, money, wall, escalated."""
-    if not hasattr(outlines, "cascade"):
-        return by_hand(small, strong, prompts, rule)
     array = np.array(prompts, dtype=object)
     if rule is None:
         result = outlines.cascade(array, [small, strong], samples=(SAMPLES, 1), parse=parse)
     else:
         result = outlines.cascade(array, [small, strong], samples=(CONFIDENT_ROUND, 1), parse=parse, accept=rule,
-                                  max_samples=CONFIDENT_CAP)
-    values, money, wall, trace = run([result])
-    escalated = sum(b.size for b in trace.batches if "strong" in b.backend)
-    return list(values[0]), money, wall, escalated
+                                  max_samples=(CONFIDENT_CAP, None))
+    options = {} if budget is None else {"budget": outlines.Budget(cost=budget)}
+    values, money, wall, trace = run([result.answer], **options)
+    return list(values[0]), money, wall, trace.cascades()
 
 
 def row(name: str, answers: Sequence[Any], truths: Sequence[str], cost: float, wall: float, **extra: Any) -> dict[str, Any]:
@@ -272,13 +255,18 @@ def child(n: int, seed: int) -> list[dict[str, Any]]:
     calibration = calibrate(n, seed)
     rules = {"all agree": None, "calibrated": stop_when_confident(calibration["threshold"])}
     for label, rule in rules.items():
-        answers, cost, wall, escalated = cascade(small, strong, prompts, rule)
-        extra = {"escalated": 100 * escalated / n, **(calibration if rule is not None else {})}
+        answers, cost, wall, counts = cascade(small, strong, prompts, rule)
+        extra = {"escalated": 100 * counts[0]["escalated"] / n, **(calibration if rule is not None else {})}
         rows.append(row(f"cascade, {label}", answers, truths, cost, wall, **extra))
         rows.append(random_routing(small, strong, prompts, truths, cost, seed, label))
         k = max(1, round((cost * 1e6 / n - PROMPT_TOKENS * SMALL_PRICE[0]) / (COMPLETION_TOKENS * SMALL_PRICE[1])))
         values, money, wall, _ = run([majority(small, prompts, k)])
         rows.append(row(f"small, majority of k at {label}'s cost", values[0], truths, money, wall, k=k))
+    # under a budget of half the strong model's cost: the escalations it cannot pay keep the small stage's answer
+    budget = strong_cost * BUDGET
+    answers, cost, wall, counts = cascade(small, strong, prompts, None, budget=budget)
+    rows.append(row(f"cascade, all agree, budget {BUDGET:.0%} of strong", answers, truths, cost, wall,
+                    escalated=100 * counts[0]["escalated"] / n, counts=counts))
     rows[0]["agreement"] = agreement
     return rows
 
@@ -311,8 +299,7 @@ def main() -> None:
         print(json.dumps(child(*json.loads(args.child))))
         return
     n = args.questions
-    how = "outlines.cascade" if hasattr(outlines, "cascade") else "a hand-written cascade (this tree has no outlines.cascade)"
-    print(f"cascade benchmark: {n} questions x {args.seeds} seeds, each seed a fresh process; {how}; "
+    print(f"cascade benchmark: {n} questions x {args.seeds} seeds, each seed a fresh process; "
           f"load {os.getloadavg()[0]:.1f}")
     started, loads = time.perf_counter(), []
     per_seed = []
@@ -325,7 +312,7 @@ def main() -> None:
             by_name[r["name"]].append(r)
     strong_cost = statistics.fmean(r["cost"] for r in by_name["strong only"])
     strong_accuracy = statistics.fmean(r["accuracy"] for r in by_name["strong only"])
-    print(f"\n{'method':44s} {'accuracy %':>15s} {'vs strong':>9s} {'cost $':>8s} {'x strong':>8s} "
+    print(f"\n{'method':58s} {'accuracy %':>15s} {'vs strong':>9s} {'cost $':>8s} {'x strong':>8s} "
           f"{'to strong %':>11s} {'wall s min/med':>15s}")
     for name, rows in by_name.items():
         accuracies = [r["accuracy"] for r in rows]
@@ -334,7 +321,7 @@ def main() -> None:
         routed = [float(r.get("escalated", r.get("share", "nan"))) for r in rows]
         routed_text = f"{statistics.fmean(routed):11.1f}" if not any(map(math.isnan, routed)) else f"{'':11s}"
         label = name + (f" (k = {'/'.join(str(r['k']) for r in rows)})" if "k" in rows[0] else "")
-        print(f"{label:44s} {spread(accuracies)} {statistics.fmean(accuracies) - strong_accuracy:+9.2f} "
+        print(f"{label:58s} {spread(accuracies)} {statistics.fmean(accuracies) - strong_accuracy:+9.2f} "
               f"{cost:8.4f} {cost / strong_cost:7.3f}x {routed_text} {min(walls):6.3f}/{statistics.median(walls):.3f}")
     agreement = [r["agreement"] for r in by_name["strong only"]]
     print(f"\nthe small model's 3 samples all agree: {statistics.fmean(a['true'] for a in agreement):.1f}% of the "
@@ -365,6 +352,13 @@ def main() -> None:
                   f"{wins} of {len(rows)} seeds: {'PASS' if accuracy_ > other else 'FAIL'}")
         emit(f"cascade, {label}: accuracy", accuracy_, "%")
         emit(f"cascade, {label}: cost / strong", cost, "calls")
+    budgeted = by_name[f"cascade, all agree, budget {BUDGET:.0%} of strong"]
+    kept = statistics.fmean(r["counts"][1]["kept: budget"] for r in budgeted)
+    paid = statistics.fmean(r["counts"][1]["reached"] - r["counts"][1]["kept: budget"] for r in budgeted)
+    spent = statistics.fmean(r["cost"] for r in budgeted) / strong_cost
+    print(f"under Budget(cost={BUDGET:.0%} of the strong model's): no error; {spent:.1%} spent, {paid:.0f} escalations "
+          f"paid, {kept:.0f} of {n} kept the small stage's answer (kept: budget), accuracy "
+          f"{statistics.fmean(r['accuracy'] for r in budgeted):.2f}%")
     print(f"\nwhole run {time.perf_counter() - started:.1f} s, load average {min(loads):.1f}-{max(loads):.1f} "
           "over the seeds")
 

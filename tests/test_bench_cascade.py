@@ -71,3 +71,6 @@ def test_a_small_run_prints_every_row_and_verdict(tmp_path: Path) -> None:
         for baseline in ("random routing", "small, majority of k"):
             assert re.search(rf"^  vs {baseline} at {rule}'s cost \([\d.]+% of strong\): ", out, re.MULTILINE)
     assert "held-out accuracy / cost curve" in out
+    spent = re.search(r"^under Budget\(cost=50% of the strong model's\): no error; ([\d.]+)% spent, \d+ escalations "
+                      r"paid, (\d+) of 200 kept the small stage's answer", out, re.MULTILINE)
+    assert spent and float(spent[1]) <= 50 and int(spent[2]) > 0, out
