@@ -47,6 +47,12 @@ __all__ = [
     "TopTwoRule",
     "Vote",
     "Votes",
+    "Calibration",
+    "CurvePoint",
+    "agreement",
+    "at_least",
+    "calibrate",
+    "calibrate_cascade",
     "cascade",
     "leader_probability",
     "stop_when_ahead",
@@ -911,6 +917,11 @@ def _per_stage(where: str, name: str, value: Any, stages: int, optional: bool = 
     return values
 
 
+def _field(name: str) -> Any:
+    """An ``outlines.fn`` reading one attribute of each element's ``Route`` (a failed step's ``Failure`` passed on)."""
+    return fn(lambda route: getattr(route, name) if isinstance(route, Route) else route, name=name, pure=True)
+
+
 def _check_cascade(models: Any, samples: Any, max_samples: Any, accept: Any
                    ) -> tuple[list[Any], list[int], list[int | None], Callable[..., Any], bool]:
     """``cascade``'s arguments, checked: the stages, samples and caps per stage, the rule, whether it is a verifier.
@@ -1032,13 +1043,12 @@ def cascade(
     prompt = as_variable(prompt, array=True)
     pending = fn(lambda route: isinstance(route, Route) and route.kept is None, name="going on", pure=True)
     route: Variable = as_variable(Route())
+    group = object()  # shared by the stages of this cascade (explain ranges its cost)
     for index, (model, k, cap) in enumerate(zip(stages, draws, caps)):
         body = _stage(prompt, model, index, index == count - 1, k, cap, reader, rule, verifier)
-        tally = _Tally(index, _model_name(model))
-        route = _cond(pending(route), body, lambda state: state, (route,), catch=True, tally=tally)
-    spent = fn(lambda route: route.samples if isinstance(route, Route) else route, name="samples", pure=True)
-    stage = fn(lambda route: route.stage if isinstance(route, Route) else route, name="stage", pure=True)
-    return Cascade(_Answer()(route), stage(route), spent(route), route)
+        tally = _Tally(group, index, model)
+        route = _cond(pending(route), body, lambda kept: kept, (route,), catch=True, tally=tally)
+    return Cascade(_Answer()(route), _field("stage")(route), _field("samples")(route), route)
 
 
 def _model_name(model: Any) -> str:
@@ -1055,11 +1065,14 @@ class _Tally:
     #: ``Route.kept`` -> the count it adds to.
     COUNTS = {None: "escalated", "accepted": "accepted", "last": "answered", "budget": "kept: budget"}
 
-    def __init__(self, index: int, model: str) -> None:
-        self.index, self.model = index, model
+    def __init__(self, group: object, index: int, model: Any) -> None:
+        self.group, self.index, self.model = group, index, _model_name(model)
+        backend = getattr(model, "backend", None)
+        self.backend = repr(backend) if backend is not None else None  # the trace's key for its cost
 
     def __call__(self, routes: np.ndarray) -> dict[str, Any]:
-        counts: dict[str, Any] = {"stage": self.index, "model": self.model, "reached": int(routes.size)}
+        counts: dict[str, Any] = {"stage": self.index, "model": self.model, "backend": self.backend,
+                                  "reached": int(routes.size)}
         counts.update(dict.fromkeys(("accepted", "escalated", "answered", "kept: budget", "failed"), 0))
         for route in routes.reshape(-1):
             counts[self.COUNTS.get(route.kept, "failed") if isinstance(route, Route) else "failed"] += 1
@@ -1104,3 +1117,280 @@ def _verified(prompt: Variable, outcome: Variable, verify: Callable[..., Any]) -
         return votes
 
     return decided(outcome, _Caught()(verdict))
+
+
+# -- calibration: the acceptance threshold from labelled examples ----------------------------------------------------
+def agreement(votes: Votes) -> float:
+    """The share of the samples that gave the majority answer (unparsable samples count against it).
+
+    The score ``calibrate_cascade`` thresholds: ``agreement(votes) >= 1``
+    is ``unanimous``.
+
+    Examples
+    --------
+    >>> agreement(Votes().added(["4", "4", "5", "4"])), agreement(Votes().added(["4", None])), agreement(Votes())
+    (0.75, 0.5, 0.0)
+    """
+    leader = votes.leader
+    return votes[leader] / votes.samples if leader is not None and votes.samples else 0.0
+
+
+def at_least(threshold: float, score: Callable[[Votes], float] = agreement) -> Rule:
+    """The rule ``score(votes) >= threshold``: an ``accept`` for ``cascade`` (what ``calibrate_cascade`` picks).
+
+    Examples
+    --------
+    >>> rule = at_least(0.6)
+    >>> rule(Votes().added(["4", "4", "5"])), rule(Votes().added(["4", "5"])), rule.__name__
+    (True, False, 'at_least(0.6)')
+    """
+
+    def holds(votes: Votes) -> bool:
+        return score(votes) >= threshold
+
+    name = f"at_least({threshold:g}" + ("" if score is agreement else f", {getattr(score, '__name__', score)}") + ")"
+    return _named(holds, name)
+
+
+class CurvePoint(NamedTuple):
+    """One threshold of a calibration: what the cascade would have reached on the labelled examples."""
+
+    threshold: float
+    """Accept at a stage when ``score(votes) >= threshold`` (``inf``: escalate everything to the last model)."""
+    accuracy: float
+    """The share of the examples answered right."""
+    cost: float
+    """The mean cost per example, in the unit of ``costs``."""
+    escalated: float
+    """The share of the examples that went past the first stage."""
+
+
+@dataclass(frozen=True)
+class Calibration:
+    """What ``calibrate_cascade`` measured: the accuracy/cost curve, and the threshold it chose.
+
+    Attributes
+    ----------
+    threshold
+        The chosen threshold; ``accept`` is the rule to pass to ``cascade``.
+    accuracy, cost, escalated
+        What it reached on the examples at that threshold (the chosen point).
+    curve
+        Every threshold tried, lowest first, with its accuracy, mean cost
+        per example and share escalated (of thresholds with the same
+        outcome, the highest); the last point (``inf``) sends
+        every example to the last model, the first accepts every answer of
+        the first stage that has one.
+    unit
+        What ``cost`` counts: ``"cost"`` (money, from the models' prices) or
+        ``"draws"`` (samples, where some model has no price).
+    """
+
+    threshold: float
+    accuracy: float
+    cost: float
+    escalated: float
+    curve: tuple[CurvePoint, ...]
+    unit: str
+    score: Callable[[Votes], float] = agreement
+
+    @property
+    def accept(self) -> Rule:
+        """The rule at the chosen threshold, for ``cascade(..., accept=)``."""
+        return at_least(self.threshold, self.score)
+
+    def expected_cost(self, elements: int) -> float:
+        """The cost to expect running the calibrated cascade on ``elements`` questions like the examples."""
+        return self.cost * elements
+
+
+def calibrate(routes: Iterable[Route], labels: Iterable[Any], costs: Iterable[float], *,
+              score: Callable[[Votes], float] = agreement, target_accuracy: float | None = None,
+              target_cost: float | None = None, unit: str = "cost") -> Calibration:
+    """Choose a cascade's threshold from routes that went through every stage, and the examples' right answers.
+
+    The measuring half of ``calibrate_cascade``, on routes already
+    computed (a cascade run with ``accept=lambda votes: False``): for each
+    candidate threshold (each score seen), it replays the cascade on the
+    recorded votes and measures its accuracy and mean cost; then picks the
+    cheapest point that reaches ``target_accuracy``, or the most accurate
+    one within ``target_cost`` (ties: the cheaper). Give exactly one target.
+
+    Parameters
+    ----------
+    routes
+        One ``Route`` per example, each holding every stage's ``Votes``.
+    labels
+        The right answer of each example (compared with ``==``).
+    costs
+        The cost of one example at each stage (per stage, in ``unit``).
+    score, target_accuracy, target_cost, unit
+        As for ``calibrate_cascade``.
+
+    Returns
+    -------
+    Calibration
+
+    Raises
+    ------
+    ValueError
+        Without exactly one target, with no examples, as many labels as
+        routes or one cost per stage; or when no point reaches the target
+        (the message gives the best there is).
+
+    Examples
+    --------
+    >>> sure, unsure = Votes().added(["4", "4"]), Votes().added(["1", "2"])
+    >>> routes = [Route((sure, Votes().added(["4"]))), Route((unsure, Votes().added(["3"])))]
+    >>> chosen = calibrate(routes, ["4", "3"], costs=[1, 20], target_accuracy=1.0)
+    >>> chosen.threshold, chosen.cost, chosen.escalated
+    (1.0, 11.0, 0.5)
+    """
+    routes, labels, costs = list(routes), list(labels), [float(c) for c in costs]
+    if (target_accuracy is None) == (target_cost is None):
+        raise ValueError("calibrate: give target_accuracy= or target_cost= (one of them)")
+    if not routes or len(labels) != len(routes):
+        raise ValueError(f"calibrate: {len(routes)} route(s) for {len(labels)} label(s); give one label per example")
+    stages = len(costs)
+    if any(len(route.stages) != stages for route in routes):
+        raise ValueError(f"calibrate: every route must hold the {stages} stage(s) of costs= (run the cascade with "
+                         "accept=lambda votes: False, so that every example reaches every stage)")
+    scores = sorted({score(v) for route in routes for v in route.stages[:-1] if isinstance(v, Votes)})
+    points: list[CurvePoint] = []
+    for threshold in [*scores, math.inf]:
+        point = _replayed(routes, labels, costs, score, threshold)
+        if points and points[-1][1:] == point[1:]:  # the same outcome: keep the higher, surer threshold
+            points.pop()
+        points.append(point)
+    curve = tuple(points)
+    if target_accuracy is not None:
+        fitting = [p for p in curve if p.accuracy >= target_accuracy]
+        best = min(fitting, key=lambda p: (p.cost, -p.accuracy), default=None)
+        wanted = f"accuracy {target_accuracy}"
+    else:
+        fitting = [p for p in curve if p.cost <= target_cost]  # type: ignore[operator]  # one target is set
+        best = max(fitting, key=lambda p: (p.accuracy, -p.cost), default=None)
+        wanted = f"a cost of {target_cost}"
+    if best is None:
+        top = max(curve, key=lambda p: p.accuracy)
+        cheap = min(curve, key=lambda p: p.cost)
+        raise ValueError(f"calibrate: no threshold reaches {wanted} on these {len(routes)} example(s): the most "
+                         f"accurate reaches {top.accuracy:.4g} at a cost of {top.cost:.4g}, the cheapest costs "
+                         f"{cheap.cost:.4g} at {cheap.accuracy:.4g}")
+    return Calibration(best.threshold, best.accuracy, best.cost, best.escalated, curve, unit, score)
+
+
+def _replayed(routes: list[Route], labels: list[Any], costs: list[float], score: Callable[[Votes], float],
+              threshold: float) -> CurvePoint:
+    """The cascade at ``threshold`` replayed on the recorded votes: its accuracy, mean cost, share escalated."""
+    right = spent = escalated = 0.0
+    last = len(costs) - 1
+    for route, label in zip(routes, labels):
+        for stage, votes in enumerate(route.stages):
+            spent += costs[stage]
+            answered = isinstance(votes, Votes) and votes.leader is not None
+            if stage == last or (answered and score(votes) >= threshold):
+                right += answered and votes.leader == label
+                escalated += stage > 0
+                break
+    count = len(routes)
+    return CurvePoint(threshold, right / count, spent / count, escalated / count)
+
+
+def calibrate_cascade(
+    prompt: Any,
+    labels: Iterable[Any],
+    models: Any,
+    *,
+    samples: int | Iterable[int] = 3,
+    parse: Callable[[Any], Any] | None = None,
+    score: Callable[[Votes], float] = agreement,
+    target_accuracy: float | None = None,
+    target_cost: float | None = None,
+    costs: Iterable[float] | None = None,
+    **options: Any,
+) -> Calibration:
+    """Choose the acceptance threshold of a cascade from labelled examples, for a target accuracy or cost.
+
+    As RouteLLM calibrates its router: run every example through every
+    stage once (``cascade`` with an ``accept`` that never holds), then
+    replay the cascade on those votes for each threshold of ``score`` (by
+    default ``agreement``, the share of samples that gave the majority
+    answer) and measure accuracy and mean cost per example. It returns the
+    curve and the threshold that reaches ``target_accuracy`` at the lowest
+    cost, or the best accuracy within ``target_cost``; pass
+    ``calibration.accept`` to ``cascade`` with the same models and
+    samples. The draws are cached like any: the calibrated cascade re-run
+    on the same examples pays nothing.
+
+    Parameters
+    ----------
+    prompt
+        The examples' prompts (any shape; one label each, in order).
+    labels
+        Their right answers, as ``parse`` gives them.
+    models, samples, parse
+        As for ``cascade`` (stages that draw once: no ``max_samples``).
+    score
+        ``votes -> float``, higher when a stage is surer (default ``agreement``).
+    target_accuracy
+        The share of examples to answer right; the cheapest threshold that does wins.
+    target_cost
+        The most to spend per example on average (in the unit of ``costs``);
+        the most accurate threshold within it wins.
+    costs
+        The cost of one example at each stage. Default: measured on the run
+        (``Trace.cost`` of each stage's model over the examples it answered),
+        or the samples per stage where a model has no price (``unit`` says which).
+    **options
+        Passed to ``outlines.eval`` (``cache=``, ``jobs=``, ``budget=``...).
+
+    Returns
+    -------
+    Calibration
+        ``threshold``, ``accept`` (the rule), ``accuracy`` and ``cost`` at
+        it, and ``curve``: every threshold tried.
+
+    Raises
+    ------
+    ValueError
+        As ``calibrate``; ``GraphBuildError`` as ``cascade``.
+
+    Examples
+    --------
+    >>> import outlines
+    >>> from outlines import models
+    >>> small = models.from_function(lambda p: "4" if "2 + 2" in p else "7", name="small-calibrated")
+    >>> strong = models.from_function(lambda p: "4" if "2 + 2" in p else "5", name="strong-calibrated")
+    >>> calibration = outlines.calibrate_cascade(["2 + 2?", "2 + 3?"], [4, 5], [small, strong], parse=int,
+    ...                                          target_accuracy=1.0, costs=[1, 20], cache=False)
+    >>> [(p.threshold, p.accuracy, p.cost) for p in calibration.curve]
+    [(1.0, 0.5, 1.0), (inf, 1.0, 21.0)]
+    """
+    from outlines.runtime.evaluate import eval as evaluate
+    from outlines.runtime.tracing import trace
+
+    never = _named(lambda votes: False, "never")
+    result = cascade(prompt, models, samples=samples, parse=parse, accept=never)
+    with trace() as traced:
+        routes = evaluate(result.route, **options)
+    flat = list(np.asarray(routes, dtype=object).reshape(-1))
+    failed = [route for route in flat if not isinstance(route, Route)]
+    if failed:
+        raise ValueError(f"calibrate_cascade: {len(failed)} example(s) failed: {failed[0]}")
+    unit = "cost"
+    if costs is None:
+        costs, unit = _measured_costs(traced, result, flat)
+    return calibrate(flat, labels, costs, score=score, target_accuracy=target_accuracy, target_cost=target_cost,
+                     unit=unit)
+
+
+def _measured_costs(traced: Any, result: Cascade, routes: list[Route]) -> tuple[list[float], str]:
+    """Each stage's cost per example, from the trace: money where every stage has its own priced backend, else samples."""
+    stages = traced.cascades()
+    spent = traced.cost_per_backend()
+    backends = [stage.get("backend") for stage in stages]
+    money = [spent.get(backend) for backend in backends]
+    if stages and len(set(backends)) == len(backends) and all(m is not None for m in money):
+        return [float(m) / max(1, stage["reached"]) for m, stage in zip(money, stages)], "cost"  # type: ignore[arg-type]
+    return [float(votes.samples) if isinstance(votes, Votes) else 0.0 for votes in routes[0].stages], "draws"

@@ -78,7 +78,7 @@ def test_the_trace_counts_each_stage() -> None:
     with outlines.trace() as trace:
         run()
     first, second = trace.cascades()
-    assert first == {"stage": 0, "model": "recording:small", "reached": 6, "accepted": 3, "escalated": 3,
+    assert first == {"stage": 0, "model": "recording:small", "backend": first["backend"], "reached": 6, "accepted": 3, "escalated": 3,
                      "answered": 0, "kept: budget": 0, "failed": 0}
     assert (second["stage"], second["reached"], second["accepted"], second["escalated"]) == (1, 3, 3, 0)
     assert "cascade stage 0 (recording:small): reached 6, accepted 3, escalated 3" in trace.summary()
@@ -362,3 +362,126 @@ def test_the_docstring_examples_hold() -> None:
 
     failures, _ = doctest.testmod(outlines.voting, optionflags=doctest.ELLIPSIS)
     assert failures == 0
+
+
+# -- calibration ----------------------------------------------------------------------------------------------------
+def votes(*answers: Any) -> Votes:
+    return Votes().added(answers)
+
+
+#: Five labelled examples through both stages: the small model's agreement, and whether it and the strong one are right.
+ROUTES = [
+    Route((votes(1, 1, 1), votes(1))),  # sure and right
+    Route((votes(2, 2, 2), votes(3))),  # sure and wrong; the strong model is right (3)
+    Route((votes(4, 4, 9), votes(4))),  # 2/3 and right
+    Route((votes(5, 6, 7), votes(8))),  # scattered and wrong; strong right (8)
+    Route((votes(None, None, None), votes(9))),  # nothing parsed: escalates at any threshold
+]
+LABELS = [1, 3, 4, 8, 9]
+
+
+def test_calibrate_replays_the_cascade_at_each_threshold() -> None:
+    chosen = outlines.voting.calibrate(ROUTES, LABELS, costs=[1, 20], target_accuracy=0.8)
+    assert [(p.threshold, p.accuracy, p.cost, p.escalated) for p in chosen.curve] == [
+        (1 / 3, 0.6, 1 + 20 / 5, 0.2),  # everything with an answer accepted: 1, 2 (wrong), 4, 5 (wrong); 9 escalated
+        (2 / 3, 0.8, 1 + 40 / 5, 0.4),  # 5 6 7 escalated too: right (8); 2 2 2 still wrong
+        (1.0, 0.8, 1 + 60 / 5, 0.6),  # 4 4 9 escalated too: the strong model is right as well
+        (float("inf"), 1.0, 21.0, 1.0),  # the strong model alone (after paying the small one)
+    ]
+    assert (chosen.threshold, chosen.accuracy, chosen.cost, chosen.unit) == (2 / 3, 0.8, 9.0, "cost")  # the cheaper
+    assert chosen.accept(votes(3, 3, 4)) and not chosen.accept(votes(3, 4, 5))
+    assert chosen.expected_cost(1000) == 9_000
+    within = outlines.voting.calibrate(ROUTES, LABELS, costs=[1, 20], target_cost=10)
+    assert within.threshold == 2 / 3 and within.accuracy == 0.8  # the most accurate within the cost
+    assert outlines.voting.calibrate(ROUTES, LABELS, costs=[1, 20], target_cost=8).threshold == 1 / 3
+
+
+def test_calibrate_refuses_an_unreachable_target_and_bad_arguments() -> None:
+    calibrate = outlines.voting.calibrate
+    with pytest.raises(ValueError, match=r"no threshold reaches a cost of 2.*cheapest costs 5 at 0.6"):
+        calibrate(ROUTES, LABELS, costs=[1, 20], target_cost=2)
+    with pytest.raises(ValueError, match="one of them"):
+        calibrate(ROUTES, LABELS, costs=[1, 20])
+    with pytest.raises(ValueError, match="one label per example"):
+        calibrate(ROUTES, LABELS[:2], costs=[1, 20], target_accuracy=0.5)
+    with pytest.raises(ValueError, match="every route must hold the 3 stage"):
+        calibrate(ROUTES, LABELS, costs=[1, 2, 3], target_accuracy=0.5)
+
+
+def test_calibrate_cascade_measures_on_the_models_and_its_rule_runs_from_the_cache(tmp_path: Path) -> None:
+    def sometimes(prompt: str) -> str:  # agrees 3/3 on "easy", 2/3 on "fair", never on "hard"; right on easy only
+        kind, number = prompt.split()
+        draws = seen.setdefault(prompt, itertools.count())
+        n = next(draws)
+        if kind == "easy":
+            return number
+        if kind == "fair":
+            return "0" if n < 2 else "1"
+        return str(100 + n)
+
+    seen: dict[str, Any] = {}
+    small = RecordingBackend(sometimes, name="small", usage=True)
+    strong = RecordingBackend(strong_reply, name="strong", usage=True)
+    small.price, strong.price = (1, 1), (20, 20)  # per million tokens; each draw: 3 prompt + 1 completion token
+    questions = ["easy 1", "fair 2", "hard 3", "easy 4"]
+    labels = [1, 20, 30, 4]
+    cache = Cache(tmp_path)
+    calibration = outlines.calibrate_cascade(questions, labels, [small.model(), strong.model()], parse=int,
+                                             target_accuracy=1.0, cache=cache)
+    assert calibration.unit == "cost"
+    assert [p.threshold for p in calibration.curve] == [1 / 3, 2 / 3, 1.0, float("inf")]
+    assert calibration.threshold == 1.0 and calibration.accuracy == 1.0 and calibration.escalated == 0.5
+    small_cost, strong_cost = 3 * 4e-6, 3 * 4 * 20e-6  # per example: 3 draws of 4 tokens
+    assert calibration.cost == pytest.approx(small_cost + strong_cost / 2)
+    small.batches.clear()
+    strong.batches.clear()
+    result = cascade(questions, [small.model(), strong.model()], parse=int, accept=calibration.accept)
+    assert outlines.eval(result.answer, cache=cache).tolist() == [1, 20, 30, 4]
+    assert small.batches == [] and strong.batches == []  # every draw was paid for by the calibration
+
+
+def test_calibrate_cascade_counts_draws_where_a_model_has_no_price() -> None:
+    small, strong = backends()
+    calibration = outlines.calibrate_cascade(QUESTIONS, [1, 20, 3, 40, 5, 60], [small.model(), strong.model()],
+                                             parse=int, target_accuracy=1.0, samples=(3, 1), cache=False)
+    assert calibration.unit == "draws" and calibration.threshold == 1.0 and calibration.cost == 3 + 0.5
+
+
+# -- explain --------------------------------------------------------------------------------------------------------
+def test_explain_ranges_the_cost_from_all_accepted_at_stage_0_to_all_escalated() -> None:
+    small, strong = backends()
+    question = outlines.string("question")
+    result = cascade(question, [small.model(max_tokens=4), strong.model(max_tokens=4)], parse=int, samples=(3, 1))
+    prices = {"small": (1, 1), "strong": (100, 100)}
+    plan = outlines.explain(result.answer, givens={question: QUESTIONS}, cache=False, prices=prices)
+    (estimate,) = plan.cascades
+    assert estimate.elements == 6 and len(estimate.stages) == 2
+    (first,), (second,) = (list(stage.values()) for stage in estimate.stages)
+    assert (first.draws, second.draws) == (18, 6)  # every element at every stage: 3 draws, then 1
+    low, high = estimate.cost
+    assert low == first.cost and high == pytest.approx(first.cost + second.cost, abs=1e-6)
+    assert high > 20 * low  # the strong model is 100x the price for a third of the draws
+    assert f"cost {low:.6g} (all accepted at stage 0) to {high:.6g} (all escalated)" in plan.summary()
+    assert small.batches == [] and strong.batches == []  # a dry run
+    budget = outlines.Budget(cost=high, prices=prices)  # what explain says the worst case costs is enough
+    assert outlines.eval(result.answer, givens={question: QUESTIONS}, cache=False, budget=budget).tolist() == [
+        1, 20, 3, 40, 5, 60]
+
+
+def test_explain_ranges_a_voting_stage_from_one_iteration_to_max_samples() -> None:
+    small, strong = backends()
+    result = cascade(QUESTIONS, [small.model(max_tokens=4), strong.model(max_tokens=4)], parse=int, samples=2,
+                     max_samples=(6, None), accept=stop_when_ahead(2))
+    (estimate,) = outlines.explain(result.answer, cache=False).cascades
+    (loop,) = estimate.stage_loops[0]
+    assert loop.max_iter == 3 and [loop.draws(name) for name in loop.iteration] == [(12, 36)]
+    assert estimate.cost is None  # no prices: unknown, not zero
+
+
+def test_pictures_draw_each_stage_with_its_model() -> None:
+    small, strong = backends()
+    result = cascade(QUESTIONS, [small.model(), strong.model()], parse=int)
+    text = outlines.visualize(result.answer, format="ascii")
+    assert "cascade stage 0  recording:small  failures caught" in text
+    assert "cascade stage 1  recording:strong  failures caught" in text
+    assert "cascade stage 0" in outlines.visualize(result.answer, format="mermaid")

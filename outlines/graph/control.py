@@ -382,7 +382,8 @@ class Cond(_Control):
         #: (an error, a draw the budget refused) holds its ``Failure`` for the graph to read (``outlines.cascade``).
         self.catch = catch
         #: ``tally(outputs of the true branch) -> counts``, reported to the trace after each run
-        #: (``Recorder.branch_counted``): what a cascade stage's elements did.
+        #: (``Recorder.branch_counted``): what a cascade stage's elements did. Its ``group`` (shared by
+        #: the stages of one cascade) and ``index`` (the stage's) let ``explain`` range the cascade's cost.
         self.tally = tally
 
     @property
@@ -413,6 +414,9 @@ class Cond(_Control):
         return [() if a == () and b == () else None for a, b in zip(*outs)] if len(outs[0]) == noutputs else [None] * noutputs
 
     def describe(self) -> dict[str, Any]:
+        if self.tally is not None:  # a cascade's stage: which, and on which model
+            index, model = getattr(self.tally, "index", "?"), getattr(self.tally, "model", "")
+            return {"kind": "op", "title": f"cascade stage {index}", "lines": [str(model), "failures caught"]}
         if self.catch:
             return {"kind": "op", "title": "cond", "lines": ["failures caught"]}
         return {"kind": "op", "title": "cond"}

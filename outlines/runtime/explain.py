@@ -38,6 +38,11 @@ loop's elements (one iteration: its draws, requests, tokens and cost per
 backend, the prompts it computes from the state counted by shape, the cache
 not consulted), and the range goes from that iteration to ``max_iter`` times
 it. ``draws_range`` and ``requests_range`` add the loops to the rest.
+An ``outlines.cascade`` escalates an unknown share of its elements, so its
+cost is a range too (``CascadeEstimate``): each stage (a counted ``cond``)
+is dry-run over every element, the cache not consulted; the range goes from
+every element accepted at the first stage to every element escalated to the
+last.
 
 ``draw_numbers`` gives each sampling model call its draw numbers. They count
 the calls on the same prompt (same backend and params) among the Variables
@@ -73,7 +78,7 @@ from outlines.draws import DrawColumns, Slot, prefix_groups
 from outlines.backends.usage import Price, PriceTable, price_of, reported
 from outlines.common.errors import GraphBuildError
 from outlines.graph.basic import Apply, Variable
-from outlines.graph.control import WhileLoop
+from outlines.graph.control import Cond, WhileLoop
 from outlines.graph.protocols import ModelCall, model_call, python_step
 from outlines.graph.traits import Run
 from outlines.common.labels import apart, label_of
@@ -90,7 +95,7 @@ from outlines.runtime.control import _shape as loop_shape, describe
 from outlines.runtime.plan import Plan, bind_givens, check_shapes
 from outlines.runtime.scheduler import walker
 
-__all__ = ["BackendUsage", "Explanation", "LoopEstimate", "PredictedBatch", "explain"]
+__all__ = ["BackendUsage", "CascadeEstimate", "Explanation", "LoopEstimate", "PredictedBatch", "explain"]
 
 
 @dataclass
@@ -244,6 +249,74 @@ class LoopEstimate:
 
 
 @dataclass
+class CascadeEstimate:
+    """An ``outlines.cascade``'s model calls: from every element accepted at stage 0 to every one escalated.
+
+    Each stage is its branch dry-run over every element of the cascade
+    (the cache not consulted); a stage that votes (``max_samples``) counts
+    its loop from one iteration to ``max_iter``. A verifier's calls are
+    not counted.
+    """
+
+    #: The label of the first stage's cond.
+    cascade: str
+    #: Elements the cascade runs over.
+    elements: int
+    #: Per stage: ``repr(backend) -> BackendUsage`` over every element (a voting stage: one iteration).
+    stages: list[dict[str, BackendUsage]] = field(default_factory=list)
+    #: Per stage: the ``LoopEstimate``s of its voting loops.
+    stage_loops: list[list[LoopEstimate]] = field(default_factory=list)
+
+    def stage_cost(self, stage: int) -> tuple[float, float] | None:
+        """(fewest, most) of one stage over every element; ``None`` where a model has no price or bound."""
+        low, high = self._money(stage)
+        return None if low is None or high is None else (reported(low), reported(high))
+
+    def _money(self, stage: int) -> tuple[Fraction | None, Fraction | None]:
+        moneys = [usage.money for usage in self.stages[stage].values()]
+        if any(m is None for m in moneys):
+            return None, None
+        low = high = sum((m for m in moneys if m is not None), Fraction(0))
+        for loop in self.stage_loops[stage]:
+            for usage in loop.iteration.values():
+                if usage.money is None:
+                    return None, None
+                low += usage.money
+                high += usage.money * loop.max_iter
+        return low, high
+
+    @property
+    def cost(self) -> tuple[float, float] | None:
+        """(every element accepted at stage 0, every element escalated to the last stage); ``None``: unknown."""
+        moneys = [self._money(stage) for stage in range(len(self.stages))]
+        if not moneys or any(low is None or high is None for low, high in moneys):
+            return None
+        low = moneys[0][0]
+        high = sum((m[1] for m in moneys if m[1] is not None), Fraction(0))
+        assert low is not None
+        return reported(low), reported(high)
+
+    def lines(self, names: Mapping[str, str] | None = None) -> list[str]:
+        """The summary's lines for this cascade (``names``: how to print each backend)."""
+        names = names or {}
+        cost = self.cost
+        money = "" if cost is None else f"; cost {cost[0]:.6g} (all accepted at stage 0) to {cost[1]:.6g} (all escalated)"
+        out = [f"cascade {self.cascade}: {len(self.stages)} stage(s) over {self.elements} element(s){money}"]
+        for stage, usage in enumerate(self.stages):
+            parts = [f"{names.get(name, name)}: {u.draws} draw(s)" for name, u in usage.items()]
+            parts += [f"{names.get(name, name)}: {loop.draws(name)[0]} to {loop.draws(name)[1]} draw(s)"
+                      for loop in self.stage_loops[stage] for name in loop.iteration]
+            spent = self.stage_cost(stage)
+            out.append(f"  stage {stage}, if every element reaches it: " + (", ".join(parts) or "no model calls")
+                       + ("" if spent is None else f", cost <= {spent[1]:.6g}"))
+        return out
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"cascade": self.cascade, "elements": self.elements, "cost": self.cost,
+                "stages": [{name: u.to_dict() for name, u in usage.items()} for usage in self.stages]}
+
+
+@dataclass
 class Explanation:
     """What evaluating some Variables would do; see ``explain``."""
 
@@ -264,6 +337,8 @@ class Explanation:
     #: One ``LoopEstimate`` per ``while_loop`` node of the plan (loops that stack: one over all their
     #: elements, as the run iterates them): its calls as a range (not counted above).
     loops: list[LoopEstimate] = field(default_factory=list)
+    #: One ``CascadeEstimate`` per ``outlines.cascade``: its cost as a range (not counted above).
+    cascades: list[CascadeEstimate] = field(default_factory=list)
     #: ``label -> (first, last)`` draw number of each sampling model call (greedy calls are
     #: one draw, 0): they depend on the calls on the same prompt evaluated with it.
     draw_numbers: dict[str, tuple[int, int]] = field(default_factory=dict)
@@ -361,6 +436,7 @@ class Explanation:
             "draw_numbers": {label: list(span) for label, span in self.draw_numbers.items()},
             "draws_range": list(self.draws_range),
             "requests_range": list(self.requests_range),
+            "cascades": [cascade.to_dict() for cascade in self.cascades],
         }
 
     def summary(self) -> str:
@@ -428,6 +504,7 @@ class Explanation:
             )
         lines.extend(f"  {line}" for line in self.control)
         lines.extend(f"  {line}" for loop in self.loops for line in loop.lines(names))
+        lines.extend(f"  {line}" for cascade in self.cascades for line in cascade.lines(names))
         shifted = [(label, span) for label, span in self.draw_numbers.items() if span[0] > 0]
         if shifted:
             shown = ", ".join(f"{label} {_span(span).replace(' to ', '-')}" for label, span in shifted[:6])
@@ -536,6 +613,7 @@ class _DryRun:
         self.draws = self.hits = self.unknown_draws = 0
         self.unknown_nodes: list[str] = []
         self.loops: list[tuple[str, int, int, _DryRun]] = []  # (label, max_iter, elements, one iteration's run)
+        self.stages: list[tuple[Any, str, int, _DryRun]] = []  # (tally, label, elements, the stage's run): cascades
         self.current_waits: frozenset[int] = frozenset()
         self.level = 0  # the level of the node being walked (a model call with misses adds one)
 
@@ -549,7 +627,7 @@ class _DryRun:
             self.current_waits = waits
             self.level = max((self.levels.get(id(v), 0) for v in node.inputs), default=0)
             inputs = [self.values.get(id(v), None) for v in node.inputs]
-            if any(id(v) not in self.values for v in node.inputs):
+            if any(id(v) not in self.values for v in node.inputs) and not _cascade_stage(node):
                 results: list[Any] = [None] * len(node.outputs)
                 if run is Run.GENERATE:
                     self.unknown_nodes.extend(self.labels(node))
@@ -602,6 +680,10 @@ class _DryRun:
         """Loops and branches: their iterations are unknown in advance; a loop's body is dry-run once (``LoopEstimate``)."""
         if isinstance(node.op, WhileLoop):
             self.iteration(node, node.op, inputs)
+        elif _cascade_stage(node):
+            self.stage(node, cast(Cond, node.op), inputs)
+            if any(id(v) not in self.values for v in node.inputs):  # after an earlier stage: nothing known
+                return [None] * len(node.outputs)
         return _shapes_only(node, inputs, self.plan.members.get(id(node)))
 
     def iteration(self, node: Apply, op: WhileLoop, inputs: list[Any]) -> None:
@@ -621,6 +703,25 @@ class _DryRun:
         run = _DryRun(plan, None, values)
         run.run()
         self.loops.append((node.label, op.max_iter, size, run))
+
+    def stage(self, node: Apply, op: Cond, inputs: list[Any]) -> None:
+        """Dry-run a cascade stage's branch over every element of the cascade (the cache unconsulted)."""
+        try:
+            shape = loop_shape(node, inputs)
+        except ValueError:
+            return  # eval raises it, naming the cond
+        size = int(np.prod(shape, dtype=np.int64))
+        branch = op.branches[0]
+        plan = Plan(list(branch.outputs))  # as the run plans it (runtime.control._plan), uncached: a dry run
+        values: dict[int, Any] = {id(c): c.value for c in plan.constants}
+        for parameter in branch.parameters:
+            values[id(parameter)] = _unknown((size,))
+        captured = inputs[1 + op.noperands : 1 + op.noperands + len(branch.captured)]
+        for stand_in, value in zip(branch.stand_ins, captured):
+            values[id(stand_in)] = np.broadcast_to(value, shape).reshape(-1) if isinstance(value, np.ndarray) else value
+        run = _DryRun(plan, None, values, self.jobs)
+        run.run()
+        self.stages.append((op.tally, node.label, size, run))
 
     def generate(self, index: int, node: Apply, inputs: list[Any]) -> list[Any]:
         """A model call's draws: cache hits known now, misses queued at the next level, unknown prompts counted."""
@@ -876,13 +977,38 @@ def explain(
     control = [describe(node) for node in plan.nodes if node.op.traits.run is Run.CONTROL]
     loops = [LoopEstimate(label, max_iter, size, body.usage(body.batches(), prices))
              for label, max_iter, size, body in run.loops]
-    backends = {repr(q.backend): q.backend for r in [run, *(body for *_, body in run.loops)] for q in r.queues.values()}
+    cascades = _cascades(run, prices)
+    runs = [run, *(body for *_, body in run.loops), *(stage for *_, stage in run.stages),
+            *(body for *_, stage in run.stages for *_, body in stage.loops)]
+    backends = {repr(q.backend): q.backend for r in runs for q in r.queues.values()}
     names = apart({name: label_of(backends[name]) for name in sorted(backends)})
     spans = plan.draw_numbers()  # by creation order, each call a stacked node stands for too
     calls = (call for node in plan.nodes for call in plan.members.get(id(node), (node,)))
     numbers = {call.label: spans[call.order] for call in calls if call.order in spans}
     return Explanation(kinds, batches, run.draws, run.hits, merged, run.unknown_draws, run.unknown_nodes,
-                       run.timing_dependent(), control, usage, loops, numbers, names)
+                       run.timing_dependent(), control, usage, loops, cascades, numbers, names)
+
+
+def _cascade_stage(node: Apply) -> bool:
+    """Whether ``node`` is a stage of an ``outlines.cascade`` (a counted cond): dry-run even when its input is unknown."""
+    return isinstance(node.op, Cond) and node.op.tally is not None
+
+
+def _cascades(run: _DryRun, prices: Any) -> list[CascadeEstimate]:
+    """The cascades of a dry run: its stages grouped by cascade (``tally.group``), in stage order."""
+    groups: dict[int, list[tuple[Any, str, int, _DryRun]]] = {}
+    for entry in run.stages:
+        groups.setdefault(id(entry[0].group), []).append(entry)
+    found: list[CascadeEstimate] = []
+    for entries in groups.values():
+        entries.sort(key=lambda entry: entry[0].index)
+        estimate = CascadeEstimate(entries[0][1], entries[0][2])
+        found.append(estimate)
+        for _, _, _, stage in entries:
+            estimate.stages.append(stage.usage(stage.batches(), prices))
+            estimate.stage_loops.append([LoopEstimate(loop, max_iter, elements, body.usage(body.batches(), prices))
+                                         for loop, max_iter, elements, body in stage.loops])
+    return found
 
 
 def _kinds(plan: Plan) -> dict[str, int]:

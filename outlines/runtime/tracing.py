@@ -383,7 +383,8 @@ class Trace:
         Returns
         -------
         list of dict
-            One per stage: ``stage`` (its index), ``model``, ``reached``
+            One per stage: ``stage`` (its index), ``model``, ``backend``
+            (its key in ``cost_per_backend``), ``reached``
             (elements that reached it), ``accepted`` (kept its answer:
             ``accept`` held), ``escalated`` (went on to the next stage),
             ``answered`` (the last stage's answers), ``kept: budget``
@@ -815,7 +816,8 @@ class _EvalRecorder(Listener):
     def branch_counted(self, node: str, counts: dict[str, Any]) -> None:
         known = self.trace.branches.setdefault(node, {})
         for key, value in counts.items():
-            known[key] = known.get(key, 0) + value if isinstance(value, int) and key != "stage" else value
+            summed = isinstance(value, int) and key != "stage"
+            known[key] = known.get(key, 0) + value if summed else value
 
     def loop_limited(self, loop: str, stopped: int, elements: int, max_iter: int) -> None:
         counts = self.trace.loops_limited.setdefault(loop, {"stopped": 0, "elements": 0, "max_iter": max_iter})
