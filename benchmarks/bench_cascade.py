@@ -11,12 +11,17 @@ relative to the strong model alone:
 - random routing at equal cost: a random share of the questions goes to the
   strong model, the rest to one small sample, the share chosen per seed so
   the money equals the cascade's (RouteLLM's random baseline);
-- the cascade, small (3 samples) then strong (1): ``outlines.cascade``'s
-  default acceptance ("all parsed and all equal"), and a smarter rule, the
-  small stage decided by ``vote``'s ``stop_when_confident`` with its
-  threshold chosen by calibration on a held-out split of 1,000 labelled
-  questions per seed (the cheapest threshold whose held-out accuracy is at
-  least the strong model's held-out accuracy minus half a point);
+- the cascade, small then strong (1 sample), three acceptance rules:
+  ``outlines.cascade``'s default (3 small samples, accepted when all parse
+  and agree); an agreement threshold over 5 small samples chosen by
+  ``outlines.calibrate_cascade`` on a held-out split of 1,000 labelled
+  questions per seed; and the small stage decided by ``vote``'s
+  ``stop_when_confident`` (2 samples a round, up to 6), its threshold chosen
+  on the same split by running the cascade at each of a grid of thresholds
+  (``calibrate_cascade`` replays stages that draw once, not a vote). Both
+  calibrations take the cheapest threshold whose held-out accuracy is at
+  least the strong model's held-out accuracy minus half a point (else the
+  most accurate);
 - the default cascade under ``Budget(cost=)`` of half the strong model's
   cost: the escalations the budget cannot pay keep the small stage's answer
   (the trace's "kept: budget"), and nothing raises.
@@ -75,7 +80,7 @@ from outlines.backends.base import Backend, BatchReport  # noqa: E402
 from outlines.backends.usage import Price  # noqa: E402
 from outlines.draws import Draw, DrawColumns  # noqa: E402
 from outlines.models import Model  # noqa: E402
-from outlines.voting import stop_when_confident  # noqa: E402
+from outlines.voting import TopTwoRule, at_least, stop_when_confident  # noqa: E402
 
 #: name -> (Beta(a, b) of the per-question probability of a right sample, price per 1M (in, out), unparsable share)
 MODELS: dict[str, tuple[tuple[float, float], tuple[float, float], float]] = {
@@ -91,7 +96,8 @@ BUDGET = 0.5  # the budget row's cost bound, a share of the strong model's cost
 CALIBRATION_MARGIN = 0.5  # points below the strong model's held-out accuracy the calibrated rule may aim
 THRESHOLDS = (0.6, 0.7, 0.8, 0.85, 0.9, 0.95, 0.97, 0.99)
 SMALL_PRICE, STRONG_PRICE = MODELS["small"][1], MODELS["strong"][1]
-CONFIDENT_ROUND, CONFIDENT_CAP = 2, 6  # the calibrated rule's samples: 2 a round, up to 6
+CONFIDENT_ROUND, CONFIDENT_CAP = 2, 6  # stop_when_confident's small stage: 2 samples a round, up to 6
+AGREEMENT_SAMPLES = 5  # the agreement threshold's small stage (3 samples leave only 1/3, 2/3, 1 to choose from)
 
 
 class Calibrated(Backend):
@@ -179,20 +185,20 @@ def majority(model: Model, prompts: list[str], k: int) -> Any:
                          max_samples=k).answer
 
 
-def cascade(small: Model, strong: Model, prompts: list[str], rule: Any, budget: float | None = None
-            ) -> tuple[list[Any], float, float, list[dict[str, Any]]]:
+def cascade(small: Model, strong: Model, prompts: list[str], rule: Any = None, samples: int = SAMPLES,
+            budget: float | None = None) -> tuple[list[Any], float, float, list[dict[str, Any]]]:
     """``outlines.cascade``, small then strong: answers, money, wall, each stage's counts (``Trace.cascades``).
 
-    ``rule`` None: the default acceptance, 3 small samples all parsed and
-    equal; else the small stage is a ``vote`` under ``rule`` (rounds of 2, up
-    to 6), accepted where the rule held.
+    ``samples`` small draws judged by ``rule`` (default: all parsed and
+    equal); a ``TopTwoRule`` (``stop_when_confident``) makes the small stage a
+    ``vote`` instead (rounds of 2, up to 6), accepted where the rule held.
     """
     array = np.array(prompts, dtype=object)
-    if rule is None:
-        result = outlines.cascade(array, [small, strong], samples=(SAMPLES, 1), parse=parse)
-    else:
+    if isinstance(rule, TopTwoRule):
         result = outlines.cascade(array, [small, strong], samples=(CONFIDENT_ROUND, 1), parse=parse, accept=rule,
                                   max_samples=(CONFIDENT_CAP, None))
+    else:
+        result = outlines.cascade(array, [small, strong], samples=(samples, 1), parse=parse, accept=rule)
     options = {} if budget is None else {"budget": outlines.Budget(cost=budget)}
     values, money, wall, trace = run([result.answer], **options)
     return list(values[0]), money, wall, trace.cascades()
@@ -219,11 +225,33 @@ def random_routing(small: Model, strong: Model, prompts: list[str], truths: list
                share=100 * share)
 
 
-def calibrate(n: int, seed: int) -> dict[str, Any]:
-    """The threshold: on a held-out split, the cheapest whose accuracy reaches the strong model's minus the margin."""
+def held_out(n: int, seed: int) -> tuple[list[str], list[str], Model, Model, float, float]:
+    """The held-out split: prompts, labels, the models, the strong model's accuracy (a share) and money on it."""
     prompts, truths, small, strong = pair(n, seed, "held-out")
     values, strong_cost, _, _ = run([strong(np.array(prompts, dtype=object))])
-    target = accuracy([parse(t) for t in values[0]], truths) - CALIBRATION_MARGIN
+    return prompts, truths, small, strong, accuracy([parse(t) for t in values[0]], truths) / 100, strong_cost
+
+
+def calibrate_agreement(n: int, seed: int) -> dict[str, Any]:
+    """``outlines.calibrate_cascade`` on the held-out split: the agreement threshold of 5 small samples."""
+    prompts, truths, small, strong, strong_accuracy, strong_cost = held_out(n, seed)
+    array = np.array(prompts, dtype=object)
+    target = strong_accuracy - CALIBRATION_MARGIN / 100
+    try:
+        chosen = outlines.calibrate_cascade(array, truths, [small, strong], samples=(AGREEMENT_SAMPLES, 1), parse=parse,
+                                            target_accuracy=target, cache=False)
+    except ValueError:  # no threshold reaches the target: the most accurate
+        chosen = outlines.calibrate_cascade(array, truths, [small, strong], samples=(AGREEMENT_SAMPLES, 1), parse=parse,
+                                            target_cost=math.inf, cache=False)
+    curve = [(p.threshold, 100 * p.accuracy, p.cost * n / strong_cost) for p in chosen.curve]
+    return {"threshold": chosen.threshold, "target": 100 * target, "curve": curve}
+
+
+def calibrate_confident(n: int, seed: int) -> dict[str, Any]:
+    """``stop_when_confident``'s threshold (a voting stage, which ``calibrate_cascade`` does not replay): the
+    cascade run on the held-out split at each threshold, the cheapest reaching the target, else the most accurate."""
+    prompts, truths, small, strong, strong_accuracy, strong_cost = held_out(n, seed)
+    target = 100 * strong_accuracy - CALIBRATION_MARGIN
     curve = []
     for threshold in THRESHOLDS:
         answers, money, _, _ = cascade(small, strong, prompts, stop_when_confident(threshold))
@@ -231,6 +259,14 @@ def calibrate(n: int, seed: int) -> dict[str, Any]:
     meeting = [point for point in curve if point[1] >= target]
     chosen = min(meeting, key=lambda p: p[2]) if meeting else max(curve, key=lambda p: p[1])
     return {"threshold": chosen[0], "target": target, "curve": curve}
+
+
+#: the cascades measured: label -> (how its rule is chosen on the held-out split, or None, and the small samples)
+CASCADES = {
+    "all agree": (None, SAMPLES),
+    "agreement, calibrated": (calibrate_agreement, AGREEMENT_SAMPLES),
+    "confident, calibrated": (calibrate_confident, CONFIDENT_ROUND),
+}
 
 
 def child(n: int, seed: int) -> list[dict[str, Any]]:
@@ -252,19 +288,23 @@ def child(n: int, seed: int) -> list[dict[str, Any]]:
         if v:
             agree[v.leader == truth].append(v.most_common(1)[0][1] == SAMPLES)
     agreement = {k: 100 * statistics.fmean(v) if v else float("nan") for k, v in agree.items()}
-    calibration = calibrate(n, seed)
-    rules = {"all agree": None, "calibrated": stop_when_confident(calibration["threshold"])}
-    for label, rule in rules.items():
-        answers, cost, wall, counts = cascade(small, strong, prompts, rule)
-        extra = {"escalated": 100 * counts[0]["escalated"] / n, **(calibration if rule is not None else {})}
-        rows.append(row(f"cascade, {label}", answers, truths, cost, wall, **extra))
+    for label, (calibrate, samples) in CASCADES.items():
+        calibration = calibrate(n, seed) if calibrate is not None else {}
+        rule = None
+        if calibrate is calibrate_agreement:
+            rule = at_least(calibration["threshold"])
+        elif calibrate is calibrate_confident:
+            rule = stop_when_confident(calibration["threshold"])
+        answers, cost, wall, counts = cascade(small, strong, prompts, rule, samples)
+        rows.append(row(f"cascade, {label}", answers, truths, cost, wall, escalated=100 * counts[0]["escalated"] / n,
+                        **calibration))
         rows.append(random_routing(small, strong, prompts, truths, cost, seed, label))
         k = max(1, round((cost * 1e6 / n - PROMPT_TOKENS * SMALL_PRICE[0]) / (COMPLETION_TOKENS * SMALL_PRICE[1])))
         values, money, wall, _ = run([majority(small, prompts, k)])
         rows.append(row(f"small, majority of k at {label}'s cost", values[0], truths, money, wall, k=k))
     # under a budget of half the strong model's cost: the escalations it cannot pay keep the small stage's answer
     budget = strong_cost * BUDGET
-    answers, cost, wall, counts = cascade(small, strong, prompts, None, budget=budget)
+    answers, cost, wall, counts = cascade(small, strong, prompts, budget=budget)
     rows.append(row(f"cascade, all agree, budget {BUDGET:.0%} of strong", answers, truths, cost, wall,
                     escalated=100 * counts[0]["escalated"] / n, counts=counts))
     rows[0]["agreement"] = agreement
@@ -312,7 +352,7 @@ def main() -> None:
             by_name[r["name"]].append(r)
     strong_cost = statistics.fmean(r["cost"] for r in by_name["strong only"])
     strong_accuracy = statistics.fmean(r["accuracy"] for r in by_name["strong only"])
-    print(f"\n{'method':58s} {'accuracy %':>15s} {'vs strong':>9s} {'cost $':>8s} {'x strong':>8s} "
+    print(f"\n{'method':66s} {'accuracy %':>15s} {'vs strong':>9s} {'cost $':>8s} {'x strong':>8s} "
           f"{'to strong %':>11s} {'wall s min/med':>15s}")
     for name, rows in by_name.items():
         accuracies = [r["accuracy"] for r in rows]
@@ -321,23 +361,29 @@ def main() -> None:
         routed = [float(r.get("escalated", r.get("share", "nan"))) for r in rows]
         routed_text = f"{statistics.fmean(routed):11.1f}" if not any(map(math.isnan, routed)) else f"{'':11s}"
         label = name + (f" (k = {'/'.join(str(r['k']) for r in rows)})" if "k" in rows[0] else "")
-        print(f"{label:58s} {spread(accuracies)} {statistics.fmean(accuracies) - strong_accuracy:+9.2f} "
+        print(f"{label:66s} {spread(accuracies)} {statistics.fmean(accuracies) - strong_accuracy:+9.2f} "
               f"{cost:8.4f} {cost / strong_cost:7.3f}x {routed_text} {min(walls):6.3f}/{statistics.median(walls):.3f}")
     agreement = [r["agreement"] for r in by_name["strong only"]]
     print(f"\nthe small model's 3 samples all agree: {statistics.fmean(a['true'] for a in agreement):.1f}% of the "
           f"questions whose majority is right, {statistics.fmean(a['false'] for a in agreement):.1f}% of those whose "
           "majority is wrong")
-    calibrated = by_name["cascade, calibrated"]
-    print("calibration (held-out split, per seed): thresholds "
-          + ", ".join(f"{r['threshold']}" for r in calibrated)
-          + f"; target = the strong model's held-out accuracy - {CALIBRATION_MARGIN} point")
-    print("held-out accuracy / cost curve (mean over seeds), threshold: accuracy %, x strong")
-    for i, threshold in enumerate(THRESHOLDS):
-        points = [r["curve"][i] for r in calibrated]
-        print(f"  {threshold:<5}: {statistics.fmean(p[1] for p in points):6.2f}%, "
-              f"{statistics.fmean(p[2] for p in points):.3f}x")
+    for label in CASCADES:
+        calibrated = by_name[f"cascade, {label}"]
+        if "curve" not in calibrated[0]:
+            continue
+        print(f"\n{label}: thresholds chosen on the held-out split, per seed: "
+              + ", ".join(f"{r['threshold']:.3g}" for r in calibrated)
+              + f" (target: the strong model's held-out accuracy - {CALIBRATION_MARGIN} point)")
+        print("  held-out curve, mean over the seeds that have the point: threshold: accuracy %, x strong's cost")
+        points: dict[float, list[tuple[float, float]]] = collections.defaultdict(list)
+        for r in calibrated:
+            for threshold, right, cost_ in r["curve"]:
+                points[round(threshold, 3)].append((right, cost_))
+        for threshold, measured in sorted(points.items()):
+            print(f"    {threshold:<6}: {statistics.fmean(m[0] for m in measured):6.2f}%, "
+                  f"{statistics.fmean(m[1] for m in measured):.3f}x ({len(measured)} seed(s))")
     print()
-    for label in ("all agree", "calibrated"):
+    for label in CASCADES:
         rows = by_name[f"cascade, {label}"]
         accuracy_ = statistics.fmean(r["accuracy"] for r in rows)
         cost = statistics.fmean(r["cost"] for r in rows) / strong_cost

@@ -63,14 +63,14 @@ def test_a_small_run_prints_every_row_and_verdict(tmp_path: Path) -> None:
     out = done.stdout
     ratios = dict(re.findall(r"^(strong only|small only|small, majority of 3) .*? ([\d.]+)x ", out, re.MULTILINE))
     assert ratios == {"strong only": "1.000", "small only": "0.050", "small, majority of 3": "0.133"}
-    for rule in ("all agree", "calibrated"):
+    for rule in ("all agree", "agreement, calibrated", "confident, calibrated"):
         # accuracy +- sd, against strong, money, x strong, share sent to the strong model
         assert re.search(rf"^cascade, {rule} +[\d.]+ \+- [\d.]+ +[-+][\d.]+ +[\d.]+ +0\.\d+x +\d+\.\d ", out, re.MULTILINE)
         assert re.search(rf"^cascade, {rule}: [-+][\d.]+ points against the strong model at [\d.]+% of its cost: "
                          r"(PASS|FAIL)", out, re.MULTILINE)
         for baseline in ("random routing", "small, majority of k"):
             assert re.search(rf"^  vs {baseline} at {rule}'s cost \([\d.]+% of strong\): ", out, re.MULTILINE)
-    assert "held-out accuracy / cost curve" in out
+    assert out.count("held-out curve, mean over the seeds") == 2
     spent = re.search(r"^under Budget\(cost=50% of the strong model's\): no error; ([\d.]+)% spent, \d+ escalations "
                       r"paid, (\d+) of 200 kept the small stage's answer", out, re.MULTILINE)
     assert spent and float(spent[1]) <= 50 and int(spent[2]) > 0, out
