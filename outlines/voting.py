@@ -655,6 +655,9 @@ class Route:
     failure
         The ``Failure`` of the last stage it reached, when ``kept == "failed"``.
 
+    A stage's failure that the element escalated past still shows in the
+    trace's errors (it happened), though the element's answer came later.
+
     Examples
     --------
     >>> route = Route((Votes().added(["4", "5"]), Votes().added(["4", "4"])), stage=1, answer="4", kept="accepted")
@@ -760,9 +763,7 @@ class _Outcome(Op):
         if isinstance(values, Failure):  # the whole call failed
             out[:] = [_Failed(values) for _ in range(count)]
             return out if isinstance(routes, np.ndarray) else out[0]
-        rows = np.asarray(values, dtype=object) if isinstance(values, np.ndarray) else np.array([values], dtype=object)
-        wanted = (count,) if self.counted else (count, rows.shape[-1])
-        rows = np.broadcast_to(rows, wanted)  # a scalar prompt: one row for the element
+        rows = _rows(values, count, self.counted)
         for element in range(count):
             try:
                 out[element] = self._one(rows[element])
@@ -782,6 +783,20 @@ class _Outcome(Op):
         if self.accept is not None:
             votes.decided = bool(self.accept(votes.copy()))  # a copy: a rule that writes to its votes changes nothing
         return votes
+
+
+def _rows(values: Any, count: int, counted: bool) -> np.ndarray:
+    """A stage's values as one row per element: its samples (``(count, k)``), or its ``Votes`` (``counted``).
+
+    A stage may give ``k`` texts per element, or one (an agent's final
+    answer, shaped like the prompt); a scalar prompt gives its samples alone.
+    """
+    rows = values if isinstance(values, np.ndarray) else np.array([values], dtype=object)
+    if counted:
+        return np.broadcast_to(rows.reshape(-1), (count,))
+    if rows.ndim == 1:
+        rows = rows.reshape(count, 1) if rows.shape[0] == count else rows.reshape(1, -1)
+    return np.broadcast_to(rows, (count, rows.shape[-1]))
 
 
 class _Answer(Op):
@@ -982,9 +997,9 @@ def cascade(
         A string, a string Variable or a conversation, of any shape.
     models
         The stages, cheapest first: ``Model``s, or any function called as
-        ``stage(prompt, num_samples=k)`` that returns ``k`` texts per element
-        (a chain, an agent); the same model may appear twice with different
-        methods (``functools.partial(llm, temperature=0)``).
+        ``stage(prompt, num_samples=k)`` that returns ``k`` texts per
+        element, or one (a chain, an agent's final answer); the same model
+        may appear twice with different methods.
     samples
         Draws per element per stage: one integer for every stage, or one
         per stage (default 3).
@@ -1163,6 +1178,8 @@ class CurvePoint(NamedTuple):
     """The mean cost per example, in the unit of ``costs``."""
     escalated: float
     """The share of the examples that went past the first stage."""
+    reached: tuple[float, ...] = ()
+    """The share of the examples that reached each stage (1.0 for the first)."""
 
 
 @dataclass(frozen=True)
@@ -1193,6 +1210,8 @@ class Calibration:
     curve: tuple[CurvePoint, ...]
     unit: str
     score: Callable[[Votes], float] = agreement
+    #: The share of the examples that reached each stage at ``threshold``.
+    reached: tuple[float, ...] = ()
 
     @property
     def accept(self) -> Rule:
@@ -1200,7 +1219,11 @@ class Calibration:
         return at_least(self.threshold, self.score)
 
     def expected_cost(self, elements: int) -> float:
-        """The cost to expect running the calibrated cascade on ``elements`` questions like the examples."""
+        """The cost to expect running the calibrated cascade on ``elements`` questions like the examples.
+
+        In the unit of ``cost``; ``explain``'s ``CascadeEstimate.expected_cost(calibration)``
+        prices the same shares with the prompts and prices of a planned run.
+        """
         return self.cost * elements
 
 
@@ -1277,7 +1300,7 @@ def calibrate(routes: Iterable[Route], labels: Iterable[Any], costs: Iterable[fl
         raise ValueError(f"calibrate: no threshold reaches {wanted} on these {len(routes)} example(s): the most "
                          f"accurate reaches {top.accuracy:.4g} at a cost of {top.cost:.4g}, the cheapest costs "
                          f"{cheap.cost:.4g} at {cheap.accuracy:.4g}")
-    return Calibration(best.threshold, best.accuracy, best.cost, best.escalated, curve, unit, score)
+    return Calibration(best.threshold, best.accuracy, best.cost, best.escalated, curve, unit, score, best.reached)
 
 
 def _replayed(routes: list[Route], labels: list[Any], costs: list[float], score: Callable[[Votes], float],
@@ -1285,16 +1308,18 @@ def _replayed(routes: list[Route], labels: list[Any], costs: list[float], score:
     """The cascade at ``threshold`` replayed on the recorded votes: its accuracy, mean cost, share escalated."""
     right = spent = escalated = 0.0
     last = len(costs) - 1
+    reached = [0] * len(costs)
     for route, label in zip(routes, labels):
         for stage, votes in enumerate(route.stages):
             spent += costs[stage]
+            reached[stage] += 1
             answered = isinstance(votes, Votes) and votes.leader is not None
             if stage == last or (answered and score(votes) >= threshold):
                 right += answered and votes.leader == label
                 escalated += stage > 0
                 break
     count = len(routes)
-    return CurvePoint(threshold, right / count, spent / count, escalated / count)
+    return CurvePoint(threshold, right / count, spent / count, escalated / count, tuple(r / count for r in reached))
 
 
 def calibrate_cascade(

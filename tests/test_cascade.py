@@ -85,6 +85,15 @@ def test_the_trace_counts_each_stage() -> None:
     assert trace.to_dict()["cascades"] == [first, second]
 
 
+def test_accepted_says_which_answers_a_stage_accepted_rather_than_the_last_model_gave() -> None:
+    small, strong = backends()
+    scattered = itertools.count(1)
+    last = RecordingBackend(lambda p: str(next(scattered)), name="last")
+    result = cascade(["easy 1", "hard 2"], [small.model(), last.model()], parse=int)
+    accepted, routes = outlines.eval(result.accepted, result.route, cache=False)
+    assert accepted.tolist() == [True, False] and routes[1].kept == "last" and routes[1].answer == 1
+
+
 def test_nothing_reaches_a_later_model_when_the_first_accepts_everything() -> None:
     (answers, stages, _, _), small, strong = run(["easy 7", "easy 8"])
     assert answers == [7, 8] and stages == [0, 0]
@@ -382,6 +391,7 @@ LABELS = [1, 3, 4, 8, 9]
 
 def test_calibrate_replays_the_cascade_at_each_threshold() -> None:
     chosen = outlines.voting.calibrate(ROUTES, LABELS, costs=[1, 20], target_accuracy=0.8)
+    assert [p.reached for p in chosen.curve] == [(1.0, 0.2), (1.0, 0.4), (1.0, 0.6), (1.0, 1.0)]
     assert [(p.threshold, p.accuracy, p.cost, p.escalated) for p in chosen.curve] == [
         (1 / 3, 0.6, 1 + 20 / 5, 0.2),  # everything with an answer accepted: 1, 2 (wrong), 4, 5 (wrong); 9 escalated
         (2 / 3, 0.8, 1 + 40 / 5, 0.4),  # 5 6 7 escalated too: right (8); 2 2 2 still wrong
@@ -461,6 +471,8 @@ def test_explain_ranges_the_cost_from_all_accepted_at_stage_0_to_all_escalated()
     low, high = estimate.cost
     assert low == first.cost and high == pytest.approx(first.cost + second.cost, abs=1e-6)
     assert high > 20 * low  # the strong model is 100x the price for a third of the draws
+    half = outlines.voting.Calibration(1.0, 1.0, 0.0, 0.5, (), "cost", reached=(1.0, 0.5))
+    assert estimate.expected_cost(half) == pytest.approx(first.cost + second.cost / 2, abs=1e-6)
     assert f"cost {low:.6g} (all accepted at stage 0) to {high:.6g} (all escalated)" in plan.summary()
     assert small.batches == [] and strong.batches == []  # a dry run
     budget = outlines.Budget(cost=high, prices=prices)  # what explain says the worst case costs is enough
@@ -485,3 +497,37 @@ def test_pictures_draw_each_stage_with_its_model() -> None:
     assert "cascade stage 0  recording:small  failures caught" in text
     assert "cascade stage 1  recording:strong  failures caught" in text
     assert "cascade stage 0" in outlines.visualize(result.answer, format="mermaid")
+
+
+def test_jobs_without_waiting_raise_jobs_running_once_per_stage_and_pay_each_draw_once(provider: Any,
+                                                                                        tmp_path: Path) -> None:
+    from outlines.backends.jobs import Backoff
+    from outlines.common.errors import JobsRunning
+
+    server, clock = provider
+    small = outlines.models.openai("small-model", base_url=server.base_url, api_key="sk-x", max_tokens=4)
+    strong = outlines.models.openai("strong-model", base_url=server.base_url, api_key="sk-x", max_tokens=4)
+    result = cascade(QUESTIONS, [small, strong], parse=int)
+    jobs = Jobs(clock=clock, wait=False, backoff=Backoff(first=1.0, cap=5.0))
+    cache = Cache(tmp_path)
+    for stage in range(2):  # each call collects the last stage's job and submits the next stage's
+        with pytest.raises(JobsRunning):
+            outlines.eval(result.answer, jobs=jobs, cache=cache)
+        assert len(server.jobs) == stage + 1
+        clock.advance(3600)  # the job finishes meanwhile
+    assert outlines.eval(result.answer, jobs=jobs, cache=cache).tolist() == [1, 20, 3, 40, 5, 60]
+    assert len(server.jobs) == 2 and set(server.paid().values()) == {1}
+
+
+def test_a_stage_may_be_a_function_giving_one_text_per_element() -> None:
+    small, strong = backends()
+
+    def agent(prompt: outlines.Variable, num_samples: int) -> outlines.Variable:  # one final answer per element
+        return strong.model()("think: " + prompt)
+
+    result = cascade(QUESTIONS, [small.model(), agent], parse=lambda text: int(text.split()[-1]), samples=(3, 1))
+    answers, routes = outlines.eval(result.answer, result.route, cache=False)
+    assert answers.tolist() == [1, 20, 3, 40, 5, 60]
+    assert [len(b) for b in strong.batches] == [3] and routes[1].stages[1].samples == 1
+    scalar = cascade("hard 7", [small.model(), agent], parse=lambda text: int(text.split()[-1]), samples=(3, 1))
+    assert scalar.answer.eval(cache=False) == 70

@@ -18,6 +18,13 @@ of tags) and each failure named by the element's own loop and traced node
 (the sub-plans' ``members``: ``_Elements``), as the members run one by one
 would; a stacked cond runs its two branches as two schedules side by side.
 
+A cond built with ``catch`` (``outlines.cascade``'s stages) runs its
+branches as if under ``errors="return"`` whatever the evaluation's mode: a
+failed draw (an error, or one the budget refused) is a ``Failure`` value the
+branch's next steps read, not the end of the evaluation; a cond with a
+``tally`` tells the recorder what its branch's elements did
+(``branch_counted``). ``JobsRunning`` leaves any loop or cond as itself.
+
 The elements a loop stops at ``max_iter`` rather than by ``cond`` are told to
 the recorder (``loop_limited``, per loop: a stacked node's elements count for
 their own loop); with ``on_max_iter="fail"`` they hold a ``MaxIterError``
@@ -33,7 +40,7 @@ from typing import Any, Awaitable, Callable, Sequence
 
 import numpy as np
 
-from outlines.common.errors import Failure, MaxIterError, NodeError
+from outlines.common.errors import Failure, JobsRunning, MaxIterError, NodeError
 from outlines.graph.basic import Apply
 from outlines.graph.control import Cond, Subgraph, WhileLoop, traced_nodes, truth
 from outlines.graph.traits import Run
@@ -293,6 +300,8 @@ def _limited(run: _Runner, node: Apply, op: WhileLoop, stopped: np.ndarray, stat
 async def _guarded(run: _Runner, node: Apply, what: str, schedule: Any) -> Any:
     try:
         return await schedule
+    except JobsRunning:
+        raise  # no failure: the evaluation stops while its jobs run on (a call again collects them)
     except NodeError as exc:
         raise NodeError(run.owner(node, exc), f"{node.op.name}, {what}", exc) from exc
 

@@ -296,6 +296,21 @@ class CascadeEstimate:
         assert low is not None
         return reported(low), reported(high)
 
+    def expected_cost(self, calibration: Any) -> float | None:
+        """The cost to expect once a calibration has run: each stage's (upper bound) times the share reaching it.
+
+        ``calibration``: an ``outlines.voting.Calibration`` of this cascade
+        (its ``reached``: the share of the examples that reached each stage
+        at the chosen threshold). ``None`` where a model has no price.
+        """
+        shares = list(calibration.reached)
+        if len(shares) != len(self.stages):
+            raise ValueError(f"{self.cascade}: the calibration has {len(shares)} stage(s), the cascade {len(self.stages)}")
+        moneys = [self._money(stage)[1] for stage in range(len(self.stages))]
+        if any(m is None for m in moneys):
+            return None
+        return float(sum(share * float(m) for share, m in zip(shares, moneys) if m is not None))
+
     def lines(self, names: Mapping[str, str] | None = None) -> list[str]:
         """The summary's lines for this cascade (``names``: how to print each backend)."""
         names = names or {}
