@@ -55,9 +55,9 @@ def calculator_agent(llm):
     prompt = outlines.fn(lambda q: job.chatml(job.TOOL, q, [job.EXAMPLE]), name="few-shot prompt", pure=True)
     as_text = outlines.fn(lambda answer: "no answer" if answer is None else str(answer), name="as text", pure=True)
 
-    def stage(question, num_samples):  # one answer per problem: the agent is greedy
+    def stage(question, num_samples):  # one answer per problem (the agent is greedy), whatever num_samples
         answer, _ = job.agent(llm, prompt(question))
-        return as_text(answer).expand_dims(-1)
+        return as_text(answer)
 
     stage.__name__ = "calculator agent"
     return stage
@@ -96,7 +96,7 @@ def main():
     (answers, stage), right, draws, calls, wall, trace = evaluate([result.answer, result.stage], truths)
     print(f"{'cascade':30s} {right:>3d}/{len(problems):<3d} {draws:>6d} {calls:>6d} {wall:>7.1f}")
     alone = {f"majority of {args.samples} alone": job.majority(job.parse_answer(stages[0](questions, args.samples))),
-             "calculator agent alone": stages[1](questions, 1)[..., 0]}
+             "calculator agent alone": stages[1](questions, 1)}
     for name, answer in alone.items():  # each method draws its own samples (the agent's greedy ones replay)
         _, right_, draws_, calls_, wall_, _ = evaluate([answer], truths)
         print(f"{name:30s} {right_:>3d}/{len(problems):<3d} {draws_:>6d} {calls_:>6d} {wall_:>7.1f}")
