@@ -106,12 +106,10 @@ class Calibrated(Backend):
     kind = "calibrated"
 
     def __init__(self, name: str, questions: dict[str, tuple[str, float]], tag: str) -> None:
-        beta, price, unparsable = MODELS[name]
+        _, price, unparsable = MODELS[name]
         self.name, self.questions, self.unparsable = name, questions, unparsable
-        self.price = Price.of(price)
+        self.price = Price.of(price)  # the backend's own price: budgets, explain and Trace.cost() read it
         self.tag = tag  # which question set: equal backends batch together and share cache entries
-        self.calls = 0
-        self.draws = 0
 
     @property
     def identity(self) -> tuple[Any, ...]:
@@ -135,8 +133,6 @@ class Calibrated(Backend):
 
     async def generate(self, draws: Sequence[Draw], report: BatchReport) -> list[str]:
         columns = DrawColumns.of(draws)
-        self.calls += 1
-        self.draws += len(columns)
         requests = {(params, prompt) for params, prompt in zip(columns.params, columns.prompts)}
         report.usage(PROMPT_TOKENS * len(requests), COMPLETION_TOKENS * len(columns))
         return [self.sample(prompt, number) for prompt, number in zip(columns.prompts, columns.numbers)]
