@@ -1291,7 +1291,8 @@ def calibrate(routes: Iterable[Route], labels: Iterable[Any], costs: Iterable[fl
         best = min(fitting, key=lambda p: (p.cost, -p.accuracy), default=None)
         wanted = f"accuracy {target_accuracy}"
     else:
-        fitting = [p for p in curve if p.cost <= target_cost]  # type: ignore[operator]  # one target is set
+        most = float(target_cost) if target_cost is not None else math.inf
+        fitting = [p for p in curve if p.cost <= most]
         best = max(fitting, key=lambda p: (p.accuracy, -p.cost), default=None)
         wanted = f"a cost of {target_cost}"
     if best is None:
@@ -1415,7 +1416,7 @@ def _measured_costs(traced: Any, result: Cascade, routes: list[Route]) -> tuple[
     stages = traced.cascades()
     spent = traced.cost_per_backend()
     backends = [stage.get("backend") for stage in stages]
-    money = [spent.get(backend) for backend in backends]
-    if stages and len(set(backends)) == len(backends) and all(m is not None for m in money):
-        return [float(m) / max(1, stage["reached"]) for m, stage in zip(money, stages)], "cost"  # type: ignore[arg-type]
+    money = [float(m) for m in (spent.get(backend) for backend in backends) if m is not None]
+    if stages and len(set(backends)) == len(backends) and len(money) == len(stages):
+        return [m / max(1, stage["reached"]) for m, stage in zip(money, stages)], "cost"
     return [float(votes.samples) if isinstance(votes, Votes) else 0.0 for votes in routes[0].stages], "draws"
