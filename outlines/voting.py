@@ -1019,9 +1019,10 @@ def cascade(
         answer)`` with two parameters: traced once over symbolic values
         (the prompt and the stage's majority), returning a boolean per
         element; it may call a model (a verifier, as AutoMix's
-        self-verification), batched over the stage's elements; a verdict
-        that fails rejects. Default: ``unanimous`` (every sample parsed and
-        all equal).
+        self-verification), batched over the stage's elements (not asked at
+        the last stage); a verdict that fails rejects. Default: ``unanimous``
+        (every sample parsed and all equal); ``calibrate_cascade`` picks a
+        threshold of ``agreement`` from labelled examples.
     max_samples
         ``None`` (default): each stage draws ``samples`` once. Else the most
         a stage draws (one for all, or per stage; ``None``: draws once).

@@ -531,3 +531,20 @@ def test_a_stage_may_be_a_function_giving_one_text_per_element() -> None:
     assert [len(b) for b in strong.batches] == [3] and routes[1].stages[1].samples == 1
     scalar = cascade("hard 7", [small.model(), agent], parse=lambda text: int(text.split()[-1]), samples=(3, 1))
     assert scalar.answer.eval(cache=False) == 70
+
+
+def test_a_budget_that_pays_part_of_a_stage_sends_what_fits_and_the_rest_keep_their_answer() -> None:
+    small, strong = backends()
+    result = cascade(QUESTIONS, [small.model(max_tokens=4), strong.model(max_tokens=4)], parse=int)
+    (estimate,) = outlines.explain(result.answer, cache=False, prices=PRICES).cascades
+    low, high = estimate.cost
+    budget = outlines.Budget(cost=low + (high - low) / 4, prices=PRICES)  # stage 1 for 1.5 of its 6 elements
+    answers, routes = outlines.eval(result.answer, result.route, cache=False, budget=budget)
+    escalated = routes[1::2]
+    sent = [len(b) for b in strong.batches]
+    assert 0 < sum(sent) < 9  # some of the 9 draws of stage 1 went, not all
+    answered = [r for r in escalated if r.stage == 1]
+    kept = [r for r in escalated if r.kept == "budget"]
+    assert answered and kept and len(answered) + len(kept) == 3
+    assert all(r.answer == 10 * int(q.split()[-1]) for r, q in zip(escalated, HARD) if r.stage == 1)
+    assert all(r.stage == 0 and r.answer >= 100 for r in kept)

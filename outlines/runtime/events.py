@@ -2,8 +2,8 @@
 
 The scheduler, the batcher and the control-flow runner report what happens
 (an evaluation starts and ends, nodes start and finish, batches go out and come
-back, wire requests end, cache hits, loop iterations, provider batch jobs) to ONE recorder: the
-evaluation's (``outlines.runtime.session.Evaluation.recorder``). It is composed
+back, wire requests end, cache hits, loop iterations, a cascade stage's counts,
+provider batch jobs) to ONE recorder: the evaluation's (``outlines.runtime.session.Evaluation.recorder``). It is composed
 once, when the evaluation is built, from the listeners that want the events:
 the active trace (``outlines.trace()``), the progress counter, a stream's
 watcher. ``compose`` gives ``NULL`` when nobody listens, the listener itself

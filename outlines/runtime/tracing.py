@@ -387,7 +387,8 @@ class Trace:
             (its key in ``cost_per_backend``), ``reached``
             (elements that reached it), ``accepted`` (kept its answer:
             ``accept`` held), ``escalated`` (went on to the next stage),
-            ``answered`` (the last stage's answers), ``kept: budget``
+            ``answered`` (answers of the last stage that ``accept`` did
+            not hold for: the last model answers anyway), ``kept: budget``
             (the budget could not pay this stage: they kept an earlier
             answer), ``failed`` (no stage answered them).
         """
