@@ -519,11 +519,15 @@ def _table(outputs: list[Variable], stack_min: int) -> _Found | None:
     family one contiguous range of ranks ``[lo, hi)`` of at least
     ``stack_min``, and each family read over one range (member ``r`` reads
     members ``r + shift`` of each family it reads): the graph is then
-    exactly those members of those families and of the families they read,
-    and the walk would find them as they are (``_layout`` checks each
-    family's members against what was noted, and leaves to the walk what
-    it would rewrite or number). Each family's first member stands for it
-    among the plan's nodes.
+    exactly those members of those families and of the families they read.
+    Each family's members are checked against what was noted (their inputs
+    still the parents' members, or constants of the noted shape), and what
+    the walk would rewrite or number is left to it: model calls repeating a
+    prompt (their draws are numbered apart, or merged when greedy), two
+    families of equal pure ops or model calls on the same inputs (merged,
+    or numbered apart), pure ops on constants only (folded), loops and
+    conds (their namespaces are numbered). Each family's first member
+    stands for it among the plan's nodes.
     """
     # map() with attrgetter: these passes touch every node of graphs of 100k nodes.
     owners = list(map(_OWNER, outputs))
@@ -541,17 +545,48 @@ def _table(outputs: list[Variable], stack_min: int) -> _Found | None:
     found, number, seen = _Found(), {}, set()  # number: table family -> its family in found
     for family in sorted(need, key=_ORDER):  # readers after
         lo, hi = need[family]
+        layout, members = family.layout, family.members[lo:hi]
         # A member's rank is its place in its family, unless two threads built members at once:
         # what the outputs pick by rank is checked; the rest are read by place (their readers' inputs are).
-        if family in outs and list(map(_RANK, family.members[lo:hi])) != list(range(lo, hi)):
+        if len(members) != hi - lo or family in outs and list(map(_RANK, members)) != list(range(lo, hi)):
             return None
-        layout = _layout(family, lo, hi, number, seen, found.constants)
-        if layout is None:
+        op = members[0].op  # the ops of a family are equal (one kin): the first member's serves all
+        traits = op.traits
+        generate = traits.run is Run.GENERATE
+        if traits.run is Run.CONTROL or traits.pure and not generate and Family not in set(map(type, layout)):
             return None
+        if traits.pure or generate:  # an impure step is never merged: two of them on the same inputs both run
+            try:
+                if (op, layout) in seen:
+                    return None
+                seen.add((op, layout))
+            except TypeError:  # an op with unhashable parameters is never merged
+                pass
+        rows = list(map(_INPUTS, members))
+        if set(map(len, rows)) != {len(layout)}:
+            return None
+        parts: list[Any] = []
+        for position, part in enumerate(layout):
+            inputs = list(map(itemgetter(position), rows))
+            if type(part) is Family:
+                shift = family.shifts[position]
+                if list(map(_OWNER, inputs)) != part.members[lo + shift:hi + shift]:
+                    return None  # rewired since it was built
+                parts.append(number[part])
+                continue
+            if set(map(type, inputs)) != {Constant}:
+                return None  # a free input (or a Variable no longer a Constant's)
+            values = list(map(_VALUE, inputs))
+            texts = all_text(values)  # the common case: checked in bulk (never empty)
+            if generate and (not texts or len(set(values)) != hi - lo) or texts and part != () or not texts and (
+                    set(map(_SHAPE, inputs)) != {part} or not stackable(inputs[0], False) or any(map(_RAGGED, inputs))):
+                return None  # a prompt not text or asked twice, or not the noted shape
+            parts.append(part)
+            found.constants[len(found.members), position] = (inputs, values)  # type: ignore[assignment]  # Constants
         number[family] = len(found.members)
-        found.members.append(family.members[lo:hi])
-        found.layouts.append(layout)
-        found.above.append(sorted({part for part in layout if type(part) is int}))
+        found.members.append(members)
+        found.layouts.append(tuple(parts))
+        found.above.append(sorted({part for part in parts if type(part) is int}))
         found.broken.append(False)
         found.count += hi - lo
     found.family_of, found.rank = list(range(len(found.members))), [0] * len(found.members)
@@ -559,63 +594,6 @@ def _table(outputs: list[Variable], stack_min: int) -> _Found | None:
         ranks = [rank - need[family][0] for family, rank in zip(families, ranks)]
     found.picked = (list(map(number.__getitem__, families)), ranks)
     return found
-
-
-def _layout(family: Family, lo: int, hi: int, number: Mapping[Family, int], seen: set[Hashable],
-            constants: dict[tuple[int, int], tuple[list[Constant], list[Any]]]) -> tuple[Any, ...] | None:
-    """The walk's layout of ``family``'s members ``[lo, hi)`` (``_table``), or None to leave it to the walk.
-
-    Per input: the number of the family it reads (``number``: of each
-    family read, noted before) or the shape of its constants. ``seen``: the
-    (op, layout) of the families read so far. None for what the walk would
-    rewrite or number: model calls repeating a prompt (their draws are
-    numbered apart, or merged when greedy), two families of equal pure ops
-    or model calls on the same inputs (merged, or numbered apart), pure ops
-    on constants only (folded), loops and conds (their namespaces are
-    numbered), members rewired since they were built.
-    """
-    layout, members = family.layout, family.members[lo:hi]
-    if len(members) != hi - lo:
-        return None
-    op = members[0].op  # the ops of a family are equal (one kin): the first member's serves all
-    traits = op.traits
-    generate = traits.run is Run.GENERATE
-    if traits.run is Run.CONTROL:
-        return None
-    if traits.pure and not generate and not any(type(part) is Family for part in layout):
-        return None
-    if traits.pure or generate:  # an impure step is never merged: two of them on the same inputs both run
-        try:
-            if (op, layout) in seen:
-                return None
-            seen.add((op, layout))
-        except TypeError:  # an op with unhashable parameters is never merged
-            pass
-    rows = list(map(_INPUTS, members))
-    if set(map(len, rows)) != {len(layout)}:
-        return None
-    parts: list[Any] = []
-    for position, part in enumerate(layout):
-        inputs = list(map(itemgetter(position), rows))
-        if type(part) is Family:
-            shift = family.shifts[position]
-            if list(map(_OWNER, inputs)) != part.members[lo + shift:hi + shift]:
-                return None
-            parts.append(number[part])
-            continue
-        if set(map(type, inputs)) != {Constant}:
-            return None  # a free input (or a Variable no longer a Constant's)
-        values = list(map(_VALUE, inputs))
-        texts = all_text(values)  # the common case: checked in bulk (never empty)
-        if generate and (not texts or len(set(values)) != hi - lo):
-            return None  # not text, or a prompt asked twice
-        if texts and part != () or not texts and (
-                set(map(_SHAPE, inputs)) != {part} or not stackable(inputs[0], False) or any(map(_RAGGED, inputs))):
-            return None
-        parts.append(part)
-        # (len(number): this family's number, given when this returns)
-        constants[len(number), position] = (inputs, values)  # type: ignore[assignment]  # checked: Constants
-    return tuple(parts)
 
 
 def _input_key(variable: Variable) -> Hashable:
