@@ -44,7 +44,7 @@ import numpy as np
 from outlines.common.config import current_tuning
 from outlines.common.keys import canonical
 from outlines.common.errors import UnboundInputError
-from outlines.graph.basic import Apply, Constant, Variable, as_object_array
+from outlines.graph.basic import Apply, Constant, Op, Variable, as_object_array
 from outlines.graph.families import Family, stackable
 from outlines.graph.ops import all_text
 from outlines.graph.protocols import model_call
@@ -318,25 +318,26 @@ class Plan:
                     constants, values = found.constants.get((family, number)) or (
                         list(map(itemgetter(number), map(_INPUTS, members))), None)
                     sources.append(_stacked_constant(constants, values, whole=whole))
-                new = stacked[family] = Apply(op.stacked(), sources, sibling=False)
+                whole_op = cast(Op, op.stacked())  # a family's op stacks (families.stacking)
+                new = stacked[family] = Apply(whole_op, sources, sibling=False)
                 new.order = members[0].order  # labelled as its first member
                 self.members[id(new)] = members
                 if control:  # each element draws in its own loop's namespaces
                     self.element_tags[id(new)] = np.array([self.tag_offsets.get(m.order, 0) for m in members])
                 kept.append(new)
         if found.picked is None:  # the walk's outputs: each one's family and rank, or -1
-            at = [position.get(id(v.owner), -1) for v in self.outputs]
-            found.picked = ([family_of[i] if i >= 0 else -1 for i in at], [rank[i] for i in at])
-        heads = [stacked[f].outputs[0] if f in stacked else None for f in range(len(families))] + [None]  # [-1]: None
+            places = [position.get(id(v.owner), -1) for v in self.outputs]
+            found.picked = ([family_of[i] if i >= 0 else -1 for i in places], [rank[i] for i in places])
         picked, elements = found.picked
         if len(stacked) == len(families) and -1 not in picked:  # every output picked (map: 100k outputs)
+            heads = [stacked[f].outputs[0] for f in range(len(families))]
             self.outputs = list(map(heads.__getitem__, picked))
             self.picks = dict(enumerate(zip(self.outputs, elements)))
         else:
             for number, (family, element) in enumerate(zip(picked, elements)):
-                if heads[family] is not None:
-                    self.outputs[number] = heads[family]
-                    self.picks[number] = (heads[family], element)
+                if family in stacked:
+                    self.outputs[number] = stacked[family].outputs[0]
+                    self.picks[number] = (self.outputs[number], element)
         self.nodes = kept
         self._link(aliases=aliases)
 
@@ -542,7 +543,9 @@ def _table(outputs: list[Variable], stack_min: int) -> _Found | None:
     if need is None:
         return None
     outs = set(families)
-    found, number, seen = _Found(), {}, set()  # number: table family -> its family in found
+    found = _Found()
+    number: dict[Family, int] = {}  # table family -> its family in found
+    seen: set[Hashable] = set()  # (op, layout) of each family so far
     for family in sorted(need, key=_ORDER):  # readers after
         lo, hi = need[family]
         layout, members = family.layout, family.members[lo:hi]
