@@ -315,7 +315,8 @@ class Plan:
                     if type(part) is int:  # a parent family's: its stacked node's output
                         sources.append(stacked[part].outputs[0])
                         continue
-                    constants, values = found.constants.get((family, number)) or (
+                    # popped: young lists of 20k values that each collection while picking below would read
+                    constants, values = found.constants.pop((family, number), None) or (
                         list(map(itemgetter(number), map(_INPUTS, members))), None)
                     sources.append(_stacked_constant(constants, values, whole=whole))
                 whole_op = cast(Op, op.stacked())  # a family's op stacks (families.stacking)
