@@ -1,21 +1,14 @@
 """The static part of an evaluation: one family table, one stacking rewrite, one walk.
 
-A ``Plan`` is built once per set of outputs (a ``Program`` keeps its own).
-There is one way to build it:
+A ``Plan`` is built once per set of outputs (a ``Program`` keeps its own),
+the same way for every entry point:
 
 - the family table (``outlines.graph.families``) is noted as the graph is
   built: sibling uses of ops of one kin (``Op.kin``: equal by parameters, a
   control op by its traced structure) whose inputs are constants or the
   members of one family, member for member. The plan never finds families
   itself, and no op needs to be shared for its uses to be siblings;
-- one stacking rewrite turns each family of at least
-  ``stack_min`` members into one node of its stacked op (``Op.stacked``)
-  over the arrays of its inputs: model calls of one draw, elementwise ops
-  (an impure ``outlines.fn`` too: it still runs once per element, and is
-  never merged), loops and conds of one structure. When the outputs are
-  exactly whole ranges of families, the rewrite reads the table alone and
-  walks no node (``_from_table``: 20,000 chains planned in a few ms);
-- otherwise the ordinary walk over the Apply nodes in creation order (a
+- the ordinary walk (``_walk``) over the Apply nodes in creation order (a
   topological order) does, per node: rewrites (a pure node whose op and
   inputs match an earlier one is replaced by it; a pure inline op whose
   inputs are all Constants is folded into a Constant), numbering (the k
@@ -23,10 +16,16 @@ There is one way to build it:
   earlier draws of the same backend, params and prompt, so rebuilding the
   same program replays the same draws; likewise namespace tags of control
   nodes) and structure (the kept nodes, their in-degree and consumers), and
-  notes the kept nodes that are members of the table's families (``_Found``:
-  split by the inputs they read after its rewrites, a call with a draw
-  offset left out); the stacking rewrite (``_stack``) then runs over what it
-  kept, by the same rule.
+  notes the kept members of the table's families (``_Found``: split by the
+  inputs they read after its rewrites, a call with a draw offset left out).
+  When the outputs are whole runs of families that the walk would neither
+  rewrite nor number, the table alone says what it would find (``_table``)
+  and no node is walked: 20,000 chains are planned in a few ms;
+- one stacking rewrite (``_stack``) then turns each family found of at
+  least ``stack_min`` members into one node of its stacked op
+  (``Op.stacked``) over the arrays of its inputs: model calls of one draw,
+  elementwise ops (an impure ``outlines.fn`` too: it still runs once per
+  element, and is never merged), loops and conds of one structure.
 
 Inputs match when they are the same Variable, or Constants of simple values
 whose ``canonical`` text (``outlines.common.keys``) is equal. Random draws and
@@ -45,7 +44,7 @@ import numpy as np
 from outlines.common.config import current_tuning
 from outlines.common.keys import canonical
 from outlines.common.errors import UnboundInputError
-from outlines.graph.basic import Apply, Constant, Variable, as_object_array
+from outlines.graph.basic import Apply, Constant, Op, Variable, as_object_array
 from outlines.graph.families import Family, stackable
 from outlines.graph.ops import all_text
 from outlines.graph.protocols import model_call
@@ -55,7 +54,7 @@ from outlines.graph.traversal import rewired_error, toposort
 
 __all__ = ["Plan", "bind_givens", "check_shapes"]
 
-_OWNER, _FAMILY, _RANK, _INPUTS = attrgetter("owner"), attrgetter("family"), attrgetter("rank"), attrgetter("inputs")
+_OWNER, _FAMILY, _RANK, _INPUTS, _ORDER = map(attrgetter, ("owner", "family", "rank", "inputs", "order"))
 _VALUE, _SHAPE, _RAGGED = attrgetter("value"), attrgetter("shape"), attrgetter("ragged")
 # Constants of these exact types (and object arrays of them) are keyed by value.
 # Integral floats are not: canonical text writes 1.0 as 1 and -0.0 as 0, which
@@ -135,14 +134,14 @@ class Plan:
         self.picks: dict[int, tuple[Variable, int]] = {}
         self.members: dict[int, Sequence[Apply]] = {}
         stack_min = max(1, current_tuning().stack_min if stack_min is None else stack_min)
-        if self._from_table(outputs, stack_min):
-            return
-        found = _Found()
-        position, uplinks, leaves, rewritten = self._walk(outputs, found)
-        if found.count >= stack_min:
-            self._stack(position, found, uplinks, stack_min)
-        else:
-            self._link(uplinks)
+        found = _table(outputs, stack_min)
+        if found is None:
+            found = _Found()
+            position, uplinks, leaves, rewritten = self._walk(outputs, found)
+        else:  # whole runs of families: what the walk would find, read from the table (no node walked)
+            self.nodes, self.outputs = [members[0] for members in found.members], outputs
+            position, uplinks, leaves, rewritten = {}, None, [], True
+        self._stack(found, stack_min, position, uplinks)
         if self.members or rewritten or any(v.owner is None for v in self.outputs):  # leaves rewritten or not seen
             self._read(list({id(v): v for v in _leaves(self.nodes, self.outputs)}.values()))
         else:
@@ -235,7 +234,7 @@ class Plan:
             index = position[id(kept)] = len(nodes)  # after its parents: a node reading itself is caught
             nodes.append(kept)
             uplinks.append(parents[0] if len(parents) == 1 else parents or -1)
-            found.add(node.family if id(kept) not in offsets else None, index, inputs, parents, generate, position)
+            found.add(node.family if id(kept) not in offsets else None, kept, inputs, parents, generate, position)
         self.outputs = [replaced.get(id(v), v) for v in outputs]
         return position, uplinks, list(leaves.values()), bool(replaced)
 
@@ -267,130 +266,79 @@ class Plan:
             return results
         return [results[i][self.picks[i][1]] if i in self.picks else value for i, value in enumerate(results)]
 
-    def _from_table(self, outputs: list[Variable], stack_min: int) -> bool:
-        """The stacking rewrite read from the family table alone, walking no node; False, changing nothing, if it cannot.
+    def _stack(self, found: _Found, stack_min: int, position: Mapping[int, int],
+               uplinks: list[int | list[int]] | None) -> None:
+        """The stacking rewrite over ``found`` (see the module docstring): 5,000 chains run as one array node a step.
 
-        Applies when every output is a member of a family, the outputs of
-        each family one contiguous range of ranks ``[lo, hi)`` of at least
-        ``stack_min``, and each family read over one range (member ``r``
-        reads members ``r + shift`` of each family it reads): the graph is then exactly those members
-        of those families and of the families they read, and each family
-        becomes one node of its stacked op, as ``_stack`` makes it. Each
-        family's members are checked against what was noted (their inputs
-        still the parents' members, or constants of the noted shape). What
-        the walk would rewrite or number is left to it: model calls repeating
-        a prompt (their draws are numbered apart, or merged when greedy), two
-        families of equal pure ops or model calls on the same inputs (merged,
-        or numbered apart), pure ops on constants only (folded), loops and
-        conds (their namespaces are numbered).
+        A family stacks when it has at least ``stack_min`` members, member for
+        member with its parent families (not ``broken``), and those stack too
+        with as many members: its node reads the arrays of its inputs (its
+        members' constants stacked, or kept when all are one scalar). A node
+        left out that reads a member's output is kept as built: it waits for
+        the stacked node, which gives that output its element (``scatter``),
+        so nothing downstream is rebuilt. Draw numbers, keys and values are
+        unchanged; ``picks``, ``members`` and ``element_tags`` say which
+        element is whose. ``position`` and ``uplinks``: the walk's
+        (``_walk``); from the table, ``nodes`` holds each family's first member.
         """
-        # map() with attrgetter: these passes touch every node of graphs of 100k nodes.
-        owners = list(map(_OWNER, outputs))
-        try:
-            families = list(map(_FAMILY, owners))
-        except AttributeError:  # an output of no node (a constant or a free input)
-            return False
-        if None in set(families):  # an output of no family (families hash by identity)
-            return False
-        ranks = list(map(_RANK, owners))
-        need = _ranges(families, ranks, stack_min)
-        if need is None:
-            return False
-        outs = {id(family) for family in families}
-        seen: set[Hashable] = set()
-        stacked: dict[int, Apply] = {}  # per family: its stacked node
-        members: dict[int, Sequence[Apply]] = {}
-        for family in sorted((family for family, _ in need.values()), key=lambda f: f.order):  # readers after
-            lo, hi = need[id(family)][1]
-            # A member's rank is its place in its family, unless two threads built members at once:
-            # what the outputs pick by rank is checked; the rest are read by place (their readers' inputs are).
-            if id(family) in outs and list(map(_RANK, family.members[lo:hi])) != list(range(lo, hi)):
-                return False
-            new = _from_members(family, lo, hi, stacked, seen, members)
-            if new is None:
-                return False
-            stacked[id(family)] = new
-        self.nodes = list(stacked.values())
-        self.members = members
-        self.outputs = [stacked[id(family)].outputs[0] for family in families]
-        if {need[key][1][0] for key in outs} == {0}:
-            elements = ranks
-        else:
-            elements = [rank - need[id(family)][1][0] for family, rank in zip(families, ranks)]
-        self.picks = dict(enumerate(zip(self.outputs, elements)))
-        self._link()
-        self._read(list({id(v): v for v in _leaves(self.nodes, self.outputs)}.values()))
-        return True
-
-    def _stack(self, position: dict[int, int], found: _Found, uplinks: list[int | list[int]], stack_min: int) -> None:
-        """The stacking rewrite over the nodes the walk kept: 5,000 chains built one by one run as one array each step.
-
-        A family the walk met (``found``: the table's families, split by the
-        layout of their members' inputs after the walk's rewrites) stacks
-        when it has at least ``stack_min`` members, member for member with
-        its parent families (not ``broken``), and those stack too with as
-        many members: it becomes one node of the stacked op over the arrays
-        of its inputs (the constants of its members stacked into one array,
-        or kept when all are one scalar). A node left out that reads a
-        member's output is kept as built: it waits for the stacked node,
-        which gives the member's output its element (``scatter``), so
-        nothing downstream is rebuilt. Draw numbers, keys and values are
-        unchanged (a call with a draw offset, or with samples, is never in a
-        family); ``picks`` maps each output of the plan to its element,
-        ``members`` each stacked node to the nodes it stands for. Loops and
-        conds keep each element's own namespace tag (``element_tags``).
-        """
-        nodes, family_of, rank, families = self.nodes, found.family_of, found.rank, found.members
+        families, family_of, rank = found.members, found.family_of, found.rank
         valid = [len(m) >= stack_min and not found.broken[f] for f, m in enumerate(families)]
         for family, ups in enumerate(found.above):  # parents come first: one pass settles it
             # A parent with more members than its child: its stacked array holds elements nobody reads.
             if valid[family] and not all(valid[up] and len(families[up]) == len(families[family]) for up in ups):
                 valid[family] = False
-        if not any(valid):
+        if found.count < stack_min or not any(valid):
             self._link(uplinks)
             return
         stacked: dict[int, Apply] = {}
-
-        def element(variable: Variable) -> tuple[Variable, int] | None:
-            """(stacked output, element) of a stacked member's output; None for anything else."""
-            owner = variable.owner
-            if owner is None:
-                return None
-            at = position.get(id(owner), -1)
-            family = family_of[at] if at >= 0 else -1
-            return (stacked[family].outputs[0], rank[at]) if family >= 0 and valid[family] else None
-
         aliases: dict[int, Apply] = {}  # id(member read by a node left out) -> its stacked node
         kept: list[Apply] = []
-        for index, node in enumerate(nodes):
+        for index, node in enumerate(self.nodes):
             family = family_of[index]
             if family < 0 or not valid[family]:
                 for variable in node.inputs:
-                    if variable.owner is None or id(variable.owner) in aliases:
+                    owner = variable.owner
+                    if owner is None or id(owner) in aliases:
                         continue
-                    found_at = element(variable)
-                    if found_at is not None:  # a stacked member's output read by a node left out: its element
-                        source = found_at[0].owner
-                        aliases[id(variable.owner)] = source  # type: ignore[assignment]  # an output of a node: owned
-                        self.scatter.setdefault(id(source), []).append((variable, found_at[1]))
+                    at = position[id(owner)]
+                    up = family_of[at]
+                    if up >= 0 and valid[up]:  # a stacked member's output read by a node left out: its element
+                        aliases[id(owner)] = source = stacked[up]
+                        self.scatter.setdefault(id(source), []).append((variable, rank[at]))
                 kept.append(node)
-                continue
-            if family not in stacked:
-                members = [nodes[i] for i in families[family]]
-                control, layout = node.op.traits.run is Run.CONTROL, found.layouts[family]
-                whole = control or not node.op.traits.pure or int not in set(map(type, layout))  # see _stacked_constant
-                sources = [stacked[part].outputs[0] if type(part) is int else
-                           _stacked_constant([m.inputs[number] for m in members], whole=whole)  # type: ignore[misc]  # constants: the walk's layout
-                           for number, part in enumerate(layout)]
-                new = stacked[family] = _stacked_node(node.op, sources, members, self.members)
+            elif family not in stacked:
+                members, op = families[family], node.op
+                control, layout = op.traits.run is Run.CONTROL, found.layouts[family]
+                whole = control or not op.traits.pure or int not in set(map(type, layout))  # see _stacked_constant
+                sources: list[Variable] = []
+                for number, part in enumerate(layout):
+                    if type(part) is int:  # a parent family's: its stacked node's output
+                        sources.append(stacked[part].outputs[0])
+                        continue
+                    # popped: young lists of 20k values that each collection while picking below would read
+                    constants, values = found.constants.pop((family, number), None) or (
+                        list(map(itemgetter(number), map(_INPUTS, members))), None)
+                    sources.append(_stacked_constant(constants, values, whole=whole))
+                whole_op = cast(Op, op.stacked())  # a family's op stacks (families.stacking)
+                new = stacked[family] = Apply(whole_op, sources, sibling=False)
+                new.order = members[0].order  # labelled as its first member
+                self.members[id(new)] = members
                 if control:  # each element draws in its own loop's namespaces
                     self.element_tags[id(new)] = np.array([self.tag_offsets.get(m.order, 0) for m in members])
                 kept.append(new)
-        for number, output in enumerate(self.outputs):
-            found_at = element(output)
-            if found_at is not None:
-                self.picks[number] = found_at
-                self.outputs[number] = found_at[0]
+        if found.picked is None:  # the walk's outputs: each one's family and rank, or -1
+            places = [position.get(id(v.owner), -1) for v in self.outputs]
+            found.picked = ([family_of[i] if i >= 0 else -1 for i in places], [rank[i] for i in places])
+        picked, elements = found.picked
+        if len(stacked) == len(families) and -1 not in picked:  # every output picked (map: 100k outputs)
+            heads = [stacked[f].outputs[0] for f in range(len(families))]
+            self.outputs = list(map(heads.__getitem__, picked))
+            self.picks = dict(enumerate(zip(self.outputs, elements)))
+        else:
+            for number, (family, element) in enumerate(zip(picked, elements)):
+                if family in stacked:
+                    self.outputs[number] = stacked[family].outputs[0]
+                    self.picks[number] = (self.outputs[number], element)
         self.nodes = kept
         self._link(aliases=aliases)
 
@@ -433,32 +381,36 @@ class Plan:
 
 
 class _Found:
-    """The table's families as the walk meets them (``Plan._walk``), for ``Plan._stack``.
+    """The table's families among a plan's nodes, for ``Plan._stack``: as the walk meets them, or read from the table.
 
-    Per kept node: ``family_of`` (its family here, or -1) and ``rank`` (its
-    index there). Per family: its ``members`` (node indices), the families
-    ``above`` it (its parents'), whether it is ``broken`` (a member reads
-    parents of another rank: not member for member) and its ``layout`` (per
-    input, a parent family or a constant's shape). A family of the table is
-    split here by layout: the walk's rewrites can make its members read
-    other nodes than they were built on.
+    Per node: ``family_of`` (its family here, or -1) and ``rank`` (its
+    index there). Per family: its ``members`` (Apply nodes, by rank), the
+    families ``above`` it (its parents'), whether it is ``broken`` (a member
+    reads parents of another rank: not member for member) and its ``layout``
+    (per input, a parent family or a constant's shape). A family of the
+    table is split here by layout: the walk's rewrites can make its members
+    read other nodes than they were built on. ``picked``: per output of the
+    plan, its family (or -1) and rank; ``None`` until known.
     """
 
-    __slots__ = ("family_of", "rank", "members", "above", "broken", "layouts", "index", "count")
+    __slots__ = ("family_of", "rank", "members", "above", "broken", "layouts", "index", "count", "picked", "constants")
 
     def __init__(self) -> None:
         self.family_of: list[int] = []
         self.rank: list[int] = []
-        self.members: list[list[int]] = []
+        self.members: list[list[Apply]] = []
         self.above: list[list[int]] = []
         self.broken: list[bool] = []
         self.layouts: list[tuple[Any, ...]] = []
         self.index: dict[tuple[int, tuple[Any, ...]], int] = {}  # (id(table family), layout) -> family
         self.count = 0  # nodes in a family
+        self.picked: tuple[list[int], list[int]] | None = None
+        #: (family, input position) -> its members' constants there and their values, where known already
+        self.constants: dict[tuple[int, int], tuple[list[Constant], list[Any]]] = {}
 
-    def add(self, table: Family | None, index: int, inputs: Sequence[Variable], parents: list[int],
+    def add(self, table: Family | None, node: Apply, inputs: Sequence[Variable], parents: list[int],
             generate: bool, position: Mapping[int, int]) -> None:
-        """Note kept node ``index`` (of the table's family ``table``, reading ``inputs`` of nodes ``parents``)."""
+        """Note the next kept ``node`` (of the table's family ``table``, reading ``inputs`` of nodes ``parents``)."""
         family_of = self.family_of
         if table is not None:
             layout: list[Any] = []
@@ -488,7 +440,7 @@ class _Found:
                         self.broken[family] = True
                 family_of.append(family)
                 self.rank.append(len(members))
-                members.append(index)
+                members.append(node)
                 self.count += 1
                 return
         family_of.append(-1)
@@ -530,87 +482,122 @@ def _read_inputs(inputs: Sequence[Variable], keyed: bool, parents: list[int], le
     return constants, input_keys
 
 
-def _ranges(families: list[Family], ranks: list[int], stack_min: int) -> dict[int, tuple[Family, tuple[int, int]]] | None:
-    """The ranks ``[lo, hi)`` each family must give (the outputs', then their readers' shifted), by ``id``.
+def _ranges(families: list[Family], ranks: list[int], stack_min: int) -> dict[Family, tuple[int, int]] | None:
+    """The ranks ``[lo, hi)`` each family must give (the outputs', then their readers' shifted).
 
-    ``families`` and ``ranks``: of each output. None when an output family's
-    ranks are not one contiguous range of at least ``stack_min``, or a
-    family is read over two ranges (some members of it are read by others).
+    ``families`` and ``ranks``: of each output (families hash by identity).
+    None when an output family's ranks are not one contiguous range of at
+    least ``stack_min``, or a family is read over two ranges (some members
+    of it are read by others).
     """
-    asked: dict[int, tuple[Family, set[int]]] = {}
+    asked: dict[Family, set[int]] = {}
     for family, rank in zip(families, ranks):
-        asked.setdefault(id(family), (family, set()))[1].add(rank)
-    need: dict[int, tuple[Family, tuple[int, int]]] = {}
-    for key, (family, wanted) in asked.items():
+        asked.setdefault(family, set()).add(rank)
+    need: dict[Family, tuple[int, int]] = {}
+    for family, wanted in asked.items():
         lo, hi = min(wanted), max(wanted) + 1
         if len(wanted) != hi - lo or hi - lo < stack_min:
             return None
-        need[key] = (family, (lo, hi))
-    closure: dict[int, Family] = {}
-    todo = [family for family, _ in need.values()]
+        need[family] = (lo, hi)
+    closure: set[Family] = set()
+    todo = list(need)
     while todo:
         family = todo.pop()
-        if id(family) not in closure:
-            closure[id(family)] = family
+        if family not in closure:
+            closure.add(family)
             todo.extend(family.parents)
-    for family in sorted(closure.values(), key=lambda f: f.order, reverse=True):  # readers first: each passes its range up
-        lo, hi = need[id(family)][1]
+    for family in sorted(closure, key=_ORDER, reverse=True):  # readers first: each passes its range up
+        lo, hi = need[family]
         for part, shift in zip(family.layout, family.shifts):
-            if type(part) is Family and need.setdefault(id(part), (part, (lo + shift, hi + shift)))[1] != (
-                    lo + shift, hi + shift):
+            if type(part) is Family and need.setdefault(part, (lo + shift, hi + shift)) != (lo + shift, hi + shift):
                 return None
     return need
 
 
-def _from_members(family: Family, lo: int, hi: int, stacked: Mapping[int, Apply], seen: set[Hashable],
-                  members_of: dict[int, Sequence[Apply]]) -> Apply | None:
-    """The stacked node of ``family``'s members ``[lo, hi)`` (``Plan._from_table``), or None to leave it to the walk.
+def _table(outputs: list[Variable], stack_min: int) -> _Found | None:
+    """The families ``Plan._stack`` stacks, read from the family table alone; None where the walk is needed.
 
-    ``stacked``: the stacked node of each family it reads (made before);
-    ``seen``: the (op, layout) of the families stacked so far.
+    Applies when every output is a member of a family, the outputs of each
+    family one contiguous range of ranks ``[lo, hi)`` of at least
+    ``stack_min``, and each family read over one range (member ``r`` reads
+    members ``r + shift`` of each family it reads): the graph is then
+    exactly those members of those families and of the families they read.
+    Each family's members are checked against what was noted (their inputs
+    still the parents' members, or constants of the noted shape), and what
+    the walk would rewrite or number is left to it: model calls repeating a
+    prompt (their draws are numbered apart, or merged when greedy), two
+    families of equal pure ops or model calls on the same inputs (merged,
+    or numbered apart), pure ops on constants only (folded), loops and
+    conds (their namespaces are numbered). Each family's first member
+    stands for it among the plan's nodes.
     """
-    layout, members = family.layout, family.members[lo:hi]
-    if len(members) != hi - lo:
+    # map() with attrgetter: these passes touch every node of graphs of 100k nodes.
+    owners = list(map(_OWNER, outputs))
+    try:
+        families = list(map(_FAMILY, owners))
+    except AttributeError:  # an output of no node (a constant or a free input)
         return None
-    op = members[0].op  # the ops of a family are equal (one kin): the first member's serves all
-    traits = op.traits
-    generate = traits.run is Run.GENERATE
-    if traits.run is Run.CONTROL:
-        return None  # the walk numbers its namespaces
-    if traits.pure and not generate and not any(type(part) is Family for part in layout):
-        return None  # a pure op on constants only: the walk folds it
-    if traits.pure or generate:  # an impure step is never merged: two of them on the same inputs both run
-        try:
-            if (op, layout) in seen:
-                return None  # equal ops on the same inputs: the walk merges them, or numbers their draws apart
-            seen.add((op, layout))
-        except TypeError:  # an op with unhashable parameters is never merged
-            pass
-    count = hi - lo
-    rows = list(map(_INPUTS, members))
-    if set(map(len, rows)) != {len(layout)}:
+    if None in set(families):  # an output of no family (families hash by identity)
         return None
-    sources: list[Variable] = []
-    for number, part in enumerate(layout):
-        inputs = list(map(itemgetter(number), rows))
-        if type(part) is Family:
-            shift = family.shifts[number]
-            if list(map(_OWNER, inputs)) != part.members[lo + shift:hi + shift]:
-                return None  # rewired since it was built
-            sources.append(stacked[id(part)].outputs[0])
-            continue
-        if set(map(type, inputs)) != {Constant}:
-            return None  # a free input (or a Variable no longer a Constant's)
-        values = list(map(_VALUE, inputs))
-        texts = all_text(values)  # the common case: checked in bulk (never empty)
-        if generate and (not texts or len(set(values)) != count):
-            return None  # not text, or a prompt asked twice: the walk numbers its draws (or merges greedy calls)
-        if texts and part != () or not texts and (
-                set(map(_SHAPE, inputs)) != {part} or not stackable(inputs[0], False) or any(map(_RAGGED, inputs))):
+    ranks = list(map(_RANK, owners))
+    need = _ranges(families, ranks, stack_min)
+    if need is None:
+        return None
+    outs = set(families)
+    found = _Found()
+    number: dict[Family, int] = {}  # table family -> its family in found
+    seen: set[Hashable] = set()  # (op, layout) of each family so far
+    for family in sorted(need, key=_ORDER):  # readers after
+        lo, hi = need[family]
+        layout, members = family.layout, family.members[lo:hi]
+        # A member's rank is its place in its family, unless two threads built members at once:
+        # what the outputs pick by rank is checked; the rest are read by place (their readers' inputs are).
+        if len(members) != hi - lo or family in outs and list(map(_RANK, members)) != list(range(lo, hi)):
             return None
-        whole = not op.traits.pure or Family not in set(map(type, layout))  # see _stacked_constant
-        sources.append(_stacked_constant(inputs, values, whole=whole))  # type: ignore[arg-type]  # checked Constants above
-    return _stacked_node(op, sources, members, members_of)
+        op = members[0].op  # the ops of a family are equal (one kin): the first member's serves all
+        traits = op.traits
+        generate = traits.run is Run.GENERATE
+        if traits.run is Run.CONTROL or traits.pure and not generate and Family not in set(map(type, layout)):
+            return None
+        if traits.pure or generate:  # an impure step is never merged: two of them on the same inputs both run
+            try:
+                if (op, layout) in seen:
+                    return None
+                seen.add((op, layout))
+            except TypeError:  # an op with unhashable parameters is never merged
+                pass
+        rows = list(map(_INPUTS, members))
+        if set(map(len, rows)) != {len(layout)}:
+            return None
+        parts: list[Any] = []
+        for position, part in enumerate(layout):
+            inputs = list(map(itemgetter(position), rows))
+            if type(part) is Family:
+                shift = family.shifts[position]
+                if list(map(_OWNER, inputs)) != part.members[lo + shift:hi + shift]:
+                    return None  # rewired since it was built
+                parts.append(number[part])
+                continue
+            if set(map(type, inputs)) != {Constant}:
+                return None  # a free input (or a Variable no longer a Constant's)
+            values = list(map(_VALUE, inputs))
+            texts = all_text(values)  # the common case: checked in bulk (never empty)
+            if generate and (not texts or len(set(values)) != hi - lo) or texts and part != () or not texts and (
+                    set(map(_SHAPE, inputs)) != {part} or not stackable(inputs[0], False) or any(map(_RAGGED, inputs))):
+                return None  # a prompt not text or asked twice, or not the noted shape
+            parts.append(part)
+            found.constants[len(found.members), position] = (inputs, values)  # type: ignore[assignment]  # Constants
+        number[family] = len(found.members)
+        found.members.append(members)
+        found.layouts.append(tuple(parts))
+        found.above.append(sorted({part for part in parts if type(part) is int}))
+        found.broken.append(False)
+        found.count += hi - lo
+    found.family_of, found.rank = list(range(len(found.members))), [0] * len(found.members)
+    if {need[family][0] for family in outs} != {0}:
+        ranks = [rank - need[family][0] for family, rank in zip(families, ranks)]
+    found.picked = (list(map(number.__getitem__, families)), ranks)
+    return found
 
 
 def _input_key(variable: Variable) -> Hashable:
@@ -627,22 +614,14 @@ def _input_key(variable: Variable) -> Hashable:
     return id(variable)
 
 
-def _stacked_node(op: Any, sources: list[Variable], members: list[Apply], members_of: dict[int, Sequence[Apply]]) -> Apply:
-    """The node of ``op``'s stacked op over ``sources``, standing for ``members`` (recorded in ``members_of``)."""
-    new = Apply(op.stacked(), sources, sibling=False)
-    new.order = members[0].order  # labelled as its first member
-    members_of[id(new)] = members
-    return new
-
-
 def _stacked_constant(constants: list[Constant], values: list[Any] | None = None, whole: bool = False) -> Constant:
     """The constants of a family's members along a new leading axis (one scalar shared by all: itself).
 
-    ``values``: their values, when the caller has them already. ``whole``:
-    an array even of one shared scalar, for a node whose elements are as
-    many as this input's leading axis: a loop, an impure op (on one
+    ``whole``: an array even of one shared scalar, for a node whose elements
+    are as many as this input's leading axis: a loop, an impure op (on one
     constant, each member is still one element, and one call), or a node
-    reading no family (nothing else gives it its leading axis).
+    reading no family (nothing else gives it its leading axis). ``values``:
+    theirs, when the caller has them already.
     """
     first = constants[0]
     if first.shape == ():

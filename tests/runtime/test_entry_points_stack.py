@@ -1,15 +1,20 @@
 """Every entry point plans as ``outlines.eval`` does (``Plan``), and stacked equals flat through each.
 
 The entry points: ``eval``, a ``Program`` (``outlines.compile``) called and
-streamed, ``as_completed``, a ``while_loop`` or ``cond`` body, and ``explain``
-(whose prediction is read from the very plan the run uses). The property builds small random DAGs of
-every op kind and runs each through every entry point with stacking forced on
-(``STACK_MIN = 1``) and off: the same values, the same number of calls of each
-user function, and explain's batches (backend calls, their sizes) equal to
-those the run sends.
+streamed, ``as_completed``, a ``while_loop`` or ``cond`` body, ``explain``
+(whose prediction is read from the very plan the run uses) and the draw
+numbers a picture shows (``Plan.draw_numbers``). The property builds small
+random DAGs of every op kind (model calls, on text, on a chat conversation
+and parsed into a structured value; pure and impure ``outlines.fn`` steps;
+templates; ``+``; stack and index; ``where``; ``while_loop``; ``cond``) and
+runs each through every entry point with stacking forced on
+(``stack_min=1``) and off: the same values, the same number of calls of each
+user function, the same draw numbers, and explain's batches (backend calls,
+their sizes) equal to those the run sends.
 """
 from __future__ import annotations
 
+import json
 from collections import Counter
 from typing import Any, Callable
 
@@ -20,7 +25,9 @@ from hypothesis import strategies as st
 
 import outlines
 from outlines import models
+from outlines.graph.traversal import toposort
 from outlines.runtime.control import _plan as sub_plan
+from outlines.runtime.plan import Plan
 from outlines.runtime.session import Evaluation, Options
 from tests.fixtures.recording import RecordingBackend
 
@@ -115,7 +122,20 @@ def _even(text: str) -> bool:
     return len(text) % 2 == 0
 
 
+def _json_model(prompt: str) -> str:
+    CALLS["json"] += 1
+    return json.dumps({"a": prompt[-9:]})
+
+
+def _field(value: dict[str, str]) -> str:
+    CALLS["field"] += 1
+    return value["a"]
+
+
 LLM = models.from_function(_model, name="entry-points")
+JSON_LLM = models.from_function(_json_model, name="entry-points-json")
+SCHEMA = {"type": "object", "properties": {"a": {"type": "string"}}, "required": ["a"]}
+FIELD = outlines.fn(_field, pure=True, name="field")
 PURE = outlines.fn(_pure, pure=True, name="pure")
 IMPURE = outlines.fn(_impure, name="impure")  # not declared pure: the default
 SHORT = outlines.fn(_short, pure=True, name="short")
@@ -130,6 +150,9 @@ def _template(a, b):
 #: Each kind of step: how it builds on its two parents (the second unused by unary steps).
 KINDS: dict[str, Callable[[Any, Any], Any]] = {
     "llm": lambda a, b: LLM(a),
+    "chat": lambda a, b: LLM(outlines.chat.system(b) + outlines.chat.user(a)),
+    "parse": lambda a, b: FIELD(JSON_LLM(a, json_schema=SCHEMA)),  # a structured output: the call, then Parse
+    "where": lambda a, b: outlines.where(EVEN(a), a, b + "w"),
     "template": lambda a, b: _template(a, b),
     "concat": lambda a, b: a + b,
     "index": lambda a, b: outlines.stack([a, b + "i"], axis=-1)[..., 1],  # elementwise in a body too
@@ -202,15 +225,23 @@ def _entry_points(steps: list[tuple[str, int, int]], copies: int) -> dict[str, A
         predicted, sent = sorted(b.size for b in explained.batches), sorted(b.size for b in trace.batches)
         # Prompts computed from unknown values are counted by shape: the run may find some of them equal.
         assert predicted == sent if not explained.unknown_draws else len(predicted) == len(sent)
-    seen["explain"] = explained.draws  # loops aside (a range): the draws of the calls, stacked or not
+    seen["explain"] = explained.draws, _by_place(explained.draw_numbers, outs, "label")  # loops aside (a range)
+    seen["draw_numbers"] = _by_place(Plan(outs).draw_numbers(), outs, "order")
     return seen
 
 
+def _by_place(spans: dict[Any, tuple[int, int]], outs: list[Any], key: str) -> dict[int, tuple[int, int]]:
+    """Draw spans keyed by their call's place in the graph (not its label or order: each graph is built anew)."""
+    place = {getattr(node, key): number for number, node in enumerate(toposort(outs))}
+    return {place[call]: span for call, span in spans.items()}
+
+
 @pytest.mark.filterwarnings("ignore:givens name input")  # a DAG may not read q
-@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture,
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture,
                                                                   HealthCheck.too_slow])
 @given(dag=dags())
 @example(dag=([("cond", -1, -1), ("llm", 0, 0)], 1))  # a stacked cond's outputs: its members' along a new axis
+@example(dag=([("parse", -1, -2), ("where", 0, -3), ("chat", 1, 0)], 2))  # the kinds added last, every run
 def test_stacked_equals_flat_through_every_entry_point(dag: Any) -> None:
     steps, copies = dag
     with outlines.common.config.tuning(stack_min=10**9):
