@@ -67,8 +67,23 @@ ORDER = ["q5", "q1", "q3", "q0", "q2", "q4"]  # index 3 finishes first, index 0 
 # -- Program.stream ---------------------------------------------------------------------
 
 
+async def ranked(prompts: list[str]) -> list[str]:
+    """``slow`` for ``ORDER`` in chunks of one, its order of completion set by rank, not by the machine's speed:
+    the batch of latency L returns ``STEP`` after the L batches of lower latency returned (a loaded machine may
+    start the chunks far apart), or after 10 s."""
+    STARTED.append(list(prompts))
+    deadline = time.monotonic() + 10.0
+    while len(FINISHED) < _latency(prompts[0]) and time.monotonic() < deadline:
+        await asyncio.sleep(0.005)
+    await asyncio.sleep(STEP)
+    FINISHED.append(list(prompts))
+    return [p.upper() for p in prompts]
+
+
 def test_elements_are_yielded_in_the_order_they_finish() -> None:
-    results = list(program().with_options(cache=False).stream(ORDER, chunk_size=1))
+    llm = models.from_function(ranked, batched=True, name="ranked", version="1", temperature=0.7)
+    prog = outlines.compile(lambda q: llm(q + "!"))
+    results = list(prog.with_options(cache=False).stream(ORDER, chunk_size=1))
     assert [i for i, _ in results] == [3, 1, 4, 2, 5, 0]
     assert all(value == ORDER[i].upper() + "!" for i, value in results)
     assert sorted(len(b) for b in STARTED) == [1] * 6  # one batch per chunk of one element
