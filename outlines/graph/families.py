@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import itertools
 import weakref
+from collections.abc import Sequence
 from typing import Any
 
 from outlines.graph.traits import Run
@@ -195,7 +196,17 @@ def note(node: Any, stacks: tuple[int, Any]) -> None:
     registry = _ROOTS if first is None else first.children
     if registry is None:
         registry = first.children = {}  # type: ignore[union-attr]  # first is set: _ROOTS is no None
-    _join(node, registry, (kin, shape), shape, tuple(ranks) if first is not None else None, (id(node.op), shape))
+    alias = (id(node.op), shape)
+    entry = registry.get(alias)  # the common case, inline (``a + "!"`` in a loop): this op's own family, in step
+    if entry is not None and (family := entry()) is not None:
+        members = family.members
+        rank = len(members)
+        if first is None or _in_step(family, ranks, shape):
+            node.family = family
+            node.rank = rank
+            members.append(node)
+            return
+    _join(node, registry, (kin, shape), shape, tuple(ranks) if first is not None else None, alias)
 
 
 def _join(node: Any, registry: dict[Any, Any], key: Any, layout: tuple[Any, ...], ranks: tuple[int, ...] | None,
@@ -231,12 +242,15 @@ def _join(node: Any, registry: dict[Any, Any], key: Any, layout: tuple[Any, ...]
     members.append(node)
 
 
-def _in_step(family: Family, ranks: tuple[int, ...] | None, layout: tuple[Any, ...]) -> bool:
+def _in_step(family: Family, ranks: Sequence[int] | None, layout: tuple[Any, ...]) -> bool:
     """Whether a node reading members of ``ranks`` is ``family``'s next member (a root's always is)."""
     if ranks is None:
         return True
     rank = len(family.members)
-    return all(read - rank == shift for read, shift, part in zip(ranks, family.shifts, layout) if type(part) is Family)
+    for read, shift, part in zip(ranks, family.shifts, layout):  # a loop, not all(): called per node built
+        if read - rank != shift and type(part) is Family:
+            return False
+    return True
 
 
 class _Entry(weakref.ref):  # type: ignore[type-arg]  # subclassed bare: typeshed's generic
