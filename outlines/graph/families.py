@@ -113,13 +113,10 @@ def stacking(op: Any) -> tuple[int, Any] | None:
 def note(node: Any, stacks: tuple[int, Any]) -> None:
     """Join ``node`` (one output, of an op that stacks) to its family if its inputs allow; else ``family = None``.
 
-    ``stacks``: the op's ``stacking``, ``(how, kin)``. A model call stacks over one
-    ``str`` prompt each, a loop or cond over scalars only. A node with a
-    free input, a constant that cannot stack or an input outside any family
-    joins none; one whose family inputs are out of step with its family
-    (``Family.shifts``) starts a new one. Runs once per node built
-    (graphs of 100k nodes are built in a loop): the one-input case is
-    spelled out.
+    ``stacks``: the op's ``stacking``, ``(how, kin)``. A model call stacks over one ``str`` prompt each, a loop or
+    cond over scalars only. A node with a free input, a constant that cannot stack or an input outside any family
+    joins none; one whose family inputs are out of step with its family (``Family.shifts``) starts a new one. Runs
+    once per node built (graphs of 100k nodes are built in a loop): the common cases are spelled out.
     """
     inputs = node.inputs
     if len(inputs) == 1:  # a call, a template, a step: keyed by the op alone under its parent
@@ -201,7 +198,13 @@ def note(node: Any, stacks: tuple[int, Any]) -> None:
     if entry is not None and (family := entry()) is not None:
         members = family.members
         rank = len(members)
-        if first is None or _in_step(family, ranks, shape):
+        step = True  # ``_in_step``, spelled out: each family input is the member of this rank plus its shift
+        if first is not None:
+            for read, shift, part in zip(ranks, family.shifts, shape):
+                if read - rank != shift and type(part) is Family:
+                    step = False
+                    break
+        if step:
             node.family = family
             node.rank = rank
             members.append(node)
