@@ -265,13 +265,17 @@ class Model:
                 return Apply(default[1], [prompt]).outputs[0]
         merged, constraint = self._call_params(params, max_tokens=max_tokens, temperature=temperature, stop=stop,
                                                seed=seed, choices=choices, regex=regex, json_schema=json_schema)
-        op = self._ops.get((merged, num_samples)) if num_samples is None or type(num_samples) is int else None
+        return _applied(self._op(merged, num_samples), prompt, constraint)
+
+    def _op(self, params: GenerationParams, num_samples: int | None) -> Generate:
+        """The ``Generate`` of ``params`` and ``num_samples``, made once (``_default`` when it is the defaults')."""
+        op = self._ops.get((params, num_samples)) if num_samples is None or type(num_samples) is int else None
         if op is None:
-            op = Generate(self.backend, merged, num_samples)
-            self._ops[merged, op.num_samples if op.sample_axis else None] = op
-        if not op.sample_axis and merged == self.defaults:
+            op = Generate(self.backend, params, num_samples)
+            self._ops[params, op.num_samples if op.sample_axis else None] = op
+        if not op.sample_axis and params == self.defaults:
             self._default = (self.defaults, op)
-        return _applied(op, prompt, constraint)
+        return op
 
     def _call_params(self, params: dict[str, Any], *, choices: Any, regex: Any, json_schema: Any,
                      **named: Any) -> tuple[GenerationParams, Constraint | None]:
