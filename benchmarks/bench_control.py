@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import json
 import random
 import statistics
@@ -185,6 +186,9 @@ def child(name: str, n: int) -> None:
     tasks = trajectories(n)
     import outlines  # noqa: F401  (imports are not part of the run)
 
+    # Nor is collecting what the imports left: the first full collection after them falls in the run or
+    # not by a few hundred allocations (two trees importing alike differed by 12-25 ms of CPU on this row).
+    gc.collect()
     cpu = time.process_time()
     wall, calls = VARIANTS[name](tasks)
     print(json.dumps({"wall": wall, "calls": calls, "cpu": time.process_time() - cpu}))

@@ -166,6 +166,9 @@ class Model:
         #: The op of each (params, samples) asked so far: a call built in a loop makes no op (building
         #: a Generate per call triples the build time per node); equal ops stack whichever object they are.
         self._ops: dict[tuple[GenerationParams, int | None], Generate] = {}
+        #: The defaults and their op of one draw (``_ops[defaults, None]``), once built: the common call
+        #: finds it without hashing the params (a Python ``__hash__``, per node built).
+        self._default: tuple[GenerationParams, Generate] | None = None
 
     def __call__(
         self,
@@ -257,16 +260,22 @@ class Model:
                 and ((type(prompt) is Variable and not prompt.ragged)
                      or (type(prompt) is Constant and type(prompt.value) is str))):
             # the common call, built thousands of times in a loop: the model's defaults, one draw
-            op = self._ops.get((self.defaults, None))
-            if op is not None:
-                return Apply(op, [prompt]).outputs[0]
+            default = self._default
+            if default is not None and default[0] is self.defaults:  # (``fallback`` sets its defaults once built)
+                return Apply(default[1], [prompt]).outputs[0]
         merged, constraint = self._call_params(params, max_tokens=max_tokens, temperature=temperature, stop=stop,
                                                seed=seed, choices=choices, regex=regex, json_schema=json_schema)
-        op = self._ops.get((merged, num_samples)) if num_samples is None or type(num_samples) is int else None
+        return _applied(self._op(merged, num_samples), prompt, constraint)
+
+    def _op(self, params: GenerationParams, num_samples: int | None) -> Generate:
+        """The ``Generate`` of ``params`` and ``num_samples``, made once (``_default`` when it is the defaults')."""
+        op = self._ops.get((params, num_samples)) if num_samples is None or type(num_samples) is int else None
         if op is None:
-            op = Generate(self.backend, merged, num_samples)
-            self._ops[merged, op.num_samples if op.sample_axis else None] = op
-        return _applied(op, prompt, constraint)
+            op = Generate(self.backend, params, num_samples)
+            self._ops[params, op.num_samples if op.sample_axis else None] = op
+        if not op.sample_axis and params == self.defaults:
+            self._default = (self.defaults, op)
+        return op
 
     def _call_params(self, params: dict[str, Any], *, choices: Any, regex: Any, json_schema: Any,
                      **named: Any) -> tuple[GenerationParams, Constraint | None]:

@@ -125,3 +125,18 @@ def test_a_call_names_the_model_for_an_empty_choice_list_and_an_unknown_option()
     with pytest.raises(TypeError, match=r"^Generate\[function:upper\]: unknown option 'num_sample'; did you mean "
                                         r"num_samples\?"):
         llm("x", num_sample=2)
+
+
+def test_the_common_call_uses_the_models_defaults_of_the_moment() -> None:
+    # the common call finds its op without hashing the params: it must still follow defaults set after a call
+    # (models.fallback sets its defaults once the model is built)
+    import outlines
+
+    llm = models.from_function(lambda prompt: prompt, name="echo")
+    first = llm(outlines.constant("q"))
+    assert first.owner.op.params.max_tokens is None
+    assert llm(outlines.constant("r")).owner.op is first.owner.op  # one op per (params, samples)
+    llm.defaults = llm.defaults.merged(max_tokens=7)
+    again = llm(outlines.constant("q"))
+    assert again.owner.op.params.max_tokens == 7
+    assert llm(outlines.string("s")).owner.op is again.owner.op

@@ -370,15 +370,22 @@ class Apply:
     def __init__(self, op: Op, inputs: Sequence[Variable], noutputs: int = 1, *, sibling: bool = True) -> None:
         self.op = op
         self.inputs: tuple[Variable, ...]
-        if len(inputs) == 1 and (owner := inputs[0].owner) is not None and len(owner.outputs) == 1:
-            # the one output of a one-output node: its owner's outputs tuple is this node's inputs,
-            # shared (tuples are immutable), one container less for the collector per node of a chain
-            inputs = self.inputs = owner.outputs
+        if len(inputs) == 1:  # a chain's node: its input's attributes read without a comprehension's frame
+            variable = inputs[0]
+            owner = variable.owner
+            if owner is not None and len(owner.outputs) == 1:
+                # the one output of a one-output node: its owner's outputs tuple is this node's inputs,
+                # shared (tuples are immutable), one container less for the collector per node of a chain
+                self.inputs = owner.outputs
+            else:
+                self.inputs = (variable,)
+            shapes = op.infer_shapes([variable.shape], noutputs)
+            ragged = op.ragged_outputs([variable.ragged], noutputs)
         else:
             inputs = self.inputs = tuple(inputs)
+            shapes = op.infer_shapes([v.shape for v in inputs], noutputs)
+            ragged = op.ragged_outputs([v.ragged for v in inputs], noutputs)
         self.order = next(_creation_order)
-        shapes = op.infer_shapes([v.shape for v in inputs], noutputs)
-        ragged = op.ragged_outputs([v.ragged for v in inputs], noutputs)
         if noutputs == 1:  # the common case, kept cheap for deep graphs
             self.outputs: tuple[Variable, ...] = (Variable(self, 0, None, shapes[0], ragged[0]),)
             # ``sibling=False``: a node a plan makes for itself, never a user's sibling.

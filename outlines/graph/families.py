@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import itertools
 import weakref
+from collections.abc import Sequence
 from typing import Any
 
 from outlines.graph.traits import Run
@@ -112,13 +113,10 @@ def stacking(op: Any) -> tuple[int, Any] | None:
 def note(node: Any, stacks: tuple[int, Any]) -> None:
     """Join ``node`` (one output, of an op that stacks) to its family if its inputs allow; else ``family = None``.
 
-    ``stacks``: the op's ``stacking``, ``(how, kin)``. A model call stacks over one
-    ``str`` prompt each, a loop or cond over scalars only. A node with a
-    free input, a constant that cannot stack or an input outside any family
-    joins none; one whose family inputs are out of step with its family
-    (``Family.shifts``) starts a new one. Runs once per node built
-    (graphs of 100k nodes are built in a loop): the one-input case is
-    spelled out.
+    ``stacks``: the op's ``stacking``, ``(how, kin)``. A model call stacks over one ``str`` prompt each, a loop or
+    cond over scalars only. A node with a free input, a constant that cannot stack or an input outside any family
+    joins none; one whose family inputs are out of step with its family (``Family.shifts``) starts a new one. Runs
+    once per node built (graphs of 100k nodes are built in a loop): the common cases are spelled out.
     """
     inputs = node.inputs
     if len(inputs) == 1:  # a call, a template, a step: keyed by the op alone under its parent
@@ -195,7 +193,23 @@ def note(node: Any, stacks: tuple[int, Any]) -> None:
     registry = _ROOTS if first is None else first.children
     if registry is None:
         registry = first.children = {}  # type: ignore[union-attr]  # first is set: _ROOTS is no None
-    _join(node, registry, (kin, shape), shape, tuple(ranks) if first is not None else None, (id(node.op), shape))
+    alias = (id(node.op), shape)
+    entry = registry.get(alias)  # the common case, inline (``a + "!"`` in a loop): this op's own family, in step
+    if entry is not None and (family := entry()) is not None:
+        members = family.members
+        rank = len(members)
+        step = True  # ``_in_step``, spelled out: each family input is the member of this rank plus its shift
+        if first is not None:
+            for read, shift, part in zip(ranks, family.shifts, shape):
+                if read - rank != shift and type(part) is Family:
+                    step = False
+                    break
+        if step:
+            node.family = family
+            node.rank = rank
+            members.append(node)
+            return
+    _join(node, registry, (kin, shape), shape, tuple(ranks) if first is not None else None, alias)
 
 
 def _join(node: Any, registry: dict[Any, Any], key: Any, layout: tuple[Any, ...], ranks: tuple[int, ...] | None,
@@ -231,12 +245,15 @@ def _join(node: Any, registry: dict[Any, Any], key: Any, layout: tuple[Any, ...]
     members.append(node)
 
 
-def _in_step(family: Family, ranks: tuple[int, ...] | None, layout: tuple[Any, ...]) -> bool:
+def _in_step(family: Family, ranks: Sequence[int] | None, layout: tuple[Any, ...]) -> bool:
     """Whether a node reading members of ``ranks`` is ``family``'s next member (a root's always is)."""
     if ranks is None:
         return True
     rank = len(family.members)
-    return all(read - rank == shift for read, shift, part in zip(ranks, family.shifts, layout) if type(part) is Family)
+    for read, shift, part in zip(ranks, family.shifts, layout):  # a loop, not all(): called per node built
+        if read - rank != shift and type(part) is Family:
+            return False
+    return True
 
 
 class _Entry(weakref.ref):  # type: ignore[type-arg]  # subclassed bare: typeshed's generic

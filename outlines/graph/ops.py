@@ -343,6 +343,8 @@ class Concat(Op):
         return {"kind": "op", "title": "+ (concat)"}
 
     def perform(self, *values: Any, on_error: Any = None, on_failed_input: Any = None) -> Any:
+        if len(values) == 2 and type(values[0]) is str and type(values[1]) is str:
+            return values[0] + values[1]  # two texts (``q + "?"``, folded by the plan per chain): nothing to check
         shape = _text_shape(values)
         if shape is not None and shape != ():  # all text, arrays of one shape: numpy adds them (str + str) in bulk
             total = values[0]

@@ -55,6 +55,9 @@ PYTHON_CHUNKS = 32
 #: The guards of a node that neither returns failures nor stands for stacked calls: none (never mutated).
 _NO_GUARDS: dict[str, Any] = {}
 _GENERATE = Run.GENERATE  # read once: a member looked up on its enum class per node costs more than the check
+#: Each ``Run`` and the name of its ``Walk`` step, read once (iterating an enum and reading ``.value`` run in Python,
+#: and a loop's body makes a schedule per iteration).
+_STEPS = tuple((run, run.value) for run in Run)
 
 
 class Scheduler:
@@ -439,7 +442,7 @@ class Walk(Protocol):
 
 def walker(walk: Walk) -> dict[Run, Callable[[int, Apply, list[Any]], Any]]:
     """``walk``'s step for each kind of node: the one dispatch by ``Traits.run`` (each value names its step)."""
-    return {run: getattr(walk, run.value) for run in Run}
+    return {run: getattr(walk, name) for run, name in _STEPS}
 
 
 @contextlib.contextmanager
