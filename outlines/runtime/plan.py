@@ -332,7 +332,10 @@ class Plan:
         picked, elements = found.picked
         if len(stacked) == len(families) and -1 not in picked:  # every output picked (map: 100k outputs)
             heads = [stacked[f].outputs[0] for f in range(len(families))]
-            self.outputs = list(map(heads.__getitem__, picked))
+            if picked and picked.count(picked[0]) == len(picked):  # one family's outputs (a C scan): one node's
+                self.outputs = [heads[picked[0]]] * len(picked)
+            else:
+                self.outputs = list(map(heads.__getitem__, picked))
             self.picks = dict(enumerate(zip(self.outputs, elements)))
         else:
             for number, (family, element) in enumerate(zip(picked, elements)):
@@ -482,17 +485,22 @@ def _read_inputs(inputs: Sequence[Variable], keyed: bool, parents: list[int], le
     return constants, input_keys
 
 
-def _ranges(families: list[Family], ranks: list[int], stack_min: int) -> dict[Family, tuple[int, int]] | None:
+def _ranges(families: list[Family], kinds: set[Family], ranks: list[int], stack_min: int
+            ) -> dict[Family, tuple[int, int]] | None:
     """The ranks ``[lo, hi)`` each family must give (the outputs', then their readers' shifted).
 
-    ``families`` and ``ranks``: of each output (families hash by identity).
+    ``families`` and ``ranks``: of each output (families hash by identity);
+    ``kinds``: the set of ``families``.
     None when an output family's ranks are not one contiguous range of at
     least ``stack_min``, or a family is read over two ranges (some members
     of it are read by others).
     """
     asked: dict[Family, set[int]] = {}
-    for family, rank in zip(families, ranks):
-        asked.setdefault(family, set()).add(rank)
+    if len(kinds) == 1:  # the common case: the outputs of one family (no per-output call)
+        asked[families[0]] = set(ranks)
+    else:
+        for family, rank in zip(families, ranks):
+            asked.setdefault(family, set()).add(rank)
     need: dict[Family, tuple[int, int]] = {}
     for family, wanted in asked.items():
         lo, hi = min(wanted), max(wanted) + 1
@@ -537,13 +545,13 @@ def _table(outputs: list[Variable], stack_min: int) -> _Found | None:
         families = list(map(_FAMILY, owners))
     except AttributeError:  # an output of no node (a constant or a free input)
         return None
-    if None in set(families):  # an output of no family (families hash by identity)
+    outs = set(families)  # families hash by identity
+    if None in outs:  # an output of no family
         return None
     ranks = list(map(_RANK, owners))
-    need = _ranges(families, ranks, stack_min)
+    need = _ranges(families, outs, ranks, stack_min)  # type: ignore[arg-type]  # None is not in outs
     if need is None:
         return None
-    outs = set(families)
     found = _Found()
     number: dict[Family, int] = {}  # table family -> its family in found
     seen: set[Hashable] = set()  # (op, layout) of each family so far
@@ -596,7 +604,10 @@ def _table(outputs: list[Variable], stack_min: int) -> _Found | None:
     found.family_of, found.rank = list(range(len(found.members))), [0] * len(found.members)
     if {need[family][0] for family in outs} != {0}:
         ranks = [rank - need[family][0] for family, rank in zip(families, ranks)]
-    found.picked = (list(map(number.__getitem__, families)), ranks)
+    if len(outs) == 1:  # the common case: one family of outputs (no per-output call)
+        found.picked = ([number[families[0]]] * len(families), ranks)
+    else:
+        found.picked = (list(map(number.__getitem__, families)), ranks)
     return found
 
 
