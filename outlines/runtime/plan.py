@@ -161,15 +161,15 @@ class Plan:
         replaced: dict[int, Variable] = {}  # id(original Variable) -> its replacement
         merged: dict[Hashable, Apply] = {}  # (op token, noutputs, input keys) of a pure node -> the node computing it
         draws: dict[Hashable, int] = {}  # (stream number, prompt key) -> draws numbered so far
-        streams: dict[int, int] = {}  # id(Generate op) -> number of its (backend, params)
         stream_numbers: dict[Hashable, int] = {}  # (backend, params) -> its number
         position: dict[int, int] = {}
-        # Per op object, once: (merge token, pure, a model call, a loop or branch). Equal ops share
-        # a token, so a node's merge key hashes in C (an op's own hash and equality run in Python).
-        ops: dict[int, tuple[Any, bool, bool, bool]] = {}
+        # Per op object, once: (merge token, pure, a model call, a loop or branch, and for a random model
+        # call the number of its (backend, params) and its draws per prompt, else -1 and 0). Equal ops
+        # share a token, so a node's merge key hashes in C (an op's own hash and equality run in Python).
+        ops: dict[int, tuple[Any, bool, bool, bool, int, int]] = {}
         tokens: dict[Any, int] = {}
         # Bound once: this loop runs once per node of graphs of 100k nodes.
-        nodes, offsets = self.nodes, self.draw_offsets
+        nodes, offsets, note = self.nodes, self.draw_offsets, found.add
         leaves: dict[int, Variable] = {}  # the free inputs and Constants read, in order of first use
         # Per kept node, its inputs' nodes: ints, so that a node adds no container for the collector to walk.
         uplinks: list[int | list[int]] = []
@@ -183,15 +183,8 @@ class Plan:
             op, key = node.op, None
             info = ops.get(id(op))
             if info is None:
-                token: Any = None
-                traits = op.traits
-                if traits.pure:
-                    try:
-                        token = tokens.setdefault(op.kin, len(tokens))
-                    except TypeError:  # an op with unhashable parameters is never merged
-                        pass
-                info = ops[id(op)] = (token, traits.pure, traits.run is Run.GENERATE, traits.run is Run.CONTROL)
-            token, pure, generate, control = info
+                info = ops[id(op)] = _op_info(op, tokens, stream_numbers)
+            token, pure, generate, control, number, samples = info
             parents: list[int] = []
             try:
                 constants, input_keys = _read_inputs(inputs, pure or generate, parents, leaves, position)
@@ -218,23 +211,16 @@ class Plan:
                 if tags:
                     self.tag_offsets[kept.order] = tags
                 tags += getattr(op, "max_iter", 0) + 1  # a loop's tags: 0 (its first cond), then 1..max_iter
-            if not pure and generate:
-                # Draws are numbered per (backend, params, prompt), whatever num_samples;
-                # (backend, params) is numbered once per op, its hash runs in Python.
-                call = model_call(op)
-                number = streams.get(id(op))
-                if number is None:
-                    base = (call.backend, call.params)
-                    number = streams[id(op)] = stream_numbers.setdefault(base, len(stream_numbers))
+            if number >= 0:  # a random model call: draws are numbered per (backend, params, prompt)
                 stream = (number, input_keys[0])
                 offset = draws.get(stream, 0)
                 if offset:
                     offsets[id(kept)] = offset
-                draws[stream] = offset + call.num_samples
+                draws[stream] = offset + samples
             index = position[id(kept)] = len(nodes)  # after its parents: a node reading itself is caught
             nodes.append(kept)
             uplinks.append(parents[0] if len(parents) == 1 else parents or -1)
-            found.add(node.family if id(kept) not in offsets else None, kept, inputs, parents, generate, position)
+            note(node.family if id(kept) not in offsets else None, kept, inputs, parents, generate, position)
         self.outputs = [replaced.get(id(v), v) for v in outputs]
         return position, uplinks, list(leaves.values()), bool(replaced)
 
@@ -448,6 +434,31 @@ class _Found:
                 return
         family_of.append(-1)
         self.rank.append(0)
+
+
+def _op_info(op: Op, tokens: dict[Any, int], stream_numbers: dict[Hashable, int]
+             ) -> tuple[Any, bool, bool, bool, int, int]:
+    """What ``Plan._walk`` reads of ``op`` once, for all its nodes (see ``ops`` there).
+
+    A pure op's merge token is numbered by its kin (``None``: unhashable
+    parameters, never merged); a random model call's (backend, params) is numbered here, in order of
+    first use: its first node is numbered, never merged or folded (it is not
+    pure), and (backend, params) hashes in Python.
+    """
+    traits = op.traits
+    token: Any = None
+    if traits.pure:
+        try:
+            token = tokens.setdefault(op.kin, len(tokens))
+        except TypeError:  # an op with unhashable parameters is never merged
+            pass
+    generate = traits.run is Run.GENERATE
+    number, samples = -1, 0
+    if generate and not traits.pure:
+        call = model_call(op)
+        number = stream_numbers.setdefault((call.backend, call.params), len(stream_numbers))
+        samples = call.num_samples
+    return token, traits.pure, generate, traits.run is Run.CONTROL, number, samples
 
 
 def _read_inputs(inputs: Sequence[Variable], keyed: bool, parents: list[int], leaves: dict[int, Variable],
