@@ -441,9 +441,10 @@ def _op_info(op: Op, tokens: dict[Any, int], stream_numbers: dict[Hashable, int]
     """What ``Plan._walk`` reads of ``op`` once, for all its nodes (see ``ops`` there).
 
     A pure op's merge token is numbered by its kin (``None``: unhashable
-    parameters, never merged); a random model call's (backend, params) is numbered here, in order of
-    first use: its first node is numbered, never merged or folded (it is not
-    pure), and (backend, params) hashes in Python.
+    parameters, never merged). A random model call's (backend, params) is
+    numbered here, once per op (it hashes in Python), in the order the walk
+    numbers their first draws: an op's first node is always numbered (it is
+    not pure, so never merged or folded).
     """
     traits = op.traits
     token: Any = None

@@ -192,3 +192,21 @@ def test_equal_ops_built_as_separate_objects_stack_into_one_node() -> None:
     assert [node.op.name for node in plan.nodes][1:3] == ["Concat", "Index[:, 1]"] and len(plan.nodes) == 4
     assert outlines.eval(*outs, cache=False)[3] == "Q3.>."
     assert recording.sizes == [N, N]
+
+
+def test_outputs_of_two_families_interleaved_pick_their_own_stacked_node_and_element() -> None:
+    """The table path picks by family then rank: outputs of one family (one stacked node) or of several, mixed."""
+    llm = RecordingBackend(name="two").model()
+    deep = [llm(llm(outlines.constant(f"D{i}"))) for i in range(N)]
+    flat = [llm.backend.model(temperature=0.1)(outlines.constant(f"F{i}")) for i in range(N)]
+    one = Plan(deep[::-1])
+    assert len(one.nodes) == 2 and set(map(id, one.outputs)) == {id(one.nodes[1].outputs[0])}
+    assert [one.picks[i][1] for i in range(N)] == list(range(N))[::-1]
+    mixed = [v for pair in zip(deep, flat) for v in pair]
+    plan = Plan(mixed)
+    assert len(plan.nodes) == 3 and len(plan.picks) == 2 * N
+    heads = {id(plan.members[id(node)][0]): node.outputs[0] for node in plan.nodes}
+    for at in range(2 * N):
+        stacked, element = plan.picks[at]
+        assert stacked is plan.outputs[at] is heads[id((deep if at % 2 == 0 else flat)[0].owner)]
+        assert element == at // 2
