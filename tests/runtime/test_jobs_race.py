@@ -149,6 +149,13 @@ def each_line_paid_once(fake: FakeBatches, creates: int = 1, ran: bool = True) -
     assert fake.paid() == fake.submitted
 
 
+def line_ids(out: Any) -> list[str]:
+    """The custom ids of ``PROMPTS``' lines in a job of ``out``'s model call: their draws' cache keys."""
+    op: Any = out.owner.op
+    return [key.hex() for key in draw_keys(op.backend.cache_identities[0],
+                                           [Draw(prompt, op.params, 0) for prompt in PROMPTS])]
+
+
 @pytest.mark.parametrize("state", ["collected", "error lines", "failed"])
 def test_a_process_whose_lease_ran_out_while_polling_defers_to_the_one_that_closed_its_job(tmp_path: Path,
                                                                                         state: str) -> None:
@@ -156,9 +163,7 @@ def test_a_process_whose_lease_ran_out_while_polling_defers_to_the_one_that_clos
     with FakeBatches(clock=clock) as fake:
         llm = models.openai("fake-model", base_url=fake.base_url, api_key="sk-race", max_tokens=4)
         out = llm(outlines.string("q"))
-        op: Any = out.owner.op  # type: ignore[union-attr]
-        keys = [key.hex() for key in draw_keys(op.backend.cache_identities[0],
-                                               [Draw(prompt, op.params, 0) for prompt in PROMPTS])]
+        keys = line_ids(out)
         if state == "failed":
             fake.plan(JobPlan(fail="line 1: the model fake-model does not exist"))
         elif state == "error lines":  # p0 a 500 (it goes again, in a second job), p1 a 400 (it fails)
@@ -196,9 +201,7 @@ def test_a_job_the_ledger_says_ended_but_the_provider_says_runs_sends_nothing_ag
     with FakeBatches(clock=clock) as fake:
         llm = models.openai("fake-model", base_url=fake.base_url, api_key="sk-race", max_tokens=4)
         out = llm(outlines.string("q"))
-        op: Any = out.owner.op  # type: ignore[union-attr]
-        keys = [key.hex() for key in draw_keys(op.backend.cache_identities[0],
-                                               [Draw(prompt, op.params, 0) for prompt in PROMPTS])]
+        keys = line_ids(out)
         fake.plan(JobPlan(errors={keys[1]: 400}))  # p1 fails: the cache lacks it after the second collects
         first = Process(llm, tmp_path, clock)
         clock.advance(3600.0)
