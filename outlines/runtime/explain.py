@@ -78,7 +78,7 @@ from outlines.draws import DrawColumns, Slot, prefix_groups
 from outlines.backends.usage import Price, PriceTable, price_of, reported
 from outlines.common.errors import GraphBuildError
 from outlines.graph.basic import Apply, Variable
-from outlines.graph.control import Cond, WhileLoop
+from outlines.graph.control import Cond, Subgraph, WhileLoop
 from outlines.graph.protocols import ModelCall, model_call, python_step
 from outlines.graph.traits import Run
 from outlines.common.labels import apart, label_of
@@ -707,16 +707,7 @@ class _DryRun:
             shape = loop_shape(node, inputs)
         except ValueError:
             return  # eval raises it, naming the loop
-        size = int(np.prod(shape, dtype=np.int64))
-        body = op.body
-        plan = Plan(list(body.outputs))  # as the run plans it (runtime.control._plan), uncached: a dry run
-        values: dict[int, Any] = {id(c): c.value for c in plan.constants}
-        for parameter in body.parameters:
-            values[id(parameter)] = _unknown((size,))
-        for stand_in, value in zip(body.stand_ins, inputs[len(body.parameters):]):
-            values[id(stand_in)] = np.broadcast_to(value, shape).reshape(-1) if isinstance(value, np.ndarray) else value
-        run = _DryRun(plan, None, values)
-        run.run()
+        size, run = _dry_run(op.body, inputs[len(op.body.parameters):], shape, None)
         self.loops.append((node.label, op.max_iter, size, run))
 
     def stage(self, node: Apply, op: Cond, inputs: list[Any]) -> None:
@@ -725,17 +716,9 @@ class _DryRun:
             shape = loop_shape(node, inputs)
         except ValueError:
             return  # eval raises it, naming the cond
-        size = int(np.prod(shape, dtype=np.int64))
         branch = op.branches[0]
-        plan = Plan(list(branch.outputs))  # as the run plans it (runtime.control._plan), uncached: a dry run
-        values: dict[int, Any] = {id(c): c.value for c in plan.constants}
-        for parameter in branch.parameters:
-            values[id(parameter)] = _unknown((size,))
         captured = inputs[1 + op.noperands : 1 + op.noperands + len(branch.captured)]
-        for stand_in, value in zip(branch.stand_ins, captured):
-            values[id(stand_in)] = np.broadcast_to(value, shape).reshape(-1) if isinstance(value, np.ndarray) else value
-        run = _DryRun(plan, None, values, self.jobs)
-        run.run()
+        size, run = _dry_run(branch, captured, shape, self.jobs)
         self.stages.append((op.tally, node.label, size, run))
 
     def generate(self, index: int, node: Apply, inputs: list[Any]) -> list[Any]:
@@ -871,6 +854,26 @@ class _DryRun:
             if len({waits for _, waits in calls}) > 1:
                 labels.extend(label for label, _ in calls)
         return labels
+
+def _dry_run(graph: Subgraph, captured: Sequence[Any], shape: tuple[int, ...], jobs: Any) -> tuple[int, _DryRun]:
+    """Dry-run a loop's body or a cond's branch once over its ``shape`` of elements, the cache unconsulted.
+
+    Its parameters are unknown, its stand-ins take the ``captured`` values
+    (broadcast to ``shape`` and flattened); it is planned as the run plans
+    it (``runtime.control._plan``), uncached. Returns the element count and
+    the finished dry run.
+    """
+    size = int(np.prod(shape, dtype=np.int64))
+    plan = Plan(list(graph.outputs))
+    values: dict[int, Any] = {id(c): c.value for c in plan.constants}
+    for parameter in graph.parameters:
+        values[id(parameter)] = _unknown((size,))
+    for stand_in, value in zip(graph.stand_ins, captured):
+        values[id(stand_in)] = np.broadcast_to(value, shape).reshape(-1) if isinstance(value, np.ndarray) else value
+    run = _DryRun(plan, None, values, jobs)
+    run.run()
+    return size, run
+
 
 
 def _estimated_cached(backend: Backend, draws: DrawColumns, warm: set[str]) -> int:
