@@ -38,6 +38,7 @@ from outlines.common.errors import BudgetExceeded, Failure, GraphBuildError, Nod
 from outlines.fn import fn
 from outlines.graph.basic import Op, Variable, as_variable
 from outlines.graph.control import _cond, while_loop
+from outlines.graph.ops import broadcast_map
 from outlines.graph.traits import Run, Traits
 
 __all__ = [
@@ -817,13 +818,7 @@ class _Answer(Op):
         return [shapes[0]]
 
     def perform(self, routes: Any, on_error: Any = None, on_failed_input: Any = None) -> Any:
-        if not isinstance(routes, np.ndarray):
-            return self._one(routes, on_error, on_failed_input)
-        out = np.empty(routes.shape, dtype=object)
-        flat = out.reshape(-1)
-        for index, route in enumerate(routes.reshape(-1)):
-            flat[index] = self._one(route, on_error, on_failed_input)
-        return out
+        return broadcast_map(lambda route: self._one(route, on_error, on_failed_input), [routes])
 
     @staticmethod
     def _one(route: Any, on_error: Any, on_failed_input: Any) -> Any:
@@ -879,11 +874,7 @@ class _Caught(Op):
         return [shapes[0]]
 
     def perform(self, values: Any, on_error: Any = None, on_failed_input: Any = None) -> Any:
-        if not isinstance(values, np.ndarray):
-            return _caught(values)
-        out = np.empty(values.shape, dtype=object)
-        out.reshape(-1)[:] = [_caught(v) for v in values.reshape(-1)]
-        return out
+        return broadcast_map(_caught, [values])  # unguarded: a Failure element is caught, not passed on
 
 
 def _advanced(route: Route, outcome: Any, index: int, last: bool) -> Route:
